@@ -1,0 +1,178 @@
+"""The packing model: small frozen value types shared by every solver.
+
+A :class:`Snapshot` is what the scheduler knows at one instant: nodes with their GPUs,
+what is already allocated and to whom, which pods are pending, and which groups those
+pods belong to. A :class:`Placement` says where one pending pod goes. Nothing here does
+I/O; builders from Kubernetes objects live in ``kube/`` and from traces in
+``packing.traces``.
+
+Units: CPU in millicores, memory in MiB, GPU compute in milli-GPUs (1000 = one GPU).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+GPU_MILLI = 1000
+
+
+class GpuMode(StrEnum):
+    """How a GPU is exposed to pods."""
+
+    WHOLE = "whole"  # advertised as nvidia.com/gpu: one pod owns the GPU
+    MIG = "mig"  # partitioned into MIG instances (nvidia.com/mig-<profile>)
+    SHARED = "shared"  # time-sliced replicas (nvidia.com/gpu.shared): no memory isolation
+    # GPU-sharing schedulers of the openb trace: a GPU is either taken whole or split by
+    # milli-GPU among fractional pods. Kubernetes' device plugin has no such mode; it exists
+    # so the published trace experiment can be replayed through the same code.
+    FRACTIONAL = "fractional"
+
+
+class RequestKind(StrEnum):
+    """What kind of GPU resource a pod asks for."""
+
+    NONE = "none"  # CPU/memory only
+    WHOLE = "whole"  # gpu_count whole GPUs on one node
+    MIG = "mig"  # one MIG instance of mig_profile
+    SHARED = "shared"  # one share of one GPU: gpu_milli compute, gpu_memory_mib memory
+
+
+@dataclass(frozen=True)
+class MigInstance:
+    """One GPU instance of a MIG layout; ``owner`` is the pod key using it, if any."""
+
+    profile: str
+    start: int
+    owner: str | None = None
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """One physical GPU of a node."""
+
+    index: int
+    model: str  # catalog model name, e.g. "H100-80GB"
+    memory_mib: int
+    mode: GpuMode = GpuMode.WHOLE
+    mig: tuple[MigInstance, ...] = ()  # current MIG layout (MIG mode only)
+    replicas: int = 1  # time-slice replicas (SHARED mode); 0 means unlimited
+    # True when this per-GPU detail was inferred from node-level labels and allocatable
+    # rather than reported by the node agent.
+    inferred: bool = False
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """A node as the packer sees it."""
+
+    name: str
+    cpu_milli: int
+    memory_mib: int
+    gpus: tuple[GpuInfo, ...] = ()
+    labels: Mapping[str, str] = field(default_factory=dict)
+    unschedulable: bool = False
+    # MIG layouts may be changed on this node's idle MIG GPUs (dynamic MIG / rebalancer):
+    # a pod may then get a new instance created at a free, valid start.
+    mig_reconfigurable: bool = True
+
+    @property
+    def gpu_models(self) -> frozenset[str]:
+        return frozenset(g.model for g in self.gpus)
+
+    def topology(self, key: str) -> str | None:
+        return self.labels.get(key)
+
+
+@dataclass(frozen=True)
+class GroupRef:
+    """Membership of a pod in an all-or-nothing group."""
+
+    key: str  # e.g. "ns/lws-name/0"
+    size: int  # pods in the group, leader included
+    index: int = 0  # worker index; 0 is the leader
+    topology_key: str | None = None  # all members inside one domain of this label
+    exclusive: bool = False  # one group per topology domain
+
+
+@dataclass(frozen=True)
+class PodRequest:
+    """What one pod needs."""
+
+    key: str  # "namespace/name"
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    kind: RequestKind = RequestKind.NONE
+    gpu_count: int = 0  # WHOLE
+    mig_profile: str | None = None  # MIG, e.g. "1g.10gb"
+    gpu_milli: int = 0  # SHARED: compute share (0 < milli <= 1000)
+    gpu_memory_mib: int = 0  # SHARED: GPU memory declared or observed (peak)
+    gpu_models: frozenset[str] = frozenset()  # allowed catalog models; empty = any
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    priority: int = 0
+    group: GroupRef | None = None
+    uid: str = ""
+    klass: str = ""  # gpupack.io/class or derived: asr, tts, small, whole, llm, cpu
+
+    @property
+    def gpu_demand_milli(self) -> int:
+        """GPU capacity the pod takes, in milli-GPUs (a MIG slice counts by memory)."""
+        if self.kind is RequestKind.WHOLE:
+            return self.gpu_count * GPU_MILLI
+        if self.kind is RequestKind.SHARED:
+            return self.gpu_milli
+        return 0
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a pod goes (or already is): a node and the GPU resources it takes there."""
+
+    pod: str
+    node: str
+    gpus: tuple[int, ...] = ()  # whole GPUs, or the one shared/MIG GPU
+    mig_profile: str | None = None
+    mig_start: int | None = None
+    mig_created: bool = False  # the MIG instance does not exist yet and must be created
+
+    def to_json(self) -> dict[str, object]:
+        mig: dict[str, object] | None = None
+        if self.mig_profile is not None:
+            mig = {"gpu": self.gpus[0], "profile": self.mig_profile, "start": self.mig_start}
+        return {"pod": self.pod, "node": self.node, "gpus": list(self.gpus), "mig": mig}
+
+
+@dataclass(frozen=True)
+class Unschedulable:
+    pod: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Nodes, the pods already on them (with their placements) and the pending pods."""
+
+    nodes: tuple[NodeInfo, ...]
+    running: tuple[tuple[PodRequest, Placement], ...] = ()
+    pending: tuple[PodRequest, ...] = ()
+
+    def node(self, name: str) -> NodeInfo:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise KeyError(name)
+
+    @property
+    def node_names(self) -> tuple[str, ...]:
+        return tuple(n.name for n in self.nodes)
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    """A solver's answer for the pending pods of a snapshot."""
+
+    placements: tuple[Placement, ...]
+    unschedulable: tuple[Unschedulable, ...]
+    policy: str
+    solver_status: str = "greedy"  # greedy | OPTIMAL | FEASIBLE | fallback-greedy
