@@ -1,0 +1,168 @@
+"""Which pod holds which GPU device: the kubelet PodResources API (v1) over its Unix
+socket.
+
+Device plugin ids come in three shapes and all are resolved to a physical GPU UUID:
+
+* a whole GPU: ``GPU-<uuid>``;
+* a MIG device: ``MIG-<uuid>`` (mixed and single strategies alike);
+* a time-sliced (or MPS) replica: ``GPU-<uuid>::<replica>`` or ``MIG-<uuid>::<replica>``,
+  the NVIDIA device plugin's annotated id.
+
+``GetAllocatableResources`` additionally tells which GPUs the plugin shares at all,
+even when no pod holds a replica yet. Older kubelets lack it; that is not an error.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
+NVIDIA_RESOURCE_PREFIXES = ("nvidia.com/gpu", "nvidia.com/mig-")
+
+# The generated modules are untyped (and excluded from mypy); loading them by name keeps
+# their Any-typed surface from leaking type errors into this module.
+_pb2: Any = importlib.import_module("nodeagent.proto.podresources_pb2")
+_pb2_grpc: Any = importlib.import_module("nodeagent.proto.podresources_pb2_grpc")
+
+
+@dataclass(frozen=True)
+class DeviceId:
+    """A device plugin id split into the NVIDIA UUID and the replica (None if not
+    shared)."""
+
+    raw: str
+    uuid: str
+    replica: int | None
+
+    @property
+    def is_mig(self) -> bool:
+        return self.uuid.startswith("MIG-")
+
+
+def parse_device_id(raw: str) -> DeviceId:
+    uuid, sep, rest = raw.partition("::")
+    replica: int | None = None
+    if sep:
+        try:
+            replica = int(rest)
+        except ValueError:
+            replica = None  # an unknown annotation: keep the UUID, drop the suffix
+    return DeviceId(raw=raw, uuid=uuid, replica=replica)
+
+
+@dataclass(frozen=True)
+class DeviceAssignment:
+    """One NVIDIA device held by one container."""
+
+    namespace: str
+    pod: str
+    container: str
+    resource: str
+    device: DeviceId
+
+    @property
+    def pod_key(self) -> str:
+        return f"{self.namespace}/{self.pod}"
+
+
+@dataclass(frozen=True)
+class PodResourcesView:
+    """What the kubelet says about NVIDIA devices on this node."""
+
+    assignments: tuple[DeviceAssignment, ...] = ()
+    # UUIDs (GPU or MIG) the plugin advertises as replicas: time-sliced / MPS shared.
+    shared_uuids: frozenset[str] = frozenset()
+    allocatable_known: bool = False  # GetAllocatableResources answered
+    error: str | None = None
+
+    def pods_by_uuid(self) -> dict[str, tuple[str, ...]]:
+        """UUID (GPU or MIG) -> sorted pod keys holding it or a replica of it."""
+        out: dict[str, set[str]] = {}
+        for a in self.assignments:
+            out.setdefault(a.device.uuid, set()).add(a.pod_key)
+        return {u: tuple(sorted(p)) for u, p in out.items()}
+
+
+def _is_nvidia(resource: str) -> bool:
+    return resource.startswith(NVIDIA_RESOURCE_PREFIXES)
+
+
+def assignments_from_list(response: Any) -> tuple[DeviceAssignment, ...]:
+    """Flatten a ``ListPodResourcesResponse`` to the NVIDIA devices it assigns."""
+    found: list[DeviceAssignment] = []
+    for pod in response.pod_resources:
+        for container in pod.containers:
+            for dev in container.devices:
+                if not _is_nvidia(dev.resource_name):
+                    continue
+                found.extend(
+                    DeviceAssignment(pod.namespace, pod.name, container.name,
+                                     dev.resource_name, parse_device_id(d))
+                    for d in dev.device_ids)
+    return tuple(found)
+
+
+def shared_from_allocatable(devices: Iterable[Any]) -> frozenset[str]:
+    return frozenset(
+        parsed.uuid
+        for dev in devices if _is_nvidia(dev.resource_name)
+        for parsed in map(parse_device_id, dev.device_ids) if parsed.replica is not None)
+
+
+class PodResourcesClient:
+    """A small client of the kubelet socket; one channel, reused across intervals."""
+
+    def __init__(self, socket_path: str = DEFAULT_SOCKET, timeout_s: float = 5.0) -> None:
+        self.socket_path = socket_path
+        self.timeout_s = timeout_s
+        self._channel: grpc.Channel | None = None
+        self._stub: Any = None
+
+    def _connect(self) -> Any:
+        if self._stub is None:
+            self._channel = grpc.insecure_channel(f"unix://{self.socket_path}")
+            self._stub = _pb2_grpc.PodResourcesListerStub(self._channel)
+        return self._stub
+
+    def read(self) -> PodResourcesView:
+        """Never raises for kubelet trouble: the view carries the error instead, so the
+        agent still reports NVML data when the socket is missing or slow."""
+        stub = self._connect()
+        try:
+            listed = stub.List(_pb2.ListPodResourcesRequest(), timeout=self.timeout_s)
+        except grpc.RpcError as e:
+            return PodResourcesView(error=f"PodResources List: {_rpc_error(e)}")
+        assignments = assignments_from_list(listed)
+        try:
+            alloc = stub.GetAllocatableResources(_pb2.AllocatableResourcesRequest(),
+                                                 timeout=self.timeout_s)
+        except grpc.RpcError as e:
+            # Unimplemented before the GetAllocatable feature went GA (1.28): fall back to
+            # inferring sharing from the replica ids of assigned devices only.
+            log.debug("GetAllocatableResources unavailable: %s", _rpc_error(e))
+            shared = frozenset(a.device.uuid for a in assignments if a.device.replica is not None)
+            return PodResourcesView(assignments=assignments, shared_uuids=shared)
+        shared = shared_from_allocatable(alloc.devices) | frozenset(
+            a.device.uuid for a in assignments if a.device.replica is not None)
+        return PodResourcesView(assignments=assignments, shared_uuids=shared,
+                                allocatable_known=True)
+
+    def close(self) -> None:
+        if self._channel is not None:
+            self._channel.close()
+        self._channel = None
+        self._stub = None
+
+
+def _rpc_error(e: grpc.RpcError) -> str:
+    code = e.code() if isinstance(e, grpc.Call) else None
+    details = e.details() if isinstance(e, grpc.Call) else str(e)
+    return f"{code.name if code is not None else 'ERROR'}: {details}"

@@ -1,0 +1,212 @@
+"""Build the node inventory from one NVML read and one PodResources read.
+
+Pure apart from the injected ``pod_of_pid`` lookup: the agent passes the
+``/proc``-reading one, tests pass a dict.
+
+Attributing GPU memory to pods, per process:
+
+1. the process's cgroup names its pod UID; the UID -> ``namespace/name`` map comes from
+   the API server (PodResources does not carry UIDs);
+2. otherwise, when the device the process runs on (a whole GPU or a MIG device) is held
+   by exactly one pod according to PodResources, the process is that pod's;
+3. otherwise it stays unattributed: it still counts in the GPU's ``used`` (NVML's
+   device total), just not under any pod.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+from nodeagent.cgroups import PodRef
+from nodeagent.growth import Growth, GrowthParams, Sample, analyze
+from nodeagent.nvml import MIB, GpuDevice, GpuProcess, GpuSnapshot
+from nodeagent.podresources import PodResourcesView
+from packing.inventory import GpuInventory, Inventory, PodGpuUsage
+from packing.model import GpuMode, MigInstance
+
+
+def product_label(name: str) -> str:
+    """NVML's product name as GPU Feature Discovery writes ``nvidia.com/gpu.product``."""
+    return name.strip().replace(" ", "-")
+
+
+def to_mib(n_bytes: int) -> int:
+    return n_bytes // MIB
+
+
+@dataclass(frozen=True)
+class PoolUsage:
+    """Memory one pod uses in one memory pool: a whole GPU or one MIG device."""
+
+    pod: str
+    gpu_index: int
+    gpu_uuid: str
+    pool_uuid: str  # the GPU UUID, or the MIG device UUID
+    used_bytes: int
+    pool_total_bytes: int
+    pool_used_bytes: int
+
+
+@dataclass(frozen=True)
+class _Pool:
+    gpu: GpuDevice
+    uuid: str
+    total: int
+    used: int
+    processes: tuple[GpuProcess, ...]
+
+
+def _pools(dev: GpuDevice) -> list[_Pool]:
+    assert dev.uuid is not None and dev.memory_total_bytes is not None
+    if not dev.mig_enabled:
+        return [_Pool(dev, dev.uuid, dev.memory_total_bytes, dev.memory_used_bytes or 0,
+                      dev.processes)]
+    return [
+        _Pool(dev, ci.uuid, ci.memory_total_bytes or 0, ci.memory_used_bytes or 0, ci.processes)
+        for gi in dev.gpu_instances for ci in gi.compute_instances
+    ]
+
+
+def usable(dev: GpuDevice) -> bool:
+    """A GPU with identity and memory known; others are reported only as errors."""
+    return dev.uuid is not None and dev.memory_total_bytes is not None
+
+
+def attribute_memory(snapshot: GpuSnapshot, view: PodResourcesView,
+                     pod_of_pid: Callable[[int], PodRef | None],
+                     pod_names: Mapping[str, str]) -> tuple[list[PoolUsage], set[str]]:
+    """Per (pod, pool) memory, and the pod UIDs seen in cgroups but missing from
+    ``pod_names`` (the caller refreshes its map when that set is not empty)."""
+    holders = view.pods_by_uuid()
+    sums: dict[tuple[str, str], int] = {}
+    pools: dict[str, _Pool] = {}
+    unknown_uids: set[str] = set()
+    for dev in snapshot.devices:
+        if not usable(dev):
+            continue
+        for pool in _pools(dev):
+            pools[pool.uuid] = pool
+            held = holders.get(pool.uuid, ())
+            for proc in pool.processes:
+                pod: str | None = None
+                ref = pod_of_pid(proc.pid)
+                if ref is not None:
+                    pod = pod_names.get(ref.pod_uid)
+                    if pod is None:
+                        unknown_uids.add(ref.pod_uid)
+                if pod is None and len(held) == 1:
+                    pod = held[0]
+                if pod is None:
+                    continue
+                key = (pod, pool.uuid)
+                sums[key] = sums.get(key, 0) + (proc.used_bytes or 0)
+    # Pods holding a device with no process on it yet still occupy it: report them at 0.
+    for uuid, pods in holders.items():
+        if uuid in pools:
+            for pod in pods:
+                sums.setdefault((pod, uuid), 0)
+    usages = [
+        PoolUsage(pod=pod, gpu_index=pools[uuid].gpu.index,
+                  gpu_uuid=pools[uuid].gpu.uuid or "", pool_uuid=uuid, used_bytes=used,
+                  pool_total_bytes=pools[uuid].total, pool_used_bytes=pools[uuid].used)
+        for (pod, uuid), used in sorted(sums.items())
+    ]
+    return usages, unknown_uids
+
+
+@dataclass
+class UsageHistory:
+    """Per (pod, pool) memory series across intervals, for peaks and growth."""
+
+    params: GrowthParams = field(default_factory=GrowthParams)
+    max_samples: int = 240
+    _series: dict[tuple[str, str], deque[Sample]] = field(default_factory=dict)
+    _peaks: dict[tuple[str, str], int] = field(default_factory=dict)
+
+    def update(self, now: float, usages: Iterable[PoolUsage]) -> dict[tuple[str, str], Growth]:
+        """Record this interval's usages and return each one's trend. Series of pods no
+        longer seen are dropped (a pod that comes back starts afresh)."""
+        result: dict[tuple[str, str], Growth] = {}
+        seen: set[tuple[str, str]] = set()
+        for u in usages:
+            key = (u.pod, u.pool_uuid)
+            seen.add(key)
+            series = self._series.setdefault(key, deque(maxlen=self.max_samples))
+            series.append(Sample(now, u.used_bytes))
+            while series and series[0].t < now - self.params.window_s:
+                old = series.popleft()
+                self._peaks[key] = max(self._peaks.get(key, 0), old.used_bytes)
+            free = max(0, u.pool_total_bytes - u.pool_used_bytes)
+            result[key] = analyze(list(series), free, self._peaks.get(key, 0), self.params)
+        for key in list(self._series):
+            if key not in seen:
+                del self._series[key]
+                self._peaks.pop(key, None)
+        return result
+
+
+@dataclass(frozen=True)
+class Report:
+    """One interval's result: the inventory plus the per-pod detail behind it."""
+
+    inventory: Inventory
+    usages: tuple[PoolUsage, ...]
+    growth: Mapping[tuple[str, str], Growth]
+    snapshot: GpuSnapshot
+
+
+def _errors(snapshot: GpuSnapshot, view: PodResourcesView) -> tuple[str, ...]:
+    out: list[str] = []
+    if snapshot.error:
+        out.append(f"nvml: {snapshot.error}")
+    out.extend(f"nvml: {e}" for e in snapshot.errors)
+    for dev in snapshot.devices:
+        errs = list(dev.errors)
+        for gi in dev.gpu_instances:
+            for ci in gi.compute_instances:
+                errs.extend(ci.errors)
+        out.extend(f"gpu {dev.index}: {e}" for e in errs)
+    if view.error:
+        out.append(view.error)
+    return tuple(out)
+
+
+def gpu_mode(dev: GpuDevice, shared_uuids: frozenset[str]) -> GpuMode:
+    if dev.mig_enabled:
+        return GpuMode.MIG
+    return GpuMode.SHARED if dev.uuid in shared_uuids else GpuMode.WHOLE
+
+
+def build_inventory(node: str, ts: int, snapshot: GpuSnapshot, view: PodResourcesView,
+                    usages: Iterable[PoolUsage],
+                    growth: Mapping[tuple[str, str], Growth]) -> Inventory:
+    holders = view.pods_by_uuid()
+    by_gpu: dict[str, dict[str, tuple[int, int]]] = {}  # gpu uuid -> pod -> (used, peak)
+    for u in usages:
+        g = growth.get((u.pod, u.pool_uuid))
+        peak = g.peak_bytes if g is not None else u.used_bytes
+        per_pod = by_gpu.setdefault(u.gpu_uuid, {})
+        used0, peak0 = per_pod.get(u.pod, (0, 0))
+        # A pod on several MIG devices of one GPU: sum both figures (peaks of different
+        # instances need not coincide, so the sum is an upper bound).
+        per_pod[u.pod] = (used0 + u.used_bytes, peak0 + max(peak, u.used_bytes))
+    gpus: list[GpuInventory] = []
+    for dev in snapshot.devices:
+        if not usable(dev):
+            continue
+        assert dev.uuid is not None and dev.memory_total_bytes is not None
+        mig = tuple(
+            MigInstance(profile=gi.profile, start=gi.placement.start,
+                        owner=next((p for u in gi.uuids for p in holders.get(u, ())), None))
+            for gi in dev.gpu_instances)
+        pods = tuple(
+            PodGpuUsage(pod=pod, used_mib=to_mib(used), peak_mib=to_mib(peak))
+            for pod, (used, peak) in sorted(by_gpu.get(dev.uuid, {}).items()))
+        gpus.append(GpuInventory(
+            index=dev.index, uuid=dev.uuid, model=product_label(dev.name or "unknown"),
+            memory_mib=to_mib(dev.memory_total_bytes),
+            used_mib=to_mib(dev.memory_used_bytes or 0),
+            mode=gpu_mode(dev, view.shared_uuids), mig=mig, pods=pods))
+    return Inventory(node=node, ts=ts, gpus=tuple(gpus), errors=_errors(snapshot, view))
