@@ -1,0 +1,215 @@
+"""FGD's GPU fragmentation measure (Weng et al., "Beware of Fragmentation", USENIX ATC'23).
+
+One definition, vectorized over any leading batch shape (nodes, or nodes x candidate GPUs),
+shared by the openb replay (``packing.openb``) and the packer's ``fgd`` policy on
+Kubernetes snapshots.
+
+The math. Let the *typical shapes* m = 1..S be the most common pod request tuples
+(cpu, num_gpu, gpu_milli, gpu_spec) covering 95% of the workload, with frequencies
+p_m = count_m / total pods (not renormalised: the 5% tail simply carries no weight). For a
+node with per-GPU free compute f_1..f_G (milli), free CPU c and memory r, and GPU model mu:
+
+    T          = sum_g f_g                                   idle GPU capacity
+    can_m      = model mu allowed by m, c >= cpu_m, r >= mem_m, and
+                 #{g : f_g >= milli_m} >= num_gpu_m           m fits on the node at all
+    frag_m     = sum_{g : f_g < milli_m} f_g   if can_m       GPUs too small for m
+               = T                             otherwise      nothing there is usable by m
+    F(node)    = sum_m p_m * frag_m
+
+A CPU-only shape (num_gpu 0, milli 0) has no GPU smaller than 0, so it contributes 0 when
+it fits and T when the node's CPU (or memory) is exhausted: GPUs stranded by a full CPU
+are fragment. FGD places each pod where F grows least.
+
+For speed the shapes are grouped by their GPU part j = (milli_j, num_gpu_j); the GPU
+statistics of a node depend on j only:
+
+    cnt_j   = #{g : f_g >= milli_j}       small_j = sum_{g : f_g < milli_j} f_g
+
+and the CPU/memory/model part folds into one weight per group,
+
+    B_j     = sum_{m in group j} p_m * [model ok, c >= cpu_m, r >= mem_m]
+
+so that, with P = sum_m p_m,
+
+    F = P*T - sum_j B_j * [cnt_j >= num_gpu_j] * (T - small_j).
+
+(Each shape that fits turns its term p_m*T into p_m*small_j.) A candidate placement only
+changes one GPU and the node's CPU, so the after-state statistics are a cheap update of
+cached ones (see ``packing.openb.policies``); all of them end in
+:func:`fragmentation_from_stats`, the one place where F is defined.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+
+DEFAULT_COVERAGE = 0.95
+
+
+@dataclass(frozen=True)
+class ShapeKey:
+    """The part of a pod request that FGD's typical shapes distinguish."""
+
+    cpu_milli: int
+    num_gpu: int
+    gpu_milli: int
+    gpu_spec: frozenset[str]
+    memory_mib: int = 0  # the paper's tuple has no memory; a snapshot packer may add it
+
+
+@dataclass(frozen=True, eq=False)
+class TypicalShapes:
+    """Typical pod shapes as arrays; see the module docstring for the symbols."""
+
+    keys: tuple[ShapeKey, ...]
+    freq: FloatArray  # [S] p_m
+    cpu_milli: IntArray  # [S]
+    memory_mib: IntArray  # [S]
+    model_ok: BoolArray  # [S, n_models] shape m may run on GPU model id mu
+    group: IntArray  # [S] j(m)
+    group_milli: IntArray  # [J]
+    group_num_gpu: IntArray  # [J]
+    group_onehot_p: FloatArray  # [S, J] p_m where j(m) = j, else 0
+
+    @property
+    def total_freq(self) -> float:
+        return float(self.freq.sum())
+
+
+def make_shapes(
+    counts: Sequence[tuple[ShapeKey, float]], models: Sequence[str]
+) -> TypicalShapes:
+    """Shapes with explicit frequencies (in the given order); ``models`` indexes model ids."""
+    keys = tuple(k for k, _ in counts)
+    freq = np.array([p for _, p in counts], dtype=np.float64)
+    model_ok = np.zeros((len(keys), len(models)), dtype=bool)
+    for s, k in enumerate(keys):
+        for mu, name in enumerate(models):
+            # A CPU-only shape has no model restriction; an empty gpu_spec means any model.
+            model_ok[s, mu] = k.num_gpu == 0 or not k.gpu_spec or name in k.gpu_spec
+    groups: dict[tuple[int, int], int] = {}
+    group = np.zeros(len(keys), dtype=np.int64)
+    for s, k in enumerate(keys):
+        group[s] = groups.setdefault((k.gpu_milli, k.num_gpu), len(groups))
+    gm = np.array([m for m, _ in groups], dtype=np.int64)
+    gn = np.array([n for _, n in groups], dtype=np.int64)
+    onehot = np.zeros((len(keys), len(groups)), dtype=np.float64)
+    onehot[np.arange(len(keys)), group] = freq
+    return TypicalShapes(
+        keys=keys,
+        freq=freq,
+        cpu_milli=np.array([k.cpu_milli for k in keys], dtype=np.int64),
+        memory_mib=np.array([k.memory_mib for k in keys], dtype=np.int64),
+        model_ok=model_ok,
+        group=group,
+        group_milli=gm,
+        group_num_gpu=gn,
+        group_onehot_p=onehot,
+    )
+
+
+def typical_shapes(
+    pods: Iterable[ShapeKey], models: Sequence[str], coverage: float = DEFAULT_COVERAGE
+) -> TypicalShapes:
+    """The most common shapes whose cumulative share first reaches ``coverage``.
+
+    Ties in count are ordered by the key's fields so the result does not depend on input
+    order (the published simulator orders ties by Go map iteration, i.e. arbitrarily).
+    """
+    counter = Counter(pods)
+    total = sum(counter.values())
+    if total == 0:
+        return make_shapes([], models)
+    ranked = sorted(
+        counter.items(),
+        key=lambda kv: (
+            -kv[1],
+            kv[0].num_gpu,
+            kv[0].gpu_milli,
+            kv[0].cpu_milli,
+            kv[0].memory_mib,
+            sorted(kv[0].gpu_spec),
+        ),
+    )
+    chosen: list[tuple[ShapeKey, float]] = []
+    acc = 0
+    for key, n in ranked:
+        chosen.append((key, n / total))
+        acc += n
+        if acc >= coverage * total:
+            break
+    return make_shapes(chosen, models)
+
+
+def gpu_stats(
+    free_milli: npt.ArrayLike, shapes: TypicalShapes
+) -> tuple[FloatArray, IntArray, FloatArray]:
+    """(T [...], cnt [..., J], small [..., J]) of per-GPU free milli ``[..., G]``.
+
+    Absent GPUs (padding) must be given as 0 free: they then count as neither usable nor
+    idle, exactly like a fully allocated GPU.
+    """
+    f = np.asarray(free_milli, dtype=np.int64)[..., None]  # [..., G, 1]
+    ge = f >= shapes.group_milli  # [..., G, J]
+    total = f[..., 0].sum(axis=-1).astype(np.float64)
+    cnt = ge.sum(axis=-2).astype(np.int64)
+    small = np.where(ge, 0, f).sum(axis=-2).astype(np.float64)
+    return total, cnt, small
+
+
+def shape_weights(
+    free_cpu: npt.ArrayLike,
+    free_mem: npt.ArrayLike,
+    model_ids: npt.ArrayLike,
+    shapes: TypicalShapes,
+) -> FloatArray:
+    """B [..., J]: summed p_m of the shapes whose CPU, memory and model the node allows."""
+    cpu = np.asarray(free_cpu, dtype=np.int64)[..., None]
+    mem = np.asarray(free_mem, dtype=np.int64)[..., None]
+    mid = np.asarray(model_ids, dtype=np.int64)
+    ok = (cpu >= shapes.cpu_milli) & (mem >= shapes.memory_mib)  # [..., S]
+    ok &= np.moveaxis(shapes.model_ok[:, mid], 0, -1)  # [..., S]
+    return ok.astype(np.float64) @ shapes.group_onehot_p  # [..., J]
+
+
+def fragmentation_from_stats(
+    total: npt.ArrayLike,
+    cnt: npt.ArrayLike,
+    small: npt.ArrayLike,
+    weights: npt.ArrayLike,
+    shapes: TypicalShapes,
+) -> FloatArray:
+    """F = P*T - sum_j B_j [cnt_j >= num_gpu_j] (T - small_j), broadcasting leading dims."""
+    t = np.asarray(total, dtype=np.float64)
+    fits = np.asarray(cnt) >= shapes.group_num_gpu  # [..., J]
+    usable = (t[..., None] - np.asarray(small, dtype=np.float64)) * fits
+    return np.asarray(
+        shapes.total_freq * t - (usable * np.asarray(weights, dtype=np.float64)).sum(axis=-1),
+        dtype=np.float64,
+    )
+
+
+def node_fragmentation(
+    free_milli: npt.ArrayLike,
+    free_cpu: npt.ArrayLike,
+    free_mem: npt.ArrayLike,
+    model_ids: npt.ArrayLike,
+    shapes: TypicalShapes,
+) -> FloatArray:
+    """FGD fragment F of each node (milli-GPUs), for nodes batched on leading dims.
+
+    ``free_milli`` is ``[..., G]`` (absent GPUs 0); the other arrays are ``[...]``;
+    ``model_ids`` index the ``models`` the shapes were built with.
+    """
+    total, cnt, small = gpu_stats(free_milli, shapes)
+    weights = shape_weights(free_cpu, free_mem, model_ids, shapes)
+    return fragmentation_from_stats(total, cnt, small, weights, shapes)

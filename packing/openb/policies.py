@@ -1,0 +1,269 @@
+"""Placement policies of the openb replay, vectorized over candidate nodes.
+
+A policy scores every feasible node for one request (higher is better) and, for a
+fractional request, names the GPU it would use on that node. Scores depend only on the
+node's own state and the request, so the simulator may cache them per (node, request id)
+and recompute only nodes that changed since (``cacheable``). Ties are broken uniformly at
+random when ``random_ties`` (kube-scheduler's selectHost does that), otherwise by the
+lowest node index.
+
+Whole-GPU requests always take the first fully free GPUs of the chosen node (as the
+published simulator does), so a policy only chooses the node for them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from packing.fragmentation import (
+    TypicalShapes,
+    fragmentation_from_stats,
+    gpu_stats,
+    shape_weights,
+)
+from packing.model import GPU_MILLI
+from packing.openb.cluster import ClusterState
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+
+INFEASIBLE = np.inf
+
+
+@dataclass(frozen=True)
+class Request:
+    cpu: int
+    mem: int
+    num_gpu: int
+    milli: int  # per GPU; 1000 for whole GPUs
+    model_ok: BoolArray  # [n_models]
+    rid: int  # request id (cache key)
+
+    @property
+    def shared(self) -> bool:
+        return 0 < self.milli < GPU_MILLI
+
+    @property
+    def demand(self) -> int:
+        return self.num_gpu * self.milli
+
+
+class Policy:
+    """Base: subclasses implement :meth:`evaluate`."""
+
+    name = "base"
+    cacheable = True
+    random_ties = True
+
+    def reset(self, state: ClusterState, shapes: TypicalShapes) -> None:
+        self.state = state
+        self.shapes = shapes
+
+    def placed(self, node: int) -> None:
+        """Node ``node`` changed (a pod was placed on it)."""
+
+    def evaluate(self, idx: IntArray, req: Request) -> tuple[FloatArray, IntArray]:
+        """Scores (higher better) and chosen GPU (-1: n/a) for candidate nodes ``idx``."""
+        raise NotImplementedError
+
+
+def best_fit_gpu(free: IntArray, milli: int) -> IntArray:
+    """Per row, the GPU with the least free compute that still fits ``milli`` (first on ties)."""
+    masked = np.where(free >= milli, free, np.iinfo(np.int64).max)
+    return np.asarray(masked.argmin(axis=1), dtype=np.int64)
+
+
+def _no_gpu(idx: IntArray) -> IntArray:
+    return np.full(len(idx), -1, dtype=np.int64)
+
+
+class RandomPolicy(Policy):
+    """Uniformly random feasible node; fractional pods best-fit a GPU inside it."""
+
+    name = "random"
+
+    def evaluate(self, idx: IntArray, req: Request) -> tuple[FloatArray, IntArray]:
+        gpu = best_fit_gpu(self.state.free_gpu[idx], req.milli) if req.shared else _no_gpu(idx)
+        return np.zeros(len(idx)), gpu
+
+
+def _leftover(state: ClusterState, idx: IntArray, req: Request) -> tuple[FloatArray, FloatArray]:
+    """Fractions of the node's CPU and GPU capacity left after placing ``req``."""
+    nodes = state.nodes
+    cpu_left = (state.free_cpu[idx] - req.cpu) / np.maximum(nodes.cpu_milli[idx], 1)
+    gpu_cap = np.maximum(nodes.gpu_count[idx] * GPU_MILLI, 1)
+    gpu_left = (state.free_gpu[idx].sum(axis=1) - req.demand) / gpu_cap
+    return cpu_left, gpu_left
+
+
+class BestFitPolicy(Policy):
+    """Least leftover: minimise the node's remaining CPU share + GPU share after placing."""
+
+    name = "bestfit"
+
+    def evaluate(self, idx: IntArray, req: Request) -> tuple[FloatArray, IntArray]:
+        cpu_left, gpu_left = _leftover(self.state, idx, req)
+        gpu = best_fit_gpu(self.state.free_gpu[idx], req.milli) if req.shared else _no_gpu(idx)
+        return -(cpu_left + gpu_left), gpu
+
+
+class DotProductPolicy(Policy):
+    """Tetris-style alignment: maximise <request, free> with both normalised by capacity."""
+
+    name = "dotproduct"
+
+    def evaluate(self, idx: IntArray, req: Request) -> tuple[FloatArray, IntArray]:
+        nodes = self.state.nodes
+        cap_cpu = np.maximum(nodes.cpu_milli[idx], 1)
+        cap_gpu = np.maximum(nodes.gpu_count[idx] * GPU_MILLI, 1)
+        score = (req.cpu / cap_cpu) * (self.state.free_cpu[idx] / cap_cpu) + (
+            req.demand / cap_gpu
+        ) * (self.state.free_gpu[idx].sum(axis=1) / cap_gpu)
+        gpu = best_fit_gpu(self.state.free_gpu[idx], req.milli) if req.shared else _no_gpu(idx)
+        return score, gpu
+
+
+class PackingPolicy(Policy):
+    """GPU packing: fill partly used GPUs first, then partly used nodes, then idle nodes."""
+
+    name = "packing"
+
+    def evaluate(self, idx: IntArray, req: Request) -> tuple[FloatArray, IntArray]:
+        free = self.state.free_gpu[idx]
+        cap = self.state.nodes.gpu_count[idx] * GPU_MILLI
+        used_node = free.sum(axis=1) < cap
+        if req.shared:
+            partial = (free >= req.milli) & (free < GPU_MILLI)
+            tier = np.where(partial.any(axis=1), 2.0, np.where(used_node, 1.0, 0.0))
+            gpu = best_fit_gpu(free, req.milli)
+        else:
+            tier = np.where(used_node, 1.0, 0.0)
+            gpu = _no_gpu(idx)
+        return tier, gpu
+
+
+class FragmentationState:
+    """Cached FGD statistics of every node, refreshed row by row as nodes change."""
+
+    def __init__(self, state: ClusterState, shapes: TypicalShapes) -> None:
+        self.state = state
+        self.shapes = shapes
+        self.total, self.cnt, self.small = gpu_stats(state.free_gpu, shapes)
+        self.frag = self._frag(np.arange(state.nodes.size))
+
+    def _frag(self, idx: IntArray) -> FloatArray:
+        s = self.state
+        weights = shape_weights(s.free_cpu[idx], s.free_mem[idx], s.nodes.model_id[idx], self.shapes)
+        return fragmentation_from_stats(
+            self.total[idx], self.cnt[idx], self.small[idx], weights, self.shapes
+        )
+
+    def refresh(self, node: int) -> None:
+        t, c, sm = gpu_stats(self.state.free_gpu[node], self.shapes)
+        self.total[node], self.cnt[node], self.small[node] = t, c, sm
+        self.frag[node] = self._frag(np.array([node]))[0]
+
+    def delta(self, idx: IntArray, req: Request) -> FloatArray:
+        """Increase of F per candidate: ``[n]`` for CPU-only/whole requests, ``[n, G]`` for
+        fractional ones (one column per GPU; +inf where the GPU cannot take the share).
+
+        After-state statistics are updates of the cached ones (math in
+        ``packing.fragmentation``): CPU/memory drop by the request on every candidate;
+        k whole GPUs go 1000 -> 0, so cnt_j drops by k for every j with milli_j > 0 and
+        small_j is unchanged (a 0-free GPU adds 0); a share d moves one GPU f -> f - d,
+        so cnt_j changes by [f-d >= m_j] - [f >= m_j] and small_j by the matching terms.
+        """
+        s, sh = self.state, self.shapes
+        weights = shape_weights(
+            s.free_cpu[idx] - req.cpu, s.free_mem[idx] - req.mem, s.nodes.model_id[idx], sh
+        )
+        before = self.frag[idx]
+        total, cnt, small = self.total[idx], self.cnt[idx], self.small[idx]
+        if req.num_gpu == 0:
+            return fragmentation_from_stats(total, cnt, small, weights, sh) - before
+        if not req.shared:
+            k = req.num_gpu
+            cnt2 = cnt - k * (sh.group_milli > 0)
+            after = fragmentation_from_stats(total - k * GPU_MILLI, cnt2, small, weights, sh)
+            return after - before
+        d = req.milli
+        f = s.free_gpu[idx][..., None]  # [n, G, 1]
+        f2 = f - d
+        gm = sh.group_milli
+        ge1, ge2 = f >= gm, f2 >= gm  # [n, G, J]
+        cnt2 = cnt[:, None, :] - ge1 + ge2
+        small2 = small[:, None, :] - np.where(ge1, 0, f) + np.where(ge2, 0, f2)
+        after = fragmentation_from_stats(
+            (total - d)[:, None], cnt2, small2, weights[:, None, :], sh
+        )
+        out = after - before[:, None]
+        return np.where(f[..., 0] >= d, out, INFEASIBLE)
+
+
+def _sigmoid(x: FloatArray) -> FloatArray:
+    return np.asarray(1.0 / (1.0 + np.exp(-x)), dtype=np.float64)
+
+
+class FgdPolicy(Policy):
+    """Fragmentation Gradient Descent, as in the published simulator.
+
+    The simulator turns the fragment decrease into a kube-scheduler score
+    ``int64(sigmoid((F_before - F_after) / 1000) * 100)``: an integer 0..100, so changes
+    below about 40 milli-GPU (the sigmoid's slope at 0 is 1/4 per GPU) tie and are broken
+    at random between nodes, and between GPUs of a node by the lowest index. ``exact``
+    drops that rounding (argmin of the raw delta, ties by lowest index).
+    """
+
+    name = "fgd"
+
+    def __init__(self, exact: bool = False, tie: str = "random") -> None:
+        self.exact = exact
+        self.tie = tie
+        if exact:
+            self.name = "fgd-exact"
+        if tie == "first":
+            self.random_ties = False
+
+    def reset(self, state: ClusterState, shapes: TypicalShapes) -> None:
+        super().reset(state, shapes)
+        self.fs = FragmentationState(state, shapes)
+
+    def placed(self, node: int) -> None:
+        self.fs.refresh(node)
+
+    def _score(self, delta: FloatArray) -> FloatArray:
+        if self.exact:
+            return -delta
+        with np.errstate(over="ignore"):
+            return np.floor(_sigmoid(-delta / 1000.0) * 100.0)
+
+    def evaluate(self, idx: IntArray, req: Request) -> tuple[FloatArray, IntArray]:
+        delta = self.fs.delta(idx, req)
+        if not req.shared:
+            score, gpu = self._score(delta), _no_gpu(idx)
+        else:
+            full = np.where(np.isfinite(delta), self._score(delta), -np.inf)
+            gpu = np.asarray(full.argmax(axis=1), dtype=np.int64)  # first GPU on ties
+            score = full[np.arange(len(idx)), gpu]
+        if self.tie == "bestfit":
+            cpu_left, gpu_left = _leftover(self.state, idx, req)
+            score = score + (1.0 - (cpu_left + gpu_left) / 2.0) * 0.999
+        return score, gpu
+
+
+def make(name: str) -> Policy:
+    """Policy by name."""
+    if name.startswith("fgd-tie-"):
+        p = FgdPolicy(tie=name[8:])
+        p.name = name
+        return p
+    if name == "fgd-exact-first":
+        p = FgdPolicy(exact=True)
+        p.random_ties = False
+        p.name = name
+        return p
+    raise KeyError(name)
