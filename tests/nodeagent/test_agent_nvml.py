@@ -1,0 +1,150 @@
+"""The NVML adapter against the recorded fake: MIG layout, time-slicing, a lost GPU,
+no driver, and the read-only guarantee."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pynvml
+import pytest
+from fake_nvml import (
+    GIB,
+    H100_TOTAL,
+    H100_UUID,
+    L40S_UUID,
+    MIG_1G_A,
+    MIG_3G,
+    FakeGpu,
+    FakeNvml,
+    h100_mig,
+    l40s_shared,
+    mixed_node,
+    no_driver,
+)
+
+import nodeagent.nvml as nvml_mod
+from nodeagent.nvml import MIB, MigPlacement, NvmlAdapter, mig_memory_gb, profile_name
+
+
+def test_h100_mig_layout_profiles_and_placements() -> None:
+    snap = NvmlAdapter(FakeNvml([h100_mig()])).read()
+    assert snap.error is None and snap.driver_version == "550.90.07"
+    (dev,) = snap.devices
+    assert (dev.uuid, dev.name, dev.mig_current, dev.mig_pending) == (
+        H100_UUID, "NVIDIA H100 80GB HBM3", True, True)
+    assert dev.errors == ()
+    layout = [(gi.profile, gi.placement) for gi in dev.gpu_instances]
+    assert layout == [
+        ("2g.20gb", MigPlacement(0, 2)),
+        ("1g.10gb", MigPlacement(2, 1)),
+        ("1g.10gb", MigPlacement(3, 1)),
+        ("3g.40gb", MigPlacement(4, 4)),
+    ]
+    three_g = dev.gpu_instances[3]
+    (ci,) = three_g.compute_instances
+    assert ci.uuid == MIG_3G and ci.slice_count == 3
+    assert [(p.pid, p.used_bytes) for p in ci.processes] == [(4101, 30 * GIB)]
+    one_g = dev.gpu_instances[1]
+    assert one_g.uuids == (MIG_1G_A,)
+    assert [p.pid for p in one_g.compute_instances[0].processes] == [4202]
+    assert dev.processes == ()  # on MIG, processes live in the instances
+
+
+def test_profile_name_comes_from_slices_and_memory_not_nvml_name() -> None:
+    # The fake's info.name is garbage ("MIG 1g.?gb"); the names above still came out right.
+    assert profile_name(1, 9984, H100_TOTAL) == "1g.10gb"
+    assert profile_name(1, 20096, H100_TOTAL) == "1g.20gb"
+    assert profile_name(7, 81152, H100_TOTAL) == "7g.80gb"
+
+
+@pytest.mark.parametrize(
+    ("mig_mib", "device_mib", "gb"),
+    [
+        (4864, 40536, 5),  # A100-40GB 1g.5gb
+        (9984, 81559, 10),  # H100-80GB 1g.10gb
+        (40448, 81559, 40),  # H100-80GB 3g.40gb
+        (16384, 143771, 18),  # H200 1g.18gb
+        (33024, 143771, 35),  # H200 1g.35gb
+        (71168, 143771, 71),  # H200 3g.71gb: x.5 rounds up, as in NVIDIA's Go code
+        (143104, 143771, 141),  # H200 7g.141gb
+        (5952, 24258, 6),  # A30 1g.6gb
+    ],
+)
+def test_mig_memory_gb_matches_nvidia_names(mig_mib: int, device_mib: int, gb: int) -> None:
+    assert mig_memory_gb(mig_mib, device_mib * MIB) == gb
+
+
+def test_media_extension_profile_gets_suffix() -> None:
+    gpu = h100_mig()
+    gpu.gis = [gpu.gis[0]]
+    from fake_nvml import FakeComputeInstance, FakeGpuInstance
+
+    gpu.gis.append(FakeGpuInstance(7, 20, 0, 1, [FakeComputeInstance(
+        0, "MIG-aaaaaaaa-bbbb-5ccc-8ddd-eeeeeeeeeeee", 1, 9984 * MIB, 0)]))
+    (dev,) = NvmlAdapter(FakeNvml([gpu])).read().devices
+    assert [gi.profile for gi in dev.gpu_instances] == ["1g.10gb+me", "3g.40gb"]
+
+
+def test_l40s_time_sliced_processes() -> None:
+    (dev,) = NvmlAdapter(FakeNvml([l40s_shared()])).read().devices
+    assert dev.uuid == L40S_UUID and dev.mig_current is None and dev.gpu_instances == ()
+    assert [(p.pid, p.used_bytes // GIB) for p in dev.processes] == [
+        (5101, 8), (5102, 12), (5103, 4)]
+    assert dev.errors == ()  # MIG NotSupported is a fact, not an error
+
+
+def test_lost_gpu_is_reported_and_others_still_read() -> None:
+    fake = mixed_node()
+    snap = NvmlAdapter(fake).read()
+    assert [d.uuid for d in snap.devices] == [H100_UUID, L40S_UUID, None]
+    lost = snap.devices[2]
+    assert lost.error == "nvmlDeviceGetUUID: GpuIsLost"
+    # After GpuIsLost the adapter stops asking that device (each call would time out).
+    assert len(lost.errors) == 1
+    assert snap.devices[0].errors == () and snap.devices[1].errors == ()
+
+
+def test_partial_failure_keeps_the_device() -> None:
+    gpu = l40s_shared()
+    gpu.failing["nvmlDeviceGetComputeRunningProcesses"] = pynvml.NVML_ERROR_NO_PERMISSION
+    (dev,) = NvmlAdapter(FakeNvml([gpu])).read().devices
+    assert dev.uuid == L40S_UUID and dev.memory_total_bytes is not None
+    assert [str(e) for e in dev.errors] == ["nvmlDeviceGetComputeRunningProcesses: NoPermission"]
+
+
+def test_no_driver_gives_empty_snapshot_and_retries() -> None:
+    fake = no_driver()
+    adapter = NvmlAdapter(fake)
+    snap = adapter.read()
+    assert snap.devices == () and snap.error is not None and "DriverNotLoaded" in snap.error
+    fake.init_error = None  # the driver container finished loading
+    fake.gpus = [l40s_shared()]
+    assert [d.uuid for d in adapter.read().devices] == [L40S_UUID]
+    adapter.close()
+    assert fake.calls[-1] == "nvmlShutdown"
+
+
+def test_unused_mig_slots_and_missing_processes_field() -> None:
+    gpu = FakeGpu(name="NVIDIA A100-SXM4-40GB", uuid="GPU-x", total_bytes=40536 * MIB,
+                  used_bytes=0, mig_supported=True, mig_current=1, mig_pending=1)
+    (dev,) = NvmlAdapter(FakeNvml([gpu])).read().devices
+    assert dev.mig_enabled and dev.gpu_instances == () and dev.errors == ()
+
+
+MUTATING = re.compile(
+    r"nvml(DeviceSetMigMode|DeviceCreateGpuInstance\w*|GpuInstanceCreateComputeInstance\w*|"
+    r"GpuInstanceDestroy|ComputeInstanceDestroy|DeviceResetGpuLockedClocks|DeviceReset\w*|"
+    r"DeviceSet\w+|DeviceClear\w+)")
+
+
+def test_adapter_source_never_names_a_mutating_call() -> None:
+    source = Path(nvml_mod.__file__).read_text()
+    assert MUTATING.search(source) is None
+
+
+def test_adapter_calls_only_getters() -> None:
+    fake = mixed_node()
+    NvmlAdapter(fake).read()
+    assert fake.calls and all(
+        c in ("nvmlInit", "nvmlShutdown") or "Get" in c for c in fake.calls)
