@@ -106,7 +106,7 @@ class PodRequest:
     kind: RequestKind = RequestKind.NONE
     gpu_count: int = 0  # WHOLE
     mig_profile: str | None = None  # MIG, e.g. "1g.10gb"
-    gpu_milli: int = 0  # SHARED: compute share (0 < milli <= 1000)
+    gpu_milli: int = 0  # SHARED: compute share (0..1000; 0 = bounded by replicas and memory)
     gpu_memory_mib: int = 0  # SHARED: GPU memory declared or observed (peak)
     gpu_models: frozenset[str] = frozenset()  # allowed catalog models; empty = any
     node_selector: Mapping[str, str] = field(default_factory=dict)

@@ -1,0 +1,37 @@
+"""The ``gpupack`` command: wiring only. Each subcommand's logic lives in its package."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from gpupack import agent_cmd, plan_cmd, simulate_cmd
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gpupack",
+        description="GPU bin-packing for Kubernetes: MIG slices and time-sliced shares for "
+        "small inference pods, whole GPUs and nodes kept free for LLM groups.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    plan_cmd.add_arguments(sub.add_parser("plan", help="where would the pending pods go?"))
+    simulate_cmd.add_arguments(
+        sub.add_parser("simulate", help="replay a scenario or the openb trace through policies")
+    )
+    agent_cmd.add_arguments(sub.add_parser("agent", help="node agent: GPU inventory via NVML"))
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["simulate"] and ("--trace" in argv or "--trace=openb" in argv):
+        return simulate_cmd.run_openb(argv[1:])
+    args = build_parser().parse_args(argv)
+    runner = {"plan": plan_cmd.run, "simulate": simulate_cmd.run, "agent": agent_cmd.run}
+    return runner[args.command](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

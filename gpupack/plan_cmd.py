@@ -1,0 +1,80 @@
+"""``gpupack plan``: where would the pending pods of a snapshot go, and why."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from kube.files import load_objects
+from kube.objects import ObjectError
+from kube.snapshot import build_snapshot
+from packing.cpsat import SolverParams
+from packing.model import PlanResult, Snapshot
+from packing.policies import get_policy, policy_names
+from packing.policies.fgd import typical_shapes, workload_of
+from packing.policies.gpupack import GpupackPolicy
+from packing.state import ClusterState
+from packing.summary import summarize
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--nodes", required=True, type=Path, help="Node objects (YAML/JSON)")
+    p.add_argument("--pods", required=True, type=Path, help="Pod objects (YAML/JSON)")
+    p.add_argument("--policy", default="gpupack", choices=policy_names())
+    p.add_argument("--format", default="table", choices=["table", "json"])
+    p.add_argument("--scheduler-name", default=None,
+                   help="only pending pods with this schedulerName (default: all)")
+    p.add_argument("--time-limit", type=float, default=5.0, help="CP-SAT seconds (gpupack)")
+    p.add_argument("--seed", type=int, default=0, help="CP-SAT random seed (gpupack)")
+
+
+def plan_json(snapshot: Snapshot, result: PlanResult) -> dict[str, object]:
+    state = ClusterState(snapshot)
+    pods = {p.key: p for p in snapshot.pending}
+    for p in result.placements:
+        state.apply(pods[p.pod], p)
+    return {
+        "placements": [p.to_json() for p in result.placements],
+        "unschedulable": [{"pod": u.pod, "reason": u.reason} for u in result.unschedulable],
+        "summary": summarize(state, typical_shapes(workload_of(snapshot))).to_json(),
+        "policy": result.policy,
+        "solver_status": result.solver_status,
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        nodes = load_objects(_read(args.nodes), str(args.nodes), "Node")
+        pods = load_objects(_read(args.pods), str(args.pods), "Pod")
+        built = build_snapshot(nodes, pods, args.scheduler_name)
+    except (ObjectError, OSError) as e:
+        print(f"gpupack plan: {e}", file=sys.stderr)
+        return 2
+    for note in built.notes:
+        print(f"note: {note}", file=sys.stderr)
+    if args.policy == "gpupack":
+        policy = GpupackPolicy(SolverParams(max_time_s=args.time_limit, seed=args.seed))
+        result = policy.plan(built.snapshot)
+    else:
+        result = get_policy(args.policy).plan(built.snapshot)
+    out = plan_json(built.snapshot, result)
+    if args.format == "json":
+        print(json.dumps(out, indent=2))
+        return 0
+    print(f"policy {result.policy} ({result.solver_status})")
+    print(f"{'POD':40} {'NODE':24} {'GPUS':10} MIG")
+    for p in result.placements:
+        mig = f"{p.mig_profile}@{p.mig_start}" + (" (new)" if p.mig_created else "") \
+            if p.mig_profile else "-"
+        gpus = ",".join(map(str, p.gpus)) or "-"
+        print(f"{p.pod:40} {p.node:24} {gpus:10} {mig}")
+    for u in result.unschedulable:
+        print(f"{u.pod:40} UNSCHEDULABLE: {u.reason}")
+    print("summary: " + ", ".join(f"{k}={v}" for k, v in out["summary"].items()))  # type: ignore[attr-defined]
+    return 0
+
+
+def _read(path: Path) -> str:
+    return path.read_text(encoding="utf-8")

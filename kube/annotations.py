@@ -1,0 +1,76 @@
+"""Names of the labels and annotations gpupack reads and writes, and their codecs."""
+
+from __future__ import annotations
+
+from packing.model import Placement
+
+PREFIX = "gpupack.io/"
+# Written by users.
+GPU_MEMORY = PREFIX + "gpu-memory"  # e.g. "8Gi"
+GPU_COMPUTE = PREFIX + "gpu-compute"  # fraction of a GPU, e.g. "0.25"
+ISOLATION = PREFIX + "isolation"  # mig | shared | any
+CLASS = PREFIX + "class"  # asr | tts | small | whole
+GROUP = PREFIX + "group"  # non-LWS all-or-nothing group name
+GROUP_SIZE = PREFIX + "group-size"
+GROUP_TOPOLOGY = PREFIX + "group-topology"  # topology key for a plain group
+# Written by gpupack on bind.
+NODE = PREFIX + "node"
+GPUS = PREFIX + "gpus"  # "0,1"
+MIG = PREFIX + "mig"  # "1g.10gb@4" (profile@start)
+POLICY = PREFIX + "policy"
+DECISION = PREFIX + "decision"
+INVENTORY = PREFIX + "inventory"  # node annotation written by the node agent
+MIG_RECONFIGURE = PREFIX + "mig-reconfigure"  # node label/annotation: "false" freezes layouts
+
+# LeaderWorkerSet (kubernetes-sigs/lws).
+LWS = "leaderworkerset.sigs.k8s.io/"
+LWS_NAME = LWS + "name"
+LWS_GROUP_INDEX = LWS + "group-index"
+LWS_WORKER_INDEX = LWS + "worker-index"
+LWS_GROUP_KEY = LWS + "group-key"
+LWS_SIZE = LWS + "size"
+LWS_EXCLUSIVE = LWS + "exclusive-topology"
+LWS_SUBGROUP_SIZE = LWS + "subgroup-size"
+
+# NVIDIA GPU Feature Discovery / device plugin.
+NV = "nvidia.com/"
+GPU_RESOURCE = NV + "gpu"
+SHARED_RESOURCE = NV + "gpu.shared"
+MIG_RESOURCE_PREFIX = NV + "mig-"
+PRODUCT = NV + "gpu.product"
+GPU_MEMORY_LABEL = NV + "gpu.memory"
+GPU_COUNT = NV + "gpu.count"
+GPU_REPLICAS = NV + "gpu.replicas"
+SHARING_STRATEGY = NV + "gpu.sharing-strategy"
+CLIQUE = NV + "gpu.clique"
+ZONE = "topology.kubernetes.io/zone"
+
+
+def placement_annotations(p: Placement, policy: str) -> dict[str, str]:
+    """What bind records on the pod, so a restart can rebuild exact GPU ownership."""
+    out = {NODE: p.node, POLICY: policy, GPUS: ",".join(str(i) for i in p.gpus)}
+    if p.mig_profile is not None:
+        out[MIG] = f"{p.mig_profile}@{p.mig_start}"
+    return out
+
+
+def parse_gpus(text: str) -> tuple[int, ...]:
+    """ "0,1" -> (0, 1); ValueError naming the text."""
+    text = text.strip()
+    if not text:
+        return ()
+    try:
+        out = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise ValueError(f"{GPUS}={text!r}: expected GPU indices like '0,1'") from None
+    if any(i < 0 for i in out):
+        raise ValueError(f"{GPUS}={text!r}: negative GPU index")
+    return out
+
+
+def parse_mig(text: str) -> tuple[str, int]:
+    """ "1g.10gb@4" -> ("1g.10gb", 4); ValueError naming the text."""
+    profile, sep, start = text.strip().partition("@")
+    if not sep or not profile or not start.isdigit():
+        raise ValueError(f"{MIG}={text!r}: expected profile@start like '1g.10gb@4'")
+    return profile, int(start)

@@ -1,0 +1,37 @@
+"""Read Kubernetes objects from YAML/JSON text: a List, NodeList/PodList, or many documents."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from kube.objects import ObjectError
+
+
+def load_objects(text: str, source: str, kind: str) -> list[dict[str, Any]]:
+    """Objects of ``kind`` ("Node" or "Pod") in ``text``; ObjectError naming source and item."""
+    try:
+        docs = list(yaml.safe_load_all(text))
+    except yaml.YAMLError as e:
+        raise ObjectError(f"{source}: not valid YAML: {e}") from None
+    out: list[dict[str, Any]] = []
+    for d, doc in enumerate(docs):
+        if doc is None:
+            continue
+        if not isinstance(doc, dict):
+            raise ObjectError(f"{source}: document {d}: expected an object, got {type(doc).__name__}")
+        items = [doc]
+        doc_kind = doc.get("kind")
+        if doc_kind in ("List", f"{kind}List") or (doc_kind is None and "items" in doc):
+            items = doc.get("items") or []
+            if not isinstance(items, list):
+                raise ObjectError(f"{source}: document {d}: items: expected a list")
+        for i, item in enumerate(items):
+            where = f"{source}: document {d}" + (f" item {i}" if item is not doc else "")
+            if not isinstance(item, dict):
+                raise ObjectError(f"{where}: expected an object")
+            if item.get("kind", kind) != kind:
+                raise ObjectError(f"{where}: kind: expected {kind}, got {item.get('kind')!r}")
+            out.append(item)
+    return out

@@ -1,0 +1,391 @@
+"""Kubernetes Node and Pod objects (plain dicts, as JSON/YAML decodes them) to packing types.
+
+Node-level truth comes from ``status.allocatable`` and GPU Feature Discovery labels.
+Per-GPU detail (which GPU is MIG, shared or whole; the MIG layout) is not in the API:
+unless the node agent reported it (the ``gpupack.io/inventory`` annotation), it is
+inferred here and marked ``inferred=True``.
+
+Every error names the object and the field: ``ObjectError("Pod speech/asr-0:
+spec.containers[0].resources.limits.cpu: 'lots' is not a quantity ...")``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from decimal import Decimal
+from typing import Any
+
+from kube import annotations as A
+from packing.quantity import QuantityError, count, cpu_milli, memory_mib, parse_quantity
+from packing.catalog import GpuModel, match_product, models_with_profile, profile_from_resource
+from packing.mig import MigSlot, layout_from_counts
+from packing.model import (
+    GPU_MILLI,
+    GpuInfo,
+    GpuMode,
+    GroupRef,
+    MigInstance,
+    NodeInfo,
+    Placement,
+    PodRequest,
+    RequestKind,
+)
+
+
+class ObjectError(ValueError):
+    """A Kubernetes object that cannot be understood; the message names object and field."""
+
+
+def _obj_name(obj: Mapping[str, Any], kind: str) -> str:
+    meta = obj.get("metadata") or {}
+    name = meta.get("name", "<unnamed>") if isinstance(meta, Mapping) else "<unnamed>"
+    if kind == "Pod":
+        ns = meta.get("namespace") or "default" if isinstance(meta, Mapping) else "default"
+        return f"Pod {ns}/{name}"
+    return f"{kind} {name}"
+
+
+def _map(obj: Mapping[str, Any], path: str, who: str) -> Mapping[str, Any]:
+    cur: Any = obj
+    for part in path.split("."):
+        if cur is None:
+            return {}
+        if not isinstance(cur, Mapping):
+            raise ObjectError(f"{who}: {path}: expected an object, got {type(cur).__name__}")
+        cur = cur.get(part)
+    if cur is None:
+        return {}
+    if not isinstance(cur, Mapping):
+        raise ObjectError(f"{who}: {path}: expected an object, got {cur!r}")
+    return cur
+
+
+def _str_map(obj: Mapping[str, Any], path: str, who: str) -> dict[str, str]:
+    raw = _map(obj, path, who)
+    out = {}
+    for k, v in raw.items():
+        if not isinstance(v, str):
+            raise ObjectError(f"{who}: {path}.{k}: expected a string, got {v!r}")
+        out[str(k)] = v
+    return out
+
+
+def pod_key(pod: Mapping[str, Any]) -> str:
+    meta = pod.get("metadata") or {}
+    return f"{meta.get('namespace') or 'default'}/{meta.get('name', '')}"
+
+
+# ---- nodes -------------------------------------------------------------------------------
+
+
+def node_info(node: Mapping[str, Any]) -> NodeInfo:
+    """A NodeInfo from a v1 Node, inferring per-GPU modes and MIG layouts."""
+    if not isinstance(node, Mapping):
+        raise ObjectError(f"Node: expected an object, got {type(node).__name__}")
+    who = _obj_name(node, "Node")
+    name = (node.get("metadata") or {}).get("name")
+    if not isinstance(name, str) or not name:
+        raise ObjectError(f"{who}: metadata.name: missing")
+    labels = _str_map(node, "metadata.labels", who)
+    annotations = _str_map(node, "metadata.annotations", who)
+    alloc = _map(node, "status.allocatable", who)
+
+    def q(resource: str, conv: Any, default: Any = 0) -> Any:
+        if resource not in alloc:
+            return default
+        try:
+            return conv(alloc[resource])
+        except QuantityError as e:
+            raise ObjectError(f"{who}: status.allocatable.{resource}: {e}") from None
+
+    cpu = q("cpu", cpu_milli)
+    mem = q("memory", memory_mib)
+    whole = q(A.GPU_RESOURCE, count)
+    shared = q(A.SHARED_RESOURCE, count)
+    mig_counts: dict[str, int] = {}
+    for res in alloc:
+        profile = profile_from_resource(str(res))
+        if profile is not None:
+            mig_counts[profile] = q(str(res), count)
+    gpus = _infer_gpus(who, labels, whole, shared, mig_counts)
+    spec = node.get("spec") or {}
+    frozen = (labels.get(A.MIG_RECONFIGURE) or annotations.get(A.MIG_RECONFIGURE)) == "false"
+    return NodeInfo(
+        name=name,
+        cpu_milli=cpu,
+        memory_mib=mem,
+        gpus=gpus,
+        labels=labels,
+        unschedulable=bool(spec.get("unschedulable", False)) if isinstance(spec, Mapping) else False,
+        mig_reconfigurable=not frozen,
+    )
+
+
+def _label_int(who: str, labels: Mapping[str, str], key: str) -> int | None:
+    if key not in labels:
+        return None
+    try:
+        return int(labels[key])
+    except ValueError:
+        raise ObjectError(f"{who}: metadata.labels.{key}: {labels[key]!r} is not an integer") from None
+
+
+def _infer_gpus(
+    who: str,
+    labels: Mapping[str, str],
+    whole: int,
+    shared: int,
+    mig_counts: Mapping[str, int],
+) -> tuple[GpuInfo, ...]:
+    product = labels.get(A.PRODUCT)
+    mem_label = _label_int(who, labels, A.GPU_MEMORY_LABEL)
+    total = _label_int(who, labels, A.GPU_COUNT)
+    if product is None and mem_label is None and not (whole or shared or mig_counts):
+        return ()  # a CPU node
+    try:
+        model = match_product(product, mem_label)
+    except ValueError as e:
+        raise ObjectError(f"{who}: metadata.labels.{A.PRODUCT}: {e}") from None
+    replicas = _label_int(who, labels, A.GPU_REPLICAS) or 1
+    strategy = labels.get(A.SHARING_STRATEGY, "none")
+    n_shared = 0
+    if shared:
+        n_shared = max(1, shared // replicas)
+    elif strategy in ("time-slicing", "mps") and replicas > 1 and whole:
+        # Sharing without renaming: nvidia.com/gpu counts replicas, not GPUs.
+        n_shared, whole = max(1, whole // replicas), 0
+    layouts = _infer_mig_layouts(who, model, mig_counts)
+    if total is None:
+        total = whole + n_shared + len(layouts)
+    n_mig = max(len(layouts), total - whole - n_shared)
+    gpus: list[GpuInfo] = []
+    mem = model.memory_mib
+    for _ in range(whole):
+        gpus.append(GpuInfo(len(gpus), model.name, mem, GpuMode.WHOLE, inferred=True))
+    for _ in range(n_shared):
+        gpus.append(
+            GpuInfo(len(gpus), model.name, mem, GpuMode.SHARED, replicas=replicas, inferred=True)
+        )
+    for i in range(n_mig):
+        layout = layouts[i] if i < len(layouts) else ()
+        instances = tuple(MigInstance(s.profile, s.start) for s in layout)
+        mode = GpuMode.MIG if model.mig_capable else GpuMode.WHOLE
+        gpus.append(GpuInfo(len(gpus), model.name, mem, mode, instances, inferred=True))
+    return tuple(gpus)
+
+
+def _infer_mig_layouts(
+    who: str, model: GpuModel, mig_counts: Mapping[str, int]
+) -> list[tuple[MigSlot, ...]]:
+    """Spread the node's MIG instance counts over GPUs, largest instances first."""
+    if not any(mig_counts.values()):
+        return []
+    geom = model.mig
+    if geom is None:
+        raise ObjectError(f"{who}: status.allocatable: MIG resources on {model.name}, which has no MIG")
+    for p in mig_counts:
+        if not geom.has_profile(p):
+            raise ObjectError(
+                f"{who}: status.allocatable.{A.MIG_RESOURCE_PREFIX}{p}: not a profile of {model.name}"
+            )
+    wanted = sorted(
+        (p for p, n in mig_counts.items() for _ in range(n)),
+        key=lambda p: (-geom.profile(p).memory_slices, p),
+    )
+    per_gpu: list[Counter[str]] = []
+    for p in wanted:
+        for c in per_gpu:
+            c[p] += 1
+            if layout_from_counts(geom, c) is not None:
+                break
+            c[p] -= 1
+        else:
+            per_gpu.append(Counter({p: 1}))
+    out = []
+    for c in per_gpu:
+        layout = layout_from_counts(geom, +c)
+        assert layout is not None
+        out.append(layout)
+    return out
+
+
+# ---- pods --------------------------------------------------------------------------------
+
+
+def _containers(pod: Mapping[str, Any], field: str, who: str) -> list[Mapping[str, Any]]:
+    spec = _map(pod, "spec", who)
+    items = spec.get(field) or []
+    if not isinstance(items, list) or not all(isinstance(c, Mapping) for c in items):
+        raise ObjectError(f"{who}: spec.{field}: expected a list of containers")
+    return items
+
+
+def _container_resources(c: Mapping[str, Any], path: str, who: str) -> dict[str, Decimal]:
+    """requests, falling back to limits (the API server defaults requests from limits)."""
+    res = _map(c, "resources", who)
+    out: dict[str, Decimal] = {}
+    for section in ("limits", "requests"):
+        raw = res.get(section) or {}
+        if not isinstance(raw, Mapping):
+            raise ObjectError(f"{who}: {path}.resources.{section}: expected an object")
+        for k, v in raw.items():
+            try:
+                out[str(k)] = parse_quantity(v)
+            except QuantityError as e:
+                raise ObjectError(f"{who}: {path}.resources.{section}.{k}: {e}") from None
+    return out
+
+
+def pod_request(pod: Mapping[str, Any]) -> PodRequest:
+    """A PodRequest from a v1 Pod: effective CPU/memory, the GPU resource, group membership."""
+    if not isinstance(pod, Mapping):
+        raise ObjectError(f"Pod: expected an object, got {type(pod).__name__}")
+    who = _obj_name(pod, "Pod")
+    meta = _map(pod, "metadata", who)
+    if not meta.get("name"):
+        raise ObjectError(f"{who}: metadata.name: missing")
+    labels = _str_map(pod, "metadata.labels", who)
+    ann = _str_map(pod, "metadata.annotations", who)
+    totals: Counter[str] = Counter()
+    for i, c in enumerate(_containers(pod, "containers", who)):
+        for k, v in _container_resources(c, f"spec.containers[{i}]", who).items():
+            totals[k] += v  # type: ignore[assignment]
+    # Effective request: max(sum of containers, largest init container), per resource.
+    for i, c in enumerate(_containers(pod, "initContainers", who)):
+        for k, v in _container_resources(c, f"spec.initContainers[{i}]", who).items():
+            totals[k] = max(totals[k], v)  # type: ignore[assignment]
+    cpu = int((Decimal(totals.get("cpu", 0)) * 1000).to_integral_value(rounding="ROUND_CEILING"))
+    mem = int((Decimal(totals.get("memory", 0)) / 2**20).to_integral_value(rounding="ROUND_CEILING"))
+
+    kind = RequestKind.NONE
+    gpu_count = 0
+    mig_profile = None
+    milli = 0
+    gpu_mem = _annotation_mib(ann, who)
+    models: frozenset[str] = frozenset()
+    mig_res = [(k, profile_from_resource(k)) for k in totals if profile_from_resource(k)]
+    if totals.get(A.GPU_RESOURCE):
+        kind = RequestKind.WHOLE
+        gpu_count = _whole(totals[A.GPU_RESOURCE], A.GPU_RESOURCE, who)
+    elif totals.get(A.SHARED_RESOURCE):
+        kind = RequestKind.SHARED
+        milli = _compute_milli(ann, who)
+    elif mig_res:
+        if len(mig_res) > 1:
+            names = ", ".join(sorted(k for k, _ in mig_res))
+            raise ObjectError(f"{who}: resources: more than one MIG resource ({names})")
+        kind = RequestKind.MIG
+        mig_profile = mig_res[0][1]
+        models = frozenset(m.name for m in models_with_profile(mig_profile or ""))
+        if not models:
+            raise ObjectError(f"{who}: resources: {mig_res[0][0]}: no known GPU has that profile")
+    spec = _map(pod, "spec", who)
+    prio = spec.get("priority", 0) or 0
+    if not isinstance(prio, int):
+        raise ObjectError(f"{who}: spec.priority: {prio!r} is not an integer")
+    klass = ann.get(A.CLASS, "")
+    if not klass:
+        klass = {"whole": "whole", "mig": "small", "shared": "small", "none": "cpu"}[kind.value]
+    return PodRequest(
+        key=f"{meta.get('namespace') or 'default'}/{meta['name']}",
+        cpu_milli=cpu,
+        memory_mib=mem,
+        kind=kind,
+        gpu_count=gpu_count,
+        mig_profile=mig_profile,
+        gpu_milli=milli,
+        gpu_memory_mib=gpu_mem,
+        gpu_models=models,
+        node_selector=_str_map(pod, "spec.nodeSelector", who),
+        priority=prio,
+        group=group_ref(meta.get("namespace") or "default", labels, ann, who),
+        uid=str(meta.get("uid", "")),
+        klass=klass,
+    )
+
+
+def _whole(v: Decimal, field: str, who: str) -> int:
+    if v != v.to_integral_value() or v < 1:
+        raise ObjectError(f"{who}: resources.{field}: {v} is not a whole number of GPUs")
+    return int(v)
+
+
+def _annotation_mib(ann: Mapping[str, str], who: str) -> int:
+    if A.GPU_MEMORY not in ann:
+        return 0
+    try:
+        return memory_mib(ann[A.GPU_MEMORY])
+    except QuantityError as e:
+        raise ObjectError(f"{who}: metadata.annotations.{A.GPU_MEMORY}: {e}") from None
+
+
+def _compute_milli(ann: Mapping[str, str], who: str) -> int:
+    if A.GPU_COMPUTE not in ann:
+        return 0
+    raw = ann[A.GPU_COMPUTE]
+    try:
+        frac = parse_quantity(raw)
+    except QuantityError as e:
+        raise ObjectError(f"{who}: metadata.annotations.{A.GPU_COMPUTE}: {e}") from None
+    if not 0 < frac <= 1:
+        raise ObjectError(
+            f"{who}: metadata.annotations.{A.GPU_COMPUTE}: {raw!r} must be a fraction in (0, 1]"
+        )
+    return int((frac * GPU_MILLI).to_integral_value(rounding="ROUND_CEILING"))
+
+
+def group_ref(
+    namespace: str, labels: Mapping[str, str], ann: Mapping[str, str], who: str
+) -> GroupRef | None:
+    """Group membership from LWS labels/annotations, or gpupack.io/group + group-size."""
+    if A.LWS_NAME in labels:
+        size_text = ann.get(A.LWS_SIZE, "1")
+        if not size_text.isdigit() or int(size_text) < 1:
+            raise ObjectError(f"{who}: metadata.annotations.{A.LWS_SIZE}: {size_text!r} is not a size")
+        group_index = labels.get(A.LWS_GROUP_INDEX, "0")
+        worker = labels.get(A.LWS_WORKER_INDEX, "0")
+        if not worker.isdigit():
+            raise ObjectError(f"{who}: metadata.labels.{A.LWS_WORKER_INDEX}: {worker!r} is not an index")
+        topo = ann.get(A.LWS_EXCLUSIVE)
+        return GroupRef(
+            key=f"{namespace}/{labels[A.LWS_NAME]}/{group_index}",
+            size=int(size_text),
+            index=int(worker),
+            topology_key=topo,
+            exclusive=topo is not None,
+        )
+    if A.GROUP in ann:
+        size_text = ann.get(A.GROUP_SIZE, "")
+        if not size_text.isdigit() or int(size_text) < 1:
+            raise ObjectError(
+                f"{who}: metadata.annotations.{A.GROUP_SIZE}: {size_text!r} is not a group size"
+            )
+        return GroupRef(
+            key=f"{namespace}/{ann[A.GROUP]}",
+            size=int(size_text),
+            topology_key=ann.get(A.GROUP_TOPOLOGY),
+        )
+    return None
+
+
+def recorded_placement(pod: Mapping[str, Any], node: str) -> Placement | None:
+    """The placement gpupack recorded on a bound pod (annotations), if any."""
+    who = _obj_name(pod, "Pod")
+    ann = _str_map(pod, "metadata.annotations", who)
+    if A.GPUS not in ann:
+        return None
+    try:
+        gpus = A.parse_gpus(ann[A.GPUS])
+        mig = A.parse_mig(ann[A.MIG]) if A.MIG in ann else None
+    except ValueError as e:
+        raise ObjectError(f"{who}: metadata.annotations: {e}") from None
+    key = pod_key(pod)
+    if mig is None:
+        return Placement(key, node, gpus)
+    return Placement(key, node, gpus, mig[0], mig[1], False)
+
+
+def is_finished(pod: Mapping[str, Any]) -> bool:
+    phase = (pod.get("status") or {}).get("phase") if isinstance(pod.get("status"), Mapping) else None
+    return phase in ("Succeeded", "Failed")

@@ -1,0 +1,77 @@
+"""Build a packing Snapshot from lists of Node and Pod objects.
+
+Pods with ``spec.nodeName`` are running (unless Succeeded/Failed), the others pending.
+A running pod's GPUs come from what gpupack recorded at bind time; for pods bound by
+someone else they are inferred (first GPU that fits), which is reported as a note.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kube.objects import ObjectError, is_finished, node_info, pod_request, recorded_placement
+from packing.model import Placement, PodRequest, Snapshot
+from packing.state import ClusterState, PlacementError
+
+
+@dataclass(frozen=True)
+class BuiltSnapshot:
+    snapshot: Snapshot
+    notes: tuple[str, ...]  # inferred placements and pods that could not be accounted
+
+
+def build_snapshot(
+    nodes: Iterable[Mapping[str, Any]],
+    pods: Iterable[Mapping[str, Any]],
+    scheduler_name: str | None = None,
+) -> BuiltSnapshot:
+    """Snapshot of ``nodes`` and ``pods``; ObjectError on an object it cannot read.
+
+    ``scheduler_name``: when given, only pending pods of that scheduler are pending for
+    us; running pods of every scheduler count, since they hold resources.
+    """
+    infos = [node_info(n) for n in nodes]
+    names = {n.name for n in infos}
+    if len(names) != len(infos):
+        dup = sorted(n.name for n in infos if sum(m.name == n.name for m in infos) > 1)[0]
+        raise ObjectError(f"Node {dup}: metadata.name: duplicate node")
+    notes: list[str] = []
+    state = ClusterState(Snapshot(tuple(infos)))
+    running: list[tuple[PodRequest, Placement]] = []
+    pending: list[PodRequest] = []
+    seen: set[str] = set()
+    for pod in pods:
+        req = pod_request(pod)
+        if req.key in seen:
+            raise ObjectError(f"Pod {req.key}: metadata.name: duplicate pod")
+        seen.add(req.key)
+        if is_finished(pod):
+            continue
+        node = (pod.get("spec") or {}).get("nodeName")
+        if not node:
+            wanted = (pod.get("spec") or {}).get("schedulerName", "default-scheduler")
+            if scheduler_name is None or wanted == scheduler_name:
+                pending.append(req)
+            continue
+        if node not in names:
+            notes.append(f"pod {req.key} runs on unknown node {node}; ignored")
+            continue
+        placement = recorded_placement(pod, node)
+        if placement is None:
+            options = state.options(req, node)
+            if not options:
+                notes.append(f"pod {req.key} on {node}: no free resource to account it on")
+                continue
+            placement = options[0]
+            if req.gpu_demand_milli or req.mig_profile:
+                notes.append(f"pod {req.key} on {node}: GPUs inferred as {list(placement.gpus)}")
+        try:
+            state.apply(req, placement)
+        except PlacementError as e:
+            notes.append(f"pod {req.key} on {node}: recorded placement does not fit: {e}")
+            state.apply(req, placement, allow_overcommit=True)
+        running.append((req, placement))
+    snap = Snapshot(tuple(infos), tuple(running), tuple(pending))
+    return BuiltSnapshot(snap, tuple(notes))

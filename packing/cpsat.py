@@ -1,0 +1,322 @@
+"""CP-SAT model for placing a batch of pending pods at once.
+
+Data: a :class:`ClusterState` (running pods applied) and the pending pods of the batch.
+
+Variables (all Boolean):
+  x[p, o]   pod p takes option o (a MIG instance, a GPU share, or CPU only on a node)
+  w[p, n]   whole-GPU pod p goes to node n (which idle GPUs it gets is read off after)
+  u[g]      whole-free GPU g is used by the batch (it stops being a whole free GPU)
+  z[n]      node n, whole-free now, is used by the batch (it stops being a whole free node)
+  t[n]      node n receives at least one pod of the batch
+  d[G, D]   group G is placed in topology domain D
+
+Constraints:
+  each pod at most once; the members of a group all placed or none, in one domain;
+  CPU and memory of each node; GPU share milli, memory and replicas of each shared GPU;
+  each existing MIG instance to at most one pod; created MIG instances on memory slices
+  that are free and not overlapping each other, within the GPU's compute slices, at
+  most one ``+me``; whole-GPU pods on a node use at most its idle whole-capable GPUs not
+  taken by small pods; an exclusive topology domain holds at most one group.
+
+Objective (lexicographic through weights that cannot overflow into each other, since
+every term below is bounded by the batch size):
+  maximize  A * sum_p weight_p * placed_p      (more pods; then higher priority)
+          - B * sum z[n]                        (keep whole nodes free)
+          - C * sum u[g]                        (keep whole GPUs free)
+          - D * MIG instances created           (prefer existing, exact-profile slices)
+          - E * sum t[n]                        (fewest nodes touched)
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ortools.sat.python import cp_model
+
+from packing.catalog import get_model
+from packing.mig import memory_range
+from packing.mig import MigSlot
+from packing.model import GpuMode, Placement, PodRequest, RequestKind
+from packing.state import ClusterState
+
+
+@dataclass(frozen=True)
+class SolverParams:
+    """Explicit solver settings: every solve is bounded and reproducible."""
+
+    max_time_s: float = 2.0
+    workers: int = 2
+    seed: int = 0
+    max_variables: int = 200_000  # beyond this the model is not built; greedy answers
+
+
+@dataclass(frozen=True)
+class SolveResult:
+    placements: tuple[Placement, ...]
+    status: str  # OPTIMAL | FEASIBLE | INFEASIBLE | UNKNOWN | MODEL_INVALID | TOO_LARGE
+    objective: float | None = None
+    wall_s: float = 0.0
+
+
+def priority_weights(pods: Sequence[PodRequest]) -> dict[str, int]:
+    """weight_p = M + rank(priority_p), M = |pods| * |ranks| + 1.
+
+    Any extra pod placed is worth more than every priority difference together, so the
+    model places the most pods first and, among equal counts, prefers higher priority.
+    """
+    ranks = {prio: i for i, prio in enumerate(sorted({p.priority for p in pods}))}
+    big = len(pods) * max(len(ranks), 1) + 1
+    return {p.key: big + ranks[p.priority] for p in pods}
+
+
+def solve_batch(
+    state: ClusterState,
+    pods: Sequence[PodRequest],
+    hint: Sequence[Placement] = (),
+    params: SolverParams = SolverParams(),
+    taken_domains: frozenset[tuple[str, str]] = frozenset(),
+) -> SolveResult:
+    """Solve the batch on ``state`` (not mutated). Placements are not yet validated."""
+    # ---- data --------------------------------------------------------------------------
+    model = cp_model.CpModel()
+    x: dict[tuple[str, int], cp_model.IntVar] = {}  # (pod, option index) -> var
+    options: dict[str, list[Placement]] = {}
+    w: dict[tuple[str, str], cp_model.IntVar] = {}  # (whole pod, node) -> var
+    pods_by_key = {p.key: p for p in pods}
+    n_vars = 0
+    for pod in pods:
+        if pod.kind is RequestKind.WHOLE:
+            for name in state.nodes:
+                if state.options(pod, name):
+                    w[pod.key, name] = model.new_bool_var(f"w[{pod.key},{name}]")
+                    n_vars += 1
+            continue
+        opts = [o for name in state.nodes for o in state.options(pod, name)]
+        options[pod.key] = opts
+        for i, _ in enumerate(opts):
+            x[pod.key, i] = model.new_bool_var(f"x[{pod.key},{i}]")
+        n_vars += len(opts)
+        if n_vars > params.max_variables:
+            return SolveResult((), "TOO_LARGE")
+
+    # ---- variables per pod, node and GPU -----------------------------------------------
+    placed: dict[str, cp_model.LinearExprT] = {}
+    on_node: dict[str, list[tuple[PodRequest, cp_model.IntVar]]] = defaultdict(list)
+    on_gpu: dict[tuple[str, int], list[tuple[PodRequest, Placement, cp_model.IntVar]]] = (
+        defaultdict(list)
+    )
+    for pod in pods:
+        if pod.kind is RequestKind.WHOLE:
+            vars_ = [v for (k, _), v in w.items() if k == pod.key]
+            for (k, n), v in w.items():
+                if k == pod.key:
+                    on_node[n].append((pod, v))
+        else:
+            vars_ = []
+            for i, o in enumerate(options[pod.key]):
+                v = x[pod.key, i]
+                vars_.append(v)
+                on_node[o.node].append((pod, v))
+                if o.gpus:
+                    on_gpu[o.node, o.gpus[0]].append((pod, o, v))
+        model.add(sum(vars_) <= 1)  # each pod at most once
+        placed[pod.key] = sum(vars_)
+
+    # ---- constraints: node CPU and memory ----------------------------------------------
+    for name, items in on_node.items():
+        node = state.nodes[name]
+        model.add(sum(p.cpu_milli * v for p, v in items) <= node.cpu_free)
+        model.add(sum(p.memory_mib * v for p, v in items) <= node.mem_free)
+
+    # ---- constraints: GPUs --------------------------------------------------------------
+    u: dict[tuple[str, int], cp_model.IntVar] = {}
+    created_terms: list[cp_model.IntVar] = []
+    for (name, index), items in on_gpu.items():
+        g = state.gpu(name, index)
+        if g.whole_free:
+            u[name, index] = model.new_bool_var(f"u[{name},{index}]")
+            for _, _, v in items:
+                model.add_implication(v, u[name, index])
+        if g.mode is GpuMode.MIG or any(o.mig_profile for _, o, _ in items):
+            geom = get_model(g.info.model).mig
+            assert geom is not None
+            by_instance: dict[int, list[cp_model.IntVar]] = defaultdict(list)
+            by_slice: dict[int, list[cp_model.IntVar]] = defaultdict(list)
+            compute = []
+            media = []
+            for _, o, v in items:
+                assert o.mig_start is not None and o.mig_profile is not None
+                if not o.mig_created:
+                    by_instance[o.mig_start].append(v)
+                    continue
+                created_terms.append(v)
+                prof = geom.profile(o.mig_profile)
+                for s in memory_range(geom, MigSlot(o.mig_profile, o.mig_start)):
+                    by_slice[s].append(v)
+                compute.append(prof.compute_slices * v)
+                if prof.media_extensions:
+                    media.append(v)
+            for vs in by_instance.values():
+                model.add(sum(vs) <= 1)
+            for vs in by_slice.values():
+                model.add(sum(vs) <= 1)
+            used_c = sum(geom.profile(p).compute_slices for p, _ in g.instances.values())
+            model.add(sum(compute) <= geom.compute_slices - used_c)
+            has_me = any(geom.profile(p).media_extensions for p, _ in g.instances.values())
+            model.add(sum(media) <= (0 if has_me else 1))
+        else:  # SHARED / FRACTIONAL shares
+            model.add(sum(p.gpu_milli * v for p, _, v in items) <= g.free_milli)
+            if g.mode is GpuMode.SHARED:
+                free_mem = g.info.memory_mib - g.shared_memory_used
+                model.add(sum(p.gpu_memory_mib * v for p, _, v in items) <= free_mem)
+                if g.info.replicas:
+                    model.add(sum(v for _, _, v in items) <= g.info.replicas - len(g.shared_owners))
+
+    # Whole-GPU pods take idle whole-capable GPUs that small pods of the batch leave.
+    for name in state.nodes:
+        wholes = [(p, v) for p, v in on_node.get(name, []) if p.kind is RequestKind.WHOLE]
+        if not wholes:
+            continue
+        node = state.nodes[name]
+        capable = [g for g in node.gpus if g.whole_free]
+        # Whole pods do not exist in the same batch as MIG options on these GPUs unless
+        # the GPU stays unused by them: u[g] marks any small use, counted below.
+        # Pods may be restricted to GPU models; count per model set conservatively by
+        # requiring each pod's allowed GPUs to cover its own demand, and the total demand
+        # to fit the union.
+        small_on_capable = [u[name, g.info.index] for g in capable if (name, g.info.index) in u]
+        model.add(sum(p.gpu_count * v for p, v in wholes) + sum(small_on_capable) <= len(capable))
+        for g in capable:
+            if (name, g.info.index) not in u:
+                u[name, g.info.index] = model.new_bool_var(f"u[{name},{g.info.index}]")
+        model.add(
+            sum(u[name, g.info.index] for g in capable) >= sum(p.gpu_count * v for p, v in wholes)
+            + sum(small_on_capable)
+        )
+
+    # ---- constraints: groups and topology ----------------------------------------------
+    groups: dict[str, list[PodRequest]] = defaultdict(list)
+    for pod in pods:
+        if pod.group is not None:
+            groups[pod.group.key].append(pod)
+    domain_use: dict[tuple[str, str], list[cp_model.IntVar]] = defaultdict(list)
+    for key, members in groups.items():
+        first = placed[members[0].key]
+        for m in members[1:]:
+            model.add(placed[m.key] == first)  # all or nothing
+        ref = members[0].group
+        assert ref is not None
+        if ref.topology_key is None:
+            continue
+        by_domain: dict[str, list[str]] = defaultdict(list)
+        for name, node in state.nodes.items():
+            value = node.info.labels.get(ref.topology_key)
+            if value is not None:
+                by_domain[value].append(name)
+        d = {dom: model.new_bool_var(f"d[{key},{dom}]") for dom in by_domain}
+        model.add(sum(d.values()) == first)
+        for dom, var in d.items():
+            if ref.exclusive:
+                domain_use[ref.topology_key, dom].append(var)
+        node_domain = {n: dom for dom, ns in by_domain.items() for n in ns}
+        for m in members:
+            for (k, n), v in w.items():
+                if k == m.key:
+                    _in_domain(model, v, d, node_domain.get(n))
+            for i, o in enumerate(options.get(m.key, [])):
+                _in_domain(model, x[m.key, i], d, node_domain.get(o.node))
+    for (tk, dom), vs in domain_use.items():
+        model.add(sum(vs) <= (0 if (tk, dom) in taken_domains else 1))
+
+    # ---- objective ----------------------------------------------------------------------
+    z: dict[str, cp_model.IntVar] = {}
+    t: dict[str, cp_model.IntVar] = {}
+    for name, items in on_node.items():
+        t[name] = model.new_bool_var(f"t[{name}]")
+        for _, v in items:
+            model.add_implication(v, t[name])
+        node = state.nodes[name]
+        if node.whole_free:
+            z[name] = t[name]
+    weights = priority_weights(pods)
+    n_pods = len(pods)
+    n_gpu = sum(p.gpu_count if p.kind is RequestKind.WHOLE else 1 for p in pods) + 1
+    e_w = 1
+    d_w = e_w * (n_pods + 1)
+    c_w = d_w * (n_pods + 1)
+    b_w = c_w * (n_gpu + 1)
+    a_w = b_w * (n_pods + 1)
+    model.maximize(
+        a_w * sum(weights[k] * v for k, v in placed.items())
+        - b_w * sum(z.values())
+        - c_w * sum(u.values())
+        - d_w * sum(created_terms)
+        - e_w * sum(t.values())
+    )
+
+    # ---- hint from the greedy answer --------------------------------------------------
+    hinted = {h.pod: h for h in hint}
+    for pod in pods:
+        h = hinted.get(pod.key)
+        if pod.kind is RequestKind.WHOLE:
+            for (k, n), v in w.items():
+                if k == pod.key:
+                    model.add_hint(v, 1 if h is not None and h.node == n else 0)
+        else:
+            for i, o in enumerate(options[pod.key]):
+                model.add_hint(x[pod.key, i], 1 if h == o else 0)
+
+    # ---- solve --------------------------------------------------------------------------
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = params.max_time_s
+    solver.parameters.num_workers = params.workers
+    solver.parameters.random_seed = params.seed
+    # Reproducible for a fixed seed: no interleaving of workers by wall clock.
+    solver.parameters.interleave_search = False
+    status = solver.solve(model)
+    name = solver.status_name(status)
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return SolveResult((), name, None, solver.wall_time)
+
+    # ---- read ---------------------------------------------------------------------------
+    out: list[Placement] = []
+    taken_by_small: dict[str, set[int]] = defaultdict(set)
+    for key, opts in options.items():
+        for i, o in enumerate(opts):
+            if solver.boolean_value(x[key, i]):
+                out.append(o)
+                if o.gpus:
+                    taken_by_small[o.node].add(o.gpus[0])
+    given: dict[str, set[int]] = defaultdict(set)
+    for (key, n), v in sorted(w.items()):
+        if not solver.boolean_value(v):
+            continue
+        pod = pods_by_key[key]
+        free = [
+            g.info.index
+            for g in state.nodes[n].gpus
+            if g.idle
+            and g.mode in (GpuMode.WHOLE, GpuMode.FRACTIONAL)
+            and (not pod.gpu_models or g.info.model in pod.gpu_models)
+            and g.info.index not in taken_by_small[n]
+            and g.info.index not in given[n]
+        ]
+        chosen = tuple(free[: pod.gpu_count])
+        given[n].update(chosen)
+        out.append(Placement(key, n, chosen))
+    return SolveResult(tuple(out), name, solver.objective_value, solver.wall_time)
+
+
+def _in_domain(
+    model: cp_model.CpModel,
+    v: cp_model.IntVar,
+    d: dict[str, cp_model.IntVar],
+    domain: str | None,
+) -> None:
+    """An option may be used only when its node's domain is the group's domain."""
+    if domain is None:
+        model.add(v == 0)
+    else:
+        model.add_implication(v, d[domain])

@@ -1,0 +1,157 @@
+"""Fragmentation gradient descent (FGD; Weng et al., USENIX ATC'23) on snapshots.
+
+Written from the paper's description (``shared/reference/performance-anchors.md``) and
+generalised to MIG and time-sliced GPUs.
+
+The workload is summarised by its *typical shapes* m (the most frequent pod shapes that
+cover 95% of pods) with frequencies p_m. For a node N and a shape m:
+
+  fragment_m(N) = sum of free GPU milli on N            if N cannot host m at all
+                  sum of free milli of GPUs that cannot  otherwise
+                  serve m (too little free, wrong model,
+                  wrong mode, no placeable MIG slice)
+
+  F(N) = sum_m p_m * fragment_m(N)
+
+FGD puts each pod where F grows least: score(option) = F(N after) - F(N before).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from packing.catalog import get_model
+from packing.mig import free_starts
+from packing.model import GPU_MILLI, GpuMode, Placement, PodRequest, RequestKind, Snapshot
+from packing.policies.greedy import Score, Scorer
+from packing.policies.scores import bestfit
+from packing.state import ClusterState, GpuState, NodeState
+
+COVERAGE = 0.95
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A pod shape as FGD counts it (names and groups do not matter)."""
+
+    kind: RequestKind
+    cpu_milli: int
+    memory_mib: int
+    gpu_count: int
+    gpu_milli: int
+    gpu_memory_mib: int
+    mig_profile: str | None
+    gpu_models: frozenset[str]
+
+    @staticmethod
+    def of(pod: PodRequest) -> Shape:
+        return Shape(
+            pod.kind, pod.cpu_milli, pod.memory_mib, pod.gpu_count, pod.gpu_milli,
+            pod.gpu_memory_mib, pod.mig_profile, pod.gpu_models,
+        )
+
+
+def typical_shapes(pods: Iterable[PodRequest], coverage: float = COVERAGE) -> list[tuple[Shape, float]]:
+    """The most common shapes covering ``coverage`` of pods, with renormalised weights."""
+    counts = Counter(Shape.of(p) for p in pods)
+    total = sum(counts.values())
+    if not total:
+        return []
+    chosen: list[tuple[Shape, int]] = []
+    covered = 0
+    # Ties broken by a stable textual key so the result does not depend on input order.
+    for shape, n in sorted(counts.items(), key=lambda kv: (-kv[1], repr(kv[0]))):
+        chosen.append((shape, n))
+        covered += n
+        if covered >= coverage * total:
+            break
+    norm = sum(n for _, n in chosen)
+    return [(s, n / norm) for s, n in chosen]
+
+
+def gpu_serves(g: GpuState, shape: Shape) -> bool:
+    """Can this GPU, as it is now, serve (its part of) a pod of ``shape``?"""
+    if shape.gpu_models and g.info.model not in shape.gpu_models:
+        return False
+    mode = g.mode
+    if shape.kind is RequestKind.WHOLE:
+        return g.idle and mode in (GpuMode.WHOLE, GpuMode.FRACTIONAL)
+    if shape.kind is RequestKind.SHARED:
+        if mode not in (GpuMode.SHARED, GpuMode.FRACTIONAL) or g.whole_owner is not None:
+            return False
+        if mode is GpuMode.SHARED:
+            if g.info.replicas and len(g.shared_owners) >= g.info.replicas:
+                return False
+            if g.shared_memory_used + shape.gpu_memory_mib > g.info.memory_mib:
+                return False
+        return g.used_milli + shape.gpu_milli <= GPU_MILLI
+    if shape.kind is RequestKind.MIG:
+        geom = get_model(g.info.model).mig
+        if (mode is not GpuMode.MIG and not g.convertible) or geom is None or shape.mig_profile is None:
+            return False
+        if shape.mig_profile not in {p.name for p in geom.profiles}:
+            return False
+        if any(p == shape.mig_profile and o is None for p, o in g.instances.values()):
+            return True
+        return bool(free_starts(geom, g.mig_slots(), shape.mig_profile))
+    return True
+
+
+def fragment(node: NodeState, shape: Shape) -> int:
+    """fragment_m(N) in milli-GPUs."""
+    free_total = sum(g.free_milli for g in node.gpus)
+    if free_total == 0:
+        return 0
+    if node.cpu_free < shape.cpu_milli or node.mem_free < shape.memory_mib:
+        return free_total
+    serving = [gpu_serves(g, shape) for g in node.gpus]
+    if shape.kind is RequestKind.WHOLE and sum(serving) < shape.gpu_count:
+        return free_total
+    if shape.kind in (RequestKind.SHARED, RequestKind.MIG) and not any(serving):
+        return free_total
+    if shape.kind is RequestKind.NONE:
+        return 0
+    return sum(g.free_milli for g, ok in zip(node.gpus, serving, strict=True) if not ok)
+
+
+def node_fragmentation(node: NodeState, shapes: Sequence[tuple[Shape, float]]) -> float:
+    """F(N) = sum_m p_m * fragment_m(N)."""
+    return sum(p * fragment(node, s) for s, p in shapes)
+
+
+def cluster_fragmentation(state: ClusterState, shapes: Sequence[tuple[Shape, float]]) -> float:
+    """Share of idle GPU capacity that the typical pods cannot use, in [0, 1]."""
+    idle = sum(g.free_milli for n in state.nodes.values() for g in n.gpus)
+    if idle == 0:
+        return 0.0
+    return sum(node_fragmentation(n, shapes) for n in state.nodes.values()) / idle
+
+
+def fragmentation_delta(
+    state: ClusterState, pod: PodRequest, option: Placement, shapes: Sequence[tuple[Shape, float]]
+) -> float:
+    """F(N after the option) - F(N before), computed by applying and undoing it."""
+    node = state.nodes[option.node]
+    before = node_fragmentation(node, shapes)
+    state.apply(pod, option, allow_overcommit=True)
+    try:
+        after = node_fragmentation(node, shapes)
+    finally:
+        state.undo(pod, option)
+    return after - before
+
+
+def workload_of(snapshot: Snapshot) -> list[PodRequest]:
+    return [p for p, _ in snapshot.running] + list(snapshot.pending)
+
+
+def make_fgd_scorer(snapshot: Snapshot) -> Scorer:
+    shapes = typical_shapes(workload_of(snapshot))
+
+    def score(state: ClusterState, pod: PodRequest, option: Placement) -> Score:
+        delta = fragmentation_delta(state, pod, option, shapes)
+        return (round(delta, 6), *bestfit(state, pod, option))
+
+    return score

@@ -1,0 +1,148 @@
+"""Scorers of the greedy policies: a sort key per option, lower is better.
+
+Each scorer looks at the state *after* the option would be applied. Keys are tuples so
+that objectives apply in strict priority order (lexicographic), which keeps every
+trade-off explicit instead of hiding it in weights.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+from packing.catalog import get_model
+from packing.mig import MigSlot, free_starts
+from packing.model import GPU_MILLI, GpuMode, Placement, PodRequest, RequestKind
+from packing.policies.greedy import Score
+from packing.state import ClusterState, GpuState, NodeState
+
+
+def node_free_milli(node: NodeState) -> int:
+    return sum(g.free_milli for g in node.gpus)
+
+
+def node_gpu_total(node: NodeState) -> int:
+    return GPU_MILLI * len(node.gpus)
+
+
+def _ratio(free: int, total: int) -> float:
+    return free / total if total else 1.0
+
+
+def spread(state: ClusterState, pod: PodRequest, option: Placement) -> Score:
+    """kube-scheduler's LeastAllocated: the emptiest node wins.
+
+    score(node) = mean over (cpu, memory, gpu) of free_after / allocatable; we negate it
+    because lower keys win.
+    """
+    node = state.nodes[option.node]
+    cpu = _ratio(node.cpu_free - pod.cpu_milli, node.info.cpu_milli)
+    mem = _ratio(node.mem_free - pod.memory_mib, node.info.memory_mib)
+    gpu = _ratio(node_free_milli(node) - pod_milli_on(state, pod, option), node_gpu_total(node))
+    return (-(cpu + mem + gpu) / 3, option.node, option.gpus, option.mig_start or 0)
+
+
+def pod_milli_on(state: ClusterState, pod: PodRequest, option: Placement) -> int:
+    """GPU capacity (milli) the option takes; a MIG instance counts by memory slices."""
+    if pod.kind is RequestKind.MIG:
+        g = state.gpu(option.node, option.gpus[0])
+        geom = get_model(g.info.model).mig
+        assert geom is not None and option.mig_profile is not None
+        return geom.profile(option.mig_profile).memory_slices * GPU_MILLI // geom.memory_slices
+    return pod.gpu_demand_milli
+
+
+def bestfit(state: ClusterState, pod: PodRequest, option: Placement) -> Score:
+    """Best fit: the option that leaves the least free capacity where it lands.
+
+    Key: (free GPU milli of the node after, free CPU share of the node after, free milli
+    of the chosen GPU after, node, GPU). CPU-only pods compare on CPU first.
+    """
+    node = state.nodes[option.node]
+    take = pod_milli_on(state, pod, option)
+    node_after = node_free_milli(node) - take
+    cpu_after = _ratio(node.cpu_free - pod.cpu_milli, node.info.cpu_milli)
+    gpu_after = state.gpu(option.node, option.gpus[0]).free_milli - take if option.gpus else 0
+    if pod.kind is RequestKind.NONE:
+        return (cpu_after, node_after, 0, option.node, option.gpus)
+    return (node_after, cpu_after, gpu_after, option.node, option.gpus, option.mig_start or 0)
+
+
+def _largest_placeable(g: GpuState, extra_start: int, extra_profile: str) -> tuple[int, int]:
+    """After adding an instance: (largest memory slices still placeable, count of starts)."""
+    geom = get_model(g.info.model).mig
+    assert geom is not None
+    slots = [*g.mig_slots(), MigSlot(extra_profile, extra_start)]
+    largest = 0
+    starts = 0
+    for prof in geom.profiles:
+        if prof.media_extensions:
+            continue
+        n = len(free_starts(geom, slots, prof.name))
+        starts += n
+        if n:
+            largest = max(largest, prof.memory_slices)
+    return largest, starts
+
+
+def gpupack_greedy(
+    state: ClusterState, pod: PodRequest, option: Placement, frag_delta: float = 0.0
+) -> Score:
+    """gpupack's greedy preference, in priority order (lower wins):
+
+    1. do not break a whole node (every GPU idle and usable whole) for a small pod, and
+       for a whole-GPU pod prefer nodes that are already in use;
+    2. do not break a whole GPU (idle, not in MIG or time-sliced mode) for a small pod
+       while a MIG, shared or used GPU can take it;
+    3. MIG: use an instance that already exists before creating one; create it where the
+       largest profile stays placeable, then where most starts stay free;
+    4. least growth of fragmentation (``frag_delta``, the FGD gradient, when given);
+    5. best fit: least free GPU capacity left on the GPU, then on the node;
+    6. fewer idle GPUs left stranded on a partly used node (whole-GPU pods);
+    7. node and GPU names, for determinism.
+    """
+    node = state.nodes[option.node]
+    take = pod_milli_on(state, pod, option)
+    node_idle = node.whole_free
+    idle_after = sum(1 for g in node.gpus if g.whole_free and g.info.index not in option.gpus)
+    if pod.kind is RequestKind.WHOLE:
+        # A whole-GPU pod that fills a node exactly is ideal; one that opens an idle node
+        # while partly used nodes could take it is not.
+        opens = 1 if node_idle and idle_after > 0 else 0
+        return (opens, idle_after, frag_delta, node_free_milli(node) - take, option.node,
+                option.gpus)
+    if pod.kind is RequestKind.NONE:
+        return (1 if node_idle else 0, frag_delta, node.cpu_free - pod.cpu_milli, option.node)
+    g = state.gpu(option.node, option.gpus[0])
+    breaks_node = 1 if node_idle else 0
+    breaks_gpu = 1 if g.whole_free else 0
+    created = 0
+    mig_keep: tuple[int, int] = (0, 0)
+    if pod.kind is RequestKind.MIG and g.mode is GpuMode.MIG:
+        assert option.mig_start is not None and option.mig_profile is not None
+        created = 1 if option.mig_created else 0
+        if option.mig_created:
+            largest, starts = _largest_placeable(g, option.mig_start, option.mig_profile)
+            mig_keep = (-largest, -starts)
+    gpu_after = g.free_milli - take
+    return (
+        breaks_node,
+        breaks_gpu,
+        created,
+        mig_keep,
+        round(frag_delta, 6),
+        gpu_after,
+        node_free_milli(node) - take,
+        option.node,
+        option.gpus,
+        option.mig_start or 0,
+    )
+
+
+def random_scorer(state: ClusterState, pod: PodRequest, option: Placement) -> Score:
+    """A seeded random choice: a stable hash of (pod, option) as the key.
+
+    Deterministic for the same input, uncorrelated with capacity: the baseline every
+    packing policy must beat.
+    """
+    text = f"{pod.key}|{option.node}|{option.gpus}|{option.mig_start}"
+    return (zlib.crc32(text.encode()),)

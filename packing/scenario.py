@@ -1,0 +1,154 @@
+"""Simulation scenarios: a cluster and a seeded stream of arriving pods and groups.
+
+A scenario is plain data (decoded YAML, see ``gpupack/scenarios/default.yaml``); this
+module checks it and expands it into NodeInfos and arrivals. Errors name the field.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from packing.catalog import match_product
+from packing.model import GpuInfo, GpuMode, GroupRef, NodeInfo, PodRequest, RequestKind
+from packing.quantity import QuantityError, cpu_milli, memory_mib, parse_quantity
+
+
+class ScenarioError(ValueError):
+    """A scenario that cannot be used; the message names the field."""
+
+
+@dataclass(frozen=True)
+class Scenario:
+    nodes: tuple[NodeInfo, ...]
+    arrivals: tuple[tuple[PodRequest, ...], ...]  # one pod, or all members of a group
+
+
+def _get(d: Mapping[str, Any], key: str, where: str, kind: type | tuple[type, ...]) -> Any:
+    if key not in d:
+        raise ScenarioError(f"{where}.{key}: missing")
+    v = d[key]
+    if not isinstance(v, kind) or isinstance(v, bool):
+        raise ScenarioError(f"{where}.{key}: {v!r} has the wrong type")
+    return v
+
+
+def _qty(conv: Any, v: Any, where: str) -> int:
+    try:
+        return int(conv(v))
+    except QuantityError as e:
+        raise ScenarioError(f"{where}: {e}") from None
+
+
+def parse_scenario(data: Any) -> Scenario:
+    if not isinstance(data, Mapping):
+        raise ScenarioError("scenario: expected a mapping at the top")
+    seed = _get(data, "seed", "scenario", int) if "seed" in data else 0
+    nodes: list[NodeInfo] = []
+    for i, spec in enumerate(_get(data, "nodes", "scenario", list)):
+        where = f"nodes[{i}]"
+        if not isinstance(spec, Mapping):
+            raise ScenarioError(f"{where}: expected a mapping")
+        try:
+            model = match_product(_get(spec, "product", where, str))
+        except ValueError as e:
+            raise ScenarioError(f"{where}.product: {e}") from None
+        mode_text = spec.get("mode", "whole")
+        try:
+            mode = GpuMode(mode_text)
+        except ValueError:
+            raise ScenarioError(f"{where}.mode: {mode_text!r} is not one of whole, mig, shared") from None
+        if mode is GpuMode.MIG and not model.mig_capable:
+            raise ScenarioError(f"{where}.mode: {model.name} has no MIG")
+        replicas = spec.get("replicas", 1)
+        n_gpus = _get(spec, "gpus", where, int)
+        labels = {str(k): str(v) for k, v in (spec.get("labels") or {}).items()}
+        for k in range(_get(spec, "count", where, int)):
+            name = f"{_get(spec, 'prefix', where, str)}-{k}"
+            gpus = tuple(
+                GpuInfo(g, model.name, model.memory_mib, mode, replicas=replicas)
+                for g in range(n_gpus)
+            )
+            nodes.append(
+                NodeInfo(
+                    name,
+                    _qty(cpu_milli, spec.get("cpu", 64), f"{where}.cpu"),
+                    _qty(memory_mib, spec.get("memory", "256Gi"), f"{where}.memory"),
+                    gpus,
+                    {**labels, "kubernetes.io/hostname": name},
+                )
+            )
+    classes = _get(data, "classes", "scenario", list)
+    templates = [_template(c, f"classes[{i}]") for i, c in enumerate(classes)]
+    n = _get(data, "arrivals", "scenario", int)
+    rng = random.Random(seed)
+    weights = [w for _, w, _ in templates]
+    arrivals: list[tuple[PodRequest, ...]] = []
+    counters: dict[str, int] = {}
+    for _ in range(n):
+        tmpl, _, group = rng.choices(templates, weights)[0]
+        idx = counters.get(tmpl.key, 0)
+        counters[tmpl.key] = idx + 1
+        name = f"{tmpl.key}-{idx}"
+        if group is None:
+            arrivals.append((_with(tmpl, f"sim/{name}", None),))
+            continue
+        size, topo = group
+        ref = GroupRef(f"sim/{name}", size, 0, topo, topo is not None)
+        members = tuple(
+            _with(tmpl, f"sim/{name}-{w}", GroupRef(ref.key, size, w, topo, topo is not None))
+            for w in range(size)
+        )
+        arrivals.append(members)
+    return Scenario(tuple(nodes), tuple(arrivals))
+
+
+def _with(tmpl: PodRequest, key: str, group: GroupRef | None) -> PodRequest:
+    return replace(tmpl, key=key, group=group)
+
+
+def _template(c: Any, where: str) -> tuple[PodRequest, float, tuple[int, str | None] | None]:
+    if not isinstance(c, Mapping):
+        raise ScenarioError(f"{where}: expected a mapping")
+    name = _get(c, "name", where, str)
+    weight = _get(c, "weight", where, (int, float))
+    cpu = _qty(cpu_milli, c.get("cpu", 1), f"{where}.cpu")
+    mem = _qty(memory_mib, c.get("memory", "1Gi"), f"{where}.memory")
+    kinds = [k for k in ("mig", "shared", "whole") if k in c]
+    if len(kinds) > 1:
+        raise ScenarioError(f"{where}: give one of mig, shared, whole (got {', '.join(kinds)})")
+    kind = RequestKind.NONE
+    profile = None
+    count = 0
+    milli = 0
+    gmem = 0
+    if "mig" in c:
+        kind, profile = RequestKind.MIG, _get(c, "mig", where, str)
+    elif "shared" in c:
+        s = _get(c, "shared", where, Mapping)
+        kind = RequestKind.SHARED
+        gmem = _qty(memory_mib, s.get("memory", "1Gi"), f"{where}.shared.memory")
+        try:
+            milli = int(parse_quantity(s.get("compute", 0)) * 1000)
+        except QuantityError as e:
+            raise ScenarioError(f"{where}.shared.compute: {e}") from None
+        if not 0 <= milli <= 1000:
+            raise ScenarioError(f"{where}.shared.compute: must be within 0..1")
+    elif "whole" in c:
+        kind, count = RequestKind.WHOLE, _get(c, "whole", where, int)
+    group = None
+    if "group" in c:
+        g = _get(c, "group", where, Mapping)
+        group = (_get(g, "size", f"{where}.group", int), g.get("topology"))
+    tmpl = PodRequest(
+        key=name, cpu_milli=cpu, memory_mib=mem, kind=kind, gpu_count=count,
+        mig_profile=profile, gpu_milli=milli, gpu_memory_mib=gmem,
+        klass=str(c.get("klass", name)),
+    )
+    return tmpl, float(weight), group
+
+
+def arrival_pods(arrivals: Sequence[tuple[PodRequest, ...]]) -> list[PodRequest]:
+    return [p for a in arrivals for p in a]

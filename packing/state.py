@@ -1,0 +1,368 @@
+"""Mutable working state of a cluster for the solvers: what is free where.
+
+``ClusterState`` is built from a :class:`~packing.model.Snapshot` (its running pods
+applied) and then placements are applied or undone one at a time. ``options`` lists
+every concrete way one pod can go on one node (which GPU, which MIG start); policies
+score those options. Everything is in-process and deterministic; nothing here is shared
+between threads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from packing.catalog import get_model
+from packing.mig import MigSlot, free_starts
+from packing.model import (
+    GPU_MILLI,
+    GpuInfo,
+    GpuMode,
+    NodeInfo,
+    Placement,
+    PodRequest,
+    RequestKind,
+    Snapshot,
+)
+
+
+@dataclass
+class GpuState:
+    """Free/used accounting of one GPU."""
+
+    info: GpuInfo
+    whole_owner: str | None = None  # WHOLE (or FRACTIONAL taken whole)
+    # MIG: instances by start -> (profile, owner); owner None = created but free.
+    instances: dict[int, tuple[str, str | None]] = field(default_factory=dict)
+    shared_owners: dict[str, tuple[int, int]] = field(default_factory=dict)  # pod -> (milli, MiB)
+    # A whole-mode, MIG-capable GPU on a reconfigurable node may be switched to MIG for
+    # small pods while idle (the rebalancer asks the MIG manager); ``converted`` marks it.
+    reconfigurable: bool = False
+    converted: bool = False
+
+    @property
+    def mode(self) -> GpuMode:
+        return GpuMode.MIG if self.converted else self.info.mode
+
+    @property
+    def convertible(self) -> bool:
+        """Idle whole GPU that could become a MIG GPU for a small pod."""
+        return (
+            self.reconfigurable
+            and self.info.mode is GpuMode.WHOLE
+            and not self.converted
+            and self.whole_owner is None
+            and get_model(self.info.model).mig is not None
+        )
+
+    @property
+    def used_milli(self) -> int:
+        if self.whole_owner is not None:
+            return GPU_MILLI
+        if self.mode is GpuMode.MIG:
+            geom = get_model(self.info.model).mig
+            assert geom is not None
+            used = 0
+            for start, (profile, owner) in self.instances.items():
+                del start
+                if owner is not None:
+                    used += geom.profile(profile).memory_slices
+            return used * GPU_MILLI // geom.memory_slices
+        return sum(m for m, _ in self.shared_owners.values())
+
+    @property
+    def free_milli(self) -> int:
+        return GPU_MILLI - self.used_milli
+
+    @property
+    def idle(self) -> bool:
+        """Nobody uses this GPU: it could serve a whole-GPU pod (after MIG is undone)."""
+        if self.whole_owner is not None or self.shared_owners:
+            return False
+        return all(owner is None for _, owner in self.instances.values())
+
+    @property
+    def whole_free(self) -> bool:
+        """Idle and usable by a whole-GPU pod right now (not in MIG or time-sliced mode)."""
+        return self.idle and self.mode in (GpuMode.WHOLE, GpuMode.FRACTIONAL)
+
+    @property
+    def shared_memory_used(self) -> int:
+        return sum(mem for _, mem in self.shared_owners.values())
+
+    def mig_slots(self) -> list[MigSlot]:
+        return [MigSlot(p, s) for s, (p, _) in self.instances.items()]
+
+
+@dataclass
+class NodeState:
+    info: NodeInfo
+    cpu_free: int
+    mem_free: int
+    gpus: list[GpuState]
+    pods: dict[str, Placement] = field(default_factory=dict)
+
+    @property
+    def idle(self) -> bool:
+        return all(g.idle for g in self.gpus)
+
+    @property
+    def whole_free(self) -> bool:
+        """A GPU node every GPU of which could serve a whole-GPU pod now: room for an LLM."""
+        return bool(self.gpus) and all(g.whole_free for g in self.gpus)
+
+
+class PlacementError(ValueError):
+    """A placement that does not fit the current state."""
+
+
+def _fits_node(pod: PodRequest, node: NodeState) -> str | None:
+    """Reason the node cannot take the pod at all (ignoring GPUs), or None."""
+    info = node.info
+    if info.unschedulable:
+        return "node is cordoned"
+    for k, v in pod.node_selector.items():
+        if info.labels.get(k) != v:
+            return f"node selector {k}={v} does not match"
+    if pod.cpu_milli > node.cpu_free:
+        return f"insufficient cpu ({node.cpu_free}m free, {pod.cpu_milli}m asked)"
+    if pod.memory_mib > node.mem_free:
+        return f"insufficient memory ({node.mem_free}Mi free, {pod.memory_mib}Mi asked)"
+    return None
+
+
+class ClusterState:
+    """Free capacity per node and GPU; apply and undo placements."""
+
+    def __init__(self, snapshot: Snapshot) -> None:
+        self.nodes: dict[str, NodeState] = {}
+        for n in snapshot.nodes:
+            gpus = [GpuState(info=g, reconfigurable=n.mig_reconfigurable) for g in n.gpus]
+            for g in gpus:
+                for inst in g.info.mig:
+                    g.instances[inst.start] = (inst.profile, None)
+            self.nodes[n.name] = NodeState(n, n.cpu_milli, n.memory_mib, gpus)
+        # Running pods: the owners recorded in MIG layouts are superseded by placements.
+        for pod, placement in snapshot.running:
+            self.apply(pod, placement, allow_overcommit=True)
+
+    # -- queries -------------------------------------------------------------------------
+
+    def gpu(self, node: str, index: int) -> GpuState:
+        for g in self.nodes[node].gpus:
+            if g.info.index == index:
+                return g
+        raise KeyError(f"node {node} has no GPU {index}")
+
+    def options(self, pod: PodRequest, node_name: str, *, dedupe: bool = False) -> list[Placement]:
+        """Every concrete placement of ``pod`` on the node, in a deterministic order.
+
+        ``dedupe``: idle GPUs of one node with the same model, mode and layout are
+        interchangeable for a single pod, so only the first of them is offered. Greedy
+        policies use this (far fewer options to score); batch solvers must not, since
+        several pods of a batch may need several of those GPUs.
+        """
+        node = self.nodes[node_name]
+        if _fits_node(pod, node) is not None:
+            return []
+        options = self._gpu_options(pod, node)
+        if not dedupe or pod.kind in (RequestKind.NONE, RequestKind.WHOLE):
+            return list(options)
+        seen: set[tuple[object, ...]] = set()
+        out = []
+        for o in options:
+            g = self.gpu(node_name, o.gpus[0])
+            if g.idle:
+                sig = (g.info.model, g.info.mode, tuple(sorted(g.instances.items())),
+                       o.mig_profile, o.mig_start, o.mig_created)
+                if sig in seen:
+                    continue
+                seen.add(sig)
+            out.append(o)
+        return out
+
+    def reason(self, pod: PodRequest, node_name: str) -> str:
+        """Why the pod does not fit the node now (for people)."""
+        node = self.nodes[node_name]
+        why = _fits_node(pod, node)
+        if why is not None:
+            return why
+        allowed = self._allowed_gpus(pod, node)
+        if pod.kind is RequestKind.NONE:
+            return "fits"
+        if not allowed:
+            models = ",".join(sorted(node.info.gpu_models)) or "none"
+            return f"no GPU of a usable kind (node has: {models}; pod needs {describe(pod)})"
+        if pod.kind is RequestKind.WHOLE:
+            free = sum(1 for g in allowed if g.idle)
+            return f"{free} whole GPU(s) free, {pod.gpu_count} needed"
+        if pod.kind is RequestKind.MIG:
+            return f"no free {pod.mig_profile} slice on any GPU"
+        best = max((g.free_milli for g in allowed), default=0)
+        return f"no GPU share with {pod.gpu_milli}m/{pod.gpu_memory_mib}Mi free (largest {best}m)"
+
+    def unresolvable(self, pod: PodRequest, node_name: str) -> str | None:
+        """A reason the node can never take the pod, even with every pod evicted."""
+        info = self.nodes[node_name].info
+        if pod.kind is RequestKind.NONE:
+            return None
+        fresh = NodeState(info, info.cpu_milli, info.memory_mib, [GpuState(g) for g in info.gpus])
+        allowed = self._allowed_gpus(pod, fresh)
+        if not allowed:
+            models = ",".join(sorted(info.gpu_models)) or "none"
+            return f"no GPU of a usable kind (node has: {models}; pod needs {describe(pod)})"
+        if pod.kind is RequestKind.WHOLE and len(allowed) < pod.gpu_count:
+            return f"node has {len(allowed)} usable GPU(s), pod needs {pod.gpu_count}"
+        if pod.cpu_milli > info.cpu_milli or pod.memory_mib > info.memory_mib:
+            return "node is too small for the pod's cpu/memory"
+        return None
+
+    # -- options -------------------------------------------------------------------------
+
+    def _allowed_gpus(self, pod: PodRequest, node: NodeState) -> list[GpuState]:
+        out = []
+        for g in node.gpus:
+            if pod.gpu_models and g.info.model not in pod.gpu_models:
+                continue
+            mode = g.mode
+            if pod.kind is RequestKind.WHOLE and mode not in (GpuMode.WHOLE, GpuMode.FRACTIONAL):
+                continue
+            if pod.kind is RequestKind.SHARED and mode not in (GpuMode.SHARED, GpuMode.FRACTIONAL):
+                continue
+            if pod.kind is RequestKind.MIG:
+                geom = get_model(g.info.model).mig
+                if geom is None or (g.mode is not GpuMode.MIG and not g.convertible):
+                    continue
+                if pod.mig_profile not in {p.name for p in geom.profiles}:
+                    continue
+            out.append(g)
+        return out
+
+    def _gpu_options(self, pod: PodRequest, node: NodeState) -> Iterator[Placement]:
+        name = node.info.name
+        if pod.kind is RequestKind.NONE:
+            yield Placement(pod.key, name)
+            return
+        allowed = self._allowed_gpus(pod, node)
+        if pod.kind is RequestKind.WHOLE:
+            free = [g.info.index for g in allowed if g.idle]
+            if len(free) >= pod.gpu_count:
+                yield Placement(pod.key, name, tuple(free[: pod.gpu_count]))
+            return
+        if pod.kind is RequestKind.MIG:
+            assert pod.mig_profile is not None
+            for g in allowed:
+                for start, (profile, owner) in sorted(g.instances.items()):
+                    if profile == pod.mig_profile and owner is None:
+                        yield Placement(pod.key, name, (g.info.index,), profile, start, False)
+                if node.info.mig_reconfigurable or g.convertible:
+                    geom = get_model(g.info.model).mig
+                    assert geom is not None
+                    for start in free_starts(geom, g.mig_slots(), pod.mig_profile):
+                        yield Placement(pod.key, name, (g.info.index,), pod.mig_profile, start, True)
+            return
+        for g in allowed:  # SHARED
+            if g.whole_owner is not None:
+                continue
+            if g.mode is GpuMode.SHARED:
+                replicas = g.info.replicas
+                if replicas and len(g.shared_owners) >= replicas:
+                    continue
+                if g.shared_memory_used + pod.gpu_memory_mib > g.info.memory_mib:
+                    continue
+            if g.used_milli + pod.gpu_milli > GPU_MILLI:
+                continue
+            yield Placement(pod.key, name, (g.info.index,))
+
+    # -- mutation ------------------------------------------------------------------------
+
+    def check(self, pod: PodRequest, p: Placement) -> str | None:
+        """Why placement ``p`` of ``pod`` is not possible now, or None when it is."""
+        if p.node not in self.nodes:
+            return f"unknown node {p.node}"
+        node = self.nodes[p.node]
+        if p.pod in node.pods:
+            return f"pod {p.pod} already placed on {p.node}"
+        why = _fits_node(pod, node)
+        if why is not None:
+            return why
+        opts = self._gpu_options(pod, node)
+        if pod.kind is RequestKind.WHOLE:
+            allowed = {g.info.index: g for g in self._allowed_gpus(pod, node)}
+            if len(p.gpus) != pod.gpu_count or len(set(p.gpus)) != len(p.gpus):
+                return f"pod needs {pod.gpu_count} distinct GPUs, placement gives {list(p.gpus)}"
+            for i in p.gpus:
+                if i not in allowed:
+                    return f"GPU {i} of {p.node} cannot serve whole-GPU pods of this kind"
+                if not allowed[i].idle:
+                    return f"GPU {i} of {p.node} is in use"
+            return None
+        if any(o == p for o in opts):
+            return None
+        return f"no such free resource on {p.node}: {p.to_json()}"
+
+    def apply(self, pod: PodRequest, p: Placement, *, allow_overcommit: bool = False) -> None:
+        """Take the resources of placement ``p``; PlacementError when they are not free."""
+        if not allow_overcommit:
+            why = self.check(pod, p)
+            if why is not None:
+                raise PlacementError(f"{pod.key}: {why}")
+        node = self.nodes[p.node]
+        node.cpu_free -= pod.cpu_milli
+        node.mem_free -= pod.memory_mib
+        node.pods[pod.key] = p
+        if pod.kind is RequestKind.WHOLE:
+            for i in p.gpus:
+                self.gpu(p.node, i).whole_owner = pod.key
+        elif pod.kind is RequestKind.MIG:
+            g = self.gpu(p.node, p.gpus[0])
+            assert p.mig_profile is not None and p.mig_start is not None
+            if g.info.mode is GpuMode.WHOLE:
+                g.converted = True
+            g.instances[p.mig_start] = (p.mig_profile, pod.key)
+        elif pod.kind is RequestKind.SHARED:
+            g = self.gpu(p.node, p.gpus[0])
+            g.shared_owners[pod.key] = (pod.gpu_milli, pod.gpu_memory_mib)
+
+    def undo(self, pod: PodRequest, p: Placement) -> None:
+        """Give back what :meth:`apply` took (a created MIG instance is removed again)."""
+        node = self.nodes[p.node]
+        node.cpu_free += pod.cpu_milli
+        node.mem_free += pod.memory_mib
+        del node.pods[pod.key]
+        if pod.kind is RequestKind.WHOLE:
+            for i in p.gpus:
+                self.gpu(p.node, i).whole_owner = None
+        elif pod.kind is RequestKind.MIG:
+            g = self.gpu(p.node, p.gpus[0])
+            assert p.mig_start is not None and p.mig_profile is not None
+            if p.mig_created:
+                del g.instances[p.mig_start]
+                if g.converted and not g.instances:
+                    g.converted = False
+            else:
+                g.instances[p.mig_start] = (p.mig_profile, None)
+        elif pod.kind is RequestKind.SHARED:
+            del self.gpu(p.node, p.gpus[0]).shared_owners[pod.key]
+
+    # -- summary -------------------------------------------------------------------------
+
+    def whole_gpus_free(self) -> int:
+        """GPUs a whole-GPU pod could take now."""
+        return sum(1 for n in self.nodes.values() for g in n.gpus if g.whole_free)
+
+    def whole_nodes_free(self) -> int:
+        """GPU nodes whose every GPU a whole-GPU pod could take now."""
+        return sum(1 for n in self.nodes.values() if n.whole_free)
+
+
+def describe(pod: PodRequest) -> str:
+    """A short human description of a pod's GPU need."""
+    models = f" on {'|'.join(sorted(pod.gpu_models))}" if pod.gpu_models else ""
+    if pod.kind is RequestKind.WHOLE:
+        return f"{pod.gpu_count} whole GPU(s){models}"
+    if pod.kind is RequestKind.MIG:
+        return f"MIG {pod.mig_profile}{models}"
+    if pod.kind is RequestKind.SHARED:
+        return f"GPU share {pod.gpu_milli}m/{pod.gpu_memory_mib}Mi{models}"
+    return "no GPU"
