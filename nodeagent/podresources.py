@@ -125,6 +125,7 @@ class PodResourcesClient:
         self.timeout_s = timeout_s
         self._channel: grpc.Channel | None = None
         self._stub: Any = None
+        self._last_detail: str | None = None
 
     def _connect(self) -> Any:
         if self._stub is None:
@@ -139,7 +140,16 @@ class PodResourcesClient:
         try:
             listed = stub.List(_pb2.ListPodResourcesRequest(), timeout=self.timeout_s)
         except grpc.RpcError as e:
-            return PodResourcesView(error=f"PodResources List: {_rpc_error(e)}")
+            # The inventory carries only the status code: gRPC's detail text varies
+            # between attempts and would make every interval look like a change worth a
+            # Node patch. The detail goes to the log, once per distinct message.
+            code, detail = _rpc_error(e)
+            if detail != self._last_detail:
+                log.warning("PodResources List on %s failed: %s: %s", self.socket_path, code,
+                            detail)
+                self._last_detail = detail
+            return PodResourcesView(error=f"PodResources List: {code}")
+        self._last_detail = None
         assignments = assignments_from_list(listed)
         try:
             alloc = stub.GetAllocatableResources(_pb2.AllocatableResourcesRequest(),
@@ -147,7 +157,7 @@ class PodResourcesClient:
         except grpc.RpcError as e:
             # Unimplemented before the GetAllocatable feature went GA (1.28): fall back to
             # inferring sharing from the replica ids of assigned devices only.
-            log.debug("GetAllocatableResources unavailable: %s", _rpc_error(e))
+            log.debug("GetAllocatableResources unavailable: %s: %s", *_rpc_error(e))
             shared = frozenset(a.device.uuid for a in assignments if a.device.replica is not None)
             return PodResourcesView(assignments=assignments, shared_uuids=shared)
         shared = shared_from_allocatable(alloc.devices) | frozenset(
@@ -162,7 +172,9 @@ class PodResourcesClient:
         self._stub = None
 
 
-def _rpc_error(e: grpc.RpcError) -> str:
-    code = e.code() if isinstance(e, grpc.Call) else None
-    details = e.details() if isinstance(e, grpc.Call) else str(e)
-    return f"{code.name if code is not None else 'ERROR'}: {details}"
+def _rpc_error(e: grpc.RpcError) -> tuple[str, str]:
+    """(status code name, detail text) of a failed call."""
+    if isinstance(e, grpc.Call):
+        code = e.code()
+        return (code.name if code is not None else "UNKNOWN"), str(e.details())
+    return "UNKNOWN", str(e)
