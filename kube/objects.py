@@ -264,7 +264,10 @@ def pod_request(pod: Mapping[str, Any]) -> PodRequest:
     milli = 0
     gpu_mem = _annotation_mib(ann, who)
     models: frozenset[str] = frozenset()
-    mig_res = [(k, profile_from_resource(k)) for k in totals if profile_from_resource(k)]
+    mig_res = [(k, profile_from_resource(k)) for k in totals if k.startswith(A.MIG_RESOURCE_PREFIX)]
+    for k, profile in mig_res:
+        if profile is None:
+            raise ObjectError(f"{who}: resources: {k}: no known GPU has that MIG profile")
     if totals.get(A.GPU_RESOURCE):
         kind = RequestKind.WHOLE
         gpu_count = _whole(totals[A.GPU_RESOURCE], A.GPU_RESOURCE, who)
