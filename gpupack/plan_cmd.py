@@ -24,8 +24,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pods", required=True, type=Path, help="Pod objects (YAML/JSON)")
     p.add_argument("--policy", default="gpupack", choices=policy_names())
     p.add_argument("--format", default="table", choices=["table", "json"])
-    p.add_argument("--scheduler-name", default=None,
-                   help="only pending pods with this schedulerName (default: all)")
+    p.add_argument(
+        "--scheduler-name",
+        default=None,
+        help="only pending pods with this schedulerName (default: all)",
+    )
     p.add_argument("--time-limit", type=float, default=5.0, help="CP-SAT seconds (gpupack)")
     p.add_argument("--seed", type=int, default=0, help="CP-SAT random seed (gpupack)")
 
@@ -66,8 +69,11 @@ def run(args: argparse.Namespace) -> int:
     print(f"policy {result.policy} ({result.solver_status})")
     print(f"{'POD':40} {'NODE':24} {'GPUS':10} MIG")
     for p in result.placements:
-        mig = f"{p.mig_profile}@{p.mig_start}" + (" (new)" if p.mig_created else "") \
-            if p.mig_profile else "-"
+        mig = (
+            f"{p.mig_profile}@{p.mig_start}" + (" (new)" if p.mig_created else "")
+            if p.mig_profile
+            else "-"
+        )
         gpus = ",".join(map(str, p.gpus)) or "-"
         print(f"{p.pod:40} {p.node:24} {gpus:10} {mig}")
     for u in result.unschedulable:

@@ -12,15 +12,21 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.patches import Patch, Rectangle  # noqa: E402
+import matplotlib.pyplot as plt
+from matplotlib.patches import Patch, Rectangle
 
-from packing.catalog import get_model  # noqa: E402
-from packing.model import GpuMode  # noqa: E402
-from packing.simulate import SimResult  # noqa: E402
+from packing.catalog import get_model
+from packing.model import GpuMode
+from packing.simulate import SimResult
 
-COLOURS = {"asr": "#4C72B0", "tts": "#DD8452", "small": "#55A868", "llm": "#C44E52",
-           "whole": "#C44E52", "cpu": "#8172B2"}
+COLOURS = {
+    "asr": "#4C72B0",
+    "tts": "#DD8452",
+    "small": "#55A868",
+    "llm": "#C44E52",
+    "whole": "#C44E52",
+    "cpu": "#8172B2",
+}
 OTHER = "#937860"
 
 
@@ -29,8 +35,9 @@ def render(results: Sequence[SimResult], path: Path) -> Path:
     first = results[0].state
     rows = len(first.nodes)
     cols = max(len(n.gpus) for n in first.nodes.values())
-    fig, axes = plt.subplots(1, len(results), figsize=(3.2 * len(results), 0.32 * rows + 1.2),
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        1, len(results), figsize=(3.2 * len(results), 0.32 * rows + 1.2), squeeze=False
+    )
     for ax, res in zip(axes[0], results, strict=True):
         klass = {p.key: p.klass for p, _ in res.placements}
         for r, node in enumerate(res.state.nodes.values()):
@@ -39,28 +46,49 @@ def render(results: Sequence[SimResult], path: Path) -> Path:
                 x = g.info.index
                 ax.add_patch(Rectangle((x, y), 0.92, 0.8, fill=False, lw=0.5, ec="#999"))
                 if g.whole_owner is not None:
-                    ax.add_patch(Rectangle((x, y), 0.92, 0.8,
-                                           color=COLOURS.get(klass.get(g.whole_owner, ""), OTHER)))
+                    ax.add_patch(
+                        Rectangle(
+                            (x, y),
+                            0.92,
+                            0.8,
+                            color=COLOURS.get(klass.get(g.whole_owner, ""), OTHER),
+                        )
+                    )
                 elif g.mode is GpuMode.MIG:
                     geom = get_model(g.info.model).mig
                     assert geom is not None
                     for start, (profile, owner) in g.instances.items():
                         size = geom.profile(profile).memory_slices / geom.memory_slices
                         colour = COLOURS.get(klass.get(owner or "", ""), OTHER) if owner else "#ddd"
-                        ax.add_patch(Rectangle((x + 0.92 * start / geom.memory_slices, y),
-                                               0.92 * size - 0.01, 0.8, color=colour))
+                        ax.add_patch(
+                            Rectangle(
+                                (x + 0.92 * start / geom.memory_slices, y),
+                                0.92 * size - 0.01,
+                                0.8,
+                                color=colour,
+                            )
+                        )
                 else:
                     off = 0.0
                     for owner, (milli, _) in g.shared_owners.items():
                         w = 0.92 * milli / 1000
-                        ax.add_patch(Rectangle((x + off, y), max(w - 0.01, 0.02), 0.8,
-                                               color=COLOURS.get(klass.get(owner, ""), OTHER)))
+                        ax.add_patch(
+                            Rectangle(
+                                (x + off, y),
+                                max(w - 0.01, 0.02),
+                                0.8,
+                                color=COLOURS.get(klass.get(owner, ""), OTHER),
+                            )
+                        )
                         off += w
             ax.text(-0.1, y + 0.4, node.info.name, ha="right", va="center", fontsize=6)
         s = res.summary
-        ax.set_title(f"{res.policy} ({res.mode})\nplaced {res.pods_placed}/{res.pods_total}, "
-                     f"groups {res.groups_placed}/{res.groups_total}\nwhole GPUs free "
-                     f"{s.whole_gpus_free}, nodes free {s.whole_nodes_free}", fontsize=7)
+        ax.set_title(
+            f"{res.policy} ({res.mode})\nplaced {res.pods_placed}/{res.pods_total}, "
+            f"groups {res.groups_placed}/{res.groups_total}\nwhole GPUs free "
+            f"{s.whole_gpus_free}, nodes free {s.whole_nodes_free}",
+            fontsize=7,
+        )
         ax.set_xlim(-0.1, cols)
         ax.set_ylim(-0.2, rows)
         ax.axis("off")

@@ -20,7 +20,9 @@ def load_objects(text: str, source: str, kind: str) -> list[dict[str, Any]]:
         if doc is None:
             continue
         if not isinstance(doc, dict):
-            raise ObjectError(f"{source}: document {d}: expected an object, got {type(doc).__name__}")
+            raise ObjectError(
+                f"{source}: document {d}: expected an object, got {type(doc).__name__}"
+            )
         items = [doc]
         doc_kind = doc.get("kind")
         if doc_kind in ("List", f"{kind}List") or (doc_kind is None and "items" in doc):

@@ -11,13 +11,12 @@ spec.containers[0].resources.limits.cpu: 'lots' is not a quantity ...")``.
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
 
 from kube import annotations as A
-from packing.quantity import QuantityError, count, cpu_milli, memory_mib, parse_quantity
 from packing.catalog import GpuModel, match_product, models_with_profile, profile_from_resource
 from packing.mig import MigSlot, layout_from_counts
 from packing.model import (
@@ -31,6 +30,7 @@ from packing.model import (
     PodRequest,
     RequestKind,
 )
+from packing.quantity import QuantityError, count, cpu_milli, memory_mib, parse_quantity
 
 
 class ObjectError(ValueError):
@@ -117,7 +117,9 @@ def node_info(node: Mapping[str, Any]) -> NodeInfo:
         memory_mib=mem,
         gpus=gpus,
         labels=labels,
-        unschedulable=bool(spec.get("unschedulable", False)) if isinstance(spec, Mapping) else False,
+        unschedulable=bool(spec.get("unschedulable", False))
+        if isinstance(spec, Mapping)
+        else False,
         mig_reconfigurable=not frozen,
     )
 
@@ -128,7 +130,9 @@ def _label_int(who: str, labels: Mapping[str, str], key: str) -> int | None:
     try:
         return int(labels[key])
     except ValueError:
-        raise ObjectError(f"{who}: metadata.labels.{key}: {labels[key]!r} is not an integer") from None
+        raise ObjectError(
+            f"{who}: metadata.labels.{key}: {labels[key]!r} is not an integer"
+        ) from None
 
 
 def _infer_gpus(
@@ -183,11 +187,14 @@ def _infer_mig_layouts(
         return []
     geom = model.mig
     if geom is None:
-        raise ObjectError(f"{who}: status.allocatable: MIG resources on {model.name}, which has no MIG")
+        raise ObjectError(
+            f"{who}: status.allocatable: MIG resources on {model.name}, which has no MIG"
+        )
     for p in mig_counts:
         if not geom.has_profile(p):
             raise ObjectError(
-                f"{who}: status.allocatable.{A.MIG_RESOURCE_PREFIX}{p}: not a profile of {model.name}"
+                f"{who}: status.allocatable.{A.MIG_RESOURCE_PREFIX}{p}: "
+                f"not a profile of {model.name}"
             )
     wanted = sorted(
         (p for p, n in mig_counts.items() for _ in range(n)),
@@ -247,16 +254,18 @@ def pod_request(pod: Mapping[str, Any]) -> PodRequest:
         raise ObjectError(f"{who}: metadata.name: missing")
     labels = _str_map(pod, "metadata.labels", who)
     ann = _str_map(pod, "metadata.annotations", who)
-    totals: Counter[str] = Counter()
+    totals: dict[str, Decimal] = defaultdict(Decimal)
     for i, c in enumerate(_containers(pod, "containers", who)):
         for k, v in _container_resources(c, f"spec.containers[{i}]", who).items():
-            totals[k] += v  # type: ignore[assignment]
+            totals[k] += v
     # Effective request: max(sum of containers, largest init container), per resource.
     for i, c in enumerate(_containers(pod, "initContainers", who)):
         for k, v in _container_resources(c, f"spec.initContainers[{i}]", who).items():
-            totals[k] = max(totals[k], v)  # type: ignore[assignment]
+            totals[k] = max(totals[k], v)
     cpu = int((Decimal(totals.get("cpu", 0)) * 1000).to_integral_value(rounding="ROUND_CEILING"))
-    mem = int((Decimal(totals.get("memory", 0)) / 2**20).to_integral_value(rounding="ROUND_CEILING"))
+    mem = int(
+        (Decimal(totals.get("memory", 0)) / 2**20).to_integral_value(rounding="ROUND_CEILING")
+    )
 
     kind = RequestKind.NONE
     gpu_count = 0
@@ -345,11 +354,15 @@ def group_ref(
     if A.LWS_NAME in labels:
         size_text = ann.get(A.LWS_SIZE, "1")
         if not size_text.isdigit() or int(size_text) < 1:
-            raise ObjectError(f"{who}: metadata.annotations.{A.LWS_SIZE}: {size_text!r} is not a size")
+            raise ObjectError(
+                f"{who}: metadata.annotations.{A.LWS_SIZE}: {size_text!r} is not a size"
+            )
         group_index = labels.get(A.LWS_GROUP_INDEX, "0")
         worker = labels.get(A.LWS_WORKER_INDEX, "0")
         if not worker.isdigit():
-            raise ObjectError(f"{who}: metadata.labels.{A.LWS_WORKER_INDEX}: {worker!r} is not an index")
+            raise ObjectError(
+                f"{who}: metadata.labels.{A.LWS_WORKER_INDEX}: {worker!r} is not an index"
+            )
         topo = ann.get(A.LWS_EXCLUSIVE)
         return GroupRef(
             key=f"{namespace}/{labels[A.LWS_NAME]}/{group_index}",
@@ -390,5 +403,7 @@ def recorded_placement(pod: Mapping[str, Any], node: str) -> Placement | None:
 
 
 def is_finished(pod: Mapping[str, Any]) -> bool:
-    phase = (pod.get("status") or {}).get("phase") if isinstance(pod.get("status"), Mapping) else None
+    phase = (
+        (pod.get("status") or {}).get("phase") if isinstance(pod.get("status"), Mapping) else None
+    )
     return phase in ("Succeeded", "Failed")

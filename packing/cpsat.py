@@ -36,8 +36,7 @@ from dataclasses import dataclass
 from ortools.sat.python import cp_model
 
 from packing.catalog import get_model
-from packing.mig import memory_range
-from packing.mig import MigSlot
+from packing.mig import MigSlot, memory_range
 from packing.model import GpuMode, Placement, PodRequest, RequestKind
 from packing.state import ClusterState
 
@@ -133,20 +132,20 @@ def solve_batch(
     # ---- constraints: GPUs --------------------------------------------------------------
     u: dict[tuple[str, int], cp_model.IntVar] = {}
     created_terms: list[cp_model.IntVar] = []
-    for (name, index), items in on_gpu.items():
+    for (name, index), gpu_items in on_gpu.items():
         g = state.gpu(name, index)
         if g.whole_free:
             u[name, index] = model.new_bool_var(f"u[{name},{index}]")
-            for _, _, v in items:
+            for _, _, v in gpu_items:
                 model.add_implication(v, u[name, index])
-        if g.mode is GpuMode.MIG or any(o.mig_profile for _, o, _ in items):
+        if g.mode is GpuMode.MIG or any(o.mig_profile for _, o, _ in gpu_items):
             geom = get_model(g.info.model).mig
             assert geom is not None
             by_instance: dict[int, list[cp_model.IntVar]] = defaultdict(list)
             by_slice: dict[int, list[cp_model.IntVar]] = defaultdict(list)
             compute = []
             media = []
-            for _, o, v in items:
+            for _, o, v in gpu_items:
                 assert o.mig_start is not None and o.mig_profile is not None
                 if not o.mig_created:
                     by_instance[o.mig_start].append(v)
@@ -167,12 +166,14 @@ def solve_batch(
             has_me = any(geom.profile(p).media_extensions for p, _ in g.instances.values())
             model.add(sum(media) <= (0 if has_me else 1))
         else:  # SHARED / FRACTIONAL shares
-            model.add(sum(p.gpu_milli * v for p, _, v in items) <= g.free_milli)
+            model.add(sum(p.gpu_milli * v for p, _, v in gpu_items) <= g.free_milli)
             if g.mode is GpuMode.SHARED:
                 free_mem = g.info.memory_mib - g.shared_memory_used
-                model.add(sum(p.gpu_memory_mib * v for p, _, v in items) <= free_mem)
+                model.add(sum(p.gpu_memory_mib * v for p, _, v in gpu_items) <= free_mem)
                 if g.info.replicas:
-                    model.add(sum(v for _, _, v in items) <= g.info.replicas - len(g.shared_owners))
+                    model.add(
+                        sum(v for _, _, v in gpu_items) <= g.info.replicas - len(g.shared_owners)
+                    )
 
     # Whole-GPU pods take idle whole-capable GPUs that small pods of the batch leave.
     for name in state.nodes:
@@ -192,8 +193,8 @@ def solve_batch(
             if (name, g.info.index) not in u:
                 u[name, g.info.index] = model.new_bool_var(f"u[{name},{g.info.index}]")
         model.add(
-            sum(u[name, g.info.index] for g in capable) >= sum(p.gpu_count * v for p, v in wholes)
-            + sum(small_on_capable)
+            sum(u[name, g.info.index] for g in capable)
+            >= sum(p.gpu_count * v for p, v in wholes) + sum(small_on_capable)
         )
 
     # ---- constraints: groups and topology ----------------------------------------------
@@ -248,12 +249,13 @@ def solve_batch(
     c_w = d_w * (n_pods + 1)
     b_w = c_w * (n_gpu + 1)
     a_w = b_w * (n_pods + 1)
+    LE = cp_model.LinearExpr
     model.maximize(
-        a_w * sum(weights[k] * v for k, v in placed.items())
-        - b_w * sum(z.values())
-        - c_w * sum(u.values())
-        - d_w * sum(created_terms)
-        - e_w * sum(t.values())
+        a_w * LE.weighted_sum(list(placed.values()), [weights[k] for k in placed])
+        - b_w * LE.sum(list(z.values()))
+        - c_w * LE.sum(list(u.values()))
+        - d_w * LE.sum(created_terms)
+        - e_w * LE.sum(list(t.values()))
     )
 
     # ---- hint from the greedy answer --------------------------------------------------

@@ -59,7 +59,9 @@ def parse_scenario(data: Any) -> Scenario:
         try:
             mode = GpuMode(mode_text)
         except ValueError:
-            raise ScenarioError(f"{where}.mode: {mode_text!r} is not one of whole, mig, shared") from None
+            raise ScenarioError(
+                f"{where}.mode: {mode_text!r} is not one of whole, mig, shared"
+            ) from None
         if mode is GpuMode.MIG and not model.mig_capable:
             raise ScenarioError(f"{where}.mode: {model.name} has no MIG")
         replicas = spec.get("replicas", 1)
@@ -143,8 +145,14 @@ def _template(c: Any, where: str) -> tuple[PodRequest, float, tuple[int, str | N
         g = _get(c, "group", where, Mapping)
         group = (_get(g, "size", f"{where}.group", int), g.get("topology"))
     tmpl = PodRequest(
-        key=name, cpu_milli=cpu, memory_mib=mem, kind=kind, gpu_count=count,
-        mig_profile=profile, gpu_milli=milli, gpu_memory_mib=gmem,
+        key=name,
+        cpu_milli=cpu,
+        memory_mib=mem,
+        kind=kind,
+        gpu_count=count,
+        mig_profile=profile,
+        gpu_milli=milli,
+        gpu_memory_mib=gmem,
         klass=str(c.get("klass", name)),
     )
     return tmpl, float(weight), group

@@ -173,8 +173,14 @@ class ClusterState:
         for o in options:
             g = self.gpu(node_name, o.gpus[0])
             if g.idle:
-                sig = (g.info.model, g.info.mode, tuple(sorted(g.instances.items())),
-                       o.mig_profile, o.mig_start, o.mig_created)
+                sig = (
+                    g.info.model,
+                    g.info.mode,
+                    tuple(sorted(g.instances.items())),
+                    o.mig_profile,
+                    o.mig_start,
+                    o.mig_created,
+                )
                 if sig in seen:
                     continue
                 seen.add(sig)
@@ -259,7 +265,9 @@ class ClusterState:
                     geom = get_model(g.info.model).mig
                     assert geom is not None
                     for start in free_starts(geom, g.mig_slots(), pod.mig_profile):
-                        yield Placement(pod.key, name, (g.info.index,), pod.mig_profile, start, True)
+                        yield Placement(
+                            pod.key, name, (g.info.index,), pod.mig_profile, start, True
+                        )
             return
         for g in allowed:  # SHARED
             if g.whole_owner is not None:

@@ -57,12 +57,12 @@ def validate(
             where[pod.key] = p
     pending = {p.key: p for p in snapshot.pending}
     for p in placements:
-        pod = pending.get(p.pod)
-        if pod is None:
+        req = pending.get(p.pod)
+        if req is None:
             errors.append(f"placement for {p.pod}, which is not a pending pod")
             continue
-        pods[pod.key] = pod
-        place(pod, p, "pending pod")
+        pods[req.key] = req
+        place(req, p, "pending pod")
 
     errors.extend(_mig_layouts(state))
     errors.extend(_groups(snapshot, pods, where))

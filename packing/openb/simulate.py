@@ -22,7 +22,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from packing.fragmentation import ShapeKey, TypicalShapes, node_fragmentation, typical_shapes
+from packing.fragmentation import (
+    DEFAULT_COVERAGE,
+    ShapeKey,     TypicalShapes,
+    node_fragmentation,
+    typical_shapes,
+)
 from packing.model import GPU_MILLI
 from packing.openb.cluster import ClusterState, Nodes, Pods
 from packing.openb.policies import Policy, Request
@@ -61,8 +66,10 @@ def build_workload(pods: Pods, capacity_milli: int, seed: int, load: float = DEF
     return arr
 
 
-def workload_shapes(pods: Pods, workload: IntArray, models: tuple[str, ...]) -> TypicalShapes:
-    """FGD's typical shapes of the workload (95% of its pods by count)."""
+def workload_shapes(
+    pods: Pods, workload: IntArray, models: tuple[str, ...], coverage: float = DEFAULT_COVERAGE
+) -> TypicalShapes:
+    """FGD's typical shapes of the workload (by default 95% of its pods by count)."""
     keys = [
         ShapeKey(
             cpu_milli=int(pods.cpu_milli[i]),
@@ -72,7 +79,7 @@ def workload_shapes(pods: Pods, workload: IntArray, models: tuple[str, ...]) -> 
         )
         for i in workload
     ]
-    return typical_shapes(keys, models)
+    return typical_shapes(keys, models, coverage)
 
 
 def kind_of(num_gpu: int, milli: int) -> str:
@@ -168,6 +175,7 @@ def simulate(
     policy: Policy,
     seed: int,
     shapes: TypicalShapes,
+    all_shapes: TypicalShapes | None = None,
     mode: str = "online",
     window: int = 1,
     cache: bool = True,
@@ -178,7 +186,7 @@ def simulate(
     if mode not in ("online", "windowed"):
         raise ValueError(f"unknown mode {mode!r}")
     state = ClusterState(nodes)
-    policy.reset(state, shapes)
+    policy.reset(state, shapes, all_shapes)
     decider = _Decider(state, policy, len(pods.requests), seed, cache)
     cap = nodes.gpu_capacity_milli
     n = len(workload)

@@ -48,12 +48,20 @@ class Shape:
     @staticmethod
     def of(pod: PodRequest) -> Shape:
         return Shape(
-            pod.kind, pod.cpu_milli, pod.memory_mib, pod.gpu_count, pod.gpu_milli,
-            pod.gpu_memory_mib, pod.mig_profile, pod.gpu_models,
+            pod.kind,
+            pod.cpu_milli,
+            pod.memory_mib,
+            pod.gpu_count,
+            pod.gpu_milli,
+            pod.gpu_memory_mib,
+            pod.mig_profile,
+            pod.gpu_models,
         )
 
 
-def typical_shapes(pods: Iterable[PodRequest], coverage: float = COVERAGE) -> list[tuple[Shape, float]]:
+def typical_shapes(
+    pods: Iterable[PodRequest], coverage: float = COVERAGE
+) -> list[tuple[Shape, float]]:
     """The most common shapes covering ``coverage`` of pods, with renormalised weights."""
     counts = Counter(Shape.of(p) for p in pods)
     total = sum(counts.values())
@@ -89,7 +97,11 @@ def gpu_serves(g: GpuState, shape: Shape) -> bool:
         return g.used_milli + shape.gpu_milli <= GPU_MILLI
     if shape.kind is RequestKind.MIG:
         geom = get_model(g.info.model).mig
-        if (mode is not GpuMode.MIG and not g.convertible) or geom is None or shape.mig_profile is None:
+        if (
+            (mode is not GpuMode.MIG and not g.convertible)
+            or geom is None
+            or shape.mig_profile is None
+        ):
             return False
         if shape.mig_profile not in {p.name for p in geom.profiles}:
             return False

@@ -103,7 +103,9 @@ def place_group(
     )
 
 
-def exclusive_domains_in_use(state: ClusterState, running: Sequence[PodRequest]) -> set[tuple[str, str]]:
+def exclusive_domains_in_use(
+    state: ClusterState, running: Sequence[PodRequest]
+) -> set[tuple[str, str]]:
     taken: set[tuple[str, str]] = set()
     for pod in running:
         ref = pod.group
@@ -118,7 +120,9 @@ def exclusive_domains_in_use(state: ClusterState, running: Sequence[PodRequest])
 
 
 def greedy(
-    state: ClusterState, pending: Sequence[PodRequest], scorer: Scorer,
+    state: ClusterState,
+    pending: Sequence[PodRequest],
+    scorer: Scorer,
     running: Sequence[PodRequest] = (),
 ) -> tuple[list[Placement], list[Unschedulable]]:
     """Place ``pending`` onto ``state`` (mutated) with ``scorer``."""

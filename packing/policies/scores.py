@@ -108,8 +108,14 @@ def gpupack_greedy(
         # A whole-GPU pod that fills a node exactly is ideal; one that opens an idle node
         # while partly used nodes could take it is not.
         opens = 1 if node_idle and idle_after > 0 else 0
-        return (opens, idle_after, frag_delta, node_free_milli(node) - take, option.node,
-                option.gpus)
+        return (
+            opens,
+            idle_after,
+            frag_delta,
+            node_free_milli(node) - take,
+            option.node,
+            option.gpus,
+        )
     if pod.kind is RequestKind.NONE:
         return (1 if node_idle else 0, frag_delta, node.cpu_free - pod.cpu_milli, option.node)
     g = state.gpu(option.node, option.gpus[0])

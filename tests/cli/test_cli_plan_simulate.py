@@ -17,7 +17,8 @@ items:
     name: h100-mig-0
     labels: {nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3, nvidia.com/gpu.count: "2"}
   status:
-    allocatable: {cpu: "64", memory: 512Gi, nvidia.com/mig-1g.10gb: "7", nvidia.com/mig-3g.40gb: "1"}
+    allocatable:
+      {cpu: "64", memory: 512Gi, nvidia.com/mig-1g.10gb: "7", nvidia.com/mig-3g.40gb: "1"}
 - metadata:
     name: h100-0
     labels: {nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3, nvidia.com/gpu.count: "8",
@@ -54,8 +55,9 @@ spec:
 
 
 def gpupack(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "gpupack", *args], capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "gpupack", *args], capture_output=True, text=True, timeout=300
+    )
 
 
 @pytest.fixture
@@ -68,8 +70,19 @@ def files(tmp_path: Path) -> tuple[Path, Path]:
 @pytest.mark.parametrize("policy", ["gpupack", "bestfit", "fgd"])
 def test_plan_json_shape(files: tuple[Path, Path], policy: str) -> None:
     nodes, pods = files
-    r = gpupack("plan", "--nodes", str(nodes), "--pods", str(pods), "--format", "json",
-                "--policy", policy, "--time-limit", "1")
+    r = gpupack(
+        "plan",
+        "--nodes",
+        str(nodes),
+        "--pods",
+        str(pods),
+        "--format",
+        "json",
+        "--policy",
+        policy,
+        "--time-limit",
+        "1",
+    )
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     placed = {p["pod"]: p for p in out["placements"]}
@@ -80,8 +93,13 @@ def test_plan_json_shape(files: tuple[Path, Path], policy: str) -> None:
     assert placed["llm/llm-0"]["gpus"] == list(range(8)) and placed["llm/llm-0"]["mig"] is None
     assert [u["pod"] for u in out["unschedulable"]] == ["llm/llm-big"]
     assert "16" in out["unschedulable"][0]["reason"]
-    assert set(out["summary"]) == {"gpus_total", "gpus_allocated", "whole_gpus_free",
-                                   "whole_nodes_free", "fragmentation"}
+    assert set(out["summary"]) == {
+        "gpus_total",
+        "gpus_allocated",
+        "whole_gpus_free",
+        "whole_nodes_free",
+        "fragmentation",
+    }
     assert out["summary"]["gpus_total"] == 10
 
 
@@ -94,7 +112,9 @@ def test_plan_json_shape(files: tuple[Path, Path], policy: str) -> None:
         (NODES, PODS.replace('cpu: "1"', "cpu: lots"), "Pod speech/asr-0"),
     ],
 )
-def test_plan_bad_input_exits_2(tmp_path: Path, nodes_text: str, pods_text: str, needle: str) -> None:
+def test_plan_bad_input_exits_2(
+    tmp_path: Path, nodes_text: str, pods_text: str, needle: str
+) -> None:
     (tmp_path / "n.yaml").write_text(nodes_text)
     (tmp_path / "p.yaml").write_text(pods_text)
     r = gpupack("plan", "--nodes", str(tmp_path / "n.yaml"), "--pods", str(tmp_path / "p.yaml"))
@@ -107,8 +127,18 @@ def test_simulate_small_scenario_json_and_png(tmp_path: Path) -> None:
     scenario = yaml.safe_load(default.read_text())
     scenario["arrivals"] = 40
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(scenario))
-    r = gpupack("simulate", "--scenario", str(tmp_path / "s.yaml"), "--policies",
-                "spread,bestfit,gpupack", "--format", "json", "--out", str(tmp_path), "--quiet")
+    r = gpupack(
+        "simulate",
+        "--scenario",
+        str(tmp_path / "s.yaml"),
+        "--policies",
+        "spread,bestfit,gpupack",
+        "--format",
+        "json",
+        "--out",
+        str(tmp_path),
+        "--quiet",
+    )
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert [x["policy"] for x in out["results"]] == ["spread", "bestfit", "gpupack"]
@@ -120,6 +150,8 @@ def test_simulate_small_scenario_json_and_png(tmp_path: Path) -> None:
 
 
 def test_simulate_bad_scenario_exits_2(tmp_path: Path) -> None:
-    (tmp_path / "s.yaml").write_text("seed: 1\nnodes: [{prefix: a, count: 1, gpus: 1, product: NVIDIA-L40S, mode: magic}]\n")
+    (tmp_path / "s.yaml").write_text(
+        "seed: 1\nnodes: [{prefix: a, count: 1, gpus: 1, product: NVIDIA-L40S, mode: magic}]\n"
+    )
     r = gpupack("simulate", "--scenario", str(tmp_path / "s.yaml"))
     assert r.returncode == 2 and "nodes[0].mode" in r.stderr

@@ -13,25 +13,46 @@ from packing.model import GpuMode, RequestKind
 
 
 def k8s_node(name: str, labels: dict[str, str], alloc: dict[str, Any]) -> dict[str, Any]:
-    return {"kind": "Node", "metadata": {"name": name, "labels": labels},
-            "status": {"allocatable": {"cpu": "64", "memory": "512Gi", **alloc}}}
+    return {
+        "kind": "Node",
+        "metadata": {"name": name, "labels": labels},
+        "status": {"allocatable": {"cpu": "64", "memory": "512Gi", **alloc}},
+    }
 
 
-def k8s_pod(name: str, limits: dict[str, Any], ann: dict[str, str] | None = None,
-            labels: dict[str, str] | None = None, node: str | None = None) -> dict[str, Any]:
+def k8s_pod(
+    name: str,
+    limits: dict[str, Any],
+    ann: dict[str, str] | None = None,
+    labels: dict[str, str] | None = None,
+    node: str | None = None,
+) -> dict[str, Any]:
     spec: dict[str, Any] = {"containers": [{"name": "c", "resources": {"limits": limits}}]}
     if node:
         spec["nodeName"] = node
-    return {"kind": "Pod", "metadata": {"name": name, "namespace": "ml", "annotations": ann or {},
-                                        "labels": labels or {}}, "spec": spec}
+    return {
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": "ml",
+            "annotations": ann or {},
+            "labels": labels or {},
+        },
+        "spec": spec,
+    }
 
 
 H100 = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "nvidia.com/gpu.count": "8"}
 
 
 def test_mixed_mig_node_infers_layouts_and_whole_gpus() -> None:
-    n = node_info(k8s_node("a", H100, {"nvidia.com/gpu": "4", "nvidia.com/mig-1g.10gb": "14",
-                                        "nvidia.com/mig-3g.40gb": "2"}))
+    n = node_info(
+        k8s_node(
+            "a",
+            H100,
+            {"nvidia.com/gpu": "4", "nvidia.com/mig-1g.10gb": "14", "nvidia.com/mig-3g.40gb": "2"},
+        )
+    )
     modes = [g.mode for g in n.gpus]
     assert modes.count(GpuMode.WHOLE) == 4 and modes.count(GpuMode.MIG) == 4
     mig_gpus = [g for g in n.gpus if g.mode is GpuMode.MIG]
@@ -41,8 +62,12 @@ def test_mixed_mig_node_infers_layouts_and_whole_gpus() -> None:
 
 
 def test_time_sliced_node() -> None:
-    labels = {"nvidia.com/gpu.product": "NVIDIA-L40S", "nvidia.com/gpu.count": "4",
-              "nvidia.com/gpu.replicas": "4", "nvidia.com/gpu.sharing-strategy": "time-slicing"}
+    labels = {
+        "nvidia.com/gpu.product": "NVIDIA-L40S",
+        "nvidia.com/gpu.count": "4",
+        "nvidia.com/gpu.replicas": "4",
+        "nvidia.com/gpu.sharing-strategy": "time-slicing",
+    }
     n = node_info(k8s_node("s", labels, {"nvidia.com/gpu.shared": "16"}))
     assert [g.mode for g in n.gpus] == [GpuMode.SHARED] * 4
     assert n.gpus[0].replicas == 4 and n.gpus[0].model == "L40S"
@@ -57,8 +82,12 @@ def test_cpu_node_has_no_gpus() -> None:
     [
         (k8s_node("a", H100, {"cpu": "lots"}), "Node a: status.allocatable.cpu: 'lots'"),
         (k8s_node("a", {**H100, "nvidia.com/gpu.count": "x"}, {}), "nvidia.com/gpu.count"),
-        (k8s_node("a", {"nvidia.com/gpu.product": "NVIDIA-L40S"}, {"nvidia.com/mig-1g.10gb": "1"}),
-         "has no MIG"),
+        (
+            k8s_node(
+                "a", {"nvidia.com/gpu.product": "NVIDIA-L40S"}, {"nvidia.com/mig-1g.10gb": "1"}
+            ),
+            "has no MIG",
+        ),
         ({"kind": "Node", "metadata": {}}, "metadata.name"),
     ],
 )
@@ -71,12 +100,26 @@ def test_bad_nodes_name_the_field(obj: dict[str, Any], needle: str) -> None:
 @pytest.mark.parametrize(
     ("pod", "kind", "extra"),
     [
-        (k8s_pod("w", {"nvidia.com/gpu": "2", "cpu": "4"}), RequestKind.WHOLE, {"gpu_count": 2, "cpu_milli": 4000}),
+        (
+            k8s_pod("w", {"nvidia.com/gpu": "2", "cpu": "4"}),
+            RequestKind.WHOLE,
+            {"gpu_count": 2, "cpu_milli": 4000},
+        ),
         (k8s_pod("m", {"nvidia.com/mig-1g.10gb": 1}), RequestKind.MIG, {"mig_profile": "1g.10gb"}),
-        (k8s_pod("s", {"nvidia.com/gpu.shared": 1}, {"gpupack.io/gpu-memory": "8Gi",
-                                                   "gpupack.io/gpu-compute": "0.25"}),
-         RequestKind.SHARED, {"gpu_memory_mib": 8192, "gpu_milli": 250}),
-        (k8s_pod("c", {"cpu": "500m", "memory": "1Gi"}), RequestKind.NONE, {"cpu_milli": 500, "memory_mib": 1024}),
+        (
+            k8s_pod(
+                "s",
+                {"nvidia.com/gpu.shared": 1},
+                {"gpupack.io/gpu-memory": "8Gi", "gpupack.io/gpu-compute": "0.25"},
+            ),
+            RequestKind.SHARED,
+            {"gpu_memory_mib": 8192, "gpu_milli": 250},
+        ),
+        (
+            k8s_pod("c", {"cpu": "500m", "memory": "1Gi"}),
+            RequestKind.NONE,
+            {"cpu_milli": 500, "memory_mib": 1024},
+        ),
     ],
 )
 def test_pod_requests(pod: dict[str, Any], kind: RequestKind, extra: dict[str, Any]) -> None:
@@ -87,12 +130,19 @@ def test_pod_requests(pod: dict[str, Any], kind: RequestKind, extra: dict[str, A
 
 
 def test_lws_group_from_labels() -> None:
-    p = k8s_pod("llm-0", {"nvidia.com/gpu": 8},
-                ann={"leaderworkerset.sigs.k8s.io/size": "2",
-                     "leaderworkerset.sigs.k8s.io/exclusive-topology": "nvidia.com/gpu.clique"},
-                labels={"leaderworkerset.sigs.k8s.io/name": "llm",
-                        "leaderworkerset.sigs.k8s.io/group-index": "0",
-                        "leaderworkerset.sigs.k8s.io/worker-index": "0"})
+    p = k8s_pod(
+        "llm-0",
+        {"nvidia.com/gpu": 8},
+        ann={
+            "leaderworkerset.sigs.k8s.io/size": "2",
+            "leaderworkerset.sigs.k8s.io/exclusive-topology": "nvidia.com/gpu.clique",
+        },
+        labels={
+            "leaderworkerset.sigs.k8s.io/name": "llm",
+            "leaderworkerset.sigs.k8s.io/group-index": "0",
+            "leaderworkerset.sigs.k8s.io/worker-index": "0",
+        },
+    )
     g = pod_request(p).group
     assert g is not None and g.key == "ml/llm/0" and g.size == 2 and g.exclusive
 
@@ -100,11 +150,18 @@ def test_lws_group_from_labels() -> None:
 @pytest.mark.parametrize(
     ("pod", "needle"),
     [
-        (k8s_pod("a", {"cpu": "lots"}), "Pod ml/a: spec.containers[0].resources.limits.cpu: 'lots'"),
-        (k8s_pod("a", {"nvidia.com/gpu.shared": 1}, {"gpupack.io/gpu-memory": "much"}),
-         "metadata.annotations.gpupack.io/gpu-memory"),
-        (k8s_pod("a", {"nvidia.com/gpu.shared": 1}, {"gpupack.io/gpu-compute": "3"}),
-         "gpu-compute"),
+        (
+            k8s_pod("a", {"cpu": "lots"}),
+            "Pod ml/a: spec.containers[0].resources.limits.cpu: 'lots'",
+        ),
+        (
+            k8s_pod("a", {"nvidia.com/gpu.shared": 1}, {"gpupack.io/gpu-memory": "much"}),
+            "metadata.annotations.gpupack.io/gpu-memory",
+        ),
+        (
+            k8s_pod("a", {"nvidia.com/gpu.shared": 1}, {"gpupack.io/gpu-compute": "3"}),
+            "gpu-compute",
+        ),
         (k8s_pod("a", {"nvidia.com/gpu": "1.5"}), "whole number"),
         (k8s_pod("a", {"nvidia.com/mig-9g.1tb": 1}), "no known GPU"),
     ],

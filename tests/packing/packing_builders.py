@@ -30,12 +30,16 @@ def node(
     infos = []
     for i in range(gpus):
         mig = tuple(MigInstance(p, s) for p, s in (layouts or {}).get(i, []))
-        infos.append(GpuInfo(i, m.name, m.memory_mib, mode, mig, replicas if mode is GpuMode.SHARED else 1))
+        infos.append(
+            GpuInfo(i, m.name, m.memory_mib, mode, mig, replicas if mode is GpuMode.SHARED else 1)
+        )
     return NodeInfo(name, cpu, mem, tuple(infos), labels or {}, mig_reconfigurable=reconfigurable)
 
 
 def mig(key: str, profile: str = "1g.10gb", cpu: int = 1000, prio: int = 0) -> PodRequest:
-    return PodRequest(key, cpu, 1024, RequestKind.MIG, mig_profile=profile, priority=prio, klass="small")
+    return PodRequest(
+        key, cpu, 1024, RequestKind.MIG, mig_profile=profile, priority=prio, klass="small"
+    )
 
 
 def shared(key: str, milli: int = 250, gmem: int = 8192, cpu: int = 1000) -> PodRequest:
@@ -45,16 +49,23 @@ def shared(key: str, milli: int = 250, gmem: int = 8192, cpu: int = 1000) -> Pod
 def whole(
     key: str, count: int = 1, cpu: int = 1000, prio: int = 0, group: GroupRef | None = None
 ) -> PodRequest:
-    return PodRequest(key, cpu, 1024, RequestKind.WHOLE, gpu_count=count, priority=prio, group=group,
-                      klass="llm")
+    return PodRequest(
+        key, cpu, 1024, RequestKind.WHOLE, gpu_count=count, priority=prio, group=group, klass="llm"
+    )
 
 
 def cpu_pod(key: str, cpu: int = 1000) -> PodRequest:
     return PodRequest(key, cpu, 1024)
 
 
-def group(key: str, size: int, topology: str | None = None, exclusive: bool = False,
-          count: int = 8, cpu: int = 1000) -> list[PodRequest]:
+def group(
+    key: str,
+    size: int,
+    topology: str | None = None,
+    exclusive: bool = False,
+    count: int = 8,
+    cpu: int = 1000,
+) -> list[PodRequest]:
     return [
         whole(f"{key}-{i}", count, cpu, group=GroupRef(key, size, i, topology, exclusive))
         for i in range(size)

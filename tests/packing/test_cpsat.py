@@ -30,8 +30,12 @@ def test_batch_places_what_one_by_one_cannot() -> None:
 
 
 def test_group_goes_whole_into_one_domain_or_nowhere() -> None:
-    nodes = (node("a1", 8, labels={"clique": "a"}), node("a2", 4, labels={"clique": "a"}),
-             node("b1", 8, labels={"clique": "b"}), node("b2", 8, labels={"clique": "b"}))
+    nodes = (
+        node("a1", 8, labels={"clique": "a"}),
+        node("a2", 4, labels={"clique": "a"}),
+        node("b1", 8, labels={"clique": "b"}),
+        node("b2", 8, labels={"clique": "b"}),
+    )
     pods = group("llm", 2, "clique", count=8)
     snap = Snapshot(nodes, pending=tuple(pods))
     plan = GpupackPolicy(PARAMS).plan(snap)

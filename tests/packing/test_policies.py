@@ -45,21 +45,34 @@ def workloads(draw: st.DrawFn) -> list[PodRequest]:
             prof = draw(st.sampled_from(["1g.10gb", "2g.20gb", "3g.40gb", "1g.5gb", "4g.20gb"]))
             pods.append(mig(f"p{i}", prof, prio=prio))
         elif kind == "shared":
-            pods.append(shared(f"p{i}", draw(st.sampled_from([100, 250, 500])),
-                               draw(st.sampled_from([4096, 16384, 30000]))))
+            pods.append(
+                shared(
+                    f"p{i}",
+                    draw(st.sampled_from([100, 250, 500])),
+                    draw(st.sampled_from([4096, 16384, 30000])),
+                )
+            )
         elif kind == "whole":
             pods.append(whole(f"p{i}", draw(st.integers(1, 4)), prio=prio))
         elif kind == "cpu":
             pods.append(cpu_pod(f"p{i}", draw(st.sampled_from([1000, 6000]))))
         else:
-            pods.extend(group(f"g{i}", draw(st.integers(1, 3)),
-                              draw(st.sampled_from([None, "clique"])),
-                              count=draw(st.integers(1, 4))))
+            pods.extend(
+                group(
+                    f"g{i}",
+                    draw(st.integers(1, 3)),
+                    draw(st.sampled_from([None, "clique"])),
+                    count=draw(st.integers(1, 4)),
+                )
+            )
     return pods
 
 
-SETTINGS = settings(max_examples=30, deadline=None,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+SETTINGS = settings(
+    max_examples=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 
 
 def _plan(name: str, snap: Snapshot):  # type: ignore[no-untyped-def]
@@ -69,7 +82,9 @@ def _plan(name: str, snap: Snapshot):  # type: ignore[no-untyped-def]
 
 @SETTINGS
 @given(nodes(), workloads())
-def test_every_policy_is_valid_and_groups_all_or_nothing(ns: list[NodeInfo], pods: list[PodRequest]) -> None:
+def test_every_policy_is_valid_and_groups_all_or_nothing(
+    ns: list[NodeInfo], pods: list[PodRequest]
+) -> None:
     snap = Snapshot(tuple(ns), pending=tuple(pods))
     for name in policy_names():
         result = _plan(name, snap)

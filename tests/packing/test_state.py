@@ -22,10 +22,24 @@ def state(*nodes: object) -> ClusterState:
         ([node("a", 1, mode=GpuMode.MIG)], mig("p", "1g.10gb"), 7),  # 7 starts on an empty GPU
         ([node("a", 1, mode=GpuMode.MIG)], mig("p", "3g.40gb"), 2),
         ([node("a", 1, mode=GpuMode.MIG)], mig("p", "7g.80gb"), 1),
-        ([node("a", 1, mode=GpuMode.MIG, reconfigurable=False,
-               layouts={0: [("3g.40gb", 4), ("1g.10gb", 0)]})], mig("p", "1g.10gb"), 1),
-        ([node("a", 1, mode=GpuMode.MIG, reconfigurable=False,
-               layouts={0: [("3g.40gb", 4)]})], mig("p", "1g.10gb"), 0),
+        (
+            [
+                node(
+                    "a",
+                    1,
+                    mode=GpuMode.MIG,
+                    reconfigurable=False,
+                    layouts={0: [("3g.40gb", 4), ("1g.10gb", 0)]},
+                )
+            ],
+            mig("p", "1g.10gb"),
+            1,
+        ),
+        (
+            [node("a", 1, mode=GpuMode.MIG, reconfigurable=False, layouts={0: [("3g.40gb", 4)]})],
+            mig("p", "1g.10gb"),
+            0,
+        ),
         ([node("a", 1, model="L40S", mode=GpuMode.MIG)], mig("p"), 0),  # L40S has no MIG
         ([node("a", 2, model="L40S", mode=GpuMode.SHARED)], shared("p"), 2),
         ([node("a", 1, model="L40S", mode=GpuMode.SHARED)], shared("p", gmem=60_000), 0),
