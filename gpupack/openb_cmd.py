@@ -1,0 +1,238 @@
+"""``gpupack simulate --trace openb``: replay the FGD paper's openb experiment.
+
+The I/O shell around ``packing.openb``: finds and reads the trace files, runs every
+requested policy over the same seeds in this one process (so their speed ratios hold on
+a noisy machine), prints a markdown table or JSON, and writes a plot and the raw series.
+
+    python -m gpupack.openb_cmd --policies fgd,gpupack --seeds 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from packing.openb.cluster import Nodes, Pods
+from packing.openb.offline import offline_bound
+from packing.openb.policies import POLICIES, make
+from packing.openb.simulate import (
+    DEFAULT_LOAD,
+    KINDS,
+    PUBLISHED_SEEDS,
+    RunResult,
+    build_workload,
+    simulate,
+    workload_shapes,
+)
+from packing.traces import TraceError, parse_nodes, parse_pods
+
+DEFAULT_POLICIES = "random,bestfit,fgd,gpupack"
+DEFAULT_PODS = "openb_pod_list_default.csv"
+DEFAULT_NODES = "openb_node_list_gpu_node.csv"
+FRAG_LOAD = 130  # the load at which ``frag_rate`` is reported
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--trace", choices=["openb"], default="openb")
+    parser.add_argument("--pods", help=f"pod CSV (default: shared/traces/openb/{DEFAULT_PODS})")
+    parser.add_argument("--nodes", help=f"node CSV (default: shared/traces/openb/{DEFAULT_NODES})")
+    parser.add_argument(
+        "--policies",
+        default=DEFAULT_POLICIES,
+        help=f"comma-separated, from {', '.join(POLICIES)}, fgd-exact",
+    )
+    parser.add_argument(
+        "--seeds", type=int, default=1, help="number of seeds, starting at 42 as published"
+    )
+    parser.add_argument("--mode", choices=["online", "windowed"], default="online")
+    parser.add_argument("--window", type=int, default=16, help="pending pods seen (windowed)")
+    parser.add_argument("--load", type=float, default=DEFAULT_LOAD, help="arrived demand cap")
+    parser.add_argument("--format", choices=["table", "json"], default="table")
+    parser.add_argument("--out", default="out/openb", help="directory for the plot and CSV")
+    parser.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="score every feasible node for every pod (no per-node score cache)",
+    )
+    parser.add_argument(
+        "--offline-bound",
+        action="store_true",
+        help="also solve the pooled CP-SAT upper bound (all pods known), first seed",
+    )
+    parser.add_argument("--offline-time", type=float, default=20.0, help="CP-SAT seconds")
+
+
+def find_trace_dir(start: Path) -> Path | None:
+    """The nearest ``shared/traces/openb`` at or above ``start`` (also as ``../shared``)."""
+    for base in (start, *start.parents):
+        for cand in (base / "shared" / "traces" / "openb", base.parent / "shared" / "traces" / "openb"):
+            if cand.is_dir():
+                return cand
+    return None
+
+
+def _resolve(given: str | None, default_name: str) -> Path:
+    if given:
+        return Path(given)
+    repo = Path(__file__).resolve().parent.parent
+    found = find_trace_dir(repo) or find_trace_dir(Path.cwd())
+    if found is None:
+        raise FileNotFoundError(
+            f"no shared/traces/openb directory above {repo} or {Path.cwd()}; "
+            f"pass --pods/--nodes explicitly"
+        )
+    return found / default_name
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _summary(results: Sequence[RunResult]) -> dict[str, float | int]:
+    times = np.concatenate([r.decision_ms for r in results])
+    return {
+        "alloc_100": round(float(np.mean([r.alloc_at(100) for r in results])), 2),
+        "alloc_130": round(float(np.mean([r.alloc_at(130) for r in results])), 2),
+        "frag_rate": round(float(np.mean([r.frag_rate[FRAG_LOAD] for r in results])), 2),
+        "failed_pods": round(float(np.mean([sum(r.failed.values()) for r in results])), 1),
+        "decision_ms_mean": round(float(times.mean()) if len(times) else 0.0, 4),
+        "decision_ms_p99": round(float(np.percentile(times, 99)) if len(times) else 0.0, 4),
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        pods_path = _resolve(args.pods, DEFAULT_PODS)
+        nodes_path = _resolve(args.nodes, DEFAULT_NODES)
+        node_rows = parse_nodes(nodes_path.read_text())
+        pod_rows = parse_pods(pods_path.read_text())
+    except (OSError, TraceError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    names = [p.strip() for p in args.policies.split(",") if p.strip()]
+    try:
+        for n in names:
+            make(n)
+    except KeyError as e:
+        print(f"error: {e.args[0]}", file=sys.stderr)
+        return 2
+    if args.seeds < 1 or args.window < 1:
+        print("error: --seeds and --window must be >= 1", file=sys.stderr)
+        return 2
+    nodes = Nodes.from_trace(node_rows)
+    pods = Pods.from_trace(pod_rows, nodes.models)
+    seeds = [PUBLISHED_SEEDS[0] + i for i in range(args.seeds)]
+    _log(f"openb: {len(pod_rows)} pods, {nodes.size} nodes, {nodes.gpu_capacity_milli // 1000} GPUs; "
+         f"policies {','.join(names)}; seeds {seeds[0]}..{seeds[-1]}; mode {args.mode}")
+    results: dict[str, list[RunResult]] = {n: [] for n in names}
+    bound = None
+    t_start = time.perf_counter()
+    for seed in seeds:
+        workload = build_workload(pods, nodes.gpu_capacity_milli, seed, args.load)
+        shapes = workload_shapes(pods, workload, nodes.models)
+        all_shapes = workload_shapes(pods, workload, nodes.models, coverage=1.0)
+        for name in names:
+            t0 = time.perf_counter()
+            r = simulate(
+                nodes, pods, workload, make(name), seed, shapes, all_shapes,
+                mode=args.mode, window=args.window, cache=not args.no_cache,
+            )
+            results[name].append(r)
+            _log(f"  seed {seed} {name:>11}: alloc@100 {r.alloc_at(100):6.2f}  "
+                 f"@130 {r.alloc_at(130):6.2f}  ({time.perf_counter() - t0:.1f}s)")
+        if args.offline_bound and bound is None:
+            _log("  offline bound (CP-SAT) ...")
+            bound = offline_bound(nodes, pods, workload, max_time_in_seconds=args.offline_time)
+    _log(f"done in {time.perf_counter() - t_start:.1f}s")
+    summary = {n: _summary(rs) for n, rs in results.items()}
+    out = Path(args.out)
+    try:
+        _write_outputs(out, results, pods_path.stem)
+    except OSError as e:
+        print(f"error: cannot write to {out}: {e}", file=sys.stderr)
+        return 2
+    if args.format == "json":
+        doc: dict[str, object] = {"policies": summary}
+        print(json.dumps(doc))
+    else:
+        print(_table(pods_path.stem, seeds, args, results, summary))
+        if bound is not None:
+            print(f"\nOffline upper bound (pooled node types, CP-SAT {bound.status}, seed "
+                  f"{seeds[0]}): {bound.alloc_pct:.2f}% of GPU capacity "
+                  f"(workload demand {bound.demand_pct:.1f}%)")
+        print(f"\nPlot and series: {out}/")
+    return 0
+
+
+def _table(
+    trace: str,
+    seeds: Sequence[int],
+    args: argparse.Namespace,
+    results: dict[str, list[RunResult]],
+    summary: dict[str, dict[str, float | int]],
+) -> str:
+    mode = args.mode + (f" W={args.window}" if args.mode == "windowed" else "")
+    lines = [
+        f"{trace}: {len(seeds)} seed(s) {seeds[0]}..{seeds[-1]}, {mode}",
+        "",
+        "| policy | alloc % @100 | alloc % @130 | frag % @130 | failed whole | failed shared "
+        "| failed cpu | decision ms mean | p99 |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, rs in results.items():
+        s = summary[name]
+        failed = {k: float(np.mean([r.failed[k] for r in rs])) for k in KINDS}
+        lines.append(
+            f"| {name} | {s['alloc_100']:.2f} | {s['alloc_130']:.2f} | {s['frag_rate']:.1f} | "
+            f"{failed['whole']:.0f} | {failed['shared']:.0f} | {failed['cpu']:.0f} | "
+            f"{s['decision_ms_mean']:.3f} | {s['decision_ms_p99']:.3f} |"
+        )
+    return "\n".join(lines)
+
+
+def _write_outputs(out: Path, results: dict[str, list[RunResult]], trace: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    loads = np.arange(0, 131)
+    with (out / f"{trace}_series.csv").open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["policy", "seed", *[str(x) for x in loads]])
+        for name, rs in results.items():
+            for r in rs:
+                w.writerow([name, r.seed, *[f"{v:.3f}" for v in r.series()]])
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, rs in results.items():
+        mean = np.nanmean(np.stack([r.series() for r in rs]), axis=0)
+        ax.plot(loads, mean, label=name)
+    ax.plot(loads, np.minimum(loads, 100), "k:", linewidth=0.8, label="limit")
+    ax.set_xlabel("arrived GPU demand, % of capacity")
+    ax.set_ylabel("GPU allocation, %")
+    ax.set_title(f"{trace}: allocation vs arrived load")
+    ax.set_ylim(40, 101)
+    ax.set_xlim(40, 130)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / f"{trace}_alloc.png", dpi=110)
+    plt.close(fig)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="gpupack simulate --trace openb", description=__doc__)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
