@@ -72,7 +72,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def find_trace_dir(start: Path) -> Path | None:
     """The nearest ``shared/traces/openb`` at or above ``start`` (also as ``../shared``)."""
     for base in (start, *start.parents):
-        for cand in (base / "shared" / "traces" / "openb", base.parent / "shared" / "traces" / "openb"):
+        for cand in (
+            base / "shared" / "traces" / "openb",
+            base.parent / "shared" / "traces" / "openb",
+        ):
             if cand.is_dir():
                 return cand
     return None
@@ -129,8 +132,11 @@ def run(args: argparse.Namespace) -> int:
     nodes = Nodes.from_trace(node_rows)
     pods = Pods.from_trace(pod_rows, nodes.models)
     seeds = [PUBLISHED_SEEDS[0] + i for i in range(args.seeds)]
-    _log(f"openb: {len(pod_rows)} pods, {nodes.size} nodes, {nodes.gpu_capacity_milli // 1000} GPUs; "
-         f"policies {','.join(names)}; seeds {seeds[0]}..{seeds[-1]}; mode {args.mode}")
+    _log(
+        f"openb: {len(pod_rows)} pods, {nodes.size} nodes, "
+        f"{nodes.gpu_capacity_milli // 1000} GPUs; "
+        f"policies {','.join(names)}; seeds {seeds[0]}..{seeds[-1]}; mode {args.mode}"
+    )
     results: dict[str, list[RunResult]] = {n: [] for n in names}
     bound = None
     t_start = time.perf_counter()
@@ -141,12 +147,22 @@ def run(args: argparse.Namespace) -> int:
         for name in names:
             t0 = time.perf_counter()
             r = simulate(
-                nodes, pods, workload, make(name), seed, shapes, all_shapes,
-                mode=args.mode, window=args.window, cache=not args.no_cache,
+                nodes,
+                pods,
+                workload,
+                make(name),
+                seed,
+                shapes,
+                all_shapes,
+                mode=args.mode,
+                window=args.window,
+                cache=not args.no_cache,
             )
             results[name].append(r)
-            _log(f"  seed {seed} {name:>11}: alloc@100 {r.alloc_at(100):6.2f}  "
-                 f"@130 {r.alloc_at(130):6.2f}  ({time.perf_counter() - t0:.1f}s)")
+            _log(
+                f"  seed {seed} {name:>11}: alloc@100 {r.alloc_at(100):6.2f}  "
+                f"@130 {r.alloc_at(130):6.2f}  ({time.perf_counter() - t0:.1f}s)"
+            )
         if args.offline_bound and bound is None:
             _log("  offline bound (CP-SAT) ...")
             bound = offline_bound(nodes, pods, workload, max_time_in_seconds=args.offline_time)
@@ -164,9 +180,11 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(_table(pods_path.stem, seeds, args, results, summary))
         if bound is not None:
-            print(f"\nOffline upper bound (pooled node types, CP-SAT {bound.status}, seed "
-                  f"{seeds[0]}): {bound.alloc_pct:.2f}% of GPU capacity "
-                  f"(workload demand {bound.demand_pct:.1f}%)")
+            print(
+                f"\nOffline upper bound (pooled node types, CP-SAT {bound.status}, seed "
+                f"{seeds[0]}): {bound.alloc_pct:.2f}% of GPU capacity "
+                f"(workload demand {bound.demand_pct:.1f}%)"
+            )
         print(f"\nPlot and series: {out}/")
     return 0
 
@@ -213,7 +231,12 @@ def _write_outputs(out: Path, results: dict[str, list[RunResult]], trace: str) -
                 w.writerow([name, r.seed, *[f"{v:.3f}" for v in r.series()]])
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for name, rs in results.items():
-        mean = np.nanmean(np.stack([r.series() for r in rs]), axis=0)
+        stack = np.stack([r.series() for r in rs])
+        seen = ~np.isnan(stack)
+        # mean over the seeds that reached each load (small subsets may stop short)
+        mean = np.where(
+            seen.any(axis=0), np.nansum(stack, axis=0) / np.maximum(seen.sum(0), 1), np.nan
+        )
         ax.plot(loads, mean, label=name)
     ax.plot(loads, np.minimum(loads, 100), "k:", linewidth=0.8, label="limit")
     ax.set_xlabel("arrived GPU demand, % of capacity")

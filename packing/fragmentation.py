@@ -85,9 +85,7 @@ class TypicalShapes:
         return float(self.freq.sum())
 
 
-def make_shapes(
-    counts: Sequence[tuple[ShapeKey, float]], models: Sequence[str]
-) -> TypicalShapes:
+def make_shapes(counts: Sequence[tuple[ShapeKey, float]], models: Sequence[str]) -> TypicalShapes:
     """Shapes with explicit frequencies (in the given order); ``models`` indexes model ids."""
     keys = tuple(k for k, _ in counts)
     freq = np.array([p for _, p in counts], dtype=np.float64)

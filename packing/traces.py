@@ -83,7 +83,7 @@ def _rows(text: str, required: Iterable[str]) -> Iterable[tuple[int, dict[str, s
     for row in reader:
         # reader.line_num is the physical line of the row just read (header = 1).
         if None in row:
-            extra = row[None]  # type: ignore[index]
+            extra = row[None]
             raise TraceError(reader.line_num, "<extra>", ",".join(extra), "too many fields")
         yield reader.line_num, {k: (v if v is not None else "") for k, v in row.items()}
 

@@ -52,42 +52,42 @@ def offline_bound(
     model = cp_model.CpModel()
     x: dict[tuple[int, tuple[int, int, int, int]], cp_model.IntVar] = {}
     for q, count in classes.items():
-        cpu, mem, k, milli, _ = pods.requests[q]
+        cpu, mem, k, _, _ = pods.requests[q]
         for t in types:
             tcpu, tmem, tgpu, tmodel = t
             # the class must fit on one node of the type, alone
             if not pods.request_model_ok[q, tmodel] or cpu > tcpu or mem > tmem or k > tgpu:
                 continue
-            x[q, t] = model.NewIntVar(0, count, f"x_{q}_{t}")
+            x[q, t] = model.new_int_var(0, count, f"x_{q}_{t}")
     for t, n in types.items():
         tcpu, tmem, tgpu, _ = t
         on_t = [(q, v) for (q, tt), v in x.items() if tt == t]
         if not on_t:
             continue
-        model.Add(sum(v * pods.requests[q][0] for q, v in on_t) <= n * tcpu)
-        model.Add(sum(v * pods.requests[q][1] for q, v in on_t) <= n * tmem)
-        model.Add(
+        model.add(sum(v * pods.requests[q][0] for q, v in on_t) <= n * tcpu)
+        model.add(sum(v * pods.requests[q][1] for q, v in on_t) <= n * tmem)
+        model.add(
             sum(v * pods.requests[q][2] * pods.requests[q][3] for q, v in on_t)
             <= n * tgpu * GPU_MILLI
         )
         whole = [(q, v) for q, v in on_t if pods.requests[q][3] >= GPU_MILLI]
         if whole:
-            model.Add(sum(v * pods.requests[q][2] for q, v in whole) <= n * tgpu)
+            model.add(sum(v * pods.requests[q][2] for q, v in whole) <= n * tgpu)
     for q, count in classes.items():
         vs = [v for (qq, _), v in x.items() if qq == q]
         if vs:
-            model.Add(sum(vs) <= count)
-    model.Maximize(sum(v * pods.requests[q][2] * pods.requests[q][3] for (q, _), v in x.items()))
+            model.add(sum(vs) <= count)
+    model.maximize(sum(v * pods.requests[q][2] * pods.requests[q][3] for (q, _), v in x.items()))
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = max_time_in_seconds
     solver.parameters.num_workers = num_workers
     solver.parameters.random_seed = random_seed
-    status = solver.Solve(model)
+    status = solver.solve(model)
     cap = nodes.gpu_capacity_milli
-    bound = solver.BestObjectiveBound() if status in (cp_model.OPTIMAL, cp_model.FEASIBLE) else cap
+    bound = solver.best_objective_bound if status in (cp_model.OPTIMAL, cp_model.FEASIBLE) else cap
     demand = float(pods.demand_milli[workload].sum())
     return OfflineBound(
         alloc_pct=100.0 * min(bound, cap) / cap,
-        status=solver.StatusName(status),
+        status=solver.status_name(status),
         demand_pct=100.0 * demand / cap,
     )

@@ -161,7 +161,9 @@ class FragmentationState:
 
     def _frag(self, idx: IntArray) -> FloatArray:
         s = self.state
-        weights = shape_weights(s.free_cpu[idx], s.free_mem[idx], s.nodes.model_id[idx], self.shapes)
+        weights = shape_weights(
+            s.free_cpu[idx], s.free_mem[idx], s.nodes.model_id[idx], self.shapes
+        )
         return fragmentation_from_stats(
             self.total[idx], self.cnt[idx], self.small[idx], weights, self.shapes
         )
@@ -261,7 +263,6 @@ class FgdPolicy(Policy):
         return score, gpu
 
 
-
 class GpupackPolicy(Policy):
     """gpupack's online policy: FGD's gradient, made exact and complete, then best fit.
 
@@ -305,7 +306,6 @@ class GpupackPolicy(Policy):
             gpu = _no_gpu(idx)
         cpu_left, gpu_left = _leftover(self.state, idx, req)
         return -(delta + self.fit_weight * (cpu_left + gpu_left)), gpu
-
 
 
 POLICIES = ("random", "dotproduct", "packing", "bestfit", "fgd", "fgd-random", "gpupack")

@@ -24,7 +24,8 @@ import numpy.typing as npt
 
 from packing.fragmentation import (
     DEFAULT_COVERAGE,
-    ShapeKey,     TypicalShapes,
+    ShapeKey,
+    TypicalShapes,
     node_fragmentation,
     typical_shapes,
 )
@@ -40,7 +41,9 @@ PUBLISHED_SEEDS = tuple(range(42, 52))
 KINDS = ("whole", "shared", "cpu")
 
 
-def build_workload(pods: Pods, capacity_milli: int, seed: int, load: float = DEFAULT_LOAD) -> IntArray:
+def build_workload(
+    pods: Pods, capacity_milli: int, seed: int, load: float = DEFAULT_LOAD
+) -> IntArray:
     """Indices into ``pods`` in arrival order (the protocol's inflated, shuffled trace)."""
     rng = np.random.default_rng(seed)
     demand = pods.demand_milli
@@ -98,6 +101,8 @@ class RunResult:
     decision_ms: FloatArray  # per decided pod
     failed: dict[str, int] = field(default_factory=dict)
     frag_rate: dict[int, float] = field(default_factory=dict)  # load % -> frag / idle %
+    # (pod index into Pods, node, GPUs) in decision order
+    placements: list[tuple[int, int, tuple[int, ...]]] = field(default_factory=list)
 
     @property
     def arrived_pct(self) -> FloatArray:
@@ -127,7 +132,9 @@ def alloc_at(arrived_pct: FloatArray, alloc_pct: FloatArray, pct: int) -> float:
 class _Decider:
     """Places one request with a policy, with the per-(node, request) score cache."""
 
-    def __init__(self, state: ClusterState, policy: Policy, n_requests: int, seed: int, cache: bool):
+    def __init__(
+        self, state: ClusterState, policy: Policy, n_requests: int, seed: int, cache: bool
+    ):
         self.state = state
         self.policy = policy
         self.rng = np.random.default_rng(seed + 7919)
@@ -137,11 +144,12 @@ class _Decider:
         self.gpu = np.full((n, n_requests), -1, dtype=np.int64)
         self.stamp = np.full((n, n_requests), -1, dtype=np.int64)
 
-    def decide(self, req: Request) -> bool:
+    def decide(self, req: Request) -> tuple[int, tuple[int, ...]] | None:
+        """Place ``req``; its (node, GPUs), or None when no node can host it."""
         st = self.state
         idx = st.feasible(req.cpu, req.mem, req.num_gpu, req.milli, req.model_ok)
         if len(idx) == 0:
-            return False
+            return None
         if self.cache:
             q = req.rid
             dirty = idx[self.stamp[idx, q] != st.version[idx]]
@@ -155,7 +163,11 @@ class _Decider:
             scores, gpus = self.policy.evaluate(idx, req)
         best = scores.max()
         ties = np.flatnonzero(scores == best)
-        pick = ties[self.rng.integers(len(ties))] if self.policy.random_ties and len(ties) > 1 else ties[0]
+        pick = (
+            ties[self.rng.integers(len(ties))]
+            if self.policy.random_ties and len(ties) > 1
+            else ties[0]
+        )
         node = int(idx[pick])
         if req.shared:
             gpu_ids: tuple[int, ...] = (int(gpus[pick]),)
@@ -165,7 +177,7 @@ class _Decider:
             gpu_ids = ()
         st.place(node, req.cpu, req.mem, req.num_gpu, req.milli, gpu_ids)
         self.policy.placed(node)
-        return True
+        return node, gpu_ids
 
 
 def simulate(
@@ -198,6 +210,7 @@ def simulate(
     pending_points = sorted(frag_points)
     w = window if mode == "windowed" else 1
     buffer: list[int] = []
+    placements: list[tuple[int, int, tuple[int, ...]]] = []
     demand = pods.demand_milli
     total_arrived = 0
 
@@ -220,8 +233,11 @@ def simulate(
         t0 = time.perf_counter()
         for i in batch:
             r = request(i)
-            if not decider.decide(r):
+            where = decider.decide(r)
+            if where is None:
                 failed[kind_of(r.num_gpu, r.milli)] += 1
+            else:
+                placements.append((i, where[0], where[1]))
         per = (time.perf_counter() - t0) * 1000.0 / len(batch)
         times.extend([per] * len(batch))
         buffer.clear()
@@ -250,6 +266,7 @@ def simulate(
         decision_ms=np.array(times, dtype=np.float64),
         failed=failed,
         frag_rate=frag_rate,
+        placements=placements,
     )
 
 

@@ -1,0 +1,233 @@
+"""openb replay: fragmentation math, workload protocol, policy invariants, determinism."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from packing.fragmentation import ShapeKey, make_shapes, node_fragmentation, typical_shapes
+from packing.model import GPU_MILLI
+from packing.openb.cluster import ClusterState, Nodes, Pods
+from packing.openb.policies import POLICIES, FragmentationState, Request, make
+from packing.openb.simulate import alloc_at, build_workload, simulate, workload_shapes
+from packing.traces import OpenbNode, OpenbPod
+
+MODELS = ("G2", "T4")
+A = ShapeKey(cpu_milli=1000, num_gpu=1, gpu_milli=500, gpu_spec=frozenset())
+B = ShapeKey(cpu_milli=0, num_gpu=1, gpu_milli=1000, gpu_spec=frozenset())
+B_T4 = ShapeKey(cpu_milli=0, num_gpu=1, gpu_milli=1000, gpu_spec=frozenset({"T4"}))
+C = ShapeKey(cpu_milli=4000, num_gpu=0, gpu_milli=0, gpu_spec=frozenset())
+TWO = ShapeKey(cpu_milli=0, num_gpu=2, gpu_milli=1000, gpu_spec=frozenset())
+
+
+# Node with GPUs free 1000, 300, 600 (+1 absent) on model G2. T = 1900.
+#  A (p .5): fits (two GPUs >= 500), fragment = GPUs < 500 = 300
+#  B (p .3): fits (one GPU = 1000), fragment = 300 + 600 = 900
+#  C (p .2): CPU-only, fragment 0 if its 4000 CPU fit, else T = 1900
+#  TWO: needs two whole GPUs, only one -> fragment T = 1900
+@pytest.mark.parametrize(
+    ("shapes", "cpu", "expected"),
+    [
+        ([(A, 0.5), (B, 0.3), (C, 0.2)], 8000, 0.5 * 300 + 0.3 * 900),
+        ([(A, 0.5), (B, 0.3), (C, 0.2)], 2000, 0.5 * 300 + 0.3 * 900 + 0.2 * 1900),
+        ([(A, 0.5), (B, 0.3), (C, 0.2)], 500, 0.5 * 1900 + 0.3 * 900 + 0.2 * 1900),
+        ([(A, 0.5), (B_T4, 0.3)], 8000, 0.5 * 300 + 0.3 * 1900),
+        ([(TWO, 1.0)], 8000, 1900.0),
+        ([(A, 0.6)], 8000, 0.6 * 300),  # frequencies are not renormalised
+    ],
+)
+def test_node_fragmentation_hand_worked(
+    shapes: list[tuple[ShapeKey, float]], cpu: int, expected: float
+) -> None:
+    sh = make_shapes(shapes, MODELS)
+    f = node_fragmentation(np.array([1000, 300, 600, 0]), cpu, 10**6, 0, sh)
+    assert float(f) == pytest.approx(expected)
+    # batched over leading dims gives the same per node
+    many = node_fragmentation(
+        np.array([[1000, 300, 600, 0], [0, 0, 0, 0]]),
+        np.array([cpu, cpu]),
+        np.array([10**6, 10**6]),
+        np.array([0, 1]),
+        sh,
+    )
+    assert many.shape == (2,) and many[0] == pytest.approx(expected) and many[1] == 0.0
+
+
+def test_typical_shapes_cover_95_percent() -> None:
+    keys = [A] * 60 + [B] * 30 + [C] * 6 + [TWO] * 4
+    sh = typical_shapes(keys, MODELS)
+    assert sh.keys == (A, B, C)  # 60 + 30 + 6 = 96% >= 95%
+    assert sh.freq.tolist() == pytest.approx([0.6, 0.3, 0.06])
+    assert typical_shapes(keys, MODELS, coverage=1.0).keys == (A, B, C, TWO)
+
+
+def _cluster(gpus: list[tuple[int, str]], cpu: int = 32000, mem: int = 256000) -> Nodes:
+    return Nodes.from_trace([OpenbNode(f"n{i}", cpu, mem, g, m) for i, (g, m) in enumerate(gpus)])
+
+
+def test_fragmentation_state_delta_matches_recomputation() -> None:
+    nodes = _cluster([(8, "G2"), (2, "T4"), (4, "G2")])
+    pod_rows = [
+        OpenbPod("w", 4000, 1000, 1, 1000, frozenset()),
+        OpenbPod("s", 2000, 1000, 1, 300, frozenset()),
+        OpenbPod("c", 8000, 1000, 0, 0, frozenset()),
+        OpenbPod("m", 4000, 1000, 2, 1000, frozenset({"G2"})),
+    ]
+    pods = Pods.from_trace(pod_rows, nodes.models)
+    sh = typical_shapes(
+        [ShapeKey(p.cpu_milli, p.num_gpu, p.gpu_milli, p.gpu_spec) for p in pod_rows],
+        nodes.models,
+        coverage=1.0,
+    )
+    state = ClusterState(nodes)
+    state.place(0, 1000, 0, 1, 700, (3,))
+    state.place(2, 30000, 0, 1, 1000, (0,))
+    fs = FragmentationState(state, sh)
+    idx = np.arange(nodes.size)
+    for q, (cpu, mem, k, milli, _) in enumerate(pods.requests):
+        req = Request(cpu, mem, k, milli, pods.request_model_ok[q], q)
+        delta = fs.delta(idx, req)
+        for n in idx:
+            base = node_fragmentation(
+                state.free_gpu[n], state.free_cpu[n], state.free_mem[n], nodes.model_id[n], sh
+            )
+            options = range(8) if req.shared else [None]
+            for g in options:
+                f = state.free_gpu[n].copy()
+                if g is not None:
+                    if f[g] < milli:
+                        assert delta[n, g] == np.inf
+                        continue
+                    f[g] -= milli
+                elif k:
+                    full = np.flatnonzero(f == GPU_MILLI)[:k]
+                    if len(full) < k:
+                        continue
+                    f[full] = 0
+                after = node_fragmentation(
+                    f, state.free_cpu[n] - cpu, state.free_mem[n] - mem, nodes.model_id[n], sh
+                )
+                got = delta[n, g] if g is not None else delta[n]
+                assert got == pytest.approx(after - base)
+
+
+def _trace_pods() -> list[OpenbPod]:
+    return [
+        OpenbPod("a", 4000, 8000, 1, 1000, frozenset()),
+        OpenbPod("b", 2000, 4000, 1, 450, frozenset()),
+        OpenbPod("c", 8000, 8000, 0, 0, frozenset()),
+        OpenbPod("d", 6000, 8000, 1, 700, frozenset({"T4"})),
+        OpenbPod("e", 16000, 8000, 4, 1000, frozenset()),
+    ]
+
+
+def test_workload_protocol() -> None:
+    nodes = _cluster([(8, "G2"), (2, "T4")])
+    pods = Pods.from_trace(_trace_pods(), nodes.models)
+    cap = nodes.gpu_capacity_milli
+    w = build_workload(pods, cap, seed=42, load=1.3)
+    demand = pods.demand_milli
+    total = int(demand[w].sum())
+    assert total <= 1.3 * cap
+    # the whole trace is in it, once at least
+    assert set(range(len(pods.pods))) <= set(w.tolist())
+    assert np.array_equal(w, build_workload(pods, cap, seed=42, load=1.3))
+    assert not np.array_equal(w, build_workload(pods, cap, seed=43, load=1.3))
+
+
+def test_alloc_at_rounding_and_fallback() -> None:
+    arrived = np.array([49.6, 50.2, 50.4, 52.0])
+    alloc = np.array([10.0, 20.0, 30.0, 40.0])
+    assert alloc_at(arrived, alloc, 50) == pytest.approx(20.0)  # 49.6, 50.2, 50.4 -> 50
+    assert alloc_at(arrived, alloc, 53) == pytest.approx(40.0)  # none at 53: 52
+    assert np.isnan(alloc_at(arrived, alloc, 90))
+
+
+pod_strategy = st.builds(
+    lambda cpu, mem, kind, milli, k, spec: OpenbPod(
+        "p",
+        cpu,
+        mem,
+        0 if kind == 0 else (1 if kind == 1 else k),
+        0 if kind == 0 else (milli if kind == 1 else 1000),
+        spec,
+    ),
+    st.integers(0, 40000),
+    st.integers(0, 100000),
+    st.integers(0, 2),
+    st.integers(1, 999),
+    st.integers(1, 4),
+    st.sampled_from([frozenset(), frozenset({"T4"}), frozenset({"G2"})]),
+)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    gpus=st.lists(
+        st.tuples(st.integers(1, 8), st.sampled_from(["G2", "T4"])), min_size=1, max_size=4
+    ),
+    pod_rows=st.lists(pod_strategy, min_size=1, max_size=40),
+    policy=st.sampled_from([*POLICIES, "fgd-exact"]),
+    window=st.sampled_from([1, 4]),
+)
+def test_no_overcommit(
+    gpus: list[tuple[int, str]], pod_rows: list[OpenbPod], policy: str, window: int
+) -> None:
+    nodes = _cluster(gpus)
+    pods = Pods.from_trace(pod_rows, nodes.models)
+    w = np.arange(len(pod_rows), dtype=np.int64)
+    sh = workload_shapes(pods, w, nodes.models)
+    r = simulate(
+        nodes,
+        pods,
+        w,
+        make(policy),
+        1,
+        sh,
+        mode="windowed" if window > 1 else "online",
+        window=window,
+    )
+    # replay the decisions on a fresh state, checking each one
+    state = ClusterState(nodes)
+    for i, n, g in r.placements:
+        p = pods.pods[i]
+        assert state.free_cpu[n] >= p.cpu_milli and state.free_mem[n] >= p.memory_mib
+        if p.num_gpu:
+            assert not p.gpu_spec or nodes.models[nodes.model_id[n]] in p.gpu_spec
+            assert len(g) == (p.num_gpu if p.gpu_milli == GPU_MILLI else 1)
+            assert len(set(g)) == len(g) and all(0 <= x < nodes.gpu_count[n] for x in g)
+            for x in g:
+                if p.gpu_milli == GPU_MILLI:
+                    assert state.free_gpu[n, x] == GPU_MILLI  # whole GPUs only when empty
+                else:
+                    assert state.free_gpu[n, x] >= p.gpu_milli
+        state.place(n, p.cpu_milli, p.memory_mib, p.num_gpu, p.gpu_milli, g)
+    assert (state.free_gpu >= 0).all() and (state.free_gpu <= GPU_MILLI).all()
+    assert (state.free_cpu >= 0).all() and (state.free_mem >= 0).all()
+    assert r.allocated_milli[-1] == state.allocated_milli
+    assert len(r.placements) + sum(r.failed.values()) == len(pod_rows)
+
+
+@pytest.mark.parametrize("policy", [*POLICIES, "fgd-exact"])
+def test_deterministic_for_fixed_seed(policy: str) -> None:
+    nodes = _cluster([(8, "G2"), (2, "T4"), (4, "G2"), (1, "T4")])
+    pods = Pods.from_trace(_trace_pods(), nodes.models)
+    w = build_workload(pods, nodes.gpu_capacity_milli, seed=7)
+    sh = workload_shapes(pods, w, nodes.models)
+    a = simulate(nodes, pods, w, make(policy), 7, sh)
+    b = simulate(nodes, pods, w, make(policy), 7, sh)
+    assert a.placements == b.placements
+    assert np.array_equal(a.allocated_milli, b.allocated_milli)
+
+
+def test_cache_does_not_change_decisions() -> None:
+    nodes = _cluster([(8, "G2"), (2, "T4"), (4, "G2"), (1, "T4")] * 3)
+    pods = Pods.from_trace(_trace_pods(), nodes.models)
+    w = build_workload(pods, nodes.gpu_capacity_milli, seed=3)
+    sh = workload_shapes(pods, w, nodes.models)
+    for policy in ("fgd", "gpupack", "bestfit"):
+        a = simulate(nodes, pods, w, make(policy), 3, sh, cache=True)
+        b = simulate(nodes, pods, w, make(policy), 3, sh, cache=False)
+        assert a.placements == b.placements
