@@ -5,6 +5,7 @@ Data: a :class:`ClusterState` (running pods applied) and the pending pods of the
 Variables (all Boolean):
   x[p, o]   pod p takes option o (a MIG instance, a GPU share, or CPU only on a node)
   w[p, n]   whole-GPU pod p goes to node n (which idle GPUs it gets is read off after)
+  s[g]      whole-free GPU g receives a small pod of the batch
   u[g]      whole-free GPU g is used by the batch (it stops being a whole free GPU)
   z[n]      node n, whole-free now, is used by the batch (it stops being a whole free node)
   t[n]      node n receives at least one pod of the batch
@@ -131,13 +132,19 @@ def solve_batch(
 
     # ---- constraints: GPUs --------------------------------------------------------------
     u: dict[tuple[str, int], cp_model.IntVar] = {}
+    small: dict[tuple[str, int], cp_model.IntVar] = {}
     created_terms: list[cp_model.IntVar] = []
     for (name, index), gpu_items in on_gpu.items():
         g = state.gpu(name, index)
         if g.whole_free:
-            u[name, index] = model.new_bool_var(f"u[{name},{index}]")
+            # s[g] == 1 exactly when a small pod of the batch lands on this GPU.
+            used = model.new_bool_var(f"s[{name},{index}]")
             for _, _, v in gpu_items:
-                model.add_implication(v, u[name, index])
+                model.add_implication(v, used)
+            model.add(used <= sum(v for _, _, v in gpu_items))
+            small[name, index] = used
+            u[name, index] = model.new_bool_var(f"u[{name},{index}]")
+            model.add(u[name, index] >= used)
         if g.mode is GpuMode.MIG or any(o.mig_profile for _, o, _ in gpu_items):
             geom = get_model(g.info.model).mig
             assert geom is not None
@@ -182,20 +189,16 @@ def solve_batch(
             continue
         node = state.nodes[name]
         capable = [g for g in node.gpus if g.whole_free]
-        # Whole pods do not exist in the same batch as MIG options on these GPUs unless
-        # the GPU stays unused by them: u[g] marks any small use, counted below.
-        # Pods may be restricted to GPU models; count per model set conservatively by
-        # requiring each pod's allowed GPUs to cover its own demand, and the total demand
-        # to fit the union.
-        small_on_capable = [u[name, g.info.index] for g in capable if (name, g.info.index) in u]
-        model.add(sum(p.gpu_count * v for p, v in wholes) + sum(small_on_capable) <= len(capable))
+        # Whole pods get idle GPUs that no small pod of the batch takes:
+        #   sum_p k_p w[p,n] + sum_g s[g] <= |capable|, and the GPUs counted as used,
+        #   sum_g u[g] >= sum_p k_p w[p,n] + sum_g s[g], so whole GPUs free stay exact.
+        demand = sum(p.gpu_count * v for p, v in wholes)
+        taken = [small[name, g.info.index] for g in capable if (name, g.info.index) in small]
+        model.add(demand + sum(taken) <= len(capable))
         for g in capable:
             if (name, g.info.index) not in u:
                 u[name, g.info.index] = model.new_bool_var(f"u[{name},{g.info.index}]")
-        model.add(
-            sum(u[name, g.info.index] for g in capable)
-            >= sum(p.gpu_count * v for p, v in wholes) + sum(small_on_capable)
-        )
+        model.add(sum(u[name, g.info.index] for g in capable) >= demand + sum(taken))
 
     # ---- constraints: groups and topology ----------------------------------------------
     groups: dict[str, list[PodRequest]] = defaultdict(list)

@@ -39,10 +39,14 @@ def best_option(
 
 
 def explain_unplaceable(state: ClusterState, pod: PodRequest) -> str:
-    """A person-readable reason: the most common per-node reason, with a count."""
+    """A person-readable reason: the most common per-node reasons, with counts.
+
+    A node that could never take the pod says why (too few GPUs of a usable kind); a
+    node that could, once emptied, says what is missing now.
+    """
     reasons: dict[str, int] = defaultdict(int)
     for name in state.nodes:
-        reasons[state.reason(pod, name)] += 1
+        reasons[state.unresolvable(pod, name) or state.reason(pod, name)] += 1
     if not reasons:
         return "no nodes"
     top = sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))[:2]

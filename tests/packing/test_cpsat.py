@@ -65,3 +65,15 @@ def test_solver_is_deterministic_for_a_seed() -> None:
     a = solve_batch(ClusterState(snap), pods, (), PARAMS)
     b = solve_batch(ClusterState(snap), pods, (), PARAMS)
     assert a.placements == b.placements
+
+
+def test_cpsat_places_whole_pods_beside_small_options_on_the_same_gpus() -> None:
+    # Small pods could go on (converted) GPUs of the whole node; the model must still let
+    # the 8-GPU pod take that node and send the small pod to the MIG node.
+    nodes = (node("mig", 1, mode=GpuMode.MIG), node("w", 8))
+    pods = [mig("s"), whole("llm", 8)]
+    snap = Snapshot(nodes, pending=tuple(pods))
+    solved = solve_batch(ClusterState(snap), pods, (), PARAMS)
+    assert solved.status == "OPTIMAL"
+    assert {p.pod: p.node for p in solved.placements} == {"s": "mig", "llm": "w"}
+    assert GpupackPolicy(PARAMS).plan(snap).solver_status == "OPTIMAL"
