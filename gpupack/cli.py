@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from gpupack import agent_cmd, plan_cmd, simulate_cmd
+from gpupack import agent_cmd, plan_cmd, serve_cmd, simulate_cmd
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -21,6 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_parser("simulate", help="replay a scenario or the openb trace through policies")
     )
     agent_cmd.add_arguments(sub.add_parser("agent", help="node agent: GPU inventory via NVML"))
+    serve_cmd.add_arguments(sub.add_parser("serve", help="kube-scheduler extender (HTTP)"))
     return parser
 
 
@@ -29,7 +30,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] == ["simulate"] and ("--trace" in argv or "--trace=openb" in argv):
         return simulate_cmd.run_openb(argv[1:])
     args = build_parser().parse_args(argv)
-    runner = {"plan": plan_cmd.run, "simulate": simulate_cmd.run, "agent": agent_cmd.run}
+    runner = {"plan": plan_cmd.run, "simulate": simulate_cmd.run, "agent": agent_cmd.run,
+              "serve": serve_cmd.run}
     return runner[args.command](args)
 
 

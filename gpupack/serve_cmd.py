@@ -1,0 +1,189 @@
+"""``gpupack serve``: the scheduler extender under gunicorn (composition only).
+
+gunicorn runs in this process through its ``BaseApplication`` with one worker process
+and the threaded worker class: one worker, because the cluster cache and its assumed
+binds must be single (two workers would each hand out the same GPU); threads, because
+kube-scheduler calls the verbs concurrently and they spend little time each.
+
+The app is built inside the worker (``load``), after gunicorn forks, since the watch
+and planner threads would not survive a fork.
+
+Cluster source: the API server (``--kubeconfig`` or ``--in-cluster``), else static
+files (``--nodes``/``--pods``), else the bundled example cluster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from gunicorn.app.base import BaseApplication
+
+EXAMPLES = Path(__file__).parent / "examples"
+log = logging.getLogger("gpupack.serve")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from packing.policies import policy_names
+
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default 127.0.0.1: kube-scheduler calls the "
+                        "extender over loopback as a sidecar)")
+    p.add_argument("--port", type=int, default=8888, help="extender port (default 8888)")
+    p.add_argument("--nodes", type=Path, default=None,
+                   help="static mode: Node objects (YAML/JSON, as for `gpupack plan`)")
+    p.add_argument("--pods", type=Path, default=None,
+                   help="static mode: Pod objects (YAML/JSON, as for `gpupack plan`)")
+    p.add_argument("--kubeconfig", default=None, help="watch the cluster of this kubeconfig")
+    p.add_argument("--in-cluster", action="store_true",
+                   help="watch the cluster with the pod's service account")
+    p.add_argument("--scheduler-name", default="gpupack",
+                   help="pending pods with this schedulerName are planned (default gpupack)")
+    p.add_argument("--policy", default="gpupack", choices=policy_names(),
+                   help="placement policy for scores, binds and plans (default gpupack)")
+    p.add_argument("--time-limit", type=float, default=2.0,
+                   help="CP-SAT seconds per background plan (default 2)")
+    p.add_argument("--solver-workers", type=int, default=2, help="CP-SAT workers (default 2)")
+    p.add_argument("--seed", type=int, default=0, help="CP-SAT random seed (default 0)")
+    p.add_argument("--debounce", type=float, default=0.5,
+                   help="seconds of quiet before re-planning after cluster events (default 0.5)")
+    p.add_argument("--no-planner", action="store_true",
+                   help="do not run the background planner (verbs answer greedily)")
+    p.add_argument("--assume-ttl", type=float, default=30.0,
+                   help="seconds a bind is counted before the watch must confirm it (default 30)")
+    p.add_argument("--max-body", type=int, default=8 * 1024 * 1024,
+                   help="largest request body in bytes (default 8 MiB); larger ones get 400")
+    p.add_argument("--workers", type=int, default=1,
+                   help="gunicorn worker processes; must be 1 (the cache and its assumed "
+                        "binds live in one process)")
+    p.add_argument("--threads", type=int, default=8, help="threads of the worker (default 8)")
+    p.add_argument("--metrics-port", type=int, default=0,
+                   help="also serve /metrics on this port (default 0: only on --port)")
+    p.add_argument("--webhook-port", type=int, default=0,
+                   help="reserved for the admission webhook, which is served by its own "
+                        "command until it is wired here; must be 0")
+    p.add_argument("--tls-cert", default=None, help="reserved for the webhook (see --webhook-port)")
+    p.add_argument("--tls-key", default=None, help="reserved for the webhook (see --webhook-port)")
+    p.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+
+
+class Components:
+    """Everything one extender process runs, built from the parsed arguments."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        from prometheus_client import CollectorRegistry
+
+        from kube.source import ApiBinder, ApiSource, StaticSource, load_api_client
+        from packing.cpsat import SolverParams
+        from scheduler.app import AppConfig, create_app
+        from scheduler.cache import ClusterCache
+        from scheduler.planner import Planner
+
+        self.cache = ClusterCache(args.scheduler_name, assume_ttl=args.assume_ttl)
+        self.registry = CollectorRegistry()
+        params = SolverParams(max_time_s=args.time_limit, workers=args.solver_workers,
+                              seed=args.seed)
+        self.planner = Planner(self.cache, args.policy, params, debounce_s=args.debounce)
+        self.source: Any
+        if args.kubeconfig or args.in_cluster:
+            api = load_api_client(args.kubeconfig, args.in_cluster)
+            self.source = ApiSource(api)
+            self.binder: Any = ApiBinder(api)
+        else:
+            nodes = args.nodes or EXAMPLES / "nodes.yaml"
+            pods = args.pods or EXAMPLES / "pods.yaml"
+            self.source = StaticSource.from_files(nodes, pods)
+            self.binder = self.source.binder()
+        self.app = create_app(self.cache, self.planner, self.binder, self.registry,
+                              AppConfig(max_body_bytes=args.max_body, policy=args.policy))
+        self.no_planner = bool(args.no_planner)
+        self.metrics_port = int(args.metrics_port)
+        self.host = str(args.host)
+
+    def start(self) -> None:
+        self.source.start(self.cache)
+        if not self.no_planner:
+            self.planner.start()
+        if self.metrics_port:
+            from prometheus_client import start_http_server
+
+            start_http_server(self.metrics_port, addr=self.host, registry=self.registry)
+
+
+def check_args(args: argparse.Namespace) -> str | None:
+    if args.workers != 1:
+        return ("--workers must be 1: each worker process would keep its own cache and "
+                "could bind the same GPU twice; use --threads for concurrency")
+    if args.webhook_port or args.tls_cert or args.tls_key:
+        return ("--webhook-port/--tls-cert/--tls-key are reserved: the admission webhook is "
+                "not served by `gpupack serve` yet")
+    if (args.nodes is None) != (args.pods is None):
+        return "--nodes and --pods go together"
+    if args.nodes is not None and (args.kubeconfig or args.in_cluster):
+        return "give static files (--nodes/--pods) or a cluster (--kubeconfig/--in-cluster)"
+    for path in (args.nodes, args.pods):
+        if path is not None and not Path(path).is_file():
+            return f"{path}: no such file"
+    return None
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    problem = check_args(args)
+    if problem:
+        print(f"gpupack serve: {problem}", file=sys.stderr)
+        return 2
+    if args.nodes is not None:
+        # Read the files once here so a bad file is reported before gunicorn starts.
+        from kube.objects import ObjectError
+        from kube.source import StaticSource
+
+        try:
+            StaticSource.from_files(args.nodes, args.pods)
+        except (ObjectError, OSError) as e:
+            print(f"gpupack serve: {e}", file=sys.stderr)
+            return 2
+    # The planner is CPU-bound Python in a background thread; a shorter GIL switch
+    # interval (default 5 ms) keeps request threads from waiting behind it for long.
+    sys.setswitchinterval(0.0005)
+    ExtenderServer(args).run()
+    return 0
+
+
+class ExtenderServer(BaseApplication):
+    """gunicorn in-process: one threaded worker running the app built in ``load``."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        super().__init__()
+
+    def load_config(self) -> None:
+        a = self.args
+        settings = {
+            "bind": f"{a.host}:{a.port}",
+            "workers": 1,
+            "worker_class": "gthread",
+            "threads": a.threads,
+            "preload_app": False,
+            "timeout": 60,
+            "graceful_timeout": 10,
+            "keepalive": 75,  # kube-scheduler keeps extender connections alive
+            "accesslog": None,
+            "loglevel": str(a.log_level).lower(),
+            "proc_name": "gpupack-serve",
+            # Several extenders (tests, benchmarks) may run side by side; gunicorn's
+            # runtime control socket has one default path and is not needed here.
+            "control_socket_disable": True,
+        }
+        for key, value in settings.items():
+            self.cfg.set(key, value)
+
+    def load(self) -> Any:
+        sys.setswitchinterval(0.0005)
+        parts = Components(self.args)
+        parts.start()
+        return parts.app

@@ -1,0 +1,332 @@
+"""Cluster sources for the extender's cache, and the binders that create Bindings.
+
+- :class:`ApiSource`: list + watch of Nodes and Pods through the ``kubernetes`` client.
+  A watch resumes from the last resourceVersion it saw (bookmarks included); ``410
+  Gone`` means that version is too old, so it lists again; a dropped connection
+  (``ProtocolError``, timeouts, 5xx) reconnects with capped exponential backoff.
+- :class:`ApiBinder`: ``POST .../pods/{name}/binding`` with the pod's UID as a
+  precondition and the placement annotations on the Binding (the API server merges them
+  into the pod in the same write), then a merge patch of the same annotations, which
+  also covers API servers that do not merge Binding annotations. The call passes
+  ``_preload_content=False`` because the server answers with a ``Status``, not a
+  ``Binding``, and the client's deserializer raises on it although the bind succeeded
+  (kubernetes-client/python #547, #825).
+- :class:`StaticSource` / :class:`StaticBinder`: the same objects from NODES/PODS files
+  (the formats of ``gpupack plan``); binds are applied to the files' objects in memory
+  and fed back to the cache, as the watch would.
+
+Objects go to the cache as plain dicts (the API's JSON), which is what
+:mod:`kube.objects` reads; the client's model classes are never built for them.
+
+The ``kubernetes`` package is imported inside the functions that use it, so importing
+this module (for :class:`BindError`) stays cheap.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+from kube.files import load_objects
+from kube.objects import pod_key
+
+log = logging.getLogger("gpupack.kube.source")
+
+
+class BindError(RuntimeError):
+    """The API server (or the static cluster) refused the Binding."""
+
+
+class Binder(Protocol):
+    def bind(self, namespace: str, name: str, uid: str, node: str,
+             annotations: Mapping[str, str]) -> None:
+        """Bind the pod to the node and record ``annotations`` on it; BindError if refused."""
+        ...
+
+
+class Sink(Protocol):
+    """What a source feeds: :class:`scheduler.cache.ClusterCache` provides it."""
+
+    def upsert_node(self, obj: Mapping[str, Any]) -> bool: ...
+
+    def delete_node(self, name: str) -> None: ...
+
+    def upsert_pod(self, obj: Mapping[str, Any]) -> bool: ...
+
+    def delete_pod(self, key: str) -> None: ...
+
+    def replace(self, nodes: Any, pods: Any) -> None: ...
+
+    def mark_synced(self) -> None: ...
+
+
+# ---- static files ----------------------------------------------------------------------------
+
+
+class StaticSource:
+    """Nodes and pods from files; binds change them in memory and are fed back at once."""
+
+    def __init__(self, nodes: list[dict[str, Any]], pods: list[dict[str, Any]]) -> None:
+        self.nodes = nodes
+        self.pods = {pod_key(p): p for p in pods}
+        self.lock = threading.Lock()
+        self.sink: Sink | None = None
+
+    @staticmethod
+    def from_files(nodes_path: Path, pods_path: Path) -> StaticSource:
+        nodes = load_objects(nodes_path.read_text(encoding="utf-8"), str(nodes_path), "Node")
+        pods = load_objects(pods_path.read_text(encoding="utf-8"), str(pods_path), "Pod")
+        return StaticSource(nodes, pods)
+
+    def start(self, sink: Sink) -> None:
+        self.sink = sink
+        with self.lock:
+            sink.replace(self.nodes, list(self.pods.values()))
+        sink.mark_synced()
+
+    def stop(self) -> None:
+        """Nothing runs in the background."""
+
+    def binder(self) -> StaticBinder:
+        return StaticBinder(self)
+
+
+class StaticBinder:
+    """Binds like the API server would: UID precondition, no re-binding, annotations merged."""
+
+    def __init__(self, source: StaticSource) -> None:
+        self.source = source
+
+    def bind(self, namespace: str, name: str, uid: str, node: str,
+             annotations: Mapping[str, str]) -> None:
+        key = f"{namespace}/{name}"
+        with self.source.lock:
+            pod = self.source.pods.get(key)
+            if pod is None:
+                raise BindError(f'pods "{name}" not found')
+            meta = pod.setdefault("metadata", {})
+            if uid and meta.get("uid") and meta["uid"] != uid:
+                raise BindError(f"Precondition failed: UID in precondition: {uid}, "
+                                f"UID in object meta: {meta['uid']}")
+            spec = pod.setdefault("spec", {})
+            if spec.get("nodeName"):
+                raise BindError(f'pod {name} is already assigned to node "{spec["nodeName"]}"')
+            updated = copy.deepcopy(pod)
+            updated["spec"]["nodeName"] = node
+            updated["metadata"].setdefault("annotations", {}).update(annotations)
+            self.source.pods[key] = updated
+        if self.source.sink is not None:
+            self.source.sink.upsert_pod(updated)  # what the watch would report next
+
+
+# ---- API server ------------------------------------------------------------------------------
+
+
+def load_api_client(kubeconfig: str | None = None, in_cluster: bool = False) -> Any:
+    """An ``ApiClient`` from in-cluster config or a kubeconfig file."""
+    from kubernetes import client, config
+
+    if in_cluster:
+        config.load_incluster_config()
+    else:
+        config.load_kube_config(config_file=kubeconfig)
+    return client.ApiClient()
+
+
+def _read_json(resp: Any) -> Any:
+    data = resp.data if hasattr(resp, "data") else resp.read()
+    return json.loads(data)
+
+
+class ApiSource:
+    """List + watch of Nodes and Pods into a sink, in two daemon threads."""
+
+    def __init__(
+        self,
+        api_client: Any,
+        watch_timeout_s: int = 300,
+        backoff_initial_s: float = 0.2,
+        backoff_max_s: float = 30.0,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        from kubernetes import client
+
+        self.core = client.CoreV1Api(api_client)
+        self.watch_timeout_s = watch_timeout_s
+        self.backoff_initial_s = backoff_initial_s
+        self.backoff_max_s = backoff_max_s
+        self.sleep = sleep
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._listed = {"nodes": threading.Event(), "pods": threading.Event()}
+        self.relists = {"nodes": 0, "pods": 0}
+        self.reconnects = {"nodes": 0, "pods": 0}
+        self._watches: list[Any] = []
+
+    def start(self, sink: Sink) -> None:
+        for kind in ("nodes", "pods"):
+            t = threading.Thread(target=self._run, args=(kind, sink), daemon=True,
+                                 name=f"gpupack-watch-{kind}")
+            t.start()
+            self._threads.append(t)
+
+        def synced() -> None:
+            for ev in self._listed.values():
+                while not ev.wait(0.5):
+                    if self._stop.is_set():
+                        return
+            sink.mark_synced()
+
+        threading.Thread(target=synced, daemon=True, name="gpupack-synced").start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        for w in list(self._watches):
+            w.stop()
+
+    def _list_fn(self, kind: str) -> Callable[..., Any]:
+        return self.core.list_node if kind == "nodes" else self.core.list_pod_for_all_namespaces
+
+    def _run(self, kind: str, sink: Sink) -> None:
+        from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError
+
+        backoff = self.backoff_initial_s
+        rv: str | None = None
+        while not self._stop.is_set():
+            try:
+                if rv is None:
+                    rv = self._list(kind, sink)
+                    self._listed[kind].set()
+                rv = self._watch(kind, sink, rv)
+                backoff = self.backoff_initial_s  # a watch that ended cleanly: no backoff
+            except ApiException as e:
+                if e.status == 410:
+                    log.info("%s watch: resourceVersion %s is gone; listing again", kind, rv)
+                    self.relists[kind] += 1
+                    rv = None
+                    continue
+                log.warning("%s list/watch: API error %s %s; retrying in %.1fs",
+                            kind, e.status, e.reason, backoff)
+                backoff = self._backoff(kind, backoff)
+            except (HTTPError, OSError, ValueError) as e:
+                # ProtocolError (connection dropped mid-stream), timeouts, refused
+                # connections, a truncated JSON line: reconnect from the last version.
+                log.warning("%s watch: %s; reconnecting in %.1fs", kind, e, backoff)
+                backoff = self._backoff(kind, backoff)
+
+    def _backoff(self, kind: str, current: float) -> float:
+        self.reconnects[kind] += 1
+        self.sleep(current * (0.5 + random.random() / 2))  # jitter: no thundering herd
+        return min(current * 2, self.backoff_max_s)
+
+    def _list(self, kind: str, sink: Sink) -> str:
+        resp = self._list_fn(kind)(_preload_content=False, _request_timeout=60)
+        body = _read_json(resp)
+        items = body.get("items") or []
+        if kind == "nodes":
+            sink.replace(items, None)
+        else:
+            sink.replace(None, items)
+        return str((body.get("metadata") or {}).get("resourceVersion") or "")
+
+    def _watch(self, kind: str, sink: Sink, rv: str) -> str:
+        """Stream events until the server ends the watch; returns the last version seen."""
+        from kubernetes import watch
+        from kubernetes.client.exceptions import ApiException
+
+        w = watch.Watch()
+        self._watches.append(w)
+        try:
+            stream = w.stream(
+                self._list_fn(kind), resource_version=rv, allow_watch_bookmarks=True,
+                timeout_seconds=self.watch_timeout_s, deserialize=False,
+            )
+            for event in stream:
+                if self._stop.is_set():
+                    break
+                etype = event.get("type")
+                obj = event.get("object") or {}
+                if etype == "ERROR":
+                    code = obj.get("code") if isinstance(obj, dict) else None
+                    raise ApiException(status=code or 500, reason=str(obj.get("message", "")))
+                meta = obj.get("metadata") or {}
+                if meta.get("resourceVersion"):
+                    rv = str(meta["resourceVersion"])
+                if etype == "BOOKMARK":
+                    continue  # only the version matters: a cheaper resume point
+                if kind == "nodes":
+                    if etype == "DELETED":
+                        sink.delete_node(str(meta.get("name")))
+                    else:
+                        sink.upsert_node(obj)
+                elif etype == "DELETED":
+                    sink.delete_pod(pod_key(obj))
+                else:
+                    sink.upsert_pod(obj)
+        finally:
+            self._watches.remove(w)
+        return rv
+
+
+class ApiBinder:
+    """Creates Bindings and records the placement on the pod."""
+
+    def __init__(self, api_client: Any, on_annotate_failure: Callable[[], None] | None = None
+                 ) -> None:
+        from kubernetes import client
+
+        self.core = client.CoreV1Api(api_client)
+        self.on_annotate_failure = on_annotate_failure
+
+    def bind(self, namespace: str, name: str, uid: str, node: str,
+             annotations: Mapping[str, str]) -> None:
+        from kubernetes import client
+        from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError
+
+        body = client.V1Binding(
+            metadata=client.V1ObjectMeta(name=name, namespace=namespace, uid=uid or None,
+                                         annotations=dict(annotations)),
+            target=client.V1ObjectReference(api_version="v1", kind="Node", name=node),
+        )
+        try:
+            resp = self.core.create_namespaced_binding(namespace, body, _preload_content=False,
+                                                       _request_timeout=10)
+        except ApiException as e:
+            raise BindError(_status_message(e)) from None
+        except (HTTPError, OSError) as e:
+            raise BindError(f"binding {namespace}/{name} to {node}: {e}") from None
+        status = getattr(resp, "status", 201)
+        if not 200 <= int(status) < 300:
+            raise BindError(f"binding {namespace}/{name} to {node}: HTTP {status}")
+        try:
+            self.core.patch_namespaced_pod(
+                name, namespace, {"metadata": {"annotations": dict(annotations)}},
+                _content_type="application/merge-patch+json", _request_timeout=10,
+            )
+        except (ApiException, HTTPError, OSError) as e:
+            # The bind stands (the Binding carried the annotations too); a missing
+            # annotation only means a restart infers the GPUs instead of reading them.
+            log.warning("bound %s/%s to %s but could not patch its annotations: %s",
+                        namespace, name, node, e)
+            if self.on_annotate_failure is not None:
+                self.on_annotate_failure()
+
+
+def _status_message(e: Any) -> str:
+    """The ``message`` of the Status the API server sent, else the HTTP reason."""
+    try:
+        status = json.loads(e.body)
+        if isinstance(status, dict) and status.get("message"):
+            return f"{status.get('reason') or e.status}: {status['message']}"
+    except (TypeError, ValueError):
+        pass
+    return f"HTTP {e.status}: {e.reason}"

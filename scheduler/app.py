@@ -1,0 +1,231 @@
+"""The extender's Flask app: HTTP in, verbs, HTTP out. Built by a factory, no globals.
+
+Each handler reads the body (bounded), decodes it with :mod:`scheduler.wire`, runs the
+pure verb under the cache lock and encodes the answer. Anything wrong with the input is
+a 400 with a JSON body naming the field; a 500 means a bug, never bad input.
+
+Bind: choose the GPUs on the node and reserve them in the cache (under the lock, so two
+racing binds cannot take the same GPU), then create the Binding outside the lock; if the
+API refuses it, the reservation is dropped at once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from flask import Flask, Response, request
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from werkzeug.exceptions import HTTPException
+
+from kube.annotations import placement_annotations
+from kube.source import Binder, BindError
+from scheduler.cache import AssumeError, ClusterCache
+from scheduler.metrics import ExtenderMetrics
+from scheduler.planner import Planner
+from scheduler.verbs import (
+    Memo,
+    VerbError,
+    choose_placement,
+    filter_nodes,
+    preempt,
+    prioritize,
+    read_pod,
+)
+from scheduler.wire import (
+    BindingArgs,
+    BindingResult,
+    ExtenderArgs,
+    PreemptionArgs,
+    WireError,
+    encode_priorities,
+)
+
+log = logging.getLogger("gpupack.scheduler.app")
+
+DEFAULT_MAX_BODY = 8 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class AppConfig:
+    max_body_bytes: int = DEFAULT_MAX_BODY
+    policy: str = "gpupack"
+    memo_limit: int = 500_000
+
+
+class BadRequest(ValueError):
+    """Input the extender cannot use: answered with HTTP 400 and this message."""
+
+
+def _json(obj: Any, status: int = 200) -> Response:
+    return Response(json.dumps(obj, separators=(",", ":")), status=status,
+                    mimetype="application/json")
+
+
+def create_app(
+    cache: ClusterCache,
+    planner: Planner,
+    binder: Binder,
+    registry: CollectorRegistry,
+    config: AppConfig | None = None,
+) -> Flask:
+    cfg = config or AppConfig()
+    app = Flask("gpupack.scheduler")
+    metrics = ExtenderMetrics(registry, cache, planner)
+    memo = Memo(cfg.memo_limit)
+
+    def body() -> bytes:
+        length = request.content_length
+        if length is not None and length > cfg.max_body_bytes:
+            raise BadRequest(f"body of {length} bytes is over the limit of {cfg.max_body_bytes}")
+        data = request.stream.read(cfg.max_body_bytes + 1)
+        if len(data) > cfg.max_body_bytes:
+            raise BadRequest(f"body is over the limit of {cfg.max_body_bytes} bytes")
+        return data
+
+    def decoded() -> Any:
+        data = body()
+        if not data:
+            raise BadRequest("empty body: expected a JSON object")
+        try:
+            return json.loads(data)
+        except (ValueError, RecursionError) as e:
+            raise BadRequest(f"body is not valid JSON: {e}") from None
+
+    def handle(verb: str, fn: Callable[[], Response]) -> Response:
+        started = time.perf_counter()
+        outcome = "ok"
+        try:
+            return fn()
+        except (BadRequest, WireError, VerbError) as e:
+            outcome = "bad_request"
+            return _json({"error": str(e), "verb": verb}, 400)
+        except Exception:
+            outcome = "error"
+            log.exception("%s failed", verb)
+            return _json({"error": f"internal error in {verb}; see the extender's log",
+                          "verb": verb}, 500)
+        finally:
+            metrics.requests.labels(verb, outcome).inc()
+            metrics.latency.labels(verb).observe(time.perf_counter() - started)
+
+    @app.post("/filter")
+    def filter_() -> Response:
+        def run() -> Response:
+            args = ExtenderArgs.decode(decoded())
+            with cache.view() as view:
+                result = filter_nodes(args, view, memo)
+            return _json(result.encode())
+        return handle("filter", run)
+
+    @app.post("/prioritize")
+    def prioritize_() -> Response:
+        def run() -> Response:
+            args = ExtenderArgs.decode(decoded())
+            plan = planner.plan
+            with cache.view() as view:
+                result = prioritize(args, view, memo, planner.scorer, plan)
+            return _json(encode_priorities(result))
+        return handle("prioritize", run)
+
+    @app.post("/bind")
+    def bind_() -> Response:
+        def run() -> Response:
+            args = BindingArgs.decode(decoded())
+            return _json(do_bind(args).encode())
+        return handle("bind", run)
+
+    def do_bind(args: BindingArgs) -> BindingResult:
+        plan = planner.plan
+        with cache.view() as view:
+            if not view.has_node(args.node):
+                raise BadRequest(f"ExtenderBindingArgs.Node: unknown node {args.node!r}")
+            pod = view.pending_pod(args.pod_key)
+            if pod is None:
+                entry = view.pod_entry(args.pod_key)
+                if entry is None:
+                    metrics.binds.labels("conflict").inc()
+                    return BindingResult(f"pod {args.pod_key} is not in gpupack's cache (yet)")
+                metrics.binds.labels("conflict").inc()
+                return BindingResult(f"pod {args.pod_key} is not pending (bound to {entry.node})")
+            if args.pod_uid and pod.uid and args.pod_uid != pod.uid:
+                metrics.binds.labels("conflict").inc()
+                return BindingResult(f"pod {args.pod_key} has UID {pod.uid}, not {args.pod_uid}")
+            choice = choose_placement(view, pod, args.node, planner.scorer.scorer, plan)
+            if isinstance(choice, str):
+                metrics.binds.labels("conflict").inc()
+                return BindingResult(choice)
+            try:
+                cache.assume(pod, args.pod_uid or pod.uid, choice)
+            except AssumeError as e:
+                metrics.binds.labels("conflict").inc()
+                return BindingResult(str(e))
+        try:
+            binder.bind(args.pod_namespace, args.pod_name, args.pod_uid or pod.uid, args.node,
+                        placement_annotations(choice, cfg.policy))
+        except BindError as e:
+            cache.forget(pod.key)
+            metrics.binds.labels("api_error").inc()
+            return BindingResult(str(e))
+        except Exception as e:  # the reservation must not outlive a failed bind
+            cache.forget(pod.key)
+            metrics.binds.labels("api_error").inc()
+            log.exception("bind of %s failed", pod.key)
+            return BindingResult(f"bind of {pod.key} failed: {e}")
+        metrics.binds.labels("ok").inc()
+        return BindingResult()
+
+    @app.post("/preempt")
+    def preempt_() -> Response:
+        def run() -> Response:
+            args = PreemptionArgs.decode(decoded())
+            read_pod(args.pod)
+            with cache.view() as view:
+                result = preempt(args, view)
+            return _json(result.encode())
+        return handle("preempt", run)
+
+    @app.post("/echo")
+    def echo() -> Response:
+        # The benchmark's baseline: the same server, routing and JSON response path,
+        # with no cluster work, so verb latency can be compared with HTTP overhead.
+        return handle("echo", lambda: _json({"bytes": len(body())}))
+
+    @app.get("/healthz")
+    def healthz() -> Response:
+        return _json({"ok": True})
+
+    @app.get("/readyz")
+    def readyz() -> Response:
+        if not cache.synced:
+            return _json({"ready": False, "why": "cache not synced yet"}, 503)
+        return _json({"ready": True, "nodes": cache.counts()["nodes"]})
+
+    @app.get("/status")
+    def status() -> Response:
+        plan = planner.plan
+        with cache.lock:
+            counts = cache.counts()
+        return _json({
+            "synced": cache.synced, "cache": counts,
+            "plan": {"status": plan.status, "age_seconds": planner.age(),
+                     "solve_seconds": plan.solve_seconds, "placements": len(plan.placements),
+                     "unschedulable": len(plan.unschedulable), "error": plan.error},
+            "memo": {"entries": len(memo.entries), "hits": memo.hits, "misses": memo.misses},
+        })
+
+    @app.get("/metrics")
+    def metrics_() -> Response:
+        return Response(generate_latest(registry), mimetype=CONTENT_TYPE_LATEST)
+
+    @app.errorhandler(HTTPException)
+    def http_error(e: HTTPException) -> Response:
+        code = e.code or 500
+        # Flask's own 4xx (unknown path, wrong method) keep their codes, in JSON.
+        return _json({"error": e.description or e.name}, code)
+
+    return app

@@ -1,0 +1,441 @@
+"""The extender's cluster cache: nodes and pods kept incrementally, plus assumed binds.
+
+Sources (the API watch, or static files) feed Node and Pod objects in as add/update/
+delete events; the cache keeps a :class:`~packing.state.ClusterState` that is updated in
+place, one placement or one node at a time, so no request ever rebuilds the cluster.
+
+*Assume*: a pod the extender has just bound is counted on its node at once, before the
+watch reports the binding, so the next filter cannot hand the same GPU to another pod.
+An assumption is confirmed when the watch shows the pod bound, dropped when the bind
+fails, and expires after ``assume_ttl`` seconds if the watch never confirms it (the
+binding was lost). The clock is injected so tests control expiry.
+
+Concurrency: one re-entrant lock guards everything. Verbs run under it; the reservation
+in :meth:`ClusterCache.assume` checks and takes the resources under it, so two racing
+binds can never both get the same GPU. Each node has a generation number that changes
+whenever anything on it changes, which lets the verbs memoize per-node answers.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from kube.objects import (
+    ObjectError,
+    is_finished,
+    node_info,
+    pod_key,
+    pod_request,
+    recorded_placement,
+)
+from packing.model import NodeInfo, Placement, PodRequest, Snapshot
+from packing.state import ClusterState, PlacementError
+
+log = logging.getLogger("gpupack.scheduler.cache")
+
+Clock = Callable[[], float]
+
+
+@dataclass
+class PodEntry:
+    """A pod as the watch last showed it."""
+
+    req: PodRequest
+    uid: str
+    node: str | None  # spec.nodeName
+    scheduler: str
+    finished: bool
+    recorded: Placement | None  # the placement gpupack recorded in the pod's annotations
+
+
+@dataclass
+class Assumption:
+    req: PodRequest
+    uid: str
+    placement: Placement
+    deadline: float
+
+
+class AssumeError(RuntimeError):
+    """A reservation that cannot be made (already bound, not pending, no longer fits)."""
+
+
+class ClusterCache:
+    """Nodes, pods, assumed binds and the packing state derived from them."""
+
+    def __init__(
+        self,
+        scheduler_name: str = "gpupack",
+        assume_ttl: float = 30.0,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        self.scheduler_name = scheduler_name
+        self.assume_ttl = assume_ttl
+        self.clock = clock
+        self.lock = threading.RLock()
+        self.state = ClusterState(Snapshot(nodes=()))
+        self.synced = False
+        self._infos: dict[str, NodeInfo] = {}
+        self._pods: dict[str, PodEntry] = {}
+        self._assumed: dict[str, Assumption] = {}
+        # Everything applied to ``state``: watch-bound pods and assumed ones.
+        self._counted: dict[str, tuple[PodRequest, Placement]] = {}
+        self._on_node: dict[str, set[str]] = {}
+        self._uid_key: dict[str, str] = {}
+        self._pending: dict[str, PodRequest] = {}  # ours, unbound, not assumed; arrival order
+        self._gen: dict[str, int] = {}
+        self._next_gen = 0
+        self.version = 0  # changes on every change that could change a plan
+        self.bad_objects = 0  # objects that could not be read (logged, skipped)
+        self.expired = 0  # assumptions that expired unconfirmed
+        self._listeners: list[Callable[[], None]] = []
+
+    # ---- listeners and views ---------------------------------------------------------------
+
+    def subscribe(self, fn: Callable[[], None]) -> None:
+        """``fn`` is called (under the lock: keep it tiny) after every change."""
+        self._listeners.append(fn)
+
+    def _changed(self) -> None:
+        self.version += 1
+        for fn in self._listeners:
+            fn()
+
+    def _touch(self, node: str) -> None:
+        self._next_gen += 1
+        self._gen[node] = self._next_gen
+
+    def gen(self, node: str) -> int:
+        """Generation of a node: equal numbers mean nothing on the node changed."""
+        return self._gen.get(node, -1)
+
+    @contextmanager
+    def view(self) -> Iterator[ClusterCache]:
+        """The cache under its lock, with stale assumptions expired first."""
+        with self.lock:
+            self.expire()
+            yield self
+
+    def has_node(self, name: str) -> bool:
+        return name in self.state.nodes
+
+    def node_names(self) -> list[str]:
+        return list(self.state.nodes)
+
+    def pending_pod(self, key: str) -> PodRequest | None:
+        entry = self._pods.get(key)
+        if entry is None or entry.finished or entry.node is not None:
+            return None
+        return entry.req
+
+    def pod_entry(self, key: str) -> PodEntry | None:
+        return self._pods.get(key)
+
+    def counted(self, key: str) -> tuple[PodRequest, Placement] | None:
+        return self._counted.get(key)
+
+    def key_of_uid(self, uid: str) -> str | None:
+        return self._uid_key.get(uid)
+
+    def pods_on(self, node: str) -> list[tuple[PodRequest, Placement]]:
+        return [self._counted[k] for k in self._on_node.get(node, ())]
+
+    def assumed_keys(self) -> list[str]:
+        return list(self._assumed)
+
+    def pending(self) -> list[PodRequest]:
+        return list(self._pending.values())
+
+    def counts(self) -> dict[str, int]:
+        return {
+            "nodes": len(self._infos),
+            "pods": len(self._pods),
+            "counted": len(self._counted),
+            "assumed": len(self._assumed),
+            "pending": len(self._pending),
+        }
+
+    def snapshot(self) -> Snapshot:
+        """Nodes, counted pods (bound and assumed) and our pending pods, for the planner."""
+        with self.lock:
+            self.expire()
+            return Snapshot(
+                tuple(self._infos.values()),
+                tuple(self._counted.values()),
+                tuple(self._pending.values()),
+            )
+
+    # ---- accounting ------------------------------------------------------------------------
+
+    def _apply(self, req: PodRequest, p: Placement) -> None:
+        self.state.apply(req, p, allow_overcommit=True)
+        self._counted[req.key] = (req, p)
+        self._on_node.setdefault(p.node, set()).add(req.key)
+        if req.uid:
+            self._uid_key[req.uid] = req.key
+        self._touch(p.node)
+
+    def _unapply(self, key: str) -> None:
+        item = self._counted.pop(key, None)
+        if item is None:
+            return
+        req, p = item
+        if req.uid and self._uid_key.get(req.uid) == key:
+            del self._uid_key[req.uid]
+        self._on_node.get(p.node, set()).discard(key)
+        if p.node in self.state.nodes:
+            self.state.undo(req, p)
+            self._touch(p.node)
+
+    def _placement_for(self, entry: PodEntry) -> Placement | None:
+        """Where a bound pod sits: what gpupack recorded, else the first free fit."""
+        assert entry.node is not None
+        if entry.node not in self.state.nodes:
+            return None
+        p = entry.recorded
+        if p is not None and self._gpus_exist(p):
+            return p
+        options = self.state.options(entry.req, entry.node)
+        if options:
+            return options[0]
+        # Bound by someone else with no room we can see (our view lags or the node
+        # over-commits): count its CPU and memory at least, GPUs unknown.
+        return Placement(entry.req.key, entry.node)
+
+    def _gpus_exist(self, p: Placement) -> bool:
+        indexes = {g.info.index for g in self.state.nodes[p.node].gpus}
+        return all(i in indexes for i in p.gpus)
+
+    def _account(self, key: str) -> None:
+        """Bring ``key``'s accounting in line with its entry and assumption."""
+        entry = self._pods.get(key)
+        assumption = self._assumed.get(key)
+        self._pending.pop(key, None)
+        if entry is not None and assumption is not None:
+            if entry.uid and assumption.uid and entry.uid != assumption.uid:
+                self._drop_assumption(key)  # the pod was recreated: the bind was for another
+                assumption = None
+            elif entry.finished or entry.node not in (None, assumption.placement.node):
+                self._drop_assumption(key)  # bound elsewhere by someone else, or gone
+                assumption = None
+            elif entry.node == assumption.placement.node:
+                # Confirmed: the assumed placement is already applied; it becomes the
+                # pod's own accounting (annotations, when present, say the same).
+                del self._assumed[key]
+                return
+        if assumption is not None:
+            return  # still assumed and not yet seen bound: stays counted as assumed
+        if entry is None or entry.finished:
+            self._unapply(key)
+            return
+        if entry.node is None:
+            self._unapply(key)
+            if entry.scheduler == self.scheduler_name:
+                self._pending[key] = entry.req
+            return
+        current = self._counted.get(key)
+        if current is not None and current[1].node == entry.node and current[0] == entry.req:
+            return  # unchanged binding: nothing to redo
+        self._unapply(key)
+        p = self._placement_for(entry)
+        if p is not None:
+            self._apply(entry.req, p)
+
+    def _drop_assumption(self, key: str) -> None:
+        self._assumed.pop(key, None)
+        self._unapply(key)
+
+    # ---- nodes -----------------------------------------------------------------------------
+
+    def upsert_node(self, obj: Mapping[str, Any]) -> bool:
+        """Add or update a Node object; False when it cannot be read (logged, skipped)."""
+        try:
+            info = node_info(obj)
+        except ObjectError as e:
+            log.warning("skipping node: %s", e)
+            with self.lock:
+                self.bad_objects += 1
+            return False
+        with self.lock:
+            if self._infos.get(info.name) == info:
+                return True  # heartbeat-style update: nothing the packer sees changed
+            self._rebuild_node(info)
+            self._changed()
+        return True
+
+    def _rebuild_node(self, info: NodeInfo) -> None:
+        """Replace one node's state and re-apply the pods counted on it (only this node)."""
+        name = info.name
+        self._infos[name] = info
+        keys = sorted(self._on_node.get(name, set()))
+        items = [self._counted.pop(k) for k in keys]
+        fresh = ClusterState(Snapshot(nodes=(info,))).nodes[name]
+        self.state.nodes[name] = fresh
+        self._on_node[name] = set()
+        self._touch(name)
+        for req, p in items:
+            if self._gpus_exist(p):
+                self._apply(req, p)
+            else:
+                entry = self._pods.get(req.key)
+                if entry is not None and entry.node == name and req.key not in self._assumed:
+                    q = self._placement_for(entry)
+                    if q is not None:
+                        self._apply(req, q)
+                else:
+                    self._assumed.pop(req.key, None)
+                    self._account(req.key)
+        # Pods bound to this node before it was known are accounted now.
+        for key, entry in self._pods.items():
+            if entry.node == name and key not in self._counted and not entry.finished:
+                self._account(key)
+
+    def delete_node(self, name: str) -> None:
+        with self.lock:
+            if name not in self._infos:
+                return
+            keys = list(self._on_node.get(name, set()))
+            for key in keys:
+                self._assumed.pop(key, None)
+                req, _ = self._counted.pop(key)
+                if req.uid and self._uid_key.get(req.uid) == key:
+                    del self._uid_key[req.uid]
+            self._on_node.pop(name, None)
+            del self._infos[name]
+            del self.state.nodes[name]
+            self._touch(name)
+            for key in keys:  # pods assumed there are pending again; bound ones wait
+                self._account(key)
+            self._changed()
+
+    # ---- pods ------------------------------------------------------------------------------
+
+    def upsert_pod(self, obj: Mapping[str, Any]) -> bool:
+        """Add or update a Pod object; False when it cannot be read (logged, skipped)."""
+        try:
+            req = pod_request(obj)
+            spec = obj.get("spec") or {}
+            node = spec.get("nodeName") or None
+            recorded = recorded_placement(obj, node) if node else None
+        except (ObjectError, AttributeError) as e:
+            log.warning("skipping pod %s: %s", pod_key(obj) if isinstance(obj, Mapping) else "?", e)
+            with self.lock:
+                self.bad_objects += 1
+            return False
+        entry = PodEntry(
+            req=req,
+            uid=req.uid,
+            node=str(node) if node else None,
+            scheduler=str(spec.get("schedulerName") or "default-scheduler"),
+            finished=is_finished(obj),
+            recorded=recorded,
+        )
+        with self.lock:
+            old = self._pods.get(req.key)
+            if old == entry:
+                return True
+            if old is not None and old.uid != entry.uid and req.key in self._counted:
+                # Same name, new pod: the old one's resources are gone.
+                self._unapply(req.key)
+            self._pods[req.key] = entry
+            self._account(req.key)
+            self._changed()
+        return True
+
+    def delete_pod(self, key: str) -> None:
+        with self.lock:
+            self._pods.pop(key, None)
+            self._pending.pop(key, None)
+            self._assumed.pop(key, None)
+            self._unapply(key)
+            self._changed()
+
+    def replace(self, nodes: Iterable[Mapping[str, Any]] | None,
+                pods: Iterable[Mapping[str, Any]] | None) -> None:
+        """A fresh list (start-up or after 410 Gone): objects not listed are deleted.
+
+        Assumptions survive: a bind may not be visible in the list yet.
+        """
+        with self.lock:
+            if nodes is not None:
+                node_list = list(nodes)
+                names = {str((n.get("metadata") or {}).get("name")) for n in node_list
+                         if isinstance(n, Mapping)}
+                for gone in [n for n in self._infos if n not in names]:
+                    self.delete_node(gone)
+                for n in node_list:
+                    self.upsert_node(n)
+            if pods is not None:
+                pod_list = list(pods)
+                keys = {pod_key(p) for p in pod_list if isinstance(p, Mapping)}
+                for gone in [k for k in self._pods if k not in keys]:
+                    self.delete_pod(gone)
+                for p in pod_list:
+                    self.upsert_pod(p)
+
+    def mark_synced(self) -> None:
+        with self.lock:
+            self.synced = True
+            self._changed()
+
+    # ---- assume ----------------------------------------------------------------------------
+
+    def assume(self, req: PodRequest, uid: str, placement: Placement) -> None:
+        """Reserve ``placement`` for pending ``req``; AssumeError when it cannot be had.
+
+        Check and take happen under the one lock: of two racing binds for the same GPU,
+        the second finds it taken.
+        """
+        with self.lock:
+            self.expire()
+            if req.key in self._assumed:
+                raise AssumeError(f"pod {req.key} is already being bound to "
+                                  f"{self._assumed[req.key].placement.node}")
+            entry = self._pods.get(req.key)
+            if entry is not None and entry.node is not None:
+                raise AssumeError(f"pod {req.key} is already bound to {entry.node}")
+            if entry is not None and uid and entry.uid and entry.uid != uid:
+                raise AssumeError(f"pod {req.key} has UID {entry.uid}, not {uid}")
+            why = self.state.check(req, placement)
+            if why is not None:
+                raise AssumeError(f"pod {req.key}: {why}")
+            self._pending.pop(req.key, None)
+            self._assumed[req.key] = Assumption(req, uid, placement, self.clock() + self.assume_ttl)
+            try:
+                self._apply(req, placement)
+            except PlacementError as e:  # check passed, so this is a bug; undo the record
+                del self._assumed[req.key]
+                raise AssumeError(str(e)) from None
+            self._changed()
+
+    def forget(self, key: str) -> None:
+        """Drop an assumption (the bind failed): the resources are free again."""
+        with self.lock:
+            if key not in self._assumed:
+                return
+            self._drop_assumption(key)
+            self._account(key)
+            self._changed()
+
+    def expire(self) -> int:
+        """Drop assumptions past their deadline; returns how many."""
+        if not self._assumed:
+            return 0
+        with self.lock:
+            now = self.clock()
+            late = [k for k, a in self._assumed.items() if a.deadline <= now]
+            for key in late:
+                log.warning("assumed bind of %s to %s expired unconfirmed", key,
+                            self._assumed[key].placement.node)
+                self._drop_assumption(key)
+                self._account(key)
+            if late:
+                self.expired += len(late)
+                self._changed()
+            return len(late)

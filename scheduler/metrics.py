@@ -1,0 +1,164 @@
+"""Prometheus metrics of the extender, all named ``gpupack_*``, on an injected registry.
+
+Request metrics are ordinary counters and histograms updated by the HTTP layer. Cluster
+figures are read at scrape time by a collector (no gauges to keep in step with the
+cache): the per-GPU rows are copied under the cache lock, formatted outside it. The
+fragmentation figure is the planner's (computing it means a pass over every node and
+every typical shape, too slow for a scrape under the lock).
+
+Label sets are bounded: verbs and outcomes are fixed lists, per-GPU series are labelled
+by node and GPU index only (never by pod), pending-pod classes and reasons are mapped to
+fixed categories.
+"""
+
+from __future__ import annotations
+
+from collections import Counter as Tally
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from scheduler.cache import ClusterCache
+from scheduler.planner import Planner
+
+VERBS = ("filter", "prioritize", "bind", "preempt", "echo")
+OUTCOMES = ("ok", "bad_request", "error")
+CLASSES = ("asr", "tts", "small", "whole", "llm", "cpu")
+REASONS = (
+    "planned", "no_usable_gpu", "insufficient_gpu", "insufficient_cpu", "insufficient_memory",
+    "group", "selector", "cordoned", "not_planned_yet", "other",
+)
+# Request latency buckets: the interesting range is 100 us .. 50 ms (the scheduler's
+# default extender timeout is 5 s, so a few coarse buckets above).
+BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.025, 0.05,
+           0.1, 0.25, 0.5, 1.0, 5.0)
+
+
+def reason_category(reason: str) -> str:
+    r = reason.lower()
+    for needle, cat in (
+        ("group", "group"), ("no gpu of a usable kind", "no_usable_gpu"),
+        ("cordoned", "cordoned"), ("selector", "selector"),
+        ("insufficient cpu", "insufficient_cpu"), ("insufficient memory", "insufficient_memory"),
+        ("whole gpu", "insufficient_gpu"), ("slice", "insufficient_gpu"),
+        ("share", "insufficient_gpu"), ("usable gpu", "no_usable_gpu"),
+        ("too small", "insufficient_cpu"),
+    ):
+        if needle in r:
+            return cat
+    return "other"
+
+
+def class_category(klass: str) -> str:
+    return klass if klass in CLASSES else "other"
+
+
+class ExtenderMetrics:
+    def __init__(self, registry: CollectorRegistry, cache: ClusterCache, planner: Planner) -> None:
+        self.requests = Counter(
+            "gpupack_extender_requests_total", "Extender requests by verb and outcome",
+            ["verb", "outcome"], registry=registry,
+        )
+        self.latency = Histogram(
+            "gpupack_extender_request_seconds", "Extender request handling time by verb",
+            ["verb"], buckets=BUCKETS, registry=registry,
+        )
+        self.binds = Counter(
+            "gpupack_binds_total", "Bind attempts by result (ok, conflict, api_error)",
+            ["result"], registry=registry,
+        )
+        self.annotate_failures = Counter(
+            "gpupack_annotate_failures_total",
+            "Pods bound whose placement annotations could not be written", registry=registry,
+        )
+        for verb in VERBS:
+            for outcome in OUTCOMES:
+                self.requests.labels(verb, outcome)
+            self.latency.labels(verb)
+        for result in ("ok", "conflict", "api_error"):
+            self.binds.labels(result)
+        registry.register(ClusterCollector(cache, planner))
+
+
+class ClusterCollector(Collector):
+    def __init__(self, cache: ClusterCache, planner: Planner) -> None:
+        self.cache = cache
+        self.planner = planner
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        cache = self.cache
+        with cache.lock:
+            counts = cache.counts()
+            synced = cache.synced
+            rows = [
+                (name, str(g.info.index), g.used_milli / 1000)
+                for name, n in cache.state.nodes.items() for g in n.gpus
+            ]
+            whole_gpus = cache.state.whole_gpus_free()
+            whole_nodes = cache.state.whole_nodes_free()
+            pending = cache.pending()
+            bad = cache.bad_objects
+            expired = cache.expired
+            assumed = counts["assumed"]
+        plan = self.planner.plan
+
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            g = GaugeMetricFamily(name, doc)
+            g.add_metric([], value)
+            return g
+
+        yield gauge("gpupack_cache_nodes", "Nodes in the extender's cache", counts["nodes"])
+        yield gauge("gpupack_cache_pods", "Pods in the extender's cache", counts["pods"])
+        yield gauge("gpupack_cache_assumed_pods", "Pods bound by gpupack, not yet seen bound",
+                    assumed)
+        yield gauge("gpupack_cache_synced", "1 once the first list of nodes and pods is in",
+                    1.0 if synced else 0.0)
+        yield gauge("gpupack_cache_bad_objects", "Objects the cache could not read (skipped)", bad)
+        yield gauge("gpupack_cache_assumptions_expired", "Assumed binds that expired unconfirmed",
+                    expired)
+        alloc = GaugeMetricFamily("gpupack_gpu_allocated", "Allocated share of each GPU (0..1)",
+                                  labels=["node", "gpu"])
+        for node, gpu, used in rows:
+            alloc.add_metric([node, gpu], used)
+        yield alloc
+        yield gauge("gpupack_whole_gpus_free", "GPUs a whole-GPU pod could take now", whole_gpus)
+        yield gauge("gpupack_whole_nodes_free", "GPU nodes with every GPU free for whole-GPU pods",
+                    whole_nodes)
+        yield gauge("gpupack_fragmentation_ratio",
+                    "Share of idle GPU capacity the typical pods cannot use (at the last plan)",
+                    plan.fragmentation)
+        age = self.planner.age()
+        yield gauge("gpupack_plan_age_seconds", "Seconds since the latest plan was solved",
+                    -1.0 if age is None else age)
+        yield gauge("gpupack_plan_solve_seconds", "Wall time of the latest solve",
+                    plan.solve_seconds)
+        status = GaugeMetricFamily("gpupack_plan_status", "1 for the latest solve's status",
+                                   labels=["status"])
+        status.add_metric([_status_category(plan.status)], 1.0)
+        yield status
+        yield gauge("gpupack_plan_solves", "Solves since start", self.planner.solves)
+        tally: Tally[tuple[str, str]] = Tally()
+        for pod in pending:
+            if pod.key in plan.placements:
+                reason = "planned"
+            elif pod.key in plan.unschedulable:
+                reason = reason_category(plan.unschedulable[pod.key])
+            else:
+                reason = "not_planned_yet"
+            tally[class_category(pod.klass), reason] += 1
+        fam = GaugeMetricFamily("gpupack_pending_pods", "Pending pods of our scheduler",
+                                labels=["class", "reason"])
+        for klass in (*CLASSES, "other"):
+            for reason in REASONS:
+                fam.add_metric([klass, reason], tally.get((klass, reason), 0))
+        yield fam
+
+
+def _status_category(status: str) -> str:
+    """Solver statuses like ``OPTIMAL/fallback-greedy`` reduced to a fixed set."""
+    head = status.split("/")[0].split("-")[0]
+    known = {"none", "idle", "greedy", "OPTIMAL", "FEASIBLE", "INFEASIBLE", "UNKNOWN",
+             "MODEL_INVALID", "TOO_LARGE", "error"}
+    return head if head in known else "other"

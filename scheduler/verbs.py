@@ -1,0 +1,382 @@
+"""The extender verbs as pure functions: decoded arguments + a cluster view -> results.
+
+Nothing here does I/O or takes locks: the HTTP layer holds the cache lock around each
+call (the view is the cache's :class:`~packing.state.ClusterState` and per-node
+generation numbers) and does the binding itself.
+
+Speed: kube-scheduler calls filter and prioritize for every pod with up to hundreds of
+node names, and pods of one Deployment have one shape. A node's answer for a shape (fits
+or why not; the scorer's best key) only changes when something on that node changes, so
+answers are memoized per (shape, node) and reused while the node's generation is the
+same. A bind invalidates one node; a request costs a dict lookup per unchanged node.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from itertools import combinations
+from typing import Any, Protocol
+
+from kube.objects import ObjectError, pod_request
+from packing.catalog import get_model
+from packing.mig import free_starts
+from packing.model import GpuMode, Placement, PodRequest, RequestKind
+from packing.policies.greedy import Score, Scorer
+from packing.state import ClusterState
+from scheduler.wire import (
+    MAX_PRIORITY,
+    ExtenderArgs,
+    FilterResult,
+    HostPriority,
+    MetaVictims,
+    PreemptionArgs,
+    PreemptionResult,
+)
+
+UNKNOWN_NODE = "node not in gpupack's cache (not seen by its watch yet)"
+EXHAUSTIVE_VICTIMS = 8  # up to 2^8 victim subsets are tried in order; greedy beyond
+
+
+class VerbError(ValueError):
+    """Arguments the verb cannot work with (a pod it cannot read): HTTP 400."""
+
+
+class ClusterView(Protocol):
+    """What the verbs read; :class:`scheduler.cache.ClusterCache` provides it."""
+
+    state: ClusterState
+
+    def gen(self, node: str) -> int: ...
+
+    def has_node(self, name: str) -> bool: ...
+
+    def counted(self, key: str) -> tuple[PodRequest, Placement] | None: ...
+
+    def key_of_uid(self, uid: str) -> str | None: ...
+
+
+class PlanView(Protocol):
+    """The planner's latest plan, as the verbs need it."""
+
+    def placement_of(self, pod_key: str) -> Placement | None: ...
+
+
+class NoPlan:
+    def placement_of(self, pod_key: str) -> Placement | None:
+        return None
+
+
+@dataclass(frozen=True)
+class ScorerRef:
+    """The policy's scorer and a number that changes whenever the scorer does."""
+
+    scorer: Scorer
+    gen: int
+    name_sensitive: bool = False  # scores depend on the pod's name (the random policy)
+
+
+def read_pod(pod: Mapping[str, Any]) -> PodRequest:
+    try:
+        return pod_request(pod)
+    except ObjectError as e:
+        raise VerbError(str(e)) from None
+
+
+# ---- per-node evaluation, memoized -----------------------------------------------------------
+
+
+def shape_key(pod: PodRequest) -> tuple[Any, ...]:
+    """What decides whether and how a pod fits a node: everything but its identity."""
+    return (
+        pod.kind, pod.cpu_milli, pod.memory_mib, pod.gpu_count, pod.mig_profile,
+        pod.gpu_milli, pod.gpu_memory_mib, pod.gpu_models,
+        tuple(sorted(pod.node_selector.items())),
+    )
+
+
+@dataclass
+class NodeEval:
+    gen: int
+    fits: bool
+    reason: str = ""
+    unresolvable: bool = False
+    score_gen: int = -1
+    best: Score | None = None  # the scorer's best (lowest) key over the node's options
+
+
+class Memo:
+    """Per (shape, node) answers; bounded by clearing when it grows past ``limit``."""
+
+    def __init__(self, limit: int = 500_000) -> None:
+        self.limit = limit
+        self.entries: dict[tuple[tuple[Any, ...], str], NodeEval] = {}
+        self.hits = 0
+        self.misses = 0
+
+    def get(
+        self, view: ClusterView, pod: PodRequest, shape: tuple[Any, ...], node: str
+    ) -> NodeEval:
+        gen = view.gen(node)
+        key = (shape, node)
+        ev = self.entries.get(key)
+        if ev is not None and ev.gen == gen:
+            self.hits += 1
+            return ev
+        self.misses += 1
+        if len(self.entries) >= self.limit:
+            self.entries.clear()
+        ev = evaluate_fit(view.state, pod, node, gen)
+        self.entries[key] = ev
+        return ev
+
+
+def evaluate_fit(state: ClusterState, pod: PodRequest, node: str, gen: int) -> NodeEval:
+    if state.options(pod, node, dedupe=True):
+        return NodeEval(gen, True)
+    never = state.unresolvable(pod, node)
+    if never is not None:
+        return NodeEval(gen, False, never, True)
+    return NodeEval(gen, False, explain(state, pod, node))
+
+
+def explain(state: ClusterState, pod: PodRequest, node: str) -> str:
+    """Why the pod does not fit now, with what does fit where that helps a person."""
+    why = state.reason(pod, node)
+    if pod.kind is RequestKind.MIG and why.startswith("no free"):
+        largest = largest_placeable(state, pod, node)
+        why += f"; largest placeable: {largest or 'none'}"
+    return why
+
+
+def largest_placeable(state: ClusterState, pod: PodRequest, node: str) -> str | None:
+    """The largest MIG profile one more pod could get on the node's usable GPUs now."""
+    n = state.nodes[node]
+    best: tuple[int, int, str] | None = None
+    for g in n.gpus:
+        if pod.gpu_models and g.info.model not in pod.gpu_models:
+            continue
+        geom = get_model(g.info.model).mig
+        if geom is None or (g.mode is not GpuMode.MIG and not g.convertible):
+            continue
+        can_create = n.info.mig_reconfigurable or g.convertible
+        for prof in geom.classic:
+            free = any(p == prof.name and o is None for p, o in g.instances.values())
+            if not free and can_create:
+                free = bool(free_starts(geom, g.mig_slots(), prof.name))
+            if free:
+                cand = (prof.memory_slices, prof.compute_slices, prof.name)
+                if best is None or cand > best:
+                    best = cand
+    return None if best is None else best[2]
+
+
+def best_key(state: ClusterState, pod: PodRequest, node: str, scorer: Scorer) -> Score | None:
+    keys = [scorer(state, pod, o) for o in state.options(pod, node, dedupe=True)]
+    return min(keys) if keys else None
+
+
+def best_option(
+    state: ClusterState, pod: PodRequest, node: str, scorer: Scorer
+) -> Placement | None:
+    best: tuple[Score, Placement] | None = None
+    for o in state.options(pod, node, dedupe=True):
+        k = scorer(state, pod, o)
+        if best is None or k < best[0]:
+            best = (k, o)
+    return None if best is None else best[1]
+
+
+# ---- filter --------------------------------------------------------------------------------
+
+
+def filter_nodes(args: ExtenderArgs, view: ClusterView, memo: Memo) -> FilterResult:
+    """Nodes that can take the pod now; the others with a reason, split by whether
+    preemption could ever help (FailedNodes) or never (FailedAndUnresolvableNodes)."""
+    pod = read_pod(args.pod)
+    shape = shape_key(pod)
+    keep: list[str] = []
+    failed: dict[str, str] = {}
+    never: dict[str, str] = {}
+    for name in args.candidate_names:
+        if not view.has_node(name):
+            # The scheduler's node list can be a few events ahead of our watch; failing
+            # just this node lets the pod land elsewhere instead of failing the attempt.
+            failed[name] = UNKNOWN_NODE
+            continue
+        ev = memo.get(view, pod, shape, name)
+        if ev.fits:
+            keep.append(name)
+        elif ev.unresolvable:
+            never[name] = ev.reason
+        else:
+            failed[name] = ev.reason
+    if args.node_cache_capable:
+        return FilterResult(node_names=tuple(keep), failed=failed, unresolvable=never)
+    kept = set(keep)
+    nodes = tuple(n for n in args.nodes or () if n["metadata"]["name"] in kept)
+    return FilterResult(nodes=nodes, failed=failed, unresolvable=never)
+
+
+# ---- prioritize ----------------------------------------------------------------------------
+
+
+def preference(key: Score) -> Score:
+    """The part of a scorer key that expresses preference: up to the first name.
+
+    Scorers end their keys with node names and GPU indexes only to break ties
+    deterministically; those carry no preference and must not spread equal nodes apart.
+    """
+    for i, part in enumerate(key):
+        if isinstance(part, str):
+            return key[:i]
+    return key
+
+
+def prioritize(
+    args: ExtenderArgs, view: ClusterView, memo: Memo, scorer: ScorerRef, plan: PlanView,
+) -> list[HostPriority]:
+    """0..10 per node: the policy's preference for the node's best option, by rank among
+    the nodes asked about; the planner's node for this pod gets 10 alone."""
+    pod = read_pod(args.pod)
+    shape = shape_key(pod) + ((pod.key,) if scorer.name_sensitive else ())
+    names = args.candidate_names
+    planned = plan.placement_of(pod.key)
+    plan_node = None
+    if (
+        planned is not None and view.has_node(planned.node) and planned.node in names
+        and view.state.check(pod, planned) is None
+    ):
+        plan_node = planned.node
+    prefs: dict[str, Score] = {}
+    for name in names:
+        if not view.has_node(name):
+            continue
+        ev = memo.get(view, pod, shape, name)
+        if not ev.fits:
+            continue
+        if ev.score_gen != scorer.gen:
+            ev.best = best_key(view.state, pod, name, scorer.scorer)
+            ev.score_gen = scorer.gen
+        if ev.best is not None:
+            prefs[name] = preference(ev.best)
+    top = MAX_PRIORITY - 1 if plan_node is not None else MAX_PRIORITY
+    distinct = sorted(set(prefs.values()))
+    rank = {k: i for i, k in enumerate(distinct)}
+    span = max(len(distinct) - 1, 1)
+    out = []
+    for name in names:
+        if name == plan_node:
+            out.append(HostPriority(name, MAX_PRIORITY))
+        elif name in prefs:
+            r = rank[prefs[name]]
+            score = round(top * (span - r) / span) if len(distinct) > 1 else top
+            out.append(HostPriority(name, score))
+        else:
+            out.append(HostPriority(name, 0))
+    return out
+
+
+# ---- bind ----------------------------------------------------------------------------------
+
+
+def choose_placement(
+    view: ClusterView, pod: PodRequest, node: str, scorer: Scorer, plan: PlanView,
+) -> Placement | str:
+    """Which GPUs on ``node`` the pod gets: the plan's, while still free, else the
+    scorer's best option on that node; a reason string when none is free."""
+    if not view.has_node(node):
+        return f"node {node} is not in gpupack's cache"
+    planned = plan.placement_of(pod.key)
+    if planned is not None and planned.node == node and view.state.check(pod, planned) is None:
+        return planned
+    best = best_option(view.state, pod, node, scorer)
+    if best is None:
+        return f"pod {pod.key} does not fit {node} now: {explain(view.state, pod, node)}"
+    return best
+
+
+# ---- preempt -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Victim:
+    uid: str
+    req: PodRequest
+    placement: Placement
+
+
+def _fits_without(
+    state: ClusterState, pod: PodRequest, node: str, victims: Sequence[Victim]
+) -> bool:
+    """Would the pod fit if ``victims`` were gone? The state is restored exactly."""
+    undone: list[Victim] = []
+    try:
+        for v in victims:
+            state.undo(v.req, v.placement)
+            undone.append(v)
+        return bool(state.options(pod, node, dedupe=True))
+    finally:
+        for v in reversed(undone):
+            state.apply(v.req, v.placement, allow_overcommit=True)
+
+
+def minimal_victims(state: ClusterState, pod: PodRequest, node: str,
+                    candidates: Sequence[Victim]) -> tuple[Victim, ...] | None:
+    """The fewest, then lowest-priority, victims whose eviction makes the pod fit;
+    None when evicting all of them would not."""
+    if _fits_without(state, pod, node, ()):
+        return ()
+    ordered = sorted(candidates, key=lambda v: (v.req.priority, v.req.key))
+    if not _fits_without(state, pod, node, ordered):
+        return None
+    if len(ordered) <= EXHAUSTIVE_VICTIMS:
+        subsets = [c for k in range(1, len(ordered) + 1) for c in combinations(ordered, k)]
+        subsets.sort(key=lambda s: (len(s), sum(v.req.priority for v in s)))
+        for s in subsets:
+            if _fits_without(state, pod, node, s):
+                return tuple(s)
+    # Too many for every subset: evict lowest priority first until it fits, then keep
+    # back every victim whose eviction turns out unnecessary.
+    chosen: list[Victim] = []
+    for v in ordered:
+        chosen.append(v)
+        if _fits_without(state, pod, node, chosen):
+            break
+    for v in sorted(chosen, key=lambda v: -v.req.priority):
+        rest = [c for c in chosen if c is not v]
+        if _fits_without(state, pod, node, rest):
+            chosen = rest
+    return tuple(chosen)
+
+
+def preempt(args: PreemptionArgs, view: ClusterView) -> PreemptionResult:
+    """For each node kube-scheduler proposes, the subset of its victims that really frees
+    what the pod needs; nodes where evicting them all would not help are dropped."""
+    pod = read_pod(args.pod)
+    out: dict[str, MetaVictims] = {}
+    for node, proposed in args.victims.items():
+        if not view.has_node(node):
+            continue
+        known: list[Victim] = []
+        keys = [None] * len(proposed.uids) if args.meta else [
+            _key_of(p) for p in proposed.pods
+        ]
+        for uid, key in zip(proposed.uids, keys, strict=True):
+            k = view.key_of_uid(uid) if uid else None
+            k = k or key
+            item = view.counted(k) if k else None
+            if item is None or item[1].node != node:
+                continue  # a pod gpupack does not count there frees nothing it sees
+            known.append(Victim(uid or item[0].uid, item[0], item[1]))
+        chosen = minimal_victims(view.state, pod, node, known)
+        if chosen is None:
+            continue
+        pdb = proposed.num_pdb_violations if chosen else 0
+        out[node] = MetaVictims(tuple(v.uid for v in chosen), pdb)
+    return PreemptionResult(out)
+
+
+def _key_of(pod: Mapping[str, Any]) -> str:
+    meta = pod.get("metadata") or {}
+    return f"{meta.get('namespace') or 'default'}/{meta.get('name', '')}"
