@@ -1,0 +1,102 @@
+"""Builders for webhook tests: Node and Pod objects as the API server sends them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kube.snapshot import build_snapshot
+from packing.catalog import get_model
+from packing.model import Snapshot
+
+PRODUCTS = {
+    "H100-80GB": "NVIDIA-H100-80GB-HBM3",
+    "A100-40GB": "NVIDIA-A100-SXM4-40GB",
+    "A100-80GB": "NVIDIA-A100-SXM4-80GB",
+    "L40S": "NVIDIA-L40S",
+    "L4": "NVIDIA-L4",
+    "H200-141GB": "NVIDIA-H200",
+    "A30-24GB": "NVIDIA-A30",
+}
+
+
+def node(
+    name: str,
+    model: str = "H100-80GB",
+    gpus: int = 8,
+    mode: str = "mig",
+    replicas: int = 4,
+    mig: dict[str, int] | None = None,
+    labels: dict[str, str] | None = None,
+    product: str | None = None,
+) -> dict[str, Any]:
+    """A GPU node: ``mode`` whole | mig (mixed strategy) | shared (time-slicing)."""
+    m = get_model(model)
+    lab = {
+        "nvidia.com/gpu.product": product or PRODUCTS[model],
+        "nvidia.com/gpu.memory": str(m.memory_mib),
+        "nvidia.com/gpu.count": str(gpus),
+    }
+    alloc: dict[str, str] = {"cpu": "128", "memory": "1Ti"}
+    if mode == "whole":
+        alloc["nvidia.com/gpu"] = str(gpus)
+    elif mode == "shared":
+        lab["nvidia.com/gpu.replicas"] = str(replicas)
+        lab["nvidia.com/gpu.sharing-strategy"] = "time-slicing"
+        alloc["nvidia.com/gpu.shared"] = str(gpus * replicas)
+    else:
+        lab["nvidia.com/mig.strategy"] = "mixed"
+        for profile, n in (mig or {}).items():
+            alloc["nvidia.com/mig-" + profile.replace("+", ".")] = str(n)
+    lab.update(labels or {})
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": lab},
+        "status": {"allocatable": alloc},
+    }
+
+
+def cluster(*nodes: dict[str, Any], pods: list[dict[str, Any]] | None = None) -> Snapshot:
+    return build_snapshot(list(nodes), pods or []).snapshot
+
+
+def pod(
+    name: str = "p",
+    annotations: dict[str, str] | None = None,
+    containers: list[dict[str, Any]] | None = None,
+    labels: dict[str, str] | None = None,
+    spec: dict[str, Any] | None = None,
+    namespace: str = "speech",
+) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "namespace": namespace}
+    if annotations is not None:
+        meta["annotations"] = annotations
+    if labels is not None:
+        meta["labels"] = labels
+    body: dict[str, Any] = {
+        "containers": containers if containers is not None else [{"name": "main", "image": "x"}],
+    }
+    body.update(spec or {})
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": body}
+
+
+def review(obj: Any, uid: str = "uid-1", operation: str = "CREATE", kind: str = "Pod",
+           namespace: str = "speech") -> dict[str, Any]:
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": uid,
+            "kind": {"group": "", "version": "v1", "kind": kind},
+            "resource": {"group": "", "version": "v1", "resource": kind.lower() + "s"},
+            "requestKind": {"group": "", "version": "v1", "kind": kind},
+            "name": "",
+            "namespace": namespace,
+            "operation": operation,
+            "userInfo": {"username": "system:serviceaccount:kube-system:replicaset-controller"},
+            "object": obj,
+            "oldObject": None,
+            "dryRun": False,
+            "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"},
+        },
+    }

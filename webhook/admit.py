@@ -1,0 +1,57 @@
+"""One Pod CREATE, end to end and pure: decide, build the patch, turn conflicts into denials.
+
+Shared by the HTTP app, ``gpupack explain`` and the benchmark, so all three say the same.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from packing.model import Snapshot
+from webhook.capacity import ClusterView
+from webhook.config import WebhookConfig
+from webhook.decide import Decision, Kind, decide, deny
+from webhook.patch import build_patch
+
+
+@dataclass(frozen=True)
+class Admission:
+    decision: Decision
+    patch: tuple[dict[str, Any], ...]
+    result: Mapping[str, Any]  # the pod as it will be stored (the input when denied)
+
+    @property
+    def allowed(self) -> bool:
+        return self.decision.allowed
+
+    @property
+    def outcome(self) -> str:
+        """Metrics label: denied | patched | unchanged | skipped."""
+        if not self.decision.allowed:
+            return "denied"
+        if self.decision.kind is Kind.SKIP:
+            return "skipped"
+        return "patched" if self.patch else "unchanged"
+
+
+def admit(
+    pod: Any,
+    cluster: ClusterView | Snapshot,
+    config: WebhookConfig,
+    namespace_labels: Mapping[str, str] | None = None,
+) -> Admission:
+    decision = decide(pod, cluster, config, namespace_labels)
+    if not decision.allowed or decision.kind is Kind.SKIP:
+        return Admission(decision, (), pod if isinstance(pod, Mapping) else {})
+    built = build_patch(pod, decision, config)
+    if built.conflicts:
+        denied = deny(
+            decision.klass,
+            400,
+            "gpupack would have to overwrite values set on the pod: " + "; ".join(built.conflicts),
+            decision.warnings,
+        )
+        return Admission(denied, (), pod)
+    return Admission(decision, built.ops, built.result)

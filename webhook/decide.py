@@ -1,0 +1,763 @@
+"""What the webhook does with one pod: pure, pod dict + cluster view + config -> Decision.
+
+Classes of pods:
+- *whole*: a LeaderWorkerSet member, ``gpupack.io/class: whole`` (or ``llm``), or
+  ``nvidia.com/gpu`` >= 1 without gpupack annotations. Left as is except the scheduler.
+- *explicit*: asks for a MIG or time-sliced resource itself, without gpupack
+  annotations. Left as is except the scheduler.
+- *small*: ``gpupack.io/gpu-memory`` (optional ``gpu-compute``, ``isolation``) or
+  ``gpupack.io/class: asr|tts|small``. Gets the smallest MIG slice of a GPU model the
+  cluster has room on, else a time-sliced share, pinned to the GPU product.
+- anything else is skipped.
+
+The decision also carries the facts :mod:`webhook.patch` needs (container, resource,
+products) and the warnings. Conflicts with values the user set explicitly, and inputs
+that cannot be read, are denials naming the field.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from decimal import Decimal
+from enum import StrEnum
+from typing import Any
+
+from kube import annotations as A
+from packing.catalog import CATALOG, MigProfile, profile_from_resource, smallest_fitting_profile
+from packing.model import GPU_MILLI, Snapshot
+from packing.quantity import QuantityError, memory_mib, parse_quantity
+from webhook.capacity import ClusterView, ModelCapacity
+from webhook.config import WHOLE_CLASSES, Isolation, WebhookConfig
+from webhook.sizing import find_self_sizing
+
+# Annotations of the webhook that kube/annotations.py does not name.
+CONTAINER = A.PREFIX + "container"  # which container gets the GPU slice
+STRICT = A.PREFIX + "strict"  # "true": unsafe sharing is denied, not warned (pod or namespace)
+DEFAULT_SCHEDULER = "default-scheduler"
+PRODUCT_KEY = A.PRODUCT
+_SMALL_KEYS = (A.GPU_MEMORY, A.GPU_COMPUTE, A.ISOLATION)
+_NODE_AFFINITY = "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+
+
+class Kind(StrEnum):
+    SKIP = "skip"  # not a GPU pod gpupack handles: untouched
+    WHOLE = "whole"  # whole GPUs: only the scheduler name
+    EXPLICIT = "explicit"  # names a MIG/shared resource itself: only the scheduler name
+    MIG = "mig"
+    SHARED = "shared"
+    DENY = "deny"
+
+
+@dataclass(frozen=True)
+class Decision:
+    kind: Kind
+    klass: str  # asr | tts | small | whole | none | invalid (also the metrics label)
+    reason: str
+    status_code: int = 0  # DENY: 400 unreadable or conflicting input, 403 policy or no fit
+    profile: str | None = None  # MIG
+    resource: str | None = None  # MIG or SHARED: the extended resource to ask for
+    models: tuple[str, ...] = ()  # catalog models the pod is pinned to
+    products: tuple[str, ...] = ()  # their nvidia.com/gpu.product values
+    container: int | None = None  # index in spec.containers that gets the resource
+    memory_mib: int = 0
+    compute_milli: int = 0
+    warnings: tuple[str, ...] = ()
+    # Annotations to add when absent (class defaults written out for the scheduler).
+    defaults: Mapping[str, str] = field(default_factory=dict)
+    reused: bool = False  # taken from the pod's own gpupack.io/decision (re-invocation)
+
+    @property
+    def allowed(self) -> bool:
+        return self.kind is not Kind.DENY
+
+    @property
+    def small(self) -> bool:
+        return self.kind in (Kind.MIG, Kind.SHARED)
+
+    def annotation(self) -> str:
+        """``gpupack.io/decision``: compact JSON the webhook recognises on re-invocation."""
+        doc: dict[str, Any] = {"kind": self.kind.value}
+        if self.kind is Kind.MIG:
+            doc["profile"] = self.profile
+        else:
+            doc["share"] = self.resource
+        doc["model"] = "|".join(self.models)
+        doc["products"] = list(self.products)
+        doc["reason"] = self.reason
+        return json.dumps(doc, separators=(",", ":"), sort_keys=False)
+
+
+class PodError(ValueError):
+    """A pod field the webhook cannot read: becomes a 400 denial naming the field."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field}: {problem}")
+
+
+class _Conflict(ValueError):
+    """A value the user set explicitly that the decision would have to overwrite."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field} {problem}")
+
+
+def deny(klass: str, code: int, message: str, warnings: Sequence[str] = ()) -> Decision:
+    return Decision(Kind.DENY, klass, message, status_code=code, warnings=tuple(warnings))
+
+
+# ---- reading the pod -------------------------------------------------------------------------
+
+
+def _mapping(value: Any, path: str) -> Mapping[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise PodError(path, f"expected an object, got {type(value).__name__}")
+    return value
+
+
+def _str_map(value: Any, path: str) -> dict[str, str]:
+    out = {}
+    for k, v in _mapping(value, path).items():
+        if not isinstance(v, str):
+            raise PodError(f"{path}.{k}", f"expected a string, got {v!r}")
+        out[str(k)] = v
+    return out
+
+
+@dataclass(frozen=True)
+class _Container:
+    index: int
+    name: str
+    body: Mapping[str, Any]
+    gpu: Mapping[str, Decimal]  # GPU resources from limits and requests (limits win)
+
+
+@dataclass(frozen=True)
+class _Pod:
+    annotations: Mapping[str, str]
+    labels: Mapping[str, str]
+    spec: Mapping[str, Any]
+    containers: tuple[_Container, ...]
+
+
+def is_gpu_resource(name: str, config: WebhookConfig) -> bool:
+    return (
+        name in (A.GPU_RESOURCE, A.SHARED_RESOURCE, config.shared_resource)
+        or profile_from_resource(name) is not None
+    )
+
+
+def _read_pod(pod: Any, config: WebhookConfig) -> _Pod:
+    if not isinstance(pod, Mapping):
+        raise PodError("object", f"expected a Pod object, got {type(pod).__name__}")
+    meta = _mapping(pod.get("metadata"), "metadata")
+    spec = _mapping(pod.get("spec"), "spec")
+    raw = spec.get("containers") or []
+    if not isinstance(raw, list):
+        raise PodError("spec.containers", "expected a list")
+    containers = []
+    for i, c in enumerate(raw):
+        path = f"spec.containers[{i}]"
+        if not isinstance(c, Mapping):
+            raise PodError(path, "expected an object")
+        name = c.get("name", "")
+        resources = _mapping(c.get("resources"), f"{path}.resources")
+        gpu: dict[str, Decimal] = {}
+        for section in ("requests", "limits"):  # limits last: they win
+            for k, v in _mapping(resources.get(section), f"{path}.resources.{section}").items():
+                if not is_gpu_resource(str(k), config):
+                    continue
+                try:
+                    gpu[str(k)] = parse_quantity(v)
+                except QuantityError as e:
+                    raise PodError(f"{path}.resources.{section}.{k}", str(e)) from None
+        containers.append(_Container(i, name if isinstance(name, str) else "", c, gpu))
+    return _Pod(
+        annotations=_str_map(meta.get("annotations"), "metadata.annotations"),
+        labels=_str_map(meta.get("labels"), "metadata.labels"),
+        spec=spec,
+        containers=tuple(containers),
+    )
+
+
+def _ann_path(key: str) -> str:
+    return f"metadata.annotations.{key}"
+
+
+def _gib(mib: int | float) -> str:
+    """MiB as a short GiB figure: 10240 -> "10Gi", 9984 -> "9.75Gi"."""
+    text = f"{mib / 1024:.2f}".rstrip("0").rstrip(".")
+    return f"{text}Gi"
+
+
+def _quantity_text(mib: int) -> str:
+    return f"{mib // 1024}Gi" if mib % 1024 == 0 else f"{mib}Mi"
+
+
+@dataclass(frozen=True)
+class _Ask:
+    """A small pod's need, from its annotations or its class defaults."""
+
+    klass: str
+    memory_mib: int
+    compute_milli: int
+    isolation: Isolation
+    defaults: Mapping[str, str]
+    label: str  # "gpu-memory=5Gi" or "class asr (4Gi)", for messages
+
+
+def _read_ask(p: _Pod, klass: str, config: WebhookConfig) -> _Ask:
+    ann = p.annotations
+    class_default = config.class_defaults.get(klass)
+    defaults: dict[str, str] = {}
+    if A.GPU_MEMORY in ann:
+        raw = ann[A.GPU_MEMORY]
+        try:
+            mem = memory_mib(raw)
+        except QuantityError as e:
+            raise PodError(_ann_path(A.GPU_MEMORY), str(e)) from None
+        if mem <= 0:
+            raise PodError(_ann_path(A.GPU_MEMORY), f"{raw!r} must be more than zero")
+        label = f"{A.GPU_MEMORY}={raw}"
+    elif class_default is not None:
+        mem = class_default.memory_mib
+        defaults[A.GPU_MEMORY] = _quantity_text(mem)
+        label = f"class {klass} (default {_gib(mem)})"
+    else:
+        raise PodError(
+            _ann_path(A.GPU_MEMORY),
+            f"missing: a small GPU pod needs {A.GPU_MEMORY} (e.g. 8Gi) or {A.CLASS} "
+            f"({', '.join(sorted(config.class_defaults))})",
+        )
+    if A.GPU_COMPUTE in ann:
+        raw = ann[A.GPU_COMPUTE]
+        try:
+            frac = parse_quantity(raw)
+        except QuantityError as e:
+            raise PodError(_ann_path(A.GPU_COMPUTE), str(e)) from None
+        if not 0 < frac <= 1:
+            raise PodError(_ann_path(A.GPU_COMPUTE), f"{raw!r} must be a fraction in (0, 1]")
+        milli = int((frac * GPU_MILLI).to_integral_value(rounding="ROUND_CEILING"))
+    elif class_default is not None and class_default.compute_milli:
+        milli = class_default.compute_milli
+        defaults[A.GPU_COMPUTE] = f"{milli / GPU_MILLI:g}"
+    else:
+        milli = 0
+    raw_iso = ann.get(A.ISOLATION)
+    if raw_iso is None:
+        isolation = config.default_isolation
+    else:
+        try:
+            isolation = Isolation(raw_iso)
+        except ValueError:
+            raise PodError(
+                _ann_path(A.ISOLATION), f"{raw_iso!r} is not one of mig, shared, any"
+            ) from None
+    return _Ask(klass, mem, milli, isolation, defaults, label)
+
+
+# ---- node affinity on the GPU product ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Expr:
+    path: str
+    operator: str
+    values: tuple[str, ...]
+
+    def admits(self, product: str | None) -> bool:
+        if self.operator == "In":
+            return product is not None and product in self.values
+        if self.operator == "NotIn":
+            return product is None or product not in self.values
+        if self.operator == "Exists":
+            return product is not None
+        if self.operator == "DoesNotExist":
+            return product is None
+        return False  # Gt/Lt: product names are not numbers
+
+    def text(self) -> str:
+        vals = f" [{', '.join(self.values)}]" if self.values else ""
+        return f"{self.path} ({PRODUCT_KEY} {self.operator}{vals})"
+
+
+@dataclass(frozen=True)
+class ProductRules:
+    """The pod's own constraints on ``nvidia.com/gpu.product``."""
+
+    selector: str | None  # spec.nodeSelector value
+    terms: tuple[tuple[_Expr, ...], ...]  # product expressions of each required term
+
+    def admits(self, products: Sequence[str]) -> bool:
+        """Can the pod still land on some node of a model with these products?"""
+        if self.selector is not None and self.selector not in products:
+            return False
+        candidates: Sequence[str | None] = products or [None]
+        return all(
+            any(all(e.admits(p) for e in exprs) for p in candidates) for exprs in self.terms
+        )
+
+    def blocking(self, products: Sequence[str]) -> str:
+        """The first constraint that excludes these products (for messages)."""
+        if self.selector is not None and self.selector not in products:
+            return f"spec.nodeSelector.{PRODUCT_KEY}={self.selector}"
+        candidates: Sequence[str | None] = products or [None]
+        for exprs in self.terms:
+            for e in exprs:
+                if not any(e.admits(p) for p in candidates):
+                    return e.text()
+        return "node affinity"
+
+
+def _product_rules(spec: Mapping[str, Any]) -> ProductRules:
+    selector = _str_map(spec.get("nodeSelector"), "spec.nodeSelector").get(PRODUCT_KEY)
+    affinity = _mapping(spec.get("affinity"), "spec.affinity")
+    node_aff = _mapping(affinity.get("nodeAffinity"), "spec.affinity.nodeAffinity")
+    required = _mapping(node_aff.get("requiredDuringSchedulingIgnoredDuringExecution"),
+                        _NODE_AFFINITY)
+    terms_raw = required.get("nodeSelectorTerms") or []
+    if not isinstance(terms_raw, list):
+        raise PodError(f"{_NODE_AFFINITY}.nodeSelectorTerms", "expected a list")
+    terms = []
+    for t, term in enumerate(terms_raw):
+        tpath = f"{_NODE_AFFINITY}.nodeSelectorTerms[{t}]"
+        term = _mapping(term, tpath)
+        exprs_raw = term.get("matchExpressions") or []
+        if not isinstance(exprs_raw, list):
+            raise PodError(f"{tpath}.matchExpressions", "expected a list")
+        exprs = []
+        for e, expr in enumerate(exprs_raw):
+            epath = f"{tpath}.matchExpressions[{e}]"
+            expr = _mapping(expr, epath)
+            if expr.get("key") != PRODUCT_KEY:
+                continue
+            values = expr.get("values") or []
+            if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+                raise PodError(f"{epath}.values", "expected a list of strings")
+            op = expr.get("operator")
+            if not isinstance(op, str):
+                raise PodError(f"{epath}.operator", f"expected a string, got {op!r}")
+            exprs.append(_Expr(epath, op, tuple(values)))
+        terms.append(tuple(exprs))
+    return ProductRules(selector, tuple(terms))
+
+
+# ---- choosing ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _MigFit:
+    cap: ModelCapacity
+    profile: MigProfile
+    free: int
+    waste: int  # MiB of the slice beyond what was asked
+
+
+def _fits(view: ClusterView, ask: _Ask, rules: ProductRules
+          ) -> tuple[list[_MigFit], list[ModelCapacity], list[str]]:
+    """MIG and time-sliced candidates allowed by the pod's product rules, and which
+    constraints excluded candidates that would otherwise fit."""
+    mig: list[_MigFit] = []
+    shared: list[ModelCapacity] = []
+    blocked: list[str] = []
+    for cap in view.models.values():
+        fits_mig = False
+        profile = None
+        if cap.mig_gpus and ask.isolation is not Isolation.SHARED:
+            profile = smallest_fitting_profile(cap.model, ask.memory_mib, ask.compute_milli)
+            fits_mig = profile is not None
+        fits_shared = (
+            cap.shared_gpus > 0
+            and ask.isolation is not Isolation.MIG
+            and cap.model.memory_mib >= ask.memory_mib
+        )
+        if not (fits_mig or fits_shared):
+            continue
+        if not rules.admits(cap.products):
+            blocked.append(f"{cap.model.name}: {rules.blocking(cap.products)}")
+            continue
+        if fits_mig and profile is not None:
+            free = cap.mig_available(profile.name)
+            mig.append(_MigFit(cap, profile, free, profile.memory_mib - ask.memory_mib))
+        if fits_shared:
+            shared.append(cap)
+    return mig, shared, blocked
+
+
+def _products(caps: Sequence[ModelCapacity]) -> tuple[str, ...]:
+    return tuple(sorted({p for c in caps for p in c.products}))
+
+
+def _choose_mig(fits: list[_MigFit], ask: _Ask, only: str | None, need_free: bool
+                ) -> Decision | None:
+    """Least waste, then most free slices. Every model whose smallest fitting slice has
+    the chosen name is allowed (same resource, more room for the scheduler). None when
+    nothing fits, or nothing is free and ``need_free``."""
+    if only is not None:
+        fits = [f for f in fits if f.profile.name == only]
+    free = [f for f in fits if f.free > 0]
+    pool = free or ([] if need_free else fits)
+    if not pool:
+        return None
+    best = min(pool, key=lambda f: (f.waste, -f.free, f.cap.model.name))
+    same = [f for f in fits if f.profile.name == best.profile.name]
+    models = tuple(sorted(f.cap.model.name for f in same))
+    total_free = sum(f.free for f in same)
+    if free:
+        why = (f"smallest MIG slice holding {_gib(ask.memory_mib)}"
+               + (f" and {ask.compute_milli / GPU_MILLI:g} GPU" if ask.compute_milli else "")
+               + f"; {total_free} free or creatable on {'|'.join(models)}")
+    else:
+        why = (f"smallest MIG slice holding {_gib(ask.memory_mib)}; none free now on "
+               f"{'|'.join(models)}, the pod waits for one")
+    return Decision(
+        Kind.MIG,
+        ask.klass,
+        why,
+        profile=best.profile.name,
+        resource=best.profile.resource_name,
+        models=models,
+        products=_products([f.cap for f in same]),
+        memory_mib=ask.memory_mib,
+        compute_milli=ask.compute_milli,
+        defaults=ask.defaults,
+    )
+
+
+def _choose_shared(caps: list[ModelCapacity], ask: _Ask, config: WebhookConfig,
+                   need_free: bool) -> Decision | None:
+    room = {c.model.name: c.shared_available(ask.memory_mib, ask.compute_milli) for c in caps}
+    if need_free and not any(room.values()):
+        return None
+    if not caps:
+        return None
+    models = tuple(sorted(room))
+    free = sum(room.values())
+    why = (f"time-sliced share of {'|'.join(models)} ({_gib(ask.memory_mib)} declared); "
+           + (f"{free} GPU(s) with room now" if free else "no room now, the pod waits"))
+    return Decision(
+        Kind.SHARED,
+        ask.klass,
+        why,
+        resource=config.shared_resource,
+        models=models,
+        products=_products(caps),
+        memory_mib=ask.memory_mib,
+        compute_milli=ask.compute_milli,
+        defaults=ask.defaults,
+    )
+
+
+def _no_fit(view: ClusterView, ask: _Ask, blocked: list[str]) -> Decision:
+    largest = view.largest()
+    if largest is None:
+        return deny(ask.klass, 403, f"the cluster has no GPUs; cannot place {ask.label}")
+    biggest_mig = max(
+        (
+            (p.memory_mib, p.name, c.model.name)
+            for c in view.models.values()
+            if c.model.mig is not None and c.mig_gpus
+            for p in c.model.mig.classic
+        ),
+        default=None,
+    )
+    mig_text = (f"largest MIG slice {biggest_mig[1]} = {_gib(biggest_mig[0])} on {biggest_mig[2]}"
+                if biggest_mig else "no MIG GPUs")
+    shared_models = [c for c in view.models.values() if c.shared_gpus]
+    shared_text = (
+        "largest time-sliced GPU "
+        + max((c.model.memory_mib, c.model.name) for c in shared_models)[1]
+        + f" ({_gib(max(c.model.memory_mib for c in shared_models))})"
+        if shared_models else "no time-sliced GPUs"
+    )
+    if ask.memory_mib > largest.model.memory_mib:
+        return deny(
+            ask.klass, 403,
+            f"{ask.label} is more than any GPU in the cluster has: the largest is "
+            f"{largest.model.name} with {_gib(largest.model.memory_mib)} ({mig_text})",
+        )
+    if blocked:
+        return deny(
+            ask.klass, 403,
+            f"{ask.label}: the GPUs that could hold it are excluded by the pod's own "
+            f"constraints: {'; '.join(blocked)}",
+        )
+    what = {
+        Isolation.MIG: f"{A.ISOLATION}=mig, but no MIG slice holds it ({mig_text})",
+        Isolation.SHARED: f"{A.ISOLATION}=shared, but no time-sliced GPU holds it ({shared_text})",
+        Isolation.ANY: f"no MIG slice or time-sliced GPU holds it ({mig_text}; {shared_text})",
+    }[ask.isolation]
+    return deny(
+        ask.klass, 403,
+        f"{ask.label}"
+        + (f" and {A.GPU_COMPUTE}={ask.compute_milli / GPU_MILLI:g}" if ask.compute_milli else "")
+        + f": {what}; ask for whole GPUs with {A.CLASS}: whole instead",
+    )
+
+
+# ---- safety of time-sliced shares -------------------------------------------------------------
+
+
+def _sizing_problems(container: _Container, decision: Decision) -> tuple[list[str], list[str]]:
+    """(over-share findings, unreadable values) for the container getting a share."""
+    gpu_mib = max(CATALOG[m].memory_mib if m in CATALOG else 0 for m in decision.models)
+    if not gpu_mib:
+        return [], []
+    model = "|".join(decision.models)
+    share = decision.memory_mib
+    who = f"container {container.name or container.index}"
+    over, unreadable = [], []
+    for f in find_self_sizing(container.body):
+        shown = f"{f.flag} {f.raw}" if not f.defaulted else f"{f.flag} (default {f.fraction:g})"
+        if f.fraction is None:
+            unreadable.append(f"{who}: cannot read {f.engine} {f.flag} value {f.raw!r}")
+            continue
+        takes = f.fraction * gpu_mib
+        if takes > share:
+            over.append(
+                f"{who}: {f.engine} {shown} takes {_gib(takes)} of a time-sliced {model} "
+                f"({_gib(gpu_mib)}), more than its {_gib(share)} share, and can OOM its "
+                f"neighbours; use <= {int(share / gpu_mib * 100) / 100:g} or "
+                f"{A.ISOLATION}: mig"
+            )
+    return over, unreadable
+
+
+# ---- the decision -----------------------------------------------------------------------------
+
+
+def _target(p: _Pod) -> _Container:
+    name = p.annotations.get(CONTAINER)
+    if not p.containers:
+        raise PodError("spec.containers", "a GPU pod needs at least one container")
+    if name is not None:
+        for c in p.containers:
+            if c.name == name:
+                return c
+        names = ", ".join(c.name for c in p.containers)
+        raise PodError(_ann_path(CONTAINER), f"{name!r} is not a container of the pod ({names})")
+    for c in p.containers:
+        if c.gpu:
+            return c
+    return p.containers[0]
+
+
+def _res_path(c: _Container, resource: str) -> str:
+    return f"spec.containers[{c.index}].resources.limits.{resource}"
+
+
+def _explicit(p: _Pod, target: _Container, ask: _Ask) -> tuple[str | None, bool]:
+    """The MIG profile or share the user already asked for (None, False when none).
+
+    A whole GPU next to small-pod annotations, a GPU resource in another container or a
+    count other than 1 cannot be reconciled: PodError naming it.
+    """
+    for c in p.containers:
+        if c.index != target.index and c.gpu:
+            res = sorted(c.gpu)[0]
+            raise _Conflict(
+                _res_path(c, res),
+                f"asks for a GPU in another container than {target.name or target.index}; "
+                f"name the GPU container with {CONTAINER}",
+            )
+    if not target.gpu:
+        return None, False
+    if len(target.gpu) > 1:
+        raise _Conflict(_res_path(target, sorted(target.gpu)[1]), "more than one GPU resource")
+    res, qty = next(iter(target.gpu.items()))
+    if res == A.GPU_RESOURCE:
+        raise _Conflict(
+            _res_path(target, res),
+            f"={qty} asks for whole GPUs, but {ask.label} asks for a slice; remove one of them",
+        )
+    if qty != 1:
+        raise _Conflict(_res_path(target, res), f"={qty}: a small pod takes exactly one slice")
+    profile = profile_from_resource(res)
+    if profile is not None:
+        return profile, False
+    return None, True
+
+
+def _reuse(p: _Pod, target: _Container, ask: _Ask, config: WebhookConfig) -> Decision | None:
+    """The pod's own gpupack.io/decision, when the pod still matches it (re-invocation).
+
+    Deciding again could pick another slice (the cluster changed in between) and then
+    see its own earlier resource as a user conflict; recognising its output keeps the
+    mutation idempotent, as ``reinvocationPolicy: IfNeeded`` needs.
+    """
+    raw = p.annotations.get(A.DECISION)
+    if raw is None:
+        return None
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(doc, dict):
+        return None
+    kind, models_text, products = doc.get("kind"), doc.get("model"), doc.get("products")
+    if not isinstance(models_text, str) or not isinstance(products, list):
+        return None
+    if not all(isinstance(x, str) for x in products):
+        return None
+    models = tuple(m for m in models_text.split("|") if m)
+    if not models or not all(m in CATALOG for m in models):
+        return None
+    if kind == Kind.MIG.value and ask.isolation is not Isolation.SHARED:
+        profile = doc.get("profile")
+        if not isinstance(profile, str):
+            return None
+        for m in models:
+            geom = CATALOG[m].mig
+            if geom is None or not geom.has_profile(profile):
+                return None
+            prof = geom.profile(profile)
+            if prof.memory_mib < ask.memory_mib or (
+                prof.compute_slices * GPU_MILLI < ask.compute_milli * geom.compute_slices
+            ):
+                return None
+        resource = A.MIG_RESOURCE_PREFIX + profile.replace("+", ".")
+        out_kind = Kind.MIG
+    elif kind == Kind.SHARED.value and ask.isolation is not Isolation.MIG:
+        if doc.get("share") != config.shared_resource:
+            return None
+        if any(CATALOG[m].memory_mib < ask.memory_mib for m in models):
+            return None
+        profile, resource, out_kind = None, config.shared_resource, Kind.SHARED
+    else:
+        return None
+    if dict(target.gpu) != {resource: Decimal(1)}:
+        return None
+    if any(c.gpu for c in p.containers if c.index != target.index):
+        return None
+    reason = doc.get("reason")
+    return Decision(
+        out_kind,
+        ask.klass,
+        reason if isinstance(reason, str) else "",
+        profile=profile,
+        resource=resource,
+        models=models,
+        products=tuple(products),
+        container=target.index,
+        memory_mib=ask.memory_mib,
+        compute_milli=ask.compute_milli,
+        defaults=ask.defaults,
+        reused=True,
+    )
+
+
+def _scheduler_warning(spec: Mapping[str, Any], config: WebhookConfig) -> list[str]:
+    name = spec.get("schedulerName")
+    if isinstance(name, str) and name not in ("", DEFAULT_SCHEDULER, config.scheduler_name):
+        return [f"spec.schedulerName is {name!r}: gpupack will not place this pod"]
+    return []
+
+
+def _strict(p: _Pod, namespace_labels: Mapping[str, str]) -> bool:
+    raw = p.annotations.get(STRICT)
+    if raw is not None and raw not in ("true", "false"):
+        raise PodError(_ann_path(STRICT), f"{raw!r} is not true or false")
+    return raw == "true" or namespace_labels.get(STRICT) == "true"
+
+
+def classify(p: _Pod, config: WebhookConfig) -> tuple[Kind, str]:
+    """(kind before any solving, class label). Kind.MIG stands for "small"."""
+    ann, labels = p.annotations, p.labels
+    klass = ann.get(A.CLASS)
+    if klass is not None and klass not in config.known_classes():
+        known = ", ".join(sorted(config.known_classes()))
+        raise PodError(_ann_path(A.CLASS), f"{klass!r} is not one of {known}")
+    if A.LWS_NAME in labels or A.LWS_SIZE in ann or klass in WHOLE_CLASSES:
+        return Kind.WHOLE, "whole"
+    small = klass is not None or any(k in ann for k in _SMALL_KEYS)
+    if small:
+        return Kind.MIG, klass or "small"
+    gpu = {r for c in p.containers for r in c.gpu}
+    if A.GPU_RESOURCE in gpu:
+        return Kind.WHOLE, "whole"
+    if gpu:
+        return Kind.EXPLICIT, "small"
+    return Kind.SKIP, "none"
+
+
+def decide(
+    pod: Any,
+    cluster: ClusterView | Snapshot,
+    config: WebhookConfig,
+    namespace_labels: Mapping[str, str] | None = None,
+) -> Decision:
+    """The webhook's decision for one Pod CREATE. Never raises on bad input."""
+    view = cluster if isinstance(cluster, ClusterView) else ClusterView.of(cluster)
+    klass = "invalid"
+    try:
+        p = _read_pod(pod, config)
+        kind, klass = classify(p, config)
+        warnings = _scheduler_warning(p.spec, config)
+        if kind in (Kind.SKIP, Kind.WHOLE, Kind.EXPLICIT):
+            why = {
+                Kind.SKIP: "no GPU asked for",
+                Kind.WHOLE: "whole-GPU pod: resources left as they are",
+                Kind.EXPLICIT: "asks for a MIG or time-sliced resource itself",
+            }[kind]
+            return Decision(kind, klass, why, warnings=tuple(warnings) if kind is not Kind.SKIP
+                            else ())
+        ask = _read_ask(p, klass, config)
+        target = _target(p)
+        strict = _strict(p, namespace_labels or {})
+        decision = _reuse(p, target, ask, config)
+        if decision is None:
+            decision = _solve(p, target, ask, view, config)
+            if not decision.allowed:
+                return replace(decision, warnings=decision.warnings + tuple(warnings))
+        decision = replace(decision, container=target.index)
+        if decision.kind is Kind.SHARED:
+            over, unreadable = _sizing_problems(target, decision)
+            if over and strict:
+                return deny(klass, 403, "strict mode (gpupack.io/strict): " + "; ".join(over),
+                            warnings + unreadable)
+            warnings += over + unreadable
+        return replace(decision, warnings=tuple(warnings))
+    except PodError as e:
+        return deny(klass, 400, str(e))
+    except _Conflict as e:
+        return deny(klass, 400, str(e))
+
+
+def _solve(p: _Pod, target: _Container, ask: _Ask, view: ClusterView,
+           config: WebhookConfig) -> Decision:
+    explicit_profile, explicit_shared = _explicit(p, target, ask)
+    rules = _product_rules(p.spec)
+    mig, shared, blocked = _fits(view, ask, rules)
+    if explicit_profile is not None:
+        res = _res_path(target, next(iter(target.gpu)))
+        chosen = _choose_mig(mig, ask, explicit_profile, need_free=False)
+        natural = _choose_mig(mig, ask, None, need_free=False)
+        # Kept only when it is what gpupack would pick on some model: a bigger slice than
+        # the annotation asks for is a contradiction the user must resolve.
+        if chosen is None or ask.isolation is Isolation.SHARED:
+            want = ""
+            if natural is not None:
+                want = f" (it needs {natural.resource} on {'|'.join(natural.models)})"
+            raise _Conflict(res, f"conflicts with {ask.label}{want}; remove one of them")
+        return chosen
+    if explicit_shared:
+        res = _res_path(target, next(iter(target.gpu)))
+        if ask.isolation is Isolation.MIG:
+            raise _Conflict(res, f"is a time-sliced share, but {A.ISOLATION}=mig")
+        chosen = _choose_shared(shared, ask, config, need_free=False)
+        if chosen is None:
+            raise _Conflict(res, f"conflicts with {ask.label}: no time-sliced GPU holds it")
+        return chosen
+    for attempt in (
+        lambda: _choose_mig(mig, ask, None, need_free=True),
+        lambda: _choose_shared(shared, ask, config, need_free=True),
+        lambda: _choose_mig(mig, ask, None, need_free=False),
+        lambda: _choose_shared(shared, ask, config, need_free=False),
+    ):
+        decision = attempt()
+        if decision is not None:
+            return decision
+    return _no_fit(view, ask, blocked)

@@ -1,0 +1,232 @@
+"""RFC 6902 JSON Patch for a decision. Pure.
+
+Every change is an *ensure*: nothing is emitted when the pod already has the value, so
+running the webhook on its own output gives an empty patch. A missing parent
+(``metadata.annotations``, ``resources.limits``, ``spec.affinity`` ...) is added whole,
+since ``add`` needs the parent to exist. A different value already there is never
+replaced silently; it is reported as a conflict naming the field (the decision has
+already turned the expected ones into denials, so this is the last guard).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kube import annotations as A
+from packing.quantity import QuantityError, parse_quantity
+from webhook.config import WebhookConfig
+from webhook.decide import DEFAULT_SCHEDULER, PRODUCT_KEY, Decision, Kind
+
+Path = Sequence[str | int]
+_REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
+
+
+def escape(segment: str | int) -> str:
+    """RFC 6901: ``~`` -> ``~0`` then ``/`` -> ``~1`` (in that order)."""
+    return str(segment).replace("~", "~0").replace("/", "~1")
+
+
+def pointer(path: Path) -> str:
+    return "".join("/" + escape(p) for p in path)
+
+
+def _dotted(path: Path) -> str:
+    out = ""
+    for p in path:
+        out += f"[{p}]" if isinstance(p, int) else ("." if out else "") + p
+    return out
+
+
+@dataclass(frozen=True)
+class PatchResult:
+    ops: tuple[dict[str, Any], ...]
+    conflicts: tuple[str, ...]  # fields holding a different value set by the user
+    result: Mapping[str, Any]  # the pod after the patch
+
+
+def _nest(path: Path, value: Any) -> Any:
+    for p in reversed(path):
+        value = [value] if isinstance(p, int) else {p: value}
+    return value
+
+
+def _same_quantity(a: Any, b: Any) -> bool:
+    try:
+        return parse_quantity(a) == parse_quantity(b)
+    except QuantityError:
+        return False
+
+
+class _Builder:
+    """Ops applied to a working copy as they are made, so later ones see new parents."""
+
+    def __init__(self, pod: Mapping[str, Any]) -> None:
+        self.doc: dict[str, Any] = copy.deepcopy(dict(pod))
+        self.ops: list[dict[str, Any]] = []
+        self.conflicts: list[str] = []
+
+    def _add(self, path: Path, value: Any) -> None:
+        op = "add"
+        parent = self.get(path[:-1])
+        last = path[-1]
+        if isinstance(parent, dict):
+            if last in parent:
+                op = "replace"  # a null member: RFC 6902 add would do too, replace is plainer
+            parent[str(last)] = copy.deepcopy(value)
+        elif isinstance(parent, list):
+            parent.append(copy.deepcopy(value))
+        self.ops.append({"op": op, "path": pointer(path), "value": value})
+
+    def get(self, path: Path) -> Any:
+        cur: Any = self.doc
+        for p in path:
+            if isinstance(cur, dict) and isinstance(p, str):
+                cur = cur.get(p)
+            elif isinstance(cur, list) and isinstance(p, int) and 0 <= p < len(cur):
+                cur = cur[p]
+            else:
+                return None
+        return cur
+
+    def ensure(
+        self,
+        path: Path,
+        value: Any,
+        *,
+        overwrite: bool = False,
+        same: Callable[[Any, Any], bool] = lambda a, b: a == b,
+    ) -> None:
+        """Make ``path`` hold ``value``, creating missing parents whole."""
+        cur: Any = self.doc
+        for i, p in enumerate(path[:-1]):
+            if isinstance(cur, dict) and isinstance(p, str):
+                nxt = cur.get(p)
+            elif isinstance(cur, list) and isinstance(p, int) and 0 <= p < len(cur):
+                nxt = cur[p]
+            else:
+                self.conflicts.append(f"{_dotted(path[: i + 1])}: not found")
+                return
+            if nxt is None:
+                self._add(path[: i + 1], _nest(path[i + 1 :], value))
+                return
+            ok = isinstance(nxt, list) if isinstance(path[i + 1], int) else isinstance(nxt, dict)
+            if not ok:
+                self.conflicts.append(f"{_dotted(path[: i + 1])}: unexpected {type(nxt).__name__}")
+                return
+            cur = nxt
+        last = path[-1]
+        if not isinstance(cur, dict) or not isinstance(last, str):
+            self.conflicts.append(f"{_dotted(path)}: not found")
+            return
+        existing = cur.get(last)
+        if existing is None:
+            self._add(path, value)
+        elif same(existing, value):
+            return
+        elif overwrite:
+            cur[last] = copy.deepcopy(value)
+            self.ops.append({"op": "replace", "path": pointer(path), "value": value})
+        else:
+            self.conflicts.append(f"{_dotted(path)} is {existing!r}, gpupack would set {value!r}")
+
+    def append(self, path: Path, value: Any) -> None:
+        """Append to the list at ``path`` (which must exist)."""
+        target = self.get(path)
+        assert isinstance(target, list)
+        target.append(copy.deepcopy(value))
+        self.ops.append({"op": "add", "path": pointer(path) + "/-", "value": value})
+
+
+def _keep(existing: Any, wanted: Any) -> bool:
+    del existing, wanted
+    return True
+
+
+def _scheduler(b: _Builder, config: WebhookConfig) -> None:
+    current = b.get(["spec", "schedulerName"])
+    if current in (None, "", DEFAULT_SCHEDULER):
+        b.ensure(["spec", "schedulerName"], config.scheduler_name, overwrite=True)
+
+
+def _resources(b: _Builder, d: Decision) -> None:
+    assert d.container is not None and d.resource is not None
+    base: list[str | int] = ["spec", "containers", d.container, "resources"]
+    if b.get(base) is None:  # one op for the whole map reads better than two
+        b.ensure(base, {"limits": {d.resource: "1"}, "requests": {d.resource: "1"}})
+        return
+    for section in ("limits", "requests"):
+        b.ensure([*base, section, d.resource], "1", same=_same_quantity)
+
+
+def _pins(term: Any, products: Sequence[str]) -> bool:
+    """The term already restricts gpu.product to a subset of ``products``."""
+    if not isinstance(term, dict):
+        return False
+    for e in term.get("matchExpressions") or []:
+        if (
+            isinstance(e, dict)
+            and e.get("key") == PRODUCT_KEY
+            and e.get("operator") == "In"
+            and e.get("values")
+            and set(e["values"]) <= set(products)
+        ):
+            return True
+    return False
+
+
+def _affinity(b: _Builder, d: Decision) -> None:
+    if not d.products:
+        return  # nodes of these models carry no product label: nothing to pin on
+    selector = b.get(["spec", "nodeSelector", PRODUCT_KEY])
+    if isinstance(selector, str) and selector in d.products:
+        return  # the user pinned a product of this model already
+    expr = {"key": PRODUCT_KEY, "operator": "In", "values": list(d.products)}
+    terms_path: list[str | int] = ["spec", "affinity", "nodeAffinity", _REQUIRED,
+                                   "nodeSelectorTerms"]
+    terms = b.get(terms_path)
+    if not isinstance(terms, list) or not terms:
+        if isinstance(terms, list):
+            b.append(terms_path, {"matchExpressions": [expr]})
+        else:
+            b.ensure(terms_path, [{"matchExpressions": [expr]}])
+        return
+    # Terms are ORed: every one of them must pin the model. Adding a requirement to a
+    # term (ANDed with the user's) narrows it without changing what the user wrote.
+    for i, term in enumerate(terms):
+        if _pins(term, d.products):
+            continue
+        exprs_path = [*terms_path, i, "matchExpressions"]
+        if isinstance(b.get(exprs_path), list):
+            b.append(exprs_path, expr)
+        else:
+            b.ensure(exprs_path, [expr])
+
+
+def _annotations(b: _Builder, d: Decision) -> None:
+    ann: list[str | int] = ["metadata", "annotations"]
+    if b.get(ann) is None:
+        whole = {A.DECISION: d.annotation(), A.CLASS: d.klass, **dict(sorted(d.defaults.items()))}
+        b.ensure(ann, whole)
+        return
+    if not d.reused:
+        # The decision annotation is gpupack's own: a stale copy is replaced.
+        b.ensure([*ann, A.DECISION], d.annotation(), overwrite=True)
+    # A value the user wrote wins: the decision was made from it.
+    b.ensure([*ann, A.CLASS], d.klass, same=_keep)
+    for key, value in sorted(d.defaults.items()):
+        b.ensure([*ann, key], value, same=_keep)
+
+
+def build_patch(pod: Mapping[str, Any], decision: Decision, config: WebhookConfig) -> PatchResult:
+    """The JSON Patch that carries out ``decision`` on ``pod``."""
+    b = _Builder(pod)
+    if decision.kind in (Kind.WHOLE, Kind.EXPLICIT, Kind.MIG, Kind.SHARED):
+        _scheduler(b, config)
+    if decision.small:
+        _resources(b, decision)
+        _affinity(b, decision)
+        _annotations(b, decision)
+    return PatchResult(tuple(b.ops), tuple(b.conflicts), b.doc)

@@ -1,0 +1,124 @@
+"""Inference servers that size their GPU memory from the whole GPU, found in a container.
+
+vLLM, SGLang and TGI take a fraction of *the GPU's* memory at start. On a MIG slice the
+"GPU" is the slice, so that is safe; on a time-sliced share the process sees the whole
+physical GPU and grabs far more than its share, and its neighbours go out of memory.
+This module finds those flags in a container's command, args and env. Pure.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class SizingFlag:
+    engine: str
+    flag: str  # canonical spelling, dashes
+    # Fraction the engine takes when run without the flag; None when it is not a fixed
+    # number (SGLang derives it from the GPU size), so an absent flag says nothing.
+    default: float | None
+    markers: tuple[str, ...]  # substrings of image, command or args that name the engine
+    env: str | None = None  # environment variable with the same meaning
+
+
+KNOWN_FLAGS: tuple[SizingFlag, ...] = (
+    SizingFlag("vLLM", "--gpu-memory-utilization", 0.9, ("vllm",)),
+    SizingFlag("SGLang", "--mem-fraction-static", None, ("sglang",)),
+    SizingFlag(
+        "TGI",
+        "--cuda-memory-fraction",
+        1.0,
+        ("text-generation-launcher", "text-generation-inference"),
+        env="CUDA_MEMORY_FRACTION",
+    ),
+)
+
+
+@dataclass(frozen=True)
+class SizingFinding:
+    engine: str
+    flag: str
+    raw: str  # the value as written ("" when the default applies)
+    fraction: float | None  # None: unreadable
+    defaulted: bool
+
+
+def _strings(value: Any) -> list[str]:
+    if not isinstance(value, list):
+        return []
+    return [v for v in value if isinstance(v, str)]
+
+
+def _tokens(container: Mapping[str, Any]) -> list[str]:
+    """command + args, each string split as a shell would (``sh -c "vllm serve ..."``)."""
+    out: list[str] = []
+    for text in _strings(container.get("command")) + _strings(container.get("args")):
+        try:
+            parts = shlex.split(text)
+        except ValueError:  # unbalanced quotes: the shell would fail too; split plainly
+            parts = text.split()
+        out.extend(parts)
+    return out
+
+
+def _normal_flag(token: str) -> str:
+    """``--gpu_memory_utilization=0.5`` -> ``--gpu-memory-utilization=0.5`` (vLLM and
+    SGLang accept both spellings)."""
+    if not token.startswith("--"):
+        return token
+    name, sep, value = token.partition("=")
+    return name.replace("_", "-") + sep + value
+
+
+def _flag_values(tokens: Sequence[str], flag: str) -> Iterator[str]:
+    for i, token in enumerate(tokens):
+        if token == flag:
+            yield tokens[i + 1] if i + 1 < len(tokens) else ""
+        elif token.startswith(flag + "="):
+            yield token[len(flag) + 1 :]
+
+
+def _env_value(container: Mapping[str, Any], name: str) -> str | None:
+    env = container.get("env")
+    if not isinstance(env, list):
+        return None
+    found = None
+    for item in env:
+        if isinstance(item, Mapping) and item.get("name") == name:
+            value = item.get("value")
+            found = value if isinstance(value, str) else None
+    return found
+
+
+def _fraction(raw: str) -> float | None:
+    try:
+        x = float(raw)
+    except ValueError:
+        return None
+    return x if 0 < x <= 1 else None
+
+
+def find_self_sizing(container: Mapping[str, Any]) -> list[SizingFinding]:
+    """Memory fractions the container's inference server will take, one per engine."""
+    tokens = [_normal_flag(t) for t in _tokens(container)]
+    image = container.get("image")
+    haystack = " ".join([*tokens, image if isinstance(image, str) else ""]).lower()
+    findings = []
+    for spec in KNOWN_FLAGS:
+        values = list(_flag_values(tokens, spec.flag))
+        if values:
+            # argparse keeps the last occurrence.
+            raw = values[-1]
+            findings.append(SizingFinding(spec.engine, spec.flag, raw, _fraction(raw), False))
+            continue
+        env = _env_value(container, spec.env) if spec.env else None
+        if env is not None:
+            findings.append(SizingFinding(spec.engine, spec.env or "", env, _fraction(env), False))
+            continue
+        if spec.default is not None and any(m in haystack for m in spec.markers):
+            findings.append(SizingFinding(spec.engine, spec.flag, "", spec.default, True))
+    return findings
