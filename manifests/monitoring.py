@@ -1,0 +1,358 @@
+"""The Grafana dashboards and Prometheus alert rules of gpupack, as data.
+
+``manifests/generate.py`` writes them into the kustomize base and the Helm chart; the
+tests read the *rendered* manifests, so what is checked is what ships.
+
+Metric sources (see the code for their definitions):
+
+* scheduler extender, ``scheduler/metrics.py``: ``gpupack_gpu_allocated{node,gpu}``,
+  ``gpupack_whole_gpus_free``, ``gpupack_whole_nodes_free``,
+  ``gpupack_fragmentation_ratio``, ``gpupack_pending_pods{class,reason}``,
+  ``gpupack_extender_requests_total{verb,outcome}``,
+  ``gpupack_extender_request_seconds{verb}`` (histogram), ``gpupack_binds_total{result}``,
+  ``gpupack_plan_solve_seconds``, ``gpupack_plan_age_seconds``,
+  ``gpupack_plan_status{status}``.
+* node agent, ``nodeagent/metrics.py``: ``gpupack_gpu_memory_{total,used}_bytes{gpu,
+  model,mode}``, ``gpupack_pod_gpu_memory_bytes{namespace,pod,gpu}``, ``..._peak_bytes``,
+  ``..._growth_bytes_per_second``, ``..._exhaustion_seconds``,
+  ``gpupack_agent_last_success_timestamp_seconds``, ``gpupack_agent_nvml_errors_total``.
+  The ServiceMonitor adds the ``node`` label from the pod's node name.
+
+Query conventions: ``$__rate_interval`` in range selectors (Grafana fills it in; the tests
+substitute ``1m``); no dashboard variable other than the data source, so every query
+can be evaluated as written.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+# Alert thresholds, shared with docs/install.md.
+EXHAUSTION_HORIZON_S = 3600
+LLM_WAIT_MINUTES = 10
+FRAGMENTATION_THRESHOLD = 0.5
+EXTENDER_P99_SECONDS = 1.0  # a third of the scheduler's httpTimeout (3s)
+EXTENDER_ERROR_RATIO = 0.05
+
+EXTENDER_JOB = "gpupack-scheduler-metrics"
+AGENT_JOB = "gpupack-node-agent"
+
+
+@dataclass(frozen=True)
+class Query:
+    expr: str
+    legend: str = ""
+    instant: bool = False
+
+
+@dataclass(frozen=True)
+class Panel:
+    title: str
+    queries: tuple[Query, ...]
+    kind: str = "timeseries"  # timeseries | stat | bargauge | table
+    unit: str = "short"
+    description: str = ""
+    width: int = 12
+    height: int = 8
+    stacked: bool = False
+    max: float | None = None
+
+
+@dataclass(frozen=True)
+class Dashboard:
+    uid: str
+    title: str
+    description: str
+    panels: tuple[Panel, ...]
+    tags: tuple[str, ...] = field(default=("gpupack",))
+
+
+Q = Query
+
+CLUSTER = Dashboard(
+    uid="gpupack-cluster",
+    title="gpupack / Cluster GPU packing",
+    description="Allocation, free whole GPUs and nodes, fragmentation, per-GPU occupancy "
+                "and pending pods, as seen by the gpupack scheduler extender.",
+    panels=(
+        Panel("GPU allocation (cluster)", (
+            Q("sum(gpupack_gpu_allocated) / count(gpupack_gpu_allocated)", "allocated"),),
+            kind="stat", unit="percentunit", width=6, height=5, max=1,
+            description="Allocated share of all GPUs the extender knows (MIG slices and "
+                        "time-sliced shares count as fractions of their GPU)."),
+        Panel("Whole GPUs free", (Q("gpupack_whole_gpus_free", "GPUs"),),
+              kind="stat", width=6, height=5,
+              description="GPUs a whole-GPU (LLM) pod could take right now."),
+        Panel("Whole nodes free", (Q("gpupack_whole_nodes_free", "nodes"),),
+              kind="stat", width=6, height=5,
+              description="GPU nodes with every GPU free: room for a tensor-parallel LLM pod."),
+        Panel("Fragmentation", (Q("gpupack_fragmentation_ratio", "fragmentation"),),
+              kind="stat", unit="percentunit", width=6, height=5, max=1,
+              description="Share of idle GPU capacity the typical pods cannot use (FGD "
+                          "measure, at the latest plan). Alert above "
+                          f"{FRAGMENTATION_THRESHOLD:.0%}."),
+        Panel("Allocation and free capacity over time", (
+            Q("sum(gpupack_gpu_allocated)", "GPUs allocated"),
+            Q("count(gpupack_gpu_allocated)", "GPUs total"),
+            Q("gpupack_whole_gpus_free", "whole GPUs free"),
+            Q("gpupack_whole_nodes_free", "whole nodes free"),
+        ), width=12),
+        Panel("Fragmentation over time", (
+            Q("gpupack_fragmentation_ratio", "fragmentation"),),
+            unit="percentunit", width=12, max=1),
+        Panel("Occupancy per node and GPU", (
+            Q("gpupack_gpu_allocated", "{{node}} / GPU {{gpu}}", instant=True),),
+            kind="bargauge", unit="percentunit", width=12, height=10, max=1,
+            description="Allocated share of each GPU: packed GPUs are full, the rest are "
+                        "empty (kept whole for LLM pods)."),
+        Panel("Occupancy per node", (
+            Q("sum by (node) (gpupack_gpu_allocated)", "{{node}}"),),
+            stacked=True, width=12, height=10),
+        Panel("Pending pods by class and reason", (
+            Q("sum by (class, reason) (gpupack_pending_pods) > 0", "{{class}}: {{reason}}"),
+            Q("sum(gpupack_pending_pods)", "all pending"),
+        ), stacked=True, width=12,
+            description="Pods of the gpupack profile not bound yet; reason 'planned' means "
+                        "the planner has a place for them."),
+        Panel("LLM / whole-GPU pods pending", (
+            Q('sum by (reason) (gpupack_pending_pods{class=~"llm|whole"})', "{{reason}}"),),
+            stacked=True, width=12,
+            description=f"Alert when some wait over {LLM_WAIT_MINUTES} minutes."),
+    ),
+)
+
+MEMORY = Dashboard(
+    uid="gpupack-gpu-memory",
+    title="gpupack / GPU memory per pod",
+    description="Per-pod GPU memory, peaks and growth from the node agent (NVML + kubelet "
+                "PodResources); exhaustion forecasts for time-sliced GPUs.",
+    panels=(
+        Panel("GPU memory used per pod", (
+            Q("sum by (node, namespace, pod) (gpupack_pod_gpu_memory_bytes)",
+              "{{namespace}}/{{pod}} on {{node}}"),), unit="bytes", width=12),
+        Panel("Peak GPU memory per pod", (
+            Q("max by (node, namespace, pod) (gpupack_pod_gpu_memory_peak_bytes)",
+              "{{namespace}}/{{pod}}", instant=True),), kind="bargauge", unit="bytes",
+            width=12),
+        Panel("Memory growth per pod", (
+            Q("sum by (node, namespace, pod) "
+              "(gpupack_pod_gpu_memory_growth_bytes_per_second)", "{{namespace}}/{{pod}}"),),
+            unit="Bps", width=12,
+            description="Robust growth rate the agent measures (0 unless significant)."),
+        Panel("Time to exhaustion of the pod's GPU", (
+            Q("min by (node, namespace, pod) (gpupack_pod_gpu_memory_exhaustion_seconds)",
+              "{{namespace}}/{{pod}}"),), unit="s", width=12,
+            description="Only growing pods have a value; alert under "
+                        f"{EXHAUSTION_HORIZON_S // 60} minutes."),
+        Panel("GPU memory used per GPU", (
+            Q("gpupack_gpu_memory_used_bytes / gpupack_gpu_memory_total_bytes",
+              "{{node}} GPU {{gpu}} ({{model}}, {{mode}})"),), unit="percentunit",
+            width=12, max=1),
+        Panel("Forecast in one hour (time-sliced GPUs)", (
+            Q('predict_linear(gpupack_gpu_memory_used_bytes{mode="shared"}[30m], 3600) '
+              '/ gpupack_gpu_memory_total_bytes{mode="shared"}',
+              "{{node}} GPU {{gpu}}"),), unit="percentunit", width=12,
+            description="Linear forecast of each shared GPU's memory in an hour: over "
+                        "100% means a neighbour will OOM."),
+    ),
+)
+
+EXTENDER = Dashboard(
+    uid="gpupack-extender",
+    title="gpupack / Extender and solver",
+    description="Latency and outcome of the kube-scheduler extender verbs, binds, and the "
+                "background CP-SAT planner.",
+    panels=(
+        Panel("Extender latency p99 by verb", (
+            Q("histogram_quantile(0.99, sum by (le, verb) "
+              "(rate(gpupack_extender_request_seconds_bucket[$__rate_interval])))",
+              "{{verb}}"),), unit="s", width=12,
+            description="kube-scheduler gives up after httpTimeout (3s); alert at "
+                        f"{EXTENDER_P99_SECONDS:g}s."),
+        Panel("Extender requests by verb and outcome", (
+            Q("sum by (verb, outcome) "
+              "(rate(gpupack_extender_requests_total[$__rate_interval]))",
+              "{{verb}} {{outcome}}"),), unit="reqps", stacked=True, width=12),
+        Panel("Binds by result", (
+            Q("sum by (result) (rate(gpupack_binds_total[$__rate_interval]))", "{{result}}"),),
+            unit="ops", stacked=True, width=12),
+        Panel("Planner solve time", (
+            Q("gpupack_plan_solve_seconds", "solve"),), unit="s", width=12),
+        Panel("Plan age", (Q("gpupack_plan_age_seconds", "age"),), unit="s", width=12),
+        Panel("Planner status", (
+            Q("gpupack_plan_status == 1", "{{status}}", instant=True),), kind="table",
+            width=12),
+    ),
+)
+
+DASHBOARDS: dict[str, Dashboard] = {
+    "gpupack-cluster": CLUSTER,
+    "gpupack-gpu-memory": MEMORY,
+    "gpupack-extender": EXTENDER,
+}
+
+
+def _panel_json(p: Panel, pid: int, x: int, y: int) -> dict[str, Any]:
+    ds = {"type": "prometheus", "uid": "${datasource}"}
+    defaults: dict[str, Any] = {"unit": p.unit}
+    if p.max is not None:
+        defaults["min"] = 0
+        defaults["max"] = p.max
+    if p.kind == "timeseries":
+        defaults["custom"] = {"stacking": {"mode": "normal" if p.stacked else "none"},
+                              "fillOpacity": 30 if p.stacked else 10, "lineWidth": 1}
+    out: dict[str, Any] = {
+        "id": pid,
+        "type": p.kind,
+        "title": p.title,
+        "description": p.description,
+        "datasource": ds,
+        "gridPos": {"h": p.height, "w": p.width, "x": x, "y": y},
+        "fieldConfig": {"defaults": defaults, "overrides": []},
+        "targets": [
+            {"refId": chr(ord("A") + i), "datasource": ds, "expr": q.expr,
+             "legendFormat": q.legend, "instant": q.instant, "range": not q.instant}
+            for i, q in enumerate(p.queries)
+        ],
+    }
+    if p.kind == "bargauge":
+        out["options"] = {"displayMode": "gradient", "orientation": "horizontal",
+                          "reduceOptions": {"calcs": ["lastNotNull"], "values": False}}
+    elif p.kind == "stat":
+        out["options"] = {"reduceOptions": {"calcs": ["lastNotNull"], "values": False},
+                          "colorMode": "value", "graphMode": "area"}
+    return out
+
+
+def dashboard_dict(d: Dashboard) -> dict[str, Any]:
+    panels: list[dict[str, Any]] = []
+    x = y = 0
+    row_h = 0
+    for i, p in enumerate(d.panels, start=1):
+        if x + p.width > 24:
+            x, y, row_h = 0, y + row_h, 0
+        panels.append(_panel_json(p, i, x, y))
+        x += p.width
+        row_h = max(row_h, p.height)
+    return {
+        "uid": d.uid,
+        "title": d.title,
+        "description": d.description,
+        "tags": list(d.tags),
+        "schemaVersion": 39,
+        "version": 1,
+        "editable": True,
+        "time": {"from": "now-6h", "to": "now"},
+        "refresh": "30s",
+        "timezone": "browser",
+        "templating": {"list": [{
+            "name": "datasource", "label": "Data source", "type": "datasource",
+            "query": "prometheus", "current": {}, "hide": 0,
+        }]},
+        "annotations": {"list": []},
+        "panels": panels,
+    }
+
+
+def dashboard_json(d: Dashboard) -> str:
+    return json.dumps(dashboard_dict(d), indent=2, sort_keys=False) + "\n"
+
+
+def _alert(name: str, signal: str, op: str, threshold: str, duration: str, severity: str,
+           summary: str, description: str) -> dict[str, Any]:
+    """One alert whose expression is ``(<signal>) <op> <threshold>``.
+
+    The tests evaluate ``signal`` alone against a real Prometheus (it must return data)
+    and the whole expression (it must evaluate without error).
+    """
+    return {
+        "alert": name,
+        "expr": f"({signal}) {op} {threshold}",
+        "for": duration,
+        "labels": {"severity": severity},
+        "annotations": {"summary": summary, "description": description},
+    }
+
+
+RULE_GROUPS: list[dict[str, Any]] = [
+    {
+        "name": "gpupack.memory",
+        "rules": [
+            _alert("GpupackPodGpuMemoryExhaustion",
+                   "min by (node, namespace, pod, gpu) "
+                   "(gpupack_pod_gpu_memory_exhaustion_seconds)",
+                   "<", str(EXHAUSTION_HORIZON_S), "5m", "warning",
+                   "Pod {{ $labels.namespace }}/{{ $labels.pod }} will fill its GPU within "
+                   "an hour",
+                   "At its current growth the GPU memory of {{ $labels.namespace }}/"
+                   "{{ $labels.pod }} (node {{ $labels.node }}, GPU {{ $labels.gpu }}) is "
+                   "exhausted in {{ $value | humanizeDuration }}; on a time-sliced GPU its "
+                   "neighbours OOM first."),
+            _alert("GpupackSharedGpuMemoryForecastFull",
+                   'predict_linear(gpupack_gpu_memory_used_bytes{mode="shared"}[30m], 3600) '
+                   '/ gpupack_gpu_memory_total_bytes{mode="shared"}',
+                   ">", "1", "10m", "warning",
+                   "Time-sliced GPU {{ $labels.gpu }} on {{ $labels.node }} is forecast "
+                   "full within an hour",
+                   "A linear fit of the last 30 minutes predicts {{ $value | humanizePercentage }} "
+                   "of the GPU's memory in use in one hour."),
+        ],
+    },
+    {
+        "name": "gpupack.scheduling",
+        "rules": [
+            _alert("GpupackLLMPodsWaiting",
+                   'sum(gpupack_pending_pods{class=~"llm|whole"})',
+                   ">", "0", f"{LLM_WAIT_MINUTES}m", "warning",
+                   "LLM (whole-GPU) pods have been pending over "
+                   f"{LLM_WAIT_MINUTES} minutes",
+                   "{{ $value }} LLM / whole-GPU pods of the gpupack scheduler are pending "
+                   f"and have been for {LLM_WAIT_MINUTES} minutes or more; see the "
+                   "'Pending pods by class and reason' panel."),
+            _alert("GpupackFragmentationHigh",
+                   "max(gpupack_fragmentation_ratio)",
+                   ">", str(FRAGMENTATION_THRESHOLD), "30m", "info",
+                   "GPU fragmentation above "
+                   f"{FRAGMENTATION_THRESHOLD:.0%}",
+                   "{{ $value | humanizePercentage }} of the idle GPU capacity cannot be "
+                   "used by the typical pods; MIG layouts or placements need rebalancing."),
+        ],
+    },
+    {
+        "name": "gpupack.extender",
+        "rules": [
+            _alert("GpupackExtenderErrors",
+                   'sum(rate(gpupack_extender_requests_total{outcome!="ok"}[5m])) '
+                   "/ sum(rate(gpupack_extender_requests_total[5m]))",
+                   ">", str(EXTENDER_ERROR_RATIO), "10m", "warning",
+                   "gpupack extender answers errors",
+                   "{{ $value | humanizePercentage }} of extender requests failed in the "
+                   "last 5 minutes; kube-scheduler requeues those pods."),
+            _alert("GpupackExtenderSlow",
+                   "histogram_quantile(0.99, sum by (le) "
+                   '(rate(gpupack_extender_request_seconds_bucket{verb=~"filter|prioritize|bind|preempt"}[5m])))',
+                   ">", f"{EXTENDER_P99_SECONDS:g}", "10m", "warning",
+                   "gpupack extender p99 latency high",
+                   "p99 of the extender verbs is {{ $value | humanizeDuration }}; the "
+                   "scheduler's httpTimeout is 3s, a filter timeout fails the attempt."),
+            _alert("GpupackExtenderDown",
+                   f'max(up{{job="{EXTENDER_JOB}"}}) or vector(0)',
+                   "<", "1", "5m", "critical",
+                   "no gpupack extender is scraped up",
+                   "Pods of the gpupack scheduler cannot be filtered or bound."),
+            _alert("GpupackNodeAgentStale",
+                   "time() - max by (node) (gpupack_agent_last_success_timestamp_seconds)",
+                   ">", "300", "5m", "warning",
+                   "gpupack node agent on {{ $labels.node }} has not read NVML for 5 minutes",
+                   "The per-pod GPU memory and MIG inventory of {{ $labels.node }} are stale."),
+        ],
+    },
+]
+
+
+def all_queries() -> list[tuple[str, str, str]]:
+    """(dashboard uid, panel title, expr) of every dashboard query."""
+    return [(d.uid, p.title, q.expr) for d in DASHBOARDS.values() for p in d.panels
+            for q in p.queries]
