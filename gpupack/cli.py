@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from gpupack import agent_cmd, plan_cmd, serve_cmd, simulate_cmd
+from gpupack import agent_cmd, explain_cmd, plan_cmd, serve_cmd, simulate_cmd, webhook_cmd
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -22,6 +22,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     agent_cmd.add_arguments(sub.add_parser("agent", help="node agent: GPU inventory via NVML"))
     serve_cmd.add_arguments(sub.add_parser("serve", help="kube-scheduler extender (HTTP)"))
+    webhook_cmd.add_arguments(sub.add_parser("webhook", help="mutating admission webhook (HTTPS)"))
+    explain_cmd.add_arguments(sub.add_parser("explain", help="what would the webhook do to a pod?"))
     return parser
 
 
@@ -31,7 +33,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return simulate_cmd.run_openb(argv[1:])
     args = build_parser().parse_args(argv)
     runner = {"plan": plan_cmd.run, "simulate": simulate_cmd.run, "agent": agent_cmd.run,
-              "serve": serve_cmd.run}
+              "serve": serve_cmd.run, "webhook": webhook_cmd.run, "explain": explain_cmd.run}
     return runner[args.command](args)
 
 
