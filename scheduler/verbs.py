@@ -21,7 +21,7 @@ from typing import Any, Protocol
 from kube.objects import ObjectError, pod_request
 from packing.catalog import get_model
 from packing.mig import free_starts
-from packing.model import GpuMode, Placement, PodRequest, RequestKind
+from packing.model import GpuMode, Placement, PodRequest, RequestKind, Snapshot
 from packing.policies.greedy import Score, Scorer
 from packing.state import ClusterState
 from scheduler.wire import (
@@ -134,10 +134,34 @@ class Memo:
 def evaluate_fit(state: ClusterState, pod: PodRequest, node: str, gen: int) -> NodeEval:
     if state.options(pod, node, dedupe=True):
         return NodeEval(gen, True)
-    never = state.unresolvable(pod, node)
+    never = unresolvable(state, pod, node)
     if never is not None:
         return NodeEval(gen, False, never, True)
     return NodeEval(gen, False, explain(state, pod, node))
+
+
+def unresolvable(state: ClusterState, pod: PodRequest, node: str) -> str | None:
+    """Why the pod could not fit even if every pod on the node were evicted, or None.
+
+    Decided on the node emptied of its pods, with the node's own rules (cordon,
+    selectors, MIG reconfiguration): preemption can help exactly when that fits.
+    Cordoned and selector-mismatched nodes count as unresolvable, as kube-scheduler's
+    own NodeUnschedulable and NodeAffinity plugins report them.
+    """
+    info = state.nodes[node].info
+    empty = ClusterState(Snapshot(nodes=(info,)))
+    if empty.options(pod, node, dedupe=True):
+        return None
+    if _fits_node_rules(empty, pod, node) is not None:
+        return empty.reason(pod, node)
+    return state.unresolvable(pod, node) or explain(state, pod, node)
+
+
+def _fits_node_rules(empty: ClusterState, pod: PodRequest, node: str) -> str | None:
+    """The node-level reason (cordon, selector, size) on an empty node, if any."""
+    why = empty.reason(pod, node)
+    node_level = ("node is cordoned", "node selector", "insufficient cpu", "insufficient memory")
+    return why if why.startswith(node_level) else None
 
 
 def explain(state: ClusterState, pod: PodRequest, node: str) -> str:

@@ -1,0 +1,125 @@
+"""Builders of Node and Pod objects as the API server sends them (plain dicts)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+H100 = "NVIDIA-H100-80GB-HBM3"
+L40S = "NVIDIA-L40S"
+
+
+def node(
+    name: str,
+    product: str = H100,
+    gpus: int = 8,
+    whole: int | None = None,
+    mig: dict[str, int] | None = None,
+    shared_replicas: int = 0,
+    cpu: str = "64",
+    memory: str = "512Gi",
+    labels: dict[str, str] | None = None,
+    reconfigurable: bool = True,
+    unschedulable: bool = False,
+) -> dict[str, Any]:
+    """A GFD-labelled GPU node. Default: ``gpus`` whole GPUs."""
+    alloc: dict[str, str] = {"cpu": cpu, "memory": memory, "pods": "110"}
+    lab = {
+        "kubernetes.io/hostname": name,
+        "nvidia.com/gpu.product": product,
+        "nvidia.com/gpu.count": str(gpus),
+        **(labels or {}),
+    }
+    if shared_replicas:
+        alloc["nvidia.com/gpu.shared"] = str(gpus * shared_replicas)
+        lab["nvidia.com/gpu.replicas"] = str(shared_replicas)
+        lab["nvidia.com/gpu.sharing-strategy"] = "time-slicing"
+    else:
+        n_whole = gpus if whole is None and not mig else (whole or 0)
+        if n_whole:
+            alloc["nvidia.com/gpu"] = str(n_whole)
+        for profile, n in (mig or {}).items():
+            alloc[f"nvidia.com/mig-{profile}"] = str(n)
+    if not reconfigurable:
+        lab["gpupack.io/mig-reconfigure"] = "false"
+    obj: dict[str, Any] = {
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "labels": lab, "resourceVersion": "1"},
+        "status": {"allocatable": alloc},
+    }
+    if unschedulable:
+        obj["spec"] = {"unschedulable": True}
+    return obj
+
+
+def pod(
+    name: str,
+    resources: dict[str, str] | None = None,
+    namespace: str = "default",
+    uid: str | None = None,
+    node: str | None = None,
+    scheduler: str = "gpupack",
+    cpu: str = "1",
+    memory: str = "1Gi",
+    annotations: dict[str, str] | None = None,
+    priority: int | None = None,
+    phase: str | None = None,
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "schedulerName": scheduler,
+        "containers": [{
+            "name": "main", "image": "registry.example/app:1",
+            "resources": {"requests": {"cpu": cpu, "memory": memory},
+                          "limits": dict(resources or {})},
+        }],
+    }
+    if node:
+        spec["nodeName"] = node
+    if priority is not None:
+        spec["priority"] = priority
+    meta: dict[str, Any] = {"name": name, "namespace": namespace,
+                            "uid": uid or f"uid-{namespace}-{name}"}
+    if annotations:
+        meta["annotations"] = annotations
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec,
+            "status": {"phase": phase or ("Running" if node else "Pending")}}
+
+
+def mig_pod(name: str, profile: str = "1g.10gb", **kw: Any) -> dict[str, Any]:
+    return pod(name, {f"nvidia.com/mig-{profile}": "1"}, **kw)
+
+
+def whole_pod(name: str, count: int = 1, **kw: Any) -> dict[str, Any]:
+    return pod(name, {"nvidia.com/gpu": str(count)}, **kw)
+
+
+def shared_pod(name: str, memory: str = "8Gi", compute: str = "0.25", **kw: Any) -> dict[str, Any]:
+    ann = {"gpupack.io/gpu-memory": memory, "gpupack.io/gpu-compute": compute,
+           **kw.pop("annotations", {})}
+    return pod(name, {"nvidia.com/gpu.shared": "1"}, annotations=ann, **kw)
+
+
+def filter_args(p: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    return {"Pod": p, "Nodes": None, "NodeNames": names}
+
+
+class FakeClock:
+    """A clock the test moves by hand (assume TTLs, plan age)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def make_cache(nodes: list[dict[str, Any]], pods: list[dict[str, Any]] | None = None,
+               clock: FakeClock | None = None, ttl: float = 30.0) -> Any:
+    from scheduler.cache import ClusterCache
+
+    cache = ClusterCache("gpupack", assume_ttl=ttl, clock=clock or FakeClock())
+    cache.replace(nodes, pods or [])
+    cache.mark_synced()
+    return cache
