@@ -13,6 +13,7 @@ from pathlib import Path
 import yaml
 
 from gpupack.render import render
+from packing.cpsat import SolverParams
 from packing.policies import REGISTRY
 from packing.scenario import ScenarioError, parse_scenario
 from packing.simulate import SimResult, simulate
@@ -21,13 +22,32 @@ DEFAULT_POLICIES = "spread,bestfit,fgd,random,gpupack"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--trace", choices=["openb"], default=None,
-                   help="replay the openb trace protocol instead of a scenario")
-    p.add_argument("--scenario", type=Path, default=None,
-                   help="scenario YAML (default: the bundled mixed H100/L40S cluster)")
+    p.add_argument(
+        "--trace",
+        choices=["openb"],
+        default=None,
+        help="replay the openb trace protocol instead of a scenario",
+    )
+    p.add_argument(
+        "--scenario",
+        type=Path,
+        default=None,
+        help="scenario YAML (default: the bundled mixed H100/L40S cluster)",
+    )
     p.add_argument("--policies", default=None, help=f"comma list (default {DEFAULT_POLICIES})")
-    p.add_argument("--window", type=int, default=1,
-                   help="scenario: also run gpupack planning W arrivals at a time (W > 1)")
+    p.add_argument(
+        "--window",
+        type=int,
+        default=1,
+        help="scenario: also run gpupack planning W arrivals at a time (W > 1)",
+    )
+    p.add_argument(
+        "--time-limit",
+        type=float,
+        default=0.5,
+        help="CP-SAT seconds per window (gpupack, --window > 1)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="CP-SAT random seed")
     p.add_argument("--format", default="table", choices=["table", "json"])
     p.add_argument("--out", type=Path, default=None, help="folder for the PNG (default ./out)")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
@@ -57,8 +77,10 @@ def run(args: argparse.Namespace) -> int:
     names = [n for n in (args.policies or DEFAULT_POLICIES).split(",") if n]
     unknown = [n for n in names if n not in REGISTRY]
     if unknown:
-        print(f"gpupack simulate: unknown policy {unknown[0]!r}; known: {', '.join(REGISTRY)}",
-              file=sys.stderr)
+        print(
+            f"gpupack simulate: unknown policy {unknown[0]!r}; known: {', '.join(REGISTRY)}",
+            file=sys.stderr,
+        )
         return 2
     runs: list[tuple[str, int]] = [(n, 1) for n in names]
     if args.window > 1 and "gpupack" in names:
@@ -67,32 +89,57 @@ def run(args: argparse.Namespace) -> int:
     timings: list[float] = []
     for name, window in runs:
         t0 = time.perf_counter()
-        results.append(simulate(scenario, name, window, None if args.quiet else _progress(name)))
+        solver = SolverParams(max_time_s=args.time_limit, seed=args.seed)
+        progress = None if args.quiet else _progress(name)
+        results.append(simulate(scenario, name, window, progress, solver))
         timings.append(time.perf_counter() - t0)
         if not args.quiet:
             print(file=sys.stderr)
     out_dir = args.out or Path("out")
     png = render(results, out_dir / "packing.png")
     if args.format == "json":
-        print(json.dumps({"source": source, "png": str(png), "results": [
-            {"policy": r.policy, "mode": r.mode, "pods_total": r.pods_total,
-             "pods_placed": r.pods_placed, "groups_total": r.groups_total,
-             "groups_placed": r.groups_placed, "failed_by_class": r.failed_by_class,
-             "seconds": round(t, 3), **r.summary.to_json()}
-            for r, t in zip(results, timings, strict=True)]}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "source": source,
+                    "png": str(png),
+                    "results": [
+                        {
+                            "policy": r.policy,
+                            "mode": r.mode,
+                            "pods_total": r.pods_total,
+                            "pods_placed": r.pods_placed,
+                            "groups_total": r.groups_total,
+                            "groups_placed": r.groups_placed,
+                            "failed_by_class": r.failed_by_class,
+                            "seconds": round(t, 3),
+                            **r.summary.to_json(),
+                        }
+                        for r, t in zip(results, timings, strict=True)
+                    ],
+                },
+                indent=2,
+            )
+        )
         return 0
-    print(f"scenario: {source}: {len(scenario.nodes)} nodes, "
-          f"{sum(len(n.gpus) for n in scenario.nodes)} GPUs, {len(scenario.arrivals)} arrivals")
-    print("| policy | mode | pods placed | groups placed | GPUs allocated | whole GPUs free "
-          "| whole nodes free | fragmentation | failed by class | s |")
+    print(
+        f"scenario: {source}: {len(scenario.nodes)} nodes, "
+        f"{sum(len(n.gpus) for n in scenario.nodes)} GPUs, {len(scenario.arrivals)} arrivals"
+    )
+    print(
+        "| policy | mode | pods placed | groups placed | GPUs allocated | whole GPUs free "
+        "| whole nodes free | fragmentation | failed by class | s |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r, t in zip(results, timings, strict=True):
         s = r.summary
         failed = ", ".join(f"{k}:{v}" for k, v in r.failed_by_class.items()) or "-"
-        print(f"| {r.policy} | {r.mode} | {r.pods_placed}/{r.pods_total} | "
-              f"{r.groups_placed}/{r.groups_total} | {s.gpus_allocated:.2f}/{s.gpus_total} | "
-              f"{s.whole_gpus_free} | {s.whole_nodes_free} | {s.fragmentation:.1%} | {failed} "
-              f"| {t:.1f} |")
+        print(
+            f"| {r.policy} | {r.mode} | {r.pods_placed}/{r.pods_total} | "
+            f"{r.groups_placed}/{r.groups_total} | {s.gpus_allocated:.2f}/{s.gpus_total} | "
+            f"{s.whole_gpus_free} | {s.whole_nodes_free} | {s.fragmentation:.1%} | {failed} "
+            f"| {t:.1f} |"
+        )
     print(f"picture: {png}")
     return 0
 
@@ -103,4 +150,3 @@ def _progress(name: str) -> Callable[[int, int], None]:
             print(f"\r{name}: {done}/{total} arrivals", end="", file=sys.stderr, flush=True)
 
     return show
-

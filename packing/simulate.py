@@ -13,8 +13,10 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from packing.cpsat import SolverParams
 from packing.model import Placement, PodRequest, Snapshot
-from packing.policies import get_policy
+from packing.policies import Policy, get_policy
+from packing.policies.gpupack import GpupackPolicy
 from packing.policies.fgd import typical_shapes
 from packing.policies.greedy import greedy
 from packing.scenario import Scenario, arrival_pods
@@ -44,8 +46,11 @@ def simulate(
     policy_name: str,
     window: int = 1,
     progress: Progress | None = None,
+    solver: SolverParams | None = None,
 ) -> SimResult:
-    policy = get_policy(policy_name)
+    policy: Policy = (
+        GpupackPolicy(solver) if policy_name == "gpupack" and solver else get_policy(policy_name)
+    )
     pods = arrival_pods(scenario.arrivals)
     # The typical shapes come from the whole workload, as in the FGD experiment.
     base = Snapshot(scenario.nodes, pending=tuple(pods))
@@ -104,6 +109,10 @@ def simulate(
 
 
 def compare(
-    scenario: Scenario, policies: Sequence[str], window: int = 1, progress: Progress | None = None
+    scenario: Scenario,
+    policies: Sequence[str],
+    window: int = 1,
+    progress: Progress | None = None,
+    solver: SolverParams | None = None,
 ) -> list[SimResult]:
-    return [simulate(scenario, p, window, progress) for p in policies]
+    return [simulate(scenario, p, window, progress, solver) for p in policies]

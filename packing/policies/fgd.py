@@ -21,9 +21,10 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 from packing.catalog import get_model
-from packing.mig import free_starts
+from packing.mig import MigSlot, free_starts
 from packing.model import GPU_MILLI, GpuMode, Placement, PodRequest, RequestKind, Snapshot
 from packing.policies.greedy import Score, Scorer
 from packing.policies.scores import bestfit
@@ -107,8 +108,18 @@ def gpu_serves(g: GpuState, shape: Shape) -> bool:
             return False
         if any(p == shape.mig_profile and o is None for p, o in g.instances.values()):
             return True
-        return bool(free_starts(geom, g.mig_slots(), shape.mig_profile))
+        layout = tuple(sorted((p, s) for s, (p, _) in g.instances.items()))
+        return _placeable(g.info.model, layout, shape.mig_profile)
     return True
+
+
+@lru_cache(maxsize=65536)
+def _placeable(model: str, layout: tuple[tuple[str, int], ...], profile: str) -> bool:
+    """Can one more ``profile`` instance be created on this layout? (memoised: the same
+    few layouts recur on every GPU of a model, and this is FGD's hot path)."""
+    geom = get_model(model).mig
+    assert geom is not None
+    return bool(free_starts(geom, [MigSlot(p, s) for p, s in layout], profile))
 
 
 def fragment(node: NodeState, shape: Shape) -> int:
