@@ -100,7 +100,8 @@ class _Conflict(ValueError):
     """A value the user set explicitly that the decision would have to overwrite."""
 
     def __init__(self, field: str, problem: str) -> None:
-        super().__init__(f"{field} {problem}")
+        sep = "" if problem.startswith("=") else " "
+        super().__init__(f"{field}{sep}{problem}")
 
 
 def deny(klass: str, code: int, message: str, warnings: Sequence[str] = ()) -> Decision:
