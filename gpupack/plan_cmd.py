@@ -11,6 +11,7 @@ from kube.files import load_objects
 from kube.objects import ObjectError
 from kube.snapshot import build_snapshot
 from packing.cpsat import SolverParams
+from packing.groups import group_statuses, is_reservation, with_reservations
 from packing.model import PlanResult, Snapshot
 from packing.policies import get_policy, policy_names
 from packing.policies.fgd import typical_shapes, workload_of
@@ -34,13 +35,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def plan_json(snapshot: Snapshot, result: PlanResult) -> dict[str, object]:
+    """The plan as JSON. ``snapshot`` includes the reservation members of groups; their
+    placements are the room held for workers not created yet, shown under "groups"."""
     state = ClusterState(snapshot)
     pods = {p.key: p for p in snapshot.pending}
     for p in result.placements:
         state.apply(pods[p.pod], p)
     return {
-        "placements": [p.to_json() for p in result.placements],
-        "unschedulable": [{"pod": u.pod, "reason": u.reason} for u in result.unschedulable],
+        "placements": [p.to_json() for p in result.placements if not is_reservation(p.pod)],
+        "unschedulable": [
+            {"pod": u.pod, "reason": u.reason}
+            for u in result.unschedulable
+            if not is_reservation(u.pod)
+        ],
+        "groups": [g.to_json() for g in group_statuses(snapshot, result)],
         "summary": summarize(state, typical_shapes(workload_of(snapshot))).to_json(),
         "policy": result.policy,
         "solver_status": result.solver_status,
@@ -57,18 +65,21 @@ def run(args: argparse.Namespace) -> int:
         return 2
     for note in built.notes:
         print(f"note: {note}", file=sys.stderr)
+    snapshot = with_reservations(built.snapshot)
     if args.policy == "gpupack":
         policy = GpupackPolicy(SolverParams(max_time_s=args.time_limit, seed=args.seed))
-        result = policy.plan(built.snapshot)
+        result = policy.plan(snapshot)
     else:
-        result = get_policy(args.policy).plan(built.snapshot)
-    out = plan_json(built.snapshot, result)
+        result = get_policy(args.policy).plan(snapshot)
+    out = plan_json(snapshot, result)
     if args.format == "json":
         print(json.dumps(out, indent=2))
         return 0
     print(f"policy {result.policy} ({result.solver_status})")
     print(f"{'POD':40} {'NODE':24} {'GPUS':10} MIG")
     for p in result.placements:
+        if is_reservation(p.pod):
+            continue
         mig = (
             f"{p.mig_profile}@{p.mig_start}" + (" (new)" if p.mig_created else "")
             if p.mig_profile
@@ -77,7 +88,12 @@ def run(args: argparse.Namespace) -> int:
         gpus = ",".join(map(str, p.gpus)) or "-"
         print(f"{p.pod:40} {p.node:24} {gpus:10} {mig}")
     for u in result.unschedulable:
-        print(f"{u.pod:40} UNSCHEDULABLE: {u.reason}")
+        if not is_reservation(u.pod):
+            print(f"{u.pod:40} UNSCHEDULABLE: {u.reason}")
+    for g in group_statuses(snapshot, result):
+        print(
+            f"group {g.group} (size {g.size}): {g.state} on {','.join(g.nodes) or '-'} ({g.reason})"
+        )
     print("summary: " + ", ".join(f"{k}={v}" for k, v in out["summary"].items()))  # type: ignore[attr-defined]
     return 0
 

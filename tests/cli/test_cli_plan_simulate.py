@@ -21,12 +21,23 @@ items:
       {cpu: "64", memory: 512Gi, nvidia.com/mig-1g.10gb: "7", nvidia.com/mig-3g.40gb: "1"}
 - metadata:
     name: h100-0
-    labels: {nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3, nvidia.com/gpu.count: "8",
+    labels: {nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3, nvidia.com/gpu.count: "10",
              nvidia.com/gpu.clique: a}
   status:
-    allocatable: {cpu: "128", memory: 1Ti, nvidia.com/gpu: "8"}
+    allocatable: {cpu: "128", memory: 1Ti, nvidia.com/gpu: "10"}
 """
 PODS = """
+apiVersion: v1
+kind: Pod
+metadata:
+  name: vllm-0
+  namespace: llm
+  labels: {leaderworkerset.sigs.k8s.io/name: vllm, leaderworkerset.sigs.k8s.io/group-index: "0",
+           leaderworkerset.sigs.k8s.io/worker-index: "0"}
+  annotations: {leaderworkerset.sigs.k8s.io/size: "2"}
+spec:
+  containers: [{name: c, resources: {limits: {nvidia.com/gpu: 1}}}]
+---
 apiVersion: v1
 kind: Pod
 metadata: {name: asr-0, namespace: speech}
@@ -86,13 +97,23 @@ def test_plan_json_shape(files: tuple[Path, Path], policy: str) -> None:
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     placed = {p["pod"]: p for p in out["placements"]}
-    assert set(placed) == {"speech/asr-0", "llm/llm-0"}
+    assert set(placed) == {"speech/asr-0", "llm/llm-0", "llm/vllm-0"}
     asr = placed["speech/asr-0"]
     assert asr["node"] == "h100-mig-0" and asr["mig"]["profile"] == "1g.10gb"
     assert set(asr["mig"]) == {"gpu", "profile", "start"} and asr["gpus"] == [asr["mig"]["gpu"]]
-    assert placed["llm/llm-0"]["gpus"] == list(range(8)) and placed["llm/llm-0"]["mig"] is None
+    assert len(placed["llm/llm-0"]["gpus"]) == 8 and placed["llm/llm-0"]["mig"] is None
     assert [u["pod"] for u in out["unschedulable"]] == ["llm/llm-big"]
     assert "16" in out["unschedulable"][0]["reason"]
+    assert out["groups"] == [
+        {
+            "group": "llm/vllm/0",
+            "size": 2,
+            "nodes": ["h100-0"],
+            "state": "reserved",
+            "reason": "room held for members not created yet",
+        }
+    ]
+    assert "llm/vllm/0#reserve-1" not in placed
     assert set(out["summary"]) == {
         "gpus_total",
         "gpus_allocated",
@@ -100,7 +121,7 @@ def test_plan_json_shape(files: tuple[Path, Path], policy: str) -> None:
         "whole_nodes_free",
         "fragmentation",
     }
-    assert out["summary"]["gpus_total"] == 10
+    assert out["summary"]["gpus_total"] == 12
 
 
 @pytest.mark.parametrize(
