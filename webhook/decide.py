@@ -156,7 +156,8 @@ def _read_pod(pod: Any, config: WebhookConfig) -> _Pod:
         raise PodError("object", f"expected a Pod object, got {type(pod).__name__}")
     meta = _mapping(pod.get("metadata"), "metadata")
     spec = _mapping(pod.get("spec"), "spec")
-    raw = spec.get("containers") or []
+    raw = spec.get("containers")
+    raw = [] if raw is None else raw
     if not isinstance(raw, list):
         raise PodError("spec.containers", "expected a list")
     containers = []
@@ -319,14 +320,16 @@ def _product_rules(spec: Mapping[str, Any]) -> ProductRules:
     node_aff = _mapping(affinity.get("nodeAffinity"), "spec.affinity.nodeAffinity")
     required = _mapping(node_aff.get("requiredDuringSchedulingIgnoredDuringExecution"),
                         _NODE_AFFINITY)
-    terms_raw = required.get("nodeSelectorTerms") or []
+    terms_raw = required.get("nodeSelectorTerms")
+    terms_raw = [] if terms_raw is None else terms_raw
     if not isinstance(terms_raw, list):
         raise PodError(f"{_NODE_AFFINITY}.nodeSelectorTerms", "expected a list")
     terms = []
     for t, term in enumerate(terms_raw):
         tpath = f"{_NODE_AFFINITY}.nodeSelectorTerms[{t}]"
         term = _mapping(term, tpath)
-        exprs_raw = term.get("matchExpressions") or []
+        exprs_raw = term.get("matchExpressions")
+        exprs_raw = [] if exprs_raw is None else exprs_raw
         if not isinstance(exprs_raw, list):
             raise PodError(f"{tpath}.matchExpressions", "expected a list")
         exprs = []
@@ -335,7 +338,8 @@ def _product_rules(spec: Mapping[str, Any]) -> ProductRules:
             expr = _mapping(expr, epath)
             if expr.get("key") != PRODUCT_KEY:
                 continue
-            values = expr.get("values") or []
+            values = expr.get("values")
+            values = [] if values is None else values
             if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
                 raise PodError(f"{epath}.values", "expected a list of strings")
             op = expr.get("operator")

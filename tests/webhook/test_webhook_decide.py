@@ -160,6 +160,14 @@ def test_classification(p: dict[str, Any], kind: Kind, klass: str) -> None:
     assert (d.kind, d.klass) == (kind, klass)
 
 
+def test_small_pod_without_memory_takes_the_small_default() -> None:
+    d = decide(pod(annotations={ISO: "mig", COMPUTE: "0.5"}), H100, CFG)
+    assert d.profile == "4g.40gb" and d.defaults == {MEM: "4Gi"}
+    d = decide(pod(annotations={ISO: "mig"}), H100, WebhookConfig(class_defaults={}))
+    assert d.kind is Kind.DENY and d.status_code == 400
+    assert "metadata.annotations.gpupack.io/gpu-memory: missing" in d.reason
+
+
 def test_class_defaults_come_from_config() -> None:
     cfg = WebhookConfig(class_defaults={"asr": ClassDefault(30 * 1024, 250)})
     d = decide(pod(annotations={CLASS: "asr"}), H100, cfg)
@@ -233,7 +241,8 @@ def test_conflicting_product_affinity_is_denied_by_name() -> None:
            "[NVIDIA-L40S])" in d.reason
     d = decide(pod(annotations={MEM: "5Gi"},
                    spec={"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-A100"}}), H100, CFG)
-    assert d.kind is Kind.DENY and "spec.nodeSelector.nvidia.com/gpu.product=NVIDIA-A100" in d.reason
+    assert d.kind is Kind.DENY
+    assert "spec.nodeSelector.nvidia.com/gpu.product=NVIDIA-A100" in d.reason
 
 
 def test_scheduler_name_of_another_scheduler_is_kept_with_a_warning() -> None:

@@ -7,7 +7,6 @@ import json
 from typing import Any
 
 import jsonpatch
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from webhook_builders import cluster, node, pod
