@@ -18,6 +18,8 @@ from typing import Any
 
 from kube import annotations as A
 from packing.catalog import GpuModel, match_product, models_with_profile, profile_from_resource
+from packing.inventory import Inventory, InventoryError
+from packing.inventory import decode as decode_inventory
 from packing.mig import MigSlot, layout_from_counts
 from packing.model import (
     GPU_MILLI,
@@ -79,8 +81,14 @@ def pod_key(pod: Mapping[str, Any]) -> str:
 # ---- nodes -------------------------------------------------------------------------------
 
 
-def node_info(node: Mapping[str, Any]) -> NodeInfo:
-    """A NodeInfo from a v1 Node, inferring per-GPU modes and MIG layouts."""
+def node_info(node: Mapping[str, Any], notes: list[str] | None = None) -> NodeInfo:
+    """A NodeInfo from a v1 Node.
+
+    Per-GPU modes and MIG layouts come from the node agent's ``gpupack.io/inventory``
+    annotation when it is present and readable; otherwise they are inferred from
+    allocatable and labels (and marked inferred). An unreadable inventory is noted in
+    ``notes`` and ignored: the node is still usable with inferred detail.
+    """
     if not isinstance(node, Mapping):
         raise ObjectError(f"Node: expected an object, got {type(node).__name__}")
     who = _obj_name(node, "Node")
@@ -109,6 +117,12 @@ def node_info(node: Mapping[str, Any]) -> NodeInfo:
         if profile is not None:
             mig_counts[profile] = q(str(res), count)
     gpus = _infer_gpus(who, labels, whole, shared, mig_counts)
+    if A.INVENTORY in annotations:
+        try:
+            gpus = _observed_gpus(decode_inventory(annotations[A.INVENTORY]), labels, gpus)
+        except (InventoryError, ValueError) as e:
+            if notes is not None:
+                notes.append(f"{who}: metadata.annotations.{A.INVENTORY}: {e}; inferred instead")
     spec = node.get("spec") or {}
     frozen = (labels.get(A.MIG_RECONFIGURE) or annotations.get(A.MIG_RECONFIGURE)) == "false"
     return NodeInfo(
@@ -122,6 +136,51 @@ def node_info(node: Mapping[str, Any]) -> NodeInfo:
         else False,
         mig_reconfigurable=not frozen,
     )
+
+
+def _observed_gpus(
+    inv: Inventory, labels: Mapping[str, str], inferred: tuple[GpuInfo, ...]
+) -> tuple[GpuInfo, ...]:
+    """GPUs as the node agent saw them: real modes, MIG layouts and owners."""
+    if not inv.gpus:
+        return inferred  # the agent saw nothing (no driver yet): keep what the API says
+    replicas = (
+        int(labels.get(A.GPU_REPLICAS, "1") or 1)
+        if labels.get(A.GPU_REPLICAS, "1").isdigit()
+        else 1
+    )
+    out = []
+    for g in inv.gpus:
+        model = match_product(g.model, g.memory_mib)
+        out.append(
+            GpuInfo(
+                index=g.index,
+                model=model.name,
+                memory_mib=g.memory_mib,
+                mode=g.mode,
+                mig=g.mig,
+                replicas=replicas if g.mode is GpuMode.SHARED else 1,
+                inferred=False,
+            )
+        )
+    return tuple(out)
+
+
+def observed_peaks(node: Mapping[str, Any]) -> dict[str, int]:
+    """Peak GPU memory (MiB) per pod key from the node's inventory, if readable."""
+    ann = (node.get("metadata") or {}).get("annotations") or {}
+    text = ann.get(A.INVENTORY) if isinstance(ann, Mapping) else None
+    if not isinstance(text, str):
+        return {}
+    try:
+        inv = decode_inventory(text)
+    except (InventoryError, ValueError):
+        return {}
+    peaks: dict[str, int] = {}
+    for g in inv.gpus:
+        for u in g.pods:
+            peaks[u.pod] = max(peaks.get(u.pod, 0), u.peak_mib)
+    return peaks
 
 
 def _label_int(who: str, labels: Mapping[str, str], key: str) -> int | None:

@@ -8,12 +8,42 @@ someone else they are inferred (first GPU that fits), which is reported as a not
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from kube.objects import ObjectError, is_finished, node_info, pod_request, recorded_placement
-from packing.model import Placement, PodRequest, Snapshot
+from kube.objects import (
+    ObjectError,
+    is_finished,
+    node_info,
+    observed_peaks,
+    pod_key,
+    pod_request,
+    recorded_placement,
+)
+from packing.model import NodeInfo, Placement, PodRequest, RequestKind, Snapshot
 from packing.state import ClusterState, PlacementError
+
+# Headroom over an observed peak: time-sliced GPUs have no memory isolation, so a pod
+# that already reached its peak once is counted with 10% more than that.
+PEAK_HEADROOM_PCT = 10
+
+
+def with_observed_peak(req: PodRequest, peak_mib: int | None) -> PodRequest:
+    """A shared-GPU pod is counted with its observed peak (plus headroom) when that is
+    larger than what it declared in gpupack.io/gpu-memory."""
+    if req.kind is not RequestKind.SHARED or not peak_mib:
+        return req
+    need = -(-peak_mib * (100 + PEAK_HEADROOM_PCT) // 100)  # integer ceiling
+    return replace(req, gpu_memory_mib=need) if need > req.gpu_memory_mib else req
+
+
+def _owned_instance(node: NodeInfo, req: PodRequest) -> Placement | None:
+    """The MIG instance the node agent saw this pod own, if any."""
+    for g in node.gpus:
+        for inst in g.mig:
+            if inst.owner == req.key and inst.profile == req.mig_profile:
+                return Placement(req.key, node.name, (g.index,), inst.profile, inst.start)
+    return None
 
 
 @dataclass(frozen=True)
@@ -32,18 +62,23 @@ def build_snapshot(
     ``scheduler_name``: when given, only pending pods of that scheduler are pending for
     us; running pods of every scheduler count, since they hold resources.
     """
-    infos = [node_info(n) for n in nodes]
+    notes: list[str] = []
+    nodes = list(nodes)
+    infos = [node_info(n, notes) for n in nodes]
+    peaks: dict[str, int] = {}
+    for n in nodes:
+        peaks.update(observed_peaks(n))
     names = {n.name for n in infos}
+    infos_by_name = {n.name: n for n in infos}
     if len(names) != len(infos):
         dup = sorted(n.name for n in infos if sum(m.name == n.name for m in infos) > 1)[0]
         raise ObjectError(f"Node {dup}: metadata.name: duplicate node")
-    notes: list[str] = []
     state = ClusterState(Snapshot(tuple(infos)))
     running: list[tuple[PodRequest, Placement]] = []
     pending: list[PodRequest] = []
     seen: set[str] = set()
     for pod in pods:
-        req = pod_request(pod)
+        req = with_observed_peak(pod_request(pod), peaks.get(pod_key(pod)))
         if req.key in seen:
             raise ObjectError(f"Pod {req.key}: metadata.name: duplicate pod")
         seen.add(req.key)
@@ -58,7 +93,7 @@ def build_snapshot(
         if node not in names:
             notes.append(f"pod {req.key} runs on unknown node {node}; ignored")
             continue
-        placement = recorded_placement(pod, node)
+        placement = recorded_placement(pod, node) or _owned_instance(infos_by_name[node], req)
         if placement is None:
             options = state.options(req, node)
             if not options:

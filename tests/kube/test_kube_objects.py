@@ -206,3 +206,69 @@ def test_load_objects_forms() -> None:
     assert len(load_objects(one, "x", "Node")) == 2
     assert len(load_objects(lst, "x", "Node")) == 1
     assert len(load_objects(nl, "x", "Node")) == 1
+
+
+def _inventory(node: str) -> str:
+    from packing.inventory import GpuInventory, Inventory, PodGpuUsage, encode
+    from packing.model import MigInstance
+
+    return encode(
+        Inventory(
+            node,
+            1700000000,
+            (
+                GpuInventory(
+                    0,
+                    "GPU-a",
+                    "NVIDIA-H100-80GB-HBM3",
+                    81559,
+                    12000,
+                    GpuMode.MIG,
+                    (MigInstance("3g.40gb", 4, "ml/m"), MigInstance("1g.10gb", 0, None)),
+                ),
+                GpuInventory(
+                    1,
+                    "GPU-b",
+                    "NVIDIA-H100-80GB-HBM3",
+                    81559,
+                    30000,
+                    GpuMode.SHARED,
+                    pods=(PodGpuUsage("ml/s", 20000, 24000),),
+                ),
+            ),
+        )
+    )
+
+
+def test_inventory_annotation_replaces_inferred_detail_and_peaks_count() -> None:
+    labels = {**H100, "nvidia.com/gpu.count": "2", "nvidia.com/gpu.replicas": "4"}
+    n = k8s_node(
+        "a",
+        labels,
+        {
+            "nvidia.com/mig-3g.40gb": "1",
+            "nvidia.com/mig-1g.10gb": "1",
+            "nvidia.com/gpu.shared": "4",
+        },
+    )
+    n["metadata"]["annotations"] = {"gpupack.io/inventory": _inventory("a")}
+    info = node_info(n)
+    assert [g.mode for g in info.gpus] == [GpuMode.MIG, GpuMode.SHARED]
+    assert not any(g.inferred for g in info.gpus) and info.gpus[1].replicas == 4
+    mig_pod = k8s_pod("m", {"nvidia.com/mig-3g.40gb": 1}, node="a")
+    shared_pod = k8s_pod(
+        "s", {"nvidia.com/gpu.shared": 1}, {"gpupack.io/gpu-memory": "8Gi"}, node="a"
+    )
+    built = build_snapshot([n], [mig_pod, shared_pod])
+    running = {p.key: (p, pl) for p, pl in built.snapshot.running}
+    assert running["ml/m"][1].mig_start == 4  # the instance the agent saw it own
+    assert running["ml/s"][0].gpu_memory_mib == 26400  # observed peak 24000 + 10%
+
+
+def test_bad_inventory_is_noted_and_inferred_detail_used() -> None:
+    n = k8s_node("a", H100, {"nvidia.com/gpu": "8"})
+    n["metadata"]["annotations"] = {"gpupack.io/inventory": "{not json"}
+    notes: list[str] = []
+    info = node_info(n, notes)
+    assert all(g.inferred for g in info.gpus)
+    assert notes and "gpupack.io/inventory" in notes[0]
