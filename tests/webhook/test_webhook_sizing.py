@@ -96,7 +96,7 @@ def test_mig_slices_are_safe_for_self_sizing_servers() -> None:
 
 
 def test_only_the_gpu_container_is_checked() -> None:
-    containers = [{"name": "sidecar", "image": "vllm/vllm-openai"},
+    containers: list[dict[str, Any]] = [{"name": "sidecar", "image": "vllm/vllm-openai"},
                   {"name": "model", "image": "app", "args": ["--port", "1"]}]
     ann = dict(SHARE, **{"gpupack.io/container": "model", "gpupack.io/strict": "true"})
     a = admit(pod(annotations=ann, containers=containers), L40S, CFG)
