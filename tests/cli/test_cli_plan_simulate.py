@@ -126,7 +126,8 @@ def test_plan_json_shape(files: tuple[Path, Path], policy: str) -> None:
 
 @pytest.mark.parametrize(
     ("nodes_text", "pods_text", "needle"),
-    [
+    ids=["not-yaml", "wrong-kind", "bad-node-cpu", "bad-pod-cpu"],
+    argvalues=[
         ("a: [", "", "not valid YAML"),
         (NODES, "kind: Service\nmetadata: {name: x}", "expected Pod"),
         (NODES.replace('cpu: "64"', "cpu: lots"), PODS, "Node h100-mig-0: status.allocatable.cpu"),

@@ -62,8 +62,9 @@ def test_solver_is_deterministic_for_a_seed() -> None:
     nodes = tuple(node(f"m{i}", 2, mode=GpuMode.MIG) for i in range(3))
     pods = [mig(f"p{i}", ["1g.10gb", "2g.20gb", "3g.40gb"][i % 3]) for i in range(14)]
     snap = Snapshot(nodes, pending=tuple(pods))
-    a = solve_batch(ClusterState(snap), pods, (), PARAMS)
-    b = solve_batch(ClusterState(snap), pods, (), PARAMS)
+    params = SolverParams(max_time_s=0.3, workers=2, seed=3)
+    a = solve_batch(ClusterState(snap), pods, (), params)
+    b = solve_batch(ClusterState(snap), pods, (), params)
     assert a.placements == b.placements
 
 
