@@ -45,8 +45,9 @@ class BindError(RuntimeError):
 
 
 class Binder(Protocol):
-    def bind(self, namespace: str, name: str, uid: str, node: str,
-             annotations: Mapping[str, str]) -> None:
+    def bind(
+        self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str]
+    ) -> None:
         """Bind the pod to the node and record ``annotations`` on it; BindError if refused."""
         ...
 
@@ -104,8 +105,9 @@ class StaticBinder:
     def __init__(self, source: StaticSource) -> None:
         self.source = source
 
-    def bind(self, namespace: str, name: str, uid: str, node: str,
-             annotations: Mapping[str, str]) -> None:
+    def bind(
+        self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str]
+    ) -> None:
         key = f"{namespace}/{name}"
         with self.source.lock:
             pod = self.source.pods.get(key)
@@ -113,8 +115,10 @@ class StaticBinder:
                 raise BindError(f'pods "{name}" not found')
             meta = pod.setdefault("metadata", {})
             if uid and meta.get("uid") and meta["uid"] != uid:
-                raise BindError(f"Precondition failed: UID in precondition: {uid}, "
-                                f"UID in object meta: {meta['uid']}")
+                raise BindError(
+                    f"Precondition failed: UID in precondition: {uid}, "
+                    f"UID in object meta: {meta['uid']}"
+                )
             spec = pod.setdefault("spec", {})
             if spec.get("nodeName"):
                 raise BindError(f'pod {name} is already assigned to node "{spec["nodeName"]}"')
@@ -168,12 +172,14 @@ class ApiSource:
         self._listed = {"nodes": threading.Event(), "pods": threading.Event()}
         self.relists = {"nodes": 0, "pods": 0}
         self.reconnects = {"nodes": 0, "pods": 0}
-        self._watches: list[Any] = []
+        self._resume: dict[str, str | None] = {"nodes": None, "pods": None}
+        self._watches: list[Any] = []  # open watch responses, closed by stop()
 
     def start(self, sink: Sink) -> None:
         for kind in ("nodes", "pods"):
-            t = threading.Thread(target=self._run, args=(kind, sink), daemon=True,
-                                 name=f"gpupack-watch-{kind}")
+            t = threading.Thread(
+                target=self._run, args=(kind, sink), daemon=True, name=f"gpupack-watch-{kind}"
+            )
             t.start()
             self._threads.append(t)
 
@@ -188,8 +194,8 @@ class ApiSource:
 
     def stop(self) -> None:
         self._stop.set()
-        for w in list(self._watches):
-            w.stop()
+        for resp in list(self._watches):
+            resp.close()  # unblocks the thread reading it
 
     def _list_fn(self, kind: str) -> Callable[..., Any]:
         return self.core.list_node if kind == "nodes" else self.core.list_pod_for_all_namespaces
@@ -199,27 +205,42 @@ class ApiSource:
         from urllib3.exceptions import HTTPError
 
         backoff = self.backoff_initial_s
-        rv: str | None = None
         while not self._stop.is_set():
+            rv = self._resume.get(kind)
             try:
                 if rv is None:
-                    rv = self._list(kind, sink)
+                    self._resume[kind] = self._list(kind, sink)
                     self._listed[kind].set()
-                rv = self._watch(kind, sink, rv)
+                self._watch(kind, sink)
                 backoff = self.backoff_initial_s  # a watch that ended cleanly: no backoff
             except ApiException as e:
                 if e.status == 410:
                     log.info("%s watch: resourceVersion %s is gone; listing again", kind, rv)
                     self.relists[kind] += 1
-                    rv = None
+                    self._resume[kind] = None
                     continue
-                log.warning("%s list/watch: API error %s %s; retrying in %.1fs",
-                            kind, e.status, e.reason, backoff)
+                log.warning(
+                    "%s list/watch: API error %s %s; retrying in %.1fs",
+                    kind,
+                    e.status,
+                    e.reason,
+                    backoff,
+                )
                 backoff = self._backoff(kind, backoff)
             except (HTTPError, OSError, ValueError) as e:
                 # ProtocolError (connection dropped mid-stream), timeouts, refused
                 # connections, a truncated JSON line: reconnect from the last version.
+                if self._stop.is_set():
+                    return
                 log.warning("%s watch: %s; reconnecting in %.1fs", kind, e, backoff)
+                backoff = self._backoff(kind, backoff)
+            except Exception:
+                if self._stop.is_set():
+                    return  # stop() closed the stream under the reader
+                # Anything else is a bug on our side (the cache, an odd object): keep
+                # watching rather than leave the cache frozen, and list afresh.
+                log.exception("%s list/watch failed; listing again in %.1fs", kind, backoff)
+                self._resume[kind] = None
                 backoff = self._backoff(kind, backoff)
 
     def _backoff(self, kind: str, current: float) -> float:
@@ -237,21 +258,37 @@ class ApiSource:
             sink.replace(None, items)
         return str((body.get("metadata") or {}).get("resourceVersion") or "")
 
-    def _watch(self, kind: str, sink: Sink, rv: str) -> str:
-        """Stream events until the server ends the watch; returns the last version seen."""
-        from kubernetes import watch
-        from kubernetes.client.exceptions import ApiException
+    def _watch(self, kind: str, sink: Sink) -> None:
+        """Stream events from the resume version until the server ends the watch.
 
-        w = watch.Watch()
-        self._watches.append(w)
+        The resume version moves with every event and bookmark as it is read, so a
+        connection dropped mid-stream resumes where it broke, not at the last list.
+
+        The watch request is made directly (``watch=True``, ``_preload_content=False``)
+        and its lines parsed here rather than through ``kubernetes.watch.Watch``: that
+        helper either builds a model object per event (costly for every pod update) or,
+        with ``deserialize=False``, fails with a KeyError on the ERROR event that
+        carries 410 Gone (37.0.2), the one event this loop must act on.
+        """
+        from kubernetes.client.exceptions import ApiException
+        from kubernetes.watch.watch import iter_resp_lines
+
+        resp = self._list_fn(kind)(
+            watch=True,
+            resource_version=self._resume[kind],
+            allow_watch_bookmarks=True,
+            timeout_seconds=self.watch_timeout_s,
+            _preload_content=False,
+            _request_timeout=(10, self.watch_timeout_s + 30),
+        )
+        self._watches.append(resp)
         try:
-            stream = w.stream(
-                self._list_fn(kind), resource_version=rv, allow_watch_bookmarks=True,
-                timeout_seconds=self.watch_timeout_s, deserialize=False,
-            )
-            for event in stream:
+            for line in iter_resp_lines(resp):
                 if self._stop.is_set():
                     break
+                if not line or line.isspace():
+                    continue
+                event = json.loads(line)
                 etype = event.get("type")
                 obj = event.get("object") or {}
                 if etype == "ERROR":
@@ -259,7 +296,7 @@ class ApiSource:
                     raise ApiException(status=code or 500, reason=str(obj.get("message", "")))
                 meta = obj.get("metadata") or {}
                 if meta.get("resourceVersion"):
-                    rv = str(meta["resourceVersion"])
+                    self._resume[kind] = str(meta["resourceVersion"])
                 if etype == "BOOKMARK":
                     continue  # only the version matters: a cheaper resume point
                 if kind == "nodes":
@@ -272,34 +309,38 @@ class ApiSource:
                 else:
                     sink.upsert_pod(obj)
         finally:
-            self._watches.remove(w)
-        return rv
+            self._watches.remove(resp)
+            resp.release_conn()
 
 
 class ApiBinder:
     """Creates Bindings and records the placement on the pod."""
 
-    def __init__(self, api_client: Any, on_annotate_failure: Callable[[], None] | None = None
-                 ) -> None:
+    def __init__(
+        self, api_client: Any, on_annotate_failure: Callable[[], None] | None = None
+    ) -> None:
         from kubernetes import client
 
         self.core = client.CoreV1Api(api_client)
         self.on_annotate_failure = on_annotate_failure
 
-    def bind(self, namespace: str, name: str, uid: str, node: str,
-             annotations: Mapping[str, str]) -> None:
+    def bind(
+        self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str]
+    ) -> None:
         from kubernetes import client
         from kubernetes.client.exceptions import ApiException
         from urllib3.exceptions import HTTPError
 
         body = client.V1Binding(
-            metadata=client.V1ObjectMeta(name=name, namespace=namespace, uid=uid or None,
-                                         annotations=dict(annotations)),
+            metadata=client.V1ObjectMeta(
+                name=name, namespace=namespace, uid=uid or None, annotations=dict(annotations)
+            ),
             target=client.V1ObjectReference(api_version="v1", kind="Node", name=node),
         )
         try:
-            resp = self.core.create_namespaced_binding(namespace, body, _preload_content=False,
-                                                       _request_timeout=10)
+            resp = self.core.create_namespaced_binding(
+                namespace, body, _preload_content=False, _request_timeout=10
+            )
         except ApiException as e:
             raise BindError(_status_message(e)) from None
         except (HTTPError, OSError) as e:
@@ -309,14 +350,22 @@ class ApiBinder:
             raise BindError(f"binding {namespace}/{name} to {node}: HTTP {status}")
         try:
             self.core.patch_namespaced_pod(
-                name, namespace, {"metadata": {"annotations": dict(annotations)}},
-                _content_type="application/merge-patch+json", _request_timeout=10,
+                name,
+                namespace,
+                {"metadata": {"annotations": dict(annotations)}},
+                _content_type="application/merge-patch+json",
+                _request_timeout=10,
             )
         except (ApiException, HTTPError, OSError) as e:
             # The bind stands (the Binding carried the annotations too); a missing
             # annotation only means a restart infers the GPUs instead of reading them.
-            log.warning("bound %s/%s to %s but could not patch its annotations: %s",
-                        namespace, name, node, e)
+            log.warning(
+                "bound %s/%s to %s but could not patch its annotations: %s",
+                namespace,
+                name,
+                node,
+                e,
+            )
             if self.on_annotate_failure is not None:
                 self.on_annotate_failure()
 

@@ -16,7 +16,8 @@ from sched_builders import (
     whole_pod,
 )
 
-from packing.model import Placement
+from packing.model import Placement, Snapshot
+from packing.policies.gpupack import make_gpupack_scorer
 from scheduler.verbs import (
     UNKNOWN_NODE,
     Memo,
@@ -30,8 +31,6 @@ from scheduler.verbs import (
     prioritize,
 )
 from scheduler.wire import ExtenderArgs, PreemptionArgs
-from packing.policies.gpupack import make_gpupack_scorer
-from packing.model import Snapshot
 
 NODES = [
     node("mig-a", mig={"1g.10gb": 7}),  # GPU 0: 7 x 1g.10gb; GPUs 1..7 MIG, empty

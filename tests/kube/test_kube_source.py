@@ -1,0 +1,162 @@
+"""kube/source.py driven through the real ``kubernetes`` client against a FAKE API
+server (tests/kube/fake_apiserver.py): list+watch, 410 Gone, dropped connections,
+bookmarks, Binding answered with a Status, annotation patch."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fake_apiserver import FakeApiServer
+
+sys.path.insert(0, str(Path(__file__).parent.parent / "scheduler"))
+from sched_builders import node, whole_pod
+
+from kube.source import ApiBinder, ApiSource, BindError
+from scheduler.cache import ClusterCache
+
+
+def wait_for(cond: Callable[[], bool], timeout: float = 10.0,
+             msg: Callable[[], str] = lambda: "") -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not reached in time {msg()}")
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeApiServer]:
+    server = FakeApiServer().start()
+    server.put("nodes", node("gpu-a", gpus=2, reconfigurable=False))
+    server.put("pods", whole_pod("p0", 1, uid="uid-p0"))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def api(fake: FakeApiServer) -> Any:
+    from kubernetes import client
+
+    cfg = client.Configuration()
+    cfg.host = fake.url
+    return client.ApiClient(cfg)
+
+
+@pytest.fixture
+def running(api: Any) -> Iterator[tuple[ClusterCache, ApiSource]]:
+    cache = ClusterCache("gpupack")
+    source = ApiSource(api, watch_timeout_s=2, backoff_initial_s=0.01, backoff_max_s=0.05)
+    source.start(cache)
+    try:
+        wait_for(lambda: cache.synced)
+        yield cache, source
+    finally:
+        source.stop()
+
+
+def test_list_then_watch_feeds_the_cache(fake: FakeApiServer,
+                                         running: tuple[ClusterCache, ApiSource]) -> None:
+    cache, _ = running
+    assert cache.has_node("gpu-a")
+    assert cache.pending_pod("default/p0") is not None
+    fake.put("nodes", node("gpu-b", gpus=4))
+    fake.put("pods", whole_pod("p1", 1, uid="uid-p1", node="gpu-a"))
+    wait_for(lambda: cache.has_node("gpu-b") and cache.counted("default/p1") is not None)
+    fake.delete("pods", "default/p1")
+    fake.delete("nodes", "gpu-b")
+    wait_for(lambda: not cache.has_node("gpu-b") and cache.pod_entry("default/p1") is None)
+
+
+def test_410_gone_relists(fake: FakeApiServer, running: tuple[ClusterCache, ApiSource]) -> None:
+    cache, source = running
+    fake.compact()
+    fake.drop_watches()  # the watch must resume from a now-compacted version
+    fake.put("pods", whole_pod("after", 1, uid="uid-after"))
+    wait_for(lambda: source.relists["pods"] >= 1 and source.relists["nodes"] >= 1)
+    wait_for(lambda: cache.pending_pod("default/after") is not None)
+    assert fake.list_requests.count("pods") >= 2
+
+
+def test_dropped_connection_reconnects_from_the_last_version(
+    fake: FakeApiServer, running: tuple[ClusterCache, ApiSource]
+) -> None:
+    cache, source = running
+    fake.put("pods", whole_pod("before", 1, uid="uid-before"))
+    wait_for(lambda: cache.pending_pod("default/before") is not None)
+    lists = len(fake.list_requests)
+    fake.drop_watches()
+    wait_for(lambda: source.reconnects["pods"] >= 1)
+    fake.put("pods", whole_pod("later", 1, uid="uid-later"))
+    wait_for(lambda: cache.pending_pod("default/later") is not None)
+    assert len(fake.list_requests) == lists  # resumed, not re-listed
+    resumed = [rv for kind, rv in fake.watch_requests if kind == "pods"]
+    assert int(resumed[-1]) >= int(resumed[0])
+
+
+def test_bookmark_moves_the_resume_point(fake: FakeApiServer,
+                                         running: tuple[ClusterCache, ApiSource]) -> None:
+    _, source = running
+    fake.put("nodes", node("gpu-c", gpus=1))  # a node event: pods watch sees nothing
+    current = fake.rv
+    fake.bookmark()
+    time.sleep(0.2)
+    fake.drop_watches()
+    wait_for(lambda: source.reconnects["pods"] >= 1)
+    wait_for(lambda: any(k == "pods" and rv == str(current) for k, rv in fake.watch_requests),
+             msg=lambda: f"{current} {fake.watch_requests}")
+
+
+def test_binder_reads_the_status_answer_and_patches_annotations(
+    fake: FakeApiServer, api: Any
+) -> None:
+    binder = ApiBinder(api)
+    binder.bind("default", "p0", "uid-p0", "gpu-a", {"gpupack.io/gpus": "1"})
+    sent = fake.bindings[-1]
+    assert sent["metadata"]["uid"] == "uid-p0"
+    assert sent["target"] == {"apiVersion": "v1", "kind": "Node", "name": "gpu-a"}
+    assert sent["metadata"]["annotations"] == {"gpupack.io/gpus": "1"}
+    pod = fake.objects["pods"]["default/p0"]
+    assert pod["spec"]["nodeName"] == "gpu-a"
+    assert pod["metadata"]["annotations"]["gpupack.io/gpus"] == "1"
+    content_type, patch = fake.patches[-1]
+    assert content_type.startswith("application/merge-patch+json")
+    assert patch == {"metadata": {"annotations": {"gpupack.io/gpus": "1"}}}
+
+
+@pytest.mark.parametrize(("name", "uid", "message"), [
+    ("p0", "stale-uid", "Conflict: Operation cannot be fulfilled on pods/binding \"p0\": "
+                        "Precondition failed"),
+    ("ghost", "", 'NotFound: pods "ghost" not found'),
+])
+def test_binder_errors_carry_the_status_message(fake: FakeApiServer, api: Any, name: str,
+                                                uid: str, message: str) -> None:
+    with pytest.raises(BindError) as e:
+        ApiBinder(api).bind("default", name, uid, "gpu-a", {})
+    assert message in str(e.value)
+
+
+def test_rebinding_a_bound_pod_is_refused(fake: FakeApiServer, api: Any) -> None:
+    binder = ApiBinder(api)
+    binder.bind("default", "p0", "uid-p0", "gpu-a", {})
+    with pytest.raises(BindError, match="already assigned to node"):
+        binder.bind("default", "p0", "uid-p0", "gpu-a", {})
+
+
+def test_bind_through_the_watch_confirms_the_assumption(
+    fake: FakeApiServer, api: Any, running: tuple[ClusterCache, ApiSource]
+) -> None:
+    from packing.model import Placement
+
+    cache, _ = running
+    req = cache.pending_pod("default/p0")
+    cache.assume(req, req.uid, Placement(req.key, "gpu-a", (1,)))
+    ApiBinder(api).bind("default", "p0", "uid-p0", "gpu-a", {"gpupack.io/gpus": "1"})
+    wait_for(lambda: not cache.assumed_keys())
+    assert cache.counted("default/p0")[1].gpus == (1,)
