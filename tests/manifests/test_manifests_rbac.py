@@ -1,0 +1,70 @@
+"""Least privilege: what each ServiceAccount can do, computed from every binding."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import Obj, find_all
+
+Grant = tuple[str, str, str, str]  # (namespace or "*", apiGroup, resource, verb)
+
+BUILTIN = {"system:kube-scheduler", "system:volume-scheduler",
+           "extension-apiserver-authentication-reader"}
+
+
+def _rules(o: Obj, ns: str) -> set[Grant]:
+    out = set()
+    for r in o.get("rules", []):
+        assert "nonResourceURLs" not in r and "resourceNames" not in r
+        for g in r["apiGroups"]:
+            for res in r["resources"]:
+                for v in r["verbs"]:
+                    assert "*" not in (g, res, v), f"wildcard in {o['metadata']['name']}"
+                    out.add((ns, g, res, v))
+    return out
+
+
+def grants(objs: list[Obj]) -> tuple[dict[str, set[Grant]], dict[str, set[str]]]:
+    """Per ServiceAccount: the grants of our own roles, and the built-in roles bound."""
+    roles = {("ClusterRole", o["metadata"]["name"]): o for o in find_all(objs, "ClusterRole")}
+    roles |= {("Role", o["metadata"]["name"]): o for o in find_all(objs, "Role")}
+    own: dict[str, set[Grant]] = {}
+    builtin: dict[str, set[str]] = {}
+    for b in find_all(objs, "ClusterRoleBinding") + find_all(objs, "RoleBinding"):
+        ns = b["metadata"].get("namespace", "*")
+        ref = b["roleRef"]
+        for s in b["subjects"]:
+            assert s["kind"] == "ServiceAccount" and s["namespace"] == "gpupack"
+            key = s["name"]
+            if ref["name"] in BUILTIN:
+                builtin.setdefault(key, set()).add(f"{ref['kind']}/{ref['name']}@{ns}")
+                continue
+            role = roles[(ref["kind"], ref["name"])]
+            own.setdefault(key, set()).update(_rules(role, ns))
+    return own, builtin
+
+
+def core(ns: str, res: str, *verbs: str) -> set[Grant]:
+    return {(ns, "", res, v) for v in verbs}
+
+
+@pytest.mark.parametrize("which", ["base", "helm_default"])
+def test_least_privilege(which: str, request: pytest.FixtureRequest) -> None:
+    objs: list[Obj] = request.getfixturevalue(which)
+    own, builtin = grants(objs)
+    assert builtin == {"gpupack-scheduler": {
+        "ClusterRole/system:kube-scheduler@*", "ClusterRole/system:volume-scheduler@*",
+        "Role/extension-apiserver-authentication-reader@kube-system"}}
+    leases = {("gpupack", "coordination.k8s.io", "leases", v) for v in ("get", "create", "update")}
+    assert own["gpupack-scheduler"] == (
+        core("*", "nodes", "get", "list", "watch")
+        | core("*", "pods", "get", "list", "watch", "patch")
+        | core("*", "pods/binding", "create") | leases)
+    assert own["gpupack-webhook"] == (core("*", "nodes", "get", "list", "watch")
+                                      | core("*", "pods", "get", "list", "watch"))
+    assert own["gpupack-node-agent"] == core("*", "nodes", "get", "patch") | core(
+        "*", "pods", "list")
+    accounts = {o["metadata"]["name"] for o in find_all(objs, "ServiceAccount")}
+    assert accounts == set(own)
+    for kind in ("Deployment", "DaemonSet"):
+        for o in find_all(objs, kind):
+            assert o["spec"]["template"]["spec"]["serviceAccountName"] in accounts
