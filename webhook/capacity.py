@@ -16,7 +16,7 @@ from types import MappingProxyType
 
 from kube import annotations as A
 from packing.catalog import GpuModel, get_model
-from packing.mig import free_starts
+from packing.mig import MigSlot, free_starts
 from packing.model import GPU_MILLI, GpuMode, Snapshot
 from packing.state import ClusterState, GpuState
 
@@ -60,40 +60,44 @@ class ClusterView:
         gpus: Counter[str] = Counter()
         mig_gpus: Counter[str] = Counter()
         shared_gpus: Counter[str] = Counter()
-        mig_free: dict[str, Counter[str]] = {}
+        # Thousands of GPUs share a handful of (model, layout, used-or-free) states: count
+        # the states first, then do the MIG arithmetic once per distinct state.
+        mig_states: Counter[tuple[str, bool, tuple[tuple[int, str, bool], ...]]] = Counter()
         shared_room: dict[str, Counter[tuple[int, int]]] = {}
-        # Thousands of GPUs share a handful of (model, mode, layout) states; the MIG
-        # arithmetic is done once per distinct state.
-        memo: dict[tuple[object, ...], Counter[str]] = {}
         for node in state.nodes.values():
             info = node.info
             product = info.labels.get(A.PRODUCT)
             for g in node.gpus:
                 name = g.info.model
                 gpus[name] += 1
-                mig_free.setdefault(name, Counter())
-                shared_room.setdefault(name, Counter())
                 if product:
                     products.setdefault(name, set()).add(product)
                 if info.unschedulable:
                     continue  # present, but offers nothing until uncordoned
                 if g.mode is GpuMode.MIG or g.convertible:
                     mig_gpus[name] += 1
-                    mig_free[name].update(_mig_free(g, info.mig_reconfigurable, memo))
+                    layout = tuple(sorted((start, prof, owner is None)
+                                          for start, (prof, owner) in g.instances.items()))
+                    mig_states[(name, info.mig_reconfigurable or g.convertible, layout)] += 1
                 elif g.mode is GpuMode.SHARED:
                     shared_gpus[name] += 1
                     room = _shared_room(g)
                     if room is not None:
-                        shared_room[name][room] += 1
+                        shared_room.setdefault(name, Counter())[room] += 1
+        mig_free: dict[str, Counter[str]] = {}
+        for (name, creatable, layout), count in mig_states.items():
+            free = mig_free.setdefault(name, Counter())
+            for profile, n in _mig_free(name, creatable, layout).items():
+                free[profile] += n * count
         models = {
             name: ModelCapacity(
                 model=get_model(name),
                 products=tuple(sorted(products.get(name, ()))),
                 gpus=gpus[name],
                 mig_gpus=mig_gpus[name],
-                mig_free=MappingProxyType(dict(mig_free[name])),
+                mig_free=MappingProxyType(dict(mig_free.get(name, {}))),
                 shared_gpus=shared_gpus[name],
-                shared_room=MappingProxyType(dict(shared_room[name])),
+                shared_room=MappingProxyType(dict(shared_room.get(name, {}))),
             )
             for name in sorted(gpus)
         }
@@ -106,29 +110,25 @@ class ClusterView:
         return max(self.models.values(), key=lambda m: (m.model.memory_mib, m.model.name))
 
 
-def _mig_free(g: GpuState, reconfigurable: bool, memo: dict[tuple[object, ...], Counter[str]]
+def _mig_free(model: str, creatable: bool, layout: tuple[tuple[int, str, bool], ...]
               ) -> Counter[str]:
     """Instances per profile a pod could take on one MIG (or convertible) GPU.
 
-    Mirrors ``ClusterState._gpu_options``: free existing instances of the profile, plus
-    new ones at free valid starts when the node's layouts may change.
+    ``layout``: (start, profile, free) per existing instance. Mirrors
+    ``ClusterState._gpu_options``: free existing instances of the profile, plus new ones
+    at free valid starts when the node's layouts may change.
     """
-    creatable = reconfigurable or g.convertible
-    key = (g.info.model, creatable, tuple(sorted(g.instances.items())))
-    cached = memo.get(key)
-    if cached is not None:
-        return cached
-    geom = get_model(g.info.model).mig
+    geom = get_model(model).mig
     out: Counter[str] = Counter()
-    if geom is not None:
-        slots = g.mig_slots()
-        for p in geom.classic:
-            n = sum(1 for prof, owner in g.instances.values() if prof == p.name and owner is None)
-            if creatable:
-                n += len(free_starts(geom, slots, p.name))
-            if n:
-                out[p.name] = n
-    memo[key] = out
+    if geom is None:
+        return out
+    slots = [MigSlot(prof, start) for start, prof, _ in layout]
+    for p in geom.classic:
+        n = sum(1 for _, prof, free in layout if free and prof == p.name)
+        if creatable:
+            n += len(free_starts(geom, slots, p.name))
+        if n:
+            out[p.name] = n
     return out
 
 

@@ -219,3 +219,19 @@ def test_encode_response_shapes() -> None:
         "u", True, patch=[{"op": "add", "path": "/a~1b", "value": 1}]))
     raw = base64.b64decode(allow["response"]["patch"])
     assert json.loads(raw) == [{"op": "add", "path": "/a~1b", "value": 1}]
+
+
+def test_view_cache_serves_the_previous_view_while_rebuilding() -> None:
+    import time
+
+    from webhook.app import ViewCache
+
+    cache = ViewCache()
+    first = cache.get(SNAP)
+    assert cache.get(SNAP) is first
+    bigger = cluster(node("h0"), node("h1"))
+    assert cache.get(bigger) is first  # stale while the new one is condensed
+    deadline = time.monotonic() + 10
+    while cache.get(bigger) is first and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert cache.get(bigger).models["H100-80GB"].gpus == 16
