@@ -12,6 +12,8 @@ Metric sources (see the code for their definitions):
   ``gpupack_extender_request_seconds{verb}`` (histogram), ``gpupack_binds_total{result}``,
   ``gpupack_plan_solve_seconds``, ``gpupack_plan_age_seconds``,
   ``gpupack_plan_status{status}``.
+* webhook, ``webhook/metrics.py``: ``gpupack_webhook_reviews_total{outcome,class}``,
+  ``gpupack_webhook_warnings_total{class}``, ``gpupack_webhook_latency_seconds``.
 * node agent, ``nodeagent/metrics.py``: ``gpupack_gpu_memory_{total,used}_bytes{gpu,
   model,mode}``, ``gpupack_pod_gpu_memory_bytes{namespace,pod,gpu}``, ``..._peak_bytes``,
   ``..._growth_bytes_per_second``, ``..._exhaustion_seconds``,
@@ -161,9 +163,9 @@ MEMORY = Dashboard(
 
 EXTENDER = Dashboard(
     uid="gpupack-extender",
-    title="gpupack / Extender and solver",
-    description="Latency and outcome of the kube-scheduler extender verbs, binds, and the "
-                "background CP-SAT planner.",
+    title="gpupack / Extender, webhook and solver",
+    description="Latency and outcome of the kube-scheduler extender verbs, binds, the "
+                "background CP-SAT planner and the sizing webhook.",
     panels=(
         Panel("Extender latency p99 by verb", (
             Q("histogram_quantile(0.99, sum by (le, verb) "
@@ -184,6 +186,16 @@ EXTENDER = Dashboard(
         Panel("Planner status", (
             Q("gpupack_plan_status == 1", "{{status}}", instant=True),), kind="table",
             width=12),
+        Panel("Webhook reviews by outcome and class", (
+            Q("sum by (outcome, class) "
+              "(rate(gpupack_webhook_reviews_total[$__rate_interval]))",
+              "{{outcome}} {{class}}"),), unit="reqps", stacked=True, width=12),
+        Panel("Webhook latency p99", (
+            Q("histogram_quantile(0.99, sum by (le) "
+              "(rate(gpupack_webhook_latency_seconds_bucket[$__rate_interval])))", "p99"),),
+            unit="s", width=12,
+            description="The API server waits at most timeoutSeconds (5s), then admits the "
+                        "pod unchanged (failurePolicy Ignore)."),
     ),
 )
 
@@ -342,6 +354,13 @@ RULE_GROUPS: list[dict[str, Any]] = [
                    "<", "1", "5m", "critical",
                    "no gpupack extender is scraped up",
                    "Pods of the gpupack scheduler cannot be filtered or bound."),
+            _alert("GpupackWebhookErrors",
+                   '(sum(rate(gpupack_webhook_reviews_total{outcome=~"error|malformed"}[5m])) '
+                   "or vector(0)) / sum(rate(gpupack_webhook_reviews_total[5m]))",
+                   ">", str(EXTENDER_ERROR_RATIO), "10m", "warning",
+                   "gpupack webhook fails reviews",
+                   "{{ $value | humanizePercentage }} of AdmissionReviews failed in the last "
+                   "5 minutes; with failurePolicy Ignore those pods were admitted unsized."),
             _alert("GpupackNodeAgentStale",
                    "time() - max by (node) (gpupack_agent_last_success_timestamp_seconds)",
                    ">", "300", "5m", "warning",

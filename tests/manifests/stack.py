@@ -1,6 +1,8 @@
 """A local monitoring stack for the manifest tests: a real Prometheus server (Debian's
 ``prometheus``) scraping a real ``gpupack serve`` (static snapshot of the bundled example
-cluster) and the real node agent on the recorded fake NVML (``fake_agent.py``).
+cluster), the real ``gpupack webhook`` over HTTPS (certificate from
+``manifests/tls/make-self-signed.sh``, verified as its ServiceMonitor says) and the real
+node agent on the recorded fake NVML (``fake_agent.py``).
 
 The Prometheus job names and the agent target's ``node`` label are the ones the
 ServiceMonitors of ``manifests/`` produce in a cluster (job = Service name; ``node`` from
@@ -14,6 +16,7 @@ import json
 import os
 import shutil
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -30,6 +33,8 @@ REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "gpupack" / "examples"
 EXTENDER_JOB = "gpupack-scheduler-metrics"  # Service of manifests/base/scheduler.yaml
 AGENT_JOB = "gpupack-node-agent"  # Service of manifests/base/node-agent.yaml
+WEBHOOK_JOB = "gpupack-webhook"  # Service of manifests/base/webhook.yaml
+WEBHOOK_DNS = "gpupack-webhook.gpupack.svc"  # serverName of its ServiceMonitor
 AGENT_NODE = "gpu-node-1"
 RATE_INTERVAL = "1m"  # what Grafana's $__rate_interval becomes in the tests
 
@@ -48,14 +53,15 @@ def http_json(url: str, body: Any | None = None, timeout: float = 10.0) -> Any:
         return json.loads(resp.read())
 
 
-def wait_http(url: str, deadline_s: float, proc: subprocess.Popen[bytes] | None = None) -> None:
+def wait_http(url: str, deadline_s: float, proc: subprocess.Popen[bytes] | None = None,
+              context: ssl.SSLContext | None = None) -> None:
     end = time.monotonic() + deadline_s
     last: Exception | None = None
     while time.monotonic() < end:
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"{proc.args!r} exited with {proc.returncode} before {url} answered")
         try:
-            with urllib.request.urlopen(url, timeout=2) as resp:
+            with urllib.request.urlopen(url, timeout=2, context=context) as resp:
                 if resp.status == 200:
                     return
         except (urllib.error.URLError, OSError) as e:
@@ -75,6 +81,8 @@ class Stack:
     prom_url: str = ""
     extender_url: str = ""
     agent_url: str = ""
+    webhook_url: str = ""
+    ca_file: Path | None = None
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
     logs: list[Path] = field(default_factory=list)
 
@@ -136,6 +144,39 @@ class Stack:
                 return sent + 1  # one bind per call: the pictures show a gradual change
         return sent
 
+    def drive_webhook(self) -> int:
+        """AdmissionReviews for sample pods (ASR and TTS by class, an LLM pod, a CPU pod),
+        as the API server sends them; returns the number sent."""
+        assert self.ca_file is not None
+        ctx = ssl.create_default_context(cafile=str(self.ca_file))
+        ctx.check_hostname = False  # the TLS tests check the name; here only the CA
+        samples = [
+            {"gpupack.io/class": "asr", "gpupack.io/gpu-memory": "8Gi"},
+            {"gpupack.io/class": "tts"},
+            {"gpupack.io/class": "whole"},
+            {},
+        ]
+        for i, ann in enumerate(samples):
+            limits = {"nvidia.com/gpu": "2"} if ann.get("gpupack.io/class") == "whole" else {}
+            pod = {"apiVersion": "v1", "kind": "Pod",
+                   "metadata": {"name": f"sample-{i}", "namespace": "speech",
+                                "annotations": ann},
+                   "spec": {"containers": [{"name": "main", "image": "img",
+                                            "resources": {"limits": limits}}]}}
+            review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                      "request": {"uid": f"00000000-0000-4000-8000-{i:012d}",
+                                  "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                                  "resource": {"group": "", "version": "v1",
+                                               "resource": "pods"},
+                                  "namespace": "speech", "operation": "CREATE",
+                                  "object": pod, "userInfo": {"username": "test"}}}
+            req = urllib.request.Request(f"{self.webhook_url}/mutate",
+                                         data=json.dumps(review).encode(), method="POST",
+                                         headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=10, context=ctx) as resp:
+                json.loads(resp.read())
+        return len(samples)
+
     def stop(self) -> None:
         for p in self.procs:
             if p.poll() is None:
@@ -160,7 +201,8 @@ def _items(path: Path) -> list[dict[str, Any]]:
     return list(doc.get("items", [])) if isinstance(doc, dict) else list(doc)
 
 
-def prometheus_config(extender_port: int, agent_port: int, rule_file: Path | None) -> str:
+def prometheus_config(extender_port: int, agent_port: int, webhook_port: int, ca_file: Path,
+                      rule_file: Path | None) -> str:
     cfg: dict[str, Any] = {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s",
                    "scrape_timeout": "1s"},
@@ -170,6 +212,9 @@ def prometheus_config(extender_port: int, agent_port: int, rule_file: Path | Non
             {"job_name": AGENT_JOB,
              "static_configs": [{"targets": [f"127.0.0.1:{agent_port}"],
                                  "labels": {"node": AGENT_NODE}}]},
+            {"job_name": WEBHOOK_JOB, "scheme": "https",
+             "tls_config": {"ca_file": str(ca_file), "server_name": WEBHOOK_DNS},
+             "static_configs": [{"targets": [f"127.0.0.1:{webhook_port}"]}]},
         ],
     }
     if rule_file is not None:
@@ -186,6 +231,7 @@ def start(workdir: Path, rule_groups: list[dict[str, Any]] | None = None) -> Sta
     workdir.mkdir(parents=True, exist_ok=True)
     stack = Stack(workdir)
     ext_port, agent_port, prom_port = free_port(), free_port(), free_port()
+    hook_port = free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
 
     def spawn(name: str, cmd: list[str]) -> subprocess.Popen[bytes]:
@@ -205,12 +251,24 @@ def start(workdir: Path, rule_groups: list[dict[str, Any]] | None = None) -> Sta
         ext = spawn("extender", serve_cmd)
         agent = spawn("agent", [sys.executable, str(Path(__file__).with_name("fake_agent.py")),
                                 str(agent_port)])
+        tls = workdir / "tls"
+        made = subprocess.run(["bash", str(REPO / "manifests" / "tls" / "make-self-signed.sh"),
+                               str(tls)], capture_output=True, text=True, timeout=60)
+        if made.returncode != 0:
+            raise RuntimeError(f"make-self-signed.sh: {made.stderr}")
+        stack.ca_file = tls / "ca.crt"
+        hook = spawn("webhook", ([gpupack] if gpupack else [sys.executable, "-m", "gpupack"]) + [
+            "webhook", "--host", "127.0.0.1", "--port", str(hook_port),
+            "--tls-cert", str(tls / "tls.crt"), "--tls-key", str(tls / "tls.key"),
+            "--nodes", str(EXAMPLES / "nodes.yaml"), "--pods", str(EXAMPLES / "pods.yaml"),
+            "--log-level", "warning"])
         rule_file = None
         if rule_groups is not None:
             rule_file = workdir / "rules.yaml"
             rule_file.write_text(yaml.safe_dump({"groups": rule_groups}, sort_keys=False))
         config = workdir / "prometheus.yml"
-        config.write_text(prometheus_config(ext_port, agent_port, rule_file))
+        config.write_text(prometheus_config(ext_port, agent_port, hook_port, stack.ca_file,
+                                            rule_file))
         prom = spawn("prometheus", [
             prometheus, f"--config.file={config}",
             f"--storage.tsdb.path={workdir / 'data'}",
@@ -219,9 +277,13 @@ def start(workdir: Path, rule_groups: list[dict[str, Any]] | None = None) -> Sta
         stack.extender_url = f"http://127.0.0.1:{ext_port}"
         stack.agent_url = f"http://127.0.0.1:{agent_port}"
         stack.prom_url = f"http://127.0.0.1:{prom_port}"
+        stack.webhook_url = f"https://127.0.0.1:{hook_port}"
         wait_http(f"{stack.prom_url}/-/ready", 30, prom)
         wait_http(f"{stack.agent_url}/metrics", 30, agent)
         wait_http(f"{stack.extender_url}/readyz", 60, ext)
+        ctx = ssl.create_default_context(cafile=str(stack.ca_file))
+        ctx.check_hostname = False
+        wait_http(f"{stack.webhook_url}/healthz", 30, hook, ctx)
     except BaseException:
         stack.stop()
         raise
