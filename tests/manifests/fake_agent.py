@@ -21,14 +21,14 @@ from types import FrameType
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "nodeagent"))
 
-from fake_nvml import L40S_UUID, MIB, MIG_1G_A, MIG_3G, mixed_node  # noqa: E402
-from prometheus_client import start_http_server  # noqa: E402
+from fake_nvml import L40S_UUID, MIB, MIG_1G_A, MIG_3G, mixed_node
+from prometheus_client import start_http_server
 
-from nodeagent.agent import Agent, AgentConfig  # noqa: E402
-from nodeagent.cgroups import PodRef  # noqa: E402
-from nodeagent.metrics import AgentMetrics  # noqa: E402
-from nodeagent.nvml import NvmlAdapter  # noqa: E402
-from nodeagent.podresources import DeviceAssignment, PodResourcesView, parse_device_id  # noqa: E402
+from nodeagent.agent import Agent, AgentConfig
+from nodeagent.cgroups import PodRef
+from nodeagent.metrics import AgentMetrics
+from nodeagent.nvml import NvmlAdapter
+from nodeagent.podresources import DeviceAssignment, PodResourcesView, parse_device_id
 
 STEP_S = 30.0  # agent seconds per tick
 LEAK_BYTES = 300 * MIB  # per tick, by tts/tts-b

@@ -56,7 +56,8 @@ def test_cert_manager_overlay(cert_manager: list[Obj]) -> None:
     assert issuer["metadata"]["namespace"] == cert["metadata"]["namespace"] == "gpupack"
     assert "selfSigned" in issuer["spec"]
     svc = find(cert_manager, "Service", "gpupack-webhook")
-    assert f"{svc['metadata']['name']}.{svc['metadata']['namespace']}.svc" in cert["spec"]["dnsNames"]
+    dns = f"{svc['metadata']['name']}.{svc['metadata']['namespace']}.svc"
+    assert dns in cert["spec"]["dnsNames"]
     mwc = find(cert_manager, "MutatingWebhookConfiguration")
     assert mwc["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == (
         f"{cert['metadata']['namespace']}/{cert['metadata']['name']}")
@@ -250,7 +251,7 @@ def test_dashboards_are_grafana_configmaps(base: list[Obj]) -> None:
     assert len(maps) == 3
     uids = set()
     for cm in maps:
-        (name, text), = cm["data"].items()
+        (text,) = cm["data"].values()
         dash = json.loads(text)
         uids.add(dash["uid"])
         assert dash["templating"]["list"][0]["type"] == "datasource"
@@ -258,7 +259,7 @@ def test_dashboards_are_grafana_configmaps(base: list[Obj]) -> None:
         assert len(ids) == len(set(ids))
         for p in dash["panels"]:
             g = p["gridPos"]
-            assert 0 <= g["x"] and g["x"] + g["w"] <= 24
+            assert g["x"] >= 0 and g["x"] + g["w"] <= 24
             assert p["targets"] and all(t["expr"] for t in p["targets"])
             assert p["datasource"]["uid"] == "${datasource}"
     assert len(uids) == 3

@@ -15,7 +15,7 @@ from conftest import MANIFESTS, Obj, find
 from gpupack.cli import build_parser
 
 sys.path.insert(0, str(MANIFESTS))
-from generate import managed_resources  # noqa: E402
+from generate import managed_resources
 
 # extenders[] fields of kubescheduler.config.k8s.io/v1 (reference).
 EXTENDER_FIELDS = {"urlPrefix", "filterVerb", "prioritizeVerb", "preemptVerb", "bindVerb",
