@@ -1,24 +1,26 @@
 """FGD's GPU fragmentation measure (Weng et al., "Beware of Fragmentation", USENIX ATC'23).
 
 One definition, vectorized over any leading batch shape (nodes, or nodes x candidate GPUs),
-shared by the openb replay (``packing.openb``) and the packer's ``fgd`` policy on
-Kubernetes snapshots.
+used by the openb replay (``packing.openb``).
 
-The math. Let the *typical shapes* m = 1..S be the most common pod request tuples
-(cpu, num_gpu, gpu_milli, gpu_spec) covering 95% of the workload, with frequencies
-p_m = count_m / total pods (not renormalised: the 5% tail simply carries no weight). For a
-node with per-GPU free compute f_1..f_G (milli), free CPU c and memory r, and GPU model mu:
+The math, as the published simulator computes it (``kubernetes-scheduler-simulator``,
+``pkg/utils/frag.go``: ``NodeGpuShareFragAmount``, ``GetTypicalPods``). Let the *typical
+shapes* m = 1..S be the most common pod request tuples (cpu, num_gpu, gpu_milli,
+gpu_spec) covering 95% of the trace's pods, with frequencies p_m renormalised over the
+chosen shapes (sum p_m = 1). For a node with per-GPU free compute f_1..f_G (milli), free
+CPU c and GPU model mu:
 
     T          = sum_g f_g                                   idle GPU capacity
-    can_m      = model mu allowed by m, c >= cpu_m, r >= mem_m, and
+    can_m      = m requests GPUs, model mu allowed by m, c >= cpu_m and
                  #{g : f_g >= milli_m} >= num_gpu_m           m fits on the node at all
     frag_m     = sum_{g : f_g < milli_m} f_g   if can_m       GPUs too small for m
                = T                             otherwise      nothing there is usable by m
     F(node)    = sum_m p_m * frag_m
 
-A CPU-only shape (num_gpu 0, milli 0) has no GPU smaller than 0, so it contributes 0 when
-it fits and T when the node's CPU (or memory) is exhausted: GPUs stranded by a full CPU
-are fragment. FGD places each pod where F grows least.
+A CPU-only shape (num_gpu 0) never uses a GPU, so for it *all* idle GPU capacity is
+fragment, whether its CPU fits or not (the simulator files it as "XL satisfied" / "XR
+lack CPU", both summed into the fragment). Memory plays no part (the simulator's shape
+tuple has none). FGD places each pod where F grows least.
 
 For speed the shapes are grouped by their GPU part j = (milli_j, num_gpu_j); the GPU
 statistics of a node depend on j only:
@@ -27,16 +29,16 @@ statistics of a node depend on j only:
 
 and the CPU/memory/model part folds into one weight per group,
 
-    B_j     = sum_{m in group j} p_m * [model ok, c >= cpu_m, r >= mem_m]
+    B_j     = sum_{m in group j, m not CPU-only} p_m * [model ok, c >= cpu_m, r >= mem_m]
 
 so that, with P = sum_m p_m,
 
     F = P*T - sum_j B_j * [cnt_j >= num_gpu_j] * (T - small_j).
 
-(Each shape that fits turns its term p_m*T into p_m*small_j.) A candidate placement only
-changes one GPU and the node's CPU, so the after-state statistics are a cheap update of
-cached ones (see ``packing.openb.policies``); all of them end in
-:func:`fragmentation_from_stats`, the one place where F is defined.
+(Each GPU shape that fits turns its term p_m*T into p_m*small_j; CPU-only shapes keep
+p_m*T.) A candidate placement only changes one GPU and the node's CPU, so the after-state
+statistics are a cheap update of cached ones (see ``packing.openb.policies``); all of
+them end in :func:`fragmentation_from_stats`, the one place where F is defined.
 """
 
 from __future__ import annotations
@@ -101,7 +103,9 @@ def make_shapes(counts: Sequence[tuple[ShapeKey, float]], models: Sequence[str])
     gm = np.array([m for m, _ in groups], dtype=np.int64)
     gn = np.array([n for _, n in groups], dtype=np.int64)
     onehot = np.zeros((len(keys), len(groups)), dtype=np.float64)
-    onehot[np.arange(len(keys)), group] = freq
+    # A CPU-only shape never "fits" in the fragment sense: its term stays p_m * T.
+    gpu_shape = np.array([k.num_gpu > 0 for k in keys], dtype=bool)
+    onehot[np.arange(len(keys)), group] = np.where(gpu_shape, freq, 0.0)
     return TypicalShapes(
         keys=keys,
         freq=freq,
@@ -116,27 +120,35 @@ def make_shapes(counts: Sequence[tuple[ShapeKey, float]], models: Sequence[str])
 
 
 def typical_shapes(
-    pods: Iterable[ShapeKey], models: Sequence[str], coverage: float = DEFAULT_COVERAGE
+    pods: Iterable[ShapeKey],
+    models: Sequence[str],
+    coverage: float = DEFAULT_COVERAGE,
+    renormalize: bool = True,
 ) -> TypicalShapes:
     """The most common shapes whose cumulative share first reaches ``coverage``.
 
-    Ties in count are ordered by the key's fields so the result does not depend on input
-    order (the published simulator orders ties by Go map iteration, i.e. arbitrarily).
+    Frequencies are count / total, then (``renormalize``, as the published simulator
+    does after chopping the tail) divided by the chosen shapes' share so they sum to 1.
+    Equal counts are ordered by the key's fields, descending, like the simulator's
+    ``sort.Reverse`` over (cpu, gpu milli, GPU count, GPU type).
     """
     counter = Counter(pods)
     total = sum(counter.values())
     if total == 0:
         return make_shapes([], models)
+    # Descending by (count, cpu, milli, num_gpu, spec), as the simulator's
+    # sort.Reverse(TargetPodList) orders them.
     ranked = sorted(
         counter.items(),
         key=lambda kv: (
-            -kv[1],
-            kv[0].num_gpu,
-            kv[0].gpu_milli,
+            kv[1],
             kv[0].cpu_milli,
+            kv[0].gpu_milli,
+            kv[0].num_gpu,
+            "|".join(sorted(kv[0].gpu_spec)),
             kv[0].memory_mib,
-            sorted(kv[0].gpu_spec),
         ),
+        reverse=True,
     )
     chosen: list[tuple[ShapeKey, float]] = []
     acc = 0
@@ -145,6 +157,8 @@ def typical_shapes(
         acc += n
         if acc >= coverage * total:
             break
+    if renormalize and acc:
+        chosen = [(k, p * total / acc) for k, p in chosen]
     return make_shapes(chosen, models)
 
 

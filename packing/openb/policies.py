@@ -60,9 +60,15 @@ class Policy:
     random_ties = True
 
     def reset(
-        self, state: ClusterState, shapes: TypicalShapes, all_shapes: TypicalShapes | None = None
+        self,
+        state: ClusterState,
+        shapes: TypicalShapes,
+        all_shapes: TypicalShapes | None = None,
+        seed: int = 0,
     ) -> None:
-        """``shapes``: FGD's typical shapes (95%); ``all_shapes``: every shape of the workload."""
+        """``shapes``: FGD's typical shapes (95%); ``all_shapes``: every shape of the
+        workload; ``seed``: the run's seed (for policies with a per-run node order)."""
+        self.seed = seed
         self.state = state
         self.shapes = shapes
         self.all_shapes = all_shapes if all_shapes is not None else shapes
@@ -219,26 +225,47 @@ class FgdPolicy(Policy):
 
     The simulator turns the fragment decrease into a kube-scheduler score
     ``int64(sigmoid((F_before - F_after) / 1000) * 100)``: an integer 0..100, so changes
-    below about 40 milli-GPU (the sigmoid's slope at 0 is 1/4 per GPU) tie and are broken
-    at random between nodes, and between GPUs of a node by the lowest index. ``exact``
-    drops that rounding (argmin of the raw delta, ties by lowest index).
+    below about 40 milli-GPU (the sigmoid's slope at 0 is 1/4 per GPU) tie. A fractional
+    pod takes the GPU of the node with the best such score, the lowest index on ties
+    (``calculateGpuShareFragExtendScore``). Ties between nodes (``tie``):
+
+    * ``order`` (default, the reproduction): the first node in a node order drawn at
+      random once per run (seed). The simulator prefixes every node name with a random
+      permutation index per seed and its kube-scheduler is a fork; ties broken uniformly
+      at random per pod (``random``) spread 1-GPU pods over the empty 8-GPU nodes and
+      fail the 8-GPU pods from ~40% load (91.3% on ``default`` seed 42), which the
+      published curves never do, while a fixed per-run order reproduces them.
+    * ``bestfit``: the node the pod fills best (least leftover CPU + GPU share).
+    * ``random``: uniformly at random per pod (stock kube-scheduler ``selectHost``).
+    * ``first``: the lowest node index.
+
+    ``exact`` drops the integer rounding (argmin of the raw delta).
     """
 
     name = "fgd"
 
-    def __init__(self, exact: bool = False, tie: str = "random") -> None:
+    def __init__(self, exact: bool = False, tie: str = "order") -> None:
+        if tie not in ("order", "bestfit", "random", "first"):
+            raise ValueError(f"unknown tie rule {tie!r}")
         self.exact = exact
         self.tie = tie
         if exact:
             self.name = "fgd-exact"
-        if tie == "first":
-            self.random_ties = False
+        self.random_ties = tie == "random"
 
     def reset(
-        self, state: ClusterState, shapes: TypicalShapes, all_shapes: TypicalShapes | None = None
+        self,
+        state: ClusterState,
+        shapes: TypicalShapes,
+        all_shapes: TypicalShapes | None = None,
+        seed: int = 0,
     ) -> None:
-        super().reset(state, shapes, all_shapes)
+        super().reset(state, shapes, all_shapes, seed)
         self.fs = FragmentationState(state, shapes)
+        n = state.nodes.size
+        # rank in the run's node order, scaled into [0, 1): breaks integer-score ties only
+        perm = np.random.default_rng(seed + 104729).permutation(n)
+        self.order_bonus = np.asarray((n - perm) / (n + 1.0), dtype=np.float64)
 
     def placed(self, node: int) -> None:
         self.fs.refresh(node)
@@ -260,6 +287,8 @@ class FgdPolicy(Policy):
         if self.tie == "bestfit":
             cpu_left, gpu_left = _leftover(self.state, idx, req)
             score = score + (1.0 - (cpu_left + gpu_left) / 2.0) * 0.999
+        elif self.tie == "order":
+            score = score + self.order_bonus[idx]
         return score, gpu
 
 
@@ -285,9 +314,13 @@ class GpupackPolicy(Policy):
         self.fit_weight = fit_weight
 
     def reset(
-        self, state: ClusterState, shapes: TypicalShapes, all_shapes: TypicalShapes | None = None
+        self,
+        state: ClusterState,
+        shapes: TypicalShapes,
+        all_shapes: TypicalShapes | None = None,
+        seed: int = 0,
     ) -> None:
-        super().reset(state, shapes, all_shapes)
+        super().reset(state, shapes, all_shapes, seed)
         self.fs = FragmentationState(state, self.all_shapes if self.coverage_all else shapes)
 
     def placed(self, node: int) -> None:
@@ -308,18 +341,26 @@ class GpupackPolicy(Policy):
         return -(delta + self.fit_weight * (cpu_left + gpu_left)), gpu
 
 
-POLICIES = ("random", "dotproduct", "packing", "bestfit", "fgd", "fgd-random", "gpupack")
+POLICIES = (
+    "random",
+    "dotproduct",
+    "packing",
+    "bestfit",
+    "fgd",
+    "fgd-bestfit",
+    "fgd-random",
+    "gpupack",
+)
 
 
 def make(name: str) -> Policy:
     """A fresh policy by name (see ``POLICIES``).
 
     ``fgd`` is the reproduction of the published FGD: integer kube-scheduler scores, ties
-    between nodes broken by BestFit's least leftover. ``fgd-random`` breaks them uniformly
-    at random instead (plain kube-scheduler selectHost); it spreads whole-GPU pods over the
-    empty 8-GPU nodes and then fails the 8-GPU pods from ~40% load, which the published
-    curves never do (no policy but Random fails anything before ~88% load there).
-    ``fgd-exact`` drops the integer rounding.
+    between nodes to the first in a per-run random node order (see :class:`FgdPolicy`).
+    ``fgd-bestfit`` breaks them by BestFit's least leftover, ``fgd-random`` uniformly at
+    random per pod (plain kube-scheduler selectHost). ``fgd-exact`` drops the integer
+    rounding.
     """
     if name == "random":
         return RandomPolicy()
@@ -330,13 +371,13 @@ def make(name: str) -> Policy:
     if name == "bestfit":
         return BestFitPolicy()
     if name == "fgd":
-        return FgdPolicy(tie="bestfit")
-    if name == "fgd-random":
-        p = FgdPolicy(tie="random")
+        return FgdPolicy(tie="order")
+    if name in ("fgd-bestfit", "fgd-random"):
+        p = FgdPolicy(tie=name.split("-")[1])
         p.name = name
         return p
     if name == "fgd-exact":
-        return FgdPolicy(exact=True, tie="bestfit")
+        return FgdPolicy(exact=True, tie="order")
     if name == "gpupack":
         return GpupackPolicy()
     raise KeyError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}, fgd-exact")

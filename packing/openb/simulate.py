@@ -69,6 +69,15 @@ def build_workload(
     return arr
 
 
+def trace_shapes(
+    pods: Pods, models: tuple[str, ...], coverage: float = DEFAULT_COVERAGE
+) -> TypicalShapes:
+    """FGD's typical shapes of the *trace* (every pod once), as the published simulator
+    takes them: ``SetTypicalPods`` runs on the original workload, before it is inflated
+    to 130% load. Independent of the seed."""
+    return workload_shapes(pods, np.arange(len(pods.pods), dtype=np.int64), models, coverage)
+
+
 def workload_shapes(
     pods: Pods, workload: IntArray, models: tuple[str, ...], coverage: float = DEFAULT_COVERAGE
 ) -> TypicalShapes:
@@ -198,7 +207,7 @@ def simulate(
     if mode not in ("online", "windowed"):
         raise ValueError(f"unknown mode {mode!r}")
     state = ClusterState(nodes)
-    policy.reset(state, shapes, all_shapes)
+    policy.reset(state, shapes, all_shapes, seed=seed)
     decider = _Decider(state, policy, len(pods.requests), seed, cache)
     cap = nodes.gpu_capacity_milli
     n = len(workload)

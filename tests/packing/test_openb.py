@@ -25,17 +25,18 @@ TWO = ShapeKey(cpu_milli=0, num_gpu=2, gpu_milli=1000, gpu_spec=frozenset())
 # Node with GPUs free 1000, 300, 600 (+1 absent) on model G2. T = 1900.
 #  A (p .5): fits (two GPUs >= 500), fragment = GPUs < 500 = 300
 #  B (p .3): fits (one GPU = 1000), fragment = 300 + 600 = 900
-#  C (p .2): CPU-only, fragment 0 if its 4000 CPU fit, else T = 1900
+#  C (p .2): CPU-only: all idle GPU is fragment for it, fit or not: T = 1900
+#             (the published simulator's "XL satisfied" / "XR lack CPU")
 #  TWO: needs two whole GPUs, only one -> fragment T = 1900
 @pytest.mark.parametrize(
     ("shapes", "cpu", "expected"),
     [
-        ([(A, 0.5), (B, 0.3), (C, 0.2)], 8000, 0.5 * 300 + 0.3 * 900),
+        ([(A, 0.5), (B, 0.3), (C, 0.2)], 8000, 0.5 * 300 + 0.3 * 900 + 0.2 * 1900),
         ([(A, 0.5), (B, 0.3), (C, 0.2)], 2000, 0.5 * 300 + 0.3 * 900 + 0.2 * 1900),
         ([(A, 0.5), (B, 0.3), (C, 0.2)], 500, 0.5 * 1900 + 0.3 * 900 + 0.2 * 1900),
         ([(A, 0.5), (B_T4, 0.3)], 8000, 0.5 * 300 + 0.3 * 1900),
         ([(TWO, 1.0)], 8000, 1900.0),
-        ([(A, 0.6)], 8000, 0.6 * 300),  # frequencies are not renormalised
+        ([(A, 0.6)], 8000, 0.6 * 300),  # make_shapes takes the frequencies as given
     ],
 )
 def test_node_fragmentation_hand_worked(
@@ -59,7 +60,13 @@ def test_typical_shapes_cover_95_percent() -> None:
     keys = [A] * 60 + [B] * 30 + [C] * 6 + [TWO] * 4
     sh = typical_shapes(keys, MODELS)
     assert sh.keys == (A, B, C)  # 60 + 30 + 6 = 96% >= 95%
-    assert sh.freq.tolist() == pytest.approx([0.6, 0.3, 0.06])
+    # renormalised over the chosen shapes, as the published simulator does
+    assert sh.freq.tolist() == pytest.approx([60 / 96, 30 / 96, 6 / 96])
+    raw = typical_shapes(keys, MODELS, renormalize=False)
+    assert raw.freq.tolist() == pytest.approx([0.6, 0.3, 0.06])
+    # equal counts: descending by (cpu, milli, num_gpu), like the simulator's sort.Reverse
+    tie = typical_shapes([A] * 5 + [C] * 5, MODELS, coverage=0.5)
+    assert tie.keys == (C,)
     assert typical_shapes(keys, MODELS, coverage=1.0).keys == (A, B, C, TWO)
 
 
