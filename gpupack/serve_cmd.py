@@ -50,6 +50,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="CP-SAT random seed (default 0)")
     p.add_argument("--debounce", type=float, default=0.5,
                    help="seconds of quiet before re-planning after cluster events (default 0.5)")
+    p.add_argument("--plan-batch", type=int, default=64,
+                   help="most pending pods per background plan (default 64)")
     p.add_argument("--no-planner", action="store_true",
                    help="do not run the background planner (verbs answer greedily)")
     p.add_argument("--assume-ttl", type=float, default=30.0,
@@ -86,7 +88,8 @@ class Components:
         self.registry = CollectorRegistry()
         params = SolverParams(max_time_s=args.time_limit, workers=args.solver_workers,
                               seed=args.seed)
-        self.planner = Planner(self.cache, args.policy, params, debounce_s=args.debounce)
+        self.planner = Planner(self.cache, args.policy, params, debounce_s=args.debounce,
+                               max_batch=args.plan_batch)
         self.source: Any
         if args.kubeconfig or args.in_cluster:
             api = load_api_client(args.kubeconfig, args.in_cluster)

@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from kube.objects import (
@@ -38,6 +38,9 @@ from packing.model import NodeInfo, Placement, PodRequest, Snapshot
 from packing.state import ClusterState, PlacementError
 
 log = logging.getLogger("gpupack.scheduler.cache")
+
+# Label and annotation prefixes node_info reads to find a node's GPUs.
+_GPU_LABELS = ("nvidia.com/", "gpupack.io/")
 
 Clock = Callable[[], float]
 
@@ -95,6 +98,7 @@ class ClusterCache:
         self.bad_objects = 0  # objects that could not be read (logged, skipped)
         self.expired = 0  # assumptions that expired unconfirmed
         self._listeners: list[Callable[[], None]] = []
+        self._shapes: dict[str, NodeInfo] = {}  # node shape -> NodeInfo (see _node_info)
 
     # ---- listeners and views ---------------------------------------------------------------
 
@@ -253,10 +257,47 @@ class ClusterCache:
 
     # ---- nodes -----------------------------------------------------------------------------
 
+    def _node_info(self, obj: Mapping[str, Any]) -> NodeInfo:
+        """``node_info`` memoized by what decides a node's GPUs.
+
+        Inferring MIG layouts from allocatable counts is a search that can take a tenth
+        of a second per node, and large clusters are made of few node shapes: nodes that
+        agree on allocatable, cordon, and the NVIDIA/gpupack labels and annotations get
+        the same GPUs, so the inference runs once per shape and the rest is a copy with
+        the node's own name and labels.
+        """
+        meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+        if not isinstance(meta, Mapping) or not isinstance(meta.get("labels") or {}, Mapping):
+            return node_info(obj)
+        labels = meta.get("labels") or {}
+        annotations = meta.get("annotations") or {}
+        status = obj.get("status") or {}
+        spec = obj.get("spec") or {}
+        try:
+            key = repr((
+                sorted((k, v) for k, v in labels.items() if k.startswith(_GPU_LABELS)),
+                sorted((k, v) for k, v in annotations.items() if k.startswith(_GPU_LABELS))
+                if isinstance(annotations, Mapping) else annotations,
+                sorted(status.get("allocatable", {}).items())
+                if isinstance(status, Mapping) and isinstance(status.get("allocatable"), Mapping)
+                else None,
+                spec.get("unschedulable") if isinstance(spec, Mapping) else spec,
+            ))
+        except (AttributeError, TypeError):
+            return node_info(obj)
+        shape = self._shapes.get(key)
+        if shape is None:
+            info = node_info(obj)
+            if len(self._shapes) < 10_000:
+                self._shapes[key] = info
+            return info
+        mine = node_info({"metadata": {"name": meta.get("name"), "labels": labels}})
+        return replace(shape, name=mine.name, labels=mine.labels)
+
     def upsert_node(self, obj: Mapping[str, Any]) -> bool:
         """Add or update a Node object; False when it cannot be read (logged, skipped)."""
         try:
-            info = node_info(obj)
+            info = self._node_info(obj)
         except ObjectError as e:
             log.warning("skipping node: %s", e)
             with self.lock:

@@ -28,6 +28,7 @@ from packing.policies import get_policy
 from packing.policies.base import Policy
 from packing.policies.fgd import Shape, cluster_fragmentation, typical_shapes, workload_of
 from packing.policies.gpupack import GpupackPolicy
+from packing.policies.greedy import order_pods
 from packing.state import ClusterState
 from scheduler.cache import ClusterCache
 from scheduler.verbs import ScorerRef
@@ -70,6 +71,7 @@ class Planner:
         debounce_s: float = 0.5,
         min_interval_s: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
+        max_batch: int = 64,
     ) -> None:
         self.cache = cache
         self.policy_name = policy
@@ -77,6 +79,7 @@ class Planner:
         self.policy = make_policy(policy, self.params)
         self.debounce_s = debounce_s
         self.min_interval_s = min_interval_s
+        self.max_batch = max_batch
         self.clock = clock
         self.plan = Plan()
         self._shapes: list[tuple[Shape, float]] = []
@@ -139,8 +142,15 @@ class Planner:
         snapshot = self.cache.snapshot()
         self._refresh_scorer(snapshot)
         started = time.monotonic()
-        if snapshot.pending:
-            result = self.policy.plan(snapshot)
+        batch = snapshot
+        if len(snapshot.pending) > self.max_batch:
+            # A bounded batch keeps every solve bounded (the planner shares the process,
+            # and the GIL, with the request threads); pods beyond it, lower priority or
+            # newer, get the greedy answer until an earlier batch has been bound.
+            first = order_pods(snapshot.pending)[: self.max_batch]
+            batch = Snapshot(snapshot.nodes, snapshot.running, tuple(first))
+        if batch.pending:
+            result = self.policy.plan(batch)
         else:
             result = PlanResult((), (), self.policy_name, solver_status="idle")
         seconds = time.monotonic() - started
@@ -149,7 +159,7 @@ class Planner:
         plan = Plan(
             placements={p.pod: p for p in result.placements},
             unschedulable={u.pod: u.reason for u in result.unschedulable},
-            pending_class={p.key: p.klass for p in snapshot.pending},
+            pending_class={p.key: p.klass for p in batch.pending},
             status=result.solver_status,
             solved_at=self.clock(),
             solve_seconds=seconds,

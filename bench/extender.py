@@ -1,0 +1,287 @@
+"""Benchmark of the scheduler extender: a real ``gpupack serve`` process (gunicorn),
+kube-scheduler-shaped requests, per-verb latency percentiles, throughput and memory.
+
+For each cluster size it writes a generated snapshot (GFD-labelled Node objects: H100
+MIG mixed nodes, L40S time-sliced nodes, whole-GPU H100 nodes; running pods on part of
+them; pending pods of the gpupack scheduler), starts the server on a free loopback port
+with the planner running, and replays scheduling cycles the way kube-scheduler makes
+them with ``nodeCacheCapable: true``: ``filter`` with the pod and ~10% of the node names
+(what ``percentageOfNodesToScore`` leaves on a large cluster), ``prioritize`` with the
+nodes that passed, ``bind`` to the best of them. Each cycle also sends ``/echo`` with a
+body of the same size, to the same server, as the HTTP baseline. Requests go over one
+keep-alive connection, one after another, like the scheduler's serial cycle.
+
+    python bench/extender.py                 # 1,000 and 5,000 nodes
+    python bench/extender.py --nodes 1000 --cycles 300
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import random
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+H100 = "NVIDIA-H100-80GB-HBM3"
+L40S = "NVIDIA-L40S"
+
+
+# ---- cluster generation ----------------------------------------------------------------------
+
+
+def gen_node(i: int, kind: str) -> dict[str, Any]:
+    name = f"{kind}-{i:05d}"
+    labels = {"kubernetes.io/hostname": name,
+              "nvidia.com/gpu.count": "8" if kind != "l40s" else "4",
+              "topology.kubernetes.io/zone": f"zone-{i % 3}"}
+    alloc = {"cpu": "126", "memory": "1007Gi", "pods": "110"}
+    if kind == "mig":
+        labels.update({"nvidia.com/gpu.product": H100, "nvidia.com/mig.strategy": "mixed"})
+        alloc.update({"nvidia.com/mig-1g.10gb": "14", "nvidia.com/mig-2g.20gb": "6",
+                      "nvidia.com/mig-3g.40gb": "4", "nvidia.com/gpu": "2"})
+    elif kind == "l40s":
+        labels.update({"nvidia.com/gpu.product": L40S, "nvidia.com/gpu.replicas": "4",
+                       "nvidia.com/gpu.sharing-strategy": "time-slicing"})
+        alloc.update({"cpu": "62", "memory": "503Gi", "nvidia.com/gpu.shared": "16"})
+    else:
+        labels.update({"nvidia.com/gpu.product": H100,
+                       "nvidia.com/gpu.clique": f"clique-{i // 16}",
+                       "gpupack.io/mig-reconfigure": "false"})
+        alloc["nvidia.com/gpu"] = "8"
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels},
+            "status": {"allocatable": alloc}}
+
+
+TEMPLATES: list[tuple[str, dict[str, str], dict[str, str]]] = [
+    ("asr", {"nvidia.com/mig-1g.10gb": "1"}, {"gpupack.io/class": "asr"}),
+    ("tts", {"nvidia.com/mig-2g.20gb": "1"}, {"gpupack.io/class": "tts"}),
+    ("embed-ts", {"nvidia.com/gpu.shared": "1"},
+     {"gpupack.io/class": "small", "gpupack.io/gpu-memory": "6Gi",
+      "gpupack.io/gpu-compute": "0.25"}),
+    ("llm-tp2", {"nvidia.com/gpu": "2"}, {"gpupack.io/class": "llm"}),
+]
+
+
+def gen_pod(name: str, template: int, node: str | None = None) -> dict[str, Any]:
+    kind, limits, ann = TEMPLATES[template]
+    spec: dict[str, Any] = {
+        "schedulerName": "gpupack", "restartPolicy": "Always", "priority": 0,
+        "containers": [{
+            "name": kind, "image": f"registry.example/{kind}:1.4.2",
+            "args": ["--port", "8080", "--model", f"/models/{kind}"],
+            "ports": [{"containerPort": 8080, "protocol": "TCP"}],
+            "env": [{"name": "OMP_NUM_THREADS", "value": "4"}],
+            "resources": {"requests": {"cpu": "2", "memory": "8Gi", **limits}, "limits": limits},
+        }],
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+    }
+    if node:
+        spec["nodeName"] = node
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "inference", "uid": f"uid-{name}",
+                         "labels": {"app": kind}, "annotations": dict(ann),
+                         "creationTimestamp": "2026-01-01T00:00:00Z"},
+            "spec": spec, "status": {"phase": "Running" if node else "Pending"}}
+
+
+def gen_cluster(
+    n: int, pending: int, seed: int
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    rng = random.Random(seed)
+    nodes = []
+    for i in range(n):
+        kind = "mig" if i % 5 < 2 else ("l40s" if i % 5 == 2 else "whole")
+        nodes.append(gen_node(i, kind))
+    pods = []
+    # Running pods on a third of the nodes (bound by someone else: GPUs inferred).
+    for i, node in enumerate(nodes[: n // 3]):
+        name = node["metadata"]["name"]
+        t = {"mig": 0, "l40s": 2, "whole": 3}[name.split("-")[0]]
+        pods.append(gen_pod(f"run-{i}", t, node=name))
+    for i in range(pending):
+        pods.append(gen_pod(f"pend-{i}", rng.randrange(len(TEMPLATES))))
+    return nodes, pods
+
+
+# ---- client --------------------------------------------------------------------------------
+
+
+class Conn:
+    def __init__(self, port: int) -> None:
+        self.c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+
+    def post(self, path: str, body: bytes) -> tuple[float, int, bytes]:
+        t0 = time.perf_counter()
+        self.c.request("POST", path, body=body, headers={"Content-Type": "application/json"})
+        r = self.c.getresponse()
+        data = r.read()
+        return time.perf_counter() - t0, r.status, data
+
+    def get(self, path: str) -> Any:
+        self.c.request("GET", path)
+        r = self.c.getresponse()
+        return json.loads(r.read())
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _rss_mib(pid: int) -> float:
+    """RSS of the gunicorn master and its worker(s), MiB."""
+    total = 0
+    pids = [pid]
+    try:
+        kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        pids += [int(k) for k in kids]
+    except OSError:
+        pass
+    for p in pids:
+        try:
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+        except OSError:
+            pass
+    return total / 1024
+
+
+def pct(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, round(q * (len(s) - 1)))] * 1000
+
+
+def run_size(n: int, cycles: int, warmup: int, seed: int, planner: bool) -> dict[str, Any]:
+    pending = cycles + warmup
+    nodes, pods = gen_cluster(n, pending, seed)
+    names = [x["metadata"]["name"] for x in nodes]
+    with tempfile.TemporaryDirectory() as d:
+        nf, pf = Path(d) / "nodes.yaml", Path(d) / "pods.yaml"
+        nf.write_text(json.dumps({"kind": "NodeList", "items": nodes}))
+        pf.write_text(json.dumps({"kind": "PodList", "items": pods}))
+        port = _free_port()
+        cmd = [sys.executable, "-m", "gpupack", "serve", "--port", str(port), "--nodes", str(nf),
+               "--pods", str(pf), "--log-level", "WARNING", "--time-limit", "2"]
+        if not planner:
+            cmd.append("--no-planner")
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            while True:
+                try:
+                    if Conn(port).get("/readyz").get("ready"):
+                        break
+                except (OSError, ValueError):
+                    pass
+                if proc.poll() is not None:
+                    raise RuntimeError("gpupack serve exited")
+                time.sleep(0.1)
+            ready_s = time.perf_counter() - t0
+            return _drive(proc.pid, port, names, pods, cycles, warmup, seed, ready_s, n)
+        finally:
+            proc.terminate()
+            proc.wait(20)
+
+
+def _drive(pid: int, port: int, names: list[str], pods: list[dict[str, Any]], cycles: int,
+           warmup: int, seed: int, ready_s: float, n: int) -> dict[str, Any]:
+    rng = random.Random(seed + 1)
+    conn = Conn(port)
+    pending = [p for p in pods if not p["spec"].get("nodeName")]
+    lat: dict[str, list[float]] = {"filter": [], "prioritize": [], "bind": [], "echo": []}
+    sizes: list[int] = []
+    failures = 0
+    bound = 0
+    requests = 0
+    t_start = 0.0
+    for c in range(warmup + cycles):
+        if c == warmup:
+            lat = {k: [] for k in lat}
+            requests = 0
+            t_start = time.perf_counter()
+        pod = pending[c]
+        sample = rng.sample(names, max(1, n // 10))
+        body = json.dumps({"Pod": pod, "Nodes": None, "NodeNames": sample}).encode()
+        sizes.append(len(body))
+        dt, _, data = conn.post("/filter", body)
+        lat["filter"].append(dt)
+        out = json.loads(data)
+        kept = out["NodeNames"] or []
+        dt, _, _ = conn.post("/echo", body)
+        lat["echo"].append(dt)
+        requests += 2
+        if not kept:
+            failures += 1
+            continue
+        pbody = json.dumps({"Pod": pod, "Nodes": None, "NodeNames": kept}).encode()
+        dt, _, data = conn.post("/prioritize", pbody)
+        lat["prioritize"].append(dt)
+        scores = json.loads(data)
+        best = max(scores, key=lambda h: h["Score"])["Host"]
+        meta = pod["metadata"]
+        bbody = json.dumps({"PodName": meta["name"], "PodNamespace": meta["namespace"],
+                            "PodUID": meta["uid"], "Node": best}).encode()
+        dt, _, data = conn.post("/bind", bbody)
+        lat["bind"].append(dt)
+        requests += 2
+        if json.loads(data)["Error"] == "":
+            bound += 1
+    wall = time.perf_counter() - t_start
+    status = conn.get("/status")
+    result = {
+        "nodes": n, "cycles": cycles, "ready_s": round(ready_s, 2), "bound": bound,
+        "filter_rejected_all": failures, "requests_per_s": round(requests / wall, 1),
+        "cycles_per_s": round(cycles / wall, 1), "rss_mib": round(_rss_mib(pid), 1),
+        "body_bytes_median": int(statistics.median(sizes)),
+        "plan": status["plan"], "memo": status["memo"],
+    }
+    for verb, xs in lat.items():
+        if xs:
+            result[verb] = {"p50_ms": round(pct(xs, 0.5), 3), "p99_ms": round(pct(xs, 0.99), 3),
+                            "n": len(xs)}
+    return result
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--nodes", type=int, action="append", help="cluster sizes (default 1000, 5000)")
+    ap.add_argument("--cycles", type=int, default=500, help="measured scheduling cycles per size")
+    ap.add_argument("--warmup", type=int, default=50, help="unmeasured cycles first")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--no-planner", action="store_true", help="run the server without planner")
+    ap.add_argument("--json", action="store_true", help="print JSON only")
+    args = ap.parse_args()
+    results = [run_size(n, args.cycles, args.warmup, args.seed, not args.no_planner)
+               for n in (args.nodes or [1000, 5000])]
+    if args.json:
+        print(json.dumps(results, indent=2))
+        return 0
+    print(f"{'nodes':>6} {'verb':<11} {'p50 ms':>8} {'p99 ms':>8} {'n':>5}")
+    for r in results:
+        for verb in ("filter", "prioritize", "bind", "echo"):
+            if verb in r:
+                v = r[verb]
+                print(f"{r['nodes']:>6} {verb:<11} {v['p50_ms']:>8.3f} {v['p99_ms']:>8.3f} "
+                      f"{v['n']:>5}")
+        print(f"{r['nodes']:>6} requests/s {r['requests_per_s']}, cycles/s {r['cycles_per_s']}, "
+              f"RSS {r['rss_mib']} MiB, ready in {r['ready_s']} s, "
+              f"body {r['body_bytes_median']} B, "
+              f"bound {r['bound']}/{r['cycles']}, plan {r['plan']['status']} "
+              f"({r['plan']['solve_seconds']:.2f} s), memo hits {r['memo']['hits']} "
+              f"misses {r['memo']['misses']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
