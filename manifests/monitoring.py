@@ -114,7 +114,6 @@ CLUSTER = Dashboard(
             stacked=True, width=12, height=10),
         Panel("Pending pods by class and reason", (
             Q("sum by (class, reason) (gpupack_pending_pods) > 0", "{{class}}: {{reason}}"),
-            Q("sum(gpupack_pending_pods)", "all pending"),
         ), stacked=True, width=12,
             description="Pods of the gpupack profile not bound yet; reason 'planned' means "
                         "the planner has a place for them."),
@@ -122,6 +121,11 @@ CLUSTER = Dashboard(
             Q('sum by (reason) (gpupack_pending_pods{class=~"llm|whole"})', "{{reason}}"),),
             stacked=True, width=12,
             description=f"Alert when some wait over {LLM_WAIT_MINUTES} minutes."),
+        Panel("Pods waiting for their group", (
+            Q('sum by (class) (gpupack_pending_pods{reason="group"})', "{{class}}"),),
+            stacked=True, width=12,
+            description="Pending pods held back because their LLM group (LeaderWorkerSet "
+                        "or gpupack.io/group) cannot be placed all at once."),
     ),
 )
 

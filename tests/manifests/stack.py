@@ -85,6 +85,7 @@ class Stack:
     ca_file: Path | None = None
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
     logs: list[Path] = field(default_factory=list)
+    bound: set[str] = field(default_factory=set)  # pods this stack bound
 
     # -- Prometheus HTTP API ---------------------------------------------------------------
 
@@ -129,7 +130,8 @@ class Stack:
         sent = 0
         for pod in _items(EXAMPLES / "pods.yaml"):
             spec = pod.get("spec", {})
-            if spec.get("nodeName") or spec.get("schedulerName") != "gpupack":
+            if (spec.get("nodeName") or spec.get("schedulerName") != "gpupack"
+                    or pod["metadata"]["name"] in self.bound):
                 continue
             args = {"Pod": pod, "Nodes": None, "NodeNames": nodes}
             result = http_json(f"{self.extender_url}/filter", args)
@@ -138,9 +140,12 @@ class Stack:
             sent += 2
             if bind and passed:
                 meta = pod["metadata"]
-                http_json(f"{self.extender_url}/bind", {
+                result = http_json(f"{self.extender_url}/bind", {
                     "PodName": meta["name"], "PodNamespace": meta.get("namespace", "default"),
                     "PodUID": meta.get("uid", ""), "Node": passed[0]})
+                if result.get("Error"):
+                    raise RuntimeError(f"bind {meta['name']} -> {passed[0]}: {result['Error']}")
+                self.bound.add(meta["name"])
                 return sent + 1  # one bind per call: the pictures show a gradual change
         return sent
 
