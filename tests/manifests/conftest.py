@@ -1,6 +1,5 @@
 """Fixtures of the manifest tests: rendered kustomize overlays and Helm chart, as object
-lists. Rendering uses the real tools: ``kubectl kustomize`` and ``helm template``
-(tests/manifests/install-k8s-tools.sh installs them when missing)."""
+lists (see manifests_helpers.py)."""
 
 from __future__ import annotations
 
@@ -11,60 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
-
-REPO = Path(__file__).resolve().parents[2]
-MANIFESTS = REPO / "manifests"
-CHART = MANIFESTS / "helm" / "gpupack"
-K8S_VERSION = "1.37.0"
-
-Obj = dict[str, Any]
-
-
-def tool(name: str) -> str:
-    path = shutil.which(name)
-    if path is None:
-        pytest.skip(f"{name} is not installed (bash tests/manifests/install-k8s-tools.sh "
-                    "installs it; .ci/run does)")
-    return path
-
-
-def load_docs(text: str) -> list[Obj]:
-    return [d for d in yaml.safe_load_all(text) if d]
-
-
-def kustomize(path: Path) -> list[Obj]:
-    out = subprocess.run([tool("kubectl"), "kustomize", str(path)], capture_output=True,
-                         text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    return load_docs(out.stdout)
-
-
-def helm_template(values: dict[str, Any] | None = None, tmp: Path | None = None,
-                  expect_ok: bool = True) -> tuple[list[Obj], str]:
-    cmd = [tool("helm"), "template", "gpupack", str(CHART), "--namespace", "gpupack"]
-    if values:
-        assert tmp is not None
-        vf = tmp / f"values-{abs(hash(repr(values)))}.yaml"
-        vf.write_text(yaml.safe_dump(values))
-        cmd += ["-f", str(vf)]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-    if expect_ok:
-        assert out.returncode == 0, out.stderr
-        return load_docs(out.stdout), out.stderr
-    assert out.returncode != 0, "helm template should have failed"
-    return [], out.stderr
-
-
-def find(objs: list[Obj], kind: str, name: str | None = None) -> Obj:
-    hits = [o for o in objs if o["kind"] == kind
-            and (name is None or o["metadata"]["name"] == name)]
-    assert len(hits) == 1, f"{kind}/{name}: {len(hits)} objects"
-    return hits[0]
-
-
-def find_all(objs: list[Obj], kind: str) -> list[Obj]:
-    return [o for o in objs if o["kind"] == kind]
+from manifests_helpers import MANIFESTS, Obj, helm_template, kustomize, load_docs, tool
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from conftest import CHART, MANIFESTS, REPO
+from manifests_helpers import CHART, MANIFESTS, REPO
 
 from packing.catalog import CATALOG, profile_from_resource
 

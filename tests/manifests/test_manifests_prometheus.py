@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import Obj, find, find_all, tool
+from manifests_helpers import Obj, find, find_all, tool
 from stack import AGENT_JOB, EXTENDER_JOB, WEBHOOK_JOB, Stack, start, substitute
 
 SIGNAL_WAIT_S = 45.0

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import Obj, find_all
+from manifests_helpers import Obj, find_all
 
 Grant = tuple[str, str, str, str]  # (namespace or "*", apiGroup, resource, verb)
 

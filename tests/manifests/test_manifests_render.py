@@ -12,7 +12,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
-from conftest import CHART, K8S_VERSION, Obj, find, find_all, helm_template, tool
+from manifests_helpers import CHART, K8S_VERSION, Obj, find, find_all, helm_template, tool
 
 CRD_KINDS = {"ServiceMonitor", "PrometheusRule", "Certificate", "Issuer", "LeaderWorkerSet"}
 BASE_KINDS = {

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import MANIFESTS, Obj, find
+from manifests_helpers import MANIFESTS, Obj, find
 
 from gpupack.cli import build_parser
 

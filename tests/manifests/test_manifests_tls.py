@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import REPO, Obj, find, tool
+from manifests_helpers import REPO, Obj, find, tool
 from stack import free_port
 
 SERVICE_DNS = "gpupack-webhook.gpupack.svc"

@@ -8,7 +8,7 @@ from typing import Any
 
 import celpy
 import pytest
-from conftest import Obj, find
+from manifests_helpers import Obj, find
 
 WEBHOOK_FIELDS = {"name", "clientConfig", "rules", "failurePolicy", "matchPolicy",
                   "namespaceSelector", "objectSelector", "sideEffects", "timeoutSeconds",
