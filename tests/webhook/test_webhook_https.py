@@ -7,8 +7,8 @@ import json
 from typing import Any
 
 import jsonpatch
-from conftest import Cert, SecretVolume, Server, make_cert, start_server, stop_server
 from webhook_builders import node, pod, review
+from webhook_server import Cert, SecretVolume, Server, make_cert, start_server, stop_server
 
 
 def _mutate(server: Server, cert: Cert, obj: Any, **kw: Any) -> dict[str, Any]:
