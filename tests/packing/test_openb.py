@@ -10,7 +10,13 @@ from hypothesis import strategies as st
 from packing.fragmentation import ShapeKey, make_shapes, node_fragmentation, typical_shapes
 from packing.model import GPU_MILLI
 from packing.openb.cluster import ClusterState, Nodes, Pods
-from packing.openb.policies import POLICIES, FragmentationState, Request, make
+from packing.openb.policies import (
+    POLICIES,
+    CapacityState,
+    FragmentationState,
+    Request,
+    make,
+)
 from packing.openb.simulate import alloc_at, build_workload, simulate, workload_shapes
 from packing.traces import OpenbNode, OpenbPod
 
@@ -118,6 +124,27 @@ def test_fragmentation_state_delta_matches_recomputation() -> None:
                 )
                 got = delta[n, g] if g is not None else delta[n]
                 assert got == pytest.approx(after - base)
+
+
+def test_capacity_value_hand_worked() -> None:
+    # One G2 node, GPUs free 1000 and 600, 8000 CPU.
+    #  S1 (p .5): 500 milli, 2000 CPU: shares 2 + 1 = 3, CPU for 4 -> 3 x 500 x .5 = 750
+    #  S2 (p .3): 1 whole GPU, 4000 CPU: 1 full GPU, CPU for 2 -> 1 x 1000 x .3 = 300
+    #  C  (p .2): CPU-only, serves no GPU demand
+    s1 = ShapeKey(cpu_milli=2000, num_gpu=1, gpu_milli=500, gpu_spec=frozenset())
+    s2 = ShapeKey(cpu_milli=4000, num_gpu=1, gpu_milli=1000, gpu_spec=frozenset())
+    nodes = _cluster([(2, "G2")], cpu=8000)
+    state = ClusterState(nodes)
+    state.place(0, 0, 0, 1, 400, (1,))
+    cap = CapacityState(state, make_shapes([(s1, 0.5), (s2, 0.3), (C, 0.2)], nodes.models))
+    idx = np.array([0])
+    ok = np.ones(len(nodes.models), dtype=bool)
+    # a 6000-CPU CPU-only pod leaves CPU for one S1 and no S2: V 1050 -> 250
+    assert cap.loss(idx, Request(6000, 0, 0, 0, ok, 0))[0] == pytest.approx(800.0)
+    # a 500 share: on GPU 0 (1000 -> 500) S1 keeps 1 + 1 = 2 shares and S2 loses its
+    # GPU: V -> 500; on GPU 1 (600 -> 100) S1 keeps 2: V -> 800
+    loss = cap.loss(idx, Request(0, 0, 1, 500, ok, 1))[0]
+    assert loss[:2] == pytest.approx([550.0, 250.0]) and np.isinf(loss[2:]).all()
 
 
 def _trace_pods() -> list[OpenbPod]:
