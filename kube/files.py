@@ -8,11 +8,15 @@ import yaml
 
 from kube.objects import ObjectError
 
+# libyaml's loader parses a 5,000-node file about 10x faster than the pure-Python one;
+# both are the safe loader (no arbitrary Python objects).
+_LOADER: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
 
 def load_objects(text: str, source: str, kind: str) -> list[dict[str, Any]]:
     """Objects of ``kind`` ("Node" or "Pod") in ``text``; ObjectError naming source and item."""
     try:
-        docs = list(yaml.safe_load_all(text))
+        docs = list(yaml.load_all(text, Loader=_LOADER))
     except yaml.YAMLError as e:
         raise ObjectError(f"{source}: not valid YAML: {e}") from None
     out: list[dict[str, Any]] = []

@@ -14,10 +14,17 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Mapping
 from decimal import Decimal
+from functools import lru_cache
 from typing import Any
 
 from kube import annotations as A
-from packing.catalog import GpuModel, match_product, models_with_profile, profile_from_resource
+from packing.catalog import (
+    GpuModel,
+    get_model,
+    match_product,
+    models_with_profile,
+    profile_from_resource,
+)
 from packing.inventory import Inventory, InventoryError
 from packing.inventory import decode as decode_inventory
 from packing.mig import MigSlot, layout_from_counts
@@ -255,8 +262,19 @@ def _infer_mig_layouts(
                 f"{who}: status.allocatable.{A.MIG_RESOURCE_PREFIX}{p}: "
                 f"not a profile of {model.name}"
             )
+    return list(_spread_instances(model.name, tuple(sorted(mig_counts.items()))))
+
+
+@lru_cache(maxsize=1024)
+def _spread_instances(
+    model_name: str, counts: tuple[tuple[str, int], ...]
+) -> tuple[tuple[MigSlot, ...], ...]:
+    """Memoised: the search is ~0.1 s per node, and a cluster has few distinct
+    (model, instance counts) shapes, so thousands of nodes share a handful of answers."""
+    geom = get_model(model_name).mig
+    assert geom is not None
     wanted = sorted(
-        (p for p, n in mig_counts.items() for _ in range(n)),
+        (p for p, n in counts for _ in range(n)),
         key=lambda p: (-geom.profile(p).memory_slices, p),
     )
     per_gpu: list[Counter[str]] = []
@@ -273,7 +291,7 @@ def _infer_mig_layouts(
         layout = layout_from_counts(geom, +c)
         assert layout is not None
         out.append(layout)
-    return out
+    return tuple(out)
 
 
 # ---- pods --------------------------------------------------------------------------------
