@@ -40,6 +40,7 @@ def patch_node_annotations(api: Any, node: str, annotations: Mapping[str, str | 
 def list_node_pod_keys(api: Any, node: str) -> dict[str, str]:
     """Pod UID -> ``namespace/name`` for pods bound to ``node`` (field selector, so the
     API server filters). The cgroup of a GPU process names its pod only by UID."""
-    pods = api.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node}",
-                                           _request_timeout=10)
+    pods = api.list_pod_for_all_namespaces(
+        field_selector=f"spec.nodeName={node}", _request_timeout=10
+    )
     return {p.metadata.uid: f"{p.metadata.namespace}/{p.metadata.name}" for p in pods.items}
