@@ -19,8 +19,11 @@ from webhook.decide import Kind
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("pod", type=Path, help="Pod object(s) to explain (YAML/JSON)")
-    p.add_argument("--namespace", default=None,
-                   help="namespace of pods that do not name one (default: default)")
+    p.add_argument(
+        "--namespace",
+        default=None,
+        help="namespace of pods that do not name one (default: default)",
+    )
     p.add_argument("--format", default="text", choices=["text", "json"])
     add_config_arguments(p)
 
@@ -34,8 +37,11 @@ def _what(adm: Admission) -> str:
         return f"time-sliced share {d.resource}{pin}"
     if d.kind is Kind.DENY:
         return f"DENIED (HTTP-style code {d.status_code})"
-    return {Kind.WHOLE: "whole GPUs: resources unchanged", Kind.EXPLICIT:
-            "explicit GPU resource: unchanged", Kind.SKIP: "not a GPU pod: untouched"}[d.kind]
+    return {
+        Kind.WHOLE: "whole GPUs: resources unchanged",
+        Kind.EXPLICIT: "explicit GPU resource: unchanged",
+        Kind.SKIP: "not a GPU pod: untouched",
+    }[d.kind]
 
 
 def _resulting(pod: Mapping[str, Any]) -> dict[str, Any]:
@@ -103,6 +109,9 @@ def _print_text(pod: Mapping[str, Any], adm: Admission) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.nodes is None:
+        print("gpupack explain: --nodes is required", file=sys.stderr)
+        return 2
     try:
         pods = load_objects(args.pod.read_text(encoding="utf-8"), str(args.pod), "Pod")
         snapshot, notes = load_snapshot(args)

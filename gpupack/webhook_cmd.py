@@ -1,8 +1,9 @@
 """``gpupack webhook``: the mutating admission webhook over HTTPS (composition only).
 
-Standalone, the cluster view is static, read once from Node (and Pod) files; in a
-cluster the extender process passes its cache's snapshot function to
-:func:`webhook.app.create_app` instead.
+The cluster view comes from Node (and Pod) files (static), or, with ``--in-cluster`` or
+``--kubeconfig``, from a list+watch of the API server into the same cache the extender
+uses; the extender process can also serve the webhook itself (``gpupack serve
+--webhook-port``).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import argparse
 import gc
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from flask import Flask
@@ -28,7 +29,8 @@ from webhook.server import ReloadingTLS, serve
 
 def add_config_arguments(p: argparse.ArgumentParser) -> None:
     """Options shared with ``gpupack explain``: the cluster files and the config."""
-    p.add_argument("--nodes", required=True, type=Path, help="Node objects (YAML/JSON)")
+    p.add_argument("--nodes", type=Path, default=None,
+                   help="Node objects (YAML/JSON); required unless reading the API server")
     p.add_argument("--pods", type=Path, default=None,
                    help="running Pod objects (YAML/JSON): what is already taken")
     p.add_argument("--scheduler-name", default="gpupack",
@@ -66,6 +68,9 @@ def load_snapshot(args: argparse.Namespace) -> tuple[Snapshot, tuple[str, ...]]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--in-cluster", action="store_true",
+                   help="watch Nodes and Pods through the in-cluster service account")
+    p.add_argument("--kubeconfig", default=None, help="watch Nodes and Pods with this kubeconfig")
     p.add_argument("--host", default="0.0.0.0", help="address to listen on")
     p.add_argument("--port", type=int, default=8443)
     p.add_argument("--tls-cert", required=True, type=Path, help="serving certificate (PEM); "
@@ -77,9 +82,34 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_config_arguments(p)
 
 
+def live_snapshots(args: argparse.Namespace) -> Callable[[], Snapshot]:
+    """A snapshot provider backed by a watched cache. The same Snapshot object is
+    returned until the cache changes, so the webhook's per-snapshot view is rebuilt only
+    on change."""
+    from kube.source import ApiSource, load_api_client
+    from scheduler.cache import ClusterCache
+
+    cache = ClusterCache(args.scheduler_name)
+    ApiSource(load_api_client(args.kubeconfig, args.in_cluster)).start(cache)
+    last: list[tuple[int, Snapshot]] = []
+
+    def provider() -> Snapshot:
+        version = cache.version
+        if not last or last[0][0] != version:
+            last[:] = [(version, cache.snapshot())]
+        return last[0][1]
+
+    return provider
+
+
 def run(args: argparse.Namespace) -> int:
+    live = args.in_cluster or args.kubeconfig is not None
+    if args.nodes is None and not live:
+        print("gpupack webhook: give --nodes (static) or --in-cluster/--kubeconfig",
+              file=sys.stderr)
+        return 2
     try:
-        snapshot, notes = load_snapshot(args)
+        snapshot, notes = load_snapshot(args) if not live else (Snapshot(()), ())
     except (ObjectError, OSError) as e:
         print(f"gpupack webhook: {e}", file=sys.stderr)
         return 2
@@ -91,13 +121,16 @@ def run(args: argparse.Namespace) -> int:
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
     config = config_from_args(args)
-    # The static snapshot lives as long as the process: keeping its many objects out of
-    # the collector's scans keeps full collections from adding milliseconds to reviews.
-    gc.collect()
-    gc.freeze()
+    if not live:
+        # The static snapshot lives as long as the process: keeping its many objects out
+        # of the collector's scans keeps full collections from adding milliseconds.
+        gc.collect()
+        gc.freeze()
 
     def app_factory() -> Flask:
-        return create_app(lambda: snapshot, CollectorRegistry(), config)
+        # Built inside the serving process (gunicorn may fork): the watch threads too.
+        provider = live_snapshots(args) if live else (lambda: snapshot)
+        return create_app(provider, CollectorRegistry(), config)
 
     serve(app_factory, host=args.host, port=args.port, cert=args.tls_cert, key=args.tls_key,
           threads=args.threads, log_level=args.log_level)

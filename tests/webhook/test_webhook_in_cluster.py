@@ -1,0 +1,62 @@
+"""`gpupack webhook --kubeconfig`: the cluster view comes from a watched API server (the
+fake from tests/kube), and a review is answered from it."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kube"))
+
+from fake_apiserver import FakeApiServer
+
+from gpupack.cli import build_parser
+from gpupack.webhook_cmd import live_snapshots
+
+
+def test_live_snapshot_provider_follows_the_api(tmp_path: Path) -> None:
+    node = {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": "h100-0",
+            "resourceVersion": "1",
+            "labels": {
+                "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+                "nvidia.com/gpu.count": "8",
+            },
+        },
+        "status": {"allocatable": {"cpu": "64", "memory": "512Gi", "nvidia.com/gpu": "8"}},
+    }
+    api = FakeApiServer().start()
+    try:
+        api.put("nodes", node)
+        kubeconfig = tmp_path / "kubeconfig"
+        kubeconfig.write_text(
+            "apiVersion: v1\nkind: Config\ncurrent-context: fake\n"
+            f"clusters: [{{name: fake, cluster: {{server: '{api.url}'}}}}]\n"
+            "users: [{name: fake, user: {token: t}}]\n"
+            "contexts: [{name: fake, context: {cluster: fake, user: fake}}]\n"
+        )
+        args = build_parser().parse_args(
+            ["webhook", "--kubeconfig", str(kubeconfig), "--tls-cert", "c", "--tls-key", "k"]
+        )
+        provider = live_snapshots(args)
+        deadline = time.monotonic() + 10
+        while not provider().nodes and time.monotonic() < deadline:
+            time.sleep(0.05)
+        first = provider()
+        assert [n.name for n in first.nodes] == ["h100-0"]
+        assert provider() is first  # unchanged cache: the same object, no view rebuild
+    finally:
+        api.stop()
+
+
+def test_webhook_needs_a_cluster_source() -> None:
+    from gpupack.webhook_cmd import run
+
+    args = build_parser().parse_args(["webhook", "--tls-cert", "c", "--tls-key", "k"])
+    assert isinstance(args, argparse.Namespace)
+    assert run(args) == 2
