@@ -212,7 +212,12 @@ class ClusterState:
         info = self.nodes[node_name].info
         if pod.kind is RequestKind.NONE:
             return None
-        fresh = NodeState(info, info.cpu_milli, info.memory_mib, [GpuState(g) for g in info.gpus])
+        fresh = NodeState(
+            info,
+            info.cpu_milli,
+            info.memory_mib,
+            [GpuState(g, reconfigurable=info.mig_reconfigurable) for g in info.gpus],
+        )
         allowed = self._allowed_gpus(pod, fresh)
         if not allowed:
             models = ",".join(sorted(info.gpu_models)) or "none"

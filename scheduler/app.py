@@ -36,6 +36,7 @@ from scheduler.verbs import (
     prioritize,
     read_pod,
 )
+from scheduler.warm import Warmer
 from scheduler.wire import (
     BindingArgs,
     BindingResult,
@@ -55,6 +56,7 @@ class AppConfig:
     max_body_bytes: int = DEFAULT_MAX_BODY
     policy: str = "gpupack"
     memo_limit: int = 500_000
+    warm: bool = True  # fill the memo in the background for pending shapes (scheduler.warm)
 
 
 class BadRequest(ValueError):
@@ -77,6 +79,10 @@ def create_app(
     app = Flask("gpupack.scheduler")
     metrics = ExtenderMetrics(registry, cache, planner)
     memo = Memo(cfg.memo_limit)
+    warmer = Warmer(cache, memo, lambda: planner.scorer)
+    app.extensions["gpupack.warmer"] = warmer
+    if cfg.warm:
+        warmer.start()
 
     def body() -> bytes:
         length = request.content_length
@@ -215,7 +221,9 @@ def create_app(
             "plan": {"status": plan.status, "age_seconds": planner.age(),
                      "solve_seconds": plan.solve_seconds, "placements": len(plan.placements),
                      "unschedulable": len(plan.unschedulable), "error": plan.error},
-            "memo": {"entries": len(memo.entries), "hits": memo.hits, "misses": memo.misses},
+            "memo": {"entries": memo.size, "shapes": len(memo.tables), "hits": memo.hits,
+                     "misses": memo.misses, "node_signatures": cache.signature_count(),
+                     "warmed": warmer.warmed},
         })
 
     @app.get("/metrics")

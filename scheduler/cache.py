@@ -13,7 +13,14 @@ binding was lost). The clock is injected so tests control expiry.
 Concurrency: one re-entrant lock guards everything. Verbs run under it; the reservation
 in :meth:`ClusterCache.assume` checks and takes the resources under it, so two racing
 binds can never both get the same GPU. Each node has a generation number that changes
-whenever anything on it changes, which lets the verbs memoize per-node answers.
+whenever anything on it changes.
+
+*Signatures*: each node also has a state signature, a small integer naming everything a
+verb's answer for the node can depend on except its name and labels (capacity, cordon,
+free CPU and memory, each GPU's mode, layout and use). Nodes in the same state share a
+signature, so the verbs memoize answers per (pod shape, signature): thousands of nodes
+of a few kinds in a few states cost a handful of evaluations. Signatures are recomputed
+incrementally, only for the nodes an event touched, before the change is published.
 """
 
 from __future__ import annotations
@@ -35,7 +42,7 @@ from kube.objects import (
     recorded_placement,
 )
 from packing.model import NodeInfo, Placement, PodRequest, Snapshot
-from packing.state import ClusterState, PlacementError
+from packing.state import ClusterState, NodeState, PlacementError
 
 log = logging.getLogger("gpupack.scheduler.cache")
 
@@ -43,6 +50,35 @@ log = logging.getLogger("gpupack.scheduler.cache")
 _GPU_LABELS = ("nvidia.com/", "gpupack.io/")
 
 Clock = Callable[[], float]
+
+# Signatures remembered for interning; past this the table is forgotten (ids are never
+# reused, so a forgotten state that comes back only costs a fresh id and memo miss).
+SIGNATURE_LIMIT = 100_000
+
+
+def node_signature(n: NodeState) -> tuple[Any, ...]:
+    """Everything about a node's state that fit, reasons and scores can depend on, except
+    the node's name and labels (node selectors are checked by the verbs themselves).
+
+    Pod identities are left out: which pod owns a GPU never changes what another pod can
+    get or how a scorer rates it; whether it is owned, and how much is used, does.
+    """
+    info = n.info
+    return (
+        info.cpu_milli, info.memory_mib, info.unschedulable, info.mig_reconfigurable,
+        info.gpus, n.cpu_free, n.mem_free,
+        tuple(
+            (
+                g.whole_owner is not None,
+                tuple(sorted((s, p, o is None) for s, (p, o) in g.instances.items()))
+                if g.instances else (),
+                tuple(sorted(g.shared_owners.values())) if g.shared_owners else (),
+                g.reconfigurable,
+                g.converted,
+            )
+            for g in n.gpus
+        ),
+    )
 
 
 @dataclass
@@ -99,6 +135,10 @@ class ClusterCache:
         self.expired = 0  # assumptions that expired unconfirmed
         self._listeners: list[Callable[[], None]] = []
         self._shapes: dict[str, NodeInfo] = {}  # node shape -> NodeInfo (see _node_info)
+        self._sig: dict[str, int] = {}  # node -> signature id (see node_signature)
+        self._sig_ids: dict[tuple[Any, ...], int] = {}
+        self._next_sig = 0
+        self._dirty: set[str] = set()  # nodes whose signature must be recomputed
 
     # ---- listeners and views ---------------------------------------------------------------
 
@@ -107,6 +147,7 @@ class ClusterCache:
         self._listeners.append(fn)
 
     def _changed(self) -> None:
+        self._refresh_signatures()
         self.version += 1
         for fn in self._listeners:
             fn()
@@ -114,6 +155,39 @@ class ClusterCache:
     def _touch(self, node: str) -> None:
         self._next_gen += 1
         self._gen[node] = self._next_gen
+        self._dirty.add(node)
+
+    def _refresh_signatures(self) -> None:
+        """Recompute the signatures of the nodes touched since the last refresh."""
+        if not self._dirty:
+            return
+        nodes = self.state.nodes
+        for name in self._dirty:
+            n = nodes.get(name)
+            if n is None:
+                self._sig.pop(name, None)
+                continue
+            key = node_signature(n)
+            sid = self._sig_ids.get(key)
+            if sid is None:
+                if len(self._sig_ids) >= SIGNATURE_LIMIT:
+                    self._sig_ids.clear()
+                self._next_sig += 1
+                sid = self._sig_ids[key] = self._next_sig
+            self._sig[name] = sid
+        self._dirty.clear()
+
+    def signatures(self) -> Mapping[str, int]:
+        """Node name -> state signature id, for every node in the cache (call under the
+        lock). Equal ids mean equal states; an id is never reused for another state."""
+        if self._dirty:
+            self._refresh_signatures()
+        return self._sig
+
+    def signature_count(self) -> int:
+        """Distinct signatures among the nodes now."""
+        with self.lock:
+            return len(set(self.signatures().values()))
 
     def gen(self, node: str) -> int:
         """Generation of a node: equal numbers mean nothing on the node changed."""

@@ -2,19 +2,24 @@
 
 Nothing here does I/O or takes locks: the HTTP layer holds the cache lock around each
 call (the view is the cache's :class:`~packing.state.ClusterState` and per-node
-generation numbers) and does the binding itself.
+state signatures) and does the binding itself.
 
 Speed: kube-scheduler calls filter and prioritize for every pod with up to hundreds of
 node names, and pods of one Deployment have one shape. A node's answer for a shape (fits
-or why not; the scorer's best key) only changes when something on that node changes, so
-answers are memoized per (shape, node) and reused while the node's generation is the
-same. A bind invalidates one node; a request costs a dict lookup per unchanged node.
+or why not; the scorer's preference) depends only on the node's state, not on its name:
+the cache names each node's state with a signature id (see
+:func:`scheduler.cache.node_signature`), equal for nodes in equal states, and answers are
+memoized per (shape, signature). A large cluster is a few node kinds in a few states,
+so a request costs two dict lookups per node, and a miss (a state never seen with this
+shape) evaluates one node for all nodes in that state. Node selectors are the one
+per-node input outside the signature: they are checked per node before the lookup, and
+the memoized answer is the selector-free pod's (identical whenever the selector matches).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import combinations
 from typing import Any, Protocol
 
@@ -47,7 +52,7 @@ class ClusterView(Protocol):
 
     state: ClusterState
 
-    def gen(self, node: str) -> int: ...
+    def signatures(self) -> Mapping[str, int]: ...
 
     def has_node(self, name: str) -> bool: ...
 
@@ -97,7 +102,6 @@ def shape_key(pod: PodRequest) -> tuple[Any, ...]:
 
 @dataclass
 class NodeEval:
-    gen: int
     fits: bool
     reason: str = ""
     unresolvable: bool = False
@@ -106,38 +110,85 @@ class NodeEval:
 
 
 class Memo:
-    """Per (shape, node) answers; bounded by clearing when it grows past ``limit``."""
+    """Answers per (shape, node signature); cleared when it grows past ``limit``."""
 
     def __init__(self, limit: int = 500_000) -> None:
         self.limit = limit
-        self.entries: dict[tuple[tuple[Any, ...], str], NodeEval] = {}
-        self.hits = 0
+        self.tables: dict[tuple[Any, ...], dict[int, NodeEval]] = {}
+        self.size = 0
+        self.lookups = 0
         self.misses = 0
 
-    def get(
-        self, view: ClusterView, pod: PodRequest, shape: tuple[Any, ...], node: str
-    ) -> NodeEval:
-        gen = view.gen(node)
-        key = (shape, node)
-        ev = self.entries.get(key)
-        if ev is not None and ev.gen == gen:
-            self.hits += 1
-            return ev
+    @property
+    def hits(self) -> int:
+        return self.lookups - self.misses
+
+    def table(self, shape: tuple[Any, ...]) -> dict[int, NodeEval]:
+        """The signature -> answer table of one shape (shapes are hashed once a request)."""
+        t = self.tables.get(shape)
+        if t is None:
+            if self.size >= self.limit:
+                self.clear()
+            t = self.tables[shape] = {}
+        return t
+
+    def fill(self, table: dict[int, NodeEval], state: ClusterState, pod: PodRequest,
+             node: str, sig: int) -> NodeEval:
+        """Evaluate ``pod`` (selector-free) on ``node`` and remember it for ``sig``."""
         self.misses += 1
-        if len(self.entries) >= self.limit:
-            self.entries.clear()
-        ev = evaluate_fit(view.state, pod, node, gen)
-        self.entries[key] = ev
+        if self.size >= self.limit:
+            self.clear()
+        ev = evaluate_fit(state, pod, node)
+        table[sig] = ev
+        self.size += 1
         return ev
 
+    def put(self, shape: tuple[Any, ...], sig: int, ev: NodeEval) -> None:
+        """Remember an answer computed elsewhere (the warmer); a fresher score wins."""
+        table = self.table(shape)
+        old = table.get(sig)
+        if old is None:
+            if self.size >= self.limit:
+                self.clear()
+                table = self.table(shape)
+            table[sig] = ev
+            self.size += 1
+        elif old.fits and ev.score_gen > old.score_gen:
+            old.best = ev.best
+            old.score_gen = ev.score_gen
 
-def evaluate_fit(state: ClusterState, pod: PodRequest, node: str, gen: int) -> NodeEval:
+    def clear(self) -> None:
+        for t in self.tables.values():
+            t.clear()  # tables handed out for a request in flight stay usable
+        self.tables.clear()
+        self.size = 0
+
+
+def selector_free(pod: PodRequest) -> PodRequest:
+    """The pod without its node selector: what the memoized answers are computed for."""
+    return replace(pod, node_selector={}) if pod.node_selector else pod
+
+
+def node_rule_miss(state: ClusterState, node: str, selector: Sequence[tuple[str, str]]
+                   ) -> str | None:
+    """Cordon or selector mismatch, in the order and words of the packer's own check."""
+    info = state.nodes[node].info
+    if info.unschedulable:
+        return "node is cordoned"
+    labels = info.labels
+    for k, v in selector:
+        if labels.get(k) != v:
+            return f"node selector {k}={v} does not match"
+    return None
+
+
+def evaluate_fit(state: ClusterState, pod: PodRequest, node: str) -> NodeEval:
     if state.options(pod, node, dedupe=True):
-        return NodeEval(gen, True)
+        return NodeEval(True)
     never = unresolvable(state, pod, node)
     if never is not None:
-        return NodeEval(gen, False, never, True)
-    return NodeEval(gen, False, explain(state, pod, node))
+        return NodeEval(False, never, True)
+    return NodeEval(False, explain(state, pod, node))
 
 
 def unresolvable(state: ClusterState, pod: PodRequest, node: str) -> str | None:
@@ -218,17 +269,32 @@ def filter_nodes(args: ExtenderArgs, view: ClusterView, memo: Memo) -> FilterRes
     """Nodes that can take the pod now; the others with a reason, split by whether
     preemption could ever help (FailedNodes) or never (FailedAndUnresolvableNodes)."""
     pod = read_pod(args.pod)
-    shape = shape_key(pod)
+    base = selector_free(pod)
+    selector = tuple(pod.node_selector.items())
+    table = memo.table(shape_key(base))
+    sigs = view.signatures()
+    state = view.state
     keep: list[str] = []
     failed: dict[str, str] = {}
     never: dict[str, str] = {}
-    for name in args.candidate_names:
-        if not view.has_node(name):
+    names = args.candidate_names
+    memo.lookups += len(names)
+    for name in names:
+        sig = sigs.get(name)
+        if sig is None:
             # The scheduler's node list can be a few events ahead of our watch; failing
             # just this node lets the pod land elsewhere instead of failing the attempt.
             failed[name] = UNKNOWN_NODE
+            memo.lookups -= 1
             continue
-        ev = memo.get(view, pod, shape, name)
+        if selector:
+            why = node_rule_miss(state, name, selector)
+            if why is not None:
+                never[name] = why  # as kube-scheduler's NodeAffinity/NodeUnschedulable
+                continue
+        ev = table.get(sig)
+        if ev is None:
+            ev = memo.fill(table, state, base, name, sig)
         if ev.fits:
             keep.append(name)
         elif ev.unresolvable:
@@ -263,7 +329,11 @@ def prioritize(
     """0..10 per node: the policy's preference for the node's best option, by rank among
     the nodes asked about; the planner's node for this pod gets 10 alone."""
     pod = read_pod(args.pod)
-    shape = shape_key(pod) + ((pod.key,) if scorer.name_sensitive else ())
+    base = selector_free(pod)
+    selector = tuple(pod.node_selector.items())
+    table = memo.table(shape_key(base))
+    sigs = view.signatures()
+    state = view.state
     names = args.candidate_names
     planned = plan.placement_of(pod.key)
     plan_node = None
@@ -273,14 +343,27 @@ def prioritize(
     ):
         plan_node = planned.node
     prefs: dict[str, Score] = {}
+    memo.lookups += len(names)
     for name in names:
-        if not view.has_node(name):
+        sig = sigs.get(name)
+        if sig is None:
+            memo.lookups -= 1
             continue
-        ev = memo.get(view, pod, shape, name)
+        if selector and node_rule_miss(state, name, selector) is not None:
+            continue
+        ev = table.get(sig)
+        if ev is None:
+            ev = memo.fill(table, state, base, name, sig)
         if not ev.fits:
             continue
+        if scorer.name_sensitive:
+            # Scores that depend on the node's name (the random baseline) are per node.
+            key = best_key(state, base, name, scorer.scorer)
+            if key is not None:
+                prefs[name] = preference(key)
+            continue
         if ev.score_gen != scorer.gen:
-            ev.best = best_key(view.state, pod, name, scorer.scorer)
+            ev.best = best_key(state, base, name, scorer.scorer)
             ev.score_gen = scorer.gen
         if ev.best is not None:
             prefs[name] = preference(ev.best)

@@ -1,0 +1,120 @@
+"""Node state signatures, the (shape, signature) memo, selectors, warming, and the
+packer's unresolvable check on reconfigurable nodes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sched_builders import filter_args, make_cache, mig_pod, node, whole_pod
+
+from packing.model import Snapshot
+from packing.policies.gpupack import make_gpupack_scorer
+from scheduler.verbs import Memo, NoPlan, ScorerRef, filter_nodes, prioritize, read_pod
+from scheduler.warm import Warmer
+from scheduler.wire import ExtenderArgs
+
+NAMES = [f"w{i}" for i in range(6)]
+
+
+def whole_nodes() -> list[dict[str, Any]]:
+    return [node(n, gpus=8, reconfigurable=False, labels={"zone": "a" if i < 3 else "b"})
+            for i, n in enumerate(NAMES)]
+
+
+def scorer(gen: int = 1) -> ScorerRef:
+    return ScorerRef(make_gpupack_scorer(Snapshot(nodes=())), gen)
+
+
+def test_nodes_in_one_state_share_a_signature_and_a_change_splits_them() -> None:
+    cache = make_cache(whole_nodes())
+    sigs = dict(cache.signatures())
+    assert len(set(sigs.values())) == 1
+    cache.upsert_pod(whole_pod("r", 2, node="w0"))
+    after = cache.signatures()
+    assert after["w0"] != sigs["w0"]
+    assert all(after[n] == sigs[n] for n in NAMES[1:])
+    cache.delete_pod("default/r")  # back to the same state: the same id again
+    assert cache.signatures()["w0"] == sigs["w0"]
+    cache.delete_node("w5")
+    assert "w5" not in cache.signatures()
+
+
+def test_one_evaluation_serves_every_node_in_that_state() -> None:
+    cache = make_cache(whole_nodes(), [whole_pod("r", 7, node="w0")])
+    memo = Memo()
+    args = ExtenderArgs.decode(filter_args(whole_pod("llm", 2), NAMES))
+    result = filter_nodes(args, cache, memo)
+    assert result.node_names == tuple(NAMES[1:])
+    assert "1 whole GPU(s) free, 2 needed" in result.failed["w0"]
+    assert memo.misses == 2 and memo.hits == 4
+    out = prioritize(args, cache, memo, scorer(), NoPlan())
+    scores = {h.host: h.score for h in out}
+    assert scores["w0"] == 0
+    assert len({scores[n] for n in NAMES[1:]}) == 1  # equal states, equal scores
+    assert memo.misses == 2
+
+
+def test_prioritize_normalizes_over_the_request_nodes() -> None:
+    cache = make_cache(whole_nodes(), [whole_pod("r", 4, node="w0")])
+    args = ExtenderArgs.decode(filter_args(whole_pod("one", 1), NAMES))
+    scores = {h.host: h.score for h in prioritize(args, cache, Memo(), scorer(), NoPlan())}
+    # The used node is preferred (keeps idle nodes whole): it alone gets 10.
+    assert scores["w0"] == 10 and all(scores[n] == 0 for n in NAMES[1:])
+    only_idle = ExtenderArgs.decode(filter_args(whole_pod("one", 1), NAMES[1:]))
+    scores = {h.host: h.score for h in prioritize(only_idle, cache, Memo(), scorer(), NoPlan())}
+    assert set(scores.values()) == {10}
+
+
+def test_selector_is_checked_per_node_and_the_answer_shared() -> None:
+    cache = make_cache(whole_nodes())
+    memo = Memo()
+    p = whole_pod("zoned", 1)
+    p["spec"]["nodeSelector"] = {"zone": "b"}
+    result = filter_nodes(ExtenderArgs.decode(filter_args(p, NAMES)), cache, memo)
+    assert result.node_names == ("w3", "w4", "w5")
+    assert result.unresolvable["w0"] == "node selector zone=b does not match"
+    assert memo.misses == 1
+    plain = filter_nodes(ExtenderArgs.decode(filter_args(whole_pod("any", 1), NAMES)), cache,
+                         memo)
+    assert plain.node_names == tuple(NAMES) and memo.misses == 1  # same selector-free shape
+    scores = prioritize(ExtenderArgs.decode(filter_args(p, NAMES)), cache, memo, scorer(),
+                        NoPlan())
+    assert {h.host for h in scores if h.score == 0} >= {"w0", "w1", "w2"}
+
+
+def test_cordon_wins_over_a_selector_mismatch() -> None:
+    cache = make_cache([node("c", unschedulable=True, labels={"zone": "a"})])
+    p = whole_pod("zoned", 1)
+    p["spec"]["nodeSelector"] = {"zone": "b"}
+    result = filter_nodes(ExtenderArgs.decode(filter_args(p, ["c"])), cache, Memo())
+    assert result.unresolvable == {"c": "node is cordoned"}
+
+
+def test_warmer_fills_fit_and_score_for_pending_shapes() -> None:
+    cache = make_cache([*whole_nodes(), node("m", mig={"1g.10gb": 7})],
+                       [mig_pod("asr"), whole_pod("llm", 2), whole_pod("r", 3, node="w1")])
+    memo = Memo()
+    ref = scorer()
+    warmer = Warmer(cache, memo, lambda: ref)
+    assert warmer.sweep() == 2 * 3  # 2 shapes x 3 signatures (idle whole, used whole, MIG)
+    assert warmer.sweep() == 0  # nothing changed
+    names = [*NAMES, "m"]
+    for p in (mig_pod("asr"), whole_pod("llm", 2)):
+        args = ExtenderArgs.decode(filter_args(p, names))
+        filter_nodes(args, cache, memo)
+        prioritize(args, cache, memo, ref, NoPlan())
+    assert memo.misses == 0
+    cache.upsert_pod(whole_pod("r2", 1, node="w2"))
+    assert warmer.sweep() == 2  # the new state, for each shape
+    ref = scorer(2)  # a new scorer: fitting entries are re-scored
+    assert warmer.sweep() == 4
+
+
+def test_unresolvable_counts_idle_whole_gpus_of_a_reconfigurable_node() -> None:
+    cache = make_cache([node("r", gpus=2), node("f", gpus=2, reconfigurable=False)])
+    p = read_pod(mig_pod("asr"))
+    assert cache.state.unresolvable(p, "r") is None
+    assert "no GPU of a usable kind" in (cache.state.unresolvable(p, "f") or "")
+    result = filter_nodes(ExtenderArgs.decode(filter_args(mig_pod("asr"), ["r", "f"])), cache,
+                          Memo())
+    assert result.node_names == ("r",) and "f" in result.unresolvable
