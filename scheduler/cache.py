@@ -139,6 +139,7 @@ class ClusterCache:
         self._sig_ids: dict[tuple[Any, ...], int] = {}
         self._next_sig = 0
         self._dirty: set[str] = set()  # nodes whose signature must be recomputed
+        self._view_hooks: list[Callable[[], None]] = []  # see add_view_hook
 
     # ---- listeners and views ---------------------------------------------------------------
 
@@ -193,11 +194,18 @@ class ClusterCache:
         """Generation of a node: equal numbers mean nothing on the node changed."""
         return self._gen.get(node, -1)
 
+    def add_view_hook(self, fn: Callable[[], None]) -> None:
+        """``fn`` runs under the lock at the start of every :meth:`view` and
+        :meth:`snapshot` (the group reservation book syncs its holds there)."""
+        self._view_hooks.append(fn)
+
     @contextmanager
     def view(self) -> Iterator[ClusterCache]:
         """The cache under its lock, with stale assumptions expired first."""
         with self.lock:
             self.expire()
+            for fn in self._view_hooks:
+                fn()
             yield self
 
     def has_node(self, name: str) -> bool:
@@ -243,6 +251,8 @@ class ClusterCache:
         """Nodes, counted pods (bound and assumed) and our pending pods, for the planner."""
         with self.lock:
             self.expire()
+            for fn in self._view_hooks:
+                fn()
             return Snapshot(
                 tuple(self._infos.values()),
                 tuple(self._counted.values()),
@@ -498,6 +508,27 @@ class ClusterCache:
         with self.lock:
             self.synced = True
             self._changed()
+
+    # ---- group reservation holds (scheduler/groups.py) -----------------------------------
+
+    def hold(self, req: PodRequest, placement: Placement) -> str | None:
+        """Count a group reservation member (a synthetic key, never a pod's) on its node,
+        so no other pod gets its GPUs; returns why not when the room is no longer free."""
+        with self.lock:
+            if req.key in self._pods:
+                return f"{req.key} is a pod, not a reservation member"
+            why = self.state.check(req, placement)
+            if why is None:
+                self._apply(req, placement)
+                self._changed()
+            return why
+
+    def unhold(self, key: str) -> None:
+        """Give back what :meth:`hold` took for ``key``."""
+        with self.lock:
+            if key in self._counted and key not in self._pods and key not in self._assumed:
+                self._unapply(key)
+                self._changed()
 
     # ---- assume ----------------------------------------------------------------------------
 
