@@ -1,10 +1,13 @@
 """The background planner: a placement plan for every pending pod of our scheduler.
 
 A daemon thread waits for cache changes, lets them settle for ``debounce_s`` (a burst of
-watch events becomes one solve), takes a snapshot and solves it with the configured
+watch events becomes one solve), takes a snapshot and has it solved with the configured
 policy (``gpupack``: greedy portfolio, then CP-SAT under an explicit time limit, worker
-count and seed). The verbs read the latest published :class:`Plan` without waiting; a
-pod the plan does not know yet gets the greedy answer from the scorer.
+count and seed). The solve runs in a separate solver process (:mod:`scheduler.solve`):
+at 1,000-5,000 nodes it is seconds of CPU-bound Python, which in this process would hold
+the GIL away from the request threads. The thread only packs the snapshot and waits for
+the answer. The verbs read the latest published :class:`Plan` without waiting; a pod
+the plan does not know yet gets the greedy answer from the scorer.
 
 The planner also publishes the policy's scorer for the verbs. The FGD-based scorers
 depend on the workload's typical shapes and their frequencies, which move a little with
@@ -23,14 +26,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from packing.cpsat import SolverParams
-from packing.model import Placement, PlanResult, Snapshot
-from packing.policies import get_policy
-from packing.policies.base import Policy
-from packing.policies.fgd import Shape, cluster_fragmentation, typical_shapes, workload_of
-from packing.policies.gpupack import GpupackPolicy
+from packing.model import Placement, Snapshot
+from packing.policies.fgd import Shape, typical_shapes, workload_of
 from packing.policies.greedy import order_pods
-from packing.state import ClusterState
 from scheduler.cache import ClusterCache
+from scheduler.solve import SolveJob, SolveOutcome, SolverProcess, make_policy, solve
 from scheduler.verbs import ScorerRef
 
 log = logging.getLogger("gpupack.scheduler.planner")
@@ -54,12 +54,6 @@ class Plan:
         return self.placements.get(pod_key)
 
 
-def make_policy(name: str, params: SolverParams) -> Policy:
-    if name == "gpupack":
-        return GpupackPolicy(params)
-    return get_policy(name)
-
-
 class Planner:
     """Keeps :attr:`plan` and :attr:`scorer` current in a background thread."""
 
@@ -72,6 +66,7 @@ class Planner:
         min_interval_s: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
         max_batch: int = 64,
+        in_process: bool = False,
     ) -> None:
         self.cache = cache
         self.policy_name = policy
@@ -87,6 +82,9 @@ class Planner:
         self.scorer = ScorerRef(self.policy.make_scorer(Snapshot(nodes=())), 0,
                                 name_sensitive=policy == "random")
         self.solves = 0
+        # in_process: solve in the calling thread (tests, tools); else in the child.
+        self.in_process = in_process
+        self._solver: SolverProcess | None = None
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -105,6 +103,8 @@ class Planner:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout)
+        if self._solver is not None:
+            self._solver.close()
 
     def age(self) -> float | None:
         """Seconds since the latest plan was solved; None before the first."""
@@ -141,30 +141,43 @@ class Planner:
         version = self.cache.version
         snapshot = self.cache.snapshot()
         self._refresh_scorer(snapshot)
+        batch = snapshot.pending
+        if len(batch) > self.max_batch:
+            # A bounded batch keeps every solve bounded; pods beyond it, lower priority
+            # or newer, get the greedy answer until an earlier batch has been bound.
+            batch = tuple(order_pods(batch)[: self.max_batch])
+        job = SolveJob(self.policy_name, self.params, snapshot, tuple(batch),
+                       tuple(self._shapes))
         started = time.monotonic()
-        batch = snapshot
-        if len(snapshot.pending) > self.max_batch:
-            # A bounded batch keeps every solve bounded (the planner shares the process,
-            # and the GIL, with the request threads); pods beyond it, lower priority or
-            # newer, get the greedy answer until an earlier batch has been bound.
-            first = order_pods(snapshot.pending)[: self.max_batch]
-            batch = Snapshot(snapshot.nodes, snapshot.running, tuple(first))
-        if batch.pending:
-            result = self.policy.plan(batch)
-        else:
-            result = PlanResult((), (), self.policy_name, solver_status="idle")
-        seconds = time.monotonic() - started
-        state = ClusterState(snapshot)
-        frag = cluster_fragmentation(state, self._shapes) if self._shapes else 0.0
+        outcome = solve(job) if self.in_process else self._child().solve(job, self.timeout_s())
+        plan = self._publish(outcome, job, version, time.monotonic() - started)
+        return plan
+
+    def timeout_s(self) -> float:
+        """How long to wait for the child: the time limit plus a generous margin (the
+        greedy passes, model building and the fragmentation figure come on top)."""
+        return 4 * self.params.max_time_s + 120.0
+
+    def _child(self) -> SolverProcess:
+        if self._solver is None:
+            self._solver = SolverProcess()
+        return self._solver
+
+    @property
+    def solver_pid(self) -> int | None:
+        return None if self._solver is None else self._solver.pid
+
+    def _publish(self, outcome: SolveOutcome, job: SolveJob, version: int, wall: float) -> Plan:
+        del wall  # the solve's own time (outcome.seconds) is what the metric reports
         plan = Plan(
-            placements={p.pod: p for p in result.placements},
-            unschedulable={u.pod: u.reason for u in result.unschedulable},
-            pending_class={p.key: p.klass for p in batch.pending},
-            status=result.solver_status,
+            placements={p.pod: p for p in outcome.placements},
+            unschedulable=dict(outcome.unschedulable),
+            pending_class={p.key: p.klass for p in job.batch},
+            status=outcome.status,
             solved_at=self.clock(),
-            solve_seconds=seconds,
+            solve_seconds=outcome.seconds,
             cache_version=version,
-            fragmentation=frag,
+            fragmentation=outcome.fragmentation,
         )
         self.plan = plan
         self.solves += 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 from sched_builders import FakeClock, make_cache, mig_pod, node, whole_pod
@@ -9,13 +10,15 @@ from sched_builders import FakeClock, make_cache, mig_pod, node, whole_pod
 from packing.cpsat import SolverParams
 from packing.validate import validate
 from scheduler.planner import Planner
+from scheduler.solve import SnapshotPacker, SolveJob, unpack
 
 
 def test_solve_once_plans_every_pending_pod_validly() -> None:
     clock = FakeClock()
     cache = make_cache([node("m", mig={"1g.10gb": 7}), node("w", gpus=8, reconfigurable=False)],
                        [mig_pod("a"), mig_pod("b"), whole_pod("llm", 4, priority=10)], clock)
-    planner = Planner(cache, "gpupack", SolverParams(max_time_s=0.5, workers=1), clock=clock)
+    planner = Planner(cache, "gpupack", SolverParams(max_time_s=0.5, workers=1), clock=clock,
+                      in_process=True)
     assert planner.age() is None
     plan = planner.solve_once()
     assert set(plan.placements) == {"default/a", "default/b", "default/llm"}
@@ -29,14 +32,14 @@ def test_solve_once_plans_every_pending_pod_validly() -> None:
 def test_batch_is_bounded_and_highest_priority_first() -> None:
     pods = [whole_pod(f"p{i}", 1, priority=i) for i in range(6)]
     cache = make_cache([node("w", gpus=8, reconfigurable=False)], pods)
-    planner = Planner(cache, "gpupack-greedy", max_batch=2)
+    planner = Planner(cache, "gpupack-greedy", max_batch=2, in_process=True)
     plan = planner.solve_once()
     assert set(plan.placements) == {"default/p5", "default/p4"}
 
 
 def test_scorer_is_replaced_only_when_the_workload_shape_moves() -> None:
     cache = make_cache([node("w", gpus=8, reconfigurable=False)], [whole_pod("a", 1)])
-    planner = Planner(cache, "gpupack-greedy")
+    planner = Planner(cache, "gpupack-greedy", in_process=True)
     planner.solve_once()
     gen = planner.scorer.gen
     planner.solve_once()
@@ -48,7 +51,8 @@ def test_scorer_is_replaced_only_when_the_workload_shape_moves() -> None:
 
 def test_thread_replans_after_events() -> None:
     cache = make_cache([node("w", gpus=8, reconfigurable=False)], [])
-    planner = Planner(cache, "gpupack-greedy", debounce_s=0.01, min_interval_s=0.01)
+    planner = Planner(cache, "gpupack-greedy", debounce_s=0.01, min_interval_s=0.01,
+                      in_process=True)
     planner.start()
     try:
         cache.upsert_pod(whole_pod("late", 2))
@@ -67,3 +71,42 @@ def test_nodes_of_one_shape_share_inference_but_keep_their_names() -> None:
     assert (ia.name, ib.name) == ("a", "b")
     assert ia.labels["kubernetes.io/hostname"] == "a" and ib.labels["kubernetes.io/hostname"] == "b"
     assert ia.gpus == ib.gpus
+
+
+def test_snapshot_travels_in_pieces_and_unchanged_nodes_are_not_repickled() -> None:
+    cache = make_cache([node("m", mig={"1g.10gb": 7}), node("w", gpus=8, reconfigurable=False)],
+                       [mig_pod("a"), whole_pod("r", 2, node="w")])
+    snap = cache.snapshot()
+    job = SolveJob("gpupack-greedy", SolverParams(), snap, snap.pending, ())
+    packer = SnapshotPacker()
+    first = packer.pack(job)
+    assert unpack(first) == job
+    cache.upsert_pod(whole_pod("r2", 1, node="w"))  # pods change, nodes do not
+    snap2 = cache.snapshot()
+    second = packer.pack(SolveJob("gpupack-greedy", SolverParams(), snap2, (), ()))
+    assert all(a is b for a, b in zip(first[2], second[2], strict=True))
+    assert unpack(second).snapshot == snap2
+
+
+def test_solves_run_in_a_child_process_that_is_restarted_when_it_dies() -> None:
+    # The thread path: the planner thread only waits for the solver process.
+    cache = make_cache([node("w", gpus=8, reconfigurable=False)], [whole_pod("a", 2)])
+    planner = Planner(cache, "gpupack", SolverParams(max_time_s=0.5, workers=1),
+                      debounce_s=0.01, min_interval_s=0.01)
+    try:
+        plan = planner.solve_once()
+        assert set(plan.placements) == {"default/a"}
+        pid = planner.solver_pid
+        assert pid is not None and pid != os.getpid()
+        os.kill(pid, 9)
+        time.sleep(0.2)
+        planner.start()
+        cache.upsert_pod(whole_pod("b", 1))
+        deadline = time.monotonic() + 60
+        while "default/b" not in planner.plan.placements:
+            assert time.monotonic() < deadline, planner.plan
+            time.sleep(0.05)
+        assert planner.solver_pid not in (None, pid)
+        assert planner.plan.status.split("/")[0] in ("OPTIMAL", "FEASIBLE", "greedy")
+    finally:
+        planner.stop()

@@ -1,0 +1,212 @@
+"""The planner's solver in a process of its own, so a solve never holds the GIL of the
+process that answers kube-scheduler.
+
+:class:`SolverProcess` starts one child with the ``spawn`` context (a fresh interpreter:
+nothing of the request process's threads or locks is inherited) and keeps it for every
+solve. A job is the snapshot, sent as pickled pieces; the answer is the placements.
+
+Sending a 5,000-node snapshot as one ``pickle.dumps`` holds the GIL for ~70 ms, a
+latency spike for any request in flight. :class:`SnapshotPacker` instead pickles each
+node once (NodeInfo objects are immutable and the cache keeps the same object while a
+node is unchanged, so steady state re-pickles only changed nodes) and the pods in small
+chunks; between chunks the request threads get the GIL back.
+
+The child lowers its CPU priority (``nice``): on a small machine the solver's workers
+then take the cores only when the request path leaves them idle.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing as mp
+import os
+import pickle
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+from packing.cpsat import SolverParams
+from packing.model import NodeInfo, Placement, PlanResult, PodRequest, Snapshot
+from packing.policies import get_policy
+from packing.policies.base import Policy
+from packing.policies.fgd import Shape, cluster_fragmentation
+from packing.policies.gpupack import GpupackPolicy
+from packing.state import ClusterState
+
+log = logging.getLogger("gpupack.scheduler.solve")
+
+CHUNK = 128  # items per pickle call: ~1-2 ms of GIL at most
+NICE = 10
+
+
+def make_policy(name: str, params: SolverParams) -> Policy:
+    if name == "gpupack":
+        return GpupackPolicy(params)
+    return get_policy(name)
+
+
+@dataclass(frozen=True)
+class SolveJob:
+    """What one solve needs; picklable (frozen dataclasses and tuples only)."""
+
+    policy: str
+    params: SolverParams
+    snapshot: Snapshot  # the whole cluster (fragmentation is measured on it)
+    batch: tuple[PodRequest, ...]  # the pending pods to plan this time
+    shapes: tuple[tuple[Shape, float], ...]  # the typical shapes, for the fragmentation
+
+
+@dataclass(frozen=True)
+class SolveOutcome:
+    placements: tuple[Placement, ...]
+    unschedulable: tuple[tuple[str, str], ...]  # (pod key, reason)
+    status: str
+    seconds: float
+    fragmentation: float
+
+
+def solve(job: SolveJob) -> SolveOutcome:
+    """Plan ``job.batch`` on ``job.snapshot`` with the named policy (any process)."""
+    started = time.monotonic()
+    snap = job.snapshot
+    if job.batch:
+        policy = make_policy(job.policy, job.params)
+        result = policy.plan(Snapshot(snap.nodes, snap.running, job.batch))
+    else:
+        result = PlanResult((), (), job.policy, solver_status="idle")
+    seconds = time.monotonic() - started
+    frag = cluster_fragmentation(ClusterState(snap), job.shapes) if job.shapes else 0.0
+    return SolveOutcome(
+        tuple(result.placements),
+        tuple((u.pod, u.reason) for u in result.unschedulable),
+        result.solver_status,
+        seconds,
+        frag,
+    )
+
+
+# ---- transport -----------------------------------------------------------------------------
+
+
+class SnapshotPacker:
+    """Pickles a job in small pieces, reusing each unchanged node's bytes."""
+
+    def __init__(self) -> None:
+        self._nodes: dict[str, tuple[NodeInfo, bytes]] = {}
+
+    def pack(self, job: SolveJob) -> tuple[Any, ...]:
+        seen: dict[str, tuple[NodeInfo, bytes]] = {}
+        pieces: list[bytes] = []
+        for info in job.snapshot.nodes:
+            old = self._nodes.get(info.name)
+            if old is None or old[0] is not info:
+                old = (info, pickle.dumps(info, protocol=pickle.HIGHEST_PROTOCOL))
+            seen[info.name] = old
+            pieces.append(old[1])
+        self._nodes = seen
+        snap = job.snapshot
+        return (
+            job.policy, job.params, tuple(pieces), _chunks(snap.running), _chunks(snap.pending),
+            pickle.dumps((job.batch, job.shapes), protocol=pickle.HIGHEST_PROTOCOL),
+        )
+
+
+def _chunks(items: Sequence[Any]) -> tuple[bytes, ...]:
+    return tuple(pickle.dumps(tuple(items[i:i + CHUNK]), protocol=pickle.HIGHEST_PROTOCOL)
+                 for i in range(0, len(items), CHUNK))
+
+
+def unpack(packed: tuple[Any, ...]) -> SolveJob:
+    policy, params, nodes, running, pending, rest = packed
+    batch, shapes = pickle.loads(rest)
+    snapshot = Snapshot(
+        tuple(pickle.loads(b) for b in nodes),
+        tuple(x for b in running for x in pickle.loads(b)),
+        tuple(x for b in pending for x in pickle.loads(b)),
+    )
+    return SolveJob(policy, params, snapshot, batch, shapes)
+
+
+def solver_main(conn: Connection) -> None:
+    """The child's loop: jobs in, ("ok", outcome) or ("error", text) out, until EOF."""
+    with contextlib.suppress(OSError):
+        os.nice(NICE)
+    while True:
+        try:
+            packed = conn.recv()
+        except (EOFError, OSError):
+            return  # the request process is gone
+        try:
+            reply: tuple[str, Any] = ("ok", solve(unpack(packed)))
+        except Exception as e:  # reported to the planner, which logs and keeps going
+            reply = ("error", f"{type(e).__name__}: {e}")
+        try:
+            conn.send(reply)
+        except (EOFError, OSError):
+            return
+
+
+class SolverError(RuntimeError):
+    """The solve failed in the child, timed out, or the child died."""
+
+
+class SolverProcess:
+    """One long-lived solver child; :meth:`solve` blocks only the calling thread."""
+
+    def __init__(self, start_method: str = "spawn") -> None:
+        self._ctx: Any = mp.get_context(start_method)
+        self._proc: Any = None
+        self._conn: Connection | None = None
+        self._packer = SnapshotPacker()
+        self.starts = 0
+
+    def _ensure(self) -> Connection:
+        if self._proc is not None and self._proc.is_alive() and self._conn is not None:
+            return self._conn
+        self.close()
+        parent, child = self._ctx.Pipe()
+        proc = self._ctx.Process(target=solver_main, args=(child,), daemon=True,
+                                 name="gpupack-solver")
+        proc.start()
+        child.close()
+        self._proc, self._conn = proc, parent
+        self._packer = SnapshotPacker()
+        self.starts += 1
+        return parent
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._proc is None else int(self._proc.pid)
+
+    def solve(self, job: SolveJob, timeout_s: float) -> SolveOutcome:
+        conn = self._ensure()
+        try:
+            conn.send(self._packer.pack(job))
+            if not conn.poll(timeout_s):
+                self.close()  # a stuck solve is killed; the next one starts a fresh child
+                raise SolverError(f"solver gave no answer in {timeout_s:.0f} s; restarted")
+            kind, value = conn.recv()
+        except (EOFError, OSError, BrokenPipeError) as e:
+            self.close()
+            raise SolverError(f"solver process died ({e}); it is restarted on the next solve")\
+                from None
+        if kind != "ok":
+            raise SolverError(str(value))
+        if not isinstance(value, SolveOutcome):
+            raise SolverError(f"unexpected answer from the solver: {type(value).__name__}")
+        return value
+
+    def close(self) -> None:
+        conn, proc = self._conn, self._proc
+        self._conn = self._proc = None
+        if conn is not None:
+            conn.close()
+        if proc is not None:
+            proc.terminate()
+            proc.join(5)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(1)
