@@ -25,7 +25,8 @@ from werkzeug.exceptions import HTTPException
 from kube.annotations import placement_annotations
 from kube.source import Binder, BindError
 from scheduler.cache import AssumeError, ClusterCache
-from scheduler.metrics import ExtenderMetrics
+from scheduler.groups import ReservationBook
+from scheduler.metrics import ExtenderMetrics, GroupMetrics
 from scheduler.planner import Planner
 from scheduler.verbs import (
     Memo,
@@ -74,6 +75,7 @@ def create_app(
     binder: Binder,
     registry: CollectorRegistry,
     config: AppConfig | None = None,
+    groups: ReservationBook | None = None,
 ) -> Flask:
     cfg = config or AppConfig()
     app = Flask("gpupack.scheduler")
@@ -83,6 +85,10 @@ def create_app(
     app.extensions["gpupack.warmer"] = warmer
     if cfg.warm:
         warmer.start()
+    # LLM groups (scheduler/groups.py): members are answered by the reservation book.
+    book = groups or ReservationBook(cache, scorer=lambda: planner.scorer.scorer)
+    app.extensions["gpupack.groups"] = book
+    GroupMetrics(registry, book)
 
     def body() -> bytes:
         length = request.content_length
@@ -124,7 +130,7 @@ def create_app(
         def run() -> Response:
             args = ExtenderArgs.decode(decoded())
             with cache.view() as view:
-                result = filter_nodes(args, view, memo)
+                result = book.filter(args) or filter_nodes(args, view, memo)
             return _json(result.encode())
         return handle("filter", run)
 
@@ -134,7 +140,8 @@ def create_app(
             args = ExtenderArgs.decode(decoded())
             plan = planner.plan
             with cache.view() as view:
-                result = prioritize(args, view, memo, planner.scorer, plan)
+                result = book.prioritize(args) or prioritize(
+                    args, view, memo, planner.scorer, plan)
             return _json(encode_priorities(result))
         return handle("prioritize", run)
 
@@ -161,18 +168,23 @@ def create_app(
             if args.pod_uid and pod.uid and args.pod_uid != pod.uid:
                 metrics.binds.labels("conflict").inc()
                 return BindingResult(f"pod {args.pod_key} has UID {pod.uid}, not {args.pod_uid}")
-            choice = choose_placement(view, pod, args.node, planner.scorer.scorer, plan)
+            # A group member gets its reserved room, already assumed (or why not).
+            member = book.bind_member(pod, args.pod_uid or pod.uid, args.node)
+            choice = member if member is not None else choose_placement(
+                view, pod, args.node, planner.scorer.scorer, plan)
             if isinstance(choice, str):
                 metrics.binds.labels("conflict").inc()
                 return BindingResult(choice)
             try:
-                cache.assume(pod, args.pod_uid or pod.uid, choice)
+                if member is None:
+                    cache.assume(pod, args.pod_uid or pod.uid, choice)
             except AssumeError as e:
                 metrics.binds.labels("conflict").inc()
                 return BindingResult(str(e))
         try:
             binder.bind(args.pod_namespace, args.pod_name, args.pod_uid or pod.uid, args.node,
-                        placement_annotations(choice, cfg.policy))
+                        {**placement_annotations(choice, cfg.policy),
+                         **book.bind_annotations(pod)})
         except BindError as e:
             cache.forget(pod.key)
             metrics.binds.labels("api_error").inc()
@@ -191,7 +203,7 @@ def create_app(
             args = PreemptionArgs.decode(decoded())
             read_pod(args.pod)
             with cache.view() as view:
-                result = preempt(args, view)
+                result = book.preempt(args) or preempt(args, view)
             return _json(result.encode())
         return handle("preempt", run)
 
