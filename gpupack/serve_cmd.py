@@ -56,6 +56,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="do not run the background planner (verbs answer greedily)")
     p.add_argument("--assume-ttl", type=float, default=30.0,
                    help="seconds a bind is counted before the watch must confirm it (default 30)")
+    p.add_argument("--group-ttl", type=float, default=600.0,
+                   help="seconds an LLM group's reservation waits for all its members to be "
+                        "bound before it is released (default 600)")
     p.add_argument("--max-body", type=int, default=8 * 1024 * 1024,
                    help="largest request body in bytes (default 8 MiB); larger ones get 400")
     p.add_argument("--workers", type=int, default=1,
@@ -78,10 +81,17 @@ class Components:
     def __init__(self, args: argparse.Namespace) -> None:
         from prometheus_client import CollectorRegistry
 
+        from kube.reservations import (
+            ApiAnnotationPatcher,
+            ReservationTap,
+            ReservationWriter,
+            StaticAnnotationPatcher,
+        )
         from kube.source import ApiBinder, ApiSource, StaticSource, load_api_client
         from packing.cpsat import SolverParams
         from scheduler.app import AppConfig, create_app
         from scheduler.cache import ClusterCache
+        from scheduler.groups import ReservationBook
         from scheduler.planner import Planner
 
         self.cache = ClusterCache(args.scheduler_name, assume_ttl=args.assume_ttl)
@@ -95,19 +105,27 @@ class Components:
             api = load_api_client(args.kubeconfig, args.in_cluster)
             self.source = ApiSource(api)
             self.binder: Any = ApiBinder(api)
+            patcher: Any = ApiAnnotationPatcher(api)
         else:
             nodes = args.nodes or EXAMPLES / "nodes.yaml"
             pods = args.pods or EXAMPLES / "pods.yaml"
             self.source = StaticSource.from_files(nodes, pods)
             self.binder = self.source.binder()
+            patcher = StaticAnnotationPatcher(self.source)
+        self.group_writer = ReservationWriter(patcher)
+        self.groups = ReservationBook(self.cache, ttl=args.group_ttl, writer=self.group_writer,
+                                      scorer=lambda: self.planner.scorer.scorer)
+        self.tap = ReservationTap(self.cache, self.groups)
         self.app = create_app(self.cache, self.planner, self.binder, self.registry,
-                              AppConfig(max_body_bytes=args.max_body, policy=args.policy))
+                              AppConfig(max_body_bytes=args.max_body, policy=args.policy),
+                              groups=self.groups)
         self.no_planner = bool(args.no_planner)
         self.metrics_port = int(args.metrics_port)
         self.host = str(args.host)
 
     def start(self) -> None:
-        self.source.start(self.cache)
+        self.group_writer.start()
+        self.source.start(self.tap)
         if not self.no_planner:
             self.planner.start()
         if self.metrics_port:
@@ -117,6 +135,8 @@ class Components:
 
 
 def check_args(args: argparse.Namespace) -> str | None:
+    if args.group_ttl <= 0:
+        return "--group-ttl must be positive"
     if args.workers != 1:
         return ("--workers must be 1: each worker process would keep its own cache and "
                 "could bind the same GPU twice; use --threads for concurrency")

@@ -98,6 +98,27 @@ class StaticSource:
     def binder(self) -> StaticBinder:
         return StaticBinder(self)
 
+    def patch_pod_annotations(
+        self, namespace: str, name: str, annotations: Mapping[str, str | None]
+    ) -> None:
+        """A JSON merge patch of annotations (None removes a key), fed back as the watch
+        would; BindError when the pod does not exist."""
+        key = f"{namespace}/{name}"
+        with self.lock:
+            pod = self.pods.get(key)
+            if pod is None:
+                raise BindError(f'pods "{name}" not found')
+            updated = copy.deepcopy(pod)
+            ann = updated.setdefault("metadata", {}).setdefault("annotations", {})
+            for k, v in annotations.items():
+                if v is None:
+                    ann.pop(k, None)
+                else:
+                    ann[k] = v
+            self.pods[key] = updated
+        if self.sink is not None:
+            self.sink.upsert_pod(updated)
+
 
 class StaticBinder:
     """Binds like the API server would: UID precondition, no re-binding, annotations merged."""
