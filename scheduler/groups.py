@@ -201,10 +201,12 @@ def group_victims(
         if ref.exclusive and ref.topology_key is not None and (ref.topology_key, value) in taken:
             continue
         names = set(nodes)
-        local = sorted(
-            (c for c in usable if c.placement.node in names),
-            key=lambda c: (c.req.priority, -c.req.gpu_demand_milli, c.req.key),
-        )
+        inside = [c for c in usable if c.placement.node in names]
+        per_node = Counter(c.placement.node for c in inside)
+        # Lowest priority first; then nodes with the fewest pods to evict (an emptied
+        # node is what a whole-GPU member needs), a node's pods together.
+        local = sorted(inside, key=lambda c: (
+            c.req.priority, per_node[c.placement.node], c.placement.node, c.req.key))
         chosen = _victims_in(state, members, scorer, taken, value, local)
         if chosen is None:
             continue

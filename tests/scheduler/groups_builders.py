@@ -1,0 +1,82 @@
+"""Builders for the LLM group tests: LWS pods, a recording writer, a book on a cache."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any
+
+from sched_builders import FakeClock, whole_pod
+
+from kube.reservations import ReservationTap
+from scheduler.cache import ClusterCache
+from scheduler.groups import ReservationBook, hold_key
+
+LWS = "leaderworkerset.sigs.k8s.io/"
+
+
+def lws_pod(lws: str, worker: int, size: int, gpus: int, group: int = 0,
+            exclusive: str | None = None, **kw: Any) -> dict[str, Any]:
+    """A LeaderWorkerSet pod: leader ``<lws>-<group>``, workers ``<lws>-<group>-<i>``."""
+    name = f"{lws}-{group}" if worker == 0 else f"{lws}-{group}-{worker}"
+    ann = {LWS + "size": str(size), **kw.pop("annotations", {})}
+    if exclusive:
+        ann[LWS + "exclusive-topology"] = exclusive
+    p = whole_pod(name, gpus, namespace=kw.pop("namespace", "llm"), annotations=ann, **kw)
+    p["metadata"]["labels"] = {LWS + "name": lws, LWS + "group-index": str(group),
+                               LWS + "worker-index": str(worker)}
+    return p
+
+
+def bound(pod: dict[str, Any], node: str, annotations: dict[str, str]) -> dict[str, Any]:
+    """The pod as the watch shows it after a bind with these annotations."""
+    out = copy.deepcopy(pod)
+    out["spec"]["nodeName"] = node
+    out["metadata"].setdefault("annotations", {}).update(annotations)
+    out["status"] = {"phase": "Running"}
+    return out
+
+
+@dataclass
+class RecordingWriter:
+    writes: list[tuple[str, str | None]] = field(default_factory=list)
+
+    def submit(self, pod: str, text: str | None) -> None:
+        self.writes.append((pod, text))
+
+    def last(self, pod: str) -> str | None:
+        return next((t for p, t in reversed(self.writes) if p == pod), None)
+
+
+@dataclass
+class Rig:
+    cache: ClusterCache
+    book: ReservationBook
+    tap: ReservationTap
+    clock: FakeClock
+    writer: Any
+
+    def sync(self) -> None:
+        with self.cache.view():
+            pass
+
+    def held(self, group: str) -> list[int]:
+        """Slots of ``group`` whose room is held now."""
+        size = 16
+        return [s for s in range(size) if self.cache.counted(hold_key(group, s)) is not None]
+
+
+def rig(nodes: list[dict[str, Any]], pods: list[dict[str, Any]] | None = None,
+        ttl: float = 100.0, clock: FakeClock | None = None, writer: Any = None,
+        sync: bool = True) -> Rig:
+    clock = clock or FakeClock()
+    cache = ClusterCache("gpupack", clock=clock)
+    book = ReservationBook(cache, ttl=ttl, clock=clock, writer=writer or RecordingWriter(),
+                           retry_s=0.0, cooldown_s=10.0)
+    tap = ReservationTap(cache, book)
+    tap.replace(nodes, pods or [])
+    tap.mark_synced()
+    r = Rig(cache, book, tap, clock, book.writer)
+    if sync:
+        r.sync()
+    return r

@@ -1,0 +1,430 @@
+"""LLM leader/worker groups: whole-group reservations in the extender (scheduler/groups.py)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from groups_builders import RecordingWriter, bound, lws_pod, rig
+from prometheus_client import CollectorRegistry
+from sched_builders import FakeClock, filter_args, mig_pod, node, whole_pod
+
+from kube.annotations import placement_annotations
+from kube.reservations import (
+    RESERVATION,
+    ReservationWriter,
+    StaticAnnotationPatcher,
+    decode,
+)
+from kube.source import StaticSource
+from packing.model import PodRequest
+from scheduler.app import AppConfig, create_app
+from scheduler.cache import ClusterCache
+from scheduler.groups import ReservationBook, hold_key
+from scheduler.planner import Planner
+from scheduler.wire import ExtenderArgs, PreemptionArgs
+
+TWO = [node("n1", reconfigurable=False), node("n2", reconfigurable=False)]
+A, B = "llm/a/0", "llm/b/0"
+
+
+def fargs(pod: dict[str, Any], names: list[str]) -> ExtenderArgs:
+    return ExtenderArgs.decode(filter_args(pod, names))
+
+
+def gpu_owners(cache: ClusterCache) -> dict[tuple[str, int], str]:
+    return {(n, g.info.index): g.whole_owner for n, s in cache.state.nodes.items()
+            for g in s.gpus if g.whole_owner is not None}
+
+
+def req_of(r: Any, pod: dict[str, Any]) -> PodRequest:
+    key = f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
+    found = r.cache.pending_pod(key)
+    assert found is not None
+    return found
+
+
+def bind(r: Any, pod: dict[str, Any], node_name: str) -> None:
+    """Bind through the book (as the app's bind does) and confirm it through the watch."""
+    req = req_of(r, pod)
+    placement = r.book.bind_member(req, req.uid, node_name)
+    assert not isinstance(placement, str) and placement is not None, placement
+    ann = {**placement_annotations(placement, "gpupack"), **r.book.bind_annotations(req)}
+    r.tap.upsert_pod(bound(pod, node_name, ann))
+    r.sync()
+
+
+# ---- no deadlock ---------------------------------------------------------------------------
+
+
+def test_two_groups_that_together_do_not_fit_one_reserves_whole_other_waits_whole() -> None:
+    r = rig(TWO, [lws_pod("a", 0, 2, 8), lws_pod("b", 0, 2, 8)])
+    assert set(r.book.reservations) == {A}
+    assert r.held(A) == [0, 1]  # the leader's room and the worker not created yet
+    assert r.held(B) == []
+    assert r.book.waiting[B].category == "no_room"
+    res = r.book.filter(fargs(lws_pod("b", 0, 2, 8), ["n1", "n2"]))
+    assert res is not None and res.node_names == ()
+    assert all("waits whole, holding nothing" in why for why in res.failed.values())
+    # The worker of A comes later and is steered to the other node.
+    r.tap.upsert_pod(lws_pod("a", 1, 2, 8))
+    r.sync()
+    leader_node = r.book.reservations[A].slots[0].node
+    worker = r.book.filter(fargs(lws_pod("a", 1, 2, 8), ["n1", "n2"]))
+    assert worker is not None and worker.node_names == tuple({"n1", "n2"} - {leader_node})
+
+
+def test_higher_priority_group_first_seen_together_wins() -> None:
+    r = rig(TWO, [lws_pod("a", 0, 2, 8, priority=0), lws_pod("b", 0, 2, 8, priority=10)])
+    assert set(r.book.reservations) == {B}
+    assert r.held(A) == []
+
+
+def test_older_group_wins_when_priorities_are_equal() -> None:
+    r = rig(TWO, [lws_pod("b", 0, 2, 8)])
+    r.clock.advance(5)
+    r.tap.upsert_pod(lws_pod("a", 0, 2, 8))
+    r.sync()
+    assert set(r.book.reservations) == {B}
+    assert r.book.waiting[A].reason.startswith("group llm/a/0 waits whole")
+
+
+def test_higher_priority_group_displaces_an_unbound_lower_reservation() -> None:
+    r = rig(TWO, [lws_pod("a", 0, 2, 8, priority=0)])
+    assert set(r.book.reservations) == {A}
+    r.tap.upsert_pod(lws_pod("b", 0, 2, 8, priority=100))
+    r.sync()
+    assert set(r.book.reservations) == {B}
+    assert r.held(A) == [] and r.held(B) == [0, 1]
+    assert r.book.waiting[A].category == "displaced"
+
+
+def test_a_reservation_with_a_bound_member_is_not_displaced() -> None:
+    r = rig(TWO, [lws_pod("a", 0, 2, 8, priority=0)])
+    bind(r, lws_pod("a", 0, 2, 8, priority=0), r.book.reservations[A].slots[0].node)
+    r.tap.upsert_pod(lws_pod("b", 0, 2, 8, priority=100))
+    r.sync()
+    assert set(r.book.reservations) == {A}
+    assert r.held(B) == []
+
+
+# ---- holding nothing / holding against everyone ----------------------------------------------
+
+
+def test_a_group_that_does_not_fit_holds_nothing() -> None:
+    r = rig(TWO, [lws_pod("a", 0, 3, 8)])
+    assert r.book.reservations == {}
+    assert r.held(A) == []
+    assert r.cache.state.whole_gpus_free() == 16
+    assert "does not fit" in r.book.waiting[A].reason
+    # Other pods still get the room.
+    assert r.cache.state.options(PodRequest("x/y", kind=whole_pod_kind(), gpu_count=8), "n1")
+
+
+def whole_pod_kind() -> Any:
+    from packing.model import RequestKind
+
+    return RequestKind.WHOLE
+
+
+def test_small_pods_cannot_take_reserved_gpus() -> None:
+    nodes = [node("n1")]  # MIG-reconfigurable: an idle whole GPU could become MIG slices
+    r = rig(nodes, [lws_pod("a", 0, 2, 4), mig_pod("asr"), whole_pod("one", 1)])
+    assert r.held(A) == [0, 1]
+    assert r.cache.state.whole_gpus_free() == 0
+    from kube.objects import pod_request
+
+    for p in (mig_pod("asr"), whole_pod("one", 1)):
+        assert r.cache.state.options(pod_request(p), "n1") == []
+
+
+def test_small_pods_are_refused_through_the_http_filter() -> None:
+    r = rig([node("n1", gpus=4, reconfigurable=False)], [lws_pod("a", 0, 2, 2)])
+    client = app_client(r)
+    status, body = post(client, "/filter", filter_args(whole_pod("one", 1), ["n1"]))
+    assert status == 200 and body["NodeNames"] == []
+    status, body = post(client, "/filter", filter_args(lws_pod("a", 0, 2, 2), ["n1"]))
+    assert body["NodeNames"] == ["n1"]
+    status, body = post(client, "/prioritize", filter_args(lws_pod("a", 0, 2, 2), ["n1"]))
+    assert body == [{"Host": "n1", "Score": 10}]
+    status, metrics = client.get("/metrics").status_code, client.get("/metrics").text
+    assert "gpupack_group_reservations 1.0" in metrics
+    assert "gpupack_group_reserved_gpus 4.0" in metrics
+    assert 'gpupack_groups_waiting{reason="no_room"} 0.0' in metrics
+
+
+def app_client(r: Any) -> Any:
+    class Binder:
+        def __init__(self) -> None:
+            self.calls: list[tuple[str, str, dict[str, str]]] = []
+
+        def bind(self, namespace: str, name: str, uid: str, node_name: str,
+                 annotations: Any) -> None:
+            self.calls.append((f"{namespace}/{name}", node_name, dict(annotations)))
+
+    binder = Binder()
+    app = create_app(r.cache, Planner(r.cache), binder, CollectorRegistry(),
+                     AppConfig(warm=False), groups=r.book)
+    client = app.test_client()
+    client.binder = binder
+    return client
+
+
+def post(client: Any, path: str, obj: Any) -> tuple[int, Any]:
+    resp = client.post(path, data=json.dumps(obj), content_type="application/json")
+    return resp.status_code, resp.get_json()
+
+
+def test_http_bind_of_members_uses_the_reserved_gpus_and_records_the_reservation() -> None:
+    r = rig([node("n1", gpus=4, reconfigurable=False)],
+            [lws_pod("a", 0, 2, 2), whole_pod("other", 2, priority=0)])
+    client = app_client(r)
+    slots = r.book.reservations[A].slots
+    status, body = post(client, "/bind", {"PodName": "a-0", "PodNamespace": "llm",
+                                          "PodUID": "uid-llm-a-0", "Node": "n1"})
+    assert status == 200 and body == {"Error": ""}, body
+    key, node_name, ann = client.binder.calls[-1]
+    assert (key, node_name) == ("llm/a-0", "n1")
+    assert ann["gpupack.io/gpus"] == ",".join(str(i) for i in slots[0].gpus)
+    rec = decode(ann[RESERVATION])
+    assert rec.group == A and rec.pods[0] == "llm/a-0"
+    # The other 2-GPU pod finds no room: the worker's GPUs are still held.
+    status, body = post(client, "/filter", filter_args(whole_pod("other", 2), ["n1"]))
+    assert body["NodeNames"] == []
+
+
+# ---- release -----------------------------------------------------------------------------------
+
+
+def test_reservation_expires_after_the_ttl() -> None:
+    writer = RecordingWriter()
+    r = rig(TWO, [lws_pod("a", 0, 2, 8)], ttl=60, writer=writer)
+    assert writer.last("llm/a-0") is not None
+    r.clock.advance(59)
+    r.sync()
+    assert A in r.book.reservations
+    r.clock.advance(2)
+    r.sync()
+    assert r.book.reservations == {}
+    assert r.held(A) == []
+    assert r.book.waiting[A].category == "expired"
+    assert writer.writes[-1] == ("llm/a-0", None)  # the annotation is removed
+    assert r.book.released["expired"] == 1
+    # After the cool-down the group may reserve again.
+    r.clock.advance(11)
+    r.sync()
+    assert A in r.book.reservations
+
+
+def test_deleting_the_leader_releases_at_once() -> None:
+    r = rig(TWO, [lws_pod("a", 0, 2, 8), lws_pod("b", 0, 2, 8)])
+    assert set(r.book.reservations) == {A}
+    r.tap.delete_pod("llm/a-0")
+    assert A not in r.book.reservations
+    assert r.held(A) == []
+    r.sync()  # the waiting group gets the room
+    assert set(r.book.reservations) == {B}
+
+
+def test_completion_drops_the_reservation_and_is_observed() -> None:
+    seen: list[float] = []
+    r = rig(TWO, [lws_pod("a", 0, 2, 8)])
+    r.book.on_complete = seen.append
+    bind(r, lws_pod("a", 0, 2, 8), r.book.reservations[A].slots[0].node)
+    r.clock.advance(30)
+    worker = lws_pod("a", 1, 2, 8)
+    r.tap.upsert_pod(worker)
+    r.sync()
+    bind(r, worker, r.book.reservations[A].slots[1].node)
+    assert r.book.reservations == {} and seen == [30.0]
+    assert len(gpu_owners(r.cache)) == 16
+    assert all("#reserve" not in o for o in gpu_owners(r.cache).values())
+
+
+def test_bind_elsewhere_is_refused() -> None:
+    r = rig(TWO, [lws_pod("a", 0, 2, 8)])
+    reserved = r.book.reservations[A].slots[0].node
+    other = "n2" if reserved == "n1" else "n1"
+    got = r.book.bind_member(req_of(r, lws_pod("a", 0, 2, 8)), "", other)
+    assert isinstance(got, str) and "reserved on" in got
+
+
+# ---- topology --------------------------------------------------------------------------------
+
+
+def racks() -> list[dict[str, Any]]:
+    return [node(f"n{i}", gpus=8, reconfigurable=False, labels={"rack": r})
+            for i, r in ((1, "r1"), (2, "r1"), (3, "r2"), (4, "r2"))]
+
+
+def test_exclusive_topology_one_group_per_domain() -> None:
+    pods = [lws_pod(n, 0, 2, 1, exclusive="rack") for n in ("a", "b", "c")]
+    r = rig(racks(), pods)
+    got = {g: res.domain for g, res in r.book.reservations.items()}
+    assert got == {A: "r1", B: "r2"}
+    assert r.book.waiting["llm/c/0"].category == "exclusive_taken"
+    for g in (A, B):
+        nodes = {p.node for p in r.book.reservations[g].slots.values()}
+        assert len({ {"n1": "r1", "n2": "r1", "n3": "r2", "n4": "r2"}[n] for n in nodes}) == 1
+
+
+def test_nvlink_clique_is_the_default_domain() -> None:
+    nodes = [node("n1", reconfigurable=False, labels={"nvidia.com/gpu.clique": "c1"}),
+             node("n2", reconfigurable=False, labels={"nvidia.com/gpu.clique": "c2"}),
+             node("n3", reconfigurable=False, labels={"nvidia.com/gpu.clique": "c1"})]
+    r = rig(nodes, [whole_pod("busy", 1, node="n1", namespace="x"), lws_pod("a", 0, 2, 4)])
+    # A 2 x 4-GPU group fits n1 (7 free) alone or across n1+n3; never on n2 with n1.
+    res = r.book.reservations[A]
+    assert res.domain in ("c1", "c2")
+    assert {p.node for p in res.slots.values()} <= ({"n1", "n3"} if res.domain == "c1"
+                                                     else {"n2"})
+
+
+# ---- preemption ------------------------------------------------------------------------------
+
+
+def test_group_preemption_proposes_the_fewest_lower_priority_victims() -> None:
+    nodes = [node(f"n{i}", reconfigurable=False) for i in (1, 2, 3)]
+    running = [
+        whole_pod("low-1", 1, node="n1", namespace="b", priority=0,
+                  annotations={"gpupack.io/gpus": "0"}),
+        whole_pod("low-2a", 1, node="n2", namespace="b", priority=0,
+                  annotations={"gpupack.io/gpus": "0"}),
+        whole_pod("low-2b", 1, node="n2", namespace="b", priority=0,
+                  annotations={"gpupack.io/gpus": "1"}),
+        whole_pod("low-3", 1, node="n3", namespace="b", priority=0,
+                  annotations={"gpupack.io/gpus": "0"}),
+    ]
+    leader = lws_pod("a", 0, 2, 8, priority=100)
+    r = rig(nodes, [*running, leader])
+    assert r.book.reservations == {}
+    proposed = {n: {"Pods": [{"UID": f"uid-b-{p}"} for p in ps], "NumPDBViolations": 0}
+                for n, ps in (("n1", ["low-1"]), ("n2", ["low-2a", "low-2b"]),
+                              ("n3", ["low-3"]))}
+    args = PreemptionArgs.decode({"Pod": leader, "NodeNameToMetaVictims": proposed})
+    result = r.book.preempt(args)
+    assert result is not None
+    got = {n: set(v.uids) for n, v in result.victims.items()}
+    assert got == {"n1": {"uid-b-low-1"}, "n3": {"uid-b-low-3"}}
+    # Nothing was changed by the search.
+    assert len(gpu_owners(r.cache)) == 4
+
+
+def test_group_preemption_never_picks_higher_priority_pods() -> None:
+    running = [whole_pod("vip", 1, node=n, namespace="b", priority=1000,
+                         annotations={"gpupack.io/gpus": "0"}) for n in ("n1",)]
+    leader = lws_pod("a", 0, 2, 8, priority=100)
+    r = rig(TWO, [*running, leader])
+    args = PreemptionArgs.decode({"Pod": leader, "NodeNameToMetaVictims": {
+        "n1": {"Pods": [{"UID": "uid-b-vip"}], "NumPDBViolations": 0}}})
+    result = r.book.preempt(args)
+    assert result is not None and result.victims == {}
+
+
+# ---- restart -----------------------------------------------------------------------------------
+
+
+def static_world(pods: list[dict[str, Any]]) -> tuple[StaticSource, Any]:
+    source = StaticSource([dict(n) for n in TWO], pods)
+    return source, None
+
+
+def start(source: StaticSource, clock: FakeClock) -> tuple[Any, ReservationWriter]:
+    writer = ReservationWriter(StaticAnnotationPatcher(source), retries=0)
+    r = rig([], [], clock=clock, writer=writer, sync=False)
+    source.start(r.tap)
+    r.sync()
+    return r, writer
+
+
+def test_restart_mid_group_restores_the_reservation_without_double_booking() -> None:
+    clock = FakeClock()
+    source = StaticSource([dict(n) for n in TWO], [lws_pod("a", 0, 2, 8)])
+    r1, writer = start(source, clock)
+    assert writer.drain() == 1
+    assert decode(source.pods["llm/a-0"]["metadata"]["annotations"][RESERVATION]).group == A
+    res = r1.book.reservations[A]
+    leader_node, worker_node = res.slots[0].node, res.slots[1].node
+    # The leader is bound (the Binding carries the record), then the extender restarts.
+    req = req_of(r1, lws_pod("a", 0, 2, 8))
+    placement = r1.book.bind_member(req, req.uid, leader_node)
+    assert placement is not None and not isinstance(placement, str)
+    source.binder().bind("llm", "a-0", req.uid, leader_node,
+                         {**placement_annotations(placement, "gpupack"),
+                          **r1.book.bind_annotations(req)})
+    clock.advance(5)
+    again = StaticSource([dict(n) for n in TWO], list(source.pods.values()))
+    again.pods["llm/a-0-1"] = lws_pod("a", 1, 2, 8)  # the worker, created meanwhile
+    r2, _ = start(again, clock)
+    assert set(r2.book.reservations) == {A}
+    got = r2.book.reservations[A]
+    assert got.slots[1].node == worker_node and r2.held(A) == [1]
+    owners = gpu_owners(r2.cache)
+    assert len(owners) == 16  # 8 for the bound leader, 8 held for the worker: once each
+    assert sum(1 for o in owners.values() if o == "llm/a-0") == 8
+    # Another 8-GPU pod finds no room anywhere.
+    assert not any(r2.cache.state.options(pod_req(whole_pod("x", 8)), n) for n in ("n1", "n2"))
+    # The worker is steered to its room and binds there.
+    res2 = r2.book.filter(fargs(lws_pod("a", 1, 2, 8), ["n1", "n2"]))
+    assert res2 is not None and res2.node_names == (worker_node,)
+
+
+def pod_req(p: dict[str, Any]) -> PodRequest:
+    from kube.objects import pod_request
+
+    return pod_request(p)
+
+
+def test_a_bad_reservation_annotation_is_ignored_and_the_group_placed_again() -> None:
+    leader = lws_pod("a", 0, 2, 8, annotations={RESERVATION: "{not json"})
+    r = rig(TWO, [leader])
+    assert A in r.book.reservations and r.held(A) == [0, 1]
+
+
+def test_a_restored_reservation_whose_room_is_taken_is_not_used() -> None:
+    clock = FakeClock()
+    r0 = rig(TWO, [lws_pod("a", 0, 2, 4)], clock=clock)
+    text = r0.book.writer.last("llm/a-0")
+    rec = decode(text)
+    room = rec.slots[1]
+    # Meanwhile another pod was bound onto the worker's GPUs.
+    squatter = whole_pod("squat", len(room.gpus), node=room.node, namespace="x",
+                         annotations={"gpupack.io/gpus": ",".join(map(str, room.gpus))})
+    r = rig(TWO, [lws_pod("a", 0, 2, 4, annotations={RESERVATION: text}), squatter],
+            clock=clock)
+    owners = gpu_owners(r.cache)
+    assert all(owners.get((room.node, g)) == "x/squat" for g in room.gpus)
+    assert A in r.book.reservations  # placed afresh, around the squatter
+    assert r.held(A) == [0, 1]
+
+
+def test_an_expired_annotation_is_ignored() -> None:
+    clock = FakeClock()
+    r0 = rig(TWO, [lws_pod("a", 0, 2, 8)], clock=clock, ttl=10)
+    text = r0.book.writer.last("llm/a-0")
+    clock.advance(20)
+    r = rig(TWO, [lws_pod("a", 0, 2, 8, annotations={RESERVATION: text})], clock=clock)
+    assert r.book.reservations[A].expires == clock.now + 100  # a new reservation
+
+
+def test_a_plain_gpupack_group_gets_one_slot_per_pod() -> None:
+    def plain(name: str) -> dict[str, Any]:
+        return whole_pod(name, 8, namespace="llm",
+                         annotations={"gpupack.io/group": "g", "gpupack.io/group-size": "2"})
+
+    r = rig(TWO, [plain("p-0"), plain("p-1")])
+    res = r.book.reservations["llm/g"]
+    assert sorted(res.pods.values()) == [0, 1]
+    nodes = {res.slots[s].node for s in (0, 1)}
+    assert nodes == {"n1", "n2"}
+
+
+def test_book_works_without_a_tap_or_writer() -> None:
+    cache = ClusterCache("gpupack", clock=FakeClock())
+    book = ReservationBook(cache, clock=FakeClock())
+    cache.replace(TWO, [lws_pod("a", 0, 1, 8)])
+    cache.mark_synced()
+    with cache.view():
+        pass
+    assert A in book.reservations
+    assert cache.counted(hold_key(A, 0)) is not None
