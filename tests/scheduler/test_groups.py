@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from groups_builders import RecordingWriter, bound, lws_pod, rig
 from prometheus_client import CollectorRegistry
 from sched_builders import FakeClock, filter_args, mig_pod, node, whole_pod
+from test_groups_builders import RecordingWriter, bound, lws_pod, rig
 
 from kube.annotations import placement_annotations
 from kube.reservations import (
