@@ -13,6 +13,7 @@ keep-alive connection, one after another, like the scheduler's serial cycle.
 
     python bench/extender.py                 # 1,000 and 5,000 nodes
     python bench/extender.py --nodes 1000 --cycles 300
+    python bench/extender.py --no-planner    # the request path alone
 """
 
 from __future__ import annotations
@@ -156,6 +157,24 @@ def _rss_mib(pid: int) -> float:
     return total / 1024
 
 
+def _load() -> float:
+    """The 1-minute load average (other work on the machine skews the figures)."""
+    try:
+        return float(Path("/proc/loadavg").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return -1.0
+
+
+def _solves(conn: Conn) -> int:
+    """Plans finished so far, from the server's Prometheus text."""
+    conn.c.request("GET", "/metrics")
+    text = conn.c.getresponse().read().decode()
+    for line in text.splitlines():
+        if line.startswith("gpupack_plan_solves "):
+            return int(float(line.split()[1]))
+    return -1
+
+
 def pct(xs: list[float], q: float) -> float:
     s = sorted(xs)
     return s[min(len(s) - 1, round(q * (len(s) - 1)))] * 1000
@@ -197,6 +216,7 @@ def _drive(pid: int, port: int, names: list[str], pods: list[dict[str, Any]], cy
            warmup: int, seed: int, ready_s: float, n: int) -> dict[str, Any]:
     rng = random.Random(seed + 1)
     conn = Conn(port)
+    load_before = _load()
     pending = [p for p in pods if not p["spec"].get("nodeName")]
     lat: dict[str, list[float]] = {"filter": [], "prioritize": [], "bind": [], "echo": []}
     sizes: list[int] = []
@@ -244,6 +264,7 @@ def _drive(pid: int, port: int, names: list[str], pods: list[dict[str, Any]], cy
         "cycles_per_s": round(cycles / wall, 1), "rss_mib": round(_rss_mib(pid), 1),
         "body_bytes_median": int(statistics.median(sizes)),
         "plan": status["plan"], "memo": status["memo"],
+        "plan_solves": _solves(conn), "load_before": load_before, "load_after": _load(),
     }
     for verb, xs in lat.items():
         if xs:
@@ -278,8 +299,11 @@ def main() -> int:
               f"RSS {r['rss_mib']} MiB, ready in {r['ready_s']} s, "
               f"body {r['body_bytes_median']} B, "
               f"bound {r['bound']}/{r['cycles']}, plan {r['plan']['status']} "
-              f"({r['plan']['solve_seconds']:.2f} s), memo hits {r['memo']['hits']} "
-              f"misses {r['memo']['misses']}")
+              f"({r['plan']['solve_seconds']:.2f} s, {r['plan_solves']} solves), "
+              f"memo hits {r['memo']['hits']} misses {r['memo']['misses']} "
+              f"warmed {r['memo'].get('warmed', 0)}, "
+              f"node signatures {r['memo'].get('node_signatures', '?')}, "
+              f"load {r['load_before']} -> {r['load_after']}")
     return 0
 
 

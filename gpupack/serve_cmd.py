@@ -10,13 +10,20 @@ and planner threads would not survive a fork.
 
 Cluster source: the API server (``--kubeconfig`` or ``--in-cluster``), else static
 files (``--nodes``/``--pods``), else the bundled example cluster.
+
+With ``--webhook-port`` the same worker also serves the mutating admission webhook over
+HTTPS (:mod:`scheduler.webhook_host`), its cluster view fed by the extender's cache. The
+background planner's solves run in a solver child process (:mod:`scheduler.solve`).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -68,10 +75,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metrics-port", type=int, default=0,
                    help="also serve /metrics on this port (default 0: only on --port)")
     p.add_argument("--webhook-port", type=int, default=0,
-                   help="reserved for the admission webhook, which is served by its own "
-                        "command until it is wired here; must be 0")
-    p.add_argument("--tls-cert", default=None, help="reserved for the webhook (see --webhook-port)")
-    p.add_argument("--tls-key", default=None, help="reserved for the webhook (see --webhook-port)")
+                   help="also serve the mutating admission webhook (POST /mutate) over HTTPS "
+                        "on this port, on the extender's live cache (default 0: off)")
+    p.add_argument("--webhook-host", default="0.0.0.0",
+                   help="address of the webhook (default 0.0.0.0: the API server calls it "
+                        "through a Service)")
+    p.add_argument("--tls-cert", type=Path, default=None,
+                   help="webhook serving certificate (PEM); reloaded when the file changes")
+    p.add_argument("--tls-key", type=Path, default=None, help="its private key (PEM)")
+    p.add_argument("--shared-resource", default="nvidia.com/gpu.shared",
+                   help="webhook: time-sliced resource name (default nvidia.com/gpu.shared)")
+    p.add_argument("--default-isolation", default="any", choices=["mig", "shared", "any"],
+                   help="webhook: isolation of pods without gpupack.io/isolation (default any)")
+    p.add_argument("--strict-namespace", action="append", default=[], metavar="NS",
+                   help="webhook: treat namespace NS as opted in to strict mode (repeatable)")
     p.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
 
 
@@ -122,10 +139,25 @@ class Components:
         self.no_planner = bool(args.no_planner)
         self.metrics_port = int(args.metrics_port)
         self.host = str(args.host)
+        self.webhook: Any = None
+        if args.webhook_port:
+            from gpupack.webhook_cmd import config_from_args
+            from scheduler.webhook_host import SnapshotFeed, WebhookHost
+            from webhook.app import create_app as create_webhook_app
+
+            # Same registry: one scrape of /metrics has the extender and the webhook.
+            hook = create_webhook_app(SnapshotFeed(self.cache), self.registry,
+                                      config_from_args(args))
+            self.webhook = WebhookHost(hook, str(args.webhook_host), int(args.webhook_port),
+                                       args.tls_cert, args.tls_key)
 
     def start(self) -> None:
         self.group_writer.start()
         self.source.start(self.tap)
+        threading.Thread(target=self._freeze_when_synced, name="gpupack-gc-freeze",
+                         daemon=True).start()
+        if self.webhook is not None:
+            self.webhook.start()
         if not self.no_planner:
             self.planner.start()
         if self.metrics_port:
@@ -134,15 +166,31 @@ class Components:
             start_http_server(self.metrics_port, addr=self.host, registry=self.registry)
 
 
+    def _freeze_when_synced(self) -> None:
+        """Once the first list is in, move everything allocated so far out of the garbage
+        collector's reach: a full collection over a 5,000-node cache holds the GIL for
+        ~0.1 s (a latency spike for every request in flight); frozen objects are skipped."""
+        while not self.cache.synced:
+            time.sleep(0.1)
+        gc.collect()
+        gc.freeze()
+
+
 def check_args(args: argparse.Namespace) -> str | None:
     if args.group_ttl <= 0:
         return "--group-ttl must be positive"
     if args.workers != 1:
         return ("--workers must be 1: each worker process would keep its own cache and "
                 "could bind the same GPU twice; use --threads for concurrency")
-    if args.webhook_port or args.tls_cert or args.tls_key:
-        return ("--webhook-port/--tls-cert/--tls-key are reserved: the admission webhook is "
-                "not served by `gpupack serve` yet")
+    if args.webhook_port:
+        if not (0 < args.webhook_port < 65536):
+            return "--webhook-port must be a TCP port (1-65535)"
+        if args.webhook_port == args.port:
+            return "--webhook-port must differ from --port"
+        if args.tls_cert is None or args.tls_key is None:
+            return "--webhook-port needs --tls-cert and --tls-key (the API server calls HTTPS)"
+    elif args.tls_cert is not None or args.tls_key is not None:
+        return "--tls-cert/--tls-key are for the webhook: give --webhook-port too"
     if (args.nodes is None) != (args.pods is None):
         return "--nodes and --pods go together"
     if args.nodes is not None and (args.kubeconfig or args.in_cluster):
@@ -170,7 +218,19 @@ def run(args: argparse.Namespace) -> int:
         except (ObjectError, OSError) as e:
             print(f"gpupack serve: {e}", file=sys.stderr)
             return 2
-    # The planner is CPU-bound Python in a background thread; a shorter GIL switch
+    if args.webhook_port:
+        from scheduler.webhook_host import check_tls, port_free
+
+        why = check_tls(args.tls_cert, args.tls_key)
+        if why is not None:
+            print(f"gpupack serve: --tls-cert/--tls-key: {why}", file=sys.stderr)
+            return 2
+        if not port_free(args.webhook_host, args.webhook_port):
+            print(f"gpupack serve: --webhook-port {args.webhook_port}: address in use",
+                  file=sys.stderr)
+            return 2
+    # Background work in this process (memo warming, snapshot packing for the solver
+    # process, the webhook's view rebuilds) is CPU-bound Python; a shorter GIL switch
     # interval (default 5 ms) keeps request threads from waiting behind it for long.
     sys.setswitchinterval(0.0005)
     ExtenderServer(args).run()

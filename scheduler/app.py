@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,6 +61,29 @@ class AppConfig:
     warm: bool = True  # fill the memo in the background for pending shapes (scheduler.warm)
 
 
+class InFlight:
+    """WSGI wrapper counting requests in flight, so background work can step aside."""
+
+    def __init__(self, wsgi: Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+                 ) -> None:
+        self.wsgi = wsgi
+        self.count = 0
+        self._lock = threading.Lock()
+
+    def busy(self) -> bool:
+        return self.count > 0
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]
+                 ) -> Iterable[bytes]:
+        with self._lock:
+            self.count += 1
+        try:
+            return self.wsgi(environ, start_response)
+        finally:
+            with self._lock:
+                self.count -= 1
+
+
 class BadRequest(ValueError):
     """Input the extender cannot use: answered with HTTP 400 and this message."""
 
@@ -81,7 +105,9 @@ def create_app(
     app = Flask("gpupack.scheduler")
     metrics = ExtenderMetrics(registry, cache, planner)
     memo = Memo(cfg.memo_limit)
-    warmer = Warmer(cache, memo, lambda: planner.scorer)
+    inflight = InFlight(app.wsgi_app)
+    app.wsgi_app = inflight  # type: ignore[method-assign]
+    warmer = Warmer(cache, memo, lambda: planner.scorer, busy=inflight.busy)
     app.extensions["gpupack.warmer"] = warmer
     if cfg.warm:
         warmer.start()
@@ -170,8 +196,9 @@ def create_app(
                 return BindingResult(f"pod {args.pod_key} has UID {pod.uid}, not {args.pod_uid}")
             # A group member gets its reserved room, already assumed (or why not).
             member = book.bind_member(pod, args.pod_uid or pod.uid, args.node)
+            ref = planner.scorer
             choice = member if member is not None else choose_placement(
-                view, pod, args.node, planner.scorer.scorer, plan)
+                view, pod, args.node, ref.scorer, plan, memo, ref.gen)
             if isinstance(choice, str):
                 metrics.binds.labels("conflict").inc()
                 return BindingResult(choice)

@@ -139,6 +139,8 @@ class ClusterCache:
         self._sig_ids: dict[tuple[Any, ...], int] = {}
         self._next_sig = 0
         self._dirty: set[str] = set()  # nodes whose signature must be recomputed
+        # (node, new signature) since the last drain_signature_changes; None: too many
+        self._sig_changes: list[tuple[str, int]] | None = []
         self._view_hooks: list[Callable[[], None]] = []  # see add_view_hook
 
     # ---- listeners and views ---------------------------------------------------------------
@@ -175,8 +177,22 @@ class ClusterCache:
                     self._sig_ids.clear()
                 self._next_sig += 1
                 sid = self._sig_ids[key] = self._next_sig
-            self._sig[name] = sid
+            if self._sig.get(name) != sid:
+                self._sig[name] = sid
+                if self._sig_changes is not None:
+                    self._sig_changes.append((name, sid))
+                    if len(self._sig_changes) > SIGNATURE_LIMIT:
+                        self._sig_changes = None
         self._dirty.clear()
+
+    def drain_signature_changes(self) -> list[tuple[str, int]] | None:
+        """(node, signature) of the nodes whose signature changed since the last call, or
+        None when too many changed to list (look at :meth:`signatures` instead)."""
+        with self.lock:
+            if self._dirty:
+                self._refresh_signatures()
+            out, self._sig_changes = self._sig_changes, []
+            return out
 
     def signatures(self) -> Mapping[str, int]:
         """Node name -> state signature id, for every node in the cache (call under the

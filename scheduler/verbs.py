@@ -18,7 +18,7 @@ the memoized answer is the selector-free pod's (identical whenever the selector 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from itertools import combinations
 from typing import Any, Protocol
@@ -107,6 +107,19 @@ class NodeEval:
     unresolvable: bool = False
     score_gen: int = -1
     best: Score | None = None  # the scorer's best (lowest) key over the node's options
+    pref: Score | None = None  # preference(best)
+    # The best option without pod and node (GPUs, MIG profile, start, created): the same
+    # for every node in this state, so bind reuses it.
+    best_at: tuple[tuple[int, ...], str | None, int | None, bool] | None = None
+
+    def set_score(self, found: tuple[Score, Placement] | None, gen: int) -> None:
+        if found is None:
+            self.best = self.pref = self.best_at = None
+        else:
+            key, o = found
+            self.best, self.pref = key, preference(key)
+            self.best_at = (o.gpus, o.mig_profile, o.mig_start, o.mig_created)
+        self.score_gen = gen
 
 
 class Memo:
@@ -154,7 +167,7 @@ class Memo:
             table[sig] = ev
             self.size += 1
         elif old.fits and ev.score_gen > old.score_gen:
-            old.best = ev.best
+            old.best, old.pref, old.best_at = ev.best, ev.pref, ev.best_at
             old.score_gen = ev.score_gen
 
     def clear(self) -> None:
@@ -247,8 +260,24 @@ def largest_placeable(state: ClusterState, pod: PodRequest, node: str) -> str | 
 
 
 def best_key(state: ClusterState, pod: PodRequest, node: str, scorer: Scorer) -> Score | None:
-    keys = [scorer(state, pod, o) for o in state.options(pod, node, dedupe=True)]
-    return min(keys) if keys else None
+    found = scored(state, pod, node, scorer)
+    return None if found is None else found[0]
+
+
+def scored(state: ClusterState, pod: PodRequest, node: str, scorer: Scorer,
+           pause: Callable[[], None] | None = None) -> tuple[Score, Placement] | None:
+    """The scorer's best (lowest) key over the node's options, and that option.
+
+    ``pause`` is called before each option is scored (the warmer uses it to step aside
+    for requests)."""
+    best: tuple[Score, Placement] | None = None
+    for o in state.options(pod, node, dedupe=True):
+        if pause is not None:
+            pause()
+        k = scorer(state, pod, o)
+        if best is None or k < best[0]:
+            best = (k, o)
+    return best
 
 
 def best_option(
@@ -363,10 +392,9 @@ def prioritize(
                 prefs[name] = preference(key)
             continue
         if ev.score_gen != scorer.gen:
-            ev.best = best_key(state, base, name, scorer.scorer)
-            ev.score_gen = scorer.gen
-        if ev.best is not None:
-            prefs[name] = preference(ev.best)
+            ev.set_score(scored(state, base, name, scorer.scorer), scorer.gen)
+        if ev.pref is not None:
+            prefs[name] = ev.pref
     top = MAX_PRIORITY - 1 if plan_node is not None else MAX_PRIORITY
     distinct = sorted(set(prefs.values()))
     rank = {k: i for i, k in enumerate(distinct)}
@@ -389,14 +417,27 @@ def prioritize(
 
 def choose_placement(
     view: ClusterView, pod: PodRequest, node: str, scorer: Scorer, plan: PlanView,
+    memo: Memo | None = None, scorer_gen: int | None = None,
 ) -> Placement | str:
     """Which GPUs on ``node`` the pod gets: the plan's, while still free, else the
-    scorer's best option on that node; a reason string when none is free."""
+    scorer's best option on that node; a reason string when none is free.
+
+    With ``memo`` (and the scorer's generation), the best option memoized for the
+    node's state is used when there is one; it is checked against the state first."""
     if not view.has_node(node):
         return f"node {node} is not in gpupack's cache"
     planned = plan.placement_of(pod.key)
     if planned is not None and planned.node == node and view.state.check(pod, planned) is None:
         return planned
+    if memo is not None and scorer_gen is not None:
+        base = selector_free(pod)
+        table = memo.tables.get(shape_key(base))
+        sig = view.signatures().get(node)
+        ev = None if table is None or sig is None else table.get(sig)
+        if ev is not None and ev.fits and ev.score_gen == scorer_gen and ev.best_at is not None:
+            p = Placement(pod.key, node, *ev.best_at)
+            if view.state.check(pod, p) is None:
+                return p
     best = best_option(view.state, pod, node, scorer)
     if best is None:
         return f"pod {pod.key} does not fit {node} now: {explain(view.state, pod, node)}"

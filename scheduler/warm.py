@@ -8,16 +8,19 @@ names that node pays it.
 
 The warmer wakes on cache changes (and every ``interval_s`` to catch a new scorer), finds
 the (shape, signature) pairs of pending pods' shapes that have no answer (or a score from
-an older scorer) and computes them on a private copy of one node in that state. Only the
-copy and the final insert happen under the cache lock, so a request waits at most for
-a copy of one node, never for an evaluation; the evaluation itself shares the GIL with
-the request threads (the switch interval is short, see ``gpupack serve``).
+an older scorer) and computes them on a private copy of one node in that state. Only
+copies and the final insert happen under the cache lock, so a request waits at most for
+a copy of one node, never for an evaluation. The evaluation shares the GIL with the
+request threads, so the warmer steps aside: before each unit of work (a fit, or the
+score of one option, ~0.1-1 ms) it waits while any request is in flight (``busy``), up
+to ``max_pause_s``, and works in the gaps between requests.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 from packing.model import PodRequest, Snapshot
@@ -27,8 +30,8 @@ from scheduler.verbs import (
     Memo,
     NodeEval,
     ScorerRef,
-    best_key,
     evaluate_fit,
+    scored,
     selector_free,
     shape_key,
 )
@@ -54,8 +57,11 @@ class Warmer:
     """A daemon thread filling ``memo`` for pending shapes x node signatures."""
 
     def __init__(self, cache: ClusterCache, memo: Memo, scorer: Callable[[], ScorerRef],
-                 interval_s: float = 1.0, settle_s: float = 0.005) -> None:
+                 interval_s: float = 1.0, settle_s: float = 0.005,
+                 busy: Callable[[], bool] | None = None, max_pause_s: float = 0.05) -> None:
         self.cache = cache
+        self.busy = busy
+        self.max_pause_s = max_pause_s
         self.memo = memo
         self.scorer = scorer
         self.interval_s = interval_s
@@ -65,6 +71,8 @@ class Warmer:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._seen: tuple[int, int] = (-1, -1)  # (cache version, scorer gen) last swept
+        self._swept: tuple[int, frozenset[tuple[object, ...]]] | None = None  # gen, shapes
+        self._shape_of: dict[str, tuple[PodRequest, tuple[object, ...], PodRequest]] = {}
         cache.subscribe(self._wake.set)
 
     def start(self) -> None:
@@ -90,10 +98,37 @@ class Warmer:
             except Exception:  # a warming bug must never take the extender down
                 log.exception("memo warming failed")
 
+    def pause(self) -> None:
+        """Wait while a request is in flight (at most ``max_pause_s``)."""
+        busy = self.busy
+        if busy is None or not busy():
+            return
+        deadline = time.monotonic() + self.max_pause_s
+        while busy() and time.monotonic() < deadline:
+            time.sleep(0.0002)
+
+    def _shapes(self, pending: list[PodRequest]) -> dict[tuple[object, ...], PodRequest]:
+        """Distinct selector-free shapes of the pending pods (per-pod results reused)."""
+        known = self._shape_of
+        fresh: dict[str, tuple[PodRequest, tuple[object, ...], PodRequest]] = {}
+        shapes: dict[tuple[object, ...], PodRequest] = {}
+        for pod in pending:
+            item = known.get(pod.key)
+            if item is None or item[0] is not pod:
+                base = selector_free(pod)
+                item = (pod, shape_key(base), base)
+            fresh[pod.key] = item
+            if len(shapes) < MAX_SHAPES:
+                shapes.setdefault(item[1], item[2])
+        self._shape_of = fresh
+        return shapes
+
     def _work(self) -> list[tuple[tuple[object, ...], PodRequest, int, str, bool]]:
         """(shape, selector-free pod, signature, a node in that state, fit known) to do.
 
-        Taken under the lock; O(nodes + pending) dict work, no evaluation."""
+        Only copies are taken under the lock, no evaluation. A full pass over every
+        signature happens when the scorer or the set of pending shapes changes; else only
+        the nodes whose signature changed since the last pass are looked at."""
         ref = self.scorer()
         with self.cache.lock:
             if not self.cache.synced:
@@ -102,24 +137,27 @@ class Warmer:
             if mark == self._seen:
                 return []
             self._seen = mark
-            shapes: dict[tuple[object, ...], PodRequest] = {}
-            for pod in self.cache.pending():
-                base = selector_free(pod)
-                shapes.setdefault(shape_key(base), base)
-                if len(shapes) >= MAX_SHAPES:
-                    break
-            reps: dict[int, str] = {}
-            for name, sig in self.cache.signatures().items():
-                reps.setdefault(sig, name)
-            work = []
-            for shape, base in shapes.items():
-                table = self.memo.tables.get(shape, {})
-                for sig, name in reps.items():
-                    ev = table.get(sig)
-                    if ev is None:
-                        work.append((shape, base, sig, name, False))
-                    elif ev.fits and ev.score_gen != ref.gen and not ref.name_sensitive:
-                        work.append((shape, base, sig, name, True))
+            pending = self.cache.pending()
+            changes = self.cache.drain_signature_changes()
+        shapes = self._shapes(pending)
+        swept = (ref.gen, frozenset(shapes))
+        if changes is None or swept != self._swept:
+            with self.cache.lock:
+                changes = list(self.cache.signatures().items())
+            self._swept = swept
+        reps: dict[int, str] = {}
+        for name, sig in changes:
+            reps.setdefault(sig, name)
+        work = []
+        tables = self.memo.tables
+        for shape, base in shapes.items():
+            table = tables.get(shape, {})
+            for sig, name in reps.items():
+                ev = table.get(sig)
+                if ev is None:
+                    work.append((shape, base, sig, name, False))
+                elif ev.fits and ev.score_gen != ref.gen and not ref.name_sensitive:
+                    work.append((shape, base, sig, name, True))
         return work
 
     def sweep(self) -> int:
@@ -129,6 +167,7 @@ class Warmer:
             if self._stop.is_set():
                 break
             ref = self.scorer()
+            self.pause()
             with self.cache.lock:
                 n = self.cache.state.nodes.get(name)
                 if n is None or self.cache.signatures().get(name) != sig:
@@ -136,8 +175,8 @@ class Warmer:
                 private = copy_node(n)
             ev = NodeEval(True) if known else evaluate_fit(private, base, name)
             if ev.fits and not ref.name_sensitive:
-                ev.best = best_key(private, base, name, ref.scorer)
-                ev.score_gen = ref.gen
+                ev.set_score(scored(private, base, name, ref.scorer, self.pause), ref.gen)
+            self.pause()
             with self.cache.lock:
                 self.memo.put(shape, sig, ev)
             done += 1
