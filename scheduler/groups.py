@@ -395,7 +395,9 @@ class ReservationBook:
         return out
 
     def _sync(self, now: float) -> None:
-        if not self._rebuilt and self.cache.synced:
+        if not self.cache.synced:
+            return  # nothing is placed before the first full list (and the rebuild)
+        if not self._rebuilt:
             self._rebuilt = True
             self._rebuild(now)
         pending = self._pending_groups()
@@ -662,6 +664,8 @@ class ReservationBook:
         key = pod.group.key
         with self.cache.lock:
             self.sync()
+            if not self.cache.synced:
+                return f"group {key} waits: gpupack's cache has not listed the cluster yet"
             r = self.reservations.get(key)
             if r is None:
                 w = self.waiting.get(key)
@@ -822,6 +826,8 @@ class ReservationBook:
             if p.group is not None:
                 members[p.group.key].append(p)
         for key, rec in sorted(best.items()):
+            if key in self.reservations:
+                continue
             why = self._restore(rec, members.get(key, []))
             if why is not None:
                 log.warning("group %s: reservation from the API not restored (%s); the group "
