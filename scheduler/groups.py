@@ -299,6 +299,12 @@ class Waiting:
     reason: str  # for people
     category: str  # one of WAIT_REASONS
     next_try: float
+    # Cache version when the attempt failed: a group that did not fit is tried again only
+    # once the cluster changed (-1: set at the end of this sync; None: time alone).
+    seen: int | None = -1
+
+    def due(self, now: float, version: int) -> bool:
+        return now >= self.next_try and self.seen != version
 
 
 class Submitter:
@@ -372,11 +378,14 @@ class ReservationBook:
             finally:
                 self._busy = False
                 self._seen_version = self.cache.version
+                for w in self.waiting.values():
+                    if w.seen == -1:
+                        w.seen = self._seen_version
                 self._next_due = self._due()
 
     def _due(self) -> float:
         times = [r.expires for r in self.reservations.values()]
-        times += [w.next_try for w in self.waiting.values()]
+        times += [w.next_try for w in self.waiting.values() if w.seen != self._seen_version]
         return min(times, default=math.inf)
 
     def _running(self) -> tuple[tuple[PodRequest, Placement], ...]:
@@ -417,7 +426,7 @@ class ReservationBook:
         )
         for key in order:
             w = self.waiting.get(key)
-            if w is not None and now < w.next_try:
+            if w is not None and not w.due(now, self.cache.version):
                 continue
             self._attempt(key, pending[key], now)
 
@@ -433,7 +442,7 @@ class ReservationBook:
             self.waiting[r.group] = Waiting(
                 f"group {r.group} waits whole: its reservation expired after {self.ttl:.0f}s "
                 "without all members bound; other groups go first", "expired",
-                now + self.cooldown_s)
+                now + self.cooldown_s, None)
             return
         changed = False
         for k in [k for k in r.pods if k != leader and cache.pod_entry(k) is None]:
@@ -585,7 +594,7 @@ class ReservationBook:
             self._release(r, "displaced")
             self.waiting[r.group] = Waiting(
                 f"group {r.group} waits whole: its reservation went to higher-priority group "
-                f"{key}", "displaced", now + self.retry_s)
+                f"{key}", "displaced", now + self.retry_s, None)
         placements, value = result
         by_key = {m.key: m for m in members}
         r = Reservation(
@@ -669,7 +678,7 @@ class ReservationBook:
             r = self.reservations.get(key)
             if r is None:
                 w = self.waiting.get(key)
-                if w is not None and self.clock() < w.next_try:
+                if w is not None and not w.due(self.clock(), self.cache.version):
                     return w.reason
                 now = self.clock()
                 self.first_seen.setdefault(key, now)

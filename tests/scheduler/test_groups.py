@@ -428,3 +428,15 @@ def test_book_works_without_a_tap_or_writer() -> None:
         pass
     assert A in book.reservations
     assert cache.counted(hold_key(A, 0)) is not None
+
+
+def test_a_waiting_group_is_tried_again_only_after_the_cluster_changed() -> None:
+    r = rig(TWO, [lws_pod("a", 0, 2, 8), lws_pod("b", 0, 2, 8)])
+    first = r.book.waiting[B]
+    r.clock.advance(5)
+    r.sync()
+    assert r.book.waiting[B] is first  # nothing changed: not placed again
+    r.tap.upsert_pod(whole_pod("unrelated", 0, namespace="x"))
+    r.sync()
+    assert r.book.waiting[B] is not first  # tried again, still waits whole
+    assert r.held(B) == []
