@@ -126,6 +126,25 @@ CLUSTER = Dashboard(
             stacked=True, width=12,
             description="Pending pods held back because their LLM group (LeaderWorkerSet "
                         "or gpupack.io/group) cannot be placed all at once."),
+        Panel("MIG slice use per profile", (
+            Q("sum by (model, profile, state) (gpupack_mig_instances)",
+              "{{model}} {{profile}} {{state}}"),), stacked=True, width=12,
+            description="MIG instances by GPU model and profile: used by a pod, or created "
+                        "and free. Many free instances of one profile while pods of another "
+                        "wait is a layout to rebalance."),
+        Panel("Group reservations", (
+            Q("gpupack_group_reservations", "reservations"),
+            Q("gpupack_group_reserved_gpus", "GPUs held"),), width=12,
+            description="LLM groups holding room for members not bound yet, and the GPUs "
+                        "held for them (no other pod gets those)."),
+        Panel("Groups waiting by reason", (
+            Q("sum by (reason) (gpupack_groups_waiting)", "{{reason}}"),), stacked=True,
+            width=12,
+            description="Groups that do not fit whole and hold nothing, by reason."),
+        Panel("Time from first member seen to group complete (p90)", (
+            Q("histogram_quantile(0.9, sum by (le) "
+              "(rate(gpupack_group_complete_seconds_bucket[$__rate_interval])))", "p90"),),
+            unit="s", width=12),
     ),
 )
 

@@ -97,6 +97,12 @@ class ClusterCollector(Collector):
                 (name, str(g.info.index), g.used_milli / 1000)
                 for name, n in cache.state.nodes.items() for g in n.gpus
             ]
+            # MIG instances per (model, profile, used|free): bounded by the catalog.
+            mig: Tally[tuple[str, str, str]] = Tally()
+            for n in cache.state.nodes.values():
+                for g in n.gpus:
+                    for profile, owner in g.instances.values():
+                        mig[g.info.model, profile, "free" if owner is None else "used"] += 1
             whole_gpus = cache.state.whole_gpus_free()
             whole_nodes = cache.state.whole_nodes_free()
             pending = cache.pending()
@@ -124,6 +130,14 @@ class ClusterCollector(Collector):
         for node, gpu, used in rows:
             alloc.add_metric([node, gpu], used)
         yield alloc
+        slices = GaugeMetricFamily(
+            "gpupack_mig_instances",
+            "MIG instances by GPU model, profile and state (used by a pod, or created and free)",
+            labels=["model", "profile", "state"],
+        )
+        for (model, profile, state), count in sorted(mig.items()):
+            slices.add_metric([model, profile, state], count)
+        yield slices
         yield gauge("gpupack_whole_gpus_free", "GPUs a whole-GPU pod could take now", whole_gpus)
         yield gauge("gpupack_whole_nodes_free", "GPU nodes with every GPU free for whole-GPU pods",
                     whole_nodes)
