@@ -138,23 +138,39 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _rss_mib(pid: int) -> float:
-    """RSS of the gunicorn master and its worker(s), MiB."""
-    total = 0
-    pids = [pid]
+def _descendants(pid: int) -> list[int]:
+    """``pid`` and its descendants, parents first (children of every thread)."""
+    out = [pid]
     try:
-        kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-        pids += [int(k) for k in kids]
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
     except OSError:
-        pass
-    for p in pids:
+        return out
+    for task in tasks:
+        try:
+            kids = (task / "children").read_text().split()
+        except OSError:
+            continue
+        for k in kids:
+            out += _descendants(int(k))
+    return out
+
+
+def _rss_mib(pid: int) -> dict[str, float]:
+    """RSS in MiB: the gunicorn master and worker ("server"), and everything under them
+    ("total": the solver and warm children too)."""
+    server = total = 0
+    pids = _descendants(pid)
+    for depth, p in enumerate(pids):
         try:
             for line in Path(f"/proc/{p}/status").read_text().splitlines():
                 if line.startswith("VmRSS:"):
-                    total += int(line.split()[1])
+                    kib = int(line.split()[1])
+                    total += kib
+                    if depth < 2:  # master, then its first child: the worker
+                        server += kib
         except OSError:
             pass
-    return total / 1024
+    return {"server": round(server / 1024, 1), "total": round(total / 1024, 1)}
 
 
 def _load() -> float:
@@ -180,7 +196,8 @@ def pct(xs: list[float], q: float) -> float:
     return s[min(len(s) - 1, round(q * (len(s) - 1)))] * 1000
 
 
-def run_size(n: int, cycles: int, warmup: int, seed: int, planner: bool) -> dict[str, Any]:
+def run_size(n: int, cycles: int, warmup: int, seed: int, planner: bool,
+             extra: list[str] | None = None) -> dict[str, Any]:
     pending = cycles + warmup
     nodes, pods = gen_cluster(n, pending, seed)
     names = [x["metadata"]["name"] for x in nodes]
@@ -193,6 +210,7 @@ def run_size(n: int, cycles: int, warmup: int, seed: int, planner: bool) -> dict
                "--pods", str(pf), "--log-level", "WARNING", "--time-limit", "2"]
         if not planner:
             cmd.append("--no-planner")
+        cmd += extra or []
         t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
@@ -261,7 +279,7 @@ def _drive(pid: int, port: int, names: list[str], pods: list[dict[str, Any]], cy
     result = {
         "nodes": n, "cycles": cycles, "ready_s": round(ready_s, 2), "bound": bound,
         "filter_rejected_all": failures, "requests_per_s": round(requests / wall, 1),
-        "cycles_per_s": round(cycles / wall, 1), "rss_mib": round(_rss_mib(pid), 1),
+        "cycles_per_s": round(cycles / wall, 1), "rss_mib": _rss_mib(pid),
         "body_bytes_median": int(statistics.median(sizes)),
         "plan": status["plan"], "memo": status["memo"],
         "plan_solves": _solves(conn), "load_before": load_before, "load_after": _load(),
@@ -282,8 +300,11 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--no-planner", action="store_true", help="run the server without planner")
     ap.add_argument("--json", action="store_true", help="print JSON only")
+    ap.add_argument("--serve-arg", action="append", default=[], metavar="ARG",
+                    help="extra argument for `gpupack serve` (repeatable), e.g. --no-warm")
     args = ap.parse_args()
-    results = [run_size(n, args.cycles, args.warmup, args.seed, not args.no_planner)
+    results = [run_size(n, args.cycles, args.warmup, args.seed, not args.no_planner,
+                        args.serve_arg)
                for n in (args.nodes or [1000, 5000])]
     if args.json:
         print(json.dumps(results, indent=2))
@@ -296,7 +317,8 @@ def main() -> int:
                 print(f"{r['nodes']:>6} {verb:<11} {v['p50_ms']:>8.3f} {v['p99_ms']:>8.3f} "
                       f"{v['n']:>5}")
         print(f"{r['nodes']:>6} requests/s {r['requests_per_s']}, cycles/s {r['cycles_per_s']}, "
-              f"RSS {r['rss_mib']} MiB, ready in {r['ready_s']} s, "
+              f"RSS {r['rss_mib']['server']} MiB (with children {r['rss_mib']['total']}), "
+              f"ready in {r['ready_s']} s, "
               f"body {r['body_bytes_median']} B, "
               f"bound {r['bound']}/{r['cycles']}, plan {r['plan']['status']} "
               f"({r['plan']['solve_seconds']:.2f} s, {r['plan_solves']} solves), "

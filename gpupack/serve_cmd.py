@@ -59,6 +59,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="seconds of quiet before re-planning after cluster events (default 0.5)")
     p.add_argument("--plan-batch", type=int, default=64,
                    help="most pending pods per background plan (default 64)")
+    p.add_argument("--no-warm", action="store_true",
+                   help="do not warm the verbs' memo in the background (requests fill it)")
     p.add_argument("--no-planner", action="store_true",
                    help="do not run the background planner (verbs answer greedily)")
     p.add_argument("--assume-ttl", type=float, default=30.0,
@@ -134,7 +136,8 @@ class Components:
                                       scorer=lambda: self.planner.scorer.scorer)
         self.tap = ReservationTap(self.cache, self.groups)
         self.app = create_app(self.cache, self.planner, self.binder, self.registry,
-                              AppConfig(max_body_bytes=args.max_body, policy=args.policy),
+                              AppConfig(max_body_bytes=args.max_body, policy=args.policy,
+                                        warm=not args.no_warm),
                               groups=self.groups)
         self.no_planner = bool(args.no_planner)
         self.metrics_port = int(args.metrics_port)

@@ -80,7 +80,8 @@ class Planner:
         self._shapes: list[tuple[Shape, float]] = []
         self._scorer_gen = 0
         self.scorer = ScorerRef(self.policy.make_scorer(Snapshot(nodes=())), 0,
-                                name_sensitive=policy == "random")
+                                name_sensitive=policy == "random", policy=policy,
+                                source=Snapshot(nodes=()))
         self.solves = 0
         # in_process: solve in the calling thread (tests, tools); else in the child.
         self.in_process = in_process
@@ -190,7 +191,9 @@ class Planner:
         self._shapes = shapes
         self._scorer_gen += 1
         self.scorer = ScorerRef(self.policy.make_scorer(snapshot), self._scorer_gen,
-                                name_sensitive=self.policy_name == "random")
+                                name_sensitive=self.policy_name == "random",
+                                policy=self.policy_name,
+                                source=Snapshot((), snapshot.running, snapshot.pending))
 
 
 def _close(a: list[tuple[Shape, float]], b: list[tuple[Shape, float]]) -> bool:

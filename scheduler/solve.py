@@ -11,8 +11,10 @@ node once (NodeInfo objects are immutable and the cache keeps the same object wh
 node is unchanged, so steady state re-pickles only changed nodes) and the pods in small
 chunks; between chunks the request threads get the GIL back.
 
-The child lowers its CPU priority (``nice``): on a small machine the solver's workers
-then take the cores only when the request path leaves them idle.
+The child puts itself in the ``SCHED_IDLE`` class (else, where that is refused, it lowers
+its ``nice`` value): the solver's workers then run only on CPU time the request path
+leaves idle, and are preempted at once when a request thread wakes up. On a busy machine
+a solve may do less within its time limit; the greedy answers cover what it misses.
 """
 
 from __future__ import annotations
@@ -109,14 +111,20 @@ class SnapshotPacker:
         self._nodes = seen
         snap = job.snapshot
         return (
-            job.policy, job.params, tuple(pieces), _chunks(snap.running), _chunks(snap.pending),
+            job.policy, job.params, tuple(pieces),
+            pickle_chunks(snap.running), pickle_chunks(snap.pending),
             pickle.dumps((job.batch, job.shapes), protocol=pickle.HIGHEST_PROTOCOL),
         )
 
 
-def _chunks(items: Sequence[Any]) -> tuple[bytes, ...]:
+def pickle_chunks(items: Sequence[Any]) -> tuple[bytes, ...]:
+    """``items`` pickled CHUNK at a time (the GIL is free between chunks)."""
     return tuple(pickle.dumps(tuple(items[i:i + CHUNK]), protocol=pickle.HIGHEST_PROTOCOL)
                  for i in range(0, len(items), CHUNK))
+
+
+def unpickle_chunks(chunks: Sequence[bytes]) -> tuple[Any, ...]:
+    return tuple(x for b in chunks for x in pickle.loads(b))
 
 
 def unpack(packed: tuple[Any, ...]) -> SolveJob:
@@ -124,16 +132,24 @@ def unpack(packed: tuple[Any, ...]) -> SolveJob:
     batch, shapes = pickle.loads(rest)
     snapshot = Snapshot(
         tuple(pickle.loads(b) for b in nodes),
-        tuple(x for b in running for x in pickle.loads(b)),
-        tuple(x for b in pending for x in pickle.loads(b)),
+        unpickle_chunks(running),
+        unpickle_chunks(pending),
     )
     return SolveJob(policy, params, snapshot, batch, shapes)
 
 
+def background() -> None:
+    """Make the calling process use only idle CPU time (SCHED_IDLE, else nice)."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError):
+        with contextlib.suppress(OSError):
+            os.nice(NICE)
+
+
 def solver_main(conn: Connection) -> None:
     """The child's loop: jobs in, ("ok", outcome) or ("error", text) out, until EOF."""
-    with contextlib.suppress(OSError):
-        os.nice(NICE)
+    background()
     while True:
         try:
             packed = conn.recv()

@@ -79,6 +79,10 @@ class ScorerRef:
     scorer: Scorer
     gen: int
     name_sensitive: bool = False  # scores depend on the pod's name (the random policy)
+    # How to rebuild the same scorer in another process: the policy's name and the
+    # workload it was made from (scorers depend on the pods, not on the nodes).
+    policy: str = ""
+    source: Snapshot | None = None
 
 
 def read_pod(pod: Mapping[str, Any]) -> PodRequest:
@@ -268,10 +272,19 @@ def scored(state: ClusterState, pod: PodRequest, node: str, scorer: Scorer,
            pause: Callable[[], None] | None = None) -> tuple[Score, Placement] | None:
     """The scorer's best (lowest) key over the node's options, and that option.
 
-    ``pause`` is called before each option is scored (the warmer uses it to step aside
-    for requests)."""
+    Options that are interchangeable are scored once (see :func:`option_class`): the
+    first of a class is the one with the lowest GPU index and start, which is what the
+    scorers' tie-breaks pick among equal options anyway. ``pause`` is called before each
+    option is scored (in-process warming uses it to step aside for requests)."""
     best: tuple[Score, Placement] | None = None
+    seen: set[tuple[Any, ...]] = set()
+    gpu_sigs: dict[int, tuple[Any, ...]] = {}
     for o in state.options(pod, node, dedupe=True):
+        cls = option_class(state, o, gpu_sigs)
+        if cls is not None:
+            if cls in seen:
+                continue
+            seen.add(cls)
         if pause is not None:
             pause()
         k = scorer(state, pod, o)
@@ -280,15 +293,35 @@ def scored(state: ClusterState, pod: PodRequest, node: str, scorer: Scorer,
     return best
 
 
+def option_class(state: ClusterState, o: Placement, gpu_sigs: dict[int, tuple[Any, ...]]
+                 ) -> tuple[Any, ...] | None:
+    """What makes a single-GPU option different from another on the same node: the state
+    of its GPU and, for MIG, the profile and whether (and where) an instance is created.
+
+    Two free existing instances of one profile on one GPU leave the same layout behind,
+    and two GPUs in the same state are interchangeable, so such options are equal to every
+    scorer up to the node/GPU/start tie-breaks. None for multi-GPU options (never merged).
+    """
+    if len(o.gpus) != 1:
+        return None
+    i = o.gpus[0]
+    sig = gpu_sigs.get(i)
+    if sig is None:
+        g = state.gpu(o.node, i)
+        sig = gpu_sigs[i] = (
+            g.info.model, g.info.mode, g.info.memory_mib, g.info.replicas, g.converted,
+            g.reconfigurable, g.whole_owner is None,
+            tuple(sorted((s, p, w is None) for s, (p, w) in g.instances.items())),
+            tuple(sorted(g.shared_owners.values())),
+        )
+    return (sig, o.mig_profile, o.mig_start if o.mig_created else None, o.mig_created)
+
+
 def best_option(
     state: ClusterState, pod: PodRequest, node: str, scorer: Scorer
 ) -> Placement | None:
-    best: tuple[Score, Placement] | None = None
-    for o in state.options(pod, node, dedupe=True):
-        k = scorer(state, pod, o)
-        if best is None or k < best[0]:
-            best = (k, o)
-    return None if best is None else best[1]
+    found = scored(state, pod, node, scorer)
+    return None if found is None else found[1]
 
 
 # ---- filter --------------------------------------------------------------------------------

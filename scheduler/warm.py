@@ -6,24 +6,33 @@ typical shapes: up to ~15 ms for a MIG pod on an 8-GPU reconfigurable node). Eve
 puts one node into a state that may be new, so without warming the next request that
 names that node pays it.
 
-The warmer wakes on cache changes (and every ``interval_s`` to catch a new scorer), finds
-the (shape, signature) pairs of pending pods' shapes that have no answer (or a score from
-an older scorer) and computes them on a private copy of one node in that state. Only
-copies and the final insert happen under the cache lock, so a request waits at most for
-a copy of one node, never for an evaluation. The evaluation shares the GIL with the
-request threads, so the warmer steps aside: before each unit of work (a fit, or the
-score of one option, ~0.1-1 ms) it waits while any request is in flight (``busy``), up
-to ``max_pause_s``, and works in the gaps between requests.
+The warmer thread wakes on cache changes (and every ``interval_s`` to catch a new
+scorer), finds the (shape, signature) pairs of pending pods' shapes that have no answer
+(or a score from an older scorer), and has them computed on a copy of one node in that
+state. Only the copies and the final inserts happen under the cache lock.
+
+Where: by default in a warm child process (``spawn``, SCHED_IDLE, like the solver): in this
+process the evaluations would hold the GIL and every request thread, echo included,
+would wait for it at each hand-off. The child rebuilds the same scorer from the policy's
+name and the workload it was made from (:attr:`ScorerRef.source`); the thread sends
+batches of (pod, node state) and waits, the GIL free. In-process warming (tests, or a
+scorer that cannot be rebuilt) steps aside instead: before each unit of work it waits
+while a request is in flight (``busy``), up to ``max_pause_s``.
 """
 
 from __future__ import annotations
 
 import logging
+import multiprocessing as mp
 import threading
 import time
 from collections.abc import Callable
+from multiprocessing.connection import Connection
+from typing import Any
 
+from packing.cpsat import SolverParams
 from packing.model import PodRequest, Snapshot
+from packing.policies.greedy import Scorer
 from packing.state import ClusterState, GpuState, NodeState
 from scheduler.cache import ClusterCache
 from scheduler.verbs import (
@@ -39,27 +48,150 @@ from scheduler.verbs import (
 log = logging.getLogger("gpupack.scheduler.warm")
 
 MAX_SHAPES = 16  # pending shapes warmed, first come (the queue's head matters most)
+BATCH = 16  # (pod, node state) pairs per message to the warm child
+NICE = 10
 
 
-def copy_node(n: NodeState) -> ClusterState:
-    """A one-node ClusterState in the same state as ``n``, sharing nothing mutable."""
+def copy_state(n: NodeState) -> NodeState:
+    """``n`` sharing nothing mutable (the cache's node keeps changing under its lock)."""
     gpus = [
         GpuState(g.info, g.whole_owner, dict(g.instances), dict(g.shared_owners),
                  g.reconfigurable, g.converted)
         for g in n.gpus
     ]
+    return NodeState(n.info, n.cpu_free, n.mem_free, gpus, dict(n.pods))
+
+
+def alone(n: NodeState) -> ClusterState:
+    """A one-node ClusterState around ``n`` (fit, reasons and scores are per node)."""
     state = ClusterState(Snapshot(nodes=()))
-    state.nodes[n.info.name] = NodeState(n.info, n.cpu_free, n.mem_free, gpus, dict(n.pods))
+    state.nodes[n.info.name] = n
     return state
+
+
+def copy_node(n: NodeState) -> ClusterState:
+    """A one-node ClusterState in the same state as ``n``, sharing nothing mutable."""
+    return alone(copy_state(n))
+
+
+def evaluate(n: NodeState, base: PodRequest, known: bool, scorer: Scorer | None, gen: int,
+             pause: Callable[[], None] | None = None) -> NodeEval:
+    """Fit (unless ``known`` to fit) and, with a scorer, the best score of ``base`` on
+    the private node ``n``."""
+    state = alone(n)
+    name = n.info.name
+    ev = NodeEval(True) if known else evaluate_fit(state, base, name)
+    if ev.fits and scorer is not None:
+        ev.set_score(scored(state, base, name, scorer, pause), gen)
+    return ev
+
+
+# ---- the warm child ------------------------------------------------------------------------
+
+
+def warm_main(conn: Connection) -> None:
+    """The child's loop. Messages, each answered with ("ok", value) or ("error", text):
+    ("scorer", gen, policy, running chunks, pending chunks) -> None;
+    ("eval", gen, [(pod, node state, known, score)]) -> [NodeEval]."""
+    from scheduler.solve import background, make_policy, unpickle_chunks
+
+    background()
+    gen, scorer = -1, None
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            return
+        try:
+            if msg[0] == "scorer":
+                _, gen, policy, running, pending = msg
+                source = Snapshot((), unpickle_chunks(running), unpickle_chunks(pending))
+                scorer = make_policy(policy, SolverParams()).make_scorer(source)
+                reply: tuple[str, Any] = ("ok", None)
+            elif msg[0] == "eval":
+                _, want, items = msg
+                if want != gen or scorer is None:
+                    raise RuntimeError(f"scorer generation {want} asked, {gen} loaded")
+                reply = ("ok", [evaluate(n, base, known, scorer if score else None, gen)
+                                for base, n, known, score in items])
+            else:
+                raise RuntimeError(f"unknown message {msg[0]!r}")
+        except Exception as e:
+            reply = ("error", f"{type(e).__name__}: {e}")
+        try:
+            conn.send(reply)
+        except (EOFError, OSError):
+            return
+
+
+class WarmChild:
+    """The warm child process, started on first use and restarted when it dies."""
+
+    def __init__(self, timeout_s: float = 60.0) -> None:
+        self._ctx: Any = mp.get_context("spawn")
+        self._proc: Any = None
+        self._conn: Connection | None = None
+        self.gen = -1  # scorer generation loaded in the child
+        self.timeout_s = timeout_s
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._proc is None else int(self._proc.pid)
+
+    def call(self, msg: tuple[Any, ...]) -> Any:
+        if self._proc is None or not self._proc.is_alive() or self._conn is None:
+            self.close()
+            parent, child = self._ctx.Pipe()
+            self._proc = self._ctx.Process(target=warm_main, args=(child,), daemon=True,
+                                           name="gpupack-warm")
+            self._proc.start()
+            child.close()
+            self._conn = parent
+        conn = self._conn
+        try:
+            conn.send(msg)
+            if not conn.poll(self.timeout_s):
+                raise TimeoutError(f"warm child gave no answer in {self.timeout_s:.0f} s")
+            kind, value = conn.recv()
+        except (EOFError, OSError) as e:
+            self.close()
+            raise RuntimeError(f"warm child failed: {e}") from None
+        if kind != "ok":
+            raise RuntimeError(str(value))
+        return value
+
+    def load_scorer(self, ref: ScorerRef) -> None:
+        from scheduler.solve import pickle_chunks
+
+        if ref.gen == self.gen and self._proc is not None and self._proc.is_alive():
+            return
+        assert ref.source is not None
+        self.gen = -1
+        self.call(("scorer", ref.gen, ref.policy, pickle_chunks(ref.source.running),
+                   pickle_chunks(ref.source.pending)))
+        self.gen = ref.gen
+
+    def close(self) -> None:
+        conn, proc = self._conn, self._proc
+        self._conn = self._proc = None
+        self.gen = -1
+        if conn is not None:
+            conn.close()
+        if proc is not None:
+            proc.terminate()
+            proc.join(5)
 
 
 class Warmer:
     """A daemon thread filling ``memo`` for pending shapes x node signatures."""
 
     def __init__(self, cache: ClusterCache, memo: Memo, scorer: Callable[[], ScorerRef],
-                 interval_s: float = 1.0, settle_s: float = 0.005,
-                 busy: Callable[[], bool] | None = None, max_pause_s: float = 0.05) -> None:
+                 interval_s: float = 1.0, settle_s: float = 0.001,
+                 busy: Callable[[], bool] | None = None, max_pause_s: float = 0.05,
+                 in_process: bool = False) -> None:
         self.cache = cache
+        self.in_process = in_process
+        self.child: WarmChild | None = None
         self.busy = busy
         self.max_pause_s = max_pause_s
         self.memo = memo
@@ -85,6 +217,8 @@ class Warmer:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout)
+        if self.child is not None:
+            self.child.close()
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -162,23 +296,50 @@ class Warmer:
 
     def sweep(self) -> int:
         """One pass over what is missing; returns how many answers were computed."""
+        work = self._work()
+        if not work:
+            return 0
+        ref = self.scorer()
+        remote = not self.in_process and ref.policy != "" and ref.source is not None
         done = 0
-        for shape, base, sig, name, known in self._work():
-            if self._stop.is_set():
-                break
-            ref = self.scorer()
-            self.pause()
-            with self.cache.lock:
-                n = self.cache.state.nodes.get(name)
-                if n is None or self.cache.signatures().get(name) != sig:
-                    continue  # moved on; the next sweep sees its new state
-                private = copy_node(n)
-            ev = NodeEval(True) if known else evaluate_fit(private, base, name)
-            if ev.fits and not ref.name_sensitive:
-                ev.set_score(scored(private, base, name, ref.scorer, self.pause), ref.gen)
-            self.pause()
-            with self.cache.lock:
-                self.memo.put(shape, sig, ev)
-            done += 1
-        self.warmed += done
+        try:
+            for i in range(0, len(work), BATCH if remote else 1):
+                if self._stop.is_set():
+                    break
+                done += self._batch(work[i:i + (BATCH if remote else 1)], ref, remote)
+        except Exception:
+            if self.child is not None:
+                self.child.close()
+            raise
+        finally:
+            self.warmed += done
         return done
+
+    def _batch(self, items: list[tuple[tuple[object, ...], PodRequest, int, str, bool]],
+               ref: ScorerRef, remote: bool) -> int:
+        score = not ref.name_sensitive
+        if not remote:
+            self.pause()
+        with self.cache.lock:
+            sigs = self.cache.signatures()
+            nodes = self.cache.state.nodes
+            todo = []
+            for shape, base, sig, name, known in items:
+                n = nodes.get(name)
+                if n is not None and sigs.get(name) == sig:  # else: the next sweep sees it
+                    todo.append((shape, base, sig, copy_state(n), known))
+        if not todo:
+            return 0
+        if remote:
+            if self.child is None:
+                self.child = WarmChild()
+            self.child.load_scorer(ref)
+            evs = self.child.call(("eval", ref.gen, [(b, n, k, score) for _, b, _, n, k in todo]))
+        else:
+            evs = [evaluate(n, b, k, ref.scorer if score else None, ref.gen, self.pause)
+                   for _, b, _, n, k in todo]
+            self.pause()
+        with self.cache.lock:
+            for (shape, _, sig, _, _), ev in zip(todo, evs, strict=True):
+                self.memo.put(shape, sig, ev)
+        return len(todo)

@@ -3,6 +3,7 @@ packer's unresolvable check on reconfigurable nodes."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from sched_builders import filter_args, make_cache, mig_pod, node, whole_pod
@@ -118,3 +119,37 @@ def test_unresolvable_counts_idle_whole_gpus_of_a_reconfigurable_node() -> None:
     result = filter_nodes(ExtenderArgs.decode(filter_args(mig_pod("asr"), ["r", "f"])), cache,
                           Memo())
     assert result.node_names == ("r",) and "f" in result.unresolvable
+
+
+def test_warm_child_process_gives_the_same_answers_as_the_request_path() -> None:
+    from scheduler.planner import Planner
+
+    nodes = [*whole_nodes(), node("m", mig={"1g.10gb": 7}), node("m2", mig={"2g.20gb": 3})]
+    pods = [mig_pod("asr"), whole_pod("llm", 2), whole_pod("r", 3, node="w1"),
+            mig_pod("s", node="m")]
+    names = [*NAMES, "m", "m2"]
+
+    def answers(memo: Memo, ref: ScorerRef, cache: Any) -> list[Any]:
+        out = []
+        for p in (mig_pod("asr"), whole_pod("llm", 2)):
+            args = ExtenderArgs.decode(filter_args(p, names))
+            f = filter_nodes(args, cache, memo)
+            out.append((f.node_names, dict(f.failed), dict(f.unresolvable),
+                        prioritize(args, cache, memo, ref, NoPlan())))
+        return out
+
+    cache = make_cache(nodes, pods)
+    planner = Planner(cache, "gpupack", in_process=True)
+    planner.solve_once()  # the scorer of the workload, with its source
+    ref = planner.scorer
+    assert ref.policy == "gpupack" and ref.source is not None
+    memo = Memo()
+    warmer = Warmer(cache, memo, lambda: ref)
+    try:
+        assert warmer.sweep() == 2 * 4
+        assert warmer.child is not None and warmer.child.pid not in (None, os.getpid())
+        warm = answers(memo, ref, cache)
+        assert memo.misses == 0
+        assert warm == answers(Memo(), ref, make_cache(nodes, pods))  # computed here
+    finally:
+        warmer.stop()
