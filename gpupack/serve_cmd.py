@@ -59,6 +59,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="seconds of quiet before re-planning after cluster events (default 0.5)")
     p.add_argument("--plan-batch", type=int, default=64,
                    help="most pending pods per background plan (default 64)")
+    p.add_argument("--plan-per-class", type=int, default=16,
+                   help="plan over candidate nodes: at most this many of each class of nodes "
+                        "in equal states (default 16; 0 plans over every node)")
     p.add_argument("--no-warm", action="store_true",
                    help="do not warm the verbs' memo in the background (requests fill it)")
     p.add_argument("--no-planner", action="store_true",
@@ -118,7 +121,7 @@ class Components:
         params = SolverParams(max_time_s=args.time_limit, workers=args.solver_workers,
                               seed=args.seed)
         self.planner = Planner(self.cache, args.policy, params, debounce_s=args.debounce,
-                               max_batch=args.plan_batch)
+                               max_batch=args.plan_batch, per_class=args.plan_per_class)
         self.source: Any
         if args.kubeconfig or args.in_cluster:
             api = load_api_client(args.kubeconfig, args.in_cluster)
@@ -185,6 +188,8 @@ def check_args(args: argparse.Namespace) -> str | None:
     if args.workers != 1:
         return ("--workers must be 1: each worker process would keep its own cache and "
                 "could bind the same GPU twice; use --threads for concurrency")
+    if args.plan_per_class < 0:
+        return "--plan-per-class must be 0 (every node) or positive"
     if args.webhook_port:
         if not (0 < args.webhook_port < 65536):
             return "--webhook-port must be a TCP port (1-65535)"

@@ -67,6 +67,7 @@ class Planner:
         clock: Callable[[], float] = time.monotonic,
         max_batch: int = 64,
         in_process: bool = False,
+        per_class: int = 16,
     ) -> None:
         self.cache = cache
         self.policy_name = policy
@@ -85,6 +86,8 @@ class Planner:
         self.solves = 0
         # in_process: solve in the calling thread (tests, tools); else in the child.
         self.in_process = in_process
+        # Plan over candidate nodes: up to this many per class of equal nodes (0: all).
+        self.per_class = per_class
         self._solver: SolverProcess | None = None
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -148,7 +151,7 @@ class Planner:
             # or newer, get the greedy answer until an earlier batch has been bound.
             batch = tuple(order_pods(batch)[: self.max_batch])
         job = SolveJob(self.policy_name, self.params, snapshot, tuple(batch),
-                       tuple(self._shapes))
+                       tuple(self._shapes), self.per_class)
         started = time.monotonic()
         outcome = solve(job) if self.in_process else self._child().solve(job, self.timeout_s())
         plan = self._publish(outcome, job, version, time.monotonic() - started)

@@ -77,7 +77,7 @@ def test_snapshot_travels_in_pieces_and_unchanged_nodes_are_not_repickled() -> N
     cache = make_cache([node("m", mig={"1g.10gb": 7}), node("w", gpus=8, reconfigurable=False)],
                        [mig_pod("a"), whole_pod("r", 2, node="w")])
     snap = cache.snapshot()
-    job = SolveJob("gpupack-greedy", SolverParams(), snap, snap.pending, ())
+    job = SolveJob("gpupack-greedy", SolverParams(), snap, snap.pending, (), 7)
     packer = SnapshotPacker()
     first = packer.pack(job)
     assert unpack(first) == job
@@ -110,3 +110,16 @@ def test_solves_run_in_a_child_process_that_is_restarted_when_it_dies() -> None:
         assert planner.plan.status.split("/")[0] in ("OPTIMAL", "FEASIBLE", "greedy")
     finally:
         planner.stop()
+
+
+def test_plan_over_candidate_nodes_keeps_a_few_of_each_class_of_equal_nodes() -> None:
+    nodes = [node(f"w{i}", gpus=8, reconfigurable=False) for i in range(6)]
+    pods = [whole_pod("a", 8), whole_pod("b", 8), whole_pod("c", 8), whole_pod("huge", 9)]
+    cache = make_cache([*nodes, node("m", mig={"1g.10gb": 7})], pods)
+    planner = Planner(cache, "gpupack-greedy", in_process=True, per_class=2)
+    plan = planner.solve_once()
+    assert len(plan.placements) == 2  # two nodes of the six equal ones were planned over
+    assert validate(cache.snapshot(), plan.placements.values()) == []
+    assert set(plan.unschedulable) == {"default/huge"}  # fits no node at all
+    everything = Planner(cache, "gpupack-greedy", in_process=True, per_class=0).solve_once()
+    assert len(everything.placements) == 3
