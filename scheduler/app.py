@@ -167,7 +167,7 @@ def create_app(
             plan = planner.plan
             with cache.view() as view:
                 result = book.prioritize(args) or prioritize(
-                    args, view, memo, planner.scorer, plan)
+                    args, view, memo, warmer.current(), plan)
             return _json(encode_priorities(result))
         return handle("prioritize", run)
 
@@ -196,7 +196,7 @@ def create_app(
                 return BindingResult(f"pod {args.pod_key} has UID {pod.uid}, not {args.pod_uid}")
             # A group member gets its reserved room, already assumed (or why not).
             member = book.bind_member(pod, args.pod_uid or pod.uid, args.node)
-            ref = planner.scorer
+            ref = warmer.current()
             choice = member if member is not None else choose_placement(
                 view, pod, args.node, ref.scorer, plan, memo, ref.gen)
             if isinstance(choice, str):

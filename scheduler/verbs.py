@@ -116,7 +116,30 @@ class NodeEval:
     # for every node in this state, so bind reuses it.
     best_at: tuple[tuple[int, ...], str | None, int | None, bool] | None = None
 
+    # The score for one other scorer generation: the next one while the warmer computes
+    # it, or the previous one after a switch (score_gen, best, pref, best_at).
+    other: tuple[int, Score | None, Score | None,
+                 tuple[tuple[int, ...], str | None, int | None, bool] | None] | None = None
+
+    def knows(self, gen: int) -> bool:
+        return self.score_gen == gen or (self.other is not None and self.other[0] == gen)
+
+    def has_score(self, gen: int) -> bool:
+        """Whether a score for ``gen`` is here; makes it the current one (call under the
+        cache lock)."""
+        if self.score_gen == gen:
+            return True
+        o = self.other
+        if o is None or o[0] != gen:
+            return False
+        self.other = (self.score_gen, self.best, self.pref, self.best_at)
+        self.score_gen, self.best, self.pref, self.best_at = o
+        return True
+
     def set_score(self, found: tuple[Score, Placement] | None, gen: int) -> None:
+        """Make ``found`` the current score (the displaced one is kept as ``other``)."""
+        if self.score_gen not in (-1, gen):
+            self.other = (self.score_gen, self.best, self.pref, self.best_at)
         if found is None:
             self.best = self.pref = self.best_at = None
         else:
@@ -170,9 +193,12 @@ class Memo:
                 table = self.table(shape)
             table[sig] = ev
             self.size += 1
-        elif old.fits and ev.score_gen > old.score_gen:
-            old.best, old.pref, old.best_at = ev.best, ev.pref, ev.best_at
-            old.score_gen = ev.score_gen
+        elif old.fits and ev.score_gen != -1 and not old.knows(ev.score_gen):
+            item = (ev.score_gen, ev.best, ev.pref, ev.best_at)
+            if old.score_gen == -1:
+                old.score_gen, old.best, old.pref, old.best_at = item
+            else:
+                old.other = item  # requests keep the current one until they switch
 
     def clear(self) -> None:
         for t in self.tables.values():
@@ -424,7 +450,7 @@ def prioritize(
             if key is not None:
                 prefs[name] = preference(key)
             continue
-        if ev.score_gen != scorer.gen:
+        if not ev.has_score(scorer.gen):
             ev.set_score(scored(state, base, name, scorer.scorer), scorer.gen)
         if ev.pref is not None:
             prefs[name] = ev.pref
@@ -467,7 +493,8 @@ def choose_placement(
         table = memo.tables.get(shape_key(base))
         sig = view.signatures().get(node)
         ev = None if table is None or sig is None else table.get(sig)
-        if ev is not None and ev.fits and ev.score_gen == scorer_gen and ev.best_at is not None:
+        if (ev is not None and ev.fits and ev.has_score(scorer_gen)
+                and ev.best_at is not None):
             p = Placement(pod.key, node, *ev.best_at)
             if view.state.check(pod, p) is None:
                 return p

@@ -205,6 +205,10 @@ class Warmer:
         self._seen: tuple[int, int] = (-1, -1)  # (cache version, scorer gen) last swept
         self._swept: tuple[int, frozenset[tuple[object, ...]]] | None = None  # gen, shapes
         self._shape_of: dict[str, tuple[PodRequest, tuple[object, ...], PodRequest]] = {}
+        self.active: ScorerRef | None = None  # the latest scorer whose warming finished
+        self.max_lag_s = 30.0
+        self._latest_gen = -1
+        self._latest_since = time.monotonic()
         cache.subscribe(self._wake.set)
 
     def start(self) -> None:
@@ -257,13 +261,12 @@ class Warmer:
         self._shape_of = fresh
         return shapes
 
-    def _work(self) -> list[tuple[tuple[object, ...], PodRequest, int, str, bool]]:
+    def _work(self, ref: ScorerRef) -> list[tuple[tuple[object, ...], PodRequest, int, str, bool]]:
         """(shape, selector-free pod, signature, a node in that state, fit known) to do.
 
         Only copies are taken under the lock, no evaluation. A full pass over every
         signature happens when the scorer or the set of pending shapes changes; else only
         the nodes whose signature changed since the last pass are looked at."""
-        ref = self.scorer()
         with self.cache.lock:
             if not self.cache.synced:
                 return []
@@ -290,29 +293,48 @@ class Warmer:
                 ev = table.get(sig)
                 if ev is None:
                     work.append((shape, base, sig, name, False))
-                elif ev.fits and ev.score_gen != ref.gen and not ref.name_sensitive:
+                elif ev.fits and not ev.knows(ref.gen) and not ref.name_sensitive:
                     work.append((shape, base, sig, name, True))
         return work
 
+    def current(self) -> ScorerRef:
+        """The scorer the verbs should use now.
+
+        A new scorer (the planner replaces it when the workload's shapes move) makes every
+        memoized score stale; switching the verbs to it at once would make the next
+        requests re-score every node they name. While the warmer runs, the verbs keep the
+        scorer it has finished warming (``active``) until the new one is warmed, or for
+        at most ``max_lag_s`` if warming falls behind."""
+        latest = self.scorer()
+        active = self.active
+        if self._thread is None or active is None or active.gen == latest.gen:
+            return latest
+        if time.monotonic() - self._latest_since > self.max_lag_s:
+            return latest
+        return active
+
     def sweep(self) -> int:
         """One pass over what is missing; returns how many answers were computed."""
-        work = self._work()
-        if not work:
-            return 0
         ref = self.scorer()
+        if self._latest_gen != ref.gen:
+            self._latest_gen, self._latest_since = ref.gen, time.monotonic()
         remote = not self.in_process and ref.policy != "" and ref.source is not None
         done = 0
         try:
+            work = self._work(ref)
             for i in range(0, len(work), BATCH if remote else 1):
                 if self._stop.is_set():
-                    break
+                    return done
                 done += self._batch(work[i:i + (BATCH if remote else 1)], ref, remote)
         except Exception:
+            self._seen, self._swept = (-1, -1), None  # the next pass starts over, in full
             if self.child is not None:
                 self.child.close()
             raise
         finally:
             self.warmed += done
+        if self.cache.synced:
+            self.active = ref  # every pending shape is scored with it now
         return done
 
     def _batch(self, items: list[tuple[tuple[object, ...], PodRequest, int, str, bool]],

@@ -153,3 +153,34 @@ def test_warm_child_process_gives_the_same_answers_as_the_request_path() -> None
         assert warm == answers(Memo(), ref, make_cache(nodes, pods))  # computed here
     finally:
         warmer.stop()
+
+
+def test_a_new_scorer_reaches_the_verbs_only_once_it_is_warmed() -> None:
+    import time
+
+    cache = make_cache([*whole_nodes(), node("m", mig={"1g.10gb": 7})],
+                       [mig_pod("asr"), whole_pod("llm", 2), whole_pod("r", 3, node="w1")])
+    memo = Memo()
+    refs = [scorer(1)]
+    warmer = Warmer(cache, memo, lambda: refs[0], in_process=True, interval_s=0.2)
+    warmer.start()
+    try:
+        deadline = time.monotonic() + 10
+        while warmer.active is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        refs[0] = scorer(2)
+        assert warmer.current().gen in (1, 2)
+        while warmer.current().gen != 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        entries = [ev for t in memo.tables.values() for ev in t.values() if ev.fits]
+        assert entries and all(ev.knows(1) and ev.knows(2) for ev in entries)
+        args = ExtenderArgs.decode(filter_args(mig_pod("asr"), [*NAMES, "m"]))
+        first = prioritize(args, cache, memo, scorer(1), NoPlan())
+        for gen in (2, 1, 2):  # both generations answer from the memo, no re-scoring
+            assert prioritize(args, cache, memo, ScorerRef(refs[0].scorer, gen), NoPlan()) \
+                == first
+        assert all(ev.knows(1) and ev.knows(2) for ev in entries)
+    finally:
+        warmer.stop()
