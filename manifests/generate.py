@@ -28,6 +28,8 @@ import yaml
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+# The repository root, so the script runs from a checkout without an install.
+sys.path.insert(1, str(HERE.parent))
 
 from monitoring import DASHBOARDS, RULE_GROUPS, dashboard_json  # noqa: E402
 
