@@ -79,6 +79,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=8, help="threads of the worker (default 8)")
     p.add_argument("--metrics-port", type=int, default=0,
                    help="also serve /metrics on this port (default 0: only on --port)")
+    p.add_argument("--metrics-host", default=None,
+                   help="address of --metrics-port (default: --host); the verbs can stay on "
+                        "loopback while Prometheus scrapes 0.0.0.0:<metrics-port>")
     p.add_argument("--webhook-port", type=int, default=0,
                    help="also serve the mutating admission webhook (POST /mutate) over HTTPS "
                         "on this port, on the extender's live cache (default 0: off)")
@@ -145,6 +148,7 @@ class Components:
         self.no_planner = bool(args.no_planner)
         self.metrics_port = int(args.metrics_port)
         self.host = str(args.host)
+        self.metrics_host = str(args.metrics_host or args.host)
         self.webhook: Any = None
         if args.webhook_port:
             from gpupack.webhook_cmd import config_from_args
@@ -169,7 +173,8 @@ class Components:
         if self.metrics_port:
             from prometheus_client import start_http_server
 
-            start_http_server(self.metrics_port, addr=self.host, registry=self.registry)
+            start_http_server(self.metrics_port, addr=self.metrics_host,
+                              registry=self.registry)
 
 
     def _freeze_when_synced(self) -> None:

@@ -96,6 +96,7 @@ def test_extender_sidecar_serves_the_configured_url(objs: list[Obj]) -> None:
     assert (args.host, args.port, args.in_cluster) == ("127.0.0.1", int(m.group(1)), True)
     assert args.scheduler_name == scheduler_config(objs)["profiles"][0]["schedulerName"]
     assert args.metrics_port == sidecar["ports"][0]["containerPort"]
+    assert args.metrics_host == "0.0.0.0"  # the ServiceMonitor scrapes the pod IP
 
 
 def test_scheduler_deployment(objs: list[Obj]) -> None:

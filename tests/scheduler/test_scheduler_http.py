@@ -38,12 +38,14 @@ def _free_port() -> int:
 
 
 class Client:
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, host: str = "127.0.0.1") -> None:
+        self.host = host
         self.port = port
+        self.metrics_port = 0
 
     def call(self, method: str, path: str, body: bytes | str | None = None,
              headers: dict[str, str] | None = None) -> tuple[int, Any]:
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=30)
         try:
             data = body.encode() if isinstance(body, str) else body
             conn.request(method, path, body=data,
@@ -66,15 +68,17 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Client]:
     d = tmp_path_factory.mktemp("serve")
     (d / "nodes.yaml").write_text(yaml.safe_dump({"kind": "NodeList", "items": NODES}))
     (d / "pods.yaml").write_text(yaml.safe_dump({"kind": "PodList", "items": PODS}))
-    port = _free_port()
+    port, metrics_port = _free_port(), _free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "gpupack", "serve", "--port", str(port),
+         "--metrics-port", str(metrics_port), "--metrics-host", "0.0.0.0",
          "--nodes", str(d / "nodes.yaml"), "--pods", str(d / "pods.yaml"),
          "--max-body", "65536", "--time-limit", "0.5", "--debounce", "0.05",
          "--log-level", "WARNING"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )
     client = Client(port)
+    client.metrics_port = metrics_port
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -207,6 +211,15 @@ def test_unknown_path_and_method_are_json_errors(server: Client) -> None:
     assert server.call("GET", "/nope")[0] == 404
     status, out = server.call("GET", "/filter")
     assert status == 405 and "error" in out
+
+
+def test_metrics_port_binds_metrics_host_while_verbs_stay_on_loopback(server: Client) -> None:
+    # 127.0.0.2 is another loopback address: only a socket bound to 0.0.0.0 answers it,
+    # so this tells --metrics-host 0.0.0.0 from the verbs' --host 127.0.0.1.
+    status, text = Client(server.metrics_port, "127.0.0.2").call("GET", "/metrics")
+    assert status == 200 and "gpupack_cache_nodes 3.0" in text
+    with pytest.raises(OSError):
+        Client(server.port, "127.0.0.2").call("GET", "/healthz")
 
 
 def test_echo_health_metrics(server: Client) -> None:
