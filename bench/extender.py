@@ -9,7 +9,10 @@ them with ``nodeCacheCapable: true``: ``filter`` with the pod and ~10% of the no
 (what ``percentageOfNodesToScore`` leaves on a large cluster), ``prioritize`` with the
 nodes that passed, ``bind`` to the best of them. Each cycle also sends ``/echo`` with a
 body of the same size, to the same server, as the HTTP baseline. Requests go over one
-keep-alive connection, one after another, like the scheduler's serial cycle.
+keep-alive connection, one after another, like the scheduler's serial cycle. Meanwhile a
+second connection scrapes ``/metrics`` every ``--scrape-every`` seconds (as Prometheus
+does; the manifests' ServiceMonitor interval is 30 s), so the scrape's cost on the verbs
+is part of the figures; its own duration is reported too.
 
     python bench/extender.py                 # 1,000 and 5,000 nodes
     python bench/extender.py --nodes 1000 --cycles 300
@@ -27,6 +30,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -191,13 +195,60 @@ def _solves(conn: Conn) -> int:
     return -1
 
 
+def _handler_seconds(conn: Conn) -> dict[str, tuple[float, float]]:
+    """(sum, count) of the server's own request histogram per verb: the time inside the
+    handler, without HTTP parsing, gunicorn and the network."""
+    conn.c.request("GET", "/metrics")
+    text = conn.c.getresponse().read().decode()
+    out: dict[str, list[float]] = {}
+    for line in text.splitlines():
+        for part, idx in (("gpupack_extender_request_seconds_sum{", 0),
+                          ("gpupack_extender_request_seconds_count{", 1)):
+            if line.startswith(part):
+                verb = line.split('verb="', 1)[1].split('"', 1)[0]
+                out.setdefault(verb, [0.0, 0.0])[idx] = float(line.rsplit(" ", 1)[1])
+    return {v: (s, c) for v, (s, c) in out.items()}
+
+
 def pct(xs: list[float], q: float) -> float:
     s = sorted(xs)
     return s[min(len(s) - 1, round(q * (len(s) - 1)))] * 1000
 
 
+class Scraper:
+    """GET /metrics every ``every_s`` seconds on its own connection, in a thread."""
+
+    def __init__(self, port: int, every_s: float) -> None:
+        self.port, self.every_s = port, every_s
+        self.seconds: list[float] = []
+        self.bytes = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        while not self._stop.wait(self.every_s):
+            t0 = time.perf_counter()
+            conn.request("GET", "/metrics")
+            self.bytes = len(conn.getresponse().read())
+            self.seconds.append(time.perf_counter() - t0)
+
+    def start(self) -> None:
+        if self.every_s > 0:
+            self._thread.start()
+
+    def stop(self) -> dict[str, Any]:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(60)
+        xs = self.seconds
+        return {"every_s": self.every_s, "n": len(xs), "bytes": self.bytes,
+                "mean_ms": round(statistics.mean(xs) * 1e3, 1) if xs else None,
+                "max_ms": round(max(xs) * 1e3, 1) if xs else None}
+
+
 def run_size(n: int, cycles: int, warmup: int, seed: int, planner: bool,
-             extra: list[str] | None = None) -> dict[str, Any]:
+             extra: list[str] | None = None, scrape_every_s: float = 5.0) -> dict[str, Any]:
     pending = cycles + warmup
     nodes, pods = gen_cluster(n, pending, seed)
     names = [x["metadata"]["name"] for x in nodes]
@@ -224,14 +275,16 @@ def run_size(n: int, cycles: int, warmup: int, seed: int, planner: bool,
                     raise RuntimeError("gpupack serve exited")
                 time.sleep(0.1)
             ready_s = time.perf_counter() - t0
-            return _drive(proc.pid, port, names, pods, cycles, warmup, seed, ready_s, n)
+            return _drive(proc.pid, port, names, pods, cycles, warmup, seed, ready_s, n,
+                          scrape_every_s)
         finally:
             proc.terminate()
             proc.wait(20)
 
 
 def _drive(pid: int, port: int, names: list[str], pods: list[dict[str, Any]], cycles: int,
-           warmup: int, seed: int, ready_s: float, n: int) -> dict[str, Any]:
+           warmup: int, seed: int, ready_s: float, n: int,
+           scrape_every_s: float) -> dict[str, Any]:
     rng = random.Random(seed + 1)
     conn = Conn(port)
     load_before = _load()
@@ -242,11 +295,15 @@ def _drive(pid: int, port: int, names: list[str], pods: list[dict[str, Any]], cy
     bound = 0
     requests = 0
     t_start = 0.0
+    handler0: dict[str, tuple[float, float]] = {}
     for c in range(warmup + cycles):
         if c == warmup:
             lat = {k: [] for k in lat}
             requests = 0
             t_start = time.perf_counter()
+            handler0 = _handler_seconds(conn)
+            scraper = Scraper(port, scrape_every_s)
+            scraper.start()
         pod = pending[c]
         sample = rng.sample(names, max(1, n // 10))
         body = json.dumps({"Pod": pod, "Nodes": None, "NodeNames": sample}).encode()
@@ -275,6 +332,8 @@ def _drive(pid: int, port: int, names: list[str], pods: list[dict[str, Any]], cy
         if json.loads(data)["Error"] == "":
             bound += 1
     wall = time.perf_counter() - t_start
+    scrapes = scraper.stop()
+    handler1 = _handler_seconds(conn)
     status = conn.get("/status")
     result = {
         "nodes": n, "cycles": cycles, "ready_s": round(ready_s, 2), "bound": bound,
@@ -283,11 +342,16 @@ def _drive(pid: int, port: int, names: list[str], pods: list[dict[str, Any]], cy
         "body_bytes_median": int(statistics.median(sizes)),
         "plan": status["plan"], "memo": status["memo"],
         "plan_solves": _solves(conn), "load_before": load_before, "load_after": _load(),
+        "scrapes": scrapes,
     }
     for verb, xs in lat.items():
         if xs:
+            s1, c1 = handler1.get(verb, (0.0, 0.0))
+            s0, c0 = handler0.get(verb, (0.0, 0.0))
             result[verb] = {"p50_ms": round(pct(xs, 0.5), 3), "p99_ms": round(pct(xs, 0.99), 3),
-                            "n": len(xs)}
+                            "n": len(xs),
+                            "handler_mean_ms": round((s1 - s0) / (c1 - c0) * 1e3, 3)
+                            if c1 > c0 else None}
     return result
 
 
@@ -302,20 +366,25 @@ def main() -> int:
     ap.add_argument("--json", action="store_true", help="print JSON only")
     ap.add_argument("--serve-arg", action="append", default=[], metavar="ARG",
                     help="extra argument for `gpupack serve` (repeatable), e.g. --no-warm")
+    ap.add_argument("--scrape-every", type=float, default=5.0, metavar="S",
+                    help="scrape /metrics every S seconds during the measured cycles "
+                         "(default 5; 0: never)")
     args = ap.parse_args()
     results = [run_size(n, args.cycles, args.warmup, args.seed, not args.no_planner,
-                        args.serve_arg)
+                        args.serve_arg, args.scrape_every)
                for n in (args.nodes or [1000, 5000])]
     if args.json:
         print(json.dumps(results, indent=2))
         return 0
-    print(f"{'nodes':>6} {'verb':<11} {'p50 ms':>8} {'p99 ms':>8} {'n':>5}")
+    print(f"{'nodes':>6} {'verb':<11} {'p50 ms':>8} {'p99 ms':>8} {'n':>5} "
+          f"{'handler mean ms':>15}")
     for r in results:
         for verb in ("filter", "prioritize", "bind", "echo"):
             if verb in r:
                 v = r[verb]
+                h = v["handler_mean_ms"]
                 print(f"{r['nodes']:>6} {verb:<11} {v['p50_ms']:>8.3f} {v['p99_ms']:>8.3f} "
-                      f"{v['n']:>5}")
+                      f"{v['n']:>5} {'-' if h is None else f'{h:.3f}':>15}")
         print(f"{r['nodes']:>6} requests/s {r['requests_per_s']}, cycles/s {r['cycles_per_s']}, "
               f"RSS {r['rss_mib']['server']} MiB (with children {r['rss_mib']['total']}), "
               f"ready in {r['ready_s']} s, "
@@ -326,6 +395,11 @@ def main() -> int:
               f"warmed {r['memo'].get('warmed', 0)}, "
               f"node signatures {r['memo'].get('node_signatures', '?')}, "
               f"load {r['load_before']} -> {r['load_after']}")
+        sc = r["scrapes"]
+        if sc["n"]:
+            print(f"{r['nodes']:>6} /metrics every {sc['every_s']} s during the run: {sc['n']} "
+                  f"scrapes of {sc['bytes'] / 1e6:.1f} MB, mean {sc['mean_ms']} ms, "
+                  f"max {sc['max_ms']} ms")
     return 0
 
 

@@ -157,7 +157,8 @@ class Components:
 
             # Same registry: one scrape of /metrics has the extender and the webhook.
             hook = create_webhook_app(SnapshotFeed(self.cache), self.registry,
-                                      config_from_args(args))
+                                      config_from_args(args),
+                                      exposition=self.app.extensions["gpupack.exposition"])
             self.webhook = WebhookHost(hook, str(args.webhook_host), int(args.webhook_port),
                                        args.tls_cert, args.tls_key)
 
@@ -171,10 +172,10 @@ class Components:
         if not self.no_planner:
             self.planner.start()
         if self.metrics_port:
-            from prometheus_client import start_http_server
+            from scheduler.metrics_http import MetricsServer
 
-            start_http_server(self.metrics_port, addr=self.metrics_host,
-                              registry=self.registry)
+            MetricsServer(self.app.extensions["gpupack.exposition"], self.metrics_host,
+                          self.metrics_port).start()
 
 
     def _freeze_when_synced(self) -> None:

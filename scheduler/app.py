@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from flask import Flask, Response, request
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 from werkzeug.exceptions import HTTPException
 
 from kube.annotations import placement_annotations
@@ -109,6 +109,9 @@ def create_app(
     app.wsgi_app = inflight  # type: ignore[method-assign]
     warmer = Warmer(cache, memo, lambda: planner.scorer, busy=inflight.busy)
     app.extensions["gpupack.warmer"] = warmer
+    # What /metrics serves, for the other listeners of the same process (metrics port,
+    # webhook) so that every scrape sees the same families.
+    app.extensions["gpupack.exposition"] = metrics.exposition
     if cfg.warm:
         warmer.start()
     # LLM groups (scheduler/groups.py): members are answered by the reservation book.
@@ -267,7 +270,7 @@ def create_app(
 
     @app.get("/metrics")
     def metrics_() -> Response:
-        return Response(generate_latest(registry), mimetype=CONTENT_TYPE_LATEST)
+        return Response(metrics.exposition(), mimetype=CONTENT_TYPE_LATEST)
 
     @app.errorhandler(HTTPException)
     def http_error(e: HTTPException) -> Response:

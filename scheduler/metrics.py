@@ -1,10 +1,17 @@
 """Prometheus metrics of the extender, all named ``gpupack_*``, on an injected registry.
 
 Request metrics are ordinary counters and histograms updated by the HTTP layer. Cluster
-figures are read at scrape time by a collector (no gauges to keep in step with the
-cache): the per-GPU rows are copied under the cache lock, formatted outside it. The
-fragmentation figure is the planner's (computing it means a pass over every node and
-every typical shape, too slow for a scrape under the lock).
+figures are read at scrape time (no gauges to keep in step with the cache). The fragmentation
+figure is the planner's (computing it means a pass over every node and every typical
+shape, too slow for a scrape under the lock).
+
+The per-GPU family ``gpupack_gpu_allocated`` has one series per GPU: 40,000 at 5,000
+eight-GPU nodes. Formatting that many samples through ``prometheus_client`` takes ~0.8 s
+of the GIL per scrape, which every request in flight would wait behind. So
+:class:`GpuRows` keeps each node's lines (and its whole-GPU and MIG figures) rendered,
+keyed by the cache's per-node generation, and re-renders only the nodes that changed;
+:class:`Exposition` appends that text to the registry's. A scrape costs one dictionary
+lookup per node under the lock.
 
 Label sets are bounded: verbs and outcomes are fixed lists, per-GPU series are labelled
 by node and GPU index only (never by pod), pending-pod classes and reasons are mapped to
@@ -13,13 +20,17 @@ fixed categories.
 
 from __future__ import annotations
 
+import threading
 from collections import Counter as Tally
 from collections.abc import Iterator
+from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
+from packing.state import NodeState
 from scheduler.cache import ClusterCache
 from scheduler.groups import WAIT_REASONS, ReservationBook
 from scheduler.planner import Planner
@@ -80,31 +91,115 @@ class ExtenderMetrics:
             self.latency.labels(verb)
         for result in ("ok", "conflict", "api_error"):
             self.binds.labels(result)
-        registry.register(ClusterCollector(cache, planner))
+        self.gpu_rows = GpuRows(cache)
+        registry.register(ClusterCollector(cache, planner, self.gpu_rows))
+        self.exposition = Exposition(registry, self.gpu_rows)
+
+
+# ---- per-GPU rows, rendered per node ---------------------------------------------------------
+
+ALLOC_NAME = "gpupack_gpu_allocated"
+ALLOC_HELP = "Allocated share of each GPU (0..1)"
+
+
+def _label_value(v: str) -> str:
+    return v.replace("\\", r"\\").replace("\n", r"\n").replace('"', r'\"')
+
+
+@dataclass(frozen=True)
+class NodeRows:
+    """One node's contribution to a scrape."""
+
+    gen: int
+    text: str  # its gpupack_gpu_allocated sample lines
+    whole_gpus: int  # GPUs a whole-GPU pod could take now
+    whole_node: bool  # every GPU of it could (a GPU node with room for an LLM)
+    mig: tuple[tuple[tuple[str, str, str], int], ...]  # ((model, profile, state), count)
+
+
+def node_rows(name: str, n: NodeState, gen: int) -> NodeRows:
+    label = _label_value(name)
+    lines = []
+    mig: Tally[tuple[str, str, str]] = Tally()
+    for g in n.gpus:
+        lines.append(f'{ALLOC_NAME}{{node="{label}",gpu="{g.info.index}"}} '
+                     f"{floatToGoString(g.used_milli / 1000)}\n")
+        for profile, owner in g.instances.values():
+            # MIG instances per (model, profile, used|free): bounded by the catalog.
+            mig[g.info.model, profile, "free" if owner is None else "used"] += 1
+    return NodeRows(gen, "".join(lines), sum(1 for g in n.gpus if g.whole_free),
+                    n.whole_free, tuple(sorted(mig.items())))
+
+
+@dataclass(frozen=True)
+class GpuFigures:
+    text: str  # the whole gpupack_gpu_allocated family, HELP and TYPE included
+    whole_gpus: int
+    whole_nodes: int
+    mig: dict[tuple[str, str, str], int]
+
+
+class GpuRows:
+    """Per-node rows kept rendered between scrapes (see the module docstring)."""
+
+    def __init__(self, cache: ClusterCache) -> None:
+        self.cache = cache
+        self._rows: dict[str, NodeRows] = {}
+        self._mutex = threading.Lock()  # two scrapes at once must not interleave updates
+        self.rendered = 0  # nodes rendered since start (a scrape with no change adds 0)
+
+    def current(self) -> GpuFigures:
+        with self._mutex:
+            cache = self.cache
+            old = self._rows
+            rows: dict[str, NodeRows] = {}
+            with cache.lock:
+                for name, n in cache.state.nodes.items():
+                    gen = cache.gen(name)
+                    r = old.get(name)
+                    if r is None or r.gen != gen or gen < 0:
+                        r = node_rows(name, n, gen)
+                        self.rendered += 1
+                    rows[name] = r
+            self._rows = rows
+        mig: Tally[tuple[str, str, str]] = Tally()
+        whole_gpus = whole_nodes = 0
+        parts = [f"# HELP {ALLOC_NAME} {ALLOC_HELP}\n# TYPE {ALLOC_NAME} gauge\n"]
+        for r in rows.values():
+            parts.append(r.text)
+            whole_gpus += r.whole_gpus
+            whole_nodes += r.whole_node
+            for k, c in r.mig:
+                mig[k] += c
+        return GpuFigures("".join(parts), whole_gpus, whole_nodes, dict(mig))
+
+
+class Exposition:
+    """The body of ``/metrics``: the registry in the Prometheus text format (0.0.4) and
+    the per-GPU family after it."""
+
+    def __init__(self, registry: CollectorRegistry, rows: GpuRows) -> None:
+        self.registry = registry
+        self.rows = rows
+
+    def __call__(self) -> bytes:
+        return generate_latest(self.registry) + self.rows.current().text.encode()
 
 
 class ClusterCollector(Collector):
-    def __init__(self, cache: ClusterCache, planner: Planner) -> None:
+    def __init__(self, cache: ClusterCache, planner: Planner, rows: GpuRows) -> None:
         self.cache = cache
         self.planner = planner
+        self.rows = rows
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         cache = self.cache
+        figures = self.rows.current()
+        mig = figures.mig
+        whole_gpus, whole_nodes = figures.whole_gpus, figures.whole_nodes
         with cache.lock:
             counts = cache.counts()
             synced = cache.synced
-            rows = [
-                (name, str(g.info.index), g.used_milli / 1000)
-                for name, n in cache.state.nodes.items() for g in n.gpus
-            ]
-            # MIG instances per (model, profile, used|free): bounded by the catalog.
-            mig: Tally[tuple[str, str, str]] = Tally()
-            for n in cache.state.nodes.values():
-                for g in n.gpus:
-                    for profile, owner in g.instances.values():
-                        mig[g.info.model, profile, "free" if owner is None else "used"] += 1
-            whole_gpus = cache.state.whole_gpus_free()
-            whole_nodes = cache.state.whole_nodes_free()
             pending = cache.pending()
             bad = cache.bad_objects
             expired = cache.expired
@@ -125,11 +220,6 @@ class ClusterCollector(Collector):
         yield gauge("gpupack_cache_bad_objects", "Objects the cache could not read (skipped)", bad)
         yield gauge("gpupack_cache_assumptions_expired", "Assumed binds that expired unconfirmed",
                     expired)
-        alloc = GaugeMetricFamily("gpupack_gpu_allocated", "Allocated share of each GPU (0..1)",
-                                  labels=["node", "gpu"])
-        for node, gpu, used in rows:
-            alloc.add_metric([node, gpu], used)
-        yield alloc
         slices = GaugeMetricFamily(
             "gpupack_mig_instances",
             "MIG instances by GPU model, profile and state (used by a pod, or created and free)",

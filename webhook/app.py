@@ -95,7 +95,10 @@ def create_app(
     snapshot_provider: Callable[[], Snapshot],
     registry: CollectorRegistry,
     config: WebhookConfig,
+    exposition: Callable[[], bytes] | None = None,
 ) -> Flask:
+    """``exposition``: the body of ``/metrics`` when the registry is shared with a host
+    that renders part of it itself (``gpupack serve``); default: the registry alone."""
     app = Flask("gpupack.webhook")
     metrics = WebhookMetrics(registry)
     views = ViewCache()
@@ -159,6 +162,7 @@ def create_app(
 
     @app.get("/metrics")
     def prometheus() -> Response:
-        return Response(generate_latest(registry), mimetype=CONTENT_TYPE_LATEST)
+        body = exposition() if exposition is not None else generate_latest(registry)
+        return Response(body, mimetype=CONTENT_TYPE_LATEST)
 
     return app

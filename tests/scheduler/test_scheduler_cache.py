@@ -15,6 +15,7 @@ from sched_builders import FakeClock, make_cache, mig_pod, node, pod, whole_pod
 from packing.model import Placement
 from packing.validate import validate
 from scheduler.cache import AssumeError
+from scheduler.metrics import GpuRows, node_rows
 
 
 def bound(p: dict[str, Any], node_name: str, placement: Placement | None = None) -> dict[str, Any]:
@@ -173,6 +174,7 @@ class CacheMachine(RuleBasedStateMachine):
         self.cache = make_cache(
             [node("w", gpus=2, reconfigurable=False), node("m", gpus=1, mig={"3g.40gb": 0})],
             [], self.clock, ttl=TTL)
+        self.rows = GpuRows(self.cache)  # per-GPU metric rows cached per node generation
         self.exists: set[int] = set()
         self.bound: dict[int, str] = {}
         self.assumed: dict[int, tuple[Placement, float]] = {}
@@ -264,6 +266,16 @@ class CacheMachine(RuleBasedStateMachine):
         assert pending == {f"default/p{i}" for i in self.exists
                            if i not in self.bound and i not in self.assumed}
         assert set(self.cache.assumed_keys()) == {f"default/p{i}" for i in self.assumed}
+
+    @invariant()
+    def cached_metric_rows_equal_a_fresh_render(self) -> None:
+        got = self.rows.current()
+        with self.cache.lock:
+            state = self.cache.state
+            fresh = [node_rows(name, n, 0) for name, n in state.nodes.items()]
+            assert got.whole_gpus == state.whole_gpus_free()
+            assert got.whole_nodes == state.whole_nodes_free()
+        assert got.text.endswith("".join(r.text for r in fresh))
 
 
 CacheMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=40,

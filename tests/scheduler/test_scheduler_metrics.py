@@ -1,0 +1,86 @@
+"""The extender's /metrics body: the per-GPU family rendered per node and cached by node
+generation must read exactly like prometheus_client's own rendering, and a scrape must
+re-render only the nodes that changed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
+from sched_builders import FakeClock, make_cache, mig_pod, node, shared_pod, whole_pod
+
+from scheduler.metrics import ExtenderMetrics
+from scheduler.planner import Planner
+
+
+def families(body: bytes) -> dict[str, Any]:
+    return {f.name: f for f in text_string_to_metric_families(body.decode())}
+
+
+def rig() -> tuple[Any, ExtenderMetrics]:
+    cache = make_cache(
+        [node("w", gpus=2, reconfigurable=False),
+         node("m", gpus=1, mig={"3g.40gb": 2}),
+         node("s", product="NVIDIA-L40S", gpus=2, shared_replicas=4),
+         node('odd"name', gpus=1)],
+        [], FakeClock(), ttl=30.0)
+    metrics = ExtenderMetrics(CollectorRegistry(), cache, Planner(cache))
+    return cache, metrics
+
+
+def samples(body: bytes) -> dict[tuple[str, str], float]:
+    fam = families(body)["gpupack_gpu_allocated"]
+    assert fam.type == "gauge"
+    return {(s.labels["node"], s.labels["gpu"]): s.value for s in fam.samples}
+
+
+def place(cache: Any, pod: dict[str, Any], node_name: str) -> None:
+    cache.upsert_pod(pod)
+    req = cache.pending_pod(f"default/{pod['metadata']['name']}")
+    cache.assume(req, req.uid, cache.state.options(req, node_name)[0])
+
+
+def test_every_gpu_has_one_series_with_its_allocated_share() -> None:
+    cache, metrics = rig()
+    place(cache, whole_pod("a", 1), "w")
+    place(cache, mig_pod("b", "3g.40gb"), "m")
+    place(cache, shared_pod("c"), "s")
+    got = samples(metrics.exposition())
+    with cache.lock:
+        want = {(name, str(g.info.index)): g.used_milli / 1000
+                for name, n in cache.state.nodes.items() for g in n.gpus}
+    assert got == want
+    assert got[("w", "0")] == 1.0 and got[("w", "1")] == 0.0
+    assert 0 < got[("m", "0")] < 1 and 0 < got[("s", "0")] < 1
+    assert ('odd"name', "0") in got  # label values are escaped, the text still parses
+
+
+def test_cluster_figures_come_from_the_same_rows() -> None:
+    cache, metrics = rig()
+    place(cache, whole_pod("a", 1), "w")
+    place(cache, mig_pod("b", "3g.40gb"), "m")
+    fams = families(metrics.exposition())
+    with cache.lock:
+        assert fams["gpupack_whole_gpus_free"].samples[0].value == cache.state.whole_gpus_free()
+        assert fams["gpupack_whole_nodes_free"].samples[0].value == cache.state.whole_nodes_free()
+    mig = {(s.labels["profile"], s.labels["state"]): s.value
+           for s in fams["gpupack_mig_instances"].samples}
+    assert mig == {("3g.40gb", "used"): 1.0, ("3g.40gb", "free"): 1.0}
+
+
+def test_a_scrape_renders_only_the_nodes_that_changed() -> None:
+    cache, metrics = rig()
+    rows = metrics.gpu_rows
+    metrics.exposition()
+    first = rows.rendered
+    assert first == 4
+    metrics.exposition()
+    assert rows.rendered == first  # nothing changed: nothing re-rendered
+    place(cache, whole_pod("a", 1), "w")
+    body = metrics.exposition()
+    assert rows.rendered == first + 1 and samples(body)[("w", "0")] == 1.0
+    cache.delete_node("s")
+    assert all(n != "s" for n, _ in samples(metrics.exposition()))
+    cache.upsert_node(node("s", gpus=1))  # same name, new node: a new generation
+    assert samples(metrics.exposition())[("s", "0")] == 0.0
