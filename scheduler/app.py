@@ -11,7 +11,6 @@ API refuses it, the reservation is dropped at once.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -19,6 +18,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from flask import Flask, Response, request
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 from werkzeug.exceptions import HTTPException
@@ -89,7 +89,9 @@ class BadRequest(ValueError):
 
 
 def _json(obj: Any, status: int = 200) -> Response:
-    return Response(json.dumps(obj, separators=(",", ":")), status=status,
+    # orjson: ~6x faster than json.dumps on the ~40 kB of FailedNodes reasons a 5,000-node
+    # filter answers, ~1.5x on decoding the request (see bench/README.md, Extender).
+    return Response(orjson.dumps(obj), status=status,
                     mimetype="application/json")
 
 
@@ -133,7 +135,7 @@ def create_app(
         if not data:
             raise BadRequest("empty body: expected a JSON object")
         try:
-            return json.loads(data)
+            return orjson.loads(data)
         except (ValueError, RecursionError) as e:
             raise BadRequest(f"body is not valid JSON: {e}") from None
 
@@ -145,6 +147,12 @@ def create_app(
         except (BadRequest, WireError, VerbError) as e:
             outcome = "bad_request"
             return _json({"error": str(e), "verb": verb}, 400)
+        except RecursionError:
+            # Only a body nested thousands deep gets here (some orjson releases parse any
+            # depth; reading the result then overflows Python's stack).
+            outcome = "bad_request"
+            return _json({"error": "body is not valid JSON: nested too deeply",
+                          "verb": verb}, 400)
         except Exception:
             outcome = "error"
             log.exception("%s failed", verb)
