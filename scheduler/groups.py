@@ -52,6 +52,7 @@ from typing import Any
 
 from kube import annotations as A
 from kube.reservations import RESERVATION, ReservationError, ReservationRecord, decode, encode
+from packing.group_solver import GroupSolverParams, applicable, solve_group
 from packing.groups import RESERVE_MARK, is_reservation, with_reservations
 from packing.model import GroupRef, Placement, PodRequest, RequestKind, Snapshot
 from packing.policies.greedy import Scorer, best_option, topology_domains
@@ -128,13 +129,19 @@ def place_members(
     scorer: Scorer,
     taken: set[tuple[str, str]],
     domain: str | None = None,
+    solver_params: GroupSolverParams | None = None,
+    exact: bool = True,
 ) -> tuple[list[Placement], str | None] | str:
     """Place every member inside one topology domain, or none; ``state`` is left as it
-    was. Returns (placements, domain) or the reason it does not fit.
+    was. Returns (placements in the order of ``members``, domain) or the reason it does
+    not fit.
 
     ``domain``: only that domain (a group some of whose members are already bound).
-    Largest members first; domains in name order; the first domain that takes every
-    member wins (as :func:`packing.policies.greedy.place_group`).
+    Whole-GPU groups are solved with CP-SAT (:func:`packing.group_solver.solve_group`:
+    the domain and nodes best for the whole group); others, or when the solver has no
+    answer in time, member by member in the first domain that takes them all.
+    ``exact=False``: greedy only (whether a group fits, asked many times over by the
+    preemption search, where the best layout does not matter).
     """
     ref = members[0].group
     assert ref is not None
@@ -142,8 +149,8 @@ def place_members(
     domains = topology_domains(state, ref)
     if not domains or not any(domains):
         return f"no node carries the topology label {ref.topology_key}"
-    best_fit = 0
     skipped = 0
+    eligible: list[tuple[list[str], str | None]] = []
     for nodes in domains:
         value = domain_of(state, ref, nodes[0])
         if domain is not None and value != domain:
@@ -151,6 +158,31 @@ def place_members(
         if ref.exclusive and ref.topology_key is not None and (ref.topology_key, value) in taken:
             skipped += 1
             continue
+        eligible.append((nodes, value))
+    if exact and applicable(members) and eligible:
+        # Whole-GPU groups: CP-SAT picks the domain and every member's node together
+        # (packing/group_solver.py); greedy below when it has no answer in time.
+        solved = solve_group(state, members, [nodes for nodes, _ in eligible], solver_params)
+        if solved.placements is not None and solved.domain is not None:
+            return list(solved.placements), eligible[solved.domain][1]
+        # INFEASIBLE: the greedy pass below fails too and says how close it came.
+    found = _greedy_in(state, ordered, scorer, eligible)
+    if not isinstance(found, int):
+        placements, value = found
+        by_key = {p.pod: p for p in placements}
+        return [by_key[m.key] for m in members], value
+    return _no_fit(ref, members, domain, skipped, len(domains), found)
+
+
+def _greedy_in(
+    state: ClusterState, ordered: Sequence[PodRequest], scorer: Scorer,
+    eligible: Sequence[tuple[list[str], str | None]],
+) -> tuple[list[Placement], str | None] | int:
+    """Member by member, largest first, in the first domain that takes them all (as
+    :func:`packing.policies.greedy.place_group`); else the most members any domain
+    took. ``state`` is left as it was."""
+    best_fit = 0
+    for nodes, value in eligible:
         done: list[tuple[PodRequest, Placement]] = []
         for pod in ordered:
             choice = best_option(state, pod, scorer, nodes)
@@ -163,7 +195,12 @@ def place_members(
         if len(done) == len(ordered):
             return [p for _, p in done], value
         best_fit = max(best_fit, len(done))
-    if skipped and skipped == len(domains):
+    return best_fit
+
+
+def _no_fit(ref: GroupRef, members: Sequence[PodRequest], domain: str | None, skipped: int,
+            n_domains: int, best_fit: int) -> str:
+    if skipped and skipped == n_domains:
         return f"every {ref.topology_key} domain is taken by another exclusive group"
     where = f"any {ref.topology_key} domain" if ref.topology_key else "the cluster"
     if domain is not None:
@@ -222,19 +259,22 @@ def _victims_in(
 ) -> list[Candidate] | None:
     removed: list[Candidate] = []
     try:
-        fits = not isinstance(place_members(state, members, scorer, taken, domain), str)
+        fits = not isinstance(place_members(state, members, scorer, taken, domain,
+                                                exact=False), str)
         for c in ordered:
             if fits:
                 break
             state.undo(c.req, c.placement)
             removed.append(c)
-            fits = not isinstance(place_members(state, members, scorer, taken, domain), str)
+            fits = not isinstance(place_members(state, members, scorer, taken, domain,
+                                                exact=False), str)
         if not fits:
             return None
         # Keep back every victim the group turns out not to need (highest priority first).
         for c in sorted(removed, key=lambda c: -c.req.priority):
             state.apply(c.req, c.placement, allow_overcommit=True)
-            if isinstance(place_members(state, members, scorer, taken, domain), str):
+            if isinstance(place_members(state, members, scorer, taken, domain,
+                                        exact=False), str):
                 state.undo(c.req, c.placement)
             else:
                 removed.remove(c)

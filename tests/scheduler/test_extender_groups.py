@@ -280,6 +280,23 @@ def test_nvlink_clique_is_the_default_domain() -> None:
                                                      else {"n2"})
 
 
+def test_group_gets_the_best_fit_clique_not_the_first_one() -> None:
+    # Clique c1 (first by name) has three whole nodes, c2 exactly the two the group needs:
+    # the reservation (CP-SAT, packing/group_solver.py) takes c2 and leaves c1 whole for
+    # a bigger group; a member-by-member first-fit pass would have broken into c1.
+    nodes = [node(f"a{i}", reconfigurable=False, labels={"nvidia.com/gpu.clique": "c1"})
+             for i in range(3)]
+    nodes += [node(f"b{i}", reconfigurable=False, labels={"nvidia.com/gpu.clique": "c2"})
+              for i in range(2)]
+    r = rig(nodes, [lws_pod("a", 0, 2, 8)])
+    res = r.book.reservations[A]
+    assert res.domain == "c2"
+    assert sorted(p.node for p in res.slots.values()) == ["b0", "b1"]
+    r.tap.upsert_pod(lws_pod("c", 0, 3, 8))  # a group of three still finds c1 whole
+    r.sync()
+    assert r.book.reservations["llm/c/0"].domain == "c1"
+
+
 # ---- preemption ------------------------------------------------------------------------------
 
 
