@@ -12,11 +12,16 @@ take, W[n] whether the node is whole now (every GPU idle), and its free CPU and 
 k[m], cpu[m], mem[m] what member m asks. ok[m, n]: member m fits node n on its own now
 (cordon, node selector, CPU, memory, GPUs).
 
-Reductions (exact): nodes of one domain in the same state (G, W, CPU, memory, ok column)
-are interchangeable, and no placement uses more than len(members) of them, so only the
-first len(members) of each such class are kept; and two domains with the same idle GPUs
-F made of the same numbers of nodes of each class are interchangeable, so only the first
-(in the order given) of each is kept.
+Reductions: nodes of one domain with equal G and W, room for equally many of the largest
+member's CPU and memory, and the same ok column are interchangeable for the model, and
+no placement uses more than len(members) of them, so only the first len(members) of each
+such class are kept; two domains with the same idle GPUs F made of the same numbers of
+nodes of each class are interchangeable, so only the first of each is kept. Domains that
+cannot hold the group (too few idle GPUs, or a member that fits none of their nodes) are
+dropped, and of the rest only the ``max_domains`` with the fewest idle GPUs enter the
+model: a cluster with hundreds of NVLink cliques still gives a model of a few hundred
+variables, solved in milliseconds, at the price of optimality over the domains left out
+(they are the roomiest ones, which the last objective term disfavours anyway).
 
 Variables (Boolean):
   y[d]     the group goes to domain d
@@ -47,15 +52,16 @@ from dataclasses import dataclass
 from ortools.sat.python import cp_model
 
 from packing.model import GpuMode, Placement, PodRequest, RequestKind
-from packing.state import ClusterState, NodeState
+from packing.state import ClusterState, NodeState, fits_node
 
 
 @dataclass(frozen=True)
 class GroupSolverParams:
-    max_time_s: float = 0.5
+    max_time_s: float = 0.2
     workers: int = 1  # one worker: reproducible, and the solve runs inside a request
     seed: int = 0
-    max_candidates: int = 5_000  # nodes kept after the reductions; beyond, greedy answers
+    max_domains: int = 8  # screened domains in the model, fewest idle GPUs first
+    max_candidates: int = 2_000  # nodes kept after the reductions; beyond, greedy answers
 
 
 @dataclass(frozen=True)
@@ -75,12 +81,19 @@ def applicable(members: Sequence[PodRequest]) -> bool:
     )
 
 
-def _idle_usable(node: NodeState, pod: PodRequest) -> int:
-    return sum(
-        1 for g in node.gpus
-        if g.idle and g.mode in (GpuMode.WHOLE, GpuMode.FRACTIONAL)
-        and (not pod.gpu_models or g.info.model in pod.gpu_models)
-    )
+def _gpu_stats(node: NodeState, pod: PodRequest) -> tuple[int, bool]:
+    """(idle GPUs the pod's models allow, whether the node is whole), in one pass: the
+    same as counting ``GpuState.whole_free`` and reading ``NodeState.whole_free``."""
+    usable = 0
+    whole = bool(node.gpus)
+    models = pod.gpu_models
+    for g in node.gpus:
+        if g.idle and g.mode in (GpuMode.WHOLE, GpuMode.FRACTIONAL):
+            if not models or g.info.model in models:
+                usable += 1
+        else:
+            whole = False
+    return usable, whole
 
 
 @dataclass(frozen=True)
@@ -94,37 +107,60 @@ class _Node:
     ok: tuple[bool, ...]  # per member
 
 
+def _shape(m: PodRequest) -> tuple[object, ...]:
+    return (m.gpu_count, m.cpu_milli, m.memory_mib, tuple(sorted(m.node_selector.items())))
+
+
 def _candidates(state: ClusterState, members: Sequence[PodRequest],
-                domains: Sequence[Sequence[str]]
+                domains: Sequence[Sequence[str]], max_domains: int
                 ) -> tuple[list[_Node], list[int], dict[int, int]]:
-    """Candidate nodes after the two reductions, the kept domains' indexes, and F[d]:
-    the idle GPUs a member could use in each kept domain (every node counted)."""
-    out: list[_Node] = []
-    kept: list[int] = []
-    free: dict[int, int] = {}
-    seen_domains: set[tuple[object, ...]] = set()
-    cap = len(members)
+    """Candidate nodes after the reductions, the kept domains' indexes, and F[d]: the idle
+    GPUs a member could use in each kept domain (every node of it counted).
+
+    Screening (necessary conditions): a domain is kept only if every member fits one of
+    its nodes and its idle usable GPUs cover the group's. Of the domains left, the
+    ``max_domains`` with the fewest idle GPUs go into the model (best fit first; ties in
+    the order given).
+    """
+    n_members = len(members)
+    shapes = {_shape(m): m for m in members}  # members of one shape fit the same nodes
+    shape_of = [_shape(m) for m in members]
+    need = sum(m.gpu_count for m in members)
+    cpu_unit = max(m.cpu_milli for m in members) or 1
+    mem_unit = max(m.memory_mib for m in members) or 1
+    screened: list[tuple[int, int, list[_Node], dict[tuple[object, ...], int]]] = []
+    seen: set[tuple[object, ...]] = set()
     for d, names in enumerate(domains):
         per_class: dict[tuple[object, ...], int] = {}
         nodes: list[_Node] = []
         idle = 0
         for name in sorted(names):
             n = state.nodes[name]
-            g = _idle_usable(n, members[0])
+            g, whole = _gpu_stats(n, members[0])
             idle += g
-            ok = tuple(bool(state.options(m, name)) for m in members)
+            fits = {s: g >= m.gpu_count and fits_node(m, n) is None for s, m in shapes.items()}
+            ok = tuple(fits[s] for s in shape_of)
             if not any(ok):
                 continue
-            cls = (g, n.whole_free, n.cpu_free, n.mem_free, ok)
+            # Nodes that hold the same number of (the largest) members are interchangeable
+            # up to which one is named; the representative keeps its exact free CPU/memory.
+            cls = (g, whole, min(n_members, n.cpu_free // cpu_unit),
+                   min(n_members, n.mem_free // mem_unit), ok)
             per_class[cls] = per_class.get(cls, 0) + 1
-            if per_class[cls] <= cap:
-                nodes.append(_Node(name, d, g, n.whole_free, n.cpu_free, n.mem_free, ok))
-        if not nodes:
+            if per_class[cls] <= n_members:
+                nodes.append(_Node(name, d, g, whole, n.cpu_free, n.mem_free, ok))
+        if idle < need or not all(any(c.ok[m] for c in nodes) for m in range(n_members)):
             continue
-        shape = (idle, tuple(sorted(per_class.items())))
-        if shape in seen_domains:
+        key = (idle, tuple(sorted(per_class.items())))
+        if key in seen:
             continue
-        seen_domains.add(shape)
+        seen.add(key)
+        screened.append((idle, d, nodes, per_class))
+    screened.sort(key=lambda t: (t[0], t[1]))
+    out: list[_Node] = []
+    kept: list[int] = []
+    free: dict[int, int] = {}
+    for idle, d, nodes, _ in screened[:max_domains]:
         kept.append(d)
         free[d] = idle
         out.extend(nodes)
@@ -142,7 +178,7 @@ def solve_group(
     if not applicable(members) or not domains:
         return GroupSolve(None, None, "NOT_APPLICABLE")
     # ---- data
-    cands, kept, free = _candidates(state, members, domains)
+    cands, kept, free = _candidates(state, members, domains, prm.max_domains)
     if not cands:
         return GroupSolve(None, None, "INFEASIBLE")
     if len(cands) > prm.max_candidates:

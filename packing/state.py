@@ -116,7 +116,7 @@ class PlacementError(ValueError):
     """A placement that does not fit the current state."""
 
 
-def _fits_node(pod: PodRequest, node: NodeState) -> str | None:
+def fits_node(pod: PodRequest, node: NodeState) -> str | None:
     """Reason the node cannot take the pod at all (ignoring GPUs), or None."""
     info = node.info
     if info.unschedulable:
@@ -163,7 +163,7 @@ class ClusterState:
         several pods of a batch may need several of those GPUs.
         """
         node = self.nodes[node_name]
-        if _fits_node(pod, node) is not None:
+        if fits_node(pod, node) is not None:
             return []
         options = self._gpu_options(pod, node)
         if not dedupe or pod.kind in (RequestKind.NONE, RequestKind.WHOLE):
@@ -190,7 +190,7 @@ class ClusterState:
     def reason(self, pod: PodRequest, node_name: str) -> str:
         """Why the pod does not fit the node now (for people)."""
         node = self.nodes[node_name]
-        why = _fits_node(pod, node)
+        why = fits_node(pod, node)
         if why is not None:
             return why
         allowed = self._allowed_gpus(pod, node)
@@ -296,7 +296,7 @@ class ClusterState:
         node = self.nodes[p.node]
         if p.pod in node.pods:
             return f"pod {p.pod} already placed on {p.node}"
-        why = _fits_node(pod, node)
+        why = fits_node(pod, node)
         if why is not None:
             return why
         opts = self._gpu_options(pod, node)
