@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import gc
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
 from flask import Flask
@@ -82,24 +82,33 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_config_arguments(p)
 
 
-def live_snapshots(args: argparse.Namespace) -> Callable[[], Snapshot]:
+class LiveSnapshots:
     """A snapshot provider backed by a watched cache. The same Snapshot object is
     returned until the cache changes, so the webhook's per-snapshot view is rebuilt only
     on change."""
-    from kube.source import ApiSource, load_api_client
-    from scheduler.cache import ClusterCache
 
-    cache = ClusterCache(args.scheduler_name)
-    ApiSource(load_api_client(args.kubeconfig, args.in_cluster)).start(cache)
-    last: list[tuple[int, Snapshot]] = []
+    def __init__(self, args: argparse.Namespace) -> None:
+        from kube.source import ApiSource, load_api_client
+        from scheduler.cache import ClusterCache
 
-    def provider() -> Snapshot:
-        version = cache.version
-        if not last or last[0][0] != version:
-            last[:] = [(version, cache.snapshot())]
-        return last[0][1]
+        self.cache = ClusterCache(args.scheduler_name)
+        self.source = ApiSource(load_api_client(args.kubeconfig, args.in_cluster))
+        self.source.start(self.cache)
+        self._last: tuple[int, Snapshot] | None = None
 
-    return provider
+    def __call__(self) -> Snapshot:
+        version = self.cache.version
+        last = self._last
+        if last is None or last[0] != version:
+            last = self._last = (version, self.cache.snapshot())
+        return last[1]
+
+    def stop(self) -> None:
+        self.source.stop()
+
+
+def live_snapshots(args: argparse.Namespace) -> LiveSnapshots:
+    return LiveSnapshots(args)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -44,12 +44,15 @@ def test_live_snapshot_provider_follows_the_api(tmp_path: Path) -> None:
             ["webhook", "--kubeconfig", str(kubeconfig), "--tls-cert", "c", "--tls-key", "k"]
         )
         provider = live_snapshots(args)
-        deadline = time.monotonic() + 10
-        while not provider().nodes and time.monotonic() < deadline:
-            time.sleep(0.05)
-        first = provider()
-        assert [n.name for n in first.nodes] == ["h100-0"]
-        assert provider() is first  # unchanged cache: the same object, no view rebuild
+        try:
+            deadline = time.monotonic() + 10
+            while not provider().nodes and time.monotonic() < deadline:
+                time.sleep(0.05)
+            first = provider()
+            assert [n.name for n in first.nodes] == ["h100-0"]
+            assert provider() is first  # unchanged cache: the same object, no view rebuild
+        finally:
+            provider.stop()  # no watch left reconnecting to a stopped server
     finally:
         api.stop()
 
