@@ -24,10 +24,12 @@ this module (for :class:`BindError`) stays cheap.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import logging
 import random
+import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -216,7 +218,14 @@ class ApiSource:
     def stop(self) -> None:
         self._stop.set()
         for resp in list(self._watches):
-            resp.close()  # unblocks the thread reading it
+            _abort(resp)
+
+    def join(self, timeout: float) -> bool:
+        """Wait for the watch threads to end; whether they all did."""
+        deadline = time.monotonic() + timeout
+        for t in self._threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        return not any(t.is_alive() for t in self._threads)
 
     def _list_fn(self, kind: str) -> Callable[..., Any]:
         return self.core.list_node if kind == "nodes" else self.core.list_pod_for_all_namespaces
@@ -400,3 +409,18 @@ def _status_message(e: Any) -> str:
     except (TypeError, ValueError):
         pass
     return f"HTTP {e.status}: {e.reason}"
+
+
+def _abort(resp: Any) -> None:
+    """Unblock the thread reading a watch response, at once.
+
+    ``resp.close()`` from here would wait for the reader's buffer lock, that is until the
+    API server sends an event or ends the watch (``timeoutSeconds``: up to 5 minutes on
+    a quiet cluster). Shutting the socket down makes the blocked read return now; the
+    reading thread then sees the stop flag and closes the response itself."""
+    sock = getattr(getattr(resp, "connection", None), "sock", None)
+    if sock is None:
+        resp.close()  # not connected: nothing can be blocked reading it
+        return
+    with contextlib.suppress(OSError):  # already closed by the other side
+        sock.shutdown(socket.SHUT_RDWR)

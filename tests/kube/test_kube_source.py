@@ -61,6 +61,20 @@ def running(api: Any) -> Iterator[tuple[ClusterCache, ApiSource]]:
         source.stop()
 
 
+def test_stop_ends_a_quiet_long_watch_at_once(api: Any) -> None:
+    # A 300 s watch on a cluster where nothing happens: stop() must not wait for the API
+    # server to end it (the reader is blocked in a socket read the whole time).
+    cache = ClusterCache("gpupack")
+    source = ApiSource(api, watch_timeout_s=300)
+    source.start(cache)
+    wait_for(lambda: cache.synced)
+    time.sleep(0.2)  # both watches open and blocked
+    t0 = time.monotonic()
+    source.stop()
+    assert source.join(5.0), "watch threads still running 5 s after stop()"
+    assert time.monotonic() - t0 < 5.0
+
+
 def test_list_then_watch_feeds_the_cache(fake: FakeApiServer,
                                          running: tuple[ClusterCache, ApiSource]) -> None:
     cache, _ = running
