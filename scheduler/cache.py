@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Set
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
@@ -142,6 +142,7 @@ class ClusterCache:
         # (node, new signature) since the last drain_signature_changes; None: too many
         self._sig_changes: list[tuple[str, int]] | None = []
         self._view_hooks: list[Callable[[], None]] = []  # see add_view_hook
+        self._planned_elsewhere: list[Callable[[], Set[str]]] = []  # see add_pending_filter
 
     # ---- listeners and views ---------------------------------------------------------------
 
@@ -215,6 +216,13 @@ class ClusterCache:
         :meth:`snapshot` (the group reservation book syncs its holds there)."""
         self._view_hooks.append(fn)
 
+    def add_pending_filter(self, fn: Callable[[], Set[str]]) -> None:
+        """Pending pods whose keys ``fn`` returns (under the lock) are left out of
+        :meth:`snapshot`: someone else has placed them already (a group's reserved
+        members, whose room is counted as held), so the planner must not place them
+        again."""
+        self._planned_elsewhere.append(fn)
+
     @contextmanager
     def view(self) -> Iterator[ClusterCache]:
         """The cache under its lock, with stale assumptions expired first."""
@@ -269,10 +277,13 @@ class ClusterCache:
             self.expire()
             for fn in self._view_hooks:
                 fn()
+            skip: set[str] = set()
+            for f in self._planned_elsewhere:
+                skip |= f()
             return Snapshot(
                 tuple(self._infos.values()),
                 tuple(self._counted.values()),
-                tuple(self._pending.values()),
+                tuple(p for k, p in self._pending.items() if k not in skip),
             )
 
     # ---- accounting ------------------------------------------------------------------------

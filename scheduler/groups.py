@@ -385,6 +385,13 @@ class ReservationBook:
         self._seen_version = -1
         self._next_due = -math.inf
         cache.add_view_hook(self.sync)
+        cache.add_pending_filter(self.held_members)
+
+    def held_members(self) -> set[str]:
+        """Member pods whose room a reservation holds (under the lock). The cache leaves
+        them out of the planner's snapshot: their room is already counted as taken, and
+        planning them again would count it twice."""
+        return {k for r in self.reservations.values() for k in r.pods}
 
     # ---- notes from the watch (kube.reservations.ReservationTap) ---------------------------
 

@@ -250,6 +250,8 @@ class ClusterCollector(Collector):
                 reason = "planned"
             elif pod.key in plan.unschedulable:
                 reason = reason_category(plan.unschedulable[pod.key])
+            elif pod.group is not None:
+                reason = "group"  # a group member: placed (or refused) by its reservation
             else:
                 reason = "not_planned_yet"
             tally[class_category(pod.klass), reason] += 1

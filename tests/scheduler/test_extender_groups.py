@@ -21,6 +21,7 @@ from packing.model import PodRequest
 from scheduler.app import AppConfig, create_app
 from scheduler.cache import ClusterCache
 from scheduler.groups import ReservationBook, hold_key
+from scheduler.metrics import ExtenderMetrics
 from scheduler.planner import Planner
 from scheduler.wire import ExtenderArgs, PreemptionArgs
 
@@ -168,6 +169,28 @@ def app_client(r: Any) -> Any:
     client = app.test_client()
     client.binder = binder
     return client
+
+
+def test_planner_leaves_reserved_members_out_and_counts_their_room_once() -> None:
+    # Two 8-GPU nodes: group a (2 x 4 GPUs) reserves room on them; a pending 8-GPU pod
+    # still fits the node the group does not use, so the plan must place it there and
+    # must not place the group's leader a second time.
+    r = rig([node("n1", reconfigurable=False), node("n2", reconfigurable=False)],
+            [lws_pod("a", 0, 2, 4), whole_pod("big", 8, namespace="x")])
+    res = r.book.reservations[A]
+    used = {p.node for p in res.slots.values()}
+    assert len(used) == 1  # CP-SAT keeps the other node whole
+    planner = Planner(r.cache, in_process=True)
+    snap = r.cache.snapshot()
+    assert [p.key for p in snap.pending] == ["x/big"]  # llm/a-0's room is held already
+    plan = planner.solve_once()
+    assert set(plan.placements) == {"x/big"}
+    assert plan.placements["x/big"].node not in used
+    text = ExtenderMetrics(CollectorRegistry(), r.cache, planner).exposition().decode()
+    pending = sorted(ln for ln in text.splitlines()
+                     if ln.startswith("gpupack_pending_pods{") and not ln.endswith(" 0.0"))
+    assert pending == ['gpupack_pending_pods{class="whole",reason="group"} 1.0',
+                       'gpupack_pending_pods{class="whole",reason="planned"} 1.0']
 
 
 def post(client: Any, path: str, obj: Any) -> tuple[int, Any]:
