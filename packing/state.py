@@ -9,8 +9,10 @@ between threads.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from packing.catalog import get_model
 from packing.mig import MigSlot, free_starts
@@ -94,6 +96,10 @@ class GpuState:
         return [MigSlot(p, s) for s, (p, _) in self.instances.items()]
 
 
+# Source of NodeState.version: never repeats within a process.
+_VERSIONS = itertools.count(1)
+
+
 @dataclass
 class NodeState:
     info: NodeInfo
@@ -101,6 +107,15 @@ class NodeState:
     mem_free: int
     gpus: list[GpuState]
     pods: dict[str, Placement] = field(default_factory=dict)
+    # A number no other node state of this process has had: new at construction, at every
+    # apply and undo, and on copy or unpickling. So equal numbers mean the same state, and
+    # scorers can memoise per-node figures on it (see packing.policies.fgd).
+    version: int = field(default_factory=lambda: next(_VERSIONS), init=False,
+                         compare=False, repr=False)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.version = next(_VERSIONS)  # a copy may change apart from its original
 
     @property
     def idle(self) -> bool:
@@ -321,6 +336,7 @@ class ClusterState:
             if why is not None:
                 raise PlacementError(f"{pod.key}: {why}")
         node = self.nodes[p.node]
+        node.version = next(_VERSIONS)
         node.cpu_free -= pod.cpu_milli
         node.mem_free -= pod.memory_mib
         node.pods[pod.key] = p
@@ -340,6 +356,7 @@ class ClusterState:
     def undo(self, pod: PodRequest, p: Placement) -> None:
         """Give back what :meth:`apply` took (a created MIG instance is removed again)."""
         node = self.nodes[p.node]
+        node.version = next(_VERSIONS)
         node.cpu_free += pod.cpu_milli
         node.mem_free += pod.memory_mib
         del node.pods[pod.key]

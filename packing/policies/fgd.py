@@ -122,26 +122,30 @@ def _placeable(model: str, layout: tuple[tuple[str, int], ...], profile: str) ->
     return bool(free_starts(geom, [MigSlot(p, s) for p, s in layout], profile))
 
 
-def fragment(node: NodeState, shape: Shape) -> int:
-    """fragment_m(N) in milli-GPUs."""
-    free_total = sum(g.free_milli for g in node.gpus)
+def fragment(node: NodeState, shape: Shape, free: Sequence[int] | None = None) -> int:
+    """fragment_m(N) in milli-GPUs. ``free``: each GPU's free milli, when known."""
+    free = [g.free_milli for g in node.gpus] if free is None else free
+    free_total = sum(free)
     if free_total == 0:
         return 0
     if node.cpu_free < shape.cpu_milli or node.mem_free < shape.memory_mib:
         return free_total
+    if shape.kind is RequestKind.NONE:
+        return 0
     serving = [gpu_serves(g, shape) for g in node.gpus]
     if shape.kind is RequestKind.WHOLE and sum(serving) < shape.gpu_count:
         return free_total
     if shape.kind in (RequestKind.SHARED, RequestKind.MIG) and not any(serving):
         return free_total
-    if shape.kind is RequestKind.NONE:
-        return 0
-    return sum(g.free_milli for g, ok in zip(node.gpus, serving, strict=True) if not ok)
+    return sum(f for f, ok in zip(free, serving, strict=True) if not ok)
 
 
 def node_fragmentation(node: NodeState, shapes: Sequence[tuple[Shape, float]]) -> float:
     """F(N) = sum_m p_m * fragment_m(N)."""
-    return sum(p * fragment(node, s) for s, p in shapes)
+    free = [g.free_milli for g in node.gpus]  # once per node, not once per shape
+    if not any(free):
+        return 0.0
+    return sum(p * fragment(node, s, free) for s, p in shapes)
 
 
 def cluster_fragmentation(state: ClusterState, shapes: Sequence[tuple[Shape, float]]) -> float:
@@ -152,12 +156,27 @@ def cluster_fragmentation(state: ClusterState, shapes: Sequence[tuple[Shape, flo
     return sum(node_fragmentation(n, shapes) for n in state.nodes.values()) / idle
 
 
+# Entries kept by a scorer's memo of F(N) before an option (see fragmentation_delta).
+MEMO_LIMIT = 100_000
+
+
 def fragmentation_delta(
-    state: ClusterState, pod: PodRequest, option: Placement, shapes: Sequence[tuple[Shape, float]]
+    state: ClusterState, pod: PodRequest, option: Placement, shapes: Sequence[tuple[Shape, float]],
+    memo: dict[int, float] | None = None,
 ) -> float:
-    """F(N after the option) - F(N before), computed by applying and undoing it."""
+    """F(N after the option) - F(N before), computed by applying and undoing it.
+
+    ``memo``: F(N) by :attr:`NodeState.version`, kept by the scorer across calls (its
+    shapes never change). Every option of a node shares the same "before", so a scan
+    over a node's options computes it once instead of once per option."""
     node = state.nodes[option.node]
-    before = node_fragmentation(node, shapes)
+    before = None if memo is None else memo.get(node.version)
+    if before is None:
+        before = node_fragmentation(node, shapes)
+        if memo is not None:
+            if len(memo) >= MEMO_LIMIT:
+                memo.clear()
+            memo[node.version] = before
     state.apply(pod, option, allow_overcommit=True)
     try:
         after = node_fragmentation(node, shapes)
@@ -172,9 +191,10 @@ def workload_of(snapshot: Snapshot) -> list[PodRequest]:
 
 def make_fgd_scorer(snapshot: Snapshot) -> Scorer:
     shapes = typical_shapes(workload_of(snapshot))
+    memo: dict[int, float] = {}
 
     def score(state: ClusterState, pod: PodRequest, option: Placement) -> Score:
-        delta = fragmentation_delta(state, pod, option, shapes)
+        delta = fragmentation_delta(state, pod, option, shapes, memo)
         return (round(delta, 6), *bestfit(state, pod, option))
 
     return score

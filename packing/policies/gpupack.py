@@ -25,9 +25,11 @@ from packing.validate import validate
 
 def make_gpupack_scorer(snapshot: Snapshot) -> Scorer:
     shapes = typical_shapes(workload_of(snapshot))
+    memo: dict[int, float] = {}  # F(N) by node state version (see fragmentation_delta)
 
     def score(state: ClusterState, pod: PodRequest, option: Placement) -> Score:
-        return gpupack_greedy(state, pod, option, fragmentation_delta(state, pod, option, shapes))
+        delta = fragmentation_delta(state, pod, option, shapes, memo)
+        return gpupack_greedy(state, pod, option, delta)
 
     return score
 
