@@ -177,11 +177,15 @@ def fragmentation_delta(
             if len(memo) >= MEMO_LIMIT:
                 memo.clear()
             memo[node.version] = before
+    version = node.version
     state.apply(pod, option, allow_overcommit=True)
     try:
         after = node_fragmentation(node, shapes)
     finally:
         state.undo(pod, option)
+        # undo restores exactly the state before apply: give it back its number, so the
+        # next option of this node finds its "before" in the memo.
+        node.version = version
     return after - before
 
 
