@@ -121,7 +121,8 @@ class Components:
 
         self.cache = ClusterCache(args.scheduler_name, assume_ttl=args.assume_ttl)
         self.registry = CollectorRegistry()
-        params = SolverParams(max_time_s=args.time_limit, workers=args.solver_workers,
+        params = SolverParams(max_time_s=args.time_limit, max_wall_s=args.time_limit,
+                              workers=args.solver_workers,
                               seed=args.seed)
         self.planner = Planner(self.cache, args.policy, params, debounce_s=args.debounce,
                                max_batch=args.plan_batch, per_class=args.plan_per_class)

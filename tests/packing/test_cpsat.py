@@ -78,3 +78,17 @@ def test_cpsat_places_whole_pods_beside_small_options_on_the_same_gpus() -> None
     assert solved.status == "OPTIMAL"
     assert {p.pod: p.node for p in solved.placements} == {"s": "mig", "llm": "w"}
     assert GpupackPolicy(PARAMS).plan(snap).solver_status == "OPTIMAL"
+
+
+def test_max_wall_s_caps_the_solve_below_its_deterministic_budget() -> None:
+    # A batch this solver does not prove optimal within its budget: with the default the
+    # wall clock may run to 3x the deterministic budget; max_wall_s cuts it (the
+    # extender's planner: a bounded background solve).
+    nodes = tuple(node(f"m{i}", 8, mode=GpuMode.MIG if i % 2 else GpuMode.WHOLE)
+                  for i in range(12))
+    pods = ([mig(f"p{i}", ("1g.10gb", "2g.20gb", "3g.40gb")[i % 3]) for i in range(24)]
+            + [whole(f"w{i}", 1 + i % 4) for i in range(12)])
+    state = ClusterState(Snapshot(nodes))
+    capped = solve_batch(state, pods, (), SolverParams(max_time_s=10.0, max_wall_s=0.3))
+    assert capped.status in ("UNKNOWN", "FEASIBLE", "OPTIMAL")
+    assert capped.wall_s < 1.5, capped
