@@ -156,37 +156,90 @@ def cluster_fragmentation(state: ClusterState, shapes: Sequence[tuple[Shape, flo
     return sum(node_fragmentation(n, shapes) for n in state.nodes.values()) / idle
 
 
-# Entries kept by a scorer's memo of F(N) before an option (see fragmentation_delta).
+# Entries kept by a scorer's memo of per-node figures (see fragmentation_delta).
 MEMO_LIMIT = 100_000
+
+
+@dataclass(frozen=True)
+class NodeFigures:
+    """What F(N) is made of, kept per node state: each GPU's free milli and, per typical
+    shape, whether each GPU serves it. An option changes only its own GPUs' entries."""
+
+    value: float  # F(N)
+    free: tuple[int, ...]
+    serving: tuple[tuple[bool, ...], ...]  # [shape][gpu position]
+
+
+def _value(node: NodeState, shapes: Sequence[tuple[Shape, float]], free: Sequence[int],
+           serving: Sequence[Sequence[bool]]) -> float:
+    """F(N) from per-GPU figures; the same cases as :func:`fragment`."""
+    total = sum(free)
+    if total == 0:
+        return 0.0
+    out = 0.0
+    for (shape, p), serves in zip(shapes, serving, strict=True):
+        if node.cpu_free < shape.cpu_milli or node.mem_free < shape.memory_mib:
+            out += p * total
+        elif shape.kind is RequestKind.NONE:
+            continue
+        elif (shape.kind is RequestKind.WHOLE and sum(serves) < shape.gpu_count) or (
+            shape.kind in (RequestKind.SHARED, RequestKind.MIG) and not any(serves)
+        ):
+            out += p * total
+        else:
+            out += p * sum(f for f, ok in zip(free, serves, strict=True) if not ok)
+    return out
+
+
+def node_figures(node: NodeState, shapes: Sequence[tuple[Shape, float]]) -> NodeFigures:
+    free = tuple(g.free_milli for g in node.gpus)
+    serving = tuple(tuple(gpu_serves(g, s) for g in node.gpus) for s, _ in shapes)
+    return NodeFigures(_value(node, shapes, free, serving), free, serving)
 
 
 def fragmentation_delta(
     state: ClusterState, pod: PodRequest, option: Placement, shapes: Sequence[tuple[Shape, float]],
-    memo: dict[int, float] | None = None,
+    memo: dict[int, NodeFigures] | None = None,
 ) -> float:
     """F(N after the option) - F(N before), computed by applying and undoing it.
 
-    ``memo``: F(N) by :attr:`NodeState.version`, kept by the scorer across calls (its
-    shapes never change). Every option of a node shares the same "before", so a scan
-    over a node's options computes it once instead of once per option."""
+    ``memo``: the node's figures by :attr:`NodeState.version`, kept by the scorer across
+    calls (its shapes never change). Every option of a node shares the same "before", so
+    a scan over a node's options computes it once; and "after" re-evaluates only the
+    GPUs the option takes (a GPU's serving flags depend on that GPU alone; the node's
+    CPU and memory are read afresh)."""
     node = state.nodes[option.node]
-    before = None if memo is None else memo.get(node.version)
+    if memo is None:
+        before_value = node_fragmentation(node, shapes)
+        state.apply(pod, option, allow_overcommit=True)
+        try:
+            return node_fragmentation(node, shapes) - before_value
+        finally:
+            state.undo(pod, option)
+    before = memo.get(node.version)
     if before is None:
-        before = node_fragmentation(node, shapes)
-        if memo is not None:
-            if len(memo) >= MEMO_LIMIT:
-                memo.clear()
-            memo[node.version] = before
+        before = node_figures(node, shapes)
+        if len(memo) >= MEMO_LIMIT:
+            memo.clear()
+        memo[node.version] = before
+    touched = [i for i, g in enumerate(node.gpus) if g.info.index in option.gpus]
     version = node.version
     state.apply(pod, option, allow_overcommit=True)
     try:
-        after = node_fragmentation(node, shapes)
+        free = list(before.free)
+        serving = [list(row) for row in before.serving]
+        for i in touched:
+            g = node.gpus[i]
+            free[i] = g.free_milli
+            for row, (shape, _) in zip(serving, shapes, strict=True):
+                row[i] = gpu_serves(g, shape)
+        after = _value(node, shapes, free, serving)
     finally:
         state.undo(pod, option)
         # undo restores exactly the state before apply: give it back its number, so the
         # next option of this node finds its "before" in the memo.
         node.version = version
-    return after - before
+    return after - before.value
 
 
 def workload_of(snapshot: Snapshot) -> list[PodRequest]:
@@ -195,7 +248,7 @@ def workload_of(snapshot: Snapshot) -> list[PodRequest]:
 
 def make_fgd_scorer(snapshot: Snapshot) -> Scorer:
     shapes = typical_shapes(workload_of(snapshot))
-    memo: dict[int, float] = {}
+    memo: dict[int, NodeFigures] = {}
 
     def score(state: ClusterState, pod: PodRequest, option: Placement) -> Score:
         delta = fragmentation_delta(state, pod, option, shapes, memo)

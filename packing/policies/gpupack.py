@@ -16,7 +16,12 @@ from collections.abc import Sequence
 from packing.cpsat import SolverParams, priority_weights, solve_batch
 from packing.model import Placement, PlanResult, PodRequest, Snapshot, Unschedulable
 from packing.policies.base import checked
-from packing.policies.fgd import fragmentation_delta, typical_shapes, workload_of
+from packing.policies.fgd import (
+    NodeFigures,
+    fragmentation_delta,
+    typical_shapes,
+    workload_of,
+)
 from packing.policies.greedy import Score, Scorer, exclusive_domains_in_use, greedy
 from packing.policies.scores import bestfit, gpupack_greedy
 from packing.state import ClusterState
@@ -25,7 +30,7 @@ from packing.validate import validate
 
 def make_gpupack_scorer(snapshot: Snapshot) -> Scorer:
     shapes = typical_shapes(workload_of(snapshot))
-    memo: dict[int, float] = {}  # F(N) by node state version (see fragmentation_delta)
+    memo: dict[int, NodeFigures] = {}  # by node state version (see fragmentation_delta)
 
     def score(state: ClusterState, pod: PodRequest, option: Placement) -> Score:
         delta = fragmentation_delta(state, pod, option, shapes, memo)

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from packing_builders import mig, node, shared, whole
 
 from packing.model import GpuMode, Placement, PodRequest, Snapshot
-from packing.policies.fgd import fragmentation_delta, typical_shapes
+from packing.policies.fgd import NodeFigures, fragmentation_delta, typical_shapes
 from packing.state import ClusterState
 
 NODES = (node("w", 4), node("m", 2, mode=GpuMode.MIG), node("s", 2, mode=GpuMode.SHARED))
@@ -44,7 +44,7 @@ def test_version_is_new_after_apply_undo_copy_and_pickle() -> None:
 def test_memoised_delta_equals_a_fresh_one(steps: list[tuple[int, str, int, bool]]) -> None:
     shapes = typical_shapes(PODS)
     state = ClusterState(Snapshot(NODES))
-    memo: dict[int, float] = {}
+    memo: dict[int, NodeFigures] = {}
     placed: list[tuple[PodRequest, Placement]] = []
     for i, (k, name, choice, undo) in enumerate(steps):
         if undo and placed:
