@@ -104,7 +104,12 @@ def run(args: argparse.Namespace) -> int:
         if args.metrics_port:
             from prometheus_client import start_http_server
 
-            start_http_server(args.metrics_port, registry=metrics.registry)
+            try:
+                start_http_server(args.metrics_port, registry=metrics.registry)
+            except OSError as e:
+                print(f"gpupack agent: --metrics-port {args.metrics_port}: cannot listen: "
+                      f"{e.strerror or e}", file=sys.stderr)
+                return 2
         stop = threading.Event()
 
         def _stop(signum: int, frame: FrameType | None) -> None:

@@ -233,16 +233,21 @@ def run(args: argparse.Namespace) -> int:
         except (ObjectError, OSError) as e:
             print(f"gpupack serve: {e}", file=sys.stderr)
             return 2
-    if args.webhook_port:
-        from scheduler.webhook_host import check_tls, port_free
+    from scheduler.webhook_host import bind_error, check_tls
 
+    if args.webhook_port:
         why = check_tls(args.tls_cert, args.tls_key)
         if why is not None:
             print(f"gpupack serve: --tls-cert/--tls-key: {why}", file=sys.stderr)
             return 2
-        if not port_free(args.webhook_host, args.webhook_port):
-            print(f"gpupack serve: --webhook-port {args.webhook_port}: address in use",
-                  file=sys.stderr)
+        why = bind_error(args.webhook_host, args.webhook_port)
+        if why is not None:
+            print(f"gpupack serve: --webhook-port {args.webhook_port}: {why}", file=sys.stderr)
+            return 2
+    if args.metrics_port:
+        why = bind_error(args.metrics_host or args.host, args.metrics_port)
+        if why is not None:
+            print(f"gpupack serve: --metrics-port {args.metrics_port}: {why}", file=sys.stderr)
             return 2
     # Background work in this process (memo warming, snapshot packing for the solver
     # process, the webhook's view rebuilds) is CPU-bound Python; a shorter GIL switch

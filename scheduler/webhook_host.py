@@ -128,11 +128,14 @@ def check_tls(cert: Path, key: Path) -> str | None:
     return None
 
 
-def port_free(host: str, port: int) -> bool:
+def bind_error(host: str, port: int) -> str | None:
+    """Why ``host:port`` cannot be listened on now (None: it can). Checked before gunicorn
+    starts: a listener that fails inside the worker would make gunicorn restart the
+    worker for ever."""
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
-        except OSError:
-            return False
-    return True
+        except OSError as e:
+            return f"cannot listen on {host}:{port}: {e.strerror or e}"
+    return None

@@ -282,3 +282,20 @@ def test_cli_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     assert args.node_name == "from-env"
     assert args.podresources_socket == "/var/lib/kubelet/pod-resources/kubelet.sock"
     assert (args.proc_root, args.once, args.no_patch) == ("/proc", False, False)
+
+
+def test_cli_metrics_port_in_use_exits_2_with_the_reason(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import socket
+
+    monkeypatch.setattr(nodeagent.nvml, "load_default", lambda: NvmlAdapter(mixed_node()))
+    parser = argparse.ArgumentParser()
+    agent_cmd.add_arguments(parser)
+    with socket.socket() as busy:
+        busy.bind(("0.0.0.0", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        args = parser.parse_args(["--no-patch", "--node-name", "n1", "--metrics-port", str(port),
+                                  "--podresources-socket", "/nonexistent/kubelet.sock"])
+        assert agent_cmd.run(args) == 2
+    assert f"--metrics-port {port}: cannot listen" in capsys.readouterr().err

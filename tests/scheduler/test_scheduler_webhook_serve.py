@@ -157,3 +157,21 @@ def test_bad_webhook_arguments_are_refused_before_serving(extra: list[str], text
     proc = _serve(["--port", str(_free_port()), *extra])
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 2 and text in out.decode()
+
+
+def test_a_metrics_port_that_cannot_be_bound_is_refused_before_serving() -> None:
+    # Inside the gunicorn worker the failure would restart the worker for ever.
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        proc = _serve(["--port", str(_free_port()), "--metrics-port", str(port)])
+        out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 2
+    assert f"--metrics-port {port}: cannot listen on 127.0.0.1:{port}" in out.decode()
+    proc = _serve(["--port", str(_free_port()), "--metrics-port", str(_free_port()),
+                   "--metrics-host", "no-such-host.invalid"])
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 2 and "cannot listen on no-such-host.invalid" in out.decode()
