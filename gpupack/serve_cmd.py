@@ -223,6 +223,13 @@ def run(args: argparse.Namespace) -> int:
     if problem:
         print(f"gpupack serve: {problem}", file=sys.stderr)
         return 2
+    if args.kubeconfig or args.in_cluster:
+        from kube.source import api_config_error
+
+        why = api_config_error(args.kubeconfig, args.in_cluster)
+        if why is not None:
+            print(f"gpupack serve: {why}", file=sys.stderr)
+            return 2
     if args.nodes is not None:
         # Read the files once here so a bad file is reported before gunicorn starts.
         from kube.objects import ObjectError

@@ -117,6 +117,13 @@ def run(args: argparse.Namespace) -> int:
         print("gpupack webhook: give --nodes (static) or --in-cluster/--kubeconfig",
               file=sys.stderr)
         return 2
+    if live:
+        from kube.source import api_config_error
+
+        why = api_config_error(args.kubeconfig, args.in_cluster)
+        if why is not None:
+            print(f"gpupack webhook: {why}", file=sys.stderr)
+            return 2
     try:
         snapshot, notes = load_snapshot(args) if not live else (Snapshot(()), ())
     except (ObjectError, OSError) as e:

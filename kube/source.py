@@ -167,6 +167,18 @@ def load_api_client(kubeconfig: str | None = None, in_cluster: bool = False) -> 
     return client.ApiClient()
 
 
+def api_config_error(kubeconfig: str | None = None, in_cluster: bool = False) -> str | None:
+    """Why :func:`load_api_client` would fail (None: it would not), without network.
+    Servers check this before forking workers, so a missing service account or kubeconfig
+    is one clear line and exit status 2, not a worker that fails to boot."""
+    try:
+        load_api_client(kubeconfig, in_cluster)
+    except Exception as e:  # ConfigException, OSError, YAML errors: all mean "cannot"
+        where = "--in-cluster" if in_cluster else f"--kubeconfig {kubeconfig or '(default)'}"
+        return f"{where}: {e}"
+    return None
+
+
 def _read_json(resp: Any) -> Any:
     data = resp.data if hasattr(resp, "data") else resp.read()
     return json.loads(data)

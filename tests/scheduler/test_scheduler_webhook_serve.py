@@ -175,3 +175,19 @@ def test_a_metrics_port_that_cannot_be_bound_is_refused_before_serving() -> None
                    "--metrics-host", "no-such-host.invalid"])
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 2 and "cannot listen on no-such-host.invalid" in out.decode()
+
+
+@pytest.mark.parametrize(("extra", "text"), [
+    (["--in-cluster"], "gpupack serve: --in-cluster: Service host/port is not set"),
+    (["--kubeconfig", "/nonexistent/kubeconfig"], "gpupack serve: --kubeconfig /nonexistent"),
+])
+def test_a_cluster_config_that_cannot_load_is_refused_before_serving(extra: list[str],
+                                                                      text: str) -> None:
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
+    proc = subprocess.Popen([sys.executable, "-m", "gpupack", "serve",
+                             "--port", str(_free_port()), *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 2 and text in out.decode(), out.decode()

@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kube"))
 
 from fake_apiserver import FakeApiServer
@@ -63,3 +65,17 @@ def test_webhook_needs_a_cluster_source() -> None:
     args = build_parser().parse_args(["webhook", "--tls-cert", "c", "--tls-key", "k"])
     assert isinstance(args, argparse.Namespace)
     assert run(args) == 2
+
+
+def test_webhook_refuses_a_cluster_config_that_cannot_load(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from gpupack.webhook_cmd import run
+
+    for k in ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"):
+        monkeypatch.delenv(k, raising=False)
+    for extra, text in ((["--in-cluster"], "--in-cluster: Service host/port is not set"),
+                        (["--kubeconfig", "/nonexistent/kc"], "--kubeconfig /nonexistent/kc")):
+        args = build_parser().parse_args(["webhook", "--tls-cert", "c", "--tls-key", "k",
+                                          *extra])
+        assert run(args) == 2
+        assert text in capsys.readouterr().err
