@@ -185,21 +185,22 @@ def _load() -> float:
         return -1.0
 
 
-def _solves(conn: Conn) -> int:
-    """Plans finished so far, from the server's Prometheus text."""
+def _metrics(conn: Conn) -> str:
     conn.c.request("GET", "/metrics")
-    text = conn.c.getresponse().read().decode()
+    return conn.c.getresponse().read().decode()
+
+
+def _solves(text: str) -> int:
+    """Plans finished so far, from the server's Prometheus text."""
     for line in text.splitlines():
         if line.startswith("gpupack_plan_solves "):
             return int(float(line.split()[1]))
     return -1
 
 
-def _handler_seconds(conn: Conn) -> dict[str, tuple[float, float]]:
+def _handler_seconds(text: str) -> dict[str, tuple[float, float]]:
     """(sum, count) of the server's own request histogram per verb: the time inside the
     handler, without HTTP parsing, gunicorn and the network."""
-    conn.c.request("GET", "/metrics")
-    text = conn.c.getresponse().read().decode()
     out: dict[str, list[float]] = {}
     for line in text.splitlines():
         for part, idx in (("gpupack_extender_request_seconds_sum{", 0),
@@ -301,7 +302,7 @@ def _drive(pid: int, port: int, names: list[str], pods: list[dict[str, Any]], cy
             lat = {k: [] for k in lat}
             requests = 0
             t_start = time.perf_counter()
-            handler0 = _handler_seconds(conn)
+            handler0 = _handler_seconds(_metrics(conn))
             scraper = Scraper(port, scrape_every_s)
             scraper.start()
         pod = pending[c]
@@ -333,7 +334,8 @@ def _drive(pid: int, port: int, names: list[str], pods: list[dict[str, Any]], cy
             bound += 1
     wall = time.perf_counter() - t_start
     scrapes = scraper.stop()
-    handler1 = _handler_seconds(conn)
+    end_metrics = _metrics(conn)  # one scrape for the handler times and the solve count
+    handler1 = _handler_seconds(end_metrics)
     status = conn.get("/status")
     result = {
         "nodes": n, "cycles": cycles, "ready_s": round(ready_s, 2), "bound": bound,
@@ -341,7 +343,7 @@ def _drive(pid: int, port: int, names: list[str], pods: list[dict[str, Any]], cy
         "cycles_per_s": round(cycles / wall, 1), "rss_mib": _rss_mib(pid),
         "body_bytes_median": int(statistics.median(sizes)),
         "plan": status["plan"], "memo": status["memo"],
-        "plan_solves": _solves(conn), "load_before": load_before, "load_after": _load(),
+        "plan_solves": _solves(end_metrics), "load_before": load_before, "load_after": _load(),
         "scrapes": scrapes,
     }
     for verb, xs in lat.items():

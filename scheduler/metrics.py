@@ -147,6 +147,7 @@ class GpuRows:
         self._rows: dict[str, NodeRows] = {}
         self._mutex = threading.Lock()  # two scrapes at once must not interleave updates
         self.rendered = 0  # nodes rendered since start (a scrape with no change adds 0)
+        self.latest: GpuFigures | None = None  # of the last call of current()
 
     def current(self) -> GpuFigures:
         with self._mutex:
@@ -171,7 +172,8 @@ class GpuRows:
             whole_nodes += r.whole_node
             for k, c in r.mig:
                 mig[k] += c
-        return GpuFigures("".join(parts), whole_gpus, whole_nodes, dict(mig))
+        self.latest = GpuFigures("".join(parts), whole_gpus, whole_nodes, dict(mig))
+        return self.latest
 
 
 class Exposition:
@@ -183,7 +185,9 @@ class Exposition:
         self.rows = rows
 
     def __call__(self) -> bytes:
-        return generate_latest(self.registry) + self.rows.current().text.encode()
+        body = generate_latest(self.registry)  # ClusterCollector refreshes the rows
+        rows = self.rows.latest or self.rows.current()
+        return body + rows.text.encode()
 
 
 class ClusterCollector(Collector):

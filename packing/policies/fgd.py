@@ -122,30 +122,9 @@ def _placeable(model: str, layout: tuple[tuple[str, int], ...], profile: str) ->
     return bool(free_starts(geom, [MigSlot(p, s) for p, s in layout], profile))
 
 
-def fragment(node: NodeState, shape: Shape, free: Sequence[int] | None = None) -> int:
-    """fragment_m(N) in milli-GPUs. ``free``: each GPU's free milli, when known."""
-    free = [g.free_milli for g in node.gpus] if free is None else free
-    free_total = sum(free)
-    if free_total == 0:
-        return 0
-    if node.cpu_free < shape.cpu_milli or node.mem_free < shape.memory_mib:
-        return free_total
-    if shape.kind is RequestKind.NONE:
-        return 0
-    serving = [gpu_serves(g, shape) for g in node.gpus]
-    if shape.kind is RequestKind.WHOLE and sum(serving) < shape.gpu_count:
-        return free_total
-    if shape.kind in (RequestKind.SHARED, RequestKind.MIG) and not any(serving):
-        return free_total
-    return sum(f for f, ok in zip(free, serving, strict=True) if not ok)
-
-
 def node_fragmentation(node: NodeState, shapes: Sequence[tuple[Shape, float]]) -> float:
     """F(N) = sum_m p_m * fragment_m(N)."""
-    free = [g.free_milli for g in node.gpus]  # once per node, not once per shape
-    if not any(free):
-        return 0.0
-    return sum(p * fragment(node, s, free) for s, p in shapes)
+    return node_figures(node, shapes).value
 
 
 def cluster_fragmentation(state: ClusterState, shapes: Sequence[tuple[Shape, float]]) -> float:
@@ -172,7 +151,7 @@ class NodeFigures:
 
 def _value(node: NodeState, shapes: Sequence[tuple[Shape, float]], free: Sequence[int],
            serving: Sequence[Sequence[bool]]) -> float:
-    """F(N) from per-GPU figures; the same cases as :func:`fragment`."""
+    """F(N) from per-GPU figures: the cases of fragment_m(N) in the module docstring."""
     total = sum(free)
     if total == 0:
         return 0.0
