@@ -234,8 +234,13 @@ class SolverProcess:
         parent, child = self._ctx.Pipe()
         proc = self._ctx.Process(target=solver_main, args=(child,), daemon=True,
                                  name="gpupack-solver")
-        proc.start()
-        child.close()
+        try:
+            proc.start()
+        except Exception as e:
+            parent.close()
+            raise SolverError(f"solver process did not start: {e}") from None
+        finally:
+            child.close()
         self._proc, self._conn = proc, parent
         self._packer = SnapshotPacker()
         self.starts += 1

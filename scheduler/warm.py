@@ -142,11 +142,18 @@ class WarmChild:
         if self._proc is None or not self._proc.is_alive() or self._conn is None:
             self.close()
             parent, child = self._ctx.Pipe()
-            self._proc = self._ctx.Process(target=warm_main, args=(child,), daemon=True,
-                                           name="gpupack-warm")
-            self._proc.start()
-            child.close()
-            self._conn = parent
+            proc = self._ctx.Process(target=warm_main, args=(child,), daemon=True,
+                                     name="gpupack-warm")
+            try:
+                proc.start()
+            except Exception as e:
+                # Kept only once started: close() must never terminate a process that
+                # never ran (its handle is None and terminate() raises).
+                parent.close()
+                raise RuntimeError(f"warm child did not start: {e}") from None
+            finally:
+                child.close()
+            self._proc, self._conn = proc, parent
         conn = self._conn
         try:
             conn.send(msg)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any
 
+import pytest
 from sched_builders import FakeClock, make_cache, mig_pod, node, whole_pod
 
 from packing.cpsat import SolverParams
@@ -123,3 +125,33 @@ def test_plan_over_candidate_nodes_keeps_a_few_of_each_class_of_equal_nodes() ->
     assert set(plan.unschedulable) == {"default/huge"}  # fits no node at all
     everything = Planner(cache, "gpupack-greedy", in_process=True, per_class=0).solve_once()
     assert len(everything.placements) == 3
+
+
+class _Unstartable:
+    """A process whose start() fails, as spawn does when the main module is importing."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        self.started = False
+
+    def start(self) -> None:
+        raise RuntimeError("an attempt has been made to start a new process too early")
+
+    def is_alive(self) -> bool:
+        return False
+
+
+@pytest.mark.parametrize("which", ["solver", "warm"])
+def test_a_child_that_cannot_start_is_reported_and_retried_not_half_kept(
+    which: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from scheduler.solve import SolverError, SolverProcess
+    from scheduler.warm import WarmChild
+
+    child: Any = SolverProcess() if which == "solver" else WarmChild()
+    monkeypatch.setattr(child._ctx, "Process", _Unstartable)
+    job = SolveJob("gpupack-greedy", SolverParams(), make_cache([], []).snapshot(), (), ())
+    for _ in range(2):  # the second try must fail the same way, not on the first's remains
+        with pytest.raises((SolverError, RuntimeError), match="did not start"):
+            child.solve(job, 5.0) if which == "solver" else child.call(("ping",))
+        assert child.pid is None
+    child.close()  # nothing to stop
