@@ -31,7 +31,7 @@ every term below is bounded by the batch size):
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
@@ -41,7 +41,7 @@ from packing.mig import MigSlot, memory_range
 from packing.model import GpuMode, Placement, PodRequest, RequestKind
 from packing.state import ClusterState
 
-# Models with more variables than this are solved without symmetry detection.
+# Models with more variables than this are solved without symmetry detection and probing.
 SYMMETRY_LIMIT = 10_000
 
 
@@ -78,14 +78,26 @@ def priority_weights(pods: Sequence[PodRequest]) -> dict[str, int]:
     return {p.key: big + ranks[p.priority] for p in pods}
 
 
-def solve_batch(
+@dataclass(frozen=True)
+class BatchModel:
+    """A built batch model and what reading its solution needs."""
+
+    model: cp_model.CpModel
+    x: Mapping[tuple[str, int], cp_model.IntVar]  # (small pod, option index) -> var
+    options: Mapping[str, list[Placement]]  # small pod -> its options, by index
+    w: Mapping[tuple[str, str], cp_model.IntVar]  # (whole pod, node) -> var
+    pods: Mapping[str, PodRequest]
+
+
+def build_batch_model(
     state: ClusterState,
     pods: Sequence[PodRequest],
     hint: Sequence[Placement] = (),
     params: SolverParams = SolverParams(),
     taken_domains: frozenset[tuple[str, str]] = frozenset(),
-) -> SolveResult:
-    """Solve the batch on ``state`` (not mutated). Placements are not yet validated."""
+) -> BatchModel | None:
+    """The CP-SAT model of the batch on ``state``, every variable hinted from ``hint``;
+    None when it would have more than ``params.max_variables`` variables."""
     # ---- data --------------------------------------------------------------------------
     model = cp_model.CpModel()
     x: dict[tuple[str, int], cp_model.IntVar] = {}  # (pod, option index) -> var
@@ -106,7 +118,7 @@ def solve_batch(
             x[pod.key, i] = model.new_bool_var(f"x[{pod.key},{i}]")
         n_vars += len(opts)
         if n_vars > params.max_variables:
-            return SolveResult((), "TOO_LARGE")
+            return None
 
     # ---- variables per pod, node and GPU -----------------------------------------------
     placed: dict[str, cp_model.LinearExprT] = {}
@@ -213,6 +225,7 @@ def solve_batch(
         if pod.group is not None:
             groups[pod.group.key].append(pod)
     domain_use: dict[tuple[str, str], list[cp_model.IntVar]] = defaultdict(list)
+    model_domains: dict[str, dict[str, cp_model.IntVar]] = {}  # group -> domain -> d var
     for key, members in groups.items():
         first = placed[members[0].key]
         for m in members[1:]:
@@ -227,6 +240,7 @@ def solve_batch(
             if value is not None:
                 by_domain[value].append(name)
         d = {dom: model.new_bool_var(f"d[{key},{dom}]") for dom in by_domain}
+        model_domains[key] = d
         model.add(sum(d.values()) == first)
         for dom, var in d.items():
             if ref.exclusive:
@@ -269,17 +283,51 @@ def solve_batch(
     )
 
     # ---- hint from the greedy answer --------------------------------------------------
+    # Every variable is hinted (the placement ones and the s/u/t/d indicators they
+    # imply): CP-SAT takes a complete, feasible hint as its first solution, so even a
+    # solve that spends its budget in presolve answers FEASIBLE, as good as the hint.
     hinted = {h.pod: h for h in hint}
+    hinted_on: list[cp_model.IntVar] = []  # the placement variables the hint sets to 1
     for pod in pods:
         h = hinted.get(pod.key)
         if pod.kind is RequestKind.WHOLE:
             for (k, n), v in w.items():
                 if k == pod.key:
-                    model.add_hint(v, 1 if h is not None and h.node == n else 0)
+                    on = h is not None and h.node == n
+                    model.add_hint(v, 1 if on else 0)
+                    if on:
+                        hinted_on.append(v)
         else:
             for i, o in enumerate(options[pod.key]):
                 model.add_hint(x[pod.key, i], 1 if h == o else 0)
+                if h == o:
+                    hinted_on.append(x[pod.key, i])
+    _hint_indicators(model, state, hinted_on, on_node, on_gpu, small, u, t, w, pods_by_key)
+    for key, members in groups.items():
+        ref = members[0].group
+        if ref is None or ref.topology_key is None:
+            continue
+        h = hinted.get(members[0].key)
+        at = None if h is None else state.nodes[h.node].info.labels.get(ref.topology_key)
+        for value, var in model_domains[key].items():
+            model.add_hint(var, 1 if value == at else 0)
 
+    return BatchModel(model, x, options, w, pods_by_key)
+
+
+def solve_batch(
+    state: ClusterState,
+    pods: Sequence[PodRequest],
+    hint: Sequence[Placement] = (),
+    params: SolverParams = SolverParams(),
+    taken_domains: frozenset[tuple[str, str]] = frozenset(),
+) -> SolveResult:
+    """Solve the batch on ``state`` (not mutated). Placements are not yet validated."""
+    built = build_batch_model(state, pods, hint, params, taken_domains)
+    if built is None:
+        return SolveResult((), "TOO_LARGE")
+    model, x, options, w, pods_by_key = (
+        built.model, built.x, built.options, built.w, built.pods)
     # ---- solve --------------------------------------------------------------------------
     solver = cp_model.CpSolver()
     # Reproducible for a fixed seed: interleaved search runs the workers' strategies in
@@ -293,10 +341,16 @@ def solve_batch(
     solver.parameters.random_seed = params.seed
     solver.parameters.interleave_search = params.workers > 1
     if len(model.proto.variables) > SYMMETRY_LIMIT:
-        # On large batches CP-SAT's symmetry detection alone outruns the time limit (a
-        # 64-pod batch over 1,000 candidate nodes, 24,000 variables: 7.5 s of wall for a
-        # 2 s limit, search never started); without it the limit holds.
+        # On large batches CP-SAT's presolve eats the whole budget and search never
+        # starts (a 64-pod batch over 1,000 candidate nodes, 22,400 variables): symmetry
+        # detection alone ran 7.5 s of wall past a 2 s limit, and without it probing still
+        # took 1.0 of the 2.0 deterministic seconds and ended the solve UNKNOWN ("stopped
+        # after presolve"). Without both and with one presolve pass (of three), the
+        # complete hint is the first solution at ~0.6 s and search closes the gap to the
+        # bound to ~1e-6 of the objective.
         solver.parameters.symmetry_level = 0
+        solver.parameters.cp_model_probing_level = 0
+        solver.parameters.max_presolve_iterations = 1
     status = solver.solve(model)
     name = solver.status_name(status)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
@@ -329,6 +383,42 @@ def solve_batch(
         given[n].update(chosen)
         out.append(Placement(key, n, chosen))
     return SolveResult(tuple(out), name, solver.objective_value, solver.wall_time)
+
+
+def _hint_indicators(
+    model: cp_model.CpModel,
+    state: ClusterState,
+    chosen: Sequence[cp_model.IntVar],
+    on_node: Mapping[str, list[tuple[PodRequest, cp_model.IntVar]]],
+    on_gpu: Mapping[tuple[str, int], list[tuple[PodRequest, Placement, cp_model.IntVar]]],
+    small: Mapping[tuple[str, int], cp_model.IntVar],
+    u: Mapping[tuple[str, int], cp_model.IntVar],
+    t: Mapping[str, cp_model.IntVar],
+    w: Mapping[tuple[str, str], cp_model.IntVar],
+    pods_by_key: Mapping[str, PodRequest],
+) -> None:
+    """Hint s, u and t as the hinted placement variables ``chosen`` imply them: s[g] = 1
+    where a hinted small pod lands, u[g] = 1 on those GPUs and on as many other idle
+    capable GPUs as the node's hinted whole pods take, t[n] = 1 where any hinted pod is."""
+    on = {v.index for v in chosen}
+    for name, items in on_node.items():
+        model.add_hint(t[name], 1 if any(v.index in on for _, v in items) else 0)
+    for key, var in small.items():
+        model.add_hint(var, 1 if any(v.index in on for _, _, v in on_gpu[key]) else 0)
+    demand: dict[str, int] = defaultdict(int)
+    for (pod, n), v in w.items():
+        if v.index in on:
+            demand[n] += pods_by_key[pod].gpu_count
+    for name in {n for n, _ in u}:
+        need = demand.get(name, 0)
+        for g in state.nodes[name].gpus:
+            key = (name, g.info.index)
+            if key not in u:
+                continue
+            used = key in small and any(v.index in on for _, _, v in on_gpu[key])
+            if not used and need > 0:
+                used, need = True, need - 1
+            model.add_hint(u[key], 1 if used else 0)
 
 
 def _in_domain(

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from packing_builders import group, mig, node, whole
+import pytest
+from ortools.sat.python import cp_model
+from packing_builders import cpu_pod, group, mig, node, shared, whole
 
-from packing.cpsat import SolverParams, solve_batch
-from packing.model import GpuMode, Snapshot
+from packing.cpsat import SolverParams, build_batch_model, solve_batch
+from packing.model import GpuMode, PodRequest, Snapshot
 from packing.policies import get_policy
 from packing.policies.gpupack import GpupackPolicy
 from packing.state import ClusterState
@@ -92,3 +94,40 @@ def test_max_wall_s_caps_the_solve_below_its_deterministic_budget() -> None:
     capped = solve_batch(state, pods, (), SolverParams(max_time_s=10.0, max_wall_s=0.3))
     assert capped.status in ("UNKNOWN", "FEASIBLE", "OPTIMAL")
     assert capped.wall_s < 1.5, capped
+
+
+def _mixed() -> tuple[Snapshot, list[PodRequest]]:
+    nodes = (
+        node("m", 2, mode=GpuMode.MIG),
+        node("s", 2, mode=GpuMode.SHARED),
+        node("a1", 4, labels={"clique": "a"}),
+        node("a2", 4, labels={"clique": "a"}),
+        node("b1", 8, labels={"clique": "b"}),
+        node("w", 8),
+    )
+    pods = [mig("m1"), mig("m2", "3g.40gb"), shared("s1"), shared("s2", 500), whole("x", 2),
+            whole("y", 3), cpu_pod("c"), *group("llm", 2, "clique", count=4)]
+    return Snapshot(nodes, pending=tuple(pods)), pods
+
+
+@pytest.mark.parametrize("policy", ["bestfit", "spread", "gpupack-greedy"])
+def test_the_greedy_hint_sets_every_variable_and_is_a_solution(policy: str) -> None:
+    # A complete, feasible hint is CP-SAT's first solution even when presolve uses up the
+    # budget (large batches); a partial one is not (the solve ended UNKNOWN).
+    snap, pods = _mixed()
+    hint = get_policy(policy).plan(snap).placements
+    assert len(hint) >= 6
+    built = build_batch_model(ClusterState(snap), pods, hint, PARAMS)
+    assert built is not None
+    proto = built.model.proto
+    hinted = set(proto.solution_hint.vars)
+    unhinted = [v.name for i, v in enumerate(proto.variables)
+                if i not in hinted and len(set(v.domain)) > 1]  # constants need none
+    assert unhinted == []
+    solver = cp_model.CpSolver()
+    solver.parameters.fix_variables_to_their_hinted_value = True
+    solver.parameters.num_workers = 1
+    assert solver.solve(built.model) in (cp_model.OPTIMAL, cp_model.FEASIBLE)
+    chosen = {k for (k, i), v in built.x.items() if solver.boolean_value(v)}
+    chosen |= {k for (k, _), v in built.w.items() if solver.boolean_value(v)}
+    assert chosen == {p.pod for p in hint}
