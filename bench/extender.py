@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import os
 import random
 import socket
 import statistics
@@ -248,8 +249,18 @@ class Scraper:
                 "max_ms": round(max(xs) * 1e3, 1) if xs else None}
 
 
+def split_cpus(cpus: set[int]) -> tuple[set[int], set[int]] | None:
+    """(client CPUs, server CPUs) for ``--pin``: the lowest CPU for the client, the rest
+    for the server and its children; None with fewer than 2 CPUs."""
+    if len(cpus) < 2:
+        return None
+    first = min(cpus)
+    return {first}, cpus - {first}
+
+
 def run_size(n: int, cycles: int, warmup: int, seed: int, planner: bool,
-             extra: list[str] | None = None, scrape_every_s: float = 5.0) -> dict[str, Any]:
+             extra: list[str] | None = None, scrape_every_s: float = 5.0,
+             server_cpus: set[int] | None = None) -> dict[str, Any]:
     pending = cycles + warmup
     nodes, pods = gen_cluster(n, pending, seed)
     names = [x["metadata"]["name"] for x in nodes]
@@ -264,7 +275,9 @@ def run_size(n: int, cycles: int, warmup: int, seed: int, planner: bool,
             cmd.append("--no-planner")
         cmd += extra or []
         t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        pin = None if server_cpus is None else (lambda: os.sched_setaffinity(0, server_cpus))
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                preexec_fn=pin)
         try:
             while True:
                 try:
@@ -371,10 +384,24 @@ def main() -> int:
     ap.add_argument("--scrape-every", type=float, default=5.0, metavar="S",
                     help="scrape /metrics every S seconds during the measured cycles "
                          "(default 5; 0: never)")
+    ap.add_argument("--pin", action="store_true",
+                    help="client (and scraper) on one CPU, the server and its children on "
+                         "the others, as when kube-scheduler and the extender do not share "
+                         "cores; default: both float over all CPUs")
     args = ap.parse_args()
+    server_cpus = None
+    if args.pin:
+        split = split_cpus(os.sched_getaffinity(0))
+        if split is None:
+            print("error: --pin needs at least 2 CPUs", file=sys.stderr)
+            return 2
+        os.sched_setaffinity(0, split[0])
+        server_cpus = split[1]
     results = [run_size(n, args.cycles, args.warmup, args.seed, not args.no_planner,
-                        args.serve_arg, args.scrape_every)
+                        args.serve_arg, args.scrape_every, server_cpus)
                for n in (args.nodes or [1000, 5000])]
+    for r in results:
+        r["pinned"] = server_cpus is not None
     if args.json:
         print(json.dumps(results, indent=2))
         return 0

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from packing.model import Placement
 
+# The most pods one group may have: larger sizes come from a typo or a hostile object,
+# and a reservation holds one request per member (LeaderWorkerSet sizes are small).
+MAX_GROUP_SIZE = 1024
+
 PREFIX = "gpupack.io/"
 # Written by users.
 GPU_MEMORY = PREFIX + "gpu-memory"  # e.g. "8Gi"
@@ -68,9 +72,22 @@ def parse_gpus(text: str) -> tuple[int, ...]:
     return out
 
 
+def small_int(text: object) -> int | None:
+    """A non-negative integer written as 1-9 ASCII digits, else None.
+
+    ``str.isdigit`` alone is not enough: it accepts "²" and other Unicode digits that
+    ``int`` refuses, and ``int`` refuses more than 4,300 digits."""
+    if not isinstance(text, str) or not 0 < len(text) <= 9:
+        return None
+    if not (text.isascii() and text.isdigit()):
+        return None
+    return int(text)
+
+
 def parse_mig(text: str) -> tuple[str, int]:
     """ "1g.10gb@4" -> ("1g.10gb", 4); ValueError naming the text."""
     profile, sep, start = text.strip().partition("@")
-    if not sep or not profile or not start.isdigit():
-        raise ValueError(f"{MIG}={text!r}: expected profile@start like '1g.10gb@4'")
-    return profile, int(start)
+    index = small_int(start)
+    if not sep or not profile or index is None:
+        raise ValueError(f"{MIG}={text[:60]!r}: expected profile@start like '1g.10gb@4'")
+    return profile, index

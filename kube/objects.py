@@ -151,11 +151,7 @@ def _observed_gpus(
     """GPUs as the node agent saw them: real modes, MIG layouts and owners."""
     if not inv.gpus:
         return inferred  # the agent saw nothing (no driver yet): keep what the API says
-    replicas = (
-        int(labels.get(A.GPU_REPLICAS, "1") or 1)
-        if labels.get(A.GPU_REPLICAS, "1").isdigit()
-        else 1
-    )
+    replicas = A.small_int(labels.get(A.GPU_REPLICAS, "1")) or 1
     out = []
     for g in inv.gpus:
         model = match_product(g.model, g.memory_mib)
@@ -299,7 +295,9 @@ def _spread_instances(
 
 def _containers(pod: Mapping[str, Any], field: str, who: str) -> list[Mapping[str, Any]]:
     spec = _map(pod, "spec", who)
-    items = spec.get(field) or []
+    items = spec.get(field)
+    if items is None:
+        return []
     if not isinstance(items, list) or not all(isinstance(c, Mapping) for c in items):
         raise ObjectError(f"{who}: spec.{field}: expected a list of containers")
     return items
@@ -310,7 +308,9 @@ def _container_resources(c: Mapping[str, Any], path: str, who: str) -> dict[str,
     res = _map(c, "resources", who)
     out: dict[str, Decimal] = {}
     for section in ("limits", "requests"):
-        raw = res.get(section) or {}
+        raw = res.get(section)
+        if raw is None:
+            continue
         if not isinstance(raw, Mapping):
             raise ObjectError(f"{who}: {path}.resources.{section}: expected an object")
         for k, v in raw.items():
@@ -329,6 +329,9 @@ def pod_request(pod: Mapping[str, Any]) -> PodRequest:
     meta = _map(pod, "metadata", who)
     if not meta.get("name"):
         raise ObjectError(f"{who}: metadata.name: missing")
+    for field in ("name", "namespace"):
+        if meta.get(field) is not None and not isinstance(meta[field], str):
+            raise ObjectError(f"{who}: metadata.{field}: expected a string")
     labels = _str_map(pod, "metadata.labels", who)
     ann = _str_map(pod, "metadata.annotations", who)
     totals: dict[str, Decimal] = defaultdict(Decimal)
@@ -350,7 +353,9 @@ def pod_request(pod: Mapping[str, Any]) -> PodRequest:
     milli = 0
     gpu_mem = _annotation_mib(ann, who)
     models: frozenset[str] = frozenset()
-    mig_res = [(k, profile_from_resource(k)) for k in totals if k.startswith(A.MIG_RESOURCE_PREFIX)]
+    # A limit of 0 asks for no device (as the device plugin reads it).
+    mig_res = [(k, profile_from_resource(k)) for k, v in totals.items()
+               if k.startswith(A.MIG_RESOURCE_PREFIX) and v]
     for k, profile in mig_res:
         if profile is None:
             raise ObjectError(f"{who}: resources: {k}: no known GPU has that MIG profile")
@@ -359,19 +364,23 @@ def pod_request(pod: Mapping[str, Any]) -> PodRequest:
         gpu_count = _whole(totals[A.GPU_RESOURCE], A.GPU_RESOURCE, who)
     elif totals.get(A.SHARED_RESOURCE):
         kind = RequestKind.SHARED
+        _one_device(totals[A.SHARED_RESOURCE], A.SHARED_RESOURCE, "GPU share", who)
         milli = _compute_milli(ann, who)
     elif mig_res:
         if len(mig_res) > 1:
             names = ", ".join(sorted(k for k, _ in mig_res))
             raise ObjectError(f"{who}: resources: more than one MIG resource ({names})")
+        _one_device(totals[mig_res[0][0]], mig_res[0][0], "MIG slice", who)
         kind = RequestKind.MIG
         mig_profile = mig_res[0][1]
         models = frozenset(m.name for m in models_with_profile(mig_profile or ""))
         if not models:
             raise ObjectError(f"{who}: resources: {mig_res[0][0]}: no known GPU has that profile")
     spec = _map(pod, "spec", who)
-    prio = spec.get("priority", 0) or 0
-    if not isinstance(prio, int):
+    prio = spec.get("priority")
+    if prio is None:
+        prio = 0
+    if not isinstance(prio, int) or isinstance(prio, bool):
         raise ObjectError(f"{who}: spec.priority: {prio!r} is not an integer")
     klass = ann.get(A.CLASS, "")
     if not klass:
@@ -398,6 +407,16 @@ def _whole(v: Decimal, field: str, who: str) -> int:
     if v != v.to_integral_value() or v < 1:
         raise ObjectError(f"{who}: resources.{field}: {v} is not a whole number of GPUs")
     return int(v)
+
+
+def _one_device(v: Decimal, field: str, what: str, who: str) -> None:
+    """gpupack places one MIG slice or one share per pod: a pod asking for more would be
+    given more devices by the device plugin than gpupack reserved for it."""
+    if v != 1:
+        raise ObjectError(
+            f"{who}: resources.{field}: {v} asked; gpupack places exactly one {what} per "
+            f"pod (ask for 1, or use a larger profile or whole GPUs)"
+        )
 
 
 def _annotation_mib(ann: Mapping[str, str], who: str) -> int:
@@ -429,37 +448,44 @@ def group_ref(
 ) -> GroupRef | None:
     """Group membership from LWS labels/annotations, or gpupack.io/group + group-size."""
     if A.LWS_NAME in labels:
-        size_text = ann.get(A.LWS_SIZE, "1")
-        if not size_text.isdigit() or int(size_text) < 1:
-            raise ObjectError(
-                f"{who}: metadata.annotations.{A.LWS_SIZE}: {size_text!r} is not a size"
-            )
+        size = _group_size(ann.get(A.LWS_SIZE, "1"), f"metadata.annotations.{A.LWS_SIZE}", who)
         group_index = labels.get(A.LWS_GROUP_INDEX, "0")
-        worker = labels.get(A.LWS_WORKER_INDEX, "0")
-        if not worker.isdigit():
+        worker_text = labels.get(A.LWS_WORKER_INDEX, "0")
+        worker = A.small_int(worker_text)
+        if worker is None or worker >= size:
             raise ObjectError(
-                f"{who}: metadata.labels.{A.LWS_WORKER_INDEX}: {worker!r} is not an index"
+                f"{who}: metadata.labels.{A.LWS_WORKER_INDEX}: {worker_text[:40]!r} is not "
+                f"an index below the group size {size}"
             )
         topo = ann.get(A.LWS_EXCLUSIVE)
         return GroupRef(
             key=f"{namespace}/{labels[A.LWS_NAME]}/{group_index}",
-            size=int(size_text),
-            index=int(worker),
+            size=size,
+            index=worker,
             topology_key=topo,
             exclusive=topo is not None,
         )
     if A.GROUP in ann:
-        size_text = ann.get(A.GROUP_SIZE, "")
-        if not size_text.isdigit() or int(size_text) < 1:
-            raise ObjectError(
-                f"{who}: metadata.annotations.{A.GROUP_SIZE}: {size_text!r} is not a group size"
-            )
+        size = _group_size(ann.get(A.GROUP_SIZE, ""), f"metadata.annotations.{A.GROUP_SIZE}",
+                           who)
         return GroupRef(
             key=f"{namespace}/{ann[A.GROUP]}",
-            size=int(size_text),
+            size=size,
             topology_key=ann.get(A.GROUP_TOPOLOGY),
         )
     return None
+
+
+def _group_size(text: str, field: str, who: str) -> int:
+    size = A.small_int(text)
+    if size is None or size < 1:
+        raise ObjectError(f"{who}: {field}: {text[:40]!r} is not a group size")
+    if size > A.MAX_GROUP_SIZE:
+        raise ObjectError(
+            f"{who}: {field}: {size} pods is more than gpupack places as one group "
+            f"(at most {A.MAX_GROUP_SIZE})"
+        )
+    return size
 
 
 def recorded_placement(pod: Mapping[str, Any], node: str) -> Placement | None:

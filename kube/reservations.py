@@ -44,6 +44,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from kube.annotations import MAX_GROUP_SIZE, small_int
 from kube.objects import pod_key
 from packing.model import Placement
 
@@ -123,7 +124,7 @@ def decode(text: object) -> ReservationRecord:
     if not isinstance(group, str) or not group:
         raise ReservationError(f"{RESERVATION}: 'g' (group) missing")
     size = obj.get("s")
-    if not isinstance(size, int) or isinstance(size, bool) or not 1 <= size <= 10_000:
+    if not isinstance(size, int) or isinstance(size, bool) or not 1 <= size <= MAX_GROUP_SIZE:
         raise ReservationError(f"{RESERVATION}: 's' (size) {size!r} is not a group size")
     prio = obj.get("pr", 0)
     if not isinstance(prio, int) or isinstance(prio, bool):
@@ -137,8 +138,10 @@ def decode(text: object) -> ReservationRecord:
     slots: dict[int, Placement] = {}
     pods: dict[int, str] = {}
     for k, item in raw.items():
-        if not isinstance(k, str) or not k.isdigit() or int(k) >= size:
-            raise ReservationError(f"{RESERVATION}: member slot {k!r} is not below {size}")
+        slot = small_int(k)
+        if slot is None or slot >= size:
+            raise ReservationError(f"{RESERVATION}: member slot {str(k)[:40]!r} is not below "
+                                   f"{size}")
         if not isinstance(item, dict):
             raise ReservationError(f"{RESERVATION}: member {k}: expected an object")
         node = item.get("n")
@@ -160,12 +163,12 @@ def decode(text: object) -> ReservationRecord:
             if not ok:
                 raise ReservationError(f"{RESERVATION}: member {k}: bad 'mig' {mig!r}")
             p = Placement("", node, tuple(gpus), mig[0], mig[1], mig[2])
-        slots[int(k)] = p
+        slots[slot] = p
         pod = item.get("p")
         if pod is not None:
             if not isinstance(pod, str):
                 raise ReservationError(f"{RESERVATION}: member {k}: 'p' must be a pod key")
-            pods[int(k)] = pod
+            pods[slot] = pod
     return ReservationRecord(
         group=group, size=size, priority=prio, topology_key=_opt_str(obj, "t"),
         exclusive=bool(obj.get("x", False)), domain=_opt_str(obj, "d"),

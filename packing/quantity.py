@@ -30,24 +30,51 @@ class QuantityError(ValueError):
     """Not a Kubernetes quantity."""
 
 
+# The largest quantity accepted, in base units: Kubernetes keeps quantities as int64
+# (with a scale), so anything larger cannot come from a real object. Checking the
+# magnitude first also keeps a hostile "1e999999" from costing seconds of CPU (an int()
+# of a million digits) or overflowing Decimal's exponent range.
+MAX_QUANTITY = Decimal(2**63 - 1)
+_MAX_EXPONENT = 20  # 10**20 > MAX_QUANTITY; with the largest suffix (2**60) below 10**40
+
+
+def _show(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def parse_quantity(value: object) -> Decimal:
     """The quantity as a Decimal in base units; QuantityError names the bad value."""
     if isinstance(value, bool):
-        raise QuantityError(f"{value!r} is not a quantity")
+        raise QuantityError(f"{_show(value)} is not a quantity")
     if isinstance(value, int | float):
-        return Decimal(str(value))
-    if not isinstance(value, str):
-        raise QuantityError(f"{value!r} is not a quantity")
-    m = _RE.match(value.strip())
-    if not m:
-        raise QuantityError(f"{value!r} is not a quantity (expected e.g. 500m, 8Gi, 2)")
-    try:
-        number = Decimal(m.group(1))
-    except InvalidOperation:
-        raise QuantityError(f"{value!r} is not a quantity") from None
+        try:
+            number = Decimal(str(value))
+        except InvalidOperation:
+            raise QuantityError(f"{_show(value)} is not a quantity") from None
+        suffix = Decimal(1)
+    elif isinstance(value, str):
+        m = _RE.match(value.strip())
+        if not m:
+            raise QuantityError(
+                f"{_show(value)} is not a quantity (expected e.g. 500m, 8Gi, 2)")
+        try:
+            number = Decimal(m.group(1))
+        except InvalidOperation:
+            raise QuantityError(f"{_show(value)} is not a quantity") from None
+        suffix = _SUFFIX[m.group(2) or ""]
+    else:
+        raise QuantityError(f"{_show(value)} is not a quantity")
+    if not number.is_finite():
+        raise QuantityError(f"{_show(value)} is not a finite quantity")
     if number < 0:
-        raise QuantityError(f"{value!r} is negative")
-    return number * _SUFFIX[m.group(2) or ""]
+        raise QuantityError(f"{_show(value)} is negative")
+    if number and number.adjusted() > _MAX_EXPONENT:
+        raise QuantityError(f"{_show(value)} is out of range (at most 2^63-1)")
+    out = number * suffix
+    if out > MAX_QUANTITY:
+        raise QuantityError(f"{_show(value)} is out of range (at most 2^63-1)")
+    return out
 
 
 def cpu_milli(value: object) -> int:

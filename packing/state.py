@@ -354,8 +354,13 @@ class ClusterState:
             g.shared_owners[pod.key] = (pod.gpu_milli, pod.gpu_memory_mib)
 
     def undo(self, pod: PodRequest, p: Placement) -> None:
-        """Give back what :meth:`apply` took (a created MIG instance is removed again)."""
+        """Give back what :meth:`apply` took (a created MIG instance is removed again).
+
+        KeyError, with nothing changed, when the pod is not on the node: a pod undone
+        twice must not hand its CPU and memory back twice."""
         node = self.nodes[p.node]
+        if pod.key not in node.pods:
+            raise KeyError(f"{pod.key} is not placed on {p.node}")
         node.version = next(_VERSIONS)
         node.cpu_free += pod.cpu_milli
         node.mem_free += pod.memory_mib

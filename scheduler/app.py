@@ -153,7 +153,13 @@ def create_app(
             outcome = "bad_request"
             return _json({"error": "body is not valid JSON: nested too deeply",
                           "verb": verb}, 400)
-        except Exception:
+        except Exception as e:
+            if isinstance(e, orjson.JSONEncodeError) and "recursion" in str(e).lower():
+                # Node objects are echoed back when nodeCacheCapable is false; one nested
+                # deeper than orjson writes (254 levels) is the request's fault.
+                outcome = "bad_request"
+                return _json({"error": "the request's objects are nested too deeply to "
+                              "answer with (over 254 levels)", "verb": verb}, 400)
             outcome = "error"
             log.exception("%s failed", verb)
             return _json({"error": f"internal error in {verb}; see the extender's log",

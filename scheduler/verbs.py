@@ -566,7 +566,7 @@ def preempt(args: PreemptionArgs, view: ClusterView) -> PreemptionResult:
     for node, proposed in args.victims.items():
         if not view.has_node(node):
             continue
-        known: list[Victim] = []
+        known: dict[str, Victim] = {}  # by pod key: one pod listed twice is one victim
         keys = [None] * len(proposed.uids) if args.meta else [
             _key_of(p) for p in proposed.pods
         ]
@@ -576,8 +576,8 @@ def preempt(args: PreemptionArgs, view: ClusterView) -> PreemptionResult:
             item = view.counted(k) if k else None
             if item is None or item[1].node != node:
                 continue  # a pod gpupack does not count there frees nothing it sees
-            known.append(Victim(uid or item[0].uid, item[0], item[1]))
-        chosen = minimal_victims(view.state, pod, node, known)
+            known.setdefault(item[0].key, Victim(uid or item[0].uid, item[0], item[1]))
+        chosen = minimal_victims(view.state, pod, node, list(known.values()))
         if chosen is None:
             continue
         pdb = proposed.num_pdb_violations if chosen else 0

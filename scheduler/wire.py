@@ -70,6 +70,13 @@ def _int(obj: Mapping[str, Any], key: str, where: str) -> int:
     return value
 
 
+def _count(obj: Mapping[str, Any], key: str, where: str) -> int:
+    value = _int(obj, key, where)
+    if value < 0:
+        raise WireError(f"{where}.{key}: {value} is negative")
+    return value
+
+
 def _names(value: Any, where: str) -> tuple[str, ...] | None:
     if value is None:
         return None
@@ -202,7 +209,7 @@ class PreemptionArgs:
                     if not isinstance(p, dict) or not isinstance(p.get("metadata"), dict):
                         raise WireError(f"{w}.Pods[{i}]: expected a v1.Pod, got {_short(p)}")
                 uids = tuple(str(p["metadata"].get("uid") or "") for p in pods)
-                pdb = _int(vd, "NumPDBViolations", w)
+                pdb = _count(vd, "NumPDBViolations", w)
                 out[_orig_key(full_raw, node)] = Victims(tuple(pods), uids, pdb)
         meta = full_raw is None
         if meta_raw is not None and full_raw is None:
@@ -219,7 +226,7 @@ class PreemptionArgs:
                     if not isinstance(uid, str) or not uid:
                         raise WireError(f"{w}.Pods[{i}].UID: expected a UID, got {_short(uid)}")
                     meta_uids.append(uid)
-                pdb = _int(vd, "NumPDBViolations", w)
+                pdb = _count(vd, "NumPDBViolations", w)
                 out[_orig_key(meta_raw, node)] = Victims((), tuple(meta_uids), pdb)
         return PreemptionArgs(pod, out, meta)
 

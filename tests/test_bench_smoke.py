@@ -22,3 +22,15 @@ def test_group_placement_bench_runs_and_both_methods_place_the_group() -> None:
     for r in rows:  # placed: time, domain ("-" without topology), idle left, broken
         assert len(r) == 6 and float(r[2]) >= 0 and int(r[4]) >= 0 and int(r[5]) >= 0, r
     assert all(r[3].startswith("c") for r in rows[:2])  # a clique was chosen
+
+
+def test_extender_bench_pin_splits_client_from_server_cpus() -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_extender", ROOT / "bench" / "extender.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.split_cpus({0, 1}) == ({0}, {1})
+    assert mod.split_cpus({2, 5, 7}) == ({2}, {5, 7})
+    assert mod.split_cpus({3}) is None

@@ -141,6 +141,14 @@ def create_app(
         else:
             try:
                 resp, outcome, klass = review_pod(review)
+            except RecursionError:
+                # Only a pod nested hundreds of levels deep gets here (copying it for the
+                # patch overflows the stack); the API server never sends one.
+                resp = AdmissionResponse(
+                    req.uid, False, status_code=400,
+                    message="gpupack webhook: the pod object is nested too deeply to patch",
+                )
+                outcome, klass = "error", "none"
             except Exception:
                 # A bug or an unavailable cluster view, never the pod's fault. Denying
                 # matches failurePolicy Fail: a GPU pod admitted unmutated would run

@@ -112,6 +112,8 @@ def decode_review(body: bytes | str | Any) -> AdmissionReview:
             doc = json.loads(body)
         except (ValueError, UnicodeDecodeError) as e:
             raise ReviewError("body", f"not JSON: {e}") from None
+        except RecursionError:
+            raise ReviewError("body", "not JSON this webhook reads: nested too deeply") from None
     else:
         doc = body
     top = _obj(doc, "body")

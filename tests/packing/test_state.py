@@ -99,3 +99,16 @@ def test_unresolvable_reasons(pod, text: str) -> None:  # type: ignore[no-untype
         s = state(node("a", 8))
     why = s.unresolvable(pod, "a")
     assert why is not None and text in why
+
+
+@pytest.mark.parametrize("pod", [whole("w", 2), cpu_pod("c"), shared("s")])
+def test_undo_of_a_pod_not_on_the_node_changes_nothing(pod) -> None:  # type: ignore[no-untyped-def]
+    state = ClusterState(Snapshot((node("n", 2, mode=GpuMode.SHARED if pod.key == "s" else
+                                        GpuMode.WHOLE),)))
+    p = state.options(pod, "n")[0]
+    state.apply(pod, p)
+    state.undo(pod, p)
+    free = (state.nodes["n"].cpu_free, state.nodes["n"].mem_free)
+    with pytest.raises(KeyError, match="not placed on n"):
+        state.undo(pod, p)  # twice: the second must not give CPU and memory back again
+    assert (state.nodes["n"].cpu_free, state.nodes["n"].mem_free) == free

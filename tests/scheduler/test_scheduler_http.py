@@ -198,6 +198,19 @@ def test_preempt_meta_victims(server: Client) -> None:
                  '{"gpu-a": {"Pods": [{"UID": 5}]}}}', "UID"),
     ("/filter", "[" * 100_000 + "]" * 100_000, "over the limit"),
     ("/filter", "[" * 30_000 + "]" * 30_000, "not valid JSON"),
+    # Found by fuzzing: these answered 500, or held the cache lock for seconds.
+    ("/filter", '{"Pod": {"metadata": {"name": "x"}, "spec": {"containers": [{"resources": '
+                '{"limits": {"cpu": "1e1000000"}}}]}}, "NodeNames": ["gpu-a"]}', "out of range"),
+    ("/filter", '{"Pod": {"metadata": {"name": "x", "annotations": {"gpupack.io/gpu-memory": '
+                '"1e999999"}}, "spec": {}}, "NodeNames": ["gpu-a"]}', "out of range"),
+    ("/filter", '{"Pod": {"metadata": {"name": "x", "annotations": {"gpupack.io/group": "g", '
+                '"gpupack.io/group-size": "\u00b2"}}, "spec": {}}, "NodeNames": ["gpu-a"]}',
+     "not a group size"),
+    ("/filter", '{"Pod": {"metadata": {"name": "x"}, "spec": {}}, "Nodes": {"items": '
+                '[{"metadata": {"name": "gpu-a"}, "x": ' + "[" * 300 + "]" * 300 + '}]}}',
+     "nested too deeply"),
+    ("/preempt", '{"Pod": {"metadata": {"name": "x"}}, "NodeNameToMetaVictims": '
+                 '{"gpu-a": {"Pods": [], "NumPDBViolations": -1}}}', "is negative"),
 ])
 def test_bad_bodies_get_400_naming_the_problem(server: Client, path: str, body: str,
                                                needle: str) -> None:

@@ -214,6 +214,10 @@ PREEMPT_CASES = [
     (pod("tiny", cpu="1", priority=1000), {"w": ["u0", "u-cpu"]}, {"w": []}),
     (whole_pod("need1", 1), {"ghost": ["u0"]}, {"ghost": None}),
     (whole_pod("need1", 1), {"w": ["unknown-uid"]}, {"w": None}),
+    # One pod listed twice is one victim (undoing it twice used to hand its CPU back twice).
+    (whole_pod("need1", 1, priority=1000), {"w": ["u2", "u2"]}, {"w": ["u2"]}),
+    (whole_pod("need2", 2, priority=1000), {"w": ["u1", "u3", "u1", "u3"]},
+     {"w": ["u1", "u3"]}),
 ]
 
 
@@ -223,6 +227,7 @@ def test_preempt_returns_only_victims_that_free_what_is_needed(
 ) -> None:
     cache = _victim_cluster()
     before = {n: cache.gen(n) for n in ("w", "l")}
+    free = {n: (x.cpu_free, x.mem_free) for n, x in cache.state.nodes.items()}
     result = preempt(_meta(proposed, p), cache).encode()["NodeNameToMetaVictims"]
     for n, want in expected.items():
         if want is None:
@@ -232,6 +237,7 @@ def test_preempt_returns_only_victims_that_free_what_is_needed(
             assert result[n]["NumPDBViolations"] == (1 if want else 0)
     # Trying victim sets must leave the state exactly as it was.
     assert {n: cache.gen(n) for n in ("w", "l")} == before
+    assert {n: (x.cpu_free, x.mem_free) for n, x in cache.state.nodes.items()} == free
     assert cache.state.whole_gpus_free() == 0
 
 
