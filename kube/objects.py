@@ -321,8 +321,14 @@ def _container_resources(c: Mapping[str, Any], path: str, who: str) -> dict[str,
     return out
 
 
-def pod_request(pod: Mapping[str, Any]) -> PodRequest:
-    """A PodRequest from a v1 Pod: effective CPU/memory, the GPU resource, group membership."""
+def pod_request(pod: Mapping[str, Any], strict: bool = True) -> PodRequest:
+    """A PodRequest from a v1 Pod: effective CPU/memory, the GPU resource, group membership.
+
+    ``strict`` (a pod gpupack is to place) refuses what gpupack cannot place as asked:
+    more than one MIG slice or share, a group size or worker index it cannot use. A pod
+    already bound (``strict=False``) is read as well as it can be, since it holds its
+    resources whatever gpupack thinks of it: a count of MIG slices or shares is read as
+    one, an unusable group annotation as no group (it is not planned again)."""
     if not isinstance(pod, Mapping):
         raise ObjectError(f"Pod: expected an object, got {type(pod).__name__}")
     who = _obj_name(pod, "Pod")
@@ -364,13 +370,15 @@ def pod_request(pod: Mapping[str, Any]) -> PodRequest:
         gpu_count = _whole(totals[A.GPU_RESOURCE], A.GPU_RESOURCE, who)
     elif totals.get(A.SHARED_RESOURCE):
         kind = RequestKind.SHARED
-        _one_device(totals[A.SHARED_RESOURCE], A.SHARED_RESOURCE, "GPU share", who)
+        if strict:
+            _one_device(totals[A.SHARED_RESOURCE], A.SHARED_RESOURCE, "GPU share", who)
         milli = _compute_milli(ann, who)
     elif mig_res:
         if len(mig_res) > 1:
             names = ", ".join(sorted(k for k, _ in mig_res))
             raise ObjectError(f"{who}: resources: more than one MIG resource ({names})")
-        _one_device(totals[mig_res[0][0]], mig_res[0][0], "MIG slice", who)
+        if strict:
+            _one_device(totals[mig_res[0][0]], mig_res[0][0], "MIG slice", who)
         kind = RequestKind.MIG
         mig_profile = mig_res[0][1]
         models = frozenset(m.name for m in models_with_profile(mig_profile or ""))
@@ -397,7 +405,7 @@ def pod_request(pod: Mapping[str, Any]) -> PodRequest:
         gpu_models=models,
         node_selector=_str_map(pod, "spec.nodeSelector", who),
         priority=prio,
-        group=group_ref(meta.get("namespace") or "default", labels, ann, who),
+        group=_group_of(meta.get("namespace") or "default", labels, ann, who, strict),
         uid=str(meta.get("uid", "")),
         klass=klass,
     )
@@ -441,6 +449,16 @@ def _compute_milli(ann: Mapping[str, str], who: str) -> int:
             f"{who}: metadata.annotations.{A.GPU_COMPUTE}: {raw!r} must be a fraction in (0, 1]"
         )
     return int((frac * GPU_MILLI).to_integral_value(rounding="ROUND_CEILING"))
+
+
+def _group_of(namespace: str, labels: Mapping[str, str], ann: Mapping[str, str], who: str,
+              strict: bool) -> GroupRef | None:
+    try:
+        return group_ref(namespace, labels, ann, who)
+    except ObjectError:
+        if strict:
+            raise
+        return None
 
 
 def group_ref(

@@ -78,7 +78,9 @@ def build_snapshot(
     pending: list[PodRequest] = []
     seen: set[str] = set()
     for pod in pods:
-        req = with_observed_peak(pod_request(pod), peaks.get(pod_key(pod)))
+        spec = pod.get("spec") if isinstance(pod, Mapping) else None
+        bound = isinstance(spec, Mapping) and bool(spec.get("nodeName"))
+        req = with_observed_peak(pod_request(pod, strict=not bound), peaks.get(pod_key(pod)))
         if req.key in seen:
             raise ObjectError(f"Pod {req.key}: metadata.name: duplicate pod")
         seen.add(req.key)

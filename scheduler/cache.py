@@ -471,9 +471,10 @@ class ClusterCache:
     def upsert_pod(self, obj: Mapping[str, Any]) -> bool:
         """Add or update a Pod object; False when it cannot be read (logged, skipped)."""
         try:
-            req = pod_request(obj)
+            spec = obj.get("spec") if isinstance(obj, Mapping) else None
+            node = (spec.get("nodeName") if isinstance(spec, Mapping) else None) or None
+            req = pod_request(obj, strict=node is None)
             spec = obj.get("spec") or {}
-            node = spec.get("nodeName") or None
             recorded = recorded_placement(obj, node) if node else None
         except (ObjectError, AttributeError) as e:
             log.warning("skipping pod %s: %s", pod_key(obj) if isinstance(obj, Mapping) else "?", e)

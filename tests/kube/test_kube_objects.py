@@ -305,3 +305,23 @@ def test_bad_inventory_is_noted_and_inferred_detail_used() -> None:
     info = node_info(n, notes)
     assert all(g.inferred for g in info.gpus)
     assert notes and "gpupack.io/inventory" in notes[0]
+
+
+@pytest.mark.parametrize(
+    ("limits", "ann", "kind"),
+    [
+        ({"nvidia.com/mig-3g.40gb": "2"}, {}, RequestKind.MIG),
+        ({"nvidia.com/gpu.shared": "3"}, {}, RequestKind.SHARED),
+        ({"nvidia.com/gpu": "1"}, {"gpupack.io/group": "g", "gpupack.io/group-size": "5000"},
+         RequestKind.WHOLE),
+    ],
+)
+def test_a_bound_pod_is_read_leniently_so_its_resources_still_count(
+    limits: dict[str, Any], ann: dict[str, str], kind: RequestKind
+) -> None:
+    # What gpupack refuses to place (strict) is still counted once bound by someone else.
+    pod = k8s_pod("a", {"cpu": "2", **limits}, ann, node="n1")
+    with pytest.raises(ObjectError):
+        pod_request(pod)
+    req = pod_request(pod, strict=False)
+    assert req.kind is kind and req.cpu_milli == 2000 and req.group is None

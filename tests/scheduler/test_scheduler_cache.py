@@ -281,3 +281,15 @@ class CacheMachine(RuleBasedStateMachine):
 CacheMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=40,
                                           deadline=None)
 TestCacheMachine = CacheMachine.TestCase
+
+
+def test_a_bound_pod_gpupack_would_refuse_is_still_counted_and_a_pending_one_skipped() -> None:
+    cache = make_cache([node("w", gpus=8, reconfigurable=False)])
+    bound = pod("other", {"nvidia.com/gpu": "2"}, node="w", cpu="8", scheduler="default",
+                annotations={"gpupack.io/group": "g", "gpupack.io/group-size": "5000"})
+    assert cache.upsert_pod(bound)
+    assert cache.state.nodes["w"].cpu_free == 64_000 - 8_000
+    assert cache.state.whole_gpus_free() == 6
+    pending = pod("big", {"nvidia.com/gpu": "1"},
+                  annotations={"gpupack.io/group": "g2", "gpupack.io/group-size": "5000"})
+    assert not cache.upsert_pod(pending) and cache.bad_objects == 1
