@@ -95,7 +95,8 @@ def run(args: argparse.Namespace) -> int:
                     mem_tolerance_mib=args.mem_tolerance_mib),
         gpus=gpus, podresources=podres,
         pod_of_pid=functools.partial(pod_of_pid, proc_root=args.proc_root),
-        clock=time.time, metrics=metrics, patch=patch, pod_names=pod_names)
+        clock=time.time, metrics=metrics, patch=patch, pod_names=pod_names,
+        monotonic=time.monotonic)
     try:
         if args.once:
             report = agent.observe()

@@ -25,6 +25,9 @@ def load_core_api(kubeconfig: str | None = None) -> Any:
     return client.CoreV1Api()
 
 
+PATCH_TIMEOUT_S = 10.0
+
+
 def patch_node_annotations(api: Any, node: str, annotations: Mapping[str, str | None]) -> None:
     """Set (or, with None, remove) annotations on ``node`` with a JSON merge patch.
 
@@ -34,7 +37,10 @@ def patch_node_annotations(api: Any, node: str, annotations: Mapping[str, str | 
     body = {"metadata": {"annotations": dict(annotations)}}
     # Unless told, the client sends a dict body as a strategic merge patch; say merge
     # patch explicitly so the request means the same on every API server and in fakes.
-    api.patch_node(node, body, _content_type="application/merge-patch+json")
+    # With a timeout: an API server that accepts the connection and never answers must
+    # not stop the agent's loop (the patch is retried on a later tick).
+    api.patch_node(node, body, _content_type="application/merge-patch+json",
+                   _request_timeout=PATCH_TIMEOUT_S)
 
 
 def list_node_pod_keys(api: Any, node: str) -> dict[str, str]:

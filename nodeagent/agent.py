@@ -85,15 +85,19 @@ class Agent:
                  pod_of_pid: Callable[[int], PodRef | None], clock: Clock,
                  metrics: AgentMetrics | None = None, patch: PatchFn | None = None,
                  pod_names: Callable[[], Mapping[str, str]] | None = None,
-                 growth: GrowthParams | None = None) -> None:
+                 growth: GrowthParams | None = None, monotonic: Clock | None = None) -> None:
         self.config = config
         self.gpus = gpus
         self.podresources = podresources
         self.pod_of_pid = pod_of_pid
-        self.clock = clock
+        self.clock = clock  # wall clock: the inventory's timestamp and growth history
+        # Pacing, the patch rate limit and the name refresh use a clock that never steps
+        # back: with the wall clock, an NTP step of an hour back made the loop sleep an
+        # hour and rate-limited every patch meanwhile.
+        self.monotonic = monotonic if monotonic is not None else clock
         self.metrics = metrics if metrics is not None else AgentMetrics()
         self.patch = patch
-        self.names = PodNameCache(pod_names, clock, config.pod_names_refresh_s)
+        self.names = PodNameCache(pod_names, self.monotonic, config.pod_names_refresh_s)
         self.history = UsageHistory(params=growth or GrowthParams())
         self.last_patched: Inventory | None = None
         self.last_patch_attempt: float | None = None
@@ -131,7 +135,7 @@ class Agent:
         report = self.observe()
         if self.patch is None:
             return TickResult(report, False, "patching disabled")
-        now = self.clock()
+        now = self.monotonic()
         ok, reason = self.should_patch(report.inventory, now)
         if not ok:
             return TickResult(report, False, reason)
@@ -150,11 +154,11 @@ class Agent:
         """Tick every ``interval_s`` until ``stop`` is set. A failing tick is logged and
         the loop goes on: the agent must outlive driver and kubelet restarts."""
         while not stop.is_set():
-            started = self.clock()
+            started = self.monotonic()
             try:
                 result = self.tick()
                 log.debug("tick: %s", result.reason)
             except Exception:
                 log.exception("agent tick failed")
-            elapsed = self.clock() - started
-            stop.wait(max(0.0, interval_s - elapsed))
+            elapsed = self.monotonic() - started
+            stop.wait(min(interval_s, max(0.0, interval_s - elapsed)))

@@ -114,6 +114,9 @@ class GpuDevice:
     gpu_instances: tuple[GpuInstance, ...] = ()
     processes: tuple[GpuProcess, ...] = ()  # whole-GPU processes (MIG disabled)
     errors: tuple[NvmlCallError, ...] = ()
+    # False when the MIG mode or the MIG layout could not be read: the GPU must then not
+    # be published as a free whole GPU or with its instances unowned.
+    layout_known: bool = True
 
     @property
     def error(self) -> str | None:
@@ -213,7 +216,18 @@ def _error_name(exc: BaseException) -> str:
 
 def _text(value: object) -> str:
     # pynvml returns str on Python 3, but older releases returned bytes.
-    return value.decode() if isinstance(value, bytes) else str(value)
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def _nonblank(value: object) -> str | None:
+    text = None if value is None else _text(value).strip()
+    return text or None
+
+
+# Bounds on the counts NVML answers: a garbage count (0xFFFFFFFF) must not turn into four
+# billion calls or a huge ctypes array. No GPU has more than 7 MIG devices today.
+MAX_MIG_DEVICES = 64
+MAX_GPU_INSTANCES = 64
 
 
 class _Calls:
@@ -234,10 +248,18 @@ class _Calls:
             return fn(*args)
         except self._error_type as e:
             err = _error_name(e)
+            if err == "NVMLError":  # a code this pynvml has no class for: keep the code
+                err = f"NVMLError({getattr(e, 'value', '?')})"
             if err == "GpuIsLost":
                 self.lost = True
             if err not in quiet:
                 self.errors.append(NvmlCallError(name, err))
+            return None
+        except Exception as e:
+            # Not an NVMLError: pynvml's NVMLLibraryMismatchError (a driver without the
+            # _v3 process call), a string it cannot decode, ... One call fails, not the
+            # whole read.
+            self.errors.append(NvmlCallError(name, type(e).__name__))
             return None
 
 
@@ -300,29 +322,33 @@ class NvmlAdapter:
         uuid = c.call("nvmlDeviceGetUUID", nv.nvmlDeviceGetUUID, handle)
         name = c.call("nvmlDeviceGetName", nv.nvmlDeviceGetName, handle)
         mem = c.call("nvmlDeviceGetMemoryInfo", nv.nvmlDeviceGetMemoryInfo, handle)
-        total = None if mem is None else int(mem.total)
-        used = None if mem is None else int(mem.used)
+        total = None if mem is None or int(mem.total) <= 0 else int(mem.total)
+        used = None if mem is None or total is None else max(0, int(mem.used))
         # GPUs without MIG answer NotSupported: that is a fact, not a failure.
+        before = len(c.errors)
         modes = c.call("nvmlDeviceGetMigMode", nv.nvmlDeviceGetMigMode, handle,
                        quiet=("NotSupported",))
+        layout_known = not (modes is None and len(c.errors) > before)
         current = None if modes is None else modes[0] == nv.NVML_DEVICE_MIG_ENABLE
         pending = None if modes is None else modes[1] == nv.NVML_DEVICE_MIG_ENABLE
         instances: tuple[GpuInstance, ...] = ()
         processes: tuple[GpuProcess, ...] = ()
         if current:
             if total is not None:
-                instances = self._read_instances(handle, total, c)
+                instances, layout_known = self._read_instances(handle, total, c)
             else:
                 # Profile names need the device memory; without it the layout is unknown.
                 c.errors.append(NvmlCallError("mig-layout", "DeviceMemoryUnknown"))
+                layout_known = False
         else:
             procs = c.call("nvmlDeviceGetComputeRunningProcesses",
                            nv.nvmlDeviceGetComputeRunningProcesses, handle)
             processes = () if procs is None else self._processes(procs)
-        return GpuDevice(index=index, uuid=None if uuid is None else _text(uuid),
-                         name=None if name is None else _text(name), memory_total_bytes=total,
+        return GpuDevice(index=index, uuid=_nonblank(uuid), name=_nonblank(name),
+                         memory_total_bytes=total,
                          memory_used_bytes=used, mig_current=current, mig_pending=pending,
-                         gpu_instances=instances, processes=processes, errors=tuple(c.errors))
+                         gpu_instances=instances, processes=processes, errors=tuple(c.errors),
+                         layout_known=layout_known)
 
     def _profiles(self, handle: object, c: _Calls) -> list[_ProfileInfo]:
         nv = self._nv
@@ -341,12 +367,21 @@ class NvmlAdapter:
         return found
 
     def _read_instances(self, handle: object, total_bytes: int,
-                        c: _Calls) -> tuple[GpuInstance, ...]:
+                        c: _Calls) -> tuple[tuple[GpuInstance, ...], bool]:
+        """The GPU instances, and whether the layout was read in full (instances whose
+        owners cannot be found must not be published as free)."""
         nv = self._nv
-        cis_by_gi = self._read_mig_devices(handle, c)
+        found = self._read_mig_devices(handle, c)
+        known = found is not None
+        cis_by_gi = found or {}
         result: list[GpuInstance] = []
         for prof in self._profiles(handle, c):
             if prof.instance_count <= 0:
+                continue
+            if prof.instance_count > MAX_GPU_INSTANCES:
+                c.errors.append(NvmlCallError("nvmlDeviceGetGpuInstanceProfileInfo",
+                                              f"InstanceCount({prof.instance_count})"))
+                known = False
                 continue
             # ctypes out-parameters, as nvmlDeviceGetGpuInstances is documented to take.
             array = (nv.c_nvmlGpuInstance_t * prof.instance_count)()
@@ -355,9 +390,13 @@ class NvmlAdapter:
                         handle, prof.id, array, ctypes.byref(count), quiet=("NotFound",))
             if ok is None:
                 continue
+            if count.value > prof.instance_count:
+                c.errors.append(NvmlCallError("nvmlDeviceGetGpuInstances",
+                                              f"Count({count.value}>{prof.instance_count})"))
+                known = False
             name = profile_name(prof.slice_count, prof.memory_mib, total_bytes,
                                 profile_suffix(nv, prof.index))
-            for k in range(count.value):
+            for k in range(min(count.value, prof.instance_count)):
                 info = c.call("nvmlGpuInstanceGetInfo", nv.nvmlGpuInstanceGetInfo, array[k])
                 if info is None:
                     continue
@@ -368,16 +407,24 @@ class NvmlAdapter:
                     placement=MigPlacement(int(info.placement.start), int(info.placement.size)),
                     compute_instances=tuple(cis_by_gi.get(gi_id, ()))))
         result.sort(key=lambda gi: (gi.placement.start, gi.gi_id))
-        return tuple(result)
+        return tuple(result), known
 
-    def _read_mig_devices(self, handle: object, c: _Calls) -> dict[int, list[ComputeInstance]]:
+    def _read_mig_devices(self, handle: object, c: _Calls
+                          ) -> dict[int, list[ComputeInstance]] | None:
         """Compute instances via MIG device handles: they carry the ``MIG-`` UUIDs that
-        PodResources reports, and per-instance processes and memory."""
+        PodResources reports, and per-instance processes and memory. None when they
+        cannot be listed (then no instance's owner is known)."""
         nv = self._nv
         by_gi: dict[int, list[ComputeInstance]] = {}
         max_count = c.call("nvmlDeviceGetMaxMigDeviceCount", nv.nvmlDeviceGetMaxMigDeviceCount,
                            handle)
-        for k in range(max_count or 0):
+        if max_count is None:
+            return None
+        if not 0 <= int(max_count) <= MAX_MIG_DEVICES:
+            c.errors.append(NvmlCallError("nvmlDeviceGetMaxMigDeviceCount",
+                                          f"Count({int(max_count)})"))
+            return None
+        for k in range(int(max_count)):
             # Unused MIG device slots answer NotFound: not an error.
             mig = c.call("nvmlDeviceGetMigDeviceHandleByIndex",
                          nv.nvmlDeviceGetMigDeviceHandleByIndex, handle, k,
@@ -388,7 +435,7 @@ class NvmlAdapter:
             gi_id = ci.call("nvmlDeviceGetGpuInstanceId", nv.nvmlDeviceGetGpuInstanceId, mig)
             ci_id = ci.call("nvmlDeviceGetComputeInstanceId", nv.nvmlDeviceGetComputeInstanceId,
                             mig)
-            uuid = ci.call("nvmlDeviceGetUUID", nv.nvmlDeviceGetUUID, mig)
+            uuid = _nonblank(ci.call("nvmlDeviceGetUUID", nv.nvmlDeviceGetUUID, mig))
             if gi_id is None or ci_id is None or uuid is None:
                 c.errors.extend(ci.errors)  # cannot attach it to an instance
                 continue
@@ -398,7 +445,7 @@ class NvmlAdapter:
             procs = ci.call("nvmlDeviceGetComputeRunningProcesses",
                             nv.nvmlDeviceGetComputeRunningProcesses, mig)
             by_gi.setdefault(int(gi_id), []).append(ComputeInstance(
-                gi_id=int(gi_id), ci_id=int(ci_id), uuid=_text(uuid),
+                gi_id=int(gi_id), ci_id=int(ci_id), uuid=uuid,
                 slice_count=None if attrs is None else int(attrs.computeInstanceSliceCount),
                 memory_total_bytes=None if mem is None else int(mem.total),
                 memory_used_bytes=None if mem is None else int(mem.used),

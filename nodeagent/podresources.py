@@ -99,6 +99,8 @@ def assignments_from_list(response: Any) -> tuple[DeviceAssignment, ...]:
     """Flatten a ``ListPodResourcesResponse`` to the NVIDIA devices it assigns."""
     found: list[DeviceAssignment] = []
     for pod in response.pod_resources:
+        if not pod.namespace or not pod.name:
+            continue  # no pod key to publish it under (the inventory would not decode)
         for container in pod.containers:
             for dev in container.devices:
                 if not _is_nvidia(dev.resource_name):

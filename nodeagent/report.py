@@ -70,8 +70,10 @@ def _pools(dev: GpuDevice) -> list[_Pool]:
 
 
 def usable(dev: GpuDevice) -> bool:
-    """A GPU with identity and memory known; others are reported only as errors."""
-    return dev.uuid is not None and dev.memory_total_bytes is not None
+    """A GPU with identity, memory and MIG layout known; others are reported only as
+    errors (a GPU whose MIG mode could not be read is not published as a free whole
+    GPU)."""
+    return dev.uuid is not None and dev.memory_total_bytes is not None and dev.layout_known
 
 
 def attribute_memory(snapshot: GpuSnapshot, view: PodResourcesView,
@@ -134,6 +136,11 @@ class UsageHistory:
             key = (u.pod, u.pool_uuid)
             seen.add(key)
             series = self._series.setdefault(key, deque(maxlen=self.max_samples))
+            if len(series) == series.maxlen:
+                # The oldest sample is about to fall out of a full series (short
+                # intervals): fold it into the peak first, or a spike is forgotten
+                # before the window ends.
+                self._peaks[key] = max(self._peaks.get(key, 0), series[0].used_bytes)
             series.append(Sample(now, u.used_bytes))
             while series and series[0].t < now - self.params.window_s:
                 old = series.popleft()
@@ -205,7 +212,8 @@ def build_inventory(node: str, ts: int, snapshot: GpuSnapshot, view: PodResource
             PodGpuUsage(pod=pod, used_mib=to_mib(used), peak_mib=to_mib(peak))
             for pod, (used, peak) in sorted(by_gpu.get(dev.uuid, {}).items()))
         gpus.append(GpuInventory(
-            index=dev.index, uuid=dev.uuid, model=product_label(dev.name or "unknown"),
+            index=dev.index, uuid=dev.uuid,
+            model=product_label(dev.name or "unknown") or "unknown",
             memory_mib=to_mib(dev.memory_total_bytes),
             used_mib=to_mib(dev.memory_used_bytes or 0),
             mode=gpu_mode(dev, view.shared_uuids), mig=mig, pods=pods))

@@ -254,7 +254,8 @@ def test_patch_node_annotations_sends_a_merge_patch() -> None:
     kube.nodes.patch_node_annotations(Api(), "n1", {INVENTORY_ANNOTATION: "{}", "old": None})
     assert calls == [("n1", {"metadata": {"annotations": {INVENTORY_ANNOTATION: "{}",
                                                           "old": None}}},
-                      {"_content_type": "application/merge-patch+json"})]
+                      {"_content_type": "application/merge-patch+json",
+                       "_request_timeout": kube.nodes.PATCH_TIMEOUT_S})]
 
 
 def test_cli_once_prints_inventory(monkeypatch: pytest.MonkeyPatch,
@@ -299,3 +300,28 @@ def test_cli_metrics_port_in_use_exits_2_with_the_reason(
                                   "--podresources-socket", "/nonexistent/kubelet.sock"])
         assert agent_cmd.run(args) == 2
     assert f"--metrics-port {port}: cannot listen" in capsys.readouterr().err
+
+
+def test_pacing_and_the_rate_limit_use_the_monotonic_clock() -> None:
+    # The wall clock steps back an hour (NTP): patches are not rate-limited for an hour.
+    agent, fake, patch, wall = make_agent()
+    mono = FakeClock(500.0)
+    agent.monotonic = mono
+    assert agent.tick().patched
+    wall.t -= 3600
+    mono.t += 31
+    fake.gpus[1].processes[1] = FakeProcess(5102, 16 * GIB)
+    assert agent.tick().patched
+    assert len(patch.calls) == 2
+
+
+def test_a_spike_is_kept_for_the_window_even_when_the_series_is_full() -> None:
+    from nodeagent.report import PoolUsage, UsageHistory
+
+    history = UsageHistory(max_samples=4)  # interval 1 s: the window holds 900 samples
+    def at(t: float, used: int) -> int:
+        u = PoolUsage("ns/p", 0, "GPU-x", "GPU-x", used, 48 * GIB, used)
+        return history.update(t, [u])[("ns/p", "GPU-x")].peak_bytes
+    at(0, 10 * GIB)
+    peaks = [at(t, 1 * GIB) for t in range(1, 10)]
+    assert peaks[-1] == 10 * GIB  # the spike fell out of the series, not out of the peak

@@ -148,3 +148,104 @@ def test_adapter_calls_only_getters() -> None:
     NvmlAdapter(fake).read()
     assert fake.calls and all(
         c in ("nvmlInit", "nvmlShutdown") or "Get" in c for c in fake.calls)
+
+
+# ---- answers NVML should not give, found by a fault-injection review --------------------
+
+
+class Overridden:
+    """The fake with some calls replaced: everything else passes through."""
+
+    def __init__(self, fake: FakeNvml, **calls: object) -> None:
+        self._fake = fake
+        self._calls = calls
+
+    def __getattr__(self, name: str) -> object:
+        return self._calls.get(name) or getattr(self._fake, name)
+
+
+def _raise(exc: BaseException) -> object:
+    def call(*args: object) -> object:
+        raise exc
+    return call
+
+
+def _inventory_gpus(snap: object) -> list[str]:
+    from nodeagent.podresources import PodResourcesView
+    from nodeagent.report import build_inventory
+    from packing.inventory import decode, encode
+
+    inv = build_inventory("n", 1, snap, PodResourcesView(), [], {})  # type: ignore[arg-type]
+    assert decode(encode(inv)) == inv  # always publishable
+    return [g.uuid for g in inv.gpus]
+
+
+def _mig_fake(**failing: int) -> FakeNvml:
+    gpu = h100_mig()
+    gpu.failing.update(failing)
+    return FakeNvml([gpu, l40s_shared()])
+
+
+@pytest.mark.parametrize(
+    ("fake", "error"),
+    [
+        # MIG mode unreadable: not "MIG off", so not a free whole GPU.
+        (_mig_fake(nvmlDeviceGetMigMode=pynvml.NVML_ERROR_UNKNOWN),
+         "nvmlDeviceGetMigMode: Unknown"),
+        # MIG devices not listable: instances would look unowned.
+        (_mig_fake(nvmlDeviceGetMaxMigDeviceCount=pynvml.NVML_ERROR_UNKNOWN),
+         "nvmlDeviceGetMaxMigDeviceCount: Unknown"),
+    ],
+)
+def test_a_gpu_whose_mig_state_is_unknown_is_left_out_and_said(fake: FakeNvml,
+                                                               error: str) -> None:
+    snap = NvmlAdapter(fake).read()
+    assert error in [str(e) for e in snap.devices[0].errors]
+    assert not snap.devices[0].layout_known
+    assert _inventory_gpus(snap) == [L40S_UUID]
+
+
+def test_garbage_mig_device_count_is_bounded() -> None:
+    fake = _mig_fake()
+    adapter = NvmlAdapter(Overridden(fake, nvmlDeviceGetMaxMigDeviceCount=lambda h: 0xFFFFFFFF))
+    snap = adapter.read()
+    assert "nvmlDeviceGetMaxMigDeviceCount: Count(4294967295)" in [
+        str(e) for e in snap.devices[0].errors]
+    assert fake.calls.count("nvmlDeviceGetMigDeviceHandleByIndex") == 0
+    assert _inventory_gpus(snap) == [L40S_UUID]
+
+
+def test_a_mig_gpu_with_zero_memory_is_left_out_not_a_crash() -> None:
+    gpu = h100_mig()
+    gpu.total_bytes = 0
+    snap = NvmlAdapter(FakeNvml([gpu, l40s_shared()])).read()
+    assert "mig-layout: DeviceMemoryUnknown" in [str(e) for e in snap.devices[0].errors]
+    assert _inventory_gpus(snap) == [L40S_UUID]
+
+
+@pytest.mark.parametrize(
+    ("exc", "name"),
+    [
+        (getattr(pynvml, "NVMLLibraryMismatchError", RuntimeError)("no _v3 symbol"),
+         getattr(pynvml, "NVMLLibraryMismatchError", RuntimeError).__name__),
+        (UnicodeDecodeError("utf-8", b"\xff", 0, 1, "bad"), "UnicodeDecodeError"),
+        (pynvml.NVMLError(1234), "NVMLError(1234)"),
+    ],
+)
+def test_an_unexpected_exception_fails_one_call_not_the_read(exc: BaseException,
+                                                             name: str) -> None:
+    fake = FakeNvml([l40s_shared()])
+    snap = NvmlAdapter(Overridden(fake, nvmlDeviceGetComputeRunningProcesses=_raise(exc))).read()
+    (dev,) = snap.devices
+    assert [str(e) for e in dev.errors] == [f"nvmlDeviceGetComputeRunningProcesses: {name}"]
+    assert _inventory_gpus(snap) == [L40S_UUID]
+
+
+def test_blank_uuid_and_name_never_make_an_undecodable_inventory() -> None:
+    blank_uuid, blank_name = l40s_shared(), l40s_shared()
+    blank_uuid.uuid = ""
+    blank_name.name = "   "
+    blank_name.uuid = "GPU-00000000-0000-0000-0000-00000000abcd"
+    snap = NvmlAdapter(FakeNvml([blank_uuid, blank_name])).read()
+    assert snap.devices[0].uuid is None and snap.devices[1].name is None
+    assert _inventory_gpus(snap) == [blank_name.uuid]

@@ -29,6 +29,8 @@ def test_list_maps_devices_to_pods(kubelet: tuple[str, KubeletState]) -> None:
         ("tts", "tts-a", [("tts", [("nvidia.com/gpu.shared", [f"{L40S_UUID}::0"])])]),
         ("tts", "tts-b", [("tts", [("nvidia.com/gpu.shared", [f"{L40S_UUID}::3"])])]),
         ("net", "sriov", [("app", [("intel.com/sriov", ["0000:3b:02.1"])])]),
+        # No pod key to publish under (the inventory would not decode): left out.
+        ("", "nameless-ns", [("c", [("nvidia.com/gpu", [H100_UUID])])]),
     ]
     state.allocatable = [
         ("nvidia.com/gpu.shared", [f"{L40S_UUID}::{k}" for k in range(4)]),
