@@ -289,7 +289,7 @@ class NvmlAdapter:
         if self._initialised:
             try:
                 self._nv.nvmlShutdown()
-            except self._nv.NVMLError as e:
+            except Exception as e:  # NVMLError or worse: either way start afresh
                 log.warning("nvmlShutdown failed: %s", _error_name(e))
             self._initialised = False
 
@@ -304,6 +304,9 @@ class NvmlAdapter:
         driver = top.call("nvmlSystemGetDriverVersion", nv.nvmlSystemGetDriverVersion)
         count = top.call("nvmlDeviceGetCount", nv.nvmlDeviceGetCount)
         if count is None:
+            # The library may be gone under us (a driver reload): start over with
+            # nvmlInit on the next read instead of failing every read from now on.
+            self.close()
             return GpuSnapshot(errors=tuple(top.errors),
                                error="nvmlDeviceGetCount failed: GPUs cannot be listed")
         devices = tuple(self._read_device(i) for i in range(count))

@@ -128,6 +128,9 @@ class PodResourcesClient:
         self._channel: grpc.Channel | None = None
         self._stub: Any = None
         self._last_detail: str | None = None
+        # The last GetAllocatableResources answer's shared GPUs: a transient failure of
+        # that call must not turn an idle time-sliced GPU into a "whole" one.
+        self._last_shared: frozenset[str] | None = None
 
     def _connect(self) -> Any:
         if self._stub is None:
@@ -146,10 +149,10 @@ class PodResourcesClient:
             # between attempts and would make every interval look like a change worth a
             # Node patch. The detail goes to the log, once per distinct message.
             code, detail = _rpc_error(e)
-            if detail != self._last_detail:
+            if f"{code}: {detail}" != self._last_detail:
                 log.warning("PodResources List on %s failed: %s: %s", self.socket_path, code,
                             detail)
-                self._last_detail = detail
+                self._last_detail = f"{code}: {detail}"
             return PodResourcesView(error=f"PodResources List: {code}")
         self._last_detail = None
         assignments = assignments_from_list(listed)
@@ -157,12 +160,21 @@ class PodResourcesClient:
             alloc = stub.GetAllocatableResources(_pb2.AllocatableResourcesRequest(),
                                                  timeout=self.timeout_s)
         except grpc.RpcError as e:
-            # Unimplemented before the GetAllocatable feature went GA (1.28): fall back to
-            # inferring sharing from the replica ids of assigned devices only.
-            log.debug("GetAllocatableResources unavailable: %s: %s", *_rpc_error(e))
-            shared = frozenset(a.device.uuid for a in assignments if a.device.replica is not None)
-            return PodResourcesView(assignments=assignments, shared_uuids=shared)
-        shared = shared_from_allocatable(alloc.devices) | frozenset(
+            code, detail = _rpc_error(e)
+            assigned = frozenset(a.device.uuid for a in assignments
+                                 if a.device.replica is not None)
+            if code != "UNIMPLEMENTED" and self._last_shared is not None:
+                # A transient failure: keep what the last answer said, and say so.
+                log.debug("GetAllocatableResources failed: %s: %s", code, detail)
+                return PodResourcesView(
+                    assignments=assignments, shared_uuids=self._last_shared | assigned,
+                    error=f"PodResources GetAllocatableResources: {code}")
+            # Unimplemented before the GetAllocatable feature went GA (1.28), or failing
+            # from the start: infer sharing from the replica ids of assigned devices only.
+            log.debug("GetAllocatableResources unavailable: %s: %s", code, detail)
+            return PodResourcesView(assignments=assignments, shared_uuids=assigned)
+        self._last_shared = shared_from_allocatable(alloc.devices)
+        shared = self._last_shared | frozenset(
             a.device.uuid for a in assignments if a.device.replica is not None)
         return PodResourcesView(assignments=assignments, shared_uuids=shared,
                                 allocatable_known=True)

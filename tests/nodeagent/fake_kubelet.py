@@ -20,6 +20,7 @@ class KubeletState:
         default_factory=list)  # (namespace, name, [(container, [(resource, ids)])])
     allocatable: list[tuple[str, list[str]]] = field(default_factory=list)
     allocatable_implemented: bool = True
+    allocatable_unavailable: bool = False  # a transient failure of GetAllocatableResources
     list_calls: int = 0
 
 
@@ -41,6 +42,8 @@ class PodResourcesServicer(pb_grpc.PodResourcesListerServicer):  # type: ignore[
     def GetAllocatableResources(self, request: Any, context: Any) -> Any:
         if not self.state.allocatable_implemented:
             context.abort(grpc.StatusCode.UNIMPLEMENTED, "unknown method")
+        if self.state.allocatable_unavailable:
+            context.abort(grpc.StatusCode.UNAVAILABLE, "kubelet restarting")
         return pb.AllocatableResourcesResponse(devices=[
             pb.ContainerDevices(resource_name=res, device_ids=ids)
             for res, ids in self.state.allocatable])

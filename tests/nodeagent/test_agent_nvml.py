@@ -249,3 +249,19 @@ def test_blank_uuid_and_name_never_make_an_undecodable_inventory() -> None:
     snap = NvmlAdapter(FakeNvml([blank_uuid, blank_name])).read()
     assert snap.devices[0].uuid is None and snap.devices[1].name is None
     assert _inventory_gpus(snap) == [blank_name.uuid]
+
+
+def test_after_a_global_failure_the_next_read_initialises_nvml_again() -> None:
+    fake = FakeNvml([l40s_shared()])
+    failing = {"on": True}
+
+    def count() -> int:
+        if failing["on"]:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_UNINITIALIZED)
+        return int(fake.nvmlDeviceGetCount())
+
+    adapter = NvmlAdapter(Overridden(fake, nvmlDeviceGetCount=count))
+    assert adapter.read().error is not None
+    failing["on"] = False
+    assert [d.uuid for d in adapter.read().devices] == [L40S_UUID]
+    assert fake.calls.count("nvmlInit") == 2 and "nvmlShutdown" in fake.calls

@@ -73,3 +73,20 @@ def test_missing_socket_is_an_error_not_an_exception(tmp_path: Path) -> None:
     view = PodResourcesClient(str(tmp_path / "absent.sock"), timeout_s=1.0).read()
     assert view.assignments == () and view.error is not None
     assert view.error == "PodResources List: UNAVAILABLE"
+
+
+def test_a_transient_allocatable_failure_keeps_the_last_shared_gpus(
+        kubelet: tuple[str, KubeletState]) -> None:
+    # An idle time-sliced GPU is known shared only from GetAllocatableResources: one
+    # failed call must not publish it as a whole GPU.
+    socket, state = kubelet
+    state.allocatable = [("nvidia.com/gpu.shared", [f"{L40S_UUID}::0", f"{L40S_UUID}::1"])]
+    client = PodResourcesClient(socket)
+    try:
+        assert client.read().shared_uuids == frozenset({L40S_UUID})
+        state.allocatable_unavailable = True
+        view = client.read()
+        assert view.shared_uuids == frozenset({L40S_UUID})
+        assert view.error == "PodResources GetAllocatableResources: UNAVAILABLE"
+    finally:
+        client.close()
