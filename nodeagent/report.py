@@ -126,10 +126,15 @@ class UsageHistory:
     max_samples: int = 240
     _series: dict[tuple[str, str], deque[Sample]] = field(default_factory=dict)
     _peaks: dict[tuple[str, str], int] = field(default_factory=dict)
+    # Ticks a series may go unseen before it is dropped: one failed NVML or PodResources
+    # read must not reset a pod's peak (the extender sizes time-sliced pods by it).
+    grace_ticks: int = 3
+    _missed: dict[tuple[str, str], int] = field(default_factory=dict)
 
     def update(self, now: float, usages: Iterable[PoolUsage]) -> dict[tuple[str, str], Growth]:
-        """Record this interval's usages and return each one's trend. Series of pods no
-        longer seen are dropped (a pod that comes back starts afresh)."""
+        """Record this interval's usages and return each one's trend. Series of pods not
+        seen for more than ``grace_ticks`` ticks are dropped (a pod that comes back after
+        that starts afresh)."""
         result: dict[tuple[str, str], Growth] = {}
         seen: set[tuple[str, str]] = set()
         for u in usages:
@@ -148,9 +153,14 @@ class UsageHistory:
             free = max(0, u.pool_total_bytes - u.pool_used_bytes)
             result[key] = analyze(list(series), free, self._peaks.get(key, 0), self.params)
         for key in list(self._series):
-            if key not in seen:
+            if key in seen:
+                self._missed.pop(key, None)
+                continue
+            self._missed[key] = self._missed.get(key, 0) + 1
+            if self._missed[key] > self.grace_ticks:
                 del self._series[key]
                 self._peaks.pop(key, None)
+                del self._missed[key]
         return result
 
 

@@ -325,3 +325,20 @@ def test_a_spike_is_kept_for_the_window_even_when_the_series_is_full() -> None:
     at(0, 10 * GIB)
     peaks = [at(t, 1 * GIB) for t in range(1, 10)]
     assert peaks[-1] == 10 * GIB  # the spike fell out of the series, not out of the peak
+
+
+def test_one_missed_tick_keeps_a_pods_peak_and_a_long_absence_drops_it() -> None:
+    from nodeagent.report import PoolUsage, UsageHistory
+
+    history = UsageHistory(grace_ticks=2)
+    def tick(t: float, used: int | None) -> int | None:
+        us = [] if used is None else [PoolUsage("ns/p", 0, "G", "G", used, 48 * GIB, used)]
+        g = history.update(t, us).get(("ns/p", "G"))
+        return None if g is None else g.peak_bytes
+    tick(0, 20 * GIB)
+    tick(1000, 2 * GIB)  # the 20 GiB sample leaves the 900 s window: folded into the peak
+    assert tick(1001, None) is None  # one failed read
+    assert tick(1002, 2 * GIB) == 20 * GIB
+    for t in (1003, 1004, 1005):
+        tick(t, None)
+    assert tick(1006, 2 * GIB) == 2 * GIB  # gone for longer than the grace: afresh
