@@ -56,7 +56,8 @@ class AgentMetrics:
                usages: Iterable[PoolUsage],
                growth: Mapping[tuple[str, str], Growth]) -> None:
         self.record_errors(snapshot.all_errors())
-        if snapshot.error is not None:
+        if snapshot.error is not None and not snapshot.errors:
+            # No call error explains it (those are counted above): NVML did not start.
             self.nvml_errors.labels(call="nvmlInit").inc()
         for g in (self.gpu_total, self.gpu_used, self.pod_memory, self.pod_peak,
                   self.pod_growth, self.pod_exhaustion):
@@ -64,7 +65,8 @@ class AgentMetrics:
         for dev in snapshot.devices:
             if not usable(dev):
                 continue
-            labels = {"gpu": str(dev.index), "model": product_label(dev.name or "unknown"),
+            labels = {"gpu": str(dev.index),
+                      "model": product_label(dev.name or "unknown") or "unknown",
                       "mode": gpu_mode(dev, view.shared_uuids).value}
             self.gpu_total.labels(**labels).set(dev.memory_total_bytes or 0)
             self.gpu_used.labels(**labels).set(dev.memory_used_bytes or 0)
@@ -85,5 +87,7 @@ class AgentMetrics:
                           if g is not None and g.exhaustion_s is not None]
             if exhaustion:
                 self.pod_exhaustion.labels(**labels).set(min(exhaustion))
-        if snapshot.error is None:
+        if snapshot.error is None and (not snapshot.devices
+                                       or any(usable(d) for d in snapshot.devices)):
+            # A read in which every GPU failed is not a success.
             self.last_success.set(now)

@@ -265,3 +265,24 @@ def test_after_a_global_failure_the_next_read_initialises_nvml_again() -> None:
     failing["on"] = False
     assert [d.uuid for d in adapter.read().devices] == [L40S_UUID]
     assert fake.calls.count("nvmlInit") == 2 and "nvmlShutdown" in fake.calls
+
+
+def test_metrics_count_a_listing_failure_once_and_no_success_without_a_gpu() -> None:
+    from nodeagent.metrics import AgentMetrics
+    from nodeagent.podresources import PodResourcesView
+
+    fake = FakeNvml([l40s_shared()])
+    bad_count = Overridden(fake, nvmlDeviceGetCount=_raise(
+        pynvml.NVMLError(pynvml.NVML_ERROR_UNKNOWN)))
+    metrics = AgentMetrics()
+    metrics.update(10.0, NvmlAdapter(bad_count).read(), PodResourcesView(), [], {})
+    value = metrics.registry.get_sample_value
+    assert value("gpupack_agent_nvml_errors_total", {"call": "nvmlDeviceGetCount"}) == 1.0
+    assert value("gpupack_agent_nvml_errors_total", {"call": "nvmlInit"}) is None
+    lost = l40s_shared()
+    lost.lost = True
+    metrics.update(20.0, NvmlAdapter(FakeNvml([lost])).read(), PodResourcesView(), [], {})
+    assert value("gpupack_agent_last_success_timestamp_seconds") in (None, 0.0)
+    metrics.update(30.0, NvmlAdapter(FakeNvml([l40s_shared()])).read(), PodResourcesView(),
+                   [], {})
+    assert value("gpupack_agent_last_success_timestamp_seconds") == 30.0
