@@ -26,6 +26,7 @@ def load_core_api(kubeconfig: str | None = None) -> Any:
 
 
 PATCH_TIMEOUT_S = 10.0
+MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 
 
 def patch_node_annotations(api: Any, node: str, annotations: Mapping[str, str | None]) -> None:
@@ -49,4 +50,13 @@ def list_node_pod_keys(api: Any, node: str) -> dict[str, str]:
     pods = api.list_pod_for_all_namespaces(
         field_selector=f"spec.nodeName={node}", _request_timeout=10
     )
-    return {p.metadata.uid: f"{p.metadata.namespace}/{p.metadata.name}" for p in pods.items}
+    out: dict[str, str] = {}
+    for p in pods.items:
+        key = f"{p.metadata.namespace}/{p.metadata.name}"
+        out[p.metadata.uid] = key
+        # A static pod's cgroup carries the kubelet's config hash, not the API mirror
+        # pod's UID; the mirror pod names the hash in this annotation.
+        mirror = (p.metadata.annotations or {}).get(MIRROR_ANNOTATION)
+        if mirror:
+            out[mirror] = key
+    return out

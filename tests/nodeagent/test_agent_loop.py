@@ -342,3 +342,22 @@ def test_one_missed_tick_keeps_a_pods_peak_and_a_long_absence_drops_it() -> None
     for t in (1003, 1004, 1005):
         tick(t, None)
     assert tick(1006, 2 * GIB) == 2 * GIB  # gone for longer than the grace: afresh
+
+
+def test_pod_names_map_a_static_pods_config_hash_too() -> None:
+    from types import SimpleNamespace as NS
+
+    def meta(ns: str, name: str, uid: str, ann: dict[str, str] | None) -> NS:
+        return NS(metadata=NS(namespace=ns, name=name, uid=uid, annotations=ann))
+
+    class Api:
+        def list_pod_for_all_namespaces(self, **kw: object) -> NS:
+            assert kw["field_selector"] == "spec.nodeName=n1"
+            return NS(items=[
+                meta("kube-system", "etcd-n1", "mirror-uid",
+                     {"kubernetes.io/config.mirror": "c0ffee", "other": "x"}),
+                meta("tts", "tts-a", "uid-a", None)])
+
+    assert kube.nodes.list_node_pod_keys(Api(), "n1") == {
+        "mirror-uid": "kube-system/etcd-n1", "c0ffee": "kube-system/etcd-n1",
+        "uid-a": "tts/tts-a"}
