@@ -112,6 +112,19 @@ def assignments_from_list(response: Any) -> tuple[DeviceAssignment, ...]:
     return tuple(found)
 
 
+def unrecognised_ids(assignments: Iterable[DeviceAssignment]) -> str | None:
+    """Say so when device ids are not NVIDIA UUIDs (the device plugin's
+    ``deviceIDStrategy: index``): their pods cannot be matched to GPUs, so their memory
+    is not attributed and MIG owners stay unknown."""
+    odd = sorted({a.device.uuid for a in assignments
+                  if not a.device.uuid.startswith(("GPU-", "MIG-"))})
+    if not odd:
+        return None
+    return (f"PodResources: {len(odd)} device id(s) are not GPU/MIG UUIDs (e.g. "
+            f"{odd[0][:40]!r}; deviceIDStrategy must be uuid): their pods are not matched "
+            f"to GPUs")
+
+
 def shared_from_allocatable(devices: Iterable[Any]) -> frozenset[str]:
     return frozenset(
         parsed.uuid
@@ -172,12 +185,13 @@ class PodResourcesClient:
             # Unimplemented before the GetAllocatable feature went GA (1.28), or failing
             # from the start: infer sharing from the replica ids of assigned devices only.
             log.debug("GetAllocatableResources unavailable: %s: %s", code, detail)
-            return PodResourcesView(assignments=assignments, shared_uuids=assigned)
+            return PodResourcesView(assignments=assignments, shared_uuids=assigned,
+                                    error=unrecognised_ids(assignments))
         self._last_shared = shared_from_allocatable(alloc.devices)
         shared = self._last_shared | frozenset(
             a.device.uuid for a in assignments if a.device.replica is not None)
         return PodResourcesView(assignments=assignments, shared_uuids=shared,
-                                allocatable_known=True)
+                                allocatable_known=True, error=unrecognised_ids(assignments))
 
     def close(self) -> None:
         if self._channel is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from fake_kubelet import KubeletState
 from fake_nvml import H100_UUID, L40S_UUID, MIG_1G_A, MIG_3G
 
@@ -90,3 +91,19 @@ def test_a_transient_allocatable_failure_keeps_the_last_shared_gpus(
         assert view.error == "PodResources GetAllocatableResources: UNAVAILABLE"
     finally:
         client.close()
+
+
+@pytest.mark.parametrize("implemented", [True, False])
+def test_index_device_ids_are_reported_not_silently_dropped(
+        kubelet: tuple[str, KubeletState], implemented: bool) -> None:
+    socket, state = kubelet
+    state.allocatable_implemented = implemented
+    state.pods = [("tts", "tts-a", [("tts", [("nvidia.com/gpu", ["0"])])]),
+                  ("llm", "vllm-0", [("s", [("nvidia.com/gpu", [H100_UUID])])])]
+    client = PodResourcesClient(socket)
+    try:
+        view = client.read()
+    finally:
+        client.close()
+    assert view.error is not None and "1 device id(s) are not GPU/MIG UUIDs" in view.error
+    assert "deviceIDStrategy must be uuid" in view.error
