@@ -234,6 +234,10 @@ def decode(text: str) -> Inventory:
         raw = json.loads(text)
     except (TypeError, ValueError) as e:
         raise InventoryError("<json>", text, f"valid JSON ({e})") from e
+    except RecursionError:
+        # A nested annotation must not escape as RecursionError: the cache would relist
+        # its Nodes for ever and never sync.
+        raise InventoryError("<json>", text[:40], "JSON nested less deeply") from None
     return from_wire(raw)
 
 

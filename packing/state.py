@@ -367,11 +367,16 @@ class ClusterState:
         del node.pods[pod.key]
         if pod.kind is RequestKind.WHOLE:
             for i in p.gpus:
-                self.gpu(p.node, i).whole_owner = None
+                g = self.gpu(p.node, i)
+                if g.whole_owner == pod.key:  # never free a GPU another pod holds
+                    g.whole_owner = None
         elif pod.kind is RequestKind.MIG:
             g = self.gpu(p.node, p.gpus[0])
             assert p.mig_start is not None and p.mig_profile is not None
-            if p.mig_created:
+            held = g.instances.get(p.mig_start)
+            if held is not None and held[1] not in (pod.key, None):
+                pass  # the slice is another pod's (two records claimed it): keep it
+            elif p.mig_created:
                 del g.instances[p.mig_start]
                 if g.converted and not g.instances:
                     g.converted = False

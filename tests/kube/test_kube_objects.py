@@ -325,3 +325,16 @@ def test_a_bound_pod_is_read_leniently_so_its_resources_still_count(
         pod_request(pod)
     req = pod_request(pod, strict=False)
     assert req.kind is kind and req.cpu_milli == 2000 and req.group is None
+
+
+def test_a_deeply_nested_inventory_annotation_falls_back_to_inference() -> None:
+    from packing.inventory import InventoryError, decode
+
+    with pytest.raises(InventoryError):
+        decode("[" * 5000)
+    labels = {"nvidia.com/gpu.count": "2", "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    n = k8s_node("n", labels, {"nvidia.com/gpu": "2"})
+    n["metadata"]["annotations"] = {"gpupack.io/inventory": "[" * 5000}
+    notes: list[str] = []
+    info = node_info(n, notes=notes)
+    assert len(info.gpus) == 2 and "inferred instead" in notes[0]

@@ -112,3 +112,14 @@ def test_undo_of_a_pod_not_on_the_node_changes_nothing(pod) -> None:  # type: ig
     with pytest.raises(KeyError, match="not placed on n"):
         state.undo(pod, p)  # twice: the second must not give CPU and memory back again
     assert (state.nodes["n"].cpu_free, state.nodes["n"].mem_free) == free
+
+
+def test_undo_never_frees_a_gpu_another_pod_now_holds() -> None:
+    # Two records claimed GPU 0 (a relist placed an unannotated pod first): removing the
+    # one that lost the GPU must not free it under the other.
+    state = ClusterState(Snapshot((node("n", 2),)))
+    a, b = whole("a", 1), whole("b", 1)
+    state.apply(a, Placement("a", "n", (0,)))
+    state.apply(b, Placement("b", "n", (0,)), allow_overcommit=True)
+    state.undo(a, Placement("a", "n", (0,)))
+    assert state.gpu("n", 0).whole_owner == "b" and state.whole_gpus_free() == 1
