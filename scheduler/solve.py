@@ -25,7 +25,7 @@ import multiprocessing as mp
 import os
 import pickle
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
@@ -213,6 +213,24 @@ def solver_main(conn: Connection) -> None:
             return
 
 
+def start_child(ctx: Any, target: Callable[[Connection], None], name: str,
+                error: type[Exception]) -> tuple[Any, Connection]:
+    """Start ``target(conn)`` in a daemon child; the process and the parent's end of the
+    pipe. A child that fails to start raises ``error`` and leaves nothing to close: a
+    caller keeps the process only once it runs (terminate() on one that never ran
+    raises and hides the cause)."""
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=target, args=(child,), daemon=True, name=name)
+    try:
+        proc.start()
+    except Exception as e:
+        parent.close()
+        raise error(f"{name} did not start: {e}") from None
+    finally:
+        child.close()
+    return proc, parent
+
+
 class SolverError(RuntimeError):
     """The solve failed in the child, timed out, or the child died."""
 
@@ -231,16 +249,7 @@ class SolverProcess:
         if self._proc is not None and self._proc.is_alive() and self._conn is not None:
             return self._conn
         self.close()
-        parent, child = self._ctx.Pipe()
-        proc = self._ctx.Process(target=solver_main, args=(child,), daemon=True,
-                                 name="gpupack-solver")
-        try:
-            proc.start()
-        except Exception as e:
-            parent.close()
-            raise SolverError(f"solver process did not start: {e}") from None
-        finally:
-            child.close()
+        proc, parent = start_child(self._ctx, solver_main, "gpupack-solver", SolverError)
         self._proc, self._conn = proc, parent
         self._packer = SnapshotPacker()
         self.starts += 1

@@ -35,6 +35,7 @@ from packing.model import PodRequest, Snapshot
 from packing.policies.greedy import Scorer
 from packing.state import ClusterState, GpuState, NodeState
 from scheduler.cache import ClusterCache
+from scheduler.solve import start_child
 from scheduler.verbs import (
     Memo,
     NodeEval,
@@ -141,19 +142,8 @@ class WarmChild:
     def call(self, msg: tuple[Any, ...]) -> Any:
         if self._proc is None or not self._proc.is_alive() or self._conn is None:
             self.close()
-            parent, child = self._ctx.Pipe()
-            proc = self._ctx.Process(target=warm_main, args=(child,), daemon=True,
-                                     name="gpupack-warm")
-            try:
-                proc.start()
-            except Exception as e:
-                # Kept only once started: close() must never terminate a process that
-                # never ran (its handle is None and terminate() raises).
-                parent.close()
-                raise RuntimeError(f"warm child did not start: {e}") from None
-            finally:
-                child.close()
-            self._proc, self._conn = proc, parent
+            self._proc, self._conn = start_child(self._ctx, warm_main, "gpupack-warm",
+                                                 RuntimeError)
         conn = self._conn
         try:
             conn.send(msg)
