@@ -79,8 +79,13 @@ def test_summary_without_published_figure_shows_a_dash() -> None:
     assert "| cpu0 | 95.00 | - | - | 96.00 |" in table
 
 
-def test_unknown_trace_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
-    if openb_all.find_trace_dir(ROOT) is None:
-        pytest.skip("shared/traces/openb not found")
+def test_unknown_trace_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                  capsys: pytest.CaptureFixture[str]) -> None:
+    # A trace directory of its own: the check runs whether or not shared/ is present.
+    traces = tmp_path / "shared" / "traces" / "openb"
+    traces.mkdir(parents=True)
+    (traces / "openb_pod_list_default.csv").write_text("name\n")
+    monkeypatch.setattr(openb_all, "find_trace_dir", lambda start: traces)
     assert openb_all.main(["--traces", "nosuchtrace", "--seeds", "1"]) == 2
-    assert "unknown --traces nosuchtrace" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "unknown --traces nosuchtrace; known: default" in err
