@@ -27,7 +27,7 @@ from packing.catalog import (
 )
 from packing.inventory import Inventory, InventoryError
 from packing.inventory import decode as decode_inventory
-from packing.mig import MigSlot, layout_from_counts
+from packing.mig import MigSlot, layout_errors, layout_from_counts
 from packing.model import (
     GPU_MILLI,
     GpuInfo,
@@ -46,8 +46,13 @@ class ObjectError(ValueError):
     """A Kubernetes object that cannot be understood; the message names object and field."""
 
 
+# GPUs on one node. Real nodes have up to 8 (16 on a few); counts from labels or
+# allocatable past this are corrupt, and each would become objects and search work.
+MAX_NODE_GPUS = 64
+
+
 def _obj_name(obj: Mapping[str, Any], kind: str) -> str:
-    meta = obj.get("metadata") or {}
+    meta = (obj.get("metadata") if isinstance(obj, Mapping) else None) or {}
     name = meta.get("name", "<unnamed>") if isinstance(meta, Mapping) else "<unnamed>"
     if kind == "Pod":
         ns = meta.get("namespace") or "default" if isinstance(meta, Mapping) else "default"
@@ -81,8 +86,29 @@ def _str_map(obj: Mapping[str, Any], path: str, who: str) -> dict[str, str]:
 
 
 def pod_key(pod: Mapping[str, Any]) -> str:
-    meta = pod.get("metadata") or {}
+    """ "namespace/name"; never fails (a malformed object gets a key naming nothing)."""
+    meta = pod.get("metadata") if isinstance(pod, Mapping) else None
+    if not isinstance(meta, Mapping):
+        return "default/"
     return f"{meta.get('namespace') or 'default'}/{meta.get('name', '')}"
+
+
+def object_name(obj: object) -> str | None:
+    """``metadata.name`` when it is a non-empty string, else None (never fails)."""
+    meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+    name = meta.get("name") if isinstance(meta, Mapping) else None
+    return name if isinstance(name, str) and name else None
+
+
+def bound_node(pod: Mapping[str, Any]) -> str | None:
+    """``spec.nodeName``, or None when unbound; ObjectError when it is not a string."""
+    spec = pod.get("spec") if isinstance(pod, Mapping) else None
+    node = spec.get("nodeName") if isinstance(spec, Mapping) else None
+    if node is None or node == "":
+        return None
+    if not isinstance(node, str):
+        raise ObjectError(f"{_obj_name(pod, 'Pod')}: spec.nodeName: {node!r} is not a string")
+    return node
 
 
 # ---- nodes -------------------------------------------------------------------------------
@@ -99,8 +125,9 @@ def node_info(node: Mapping[str, Any], notes: list[str] | None = None) -> NodeIn
     if not isinstance(node, Mapping):
         raise ObjectError(f"Node: expected an object, got {type(node).__name__}")
     who = _obj_name(node, "Node")
-    name = (node.get("metadata") or {}).get("name")
-    if not isinstance(name, str) or not name:
+    _map(node, "metadata", who)
+    name = object_name(node)
+    if name is None:
         raise ObjectError(f"{who}: metadata.name: missing")
     labels = _str_map(node, "metadata.labels", who)
     annotations = _str_map(node, "metadata.annotations", who)
@@ -122,7 +149,11 @@ def node_info(node: Mapping[str, Any], notes: list[str] | None = None) -> NodeIn
     for res in alloc:
         profile = profile_from_resource(str(res))
         if profile is not None:
-            mig_counts[profile] = q(str(res), count)
+            # Time-sliced MIG devices are advertised once per replica (GFD labels the
+            # replicas per profile); gpupack counts the instances themselves.
+            replicas = _label_int(who, labels, f"{res}.replicas") or 1
+            n = q(str(res), count)
+            mig_counts[profile] = max(1, n // replicas) if n else 0
     gpus = _infer_gpus(who, labels, whole, shared, mig_counts)
     if A.INVENTORY in annotations:
         try:
@@ -152,9 +183,24 @@ def _observed_gpus(
     if not inv.gpus:
         return inferred  # the agent saw nothing (no driver yet): keep what the API says
     replicas = A.small_int(labels.get(A.GPU_REPLICAS, "1")) or 1
+    if len(inv.gpus) > MAX_NODE_GPUS:
+        raise ValueError(f"{len(inv.gpus)} GPUs, more than one node has (at most "
+                         f"{MAX_NODE_GPUS})")
     out = []
     for g in inv.gpus:
         model = match_product(g.model, g.memory_mib)
+        if g.mode is GpuMode.MIG:
+            # The layout is checked against the model's geometry here, where the model is
+            # known: a MIG GPU the catalog has no MIG for, or an instance off its allowed
+            # starts, would otherwise reach the scorers and the planner as truth.
+            geom = model.mig
+            if geom is None:
+                raise ValueError(f"GPU {g.index} ({model.name}) is reported in MIG mode, "
+                                 f"but {model.name} has no MIG")
+            errors = layout_errors(geom, g.mig)
+            if errors:
+                raise ValueError(f"GPU {g.index} ({model.name}): MIG layout: "
+                                 + "; ".join(errors))
         out.append(
             GpuInfo(
                 index=g.index,
@@ -189,12 +235,19 @@ def observed_peaks(node: Mapping[str, Any]) -> dict[str, int]:
 def _label_int(who: str, labels: Mapping[str, str], key: str) -> int | None:
     if key not in labels:
         return None
-    try:
-        return int(labels[key])
-    except ValueError:
+    value = A.small_int(labels[key])
+    if value is None:
         raise ObjectError(
-            f"{who}: metadata.labels.{key}: {labels[key]!r} is not an integer"
-        ) from None
+            f"{who}: metadata.labels.{key}: {labels[key][:40]!r} is not a non-negative integer"
+        )
+    return value
+
+
+def _at_most(who: str, what: str, n: int, limit: int) -> None:
+    if n > limit:
+        raise ObjectError(
+            f"{who}: {what}: {n} is more than gpupack handles on one node (at most {limit})"
+        )
 
 
 def _infer_gpus(
@@ -221,10 +274,16 @@ def _infer_gpus(
     elif strategy in ("time-slicing", "mps") and replicas > 1 and whole:
         # Sharing without renaming: nvidia.com/gpu counts replicas, not GPUs.
         n_shared, whole = max(1, whole // replicas), 0
+    # Bounds first: every count below becomes objects, and the MIG spread is a search.
+    _at_most(who, f"metadata.labels.{A.GPU_COUNT}", total or 0, MAX_NODE_GPUS)
+    _at_most(who, f"status.allocatable.{A.GPU_RESOURCE}", whole, MAX_NODE_GPUS)
+    _at_most(who, f"status.allocatable.{A.SHARED_RESOURCE} / replicas", n_shared,
+             MAX_NODE_GPUS)
     layouts = _infer_mig_layouts(who, model, mig_counts)
     if total is None:
         total = whole + n_shared + len(layouts)
     n_mig = max(len(layouts), total - whole - n_shared)
+    _at_most(who, "GPUs (whole + shared + MIG)", whole + n_shared + n_mig, MAX_NODE_GPUS)
     gpus: list[GpuInfo] = []
     mem = model.memory_mib
     for _ in range(whole):
@@ -258,7 +317,21 @@ def _infer_mig_layouts(
                 f"{who}: status.allocatable.{A.MIG_RESOURCE_PREFIX}{p}: "
                 f"not a profile of {model.name}"
             )
+    # Every instance takes at least one compute slice of its GPU.
+    _at_most(who, "status.allocatable: MIG instances", sum(mig_counts.values()),
+             MAX_NODE_GPUS * geom.compute_slices)
     return list(_spread_instances(model.name, tuple(sorted(mig_counts.items()))))
+
+
+@lru_cache(maxsize=4096)
+def _layout(
+    model_name: str, counts: tuple[tuple[str, int], ...]
+) -> tuple[MigSlot, ...] | None:
+    """``layout_from_counts`` memoised: the spread below asks the same few questions of
+    every GPU it fills."""
+    geom = get_model(model_name).mig
+    assert geom is not None
+    return layout_from_counts(geom, counts)
 
 
 @lru_cache(maxsize=1024)
@@ -274,17 +347,28 @@ def _spread_instances(
         key=lambda p: (-geom.profile(p).memory_slices, p),
     )
     per_gpu: list[Counter[str]] = []
+    # Memory and compute slices taken on each GPU: necessary conditions checked before
+    # the layout search, so a full GPU costs O(1) to pass over, not a search.
+    used: list[tuple[int, int]] = []
     for p in wanted:
-        for c in per_gpu:
+        prof = geom.profile(p)
+        for i, c in enumerate(per_gpu):
+            mem, comp = used[i]
+            if (mem + prof.memory_slices > geom.memory_slices
+                    or comp + prof.compute_slices > geom.compute_slices
+                    or c[p] >= prof.max_count):
+                continue
             c[p] += 1
-            if layout_from_counts(geom, c) is not None:
+            if _layout(model_name, tuple(sorted((+c).items()))) is not None:
+                used[i] = (mem + prof.memory_slices, comp + prof.compute_slices)
                 break
             c[p] -= 1
         else:
             per_gpu.append(Counter({p: 1}))
+            used.append((prof.memory_slices, prof.compute_slices))
     out = []
     for c in per_gpu:
-        layout = layout_from_counts(geom, +c)
+        layout = _layout(model_name, tuple(sorted((+c).items())))
         assert layout is not None
         out.append(layout)
     return tuple(out)

@@ -13,6 +13,7 @@ from typing import Any
 
 from kube.objects import (
     ObjectError,
+    bound_node,
     is_finished,
     node_info,
     observed_peaks,
@@ -37,7 +38,7 @@ def with_observed_peak(req: PodRequest, peak_mib: int | None) -> PodRequest:
     return replace(req, gpu_memory_mib=need) if need > req.gpu_memory_mib else req
 
 
-def _owned_instance(node: NodeInfo, req: PodRequest) -> Placement | None:
+def owned_instance(node: NodeInfo, req: PodRequest) -> Placement | None:
     """The MIG instance the node agent saw this pod own, if any."""
     for g in node.gpus:
         for inst in g.mig:
@@ -78,16 +79,14 @@ def build_snapshot(
     pending: list[PodRequest] = []
     seen: set[str] = set()
     for pod in pods:
-        spec = pod.get("spec") if isinstance(pod, Mapping) else None
-        bound = isinstance(spec, Mapping) and bool(spec.get("nodeName"))
-        req = with_observed_peak(pod_request(pod, strict=not bound), peaks.get(pod_key(pod)))
+        node = bound_node(pod)
+        req = with_observed_peak(pod_request(pod, strict=node is None), peaks.get(pod_key(pod)))
         if req.key in seen:
             raise ObjectError(f"Pod {req.key}: metadata.name: duplicate pod")
         seen.add(req.key)
         if is_finished(pod):
             continue
-        node = (pod.get("spec") or {}).get("nodeName")
-        if not node:
+        if node is None:
             wanted = (pod.get("spec") or {}).get("schedulerName", "default-scheduler")
             if scheduler_name is None or wanted == scheduler_name:
                 pending.append(req)
@@ -95,19 +94,36 @@ def build_snapshot(
         if node not in names:
             notes.append(f"pod {req.key} runs on unknown node {node}; ignored")
             continue
-        placement = recorded_placement(pod, node) or _owned_instance(infos_by_name[node], req)
+        placement = None
+        candidates = (
+            (recorded_placement(pod, node), "recorded placement"),
+            (owned_instance(infos_by_name[node], req), "MIG instance the node agent saw it own"),
+        )
+        for candidate, what in candidates:
+            if candidate is None:
+                continue
+            why = state.shape_error(req, candidate)
+            if why is None:
+                placement = candidate
+                break
+            notes.append(f"pod {req.key} on {node}: {what} {candidate.to_json()} ignored: {why}")
         if placement is None:
             options = state.options(req, node)
-            if not options:
-                notes.append(f"pod {req.key} on {node}: no free resource to account it on")
-                continue
-            placement = options[0]
-            if req.gpu_demand_milli or req.mig_profile:
-                notes.append(f"pod {req.key} on {node}: GPUs inferred as {list(placement.gpus)}")
+            if options:
+                placement = options[0]
+                if req.kind is not RequestKind.NONE:
+                    notes.append(
+                        f"pod {req.key} on {node}: GPUs inferred as {list(placement.gpus)}"
+                    )
+            else:
+                # It holds what it holds: count its CPU and memory, its GPUs are unknown.
+                placement = Placement(req.key, node)
+                notes.append(f"pod {req.key} on {node}: no free resource to account it on; "
+                             f"counted without GPUs")
         try:
             state.apply(req, placement)
         except PlacementError as e:
-            notes.append(f"pod {req.key} on {node}: recorded placement does not fit: {e}")
+            notes.append(f"pod {req.key} on {node}: placement does not fit: {e}")
             state.apply(req, placement, allow_overcommit=True)
         running.append((req, placement))
     snap = Snapshot(tuple(infos), tuple(running), tuple(pending))

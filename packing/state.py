@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from packing.catalog import get_model
-from packing.mig import MigSlot, free_starts
+from packing.mig import MigSlot, free_starts, memory_range
 from packing.model import (
     GPU_MILLI,
     GpuInfo,
@@ -329,17 +329,96 @@ class ClusterState:
             return None
         return f"no such free resource on {p.node}: {p.to_json()}"
 
+    def shape_error(self, pod: PodRequest, p: Placement) -> str | None:
+        """Why ``p`` cannot even be *recorded* for ``pod``, free or not, or None.
+
+        Over-committed placements (a bound pod the cache's view has no room for) are
+        applied anyway, so this is the check they must pass: the GPUs exist, the
+        placement matches the request (count of whole GPUs; one GPU for a share or a
+        slice; the pod's MIG profile at an allowed start of that GPU's geometry, not
+        overlapping another instance) and the GPU's mode can hold it. A placement
+        without GPUs is always recordable: it counts CPU and memory only, for a pod
+        whose GPUs are unknown.
+        """
+        node = self.nodes.get(p.node)
+        if node is None:
+            return f"unknown node {p.node}"
+        if pod.key in node.pods:
+            return f"pod {pod.key} already placed on {p.node}"
+        if not p.gpus:
+            if p.mig_profile is not None or p.mig_start is not None:
+                return "MIG slice named without its GPU"
+            return None
+        if pod.kind is RequestKind.NONE:
+            return f"pod asks for no GPU, placement names GPUs {list(p.gpus)}"
+        by_index = {g.info.index: g for g in node.gpus}
+        for i in p.gpus:
+            if i not in by_index:
+                return f"node {p.node} has no GPU {i}"
+        if pod.kind is RequestKind.WHOLE:
+            if len(p.gpus) != pod.gpu_count or len(set(p.gpus)) != len(p.gpus):
+                return f"pod needs {pod.gpu_count} distinct GPUs, placement gives {list(p.gpus)}"
+            for i in p.gpus:
+                if by_index[i].mode is GpuMode.MIG:
+                    return f"GPU {i} of {p.node} is in MIG mode, not a whole GPU"
+            return None
+        if len(p.gpus) != 1:
+            return f"pod takes one GPU, placement gives {list(p.gpus)}"
+        g = by_index[p.gpus[0]]
+        if pod.kind is RequestKind.SHARED:
+            if p.mig_profile is not None:
+                return "a GPU share placed as a MIG slice"
+            if g.mode is GpuMode.MIG or g.whole_owner is not None:
+                return f"GPU {g.info.index} of {p.node} is not shared ({g.mode.value})"
+            return None
+        return self._mig_shape_error(pod, p, g)
+
+    @staticmethod
+    def _mig_shape_error(pod: PodRequest, p: Placement, g: GpuState) -> str | None:
+        where = f"GPU {g.info.index} of {p.node}"
+        if p.mig_profile is None or p.mig_profile != pod.mig_profile or p.mig_start is None:
+            return (f"pod asks for MIG {pod.mig_profile}, placement gives "
+                    f"{p.mig_profile}@{p.mig_start}")
+        geom = get_model(g.info.model).mig
+        if geom is None:
+            return f"{where} ({g.info.model}) has no MIG"
+        if not geom.has_profile(p.mig_profile):
+            return f"{where} ({g.info.model}) has no MIG profile {p.mig_profile}"
+        if p.mig_start not in geom.profile(p.mig_profile).starts:
+            return f"start {p.mig_start} is not allowed for {p.mig_profile} on {g.info.model}"
+        if g.mode is not GpuMode.MIG and (g.whole_owner is not None or g.shared_owners):
+            return f"{where} is used as a {g.mode.value} GPU, not in MIG mode"
+        held = g.instances.get(p.mig_start)
+        if held is not None:
+            if held[0] != p.mig_profile:
+                return f"{where} has {held[0]}@{p.mig_start}, not {p.mig_profile}"
+            if p.mig_created:
+                return f"{where} already has {p.mig_profile}@{p.mig_start}"
+            return None
+        mine = memory_range(geom, MigSlot(p.mig_profile, p.mig_start))
+        for start, (profile, _) in g.instances.items():
+            theirs = memory_range(geom, MigSlot(profile, start))
+            if theirs.start < mine.stop and mine.start < theirs.stop:
+                return f"{p.mig_profile}@{p.mig_start} overlaps {profile}@{start} on {where}"
+        return None
+
     def apply(self, pod: PodRequest, p: Placement, *, allow_overcommit: bool = False) -> None:
-        """Take the resources of placement ``p``; PlacementError when they are not free."""
-        if not allow_overcommit:
-            why = self.check(pod, p)
-            if why is not None:
-                raise PlacementError(f"{pod.key}: {why}")
+        """Take the resources of placement ``p``; PlacementError when they are not free.
+
+        ``allow_overcommit``: take them even when they are not free (a pod already bound
+        holds what it holds), provided the placement passes :meth:`shape_error`; a
+        placement without GPUs then takes CPU and memory only. Nothing is changed when
+        PlacementError is raised."""
+        why = self.shape_error(pod, p) if allow_overcommit else self.check(pod, p)
+        if why is not None:
+            raise PlacementError(f"{pod.key}: {why}")
         node = self.nodes[p.node]
         node.version = next(_VERSIONS)
         node.cpu_free -= pod.cpu_milli
         node.mem_free -= pod.memory_mib
         node.pods[pod.key] = p
+        if not p.gpus:
+            return  # GPUs unknown (over-committed bound pod): CPU and memory only
         if pod.kind is RequestKind.WHOLE:
             for i in p.gpus:
                 self.gpu(p.node, i).whole_owner = pod.key
@@ -365,6 +444,8 @@ class ClusterState:
         node.cpu_free += pod.cpu_milli
         node.mem_free += pod.memory_mib
         del node.pods[pod.key]
+        if not p.gpus:
+            return  # applied without GPUs: there is nothing else to give back
         if pod.kind is RequestKind.WHOLE:
             for i in p.gpus:
                 g = self.gpu(p.node, i)

@@ -35,13 +35,16 @@ from typing import Any
 
 from kube.objects import (
     ObjectError,
+    bound_node,
     is_finished,
     node_info,
+    object_name,
     pod_key,
     pod_request,
     recorded_placement,
 )
-from packing.model import NodeInfo, Placement, PodRequest, Snapshot
+from kube.snapshot import owned_instance
+from packing.model import NodeInfo, Placement, PodRequest, RequestKind, Snapshot
 from packing.state import ClusterState, NodeState, PlacementError
 
 log = logging.getLogger("gpupack.scheduler.cache")
@@ -290,6 +293,10 @@ class ClusterCache:
 
     def _apply(self, req: PodRequest, p: Placement) -> None:
         self.state.apply(req, p, allow_overcommit=True)
+        self._record(req, p)
+
+    def _record(self, req: PodRequest, p: Placement) -> None:
+        """Book-keeping of a placement already applied to ``state``."""
         self._counted[req.key] = (req, p)
         self._on_node.setdefault(p.node, set()).add(req.key)
         if req.uid:
@@ -308,24 +315,36 @@ class ClusterCache:
             self.state.undo(req, p)
             self._touch(p.node)
 
-    def _placement_for(self, entry: PodEntry) -> Placement | None:
-        """Where a bound pod sits: what gpupack recorded, else the first free fit."""
+    def _placement_for(
+        self, entry: PodEntry, state: ClusterState | None = None
+    ) -> Placement | None:
+        """Where a bound pod sits in ``state`` (default: the cache's): what gpupack
+        recorded, else the MIG instance the node agent saw it own, else the first free
+        fit, else CPU and memory only. The answer can
+        always be applied to ``state`` with over-commit; None when the node is unknown."""
         assert entry.node is not None
-        if entry.node not in self.state.nodes:
+        state = self.state if state is None else state
+        if entry.node not in state.nodes:
             return None
-        p = entry.recorded
-        if p is not None and self._gpus_exist(p):
-            return p
-        options = self.state.options(entry.req, entry.node)
+        candidates = (
+            (entry.recorded, "recorded placement"),
+            (owned_instance(state.nodes[entry.node].info, entry.req), "MIG instance it owns"),
+        )
+        for p, what in candidates:
+            if p is None:
+                continue
+            why = state.shape_error(entry.req, p)
+            if why is None:
+                return p
+            log.warning("pod %s on %s: %s %s ignored: %s", entry.req.key, entry.node, what,
+                        p.to_json(), why)
+        options = state.options(entry.req, entry.node)
         if options:
             return options[0]
-        # Bound by someone else with no room we can see (our view lags or the node
-        # over-commits): count its CPU and memory at least, GPUs unknown.
+        # Bound by someone else with no room we can see (our view lags, the node over-
+        # commits, or its devices do not match what we know of the node): count its CPU
+        # and memory at least, GPUs unknown.
         return Placement(entry.req.key, entry.node)
-
-    def _gpus_exist(self, p: Placement) -> bool:
-        indexes = {g.info.index for g in self.state.nodes[p.node].gpus}
-        return all(i in indexes for i in p.gpus)
 
     def _account(self, key: str) -> None:
         """Bring ``key``'s accounting in line with its entry and assumption."""
@@ -422,27 +441,53 @@ class ClusterCache:
         return True
 
     def _rebuild_node(self, info: NodeInfo) -> None:
-        """Replace one node's state and re-apply the pods counted on it (only this node)."""
+        """Replace one node's state and re-apply the pods counted on it (only this node).
+
+        The new node state is computed in full on a scratch state first; only then is
+        anything in the cache changed, so a surprise midway cannot leave pods uncounted.
+        """
         name = info.name
+        scratch = ClusterState(Snapshot(nodes=(info,)))
+        kept: list[tuple[PodRequest, Placement]] = []
+        redo: list[str] = []  # assumptions and holds that no longer fit: accounted anew
+        refit: list[PodEntry] = []  # bound pods placed afresh, after those that keep theirs
+        for key in sorted(self._on_node.get(name, set())):
+            req, p = self._counted[key]
+            entry = self._pods.get(key)
+            fits = scratch.shape_error(req, p) is None
+            if entry is not None and entry.node == name and key not in self._assumed:
+                # A bound pod keeps where it was counted unless that is gone from the node,
+                # was counted without GPUs, or was a stand-in for its recorded placement.
+                if fits and (p.gpus or req.kind is RequestKind.NONE) and (
+                        entry.recorded is None or entry.recorded == p):
+                    scratch.apply(req, p, allow_overcommit=True)
+                    kept.append((req, p))
+                else:
+                    refit.append(entry)
+            elif fits:
+                scratch.apply(req, p, allow_overcommit=True)
+                kept.append((req, p))
+            else:
+                redo.append(key)
+        for entry in refit:
+            q = self._placement_for(entry, scratch)
+            assert q is not None  # the node is in scratch
+            scratch.apply(entry.req, q, allow_overcommit=True)
+            kept.append((entry.req, q))
+        # Commit: nothing below can fail.
+        for key in self._on_node.get(name, set()):
+            req, _ = self._counted.pop(key)
+            if req.uid and self._uid_key.get(req.uid) == key:
+                del self._uid_key[req.uid]
         self._infos[name] = info
-        keys = sorted(self._on_node.get(name, set()))
-        items = [self._counted.pop(k) for k in keys]
-        fresh = ClusterState(Snapshot(nodes=(info,))).nodes[name]
-        self.state.nodes[name] = fresh
+        self.state.nodes[name] = scratch.nodes[name]
         self._on_node[name] = set()
         self._touch(name)
-        for req, p in items:
-            if self._gpus_exist(p):
-                self._apply(req, p)
-            else:
-                entry = self._pods.get(req.key)
-                if entry is not None and entry.node == name and req.key not in self._assumed:
-                    q = self._placement_for(entry)
-                    if q is not None:
-                        self._apply(req, q)
-                else:
-                    self._assumed.pop(req.key, None)
-                    self._account(req.key)
+        for req, q in kept:
+            self._record(req, q)
+        for key in redo:
+            self._assumed.pop(key, None)
+            self._account(key)
         # Pods bound to this node before it was known are accounted now.
         for key, entry in self._pods.items():
             if entry.node == name and key not in self._counted and not entry.finished:
@@ -471,20 +516,19 @@ class ClusterCache:
     def upsert_pod(self, obj: Mapping[str, Any]) -> bool:
         """Add or update a Pod object; False when it cannot be read (logged, skipped)."""
         try:
-            spec = obj.get("spec") if isinstance(obj, Mapping) else None
-            node = (spec.get("nodeName") if isinstance(spec, Mapping) else None) or None
+            node = bound_node(obj)
             req = pod_request(obj, strict=node is None)
             spec = obj.get("spec") or {}
             recorded = recorded_placement(obj, node) if node else None
         except (ObjectError, AttributeError) as e:
-            log.warning("skipping pod %s: %s", pod_key(obj) if isinstance(obj, Mapping) else "?", e)
+            log.warning("skipping pod %s: %s", pod_key(obj), e)
             with self.lock:
                 self.bad_objects += 1
             return False
         entry = PodEntry(
             req=req,
             uid=req.uid,
-            node=str(node) if node else None,
+            node=node,
             scheduler=str(spec.get("schedulerName") or "default-scheduler"),
             finished=is_finished(obj),
             recorded=recorded,
@@ -518,8 +562,7 @@ class ClusterCache:
         with self.lock:
             if nodes is not None:
                 node_list = list(nodes)
-                names = {str((n.get("metadata") or {}).get("name")) for n in node_list
-                         if isinstance(n, Mapping)}
+                names = {object_name(n) for n in node_list}
                 for gone in [n for n in self._infos if n not in names]:
                     self.delete_node(gone)
                 for n in node_list:
