@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -92,17 +93,37 @@ def encode(rec: ReservationRecord) -> str:
     return json.dumps(body, separators=(",", ":"), sort_keys=True)
 
 
+def _show(v: object) -> str:
+    """A value for an error message: its repr, cut short (a record may be 64 KiB)."""
+    text = repr(v)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def _num(obj: Mapping[str, Any], key: str) -> float:
+    """A finite number (wall-clock seconds). JSON as Python reads it allows NaN and
+    ±Infinity, and an integer too large for a float: an ``exp`` like that would hold the
+    group's GPUs for ever (or never compare sanely), so it is refused."""
     v = obj.get(key)
     if isinstance(v, bool) or not isinstance(v, int | float):
-        raise ReservationError(f"{RESERVATION}: {key!r} must be a number, got {v!r}")
-    return float(v)
+        raise ReservationError(f"{RESERVATION}: {key!r} must be a number, got {_show(v)}")
+    try:
+        f = float(v)
+    except OverflowError:  # an integer beyond a float's range
+        f = math.inf
+    if not math.isfinite(f):
+        raise ReservationError(f"{RESERVATION}: {key!r} must be a finite number, got {_show(v)}")
+    return f
+
+
+def _index(v: object) -> bool:
+    """A non-negative integer that is not a bool."""
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
 
 
 def _opt_str(obj: Mapping[str, Any], key: str) -> str | None:
     v = obj.get(key)
     if v is not None and not isinstance(v, str):
-        raise ReservationError(f"{RESERVATION}: {key!r} must be a string, got {v!r}")
+        raise ReservationError(f"{RESERVATION}: {key!r} must be a string, got {_show(v)}")
     return v
 
 
@@ -119,55 +140,69 @@ def decode(text: object) -> ReservationRecord:
     if not isinstance(obj, dict):
         raise ReservationError(f"{RESERVATION}: expected a JSON object")
     if obj.get("v") != VERSION:
-        raise ReservationError(f"{RESERVATION}: unknown version {obj.get('v')!r}")
+        raise ReservationError(f"{RESERVATION}: 'v' (version) {_show(obj.get('v'))} is unknown")
     group = obj.get("g")
     if not isinstance(group, str) or not group:
-        raise ReservationError(f"{RESERVATION}: 'g' (group) missing")
+        raise ReservationError(f"{RESERVATION}: 'g' (group) {_show(group)} is not a group key")
     size = obj.get("s")
     if not isinstance(size, int) or isinstance(size, bool) or not 1 <= size <= MAX_GROUP_SIZE:
-        raise ReservationError(f"{RESERVATION}: 's' (size) {size!r} is not a group size")
+        raise ReservationError(f"{RESERVATION}: 's' (size) {_show(size)} is not a group size")
     prio = obj.get("pr", 0)
     if not isinstance(prio, int) or isinstance(prio, bool):
-        raise ReservationError(f"{RESERVATION}: 'pr' (priority) {prio!r} is not an integer")
+        raise ReservationError(f"{RESERVATION}: 'pr' (priority) {_show(prio)} is not an integer")
     rev = obj.get("rev", 0)
     if not isinstance(rev, int) or isinstance(rev, bool):
-        raise ReservationError(f"{RESERVATION}: 'rev' {rev!r} is not an integer")
+        raise ReservationError(f"{RESERVATION}: 'rev' {_show(rev)} is not an integer")
     raw = obj.get("m")
     if not isinstance(raw, dict) or not raw:
-        raise ReservationError(f"{RESERVATION}: 'm' (members) missing or empty")
+        raise ReservationError(f"{RESERVATION}: 'm' (members) {_show(raw)} is missing or empty")
     slots: dict[int, Placement] = {}
     pods: dict[int, str] = {}
     for k, item in raw.items():
         slot = small_int(k)
         if slot is None or slot >= size:
-            raise ReservationError(f"{RESERVATION}: member slot {str(k)[:40]!r} is not below "
-                                   f"{size}")
+            raise ReservationError(f"{RESERVATION}: member slot {_show(k)} is not below {size}")
         if not isinstance(item, dict):
-            raise ReservationError(f"{RESERVATION}: member {k}: expected an object")
+            raise ReservationError(f"{RESERVATION}: member {k}: expected an object, got "
+                                   f"{_show(item)}")
         node = item.get("n")
         gpus = item.get("g", [])
         if not isinstance(node, str) or not node:
-            raise ReservationError(f"{RESERVATION}: member {k}: 'n' (node) missing")
-        if not isinstance(gpus, list) or not all(
-            isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in gpus
-        ):
-            raise ReservationError(f"{RESERVATION}: member {k}: 'g' must be GPU indices")
+            raise ReservationError(f"{RESERVATION}: member {k}: 'n' (node) {_show(node)} is not "
+                                   "a node name")
+        if not isinstance(gpus, list) or not all(_index(i) for i in gpus):
+            raise ReservationError(f"{RESERVATION}: member {k}: 'g' (GPUs) {_show(gpus)} must be "
+                                   "a list of GPU indices (non-negative integers)")
+        if len(set(gpus)) != len(gpus):
+            raise ReservationError(f"{RESERVATION}: member {k}: 'g' (GPUs) {_show(gpus)} names "
+                                   "a GPU twice")
         mig = item.get("mig")
         if mig is None:
             p = Placement("", node, tuple(gpus))
         else:
-            ok = (
-                isinstance(mig, list) and len(mig) == 3 and isinstance(mig[0], str)
-                and isinstance(mig[1], int) and isinstance(mig[2], bool) and len(gpus) == 1
-            )
-            if not ok:
-                raise ReservationError(f"{RESERVATION}: member {k}: bad 'mig' {mig!r}")
-            p = Placement("", node, tuple(gpus), mig[0], mig[1], mig[2])
+            if not isinstance(mig, list) or len(mig) != 3:
+                raise ReservationError(f"{RESERVATION}: member {k}: 'mig' {_show(mig)} must be "
+                                       "[profile, start, created]")
+            profile, start, created = mig
+            if not isinstance(profile, str) or not profile:
+                raise ReservationError(f"{RESERVATION}: member {k}: 'mig' profile "
+                                       f"{_show(profile)} is not a MIG profile name")
+            if not _index(start):
+                raise ReservationError(f"{RESERVATION}: member {k}: 'mig' start {_show(start)} "
+                                       "is not a non-negative integer")
+            if not isinstance(created, bool):
+                raise ReservationError(f"{RESERVATION}: member {k}: 'mig' created "
+                                       f"{_show(created)} is not true or false")
+            if len(gpus) != 1:
+                raise ReservationError(f"{RESERVATION}: member {k}: 'g' (GPUs) {_show(gpus)} "
+                                       "must be one GPU for a MIG member")
+            p = Placement("", node, tuple(gpus), profile, start, created)
         slots[slot] = p
         pod = item.get("p")
         if pod is not None:
-            if not isinstance(pod, str):
-                raise ReservationError(f"{RESERVATION}: member {k}: 'p' must be a pod key")
+            if not isinstance(pod, str) or not pod:
+                raise ReservationError(f"{RESERVATION}: member {k}: 'p' (pod) {_show(pod)} "
+                                       "must be a pod key")
             pods[slot] = pod
     return ReservationRecord(
         group=group, size=size, priority=prio, topology_key=_opt_str(obj, "t"),

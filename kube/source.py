@@ -36,6 +36,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
+from kube.annotations import small_int
 from kube.files import load_objects
 from kube.objects import pod_key
 
@@ -208,6 +209,7 @@ class ApiSource:
         self.relists = {"nodes": 0, "pods": 0}
         self.reconnects = {"nodes": 0, "pods": 0}
         self._resume: dict[str, str | None] = {"nodes": None, "pods": None}
+        self.bad_events = {"nodes": 0, "pods": 0}  # events skipped as unreadable (logged)
         self._watches: list[Any] = []  # open watch responses, closed by stop()
 
     def start(self, sink: Sink) -> None:
@@ -312,7 +314,6 @@ class ApiSource:
         with ``deserialize=False``, fails with a KeyError on the ERROR event that
         carries 410 Gone (37.0.2), the one event this loop must act on.
         """
-        from kubernetes.client.exceptions import ApiException
         from kubernetes.watch.watch import iter_resp_lines
 
         resp = self._list_fn(kind)(
@@ -330,29 +331,93 @@ class ApiSource:
                     break
                 if not line or line.isspace():
                     continue
-                event = json.loads(line)
-                etype = event.get("type")
-                obj = event.get("object") or {}
-                if etype == "ERROR":
-                    code = obj.get("code") if isinstance(obj, dict) else None
-                    raise ApiException(status=code or 500, reason=str(obj.get("message", "")))
-                meta = obj.get("metadata") or {}
-                if meta.get("resourceVersion"):
-                    self._resume[kind] = str(meta["resourceVersion"])
-                if etype == "BOOKMARK":
-                    continue  # only the version matters: a cheaper resume point
-                if kind == "nodes":
-                    if etype == "DELETED":
-                        sink.delete_node(str(meta.get("name")))
-                    else:
-                        sink.upsert_node(obj)
-                elif etype == "DELETED":
-                    sink.delete_pod(pod_key(obj))
-                else:
-                    sink.upsert_pod(obj)
+                self._event(kind, json.loads(line), sink)
         finally:
             self._watches.remove(resp)
             resp.release_conn()
+
+    def _event(self, kind: str, event: Any, sink: Sink) -> None:
+        """One watch event into the sink; ApiException for an ERROR event.
+
+        An event the loop cannot act on (not an object, an object without a usable
+        ``metadata.name``, metadata that is not a mapping, an unknown type) is logged,
+        counted in ``bad_events`` and skipped: it must neither stop the watch (that
+        would list everything again, and meet the same event again) nor reach the
+        cache under a made-up key such as ``default/``."""
+        from kubernetes.client.exceptions import ApiException
+
+        if not isinstance(event, Mapping):
+            self._bad(kind, "event is not an object", event)
+            return
+        etype = event.get("type")
+        obj = event.get("object")
+        shown = etype if isinstance(etype, str) and len(etype) <= 20 else _short(etype, 40)
+        if etype == "ERROR":
+            raise ApiException(status=_error_code(obj), reason=_error_message(obj))
+        if not isinstance(obj, Mapping):
+            self._bad(kind, f"{shown} event without an object", obj)
+            return
+        meta = obj.get("metadata")
+        if meta is None:
+            meta = {}
+        if not isinstance(meta, Mapping):
+            self._bad(kind, f"{shown} event whose metadata is not an object", meta)
+            return
+        rv = meta.get("resourceVersion")
+        if (isinstance(rv, str) and rv) or (isinstance(rv, int) and not isinstance(rv, bool)):
+            self._resume[kind] = str(rv)
+        if etype == "BOOKMARK":
+            return  # only the version matters: a cheaper resume point
+        if etype not in ("ADDED", "MODIFIED", "DELETED"):
+            self._bad(kind, f"unknown event type {_short(etype, 40)}", obj)
+            return
+        name = meta.get("name")
+        if not isinstance(name, str) or not name:
+            self._bad(kind, f"{shown} event for an object without metadata.name", meta)
+            return
+        if kind == "nodes":
+            if etype == "DELETED":
+                sink.delete_node(name)
+            else:
+                sink.upsert_node(obj)
+            return
+        namespace = meta.get("namespace")
+        if namespace is not None and not isinstance(namespace, str):
+            self._bad(kind, f"{shown} event for a pod whose metadata.namespace is not a "
+                      "string", meta)
+            return
+        if etype == "DELETED":
+            sink.delete_pod(pod_key(obj))
+        else:
+            sink.upsert_pod(obj)
+
+    def _bad(self, kind: str, why: str, what: Any) -> None:
+        self.bad_events[kind] += 1
+        log.warning("%s watch: skipping an event: %s: %s", kind, why, _short(what))
+
+
+def _short(v: Any, limit: int = 200) -> str:
+    text = repr(v)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _error_code(obj: Any) -> int:
+    """The HTTP status an ERROR watch event carries (its Status object's ``code``).
+
+    An int, or a string of ASCII digits (some proxies and API server fakes send "410")
+    read as that int, so "410" lists again like 410 does; anything else (missing, a
+    float, a bool, text, a number that is no HTTP status) is 500."""
+    code = obj.get("code") if isinstance(obj, Mapping) else None
+    if isinstance(code, str):
+        code = small_int(code.strip())
+    if isinstance(code, int) and not isinstance(code, bool) and 100 <= code <= 599:
+        return code
+    return 500
+
+
+def _error_message(obj: Any) -> str:
+    message = obj.get("message") if isinstance(obj, Mapping) else None
+    return "" if message is None else str(message)[:500]
 
 
 class ApiBinder:

@@ -869,6 +869,14 @@ class ReservationBook:
             if now >= rec.expires:
                 log.info("pod %s: reservation of group %s expired; ignored", pod, rec.group)
                 continue
+            if rec.expires > now + self.ttl:
+                # No reservation this book writes outlives now + ttl: a later expiry is a
+                # corrupt or hostile record (or a clock gone backwards), and trusting it
+                # would hold the group's GPUs for as long as it says.
+                log.warning("pod %s: reservation of group %s expires in %.0fs, more than the "
+                            "TTL %.0fs; capped at the TTL", pod, rec.group, rec.expires - now,
+                            self.ttl)
+                rec = replace(rec, expires=now + self.ttl)
             old = best.get(rec.group)
             if old is None or rec.rev > old.rev:
                 best[rec.group] = rec
