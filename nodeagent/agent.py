@@ -19,7 +19,13 @@ from nodeagent.growth import GrowthParams
 from nodeagent.metrics import AgentMetrics
 from nodeagent.nvml import GpuReader
 from nodeagent.podresources import PodResourcesView
-from nodeagent.report import Report, UsageHistory, attribute_memory, build_inventory
+from nodeagent.report import (
+    Report,
+    UsageHistory,
+    attribute_memory,
+    build_inventory,
+    index_ids,
+)
 from packing.inventory import INVENTORY_ANNOTATION, Inventory, encode, meaningfully_changed
 
 log = logging.getLogger(__name__)
@@ -113,7 +119,7 @@ class Agent:
             self._nvml_error_logged = True
         elif snapshot.error is None:
             self._nvml_error_logged = False
-        view = self.podresources.read()
+        view = self.podresources.read().with_ids(index_ids(snapshot))
         usages, unknown = attribute_memory(snapshot, view, self.pod_of_pid, self.names.names)
         if unknown and self.names.refresh_if_missing(unknown):
             usages, _ = attribute_memory(snapshot, view, self.pod_of_pid, self.names.names)

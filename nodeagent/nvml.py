@@ -79,6 +79,9 @@ class ComputeInstance:
     memory_used_bytes: int | None
     processes: tuple[GpuProcess, ...] = ()
     errors: tuple[NvmlCallError, ...] = ()
+    # k of nvmlDeviceGetMigDeviceHandleByIndex(gpu, k): the device plugin's index id of
+    # this MIG device is "<gpu index>:<k>" (deviceIDStrategy: index).
+    mig_index: int | None = None
 
 
 @dataclass(frozen=True)
@@ -453,7 +456,7 @@ class NvmlAdapter:
                 memory_total_bytes=None if mem is None else int(mem.total),
                 memory_used_bytes=None if mem is None else int(mem.used),
                 processes=() if procs is None else self._processes(procs),
-                errors=tuple(ci.errors)))
+                errors=tuple(ci.errors), mig_index=k))
         for cis in by_gi.values():
             cis.sort(key=lambda x: x.ci_id)
         return by_gi

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import importlib
 import logging
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
 import grpc
@@ -82,6 +82,23 @@ class PodResourcesView:
     shared_uuids: frozenset[str] = frozenset()
     allocatable_known: bool = False  # GetAllocatableResources answered
     error: str | None = None
+
+    def with_ids(self, ids: Mapping[str, str]) -> PodResourcesView:
+        """The view with device ids found in ``ids`` replaced by what they map to: the
+        device plugin's index ids (``deviceIDStrategy: index``) by the UUIDs NVML gives
+        the same devices. The error about unrecognised ids is recomputed."""
+        if not any(a.device.uuid in ids for a in self.assignments) and not any(
+                u in ids for u in self.shared_uuids):
+            return self
+        assignments = tuple(
+            replace(a, device=replace(a.device, uuid=ids[a.device.uuid]))
+            if a.device.uuid in ids else a for a in self.assignments)
+        error = self.error
+        if error is not None and error == unrecognised_ids(self.assignments):
+            error = unrecognised_ids(assignments)
+        return replace(self, assignments=assignments,
+                       shared_uuids=frozenset(ids.get(u, u) for u in self.shared_uuids),
+                       error=error)
 
     def pods_by_uuid(self) -> dict[str, tuple[str, ...]]:
         """UUID (GPU or MIG) -> sorted pod keys holding it or a replica of it."""

@@ -69,6 +69,46 @@ def _pools(dev: GpuDevice) -> list[_Pool]:
     ]
 
 
+def index_ids(snapshot: GpuSnapshot) -> dict[str, str]:
+    """The device plugin's index ids (``deviceIDStrategy: index``) mapped to UUIDs.
+
+    The plugin names GPU ``i`` of NVML's enumeration ``"i"`` and the MIG device it gets
+    from ``nvmlDeviceGetMigDeviceHandleByIndex(gpu i, k)`` ``"i:k"``; the agent walks
+    the same calls, so the same ids name the same devices."""
+    out: dict[str, str] = {}
+    for dev in snapshot.devices:
+        if dev.uuid is None:
+            continue
+        out[str(dev.index)] = dev.uuid
+        for gi in dev.gpu_instances:
+            for ci in gi.compute_instances:
+                if ci.mig_index is not None:
+                    out[f"{dev.index}:{ci.mig_index}"] = ci.uuid
+    return out
+
+
+def ambiguous_devices(snapshot: GpuSnapshot) -> dict[int, str]:
+    """GPUs (by index) whose UUID, or one of whose MIG devices' UUIDs, is reported twice,
+    and why. PodResources names devices by UUID only, so such GPUs' pods cannot be told
+    apart: they are left out of the inventory rather than published with guessed (or
+    no) owners."""
+    where: dict[str, list[int]] = {}
+    for dev in snapshot.devices:
+        if dev.uuid is None:
+            continue
+        uuids = [dev.uuid] + [ci.uuid for gi in dev.gpu_instances for ci in gi.compute_instances]
+        for u in uuids:
+            where.setdefault(u, []).append(dev.index)
+    out: dict[int, str] = {}
+    for u, indexes in where.items():
+        if len(indexes) > 1:
+            for i in indexes:
+                others = sorted(set(indexes))
+                out.setdefault(i, f"UUID {u[:48]} reported {len(indexes)} times (gpus "
+                                  f"{', '.join(map(str, others))}); GPU left out")
+    return out
+
+
 def usable(dev: GpuDevice) -> bool:
     """A GPU with identity, memory and MIG layout known; others are reported only as
     errors (a GPU whose MIG mode could not be read is not published as a free whole
@@ -85,8 +125,9 @@ def attribute_memory(snapshot: GpuSnapshot, view: PodResourcesView,
     sums: dict[tuple[str, str], int] = {}
     pools: dict[str, _Pool] = {}
     unknown_uids: set[str] = set()
+    ambiguous = ambiguous_devices(snapshot)
     for dev in snapshot.devices:
-        if not usable(dev):
+        if not usable(dev) or dev.index in ambiguous:
             continue
         for pool in _pools(dev):
             pools[pool.uuid] = pool
@@ -185,6 +226,7 @@ def _errors(snapshot: GpuSnapshot, view: PodResourcesView) -> tuple[str, ...]:
             for ci in gi.compute_instances:
                 errs.extend(ci.errors)
         out.extend(f"gpu {dev.index}: {e}" for e in errs)
+    out.extend(f"gpu {i}: {why}" for i, why in sorted(ambiguous_devices(snapshot).items()))
     if view.error:
         out.append(view.error)
     return tuple(out)
@@ -210,8 +252,9 @@ def build_inventory(node: str, ts: int, snapshot: GpuSnapshot, view: PodResource
         # instances need not coincide, so the sum is an upper bound).
         per_pod[u.pod] = (used0 + u.used_bytes, peak0 + max(peak, u.used_bytes))
     gpus: list[GpuInventory] = []
+    ambiguous = ambiguous_devices(snapshot)
     for dev in snapshot.devices:
-        if not usable(dev):
+        if not usable(dev) or dev.index in ambiguous:
             continue
         assert dev.uuid is not None and dev.memory_total_bytes is not None
         mig = tuple(
