@@ -70,6 +70,9 @@ class Sink(Protocol):
 
     def mark_synced(self) -> None: ...
 
+    def note_bad_object(self) -> None:
+        """An object the source skipped as unreadable (counted with the sink's own)."""
+
 
 # ---- static files ----------------------------------------------------------------------------
 
@@ -347,7 +350,7 @@ class ApiSource:
         from kubernetes.client.exceptions import ApiException
 
         if not isinstance(event, Mapping):
-            self._bad(kind, "event is not an object", event)
+            self._bad(sink, kind, "event is not an object", event)
             return
         etype = event.get("type")
         obj = event.get("object")
@@ -355,13 +358,13 @@ class ApiSource:
         if etype == "ERROR":
             raise ApiException(status=_error_code(obj), reason=_error_message(obj))
         if not isinstance(obj, Mapping):
-            self._bad(kind, f"{shown} event without an object", obj)
+            self._bad(sink, kind, f"{shown} event without an object", obj)
             return
         meta = obj.get("metadata")
         if meta is None:
             meta = {}
         if not isinstance(meta, Mapping):
-            self._bad(kind, f"{shown} event whose metadata is not an object", meta)
+            self._bad(sink, kind, f"{shown} event whose metadata is not an object", meta)
             return
         rv = meta.get("resourceVersion")
         if (isinstance(rv, str) and rv) or (isinstance(rv, int) and not isinstance(rv, bool)):
@@ -369,11 +372,11 @@ class ApiSource:
         if etype == "BOOKMARK":
             return  # only the version matters: a cheaper resume point
         if etype not in ("ADDED", "MODIFIED", "DELETED"):
-            self._bad(kind, f"unknown event type {_short(etype, 40)}", obj)
+            self._bad(sink, kind, f"unknown event type {_short(etype, 40)}", obj)
             return
         name = meta.get("name")
         if not isinstance(name, str) or not name:
-            self._bad(kind, f"{shown} event for an object without metadata.name", meta)
+            self._bad(sink, kind, f"{shown} event for an object without metadata.name", meta)
             return
         if kind == "nodes":
             if etype == "DELETED":
@@ -383,7 +386,7 @@ class ApiSource:
             return
         namespace = meta.get("namespace")
         if namespace is not None and not isinstance(namespace, str):
-            self._bad(kind, f"{shown} event for a pod whose metadata.namespace is not a "
+            self._bad(sink, kind, f"{shown} event for a pod whose metadata.namespace is not a "
                       "string", meta)
             return
         if etype == "DELETED":
@@ -391,8 +394,9 @@ class ApiSource:
         else:
             sink.upsert_pod(obj)
 
-    def _bad(self, kind: str, why: str, what: Any) -> None:
+    def _bad(self, sink: Sink, kind: str, why: str, what: Any) -> None:
         self.bad_events[kind] += 1
+        sink.note_bad_object()
         log.warning("%s watch: skipping an event: %s: %s", kind, why, _short(what))
 
 

@@ -545,6 +545,12 @@ class ClusterCache:
             self._changed()
         return True
 
+    def note_bad_object(self) -> None:
+        """An object a source skipped before it reached the cache (a malformed watch
+        event): counted with the cache's own in ``bad_objects``."""
+        with self.lock:
+            self.bad_objects += 1
+
     def delete_pod(self, key: str) -> None:
         with self.lock:
             self._pods.pop(key, None)

@@ -51,6 +51,9 @@ class RecordingSink:
     def mark_synced(self) -> None:
         self.synced = True
 
+    def note_bad_object(self) -> None:
+        self.calls.append(("bad", None))
+
 
 class Lines:
     """A watch response: the given lines, then the end of the stream."""
@@ -219,7 +222,7 @@ def test_unusable_events_are_skipped_counted_and_the_watch_goes_on(kind: str,
     source._list_fn = lambda k: lambda **kw: Lines([line, after])
     sink = RecordingSink()
     source._watch(kind, sink)  # no exception: the stream was read to its end
-    assert sink.calls == [seen]
+    assert sink.calls == [("bad", None), seen]  # the sink counts it with its own
     assert source.bad_events == {"nodes": 0, "pods": 0, kind: 1}
     assert source._resume[kind] == "77"
 

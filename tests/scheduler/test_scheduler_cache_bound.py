@@ -106,3 +106,9 @@ def test_a_mig_node_relaid_out_under_bound_slices_keeps_counting_them() -> None:
     cache.upsert_node(node("w", gpus=1, mig={"1g.10gb": 7}, reconfigurable=False))
     consistent(cache)
     assert [cache.counted(f"default/m{i}")[1].mig_start for i in range(3)] == [0, 1, 2]
+
+
+def test_events_a_source_skips_count_as_bad_objects() -> None:
+    cache = make_cache([node("w", gpus=1)])
+    cache.note_bad_object()
+    assert cache.bad_objects == 1
