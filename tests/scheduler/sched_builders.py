@@ -94,7 +94,7 @@ def whole_pod(name: str, count: int = 1, **kw: Any) -> dict[str, Any]:
 
 def shared_pod(name: str, memory: str = "8Gi", compute: str = "0.25", **kw: Any) -> dict[str, Any]:
     ann = {"gpupack.io/gpu-memory": memory, "gpupack.io/gpu-compute": compute,
-           **kw.pop("annotations", {})}
+           **(kw.pop("annotations", None) or {})}
     return pod(name, {"nvidia.com/gpu.shared": "1"}, annotations=ann, **kw)
 
 

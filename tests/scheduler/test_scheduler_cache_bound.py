@@ -8,6 +8,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from sched_builders import L40S, make_cache, mig_pod, node, pod, shared_pod, whole_pod
 
 from packing.model import RequestKind
@@ -112,3 +115,95 @@ def test_events_a_source_skips_count_as_bad_objects() -> None:
     cache = make_cache([node("w", gpus=1)])
     cache.note_bad_object()
     assert cache.bad_objects == 1
+
+
+# ---- stateful: a world that does not agree with the cache ---------------------------------
+
+NODE_SHAPES = {
+    "w": [node("w", gpus=n, reconfigurable=False) for n in (0, 1, 2, 4)],
+    "m": [node("m", gpus=1, mig=layout, reconfigurable=False)
+          for layout in ({"3g.40gb": 2}, {"1g.10gb": 7}, {"7g.80gb": 1}, {"2g.20gb": 3})],
+    "s": [node("s", gpus=n, shared_replicas=r) for n, r in ((1, 2), (2, 2), (1, 4))],
+    "l": [node("l", product=L40S, gpus=n) for n in (1, 2)],
+}
+KINDS = {
+    "whole1": lambda name, **kw: whole_pod(name, 1, **kw),
+    "whole2": lambda name, **kw: whole_pod(name, 2, **kw),
+    "mig1g": lambda name, **kw: mig_pod(name, "1g.10gb", **kw),
+    "mig3g": lambda name, **kw: mig_pod(name, "3g.40gb", **kw),
+    "share": lambda name, **kw: shared_pod(name, **kw),
+}
+RECORDS = st.one_of(
+    st.none(),
+    st.builds(lambda g: ann(g), st.sampled_from(["0", "1", "0,1", "3", "1,0", "7"])),
+    st.builds(lambda g, m: ann(g, m), st.sampled_from(["0", "1"]),
+              st.sampled_from(["1g.10gb@0", "1g.10gb@5", "3g.40gb@4", "3g.40gb@2",
+                               "7g.80gb@0", "2g.20gb@2"])),
+)
+
+
+class HostileWorld(RuleBasedStateMachine):
+    """Nodes change shape under their pods; pods are bound by others wherever, with any
+    record; nothing the cache is told may crash it or put its books out of step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cache = make_cache([shapes[0] for shapes in NODE_SHAPES.values()])
+        self.nodes = set(NODE_SHAPES)
+        self.pods: dict[str, str | None] = {}  # pod name -> node (None: pending)
+
+    @rule(name=st.sampled_from(sorted(NODE_SHAPES)), shape=st.integers(0, 3))
+    def node_changes(self, name: str, shape: int) -> None:
+        shapes = NODE_SHAPES[name]
+        self.cache.upsert_node(shapes[shape % len(shapes)])
+        self.nodes.add(name)
+
+    @rule(name=st.sampled_from(sorted(NODE_SHAPES)))
+    def node_goes(self, name: str) -> None:
+        self.cache.delete_node(name)
+        self.nodes.discard(name)
+
+    @rule(i=st.integers(0, 7), kind=st.sampled_from(sorted(KINDS)),
+          where=st.sampled_from(sorted(NODE_SHAPES)), record=RECORDS)
+    def bound_elsewhere(self, i: int, kind: str, where: str,
+                        record: dict[str, str] | None) -> None:
+        obj = KINDS[kind](f"p{i}", node=where, scheduler="x", annotations=record)
+        assert self.cache.upsert_pod(obj)
+        self.pods[f"p{i}"] = where
+
+    @rule(i=st.integers(0, 7), kind=st.sampled_from(sorted(KINDS)))
+    def pending_then_assumed(self, i: int, kind: str) -> None:
+        name = f"q{i}"
+        if name in self.pods:
+            return
+        assert self.cache.upsert_pod(KINDS[kind](name))
+        self.pods[name] = None
+        req = self.cache.pending_pod(f"default/{name}")
+        for n in sorted(self.nodes):
+            options = self.cache.state.options(req, n)
+            if options:
+                self.cache.assume(req, req.uid, options[0])
+                return
+
+    @rule(i=st.integers(0, 7), prefix=st.sampled_from(["p", "q"]))
+    def deleted(self, i: int, prefix: str) -> None:
+        self.cache.delete_pod(f"default/{prefix}{i}")
+        self.pods.pop(f"{prefix}{i}", None)
+
+    @invariant()
+    def books_in_step(self) -> None:
+        consistent(self.cache)
+
+    @invariant()
+    def every_bound_pod_on_a_known_node_is_counted(self) -> None:
+        for name, where in self.pods.items():
+            if where is not None:
+                item = self.cache.counted(f"default/{name}")
+                assert (item is not None) == (where in self.nodes), (name, where)
+                if item is not None:
+                    assert item[1].node == where
+
+
+HostileWorld.TestCase.settings = settings(max_examples=200, stateful_step_count=40,
+                                          deadline=None)
+TestHostileWorld = HostileWorld.TestCase
