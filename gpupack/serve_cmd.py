@@ -77,6 +77,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="gunicorn worker processes; must be 1 (the cache and its assumed "
                         "binds live in one process)")
     p.add_argument("--threads", type=int, default=8, help="threads of the worker (default 8)")
+    p.add_argument("--http-worker", default="sticky", choices=["sticky", "gthread"],
+                   help="gunicorn worker class: sticky (default: gthread that serves a busy "
+                        "keep-alive connection's next request on the same thread) or the "
+                        "stock gthread")
     p.add_argument("--metrics-port", type=int, default=0,
                    help="also serve /metrics on this port (default 0: only on --port)")
     p.add_argument("--metrics-host", default=None,
@@ -276,7 +280,8 @@ class ExtenderServer(BaseApplication):
         settings = {
             "bind": f"{a.host}:{a.port}",
             "workers": 1,
-            "worker_class": "gthread",
+            "worker_class": "gpupack.sticky_worker.StickyThreadWorker"
+            if a.http_worker == "sticky" else "gthread",
             "threads": a.threads,
             "preload_app": False,
             "timeout": 60,
