@@ -205,6 +205,19 @@ class ClusterCache:
             self._refresh_signatures()
         return self._sig
 
+    def intern_signature(self, key: tuple[Any, ...]) -> int:
+        """The id of a node state (:func:`node_signature`) before any node is in it: the
+        warmer fills the memo for states a bind is about to create, and the node that
+        reaches such a state gets this id, so its answers are found."""
+        with self.lock:
+            sid = self._sig_ids.get(key)
+            if sid is None:
+                if len(self._sig_ids) >= SIGNATURE_LIMIT:
+                    self._sig_ids.clear()
+                self._next_sig += 1
+                sid = self._sig_ids[key] = self._next_sig
+            return sid
+
     def signature_count(self) -> int:
         """Distinct signatures among the nodes now."""
         with self.lock:

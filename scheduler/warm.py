@@ -11,6 +11,14 @@ scorer), finds the (shape, signature) pairs of pending pods' shapes that have no
 (or a score from an older scorer), and has them computed on a copy of one node in that
 state. Only the copies and the final inserts happen under the cache lock.
 
+*Successors*: a bind puts its node into the state "this state plus the pod at the best
+option" (bind reuses the memoized best option), and kube-scheduler's next cycle follows
+at once, before a sweep could see the new state. So for every answer that fits, the
+warmer also builds that successor state on the copy, interns its signature in the cache
+(:meth:`ClusterCache.intern_signature`) and warms the pending shapes on it: when the bind
+lands, the node's new signature already has answers. One step ahead only; each
+successor signature is expanded once.
+
 Where: by default in a warm child process (``spawn``, SCHED_IDLE, like the solver): in this
 process the evaluations would hold the GIL and every request thread, echo included,
 would wait for it at each hand-off. The child rebuilds the same scorer from the policy's
@@ -27,14 +35,15 @@ import multiprocessing as mp
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from multiprocessing.connection import Connection
 from typing import Any
 
 from packing.cpsat import SolverParams
-from packing.model import PodRequest, Snapshot
+from packing.model import Placement, PodRequest, Snapshot
 from packing.policies.greedy import Scorer
-from packing.state import ClusterState, GpuState, NodeState
-from scheduler.cache import ClusterCache
+from packing.state import ClusterState, GpuState, NodeState, PlacementError
+from scheduler.cache import ClusterCache, node_signature
 from scheduler.solve import start_child
 from scheduler.verbs import (
     Memo,
@@ -48,7 +57,15 @@ from scheduler.verbs import (
 
 log = logging.getLogger("gpupack.scheduler.warm")
 
+# (shape, selector-free pod, signature, node name or a private node state, fit known)
+Work = tuple[tuple[object, ...], PodRequest, int, "str | NodeState", bool]
+# (shape, selector-free pod, signature, the node copy evaluated, the answer)
+Done = tuple[tuple[object, ...], PodRequest, int, NodeState, NodeEval]
+
 MAX_SHAPES = 16  # pending shapes warmed, first come (the queue's head matters most)
+AHEAD_KEY = "gpupack.io/ahead"  # the stand-in pod of a successor (identities are not in
+# signatures, so any key gives the state a bind of the real pod gives)
+MAX_EXPANDED = 50_000  # successor signatures remembered as expanded (then forgotten)
 BATCH = 16  # (pod, node state) pairs per message to the warm child
 NICE = 10
 
@@ -85,6 +102,20 @@ def evaluate(n: NodeState, base: PodRequest, known: bool, scorer: Scorer | None,
     if ev.fits and scorer is not None:
         ev.set_score(scored(state, base, name, scorer, pause), gen)
     return ev
+
+
+def _best_at(ev: NodeEval | None, gen: int) -> Any:
+    """The best option of ``ev`` scored by scorer ``gen``: None when the pod does not fit
+    (or fits with no option), False when that answer is not there yet."""
+    if ev is None:
+        return False
+    if not ev.fits:
+        return None
+    if ev.score_gen == gen:
+        return ev.best_at
+    if ev.other is not None and ev.other[0] == gen:
+        return ev.other[3]
+    return False
 
 
 # ---- the warm child ------------------------------------------------------------------------
@@ -185,9 +216,10 @@ class Warmer:
     def __init__(self, cache: ClusterCache, memo: Memo, scorer: Callable[[], ScorerRef],
                  interval_s: float = 1.0, settle_s: float = 0.001,
                  busy: Callable[[], bool] | None = None, max_pause_s: float = 0.05,
-                 in_process: bool = False) -> None:
+                 in_process: bool = False, ahead: bool = True) -> None:
         self.cache = cache
         self.in_process = in_process
+        self.ahead = ahead  # also warm the states binds are about to create
         self.child: WarmChild | None = None
         self.busy = busy
         self.max_pause_s = max_pause_s
@@ -202,6 +234,11 @@ class Warmer:
         self._seen: tuple[int, int] = (-1, -1)  # (cache version, scorer gen) last swept
         self._swept: tuple[int, frozenset[tuple[object, ...]]] | None = None  # gen, shapes
         self._shape_of: dict[str, tuple[PodRequest, tuple[object, ...], PodRequest]] = {}
+        # (scorer gen, signature) of node states whose successors were made
+        self._expanded_from: set[tuple[int, int]] = set()
+        self._shapes_now: dict[tuple[object, ...], PodRequest] = {}  # of the last _work
+        self._reps_now: dict[int, str] = {}  # signature -> a node, of the last _work
+        self.successors = 0  # successor states whose answers were warmed ahead of a bind
         self.active: ScorerRef | None = None  # the latest scorer whose warming finished
         self.max_lag_s = 30.0
         self._latest_gen = -1
@@ -258,12 +295,13 @@ class Warmer:
         self._shape_of = fresh
         return shapes
 
-    def _work(self, ref: ScorerRef) -> list[tuple[tuple[object, ...], PodRequest, int, str, bool]]:
+    def _work(self, ref: ScorerRef) -> list[Work]:
         """(shape, selector-free pod, signature, a node in that state, fit known) to do.
 
         Only copies are taken under the lock, no evaluation. A full pass over every
         signature happens when the scorer or the set of pending shapes changes; else only
         the nodes whose signature changed since the last pass are looked at."""
+        self._reps_now = {}
         with self.cache.lock:
             if not self.cache.synced:
                 return []
@@ -279,10 +317,12 @@ class Warmer:
             with self.cache.lock:
                 changes = list(self.cache.signatures().items())
             self._swept = swept
+        self._shapes_now = shapes
         reps: dict[int, str] = {}
         for name, sig in changes:
             reps.setdefault(sig, name)
-        work = []
+        self._reps_now = reps
+        work: list[Work] = []
         tables = self.memo.tables
         for shape, base in shapes.items():
             table = tables.get(shape, {})
@@ -317,12 +357,18 @@ class Warmer:
             self._latest_gen, self._latest_since = ref.gen, time.monotonic()
         remote = not self.in_process and ref.policy != "" and ref.source is not None
         done = 0
+        step = BATCH if remote else 1
         try:
             work = self._work(ref)
-            for i in range(0, len(work), BATCH if remote else 1):
+            for i in range(0, len(work), step):
                 if self._stop.is_set():
                     return done
-                done += self._batch(work[i:i + (BATCH if remote else 1)], ref, remote)
+                done += len(self._batch(work[i:i + step], ref, remote))
+            ahead = self._successors(ref)
+            for i in range(0, len(ahead), step):
+                if self._stop.is_set():
+                    return done
+                done += len(self._batch(ahead[i:i + step], ref, remote))
         except Exception:
             self._seen, self._swept = (-1, -1), None  # the next pass starts over, in full
             if self.child is not None:
@@ -334,8 +380,64 @@ class Warmer:
             self.active = ref  # every pending shape is scored with it now
         return done
 
-    def _batch(self, items: list[tuple[tuple[object, ...], PodRequest, int, str, bool]],
-               ref: ScorerRef, remote: bool) -> int:
+    def _successors(self, ref: ScorerRef) -> list[Work]:
+        """Work on the states binds would create from the node states the last
+        :meth:`_work` looked at (see the module docstring): for each pending shape with
+        a best option there, that option is applied to a copy of the node, and the
+        pending shapes without an answer for the resulting signature are returned, each
+        with the copy to evaluate on. Successors are made from real node states only
+        (one step ahead), once per state and scorer."""
+        if not self.ahead or ref.name_sensitive:
+            return []  # (name-sensitive: answers depend on names, no state stands for another)
+        shapes = self._shapes_now
+        reps = [(sig, name) for sig, name in self._reps_now.items()
+                if (ref.gen, sig) not in self._expanded_from]
+        if not reps or not shapes:
+            return []
+        tables = self.memo.tables
+        with self.cache.lock:
+            sigs = self.cache.signatures()
+            nodes = self.cache.state.nodes
+            states = []
+            for sig, name in reps:
+                n = nodes.get(name)
+                if n is not None and sigs.get(name) == sig:
+                    states.append((sig, copy_state(n),
+                                   [(base, _best_at(tables.get(shape, {}).get(sig), ref.gen))
+                                    for shape, base in shapes.items()]))
+        if len(self._expanded_from) >= MAX_EXPANDED:
+            self._expanded_from.clear()
+        out: list[Work] = []
+        queued: set[int] = set()
+        for sig, n, answers in states:
+            if any(best is False for _, best in answers):
+                continue  # not all answers are in yet: expanded by a later sweep
+            self._expanded_from.add((ref.gen, sig))
+            for base, best in answers:
+                if best is None or best is False:
+                    continue
+                after = copy_state(n)
+                # Under a key of its own: the same shape is evaluated on the result next.
+                stand_in = replace(base, key=AHEAD_KEY, uid="")
+                try:
+                    alone(after).apply(stand_in, Placement(AHEAD_KEY, n.info.name, *best))
+                except PlacementError:
+                    continue
+                sid = self.cache.intern_signature(node_signature(after))
+                if sid in queued:
+                    continue
+                queued.add(sid)
+                self.successors += 1
+                for shape, other in shapes.items():
+                    known = tables.get(shape, {}).get(sid)
+                    if known is None:
+                        out.append((shape, other, sid, after, False))
+                    elif known.fits and not known.knows(ref.gen):  # an older scorer's
+                        out.append((shape, other, sid, after, True))
+        return out
+
+    def _batch(self, items: list[Work], ref: ScorerRef, remote: bool) -> list[Done]:
+        """Compute ``items``; returns what was computed, with the node copies used."""
         score = not ref.name_sensitive
         if not remote:
             self.pause()
@@ -343,12 +445,15 @@ class Warmer:
             sigs = self.cache.signatures()
             nodes = self.cache.state.nodes
             todo = []
-            for shape, base, sig, name, known in items:
-                n = nodes.get(name)
-                if n is not None and sigs.get(name) == sig:  # else: the next sweep sees it
+            for shape, base, sig, where, known in items:
+                if isinstance(where, NodeState):  # a successor: private, nobody's yet
+                    todo.append((shape, base, sig, where, known))
+                    continue
+                n = nodes.get(where)
+                if n is not None and sigs.get(where) == sig:  # else: the next sweep sees it
                     todo.append((shape, base, sig, copy_state(n), known))
         if not todo:
-            return 0
+            return []
         if remote:
             if self.child is None:
                 self.child = WarmChild()
@@ -361,4 +466,5 @@ class Warmer:
         with self.cache.lock:
             for (shape, _, sig, _, _), ev in zip(todo, evs, strict=True):
                 self.memo.put(shape, sig, ev)
-        return len(todo)
+        return [(shape, base, sig, n, ev)
+                for (shape, base, sig, n, _), ev in zip(todo, evs, strict=True)]

@@ -10,7 +10,15 @@ from sched_builders import filter_args, make_cache, mig_pod, node, whole_pod
 
 from packing.model import Snapshot
 from packing.policies.gpupack import make_gpupack_scorer
-from scheduler.verbs import Memo, NoPlan, ScorerRef, filter_nodes, prioritize, read_pod
+from scheduler.verbs import (
+    Memo,
+    NoPlan,
+    ScorerRef,
+    choose_placement,
+    filter_nodes,
+    prioritize,
+    read_pod,
+)
 from scheduler.warm import Warmer
 from scheduler.wire import ExtenderArgs
 
@@ -96,7 +104,7 @@ def test_warmer_fills_fit_and_score_for_pending_shapes() -> None:
                        [mig_pod("asr"), whole_pod("llm", 2), whole_pod("r", 3, node="w1")])
     memo = Memo()
     ref = scorer()
-    warmer = Warmer(cache, memo, lambda: ref)
+    warmer = Warmer(cache, memo, lambda: ref, ahead=False)  # counts the states seen only
     assert warmer.sweep() == 2 * 3  # 2 shapes x 3 signatures (idle whole, used whole, MIG)
     assert warmer.sweep() == 0  # nothing changed
     names = [*NAMES, "m"]
@@ -109,6 +117,43 @@ def test_warmer_fills_fit_and_score_for_pending_shapes() -> None:
     assert warmer.sweep() == 2  # the new state, for each shape
     ref = scorer(2)  # a new scorer: fitting entries are re-scored
     assert warmer.sweep() == 4
+
+
+def test_the_states_binds_create_are_warmed_before_the_binds() -> None:
+    # A bind puts its node into "state + pod at the memoized best option"; the warmer
+    # has answers for that state ready, so the requests after the bind do not miss.
+    cache = make_cache([*whole_nodes(), node("m", mig={"1g.10gb": 7})],
+                       [mig_pod("asr"), mig_pod("asr2"), whole_pod("llm", 2),
+                        whole_pod("r", 3, node="w1")])
+    memo = Memo()
+    ref = scorer()
+    warmer = Warmer(cache, memo, lambda: ref)
+    assert warmer.sweep() > 2 * 3 and warmer.successors > 0
+    names = [*NAMES, "m"]
+    for key, node_name in (("default/asr", "m"), ("default/llm", "w2")):
+        req = cache.pending_pod(key)
+        with cache.view() as view:
+            p = choose_placement(view, req, node_name, ref.scorer, NoPlan(), memo, ref.gen)
+        assert not isinstance(p, str)
+        cache.assume(req, req.uid, p)
+        before = memo.misses
+        for q in (mig_pod("asr2"), whole_pod("llm", 2)):
+            args = ExtenderArgs.decode(filter_args(q, names))
+            filter_nodes(args, cache, memo)
+            prioritize(args, cache, memo, ref, NoPlan())
+        assert memo.misses == before, key  # the bind's new state was warmed ahead
+    # Without looking ahead, the same binds miss.
+    cold = make_cache([*whole_nodes(), node("m", mig={"1g.10gb": 7})],
+                      [mig_pod("asr"), mig_pod("asr2"), whole_pod("r", 3, node="w1")])
+    memo2 = Memo()
+    Warmer(cold, memo2, lambda: ref, ahead=False).sweep()
+    req = cold.pending_pod("default/asr")
+    with cold.view() as view:
+        p = choose_placement(view, req, "m", ref.scorer, NoPlan(), memo2, ref.gen)
+    assert not isinstance(p, str)
+    cold.assume(req, req.uid, p)
+    filter_nodes(ExtenderArgs.decode(filter_args(mig_pod("asr2"), names)), cold, memo2)
+    assert memo2.misses == 1
 
 
 def test_unresolvable_counts_idle_whole_gpus_of_a_reconfigurable_node() -> None:
@@ -144,7 +189,7 @@ def test_warm_child_process_gives_the_same_answers_as_the_request_path() -> None
     ref = planner.scorer
     assert ref.policy == "gpupack" and ref.source is not None
     memo = Memo()
-    warmer = Warmer(cache, memo, lambda: ref)
+    warmer = Warmer(cache, memo, lambda: ref, ahead=False)
     try:
         assert warmer.sweep() == 2 * 4
         assert warmer.child is not None and warmer.child.pid not in (None, os.getpid())
