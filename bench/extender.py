@@ -375,7 +375,9 @@ def main() -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nodes", type=int, action="append", help="cluster sizes (default 1000, 5000)")
     ap.add_argument("--cycles", type=int, default=500, help="measured scheduling cycles per size")
-    ap.add_argument("--warmup", type=int, default=50, help="unmeasured cycles first")
+    ap.add_argument("--warmup", type=int, default=200,
+                    help="unmeasured cycles first (default 200: the server's own start-up "
+                         "work, its first memo warming and plan, runs ~0.5 s past /readyz)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--no-planner", action="store_true", help="run the server without planner")
     ap.add_argument("--json", action="store_true", help="print JSON only")
