@@ -149,9 +149,11 @@ def node_info(node: Mapping[str, Any], notes: list[str] | None = None) -> NodeIn
     for res in alloc:
         profile = profile_from_resource(str(res))
         if profile is not None:
-            # Time-sliced MIG devices are advertised once per replica (GFD labels the
-            # replicas per profile); gpupack counts the instances themselves.
-            replicas = _label_int(who, labels, f"{res}.replicas") or 1
+            # Time-sliced MIG devices are advertised once per replica; GFD labels the
+            # replicas under the resource's configured name, without the ".shared" the
+            # device plugin adds when it renames it. gpupack counts the instances.
+            base = str(res).removesuffix(".shared")
+            replicas = _label_int(who, labels, f"{base}.replicas") or 1
             n = q(str(res), count)
             mig_counts[profile] = max(1, n // replicas) if n else 0
     gpus = _infer_gpus(who, labels, whole, shared, mig_counts)

@@ -54,6 +54,7 @@ class GpuState:
             and self.info.mode is GpuMode.WHOLE
             and not self.converted
             and self.whole_owner is None
+            and not self.shared_owners
             and get_model(self.info.model).mig is not None
         )
 
@@ -336,9 +337,10 @@ class ClusterState:
         applied anyway, so this is the check they must pass: the GPUs exist, the
         placement matches the request (count of whole GPUs; one GPU for a share or a
         slice; the pod's MIG profile at an allowed start of that GPU's geometry, not
-        overlapping another instance) and the GPU's mode can hold it. A placement
-        without GPUs is always recordable: it counts CPU and memory only, for a pod
-        whose GPUs are unknown.
+        overlapping another instance), the GPU's mode can hold it, and no other pod
+        holds the same whole GPU or MIG slice (counting both would let one's undo free
+        it under the other). A placement without GPUs is always recordable: it counts
+        CPU and memory only, for a pod whose GPUs are unknown.
         """
         node = self.nodes.get(p.node)
         if node is None:
@@ -359,8 +361,13 @@ class ClusterState:
             if len(p.gpus) != pod.gpu_count or len(set(p.gpus)) != len(p.gpus):
                 return f"pod needs {pod.gpu_count} distinct GPUs, placement gives {list(p.gpus)}"
             for i in p.gpus:
-                if by_index[i].mode is GpuMode.MIG:
-                    return f"GPU {i} of {p.node} is in MIG mode, not a whole GPU"
+                g = by_index[i]
+                if g.mode not in (GpuMode.WHOLE, GpuMode.FRACTIONAL):
+                    return f"GPU {i} of {p.node} is in {g.mode.value} mode, not a whole GPU"
+                if not g.idle:
+                    # Two records on one GPU: counting both would let the first undo free
+                    # the GPU under the other.
+                    return f"GPU {i} of {p.node} is held by another pod"
             return None
         if len(p.gpus) != 1:
             return f"pod takes one GPU, placement gives {list(p.gpus)}"
@@ -368,7 +375,7 @@ class ClusterState:
         if pod.kind is RequestKind.SHARED:
             if p.mig_profile is not None:
                 return "a GPU share placed as a MIG slice"
-            if g.mode is GpuMode.MIG or g.whole_owner is not None:
+            if g.mode not in (GpuMode.SHARED, GpuMode.FRACTIONAL) or g.whole_owner is not None:
                 return f"GPU {g.info.index} of {p.node} is not shared ({g.mode.value})"
             return None
         return self._mig_shape_error(pod, p, g)
@@ -386,14 +393,18 @@ class ClusterState:
             return f"{where} ({g.info.model}) has no MIG profile {p.mig_profile}"
         if p.mig_start not in geom.profile(p.mig_profile).starts:
             return f"start {p.mig_start} is not allowed for {p.mig_profile} on {g.info.model}"
-        if g.mode is not GpuMode.MIG and (g.whole_owner is not None or g.shared_owners):
-            return f"{where} is used as a {g.mode.value} GPU, not in MIG mode"
+        if g.mode is not GpuMode.MIG and not (p.mig_created and g.convertible):
+            # A slice that exists is on a MIG GPU; one to be created needs an idle GPU
+            # that may be switched to MIG.
+            return f"{where} is in {g.mode.value} mode, not MIG"
         held = g.instances.get(p.mig_start)
         if held is not None:
             if held[0] != p.mig_profile:
                 return f"{where} has {held[0]}@{p.mig_start}, not {p.mig_profile}"
             if p.mig_created:
                 return f"{where} already has {p.mig_profile}@{p.mig_start}"
+            if held[1] is not None:
+                return f"{p.mig_profile}@{p.mig_start} on {where} is held by another pod"
             return None
         mine = memory_range(geom, MigSlot(p.mig_profile, p.mig_start))
         for start, (profile, _) in g.instances.items():
@@ -405,13 +416,15 @@ class ClusterState:
     def apply(self, pod: PodRequest, p: Placement, *, allow_overcommit: bool = False) -> None:
         """Take the resources of placement ``p``; PlacementError when they are not free.
 
-        ``allow_overcommit``: take them even when they are not free (a pod already bound
-        holds what it holds), provided the placement passes :meth:`shape_error`; a
-        placement without GPUs then takes CPU and memory only. Nothing is changed when
-        PlacementError is raised."""
-        why = self.shape_error(pod, p) if allow_overcommit else self.check(pod, p)
-        if why is not None:
-            raise PlacementError(f"{pod.key}: {why}")
+        ``allow_overcommit``: take them unchecked. For replaying what was applied before
+        (a snapshot's running pods, a placement undone for a moment, a scorer's trial),
+        and for records of bound pods that passed :meth:`shape_error` (which the cache
+        and the snapshot builder check first). A placement without GPUs takes CPU and
+        memory only. Nothing is changed when PlacementError is raised."""
+        if not allow_overcommit:
+            why = self.check(pod, p)
+            if why is not None:
+                raise PlacementError(f"{pod.key}: {why}")
         node = self.nodes[p.node]
         node.version = next(_VERSIONS)
         node.cpu_free -= pod.cpu_milli

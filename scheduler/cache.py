@@ -305,6 +305,13 @@ class ClusterCache:
     # ---- accounting ------------------------------------------------------------------------
 
     def _apply(self, req: PodRequest, p: Placement) -> None:
+        """Count ``p``; a placement that cannot be recorded as it is (see
+        :meth:`ClusterState.shape_error`) is counted without GPUs instead, so nothing a
+        watch event says can corrupt the packing state or escape as an exception."""
+        why = self.state.shape_error(req, p)
+        if why is not None:
+            log.warning("pod %s on %s: %s; counted without GPUs", req.key, p.node, why)
+            p = Placement(req.key, p.node)
         self.state.apply(req, p, allow_overcommit=True)
         self._record(req, p)
 
@@ -464,6 +471,7 @@ class ClusterCache:
         kept: list[tuple[PodRequest, Placement]] = []
         redo: list[str] = []  # assumptions and holds that no longer fit: accounted anew
         refit: list[PodEntry] = []  # bound pods placed afresh, after those that keep theirs
+        existing: dict[str, Placement] = {}  # assumptions whose created slice now exists
         for key in sorted(self._on_node.get(name, set())):
             req, p = self._counted[key]
             entry = self._pods.get(key)
@@ -477,16 +485,26 @@ class ClusterCache:
                     kept.append((req, p))
                 else:
                     refit.append(entry)
-            elif fits:
-                scratch.apply(req, p, allow_overcommit=True)
-                kept.append((req, p))
             else:
-                redo.append(key)
+                # An assumption or a hold. Its slice "to be created" may have appeared in
+                # the node's new layout meanwhile (the bind went through): it is then the
+                # existing slice.
+                if not fits and p.mig_created:
+                    q = replace(p, mig_created=False)
+                    if scratch.shape_error(req, q) is None:
+                        p, fits = q, True
+                        if key in self._assumed:
+                            existing[key] = q
+                if fits:
+                    scratch.apply(req, p, allow_overcommit=True)
+                    kept.append((req, p))
+                else:
+                    redo.append(key)
         for entry in refit:
-            q = self._placement_for(entry, scratch)
-            assert q is not None  # the node is in scratch
-            scratch.apply(entry.req, q, allow_overcommit=True)
-            kept.append((entry.req, q))
+            fresh = self._placement_for(entry, scratch)
+            assert fresh is not None  # the node is in scratch
+            scratch.apply(entry.req, fresh, allow_overcommit=True)
+            kept.append((entry.req, fresh))
         # Commit: nothing below can fail.
         for key in self._on_node.get(name, set()):
             req, _ = self._counted.pop(key)
@@ -498,6 +516,8 @@ class ClusterCache:
         self._touch(name)
         for req, q in kept:
             self._record(req, q)
+        for key, q in existing.items():
+            self._assumed[key] = replace(self._assumed[key], placement=q)
         for key in redo:
             self._assumed.pop(key, None)
             self._account(key)

@@ -68,9 +68,11 @@ def test_the_largest_real_shapes_still_read() -> None:
     assert all(len(g.mig) == 7 for g in info.gpus)
 
 
-def test_time_sliced_mig_resources_count_instances_not_replicas() -> None:
+@pytest.mark.parametrize("resource", ["nvidia.com/mig-1g.10gb", "nvidia.com/mig-1g.10gb.shared"])
+def test_time_sliced_mig_resources_count_instances_not_replicas(resource: str) -> None:
+    # GFD labels the replicas under the configured name, renamed (".shared") or not.
     labels = {**H100, "nvidia.com/gpu.count": "1", "nvidia.com/mig-1g.10gb.replicas": "4"}
-    info = node_info(k8s_node(labels, {"nvidia.com/mig-1g.10gb": "28"}))
+    info = node_info(k8s_node(labels, {resource: "28"}))
     assert len(info.gpus) == 1
     assert [i.profile for i in info.gpus[0].mig] == ["1g.10gb"] * 7
 

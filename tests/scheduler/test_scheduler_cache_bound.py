@@ -14,6 +14,9 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from sched_builders import L40S, make_cache, mig_pod, node, pod, shared_pod, whole_pod
 
 from packing.model import RequestKind
+from packing.state import ClusterState
+from scheduler.verbs import preempt
+from scheduler.wire import PreemptionArgs, Victims
 
 
 def consistent(cache: Any) -> None:
@@ -111,6 +114,68 @@ def test_a_mig_node_relaid_out_under_bound_slices_keeps_counting_them() -> None:
     assert [cache.counted(f"default/m{i}")[1].mig_start for i in range(3)] == [0, 1, 2]
 
 
+def test_a_share_recorded_on_a_whole_gpu_is_counted_without_it_and_mig_still_fits() -> None:
+    # The share's record names a whole-mode GPU: it cannot be recorded there (and that GPU
+    # then offered a MIG slice the record check refused: a PlacementError escaped).
+    cache = make_cache([node("w", gpus=1)])  # reconfigurable: an idle GPU may become MIG
+    assert cache.upsert_pod(shared_pod("s", node="w", scheduler="x", annotations=ann("0")))
+    assert cache.counted("default/s")[1].gpus == ()
+    assert cache.upsert_pod(mig_pod("m", node="w", scheduler="x"))
+    assert cache.counted("default/m")[1].gpus == (0,)
+    cache.upsert_node(node("w", gpus=1, cpu="32"))
+    consistent(cache)
+    assert cache.counts()["counted"] == 2
+
+
+def test_two_pods_recording_one_gpu_count_it_once_and_deleting_one_keeps_it_held() -> None:
+    cache = make_cache([node("w", gpus=1, reconfigurable=False)])
+    for name in ("a", "b"):
+        assert cache.upsert_pod(whole_pod(name, 1, node="w", scheduler="x",
+                                          annotations=ann("0")))
+    assert cache.counted("default/b")[1].gpus == ()  # counted without the GPU a holds
+    cache.delete_pod("default/b")
+    assert cache.state.whole_gpus_free() == 0
+    consistent(cache)
+
+
+def test_preempt_restores_the_live_state_exactly() -> None:
+    cache = make_cache([node("w", gpus=1, shared_replicas=2)])
+    assert cache.upsert_pod(shared_pod("a", node="w", scheduler="x", annotations=ann("0")))
+    assert cache.upsert_pod(whole_pod("b", 1, node="w", scheduler="x", annotations=ann("0")))
+    args = PreemptionArgs(pod=shared_pod("z", priority=100), meta=True, victims={
+        "w": Victims(pods=(), uids=("uid-default-a", "uid-default-b"), num_pdb_violations=0)})
+    before = {k: (n.cpu_free, dict(n.pods)) for k, n in cache.state.nodes.items()}
+    with cache.view() as view:
+        preempt(args, view)
+    assert {k: (n.cpu_free, dict(n.pods)) for k, n in cache.state.nodes.items()} == before
+    consistent(cache)
+    for key in ("default/a", "default/b"):
+        cache.delete_pod(key)
+    consistent(cache)
+
+
+def test_an_assumed_new_slice_that_appears_in_the_layout_stays_assumed() -> None:
+    cache = make_cache([node("w", gpus=1, mig={"1g.10gb": 6})])
+    req = cache.pending_pod("default/q") if cache.upsert_pod(mig_pod("q")) else None
+    assert req is not None
+    created = [o for o in cache.state.options(req, "w") if o.mig_created]
+    assert created
+    cache.assume(req, req.uid, created[0])
+    # The MIG manager created the slice; the Node update shows it before the pod is seen
+    # bound.
+    cache.upsert_node(node("w", gpus=1, mig={"1g.10gb": 7}))
+    assert cache.assumed_keys() == ["default/q"]
+    assert cache.counted("default/q")[1].mig_start == created[0].mig_start
+    other = cache.state.options(replace_key(req, "default/r"), "w")
+    assert all(o.mig_start != created[0].mig_start for o in other)
+    consistent(cache)
+
+
+def replace_key(req: Any, key: str) -> Any:
+    from dataclasses import replace
+    return replace(req, key=key)
+
+
 def test_events_a_source_skips_count_as_bad_objects() -> None:
     cache = make_cache([node("w", gpus=1)])
     cache.note_bad_object()
@@ -125,6 +190,7 @@ NODE_SHAPES = {
           for layout in ({"3g.40gb": 2}, {"1g.10gb": 7}, {"7g.80gb": 1}, {"2g.20gb": 3})],
     "s": [node("s", gpus=n, shared_replicas=r) for n, r in ((1, 2), (2, 2), (1, 4))],
     "l": [node("l", product=L40S, gpus=n) for n in (1, 2)],
+    "r": [node("r", gpus=n) for n in (1, 2)],  # MIG-reconfigurable whole GPUs
 }
 KINDS = {
     "whole1": lambda name, **kw: whole_pod(name, 1, **kw),
@@ -193,6 +259,23 @@ class HostileWorld(RuleBasedStateMachine):
     @invariant()
     def books_in_step(self) -> None:
         consistent(self.cache)
+
+    @invariant()
+    def the_snapshot_replays(self) -> None:
+        ClusterState(self.cache.snapshot())  # what the planner does with it
+
+    @rule(where=st.sampled_from(sorted(NODE_SHAPES)))
+    def preempt_changes_nothing(self, where: str) -> None:
+        with self.cache.view() as view:
+            if where not in view.state.nodes:
+                return
+            before = {k: (n.cpu_free, dict(n.pods)) for k, n in view.state.nodes.items()}
+            uids = tuple(req.uid for req, _ in view.pods_on(where) if req.uid)
+            args = PreemptionArgs(pod=whole_pod("z", 1, priority=100), meta=True, victims={
+                where: Victims(pods=(), uids=uids, num_pdb_violations=0)})
+            preempt(args, view)
+            assert {k: (n.cpu_free, dict(n.pods))
+                    for k, n in view.state.nodes.items()} == before
 
     @invariant()
     def every_bound_pod_on_a_known_node_is_counted(self) -> None:
