@@ -59,6 +59,21 @@ Clock = Callable[[], float]
 SIGNATURE_LIMIT = 100_000
 
 
+def as_counted(state: ClusterState, p: Placement) -> Placement:
+    """``p`` as the cache counts it: a MIG slice the view's layout does not have yet is
+    counted as created (so giving it back removes it again, instead of leaving a free
+    slice that does not exist); one it has, as existing."""
+    if p.mig_profile is None or p.mig_start is None or not p.gpus:
+        return p
+    exists = p.mig_start in state.gpu(p.node, p.gpus[0]).instances
+    return p if p.mig_created != exists else replace(p, mig_created=not exists)
+
+
+def same_slot(a: Placement | None, b: Placement) -> bool:
+    """Equal placements, whether or not the slice was counted as created."""
+    return a is not None and replace(a, mig_created=False) == replace(b, mig_created=False)
+
+
 def node_signature(n: NodeState) -> tuple[Any, ...]:
     """Everything about a node's state that fit, reasons and scores can depend on, except
     the node's name and labels (node selectors are checked by the verbs themselves).
@@ -312,6 +327,7 @@ class ClusterCache:
         if why is not None:
             log.warning("pod %s on %s: %s; counted without GPUs", req.key, p.node, why)
             p = Placement(req.key, p.node)
+        p = as_counted(self.state, p)
         self.state.apply(req, p, allow_overcommit=True)
         self._record(req, p)
 
@@ -471,7 +487,7 @@ class ClusterCache:
         kept: list[tuple[PodRequest, Placement]] = []
         redo: list[str] = []  # assumptions and holds that no longer fit: accounted anew
         refit: list[PodEntry] = []  # bound pods placed afresh, after those that keep theirs
-        existing: dict[str, Placement] = {}  # assumptions whose created slice now exists
+        existing: dict[str, Placement] = {}  # assumptions now counted differently (created)
         for key in sorted(self._on_node.get(name, set())):
             req, p = self._counted[key]
             entry = self._pods.get(key)
@@ -480,7 +496,8 @@ class ClusterCache:
                 # A bound pod keeps where it was counted unless that is gone from the node,
                 # was counted without GPUs, or was a stand-in for its recorded placement.
                 if fits and (p.gpus or req.kind is RequestKind.NONE) and (
-                        entry.recorded is None or entry.recorded == p):
+                        entry.recorded is None or same_slot(entry.recorded, p)):
+                    p = as_counted(scratch, p)
                     scratch.apply(req, p, allow_overcommit=True)
                     kept.append((req, p))
                 else:
@@ -493,9 +510,10 @@ class ClusterCache:
                     q = replace(p, mig_created=False)
                     if scratch.shape_error(req, q) is None:
                         p, fits = q, True
-                        if key in self._assumed:
-                            existing[key] = q
                 if fits:
+                    p = as_counted(scratch, p)
+                    if key in self._assumed and p != self._counted[key][1]:
+                        existing[key] = p
                     scratch.apply(req, p, allow_overcommit=True)
                     kept.append((req, p))
                 else:
@@ -503,6 +521,7 @@ class ClusterCache:
         for entry in refit:
             fresh = self._placement_for(entry, scratch)
             assert fresh is not None  # the node is in scratch
+            fresh = as_counted(scratch, fresh)
             scratch.apply(entry.req, fresh, allow_overcommit=True)
             kept.append((entry.req, fresh))
         # Commit: nothing below can fail.
@@ -571,8 +590,13 @@ class ClusterCache:
             if old == entry:
                 return True
             if old is not None and old.uid != entry.uid and req.key in self._counted:
-                # Same name, new pod: the old one's resources are gone.
-                self._unapply(req.key)
+                # Same name, another UID. The bind in flight was for this very pod only if
+                # it named this UID; otherwise the old pod's resources (and any
+                # assumption made for it) are gone.
+                a = self._assumed.get(req.key)
+                if a is None or not a.uid or a.uid != entry.uid:
+                    self._assumed.pop(req.key, None)
+                    self._unapply(req.key)
             self._pods[req.key] = entry
             self._account(req.key)
             self._changed()
@@ -628,6 +652,11 @@ class ClusterCache:
             if req.key in self._pods:
                 return f"{req.key} is a pod, not a reservation member"
             why = self.state.check(req, placement)
+            if why is not None and placement.mig_created:
+                # The slice the reservation was to create exists now (and is free).
+                existing = replace(placement, mig_created=False)
+                if self.state.check(req, existing) is None:
+                    placement, why = existing, None
             if why is None:
                 self._apply(req, placement)
                 self._changed()
