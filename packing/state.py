@@ -170,16 +170,19 @@ class ClusterState:
                 return g
         raise KeyError(f"node {node} has no GPU {index}")
 
-    def options(self, pod: PodRequest, node_name: str, *, dedupe: bool = False) -> list[Placement]:
+    def options(self, pod: PodRequest, node_name: str, *, dedupe: bool = False,
+                gpus_only: bool = False) -> list[Placement]:
         """Every concrete placement of ``pod`` on the node, in a deterministic order.
 
         ``dedupe``: idle GPUs of one node with the same model, mode and layout are
         interchangeable for a single pod, so only the first of them is offered. Greedy
         policies use this (far fewer options to score); batch solvers must not, since
         several pods of a batch may need several of those GPUs.
+        ``gpus_only``: ignore cordon, selectors, CPU and memory (where a pod that is
+        already bound could be holding GPUs).
         """
         node = self.nodes[node_name]
-        if fits_node(pod, node) is not None:
+        if not gpus_only and fits_node(pod, node) is not None:
             return []
         options = self._gpu_options(pod, node)
         if not dedupe or pod.kind in (RequestKind.NONE, RequestKind.WHOLE):

@@ -374,7 +374,8 @@ class ClusterCache:
                 return p
             log.warning("pod %s on %s: %s %s ignored: %s", entry.req.key, entry.node, what,
                         p.to_json(), why)
-        options = state.options(entry.req, entry.node)
+        # Where it could be holding GPUs: a cordoned or CPU-full node still has them.
+        options = state.options(entry.req, entry.node, gpus_only=True)
         if options:
             return options[0]
         # Bound by someone else with no room we can see (our view lags, the node over-
@@ -410,8 +411,9 @@ class ClusterCache:
                 self._pending[key] = entry.req
             return
         current = self._counted.get(key)
-        if current is not None and current[1].node == entry.node and current[0] == entry.req:
-            return  # unchanged binding: nothing to redo
+        if (current is not None and current[1].node == entry.node and current[0] == entry.req
+                and (entry.recorded is None or same_slot(entry.recorded, current[1]))):
+            return  # unchanged binding: nothing to redo (a new record is read below)
         self._unapply(key)
         p = self._placement_for(entry)
         if p is not None:

@@ -370,3 +370,20 @@ class HostileWorld(RuleBasedStateMachine):
 HostileWorld.TestCase.settings = settings(max_examples=200, stateful_step_count=40,
                                           deadline=None)
 TestHostileWorld = HostileWorld.TestCase
+
+
+def test_a_bound_pod_on_a_cordoned_or_cpu_full_node_is_counted_with_its_gpu() -> None:
+    cache = make_cache([node("c", gpus=1, cpu="1", unschedulable=True, reconfigurable=False)])
+    assert cache.upsert_pod(whole_pod("a", 1, node="c", scheduler="x", cpu="4"))
+    assert cache.counted("default/a")[1].gpus == (0,)
+    assert cache.state.whole_gpus_free() == 0
+
+
+def test_a_record_written_after_the_pod_was_seen_bound_is_read() -> None:
+    cache = make_cache([node("w", gpus=2, reconfigurable=False)])
+    assert cache.upsert_pod(whole_pod("a", 1, node="w", scheduler="x"))
+    assert cache.counted("default/a")[1].gpus == (0,)  # guessed: first free
+    assert cache.upsert_pod(whole_pod("a", 1, node="w", scheduler="x", annotations=ann("1")))
+    assert cache.counted("default/a")[1].gpus == (1,)
+    consistent(cache)
+    replays(cache)
