@@ -14,6 +14,10 @@ client holds one for at most ``STICKY_S`` between requests. Fairness is kept: a 
 stays with its connection only while no other connection waits for a thread, so a busy
 client cannot starve the others (a waiting one is served at the next request boundary,
 as with the stock worker). HTTP/2 connections are left to the stock code.
+
+Written against gunicorn 27, whose ``ThreadWorker.handle`` returns True for a connection
+to keep alive. Older releases return a ``(keepalive, conn)`` tuple there; this worker then
+never keeps a connection and behaves exactly like the stock one.
 """
 
 from __future__ import annotations
