@@ -56,11 +56,10 @@ class StickyThreadWorker(ThreadWorker):
     sticky_s = STICKY_S
 
     def _others_waiting(self) -> bool:
+        """Connections queued for a thread (ThreadPoolExecutor's queue); True when that
+        cannot be seen, so the worker then behaves like the stock one."""
         queue = getattr(getattr(self, "tpool", None), "_work_queue", None)
-        try:
-            return queue is None or queue.qsize() > 0
-        except (AttributeError, NotImplementedError):
-            return True  # cannot tell: behave like the stock worker
+        return queue is None or queue.qsize() > 0
 
     def handle(self, conn: Any) -> Any:
         result = super().handle(conn)

@@ -189,13 +189,7 @@ class ClusterCache:
             if n is None:
                 self._sig.pop(name, None)
                 continue
-            key = node_signature(n)
-            sid = self._sig_ids.get(key)
-            if sid is None:
-                if len(self._sig_ids) >= SIGNATURE_LIMIT:
-                    self._sig_ids.clear()
-                self._next_sig += 1
-                sid = self._sig_ids[key] = self._next_sig
+            sid = self.intern_signature(node_signature(n))
             if self._sig.get(name) != sid:
                 self._sig[name] = sid
                 if self._sig_changes is not None:
@@ -223,7 +217,8 @@ class ClusterCache:
     def intern_signature(self, key: tuple[Any, ...]) -> int:
         """The id of a node state (:func:`node_signature`) before any node is in it: the
         warmer fills the memo for states a bind is about to create, and the node that
-        reaches such a state gets this id, so its answers are found."""
+        reaches such a state gets this id, so its answers are found. Also how every
+        node's own signature gets its id."""
         with self.lock:
             sid = self._sig_ids.get(key)
             if sid is None:

@@ -59,8 +59,6 @@ log = logging.getLogger("gpupack.scheduler.warm")
 
 # (shape, selector-free pod, signature, node name or a private node state, fit known)
 Work = tuple[tuple[object, ...], PodRequest, int, "str | NodeState", bool]
-# (shape, selector-free pod, signature, the node copy evaluated, the answer)
-Done = tuple[tuple[object, ...], PodRequest, int, NodeState, NodeEval]
 
 MAX_SHAPES = 16  # pending shapes warmed, first come (the queue's head matters most)
 AHEAD_KEY = "gpupack.io/ahead"  # the stand-in pod of a successor (identities are not in
@@ -363,12 +361,12 @@ class Warmer:
             for i in range(0, len(work), step):
                 if self._stop.is_set():
                     return done
-                done += len(self._batch(work[i:i + step], ref, remote))
+                done += self._batch(work[i:i + step], ref, remote)
             ahead = self._successors(ref)
             for i in range(0, len(ahead), step):
                 if self._stop.is_set():
                     return done
-                done += len(self._batch(ahead[i:i + step], ref, remote))
+                done += self._batch(ahead[i:i + step], ref, remote)
         except Exception:
             self._seen, self._swept = (-1, -1), None  # the next pass starts over, in full
             if self.child is not None:
@@ -436,8 +434,8 @@ class Warmer:
                         out.append((shape, other, sid, after, True))
         return out
 
-    def _batch(self, items: list[Work], ref: ScorerRef, remote: bool) -> list[Done]:
-        """Compute ``items``; returns what was computed, with the node copies used."""
+    def _batch(self, items: list[Work], ref: ScorerRef, remote: bool) -> int:
+        """Compute ``items``; returns how many answers were computed."""
         score = not ref.name_sensitive
         if not remote:
             self.pause()
@@ -453,7 +451,7 @@ class Warmer:
                 if n is not None and sigs.get(where) == sig:  # else: the next sweep sees it
                     todo.append((shape, base, sig, copy_state(n), known))
         if not todo:
-            return []
+            return 0
         if remote:
             if self.child is None:
                 self.child = WarmChild()
@@ -466,5 +464,4 @@ class Warmer:
         with self.cache.lock:
             for (shape, _, sig, _, _), ev in zip(todo, evs, strict=True):
                 self.memo.put(shape, sig, ev)
-        return [(shape, base, sig, n, ev)
-                for (shape, base, sig, n, _), ev in zip(todo, evs, strict=True)]
+        return len(todo)

@@ -5,10 +5,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -16,6 +12,7 @@ from typing import Any
 import pytest
 import yaml
 from sched_builders import L40S, mig_pod, node, shared_pod, whole_pod
+from serve_process import free_port, serving
 
 NODES = [
     node("gpu-a", mig={"1g.10gb": 7}),
@@ -29,12 +26,6 @@ PODS = [
     whole_pod("victim-0", 1, namespace="batch", uid="victim-uid-0", node="gpu-whole",
               priority=0, annotations={"gpupack.io/gpus": "0"}),
 ]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Client:
@@ -68,37 +59,14 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Client]:
     d = tmp_path_factory.mktemp("serve")
     (d / "nodes.yaml").write_text(yaml.safe_dump({"kind": "NodeList", "items": NODES}))
     (d / "pods.yaml").write_text(yaml.safe_dump({"kind": "PodList", "items": PODS}))
-    port, metrics_port = _free_port(), _free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gpupack", "serve", "--port", str(port),
-         "--metrics-port", str(metrics_port), "--metrics-host", "0.0.0.0",
-         "--nodes", str(d / "nodes.yaml"), "--pods", str(d / "pods.yaml"),
-         "--max-body", "65536", "--time-limit", "0.5", "--debounce", "0.05",
-         "--log-level", "WARNING"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-    )
+    port, metrics_port = free_port(), free_port()
     client = Client(port)
     client.metrics_port = metrics_port
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                status, _ = client.call("GET", "/readyz")
-                if status == 200:
-                    break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                out = proc.stdout.read().decode() if proc.stdout else ""
-                raise RuntimeError(f"gpupack serve did not become ready:\n{out}")
-            time.sleep(0.1)
+    with serving(port, ["--metrics-port", str(metrics_port), "--metrics-host", "0.0.0.0",
+                        "--nodes", str(d / "nodes.yaml"), "--pods", str(d / "pods.yaml"),
+                        "--max-body", "65536", "--time-limit", "0.5", "--debounce", "0.05",
+                        "--log-level", "WARNING"]):
         yield client
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 # Exactly what kube-scheduler v1.30 sends with nodeCacheCapable: true (Go field names;

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import http.client
 import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -15,14 +13,9 @@ from collections.abc import Iterator
 import pytest
 import yaml
 from sched_builders import node
+from serve_process import free_port, serving
 
 from gpupack.sticky_worker import STICKY_S
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
@@ -31,34 +24,11 @@ def port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
     (d / "nodes.yaml").write_text(yaml.safe_dump({"kind": "NodeList",
                                                   "items": [node("gpu-a", gpus=2)]}))
     (d / "pods.yaml").write_text(yaml.safe_dump({"kind": "PodList", "items": []}))
-    port = _free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gpupack", "serve", "--port", str(port), "--threads", "2",
-         "--nodes", str(d / "nodes.yaml"), "--pods", str(d / "pods.yaml"),
-         "--no-planner", "--log-level", "WARNING"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-    )
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-                c.request("GET", "/readyz")
-                if c.getresponse().status == 200:
-                    break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                out = proc.stdout.read().decode() if proc.stdout else ""
-                raise RuntimeError(f"gpupack serve did not become ready:\n{out}")
-            time.sleep(0.1)
+    port = free_port()
+    with serving(port, ["--threads", "2", "--nodes", str(d / "nodes.yaml"),
+                        "--pods", str(d / "pods.yaml"), "--no-planner",
+                        "--log-level", "WARNING"]):
         yield port
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 def _echo(conn: http.client.HTTPConnection, body: bytes) -> bytes:
