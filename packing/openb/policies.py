@@ -364,23 +364,51 @@ class CapacityState:
 
 
 class GpupackPolicy(Policy):
-    """gpupack's online policy: capacity lookahead plus FGD's gradient, exact.
+    """gpupack's online policy: FGD's gradient at a finer grid, then capacity lookahead.
 
-    score = -(loss + fgd_weight * dF), where ``loss`` is the drop of the node's
-    servable workload demand V (:class:`CapacityState`, over FGD's typical shapes, or
-    every shape with ``coverage_all``; on seed 42 the typical shapes did as well on
-    ``default``/``gpushare100``/``multigpu50`` and 1.3 points better on ``cpu250``) and dF
-    the FGD fragment increase over the typical shapes, unrounded (FGD's 0..100 integer score
-    makes every change under ~40 milli a tie). A share goes to the GPU with the best
-    score, then the least free compute; node ties to the lowest index.
+    With ``dF`` the FGD fragment increase of a placement (typical shapes, unrounded) and
+    ``loss`` the drop of the node's servable workload demand V (:class:`CapacityState`,
+    over FGD's typical shapes, or every shape with ``coverage_all``)::
+
+        level = floor(levels * sigmoid(-dF / 1000))        (FGD's score at 100 levels)
+        score = level - capacity_weight * (loss + fgd_weight * dF)
+
+    The level is the kube-scheduler score FGD ranks by, at ``levels`` steps instead of
+    100 (200: one step is ~20 milli-GPU of fragment change near 0, the sigmoid's slope
+    being 1/4 per GPU). Where FGD is indifferent (same level) it falls back on an
+    arbitrary node order; gpupack ranks those placements by how much of the workload's
+    demand they take away from the node instead. ``capacity_weight`` (per milli-GPU)
+    also lets a large capacity loss outweigh a level: at 0.003 a placement one level
+    worse in fragment wins only if it keeps 333 milli-GPU more servable demand.
+
+    ``levels=None`` drops the level term: score = -(loss + fgd_weight * dF), the
+    continuous cost alone (``gpupack-capacity``; ahead of FGD on CPU-heavy and
+    model-restricted traces, behind it on multi-GPU ones, see ``bench/README.md``).
+
+    A share goes to the GPU with the best score, then the least free compute (also
+    between nodes); remaining node ties to the lowest index.
     """
 
     name = "gpupack"
     random_ties = False
 
-    def __init__(self, coverage_all: bool = False, fgd_weight: float = 1.0) -> None:
-        self.coverage_all = coverage_all
+    def __init__(
+        self,
+        levels: int | None = 200,
+        capacity_weight: float = 0.003,
+        fgd_weight: float = 1.0,
+        coverage_all: bool = False,
+    ) -> None:
+        if levels is not None and levels < 1:
+            raise ValueError(f"levels must be >= 1, got {levels}")
+        if not capacity_weight > 0:
+            raise ValueError(f"capacity_weight must be > 0, got {capacity_weight}")
+        self.levels = levels
+        self.capacity_weight = capacity_weight
         self.fgd_weight = fgd_weight
+        self.coverage_all = coverage_all
+        if levels is None:
+            self.name = "gpupack-capacity"
 
     def reset(
         self,
@@ -397,18 +425,23 @@ class GpupackPolicy(Policy):
         self.fs.refresh(node)
 
     def evaluate(self, idx: IntArray, req: Request) -> tuple[FloatArray, IntArray]:
-        cost = self.cap.loss(idx, req)
-        if self.fgd_weight:
-            cost = cost + self.fgd_weight * self.fs.delta(idx, req)
-        if req.shared:
-            free = self.state.free_gpu[idx]
-            # best cost, then least free compute (free <= 1000, so /1e6 < 0.001 milli)
-            keyed = cost + free / 1.0e6
-            gpu = np.asarray(keyed.argmin(axis=1), dtype=np.int64)
-            cost = keyed[np.arange(len(idx)), gpu]
+        delta = self.fs.delta(idx, req)  # +inf where a share does not fit the GPU
+        cost = self.cap.loss(idx, req) + self.fgd_weight * np.where(np.isfinite(delta), delta, 0.0)
+        if self.levels is None:
+            score = -cost
         else:
-            gpu = _no_gpu(idx)
-        return -cost, gpu
+            with np.errstate(over="ignore"):
+                level = np.floor(_sigmoid(-delta / 1000.0) * self.levels)
+            score = level - self.capacity_weight * cost
+        score = np.where(np.isfinite(delta), score, -np.inf)
+        if not req.shared:
+            return score, _no_gpu(idx)
+        # best score, then least free compute, within the node and between nodes: free
+        # <= 1000, so the term stays under 1e-3 milli-GPU of cost (1e-6 of a level)
+        tie = 1.0e6 if self.levels is None else 1.0e9
+        keyed = score - self.state.free_gpu[idx] / tie
+        gpu = np.asarray(keyed.argmax(axis=1), dtype=np.int64)
+        return keyed[np.arange(len(idx)), gpu], gpu
 
 
 POLICIES = (
@@ -420,6 +453,7 @@ POLICIES = (
     "fgd-bestfit",
     "fgd-random",
     "gpupack",
+    "gpupack-capacity",
 )
 
 
@@ -450,4 +484,6 @@ def make(name: str) -> Policy:
         return FgdPolicy(exact=True, tie="order")
     if name == "gpupack":
         return GpupackPolicy()
+    if name == "gpupack-capacity":
+        return GpupackPolicy(levels=None)
     raise KeyError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}, fgd-exact")

@@ -14,6 +14,7 @@ from packing.openb.policies import (
     POLICIES,
     CapacityState,
     FragmentationState,
+    GpupackPolicy,
     Request,
     make,
 )
@@ -145,6 +146,60 @@ def test_capacity_value_hand_worked() -> None:
     # GPU: V -> 500; on GPU 1 (600 -> 100) S1 keeps 2: V -> 800
     loss = cap.loss(idx, Request(0, 0, 1, 500, ok, 1))[0]
     assert loss[:2] == pytest.approx([550.0, 250.0]) and np.isinf(loss[2:]).all()
+
+
+@pytest.mark.parametrize(
+    ("levels", "weight"), [(200, 0.003), (100, 0.003), (200, 0.01), (None, 0.003)]
+)
+def test_gpupack_score_is_fgd_level_minus_weighted_cost(levels: int | None, weight: float) -> None:
+    # score = floor(levels * sigmoid(-dF / 1000)) - weight * (loss + dF) per candidate
+    # (per GPU for shares, the best GPU's score less its free/1e9 tie term), -(loss + dF)
+    # without levels; dF and loss are checked against recomputation above.
+    nodes = _cluster([(8, "G2"), (2, "T4"), (4, "G2"), (8, "G2")])
+    pods = Pods.from_trace(_trace_pods(), nodes.models)
+    sh = typical_shapes(
+        [ShapeKey(p.cpu_milli, p.num_gpu, p.gpu_milli, p.gpu_spec) for p in pods.pods],
+        nodes.models,
+        coverage=1.0,
+    )
+    state = ClusterState(nodes)
+    state.place(0, 2000, 0, 1, 450, (2,))
+    state.place(2, 16000, 0, 2, 1000, (0, 1))
+    state.place(3, 90000, 0, 0, 0, ())
+    policy = GpupackPolicy(levels=levels, capacity_weight=weight)
+    policy.reset(state, sh, sh)
+    fs, cap = FragmentationState(state, sh), CapacityState(state, sh)
+    for q, (cpu, mem, k, milli, _) in enumerate(pods.requests):
+        req = Request(cpu, mem, k, milli, pods.request_model_ok[q], q)
+        ok = state.feasible(cpu, mem, k, milli, req.model_ok)
+        score, gpu = policy.evaluate(ok, req)
+        d, loss = fs.delta(ok, req), cap.loss(ok, req)
+        for row, n in enumerate(ok):
+            g = int(gpu[row]) if req.shared else None
+            dn = float(d[row, g] if g is not None else d[row])
+            ln = float(loss[row, g] if g is not None else loss[row])
+            want = -(ln + dn)
+            if levels is not None:
+                level = np.floor(levels / (1.0 + np.exp(dn / 1000.0)))
+                want = level - weight * (ln + dn)
+            tie = state.free_gpu[n, g] / (1e6 if levels is None else 1e9) if g is not None else 0
+            assert score[row] == pytest.approx(want - tie, abs=1e-9)
+            if g is not None:  # the chosen GPU is the best-scoring one that fits
+                assert state.free_gpu[n, g] >= milli
+
+
+def test_gpupack_level_steps_and_weight() -> None:
+    # dF = 0 sits at level floor(200 / 2) = 100; one level is ~20 milli-GPU of dF there,
+    # and a capacity loss of 1 / 0.003 = 333 milli-GPU is worth one level.
+    assert np.floor(200 / (1.0 + np.exp(0.0))) == 100
+    assert np.floor(200 / (1.0 + np.exp(0.01))) == 99  # 99.50
+    assert np.floor(200 / (1.0 + np.exp(0.03))) == 98  # 98.50
+    with pytest.raises(ValueError, match="levels"):
+        GpupackPolicy(levels=0)
+    with pytest.raises(ValueError, match="capacity_weight"):
+        GpupackPolicy(capacity_weight=0.0)
+    assert make("gpupack").name == "gpupack"
+    assert make("gpupack-capacity").name == "gpupack-capacity"
 
 
 def _trace_pods() -> list[OpenbPod]:
