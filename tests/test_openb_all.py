@@ -89,3 +89,24 @@ def test_unknown_trace_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert openb_all.main(["--traces", "nosuchtrace", "--seeds", "1"]) == 2
     err = capsys.readouterr().err
     assert "unknown --traces nosuchtrace; known: default" in err
+
+
+def test_family_table_groups_traces_by_name_without_number() -> None:
+    results = {
+        "multigpu20": {"fgd": _row(95.0), "gpupack": _row(95.3)},
+        "multigpu40": {"fgd": _row(96.0), "gpupack": _row(95.9)},
+        "default": {"fgd": _row(95.0), "gpupack": _row(95.2)},
+    }
+    rows = openb_all.family_table(results).splitlines()
+    assert rows[2] == "| default | 1 | +0.20 | +0.20 | 1 of 1 |"
+    assert rows[3] == "| multigpu | 2 | +0.10 | -0.10 | 1 of 2 |"
+    assert openb_all.family("gpushare100") == "gpushare"
+
+
+def test_policy_table_lists_every_policy() -> None:
+    results = {"cpu050": {"fgd": _row(95.0), "gpupack": _row(95.5), "bestfit": _row(93.0)}}
+    assert openb_all.policy_table(results).splitlines() == [
+        "| trace | fgd | gpupack | bestfit |",
+        "|---|---|---|---|",
+        "| cpu050 | 95.00 | 95.50 | 93.00 |",
+    ]
