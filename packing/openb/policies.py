@@ -370,7 +370,7 @@ class GpupackPolicy(Policy):
     ``loss`` the drop of the node's servable workload demand V (:class:`CapacityState`,
     over FGD's typical shapes, or every shape with ``coverage_all``)::
 
-        level = floor(levels * sigmoid(-dF / 1000))        (FGD's score at 100 levels)
+        level = floor(levels * sigmoid(-dF / 1000))        (FGD: 100 levels)
         score = level - capacity_weight * (loss + fgd_weight * dF)
 
     The level is the kube-scheduler score FGD ranks by, at ``levels`` steps instead of
@@ -379,11 +379,15 @@ class GpupackPolicy(Policy):
     arbitrary node order; gpupack ranks those placements by how much of the workload's
     demand they take away from the node instead. ``capacity_weight`` (per milli-GPU)
     also lets a large capacity loss outweigh a level: at 0.003 a placement one level
-    worse in fragment wins only if it keeps 333 milli-GPU more servable demand.
+    worse in fragment wins only if it keeps 333 milli-GPU more servable demand. The
+    level already ranks by dF, so inside the cost dF counts half (``fgd_weight`` 0.5;
+    with 1.0 ten of 17 openb traces were 0.01-0.09 points lower and three 0.01 higher,
+    see ``bench/README.md``).
 
     ``levels=None`` drops the level term: score = -(loss + fgd_weight * dF), the
-    continuous cost alone (``gpupack-capacity``; ahead of FGD on CPU-heavy and
-    model-restricted traces, behind it on multi-GPU ones, see ``bench/README.md``).
+    continuous cost alone (``gpupack-capacity``, with ``fgd_weight`` 1.0; ahead of FGD on
+    CPU-heavy and model-restricted traces, behind it on multi-GPU ones, see
+    ``bench/README.md``).
 
     A share goes to the GPU with the best score, then the least free compute (also
     between nodes); remaining node ties to the lowest index.
@@ -396,7 +400,7 @@ class GpupackPolicy(Policy):
         self,
         levels: int | None = 200,
         capacity_weight: float = 0.003,
-        fgd_weight: float = 1.0,
+        fgd_weight: float = 0.5,
         coverage_all: bool = False,
     ) -> None:
         if levels is not None and levels < 1:
@@ -485,5 +489,5 @@ def make(name: str) -> Policy:
     if name == "gpupack":
         return GpupackPolicy()
     if name == "gpupack-capacity":
-        return GpupackPolicy(levels=None)
+        return GpupackPolicy(levels=None, fgd_weight=1.0)
     raise KeyError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}, fgd-exact")

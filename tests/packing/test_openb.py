@@ -149,12 +149,16 @@ def test_capacity_value_hand_worked() -> None:
 
 
 @pytest.mark.parametrize(
-    ("levels", "weight"), [(200, 0.003), (100, 0.003), (200, 0.01), (None, 0.003)]
+    ("levels", "weight", "fgd_weight"),
+    [(200, 0.003, 0.5), (100, 0.003, 1.0), (200, 0.01, 0.5), (None, 0.003, 1.0)],
 )
-def test_gpupack_score_is_fgd_level_minus_weighted_cost(levels: int | None, weight: float) -> None:
-    # score = floor(levels * sigmoid(-dF / 1000)) - weight * (loss + dF) per candidate
-    # (per GPU for shares, the best GPU's score less its free/1e9 tie term), -(loss + dF)
-    # without levels; dF and loss are checked against recomputation above.
+def test_gpupack_score_is_fgd_level_minus_weighted_cost(
+    levels: int | None, weight: float, fgd_weight: float
+) -> None:
+    # score = floor(levels * sigmoid(-dF / 1000)) - weight * (loss + fgd_weight * dF) per
+    # candidate (per GPU for shares, the best GPU's score less its free/1e9 tie term),
+    # -(loss + fgd_weight * dF) without levels; dF and loss are checked against
+    # recomputation above.
     nodes = _cluster([(8, "G2"), (2, "T4"), (4, "G2"), (8, "G2")])
     pods = Pods.from_trace(_trace_pods(), nodes.models)
     sh = typical_shapes(
@@ -166,7 +170,7 @@ def test_gpupack_score_is_fgd_level_minus_weighted_cost(levels: int | None, weig
     state.place(0, 2000, 0, 1, 450, (2,))
     state.place(2, 16000, 0, 2, 1000, (0, 1))
     state.place(3, 90000, 0, 0, 0, ())
-    policy = GpupackPolicy(levels=levels, capacity_weight=weight)
+    policy = GpupackPolicy(levels=levels, capacity_weight=weight, fgd_weight=fgd_weight)
     policy.reset(state, sh, sh)
     fs, cap = FragmentationState(state, sh), CapacityState(state, sh)
     for q, (cpu, mem, k, milli, _) in enumerate(pods.requests):
@@ -174,18 +178,26 @@ def test_gpupack_score_is_fgd_level_minus_weighted_cost(levels: int | None, weig
         ok = state.feasible(cpu, mem, k, milli, req.model_ok)
         score, gpu = policy.evaluate(ok, req)
         d, loss = fs.delta(ok, req), cap.loss(ok, req)
+
+        def want(dn: float, ln: float) -> float:
+            if levels is None:
+                return -(ln + fgd_weight * dn)
+            level = np.floor(levels / (1.0 + np.exp(dn / 1000.0)))
+            return float(level - weight * (ln + fgd_weight * dn))
+
         for row, n in enumerate(ok):
-            g = int(gpu[row]) if req.shared else None
-            dn = float(d[row, g] if g is not None else d[row])
-            ln = float(loss[row, g] if g is not None else loss[row])
-            want = -(ln + dn)
-            if levels is not None:
-                level = np.floor(levels / (1.0 + np.exp(dn / 1000.0)))
-                want = level - weight * (ln + dn)
-            tie = state.free_gpu[n, g] / (1e6 if levels is None else 1e9) if g is not None else 0
-            assert score[row] == pytest.approx(want - tie, abs=1e-9)
-            if g is not None:  # the chosen GPU is the best-scoring one that fits
-                assert state.free_gpu[n, g] >= milli
+            if not req.shared:
+                assert score[row] == pytest.approx(want(d[row], loss[row]), abs=1e-9)
+                continue
+            # the chosen GPU fits and has the best score (less the free-compute tie term)
+            tie = 1e6 if levels is None else 1e9
+            best = max(
+                want(d[row, g], loss[row, g]) - state.free_gpu[n, g] / tie
+                for g in range(nodes.gpu_count[n])
+                if state.free_gpu[n, g] >= milli
+            )
+            assert state.free_gpu[n, gpu[row]] >= milli
+            assert score[row] == pytest.approx(best, abs=1e-9)
 
 
 def test_gpupack_level_steps_and_weight() -> None:
