@@ -137,7 +137,7 @@ def _run_trace(pods: Path, args: argparse.Namespace, out: Path) -> dict[str, Any
     kept = out / f"{trace}.json"
     if args.reuse and kept.is_file():
         doc_kept: dict[str, Any] = json.loads(kept.read_text())
-        if set(args.policies.split(",")) <= set(doc_kept["policies"]):
+        if {p.strip() for p in args.policies.split(",")} <= set(doc_kept["policies"]):
             print(f"  {trace}: reused {kept}", file=sys.stderr, flush=True)
             return doc_kept
     cmd = [

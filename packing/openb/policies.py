@@ -220,6 +220,14 @@ def _sigmoid(x: FloatArray) -> FloatArray:
     return np.asarray(1.0 / (1.0 + np.exp(-x)), dtype=np.float64)
 
 
+def fgd_level(delta: FloatArray, levels: int = 100) -> FloatArray:
+    """FGD's kube-scheduler score of a fragment increase ``delta`` (milli-GPU):
+    ``floor(levels * sigmoid(-delta / 1000))``, an integer 0..levels (the published
+    simulator uses 100); +inf (does not fit) scores 0."""
+    with np.errstate(over="ignore"):
+        return np.floor(_sigmoid(-delta / 1000.0) * levels)
+
+
 class FgdPolicy(Policy):
     """Fragmentation Gradient Descent, as in the published simulator.
 
@@ -271,10 +279,7 @@ class FgdPolicy(Policy):
         self.fs.refresh(node)
 
     def _score(self, delta: FloatArray) -> FloatArray:
-        if self.exact:
-            return -delta
-        with np.errstate(over="ignore"):
-            return np.floor(_sigmoid(-delta / 1000.0) * 100.0)
+        return -delta if self.exact else fgd_level(delta)
 
     def evaluate(self, idx: IntArray, req: Request) -> tuple[FloatArray, IntArray]:
         delta = self.fs.delta(idx, req)
@@ -429,15 +434,14 @@ class GpupackPolicy(Policy):
         self.fs.refresh(node)
 
     def evaluate(self, idx: IntArray, req: Request) -> tuple[FloatArray, IntArray]:
-        delta = self.fs.delta(idx, req)  # +inf where a share does not fit the GPU
-        cost = self.cap.loss(idx, req) + self.fgd_weight * np.where(np.isfinite(delta), delta, 0.0)
+        delta = self.fs.delta(idx, req)
+        fits = np.isfinite(delta)  # False where a share does not fit the GPU
+        cost = self.cap.loss(idx, req) + self.fgd_weight * np.where(fits, delta, 0.0)
         if self.levels is None:
             score = -cost
         else:
-            with np.errstate(over="ignore"):
-                level = np.floor(_sigmoid(-delta / 1000.0) * self.levels)
-            score = level - self.capacity_weight * cost
-        score = np.where(np.isfinite(delta), score, -np.inf)
+            score = fgd_level(delta, self.levels) - self.capacity_weight * cost
+        score = np.where(fits, score, -np.inf)
         if not req.shared:
             return score, _no_gpu(idx)
         # best score, then least free compute, within the node and between nodes: free
