@@ -14,6 +14,10 @@
 # keys are written with mode 0600; OUT_DIR is git-ignored in the plain overlay. Run it
 # again (and re-apply) before the certificate expires (DAYS, default 365): the CA's key
 # is not kept, so a renewal makes a new CA and a new caBundle.
+#
+# EXTRA_SANS (environment, optional): more subjectAltName entries, comma-separated in
+# openssl's form (e.g. "IP:127.0.0.1,DNS:localhost"), for a webhook the API server reaches
+# by URL rather than through the Service (the end-to-end tests in tests/e2e do).
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -42,7 +46,7 @@ cat > "$work/ext.cnf" <<CNF
 basicConstraints=critical,CA:FALSE
 keyUsage=critical,digitalSignature,keyEncipherment
 extendedKeyUsage=serverAuth
-subjectAltName=DNS:$service,DNS:$service.$namespace,DNS:$service.$namespace.svc,DNS:$service.$namespace.svc.cluster.local
+subjectAltName=DNS:$service,DNS:$service.$namespace,DNS:$service.$namespace.svc,DNS:$service.$namespace.svc.cluster.local${EXTRA_SANS:+,$EXTRA_SANS}
 CNF
 openssl x509 -req -sha256 -days "$days" -in "$work/tls.csr" \
   -CA "$work/ca.crt" -CAkey "$work/ca.key" -CAcreateserial \
