@@ -1,12 +1,25 @@
-"""The ``gpupack`` command: wiring only. Each subcommand's logic lives in its package."""
+"""The ``gpupack`` command: wiring only. Each subcommand's logic lives in its package.
+
+Subcommand modules import their heavy dependencies (matplotlib for the pictures, the
+extender and webhook stacks) inside ``run``, so ``gpupack --help`` and the server
+commands start without them; the image ships without the ``[sim]`` extra.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
 from collections.abc import Sequence
+from importlib.metadata import PackageNotFoundError, version
 
 from gpupack import agent_cmd, explain_cmd, plan_cmd, serve_cmd, simulate_cmd, webhook_cmd
+
+
+def package_version() -> str:
+    try:
+        return version("gpupack")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown (not installed)"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -15,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="GPU bin-packing for Kubernetes: MIG slices and time-sliced shares for "
         "small inference pods, whole GPUs and nodes kept free for LLM groups.",
     )
+    parser.add_argument("--version", action="version", version=f"gpupack {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     plan_cmd.add_arguments(sub.add_parser("plan", help="where would the pending pods go?"))
     simulate_cmd.add_arguments(

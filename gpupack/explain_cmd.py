@@ -9,8 +9,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from gpupack.webhook_cmd import add_config_arguments, config_from_args, load_snapshot
-from kube.files import load_objects
+from gpupack.inputs import load_cluster, read_objects
+from gpupack.webhook_cmd import add_config_arguments, config_from_args
 from kube.objects import ObjectError
 from webhook.admit import Admission, admit
 from webhook.capacity import ClusterView
@@ -113,27 +113,30 @@ def run(args: argparse.Namespace) -> int:
         print("gpupack explain: --nodes is required", file=sys.stderr)
         return 2
     try:
-        pods = load_objects(args.pod.read_text(encoding="utf-8"), str(args.pod), "Pod")
-        snapshot, notes = load_snapshot(args)
-    except (ObjectError, OSError) as e:
+        pods = read_objects(args.pod, "Pod")
+        built = load_cluster(args.nodes, args.pods)
+    except ObjectError as e:
         print(f"gpupack explain: {e}", file=sys.stderr)
         return 2
     if not pods:
         print(f"gpupack explain: {args.pod}: no Pod object in the file", file=sys.stderr)
         return 2
-    for note in notes:
+    for note in built.notes:
         print(f"note: {note}", file=sys.stderr)
     config = config_from_args(args)
-    view = ClusterView.of(snapshot)
+    view = ClusterView.of(built.snapshot)
     results = []
+    denied = False
     for pod in pods:
         meta = pod.get("metadata")
         ns = (meta.get("namespace") if isinstance(meta, Mapping) else None) or args.namespace
         adm = admit(pod, view, config, config.namespace_labels(ns or "default"))
+        denied = denied or not adm.decision.allowed
         if args.format == "json":
             results.append(explain_json(pod, adm))
         else:
             _print_text(pod, adm)
     if args.format == "json":
         print(json.dumps(results if len(results) > 1 else results[0], indent=2))
-    return 0
+    # Like `kubectl auth can-i`: 1 is an answer (a pod the webhook would deny), 2 an error.
+    return 1 if denied else 0

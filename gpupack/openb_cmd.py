@@ -14,8 +14,9 @@ import csv
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 
@@ -37,6 +38,7 @@ DEFAULT_POLICIES = "random,bestfit,fgd,gpupack"
 DEFAULT_PODS = "openb_pod_list_default.csv"
 DEFAULT_NODES = "openb_node_list_gpu_node.csv"
 FRAG_LOAD = 130  # the load at which ``frag_rate`` is reported
+T = TypeVar("T")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -94,6 +96,20 @@ def _resolve(given: str | None, default_name: str) -> Path:
     return found / default_name
 
 
+class TraceInputError(ValueError):
+    """A trace file that cannot be read or parsed; the message starts with its path."""
+
+
+def _read_trace(path: Path, parse: Callable[[str], T]) -> T:
+    """``parse`` of the file's text; errors name the file (two CSVs are read)."""
+    try:
+        return parse(path.read_text())
+    except OSError as e:
+        raise TraceInputError(f"{path}: {e.strerror or e}") from None
+    except TraceError as e:
+        raise TraceInputError(f"{path}: {e}") from None
+
+
 def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
@@ -114,9 +130,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         pods_path = _resolve(args.pods, DEFAULT_PODS)
         nodes_path = _resolve(args.nodes, DEFAULT_NODES)
-        node_rows = parse_nodes(nodes_path.read_text())
-        pod_rows = parse_pods(pods_path.read_text())
-    except (OSError, TraceError) as e:
+        node_rows = _read_trace(nodes_path, parse_nodes)
+        pod_rows = _read_trace(pods_path, parse_pods)
+    except (OSError, TraceInputError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     names = [p.strip() for p in args.policies.split(",") if p.strip()]

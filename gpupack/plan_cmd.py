@@ -7,15 +7,15 @@ import json
 import sys
 from pathlib import Path
 
-from kube.files import load_objects
+from gpupack.inputs import load_cluster
 from kube.objects import ObjectError
-from kube.snapshot import build_snapshot
 from packing.cpsat import SolverParams
 from packing.groups import group_statuses, is_reservation, with_reservations
 from packing.model import PlanResult, Snapshot
 from packing.policies import get_policy, policy_names
 from packing.policies.fgd import typical_shapes, workload_of
 from packing.policies.gpupack import GpupackPolicy
+from packing.reasons import placement_reason
 from packing.state import ClusterState
 from packing.summary import summarize
 
@@ -39,10 +39,14 @@ def plan_json(snapshot: Snapshot, result: PlanResult) -> dict[str, object]:
     placements are the room held for workers not created yet, shown under "groups"."""
     state = ClusterState(snapshot)
     pods = {p.key: p for p in snapshot.pending}
+    placements = []
     for p in result.placements:
-        state.apply(pods[p.pod], p)
+        # In the plan's order: each reason sees the pods placed before it.
+        reason = placement_reason(state, pods[p.pod], p)
+        if not is_reservation(p.pod):
+            placements.append({**p.to_json(), "reason": reason})
     return {
-        "placements": [p.to_json() for p in result.placements if not is_reservation(p.pod)],
+        "placements": placements,
         "unschedulable": [
             {"pod": u.pod, "reason": u.reason}
             for u in result.unschedulable
@@ -57,10 +61,8 @@ def plan_json(snapshot: Snapshot, result: PlanResult) -> dict[str, object]:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        nodes = load_objects(_read(args.nodes), str(args.nodes), "Node")
-        pods = load_objects(_read(args.pods), str(args.pods), "Pod")
-        built = build_snapshot(nodes, pods, args.scheduler_name)
-    except (ObjectError, OSError) as e:
+        built = load_cluster(args.nodes, args.pods, args.scheduler_name)
+    except ObjectError as e:
         print(f"gpupack plan: {e}", file=sys.stderr)
         return 2
     for note in built.notes:
@@ -76,17 +78,11 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(out, indent=2))
         return 0
     print(f"policy {result.policy} ({result.solver_status})")
-    print(f"{'POD':40} {'NODE':24} {'GPUS':10} MIG")
-    for p in result.placements:
-        if is_reservation(p.pod):
-            continue
-        mig = (
-            f"{p.mig_profile}@{p.mig_start}" + (" (new)" if p.mig_created else "")
-            if p.mig_profile
-            else "-"
-        )
-        gpus = ",".join(map(str, p.gpus)) or "-"
-        print(f"{p.pod:40} {p.node:24} {gpus:10} {mig}")
+    print(f"{'POD':40} {'NODE':24} {'GPUS':10} {'MIG':16} WHY")
+    for row in out["placements"]:  # type: ignore[attr-defined]
+        mig = f"{row['mig']['profile']}@{row['mig']['start']}" if row["mig"] else "-"
+        gpus = ",".join(map(str, row["gpus"])) or "-"
+        print(f"{row['pod']:40} {row['node']:24} {gpus:10} {mig:16} {row['reason']}")
     for u in result.unschedulable:
         if not is_reservation(u.pod):
             print(f"{u.pod:40} UNSCHEDULABLE: {u.reason}")
@@ -96,7 +92,3 @@ def run(args: argparse.Namespace) -> int:
         )
     print("summary: " + ", ".join(f"{k}={v}" for k, v in out["summary"].items()))  # type: ignore[attr-defined]
     return 0
-
-
-def _read(path: Path) -> str:
-    return path.read_text(encoding="utf-8")

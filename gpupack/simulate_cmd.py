@@ -12,7 +12,6 @@ from pathlib import Path
 
 import yaml
 
-from gpupack.render import render
 from packing.cpsat import SolverParams
 from packing.policies import REGISTRY
 from packing.scenario import ScenarioError, parse_scenario
@@ -50,7 +49,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="CP-SAT random seed")
     p.add_argument("--format", default="table", choices=["table", "json"])
     p.add_argument("--out", type=Path, default=None, help="folder for the PNG (default ./out)")
-    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress on stderr (progress is only shown on a terminal anyway)")
 
 
 def run_openb(argv: list[str]) -> int:
@@ -63,17 +63,43 @@ def run_openb(argv: list[str]) -> int:
     return openb_cmd.run(parser.parse_args(rest))
 
 
+SIM_EXTRA_MISSING = (
+    "gpupack simulate: drawing the packing picture needs matplotlib, which is not "
+    "installed; install the simulation extra: python -m pip install 'gpupack[sim]' "
+    "(from a checkout: python -m pip install -e '.[sim]')"
+)
+
+
 def run(args: argparse.Namespace) -> int:
     try:
-        if args.scenario is None:
-            ref = importlib.resources.files("gpupack") / "scenarios" / "default.yaml"
-            text, source = ref.read_text(encoding="utf-8"), "default scenario"
-        else:
-            text, source = args.scenario.read_text(encoding="utf-8"), str(args.scenario)
-        scenario = parse_scenario(yaml.safe_load(text))
-    except (OSError, yaml.YAMLError, ScenarioError) as e:
-        print(f"gpupack simulate: {e}", file=sys.stderr)
+        # The one command that draws: matplotlib is the [sim] extra, not a server
+        # dependency, so it is imported here and its absence is said before any work.
+        from gpupack.render import render
+    except ImportError:
+        print(SIM_EXTRA_MISSING, file=sys.stderr)
         return 2
+    if args.scenario is None:
+        ref = importlib.resources.files("gpupack") / "scenarios" / "default.yaml"
+        source = "default scenario"
+        text = ref.read_text(encoding="utf-8")
+    else:
+        source = str(args.scenario)
+        try:
+            text = args.scenario.read_text(encoding="utf-8")
+        except OSError as e:
+            print(f"gpupack simulate: {source}: {e.strerror or e}", file=sys.stderr)
+            return 2
+    try:
+        scenario = parse_scenario(yaml.safe_load(text))
+    except yaml.YAMLError as e:
+        print(f"gpupack simulate: {source}: not valid YAML: {e}", file=sys.stderr)
+        return 2
+    except ScenarioError as e:
+        print(f"gpupack simulate: {source}: {e}", file=sys.stderr)
+        return 2
+    # Progress rewrites one line with \r: only where a person watches it, never into a
+    # log file or a CI transcript.
+    show_progress = not args.quiet and sys.stderr.isatty()
     names = [n for n in (args.policies or DEFAULT_POLICIES).split(",") if n]
     unknown = [n for n in names if n not in REGISTRY]
     if unknown:
@@ -90,10 +116,10 @@ def run(args: argparse.Namespace) -> int:
     for name, window in runs:
         t0 = time.perf_counter()
         solver = SolverParams(max_time_s=args.time_limit, seed=args.seed)
-        progress = None if args.quiet else _progress(name)
+        progress = _progress(name) if show_progress else None
         results.append(simulate(scenario, name, window, progress, solver))
         timings.append(time.perf_counter() - t0)
-        if not args.quiet:
+        if show_progress:
             print(file=sys.stderr)
     out_dir = args.out or Path("out")
     png = render(results, out_dir / "packing.png")

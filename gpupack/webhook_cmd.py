@@ -17,9 +17,8 @@ from pathlib import Path
 from flask import Flask
 from prometheus_client import CollectorRegistry
 
-from kube.files import load_objects
+from gpupack.inputs import load_cluster
 from kube.objects import ObjectError
-from kube.snapshot import build_snapshot
 from packing.model import Snapshot
 from webhook.app import create_app
 from webhook.config import Isolation, WebhookConfig
@@ -58,12 +57,9 @@ def config_from_args(args: argparse.Namespace) -> WebhookConfig:
 
 
 def load_snapshot(args: argparse.Namespace) -> tuple[Snapshot, tuple[str, ...]]:
-    """The static snapshot from --nodes/--pods; ObjectError or OSError when unreadable."""
-    nodes = load_objects(Path(args.nodes).read_text(encoding="utf-8"), str(args.nodes), "Node")
-    pods = []
-    if args.pods is not None:
-        pods = load_objects(Path(args.pods).read_text(encoding="utf-8"), str(args.pods), "Pod")
-    built = build_snapshot(nodes, pods)
+    """The static snapshot from --nodes/--pods; ObjectError (naming the file) when
+    unreadable."""
+    built = load_cluster(args.nodes, args.pods)
     return built.snapshot, built.notes
 
 

@@ -53,7 +53,7 @@ def test_explain_denials_and_strict(tmp_path: Path, capsys: pytest.CaptureFixtur
     whole = pod("llm", containers=[{"name": "c", "resources": {"limits": {"nvidia.com/gpu": 8}}}])
     nodes, pod_file = _files(tmp_path, [too_big, vllm, whole])
     assert main(["explain", str(pod_file), "--nodes", str(nodes),
-                 "--strict-namespace", "prod"]) == 0
+                 "--strict-namespace", "prod"]) == 1  # a denial is an answer, exit 1
     out = capsys.readouterr().out
     assert "pod speech/big (class small): DENIED" in out
     assert "largest is H100-80GB with 80Gi" in out
