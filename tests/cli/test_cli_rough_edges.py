@@ -254,3 +254,21 @@ def test_plan_gives_every_placement_a_reason(cluster: tuple[Path, Path]) -> None
     for pod, reason in reasons.items():
         (line,) = [ln for ln in table.stdout.splitlines() if ln.startswith(pod + " ")]
         assert line.rstrip().endswith(reason)
+
+
+def test_simulate_picture_fits_1280_px_with_a_legend(small_scenario: Path,
+                                                     tmp_path: Path) -> None:
+    from PIL import Image
+
+    from gpupack.render import legend_labels
+
+    r = gpupack("simulate", "--scenario", str(small_scenario), "--out", str(tmp_path),
+                "--format", "json")
+    assert r.returncode == 0, r.stderr
+    assert len(json.loads(r.stdout)["results"]) == 5
+    with Image.open(tmp_path / "packing.png") as png:
+        width, height = png.size
+    assert width == 1280 and height < 1000
+    labels = " ".join(legend_labels())
+    for meaning in ("ASR", "TTS", "LLM", "MIG slice created, unused", "free"):
+        assert meaning in labels
