@@ -66,8 +66,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="do not warm the verbs' memo in the background (requests fill it)")
     p.add_argument("--no-planner", action="store_true",
                    help="do not run the background planner (verbs answer greedily)")
-    p.add_argument("--assume-ttl", type=float, default=30.0,
-                   help="seconds a bind is counted before the watch must confirm it (default 30)")
+    # Deprecated: assumed binds no longer expire (kube-scheduler dropped its assume expiry
+    # too: a stalled watch made expired assumptions hand out GPUs twice). Still accepted
+    # so existing command lines keep working; ignored with a warning.
+    p.add_argument("--assume-ttl", type=float, default=None, help=argparse.SUPPRESS)
     p.add_argument("--group-ttl", type=float, default=600.0,
                    help="seconds an LLM group's reservation waits for all its members to be "
                         "bound before it is released (default 600)")
@@ -111,37 +113,50 @@ class Components:
         from prometheus_client import CollectorRegistry
 
         from kube.reservations import (
+            AnnotationPatcher,
             ApiAnnotationPatcher,
             ReservationTap,
             ReservationWriter,
             StaticAnnotationPatcher,
         )
-        from kube.source import ApiBinder, ApiSource, StaticSource, load_api_client
+        from kube.source import (
+            ApiBinder,
+            ApiSource,
+            Binder,
+            Source,
+            StaticSource,
+            load_api_client,
+        )
         from packing.cpsat import SolverParams
         from scheduler.app import AppConfig, create_app
         from scheduler.cache import ClusterCache
         from scheduler.groups import ReservationBook
         from scheduler.planner import Planner
 
-        self.cache = ClusterCache(args.scheduler_name, assume_ttl=args.assume_ttl)
+        self.cache = ClusterCache(args.scheduler_name)
         self.registry = CollectorRegistry()
         params = SolverParams(max_time_s=args.time_limit, max_wall_s=args.time_limit,
                               workers=args.solver_workers,
                               seed=args.seed)
         self.planner = Planner(self.cache, args.policy, params, debounce_s=args.debounce,
                                max_batch=args.plan_batch, per_class=args.plan_per_class)
-        self.source: Any
+        # Typed wiring: mypy checks that each part takes what the next one calls (the tap
+        # must be a full kube.source.Sink for the source that feeds it).
+        self.source: Source
+        self.binder: Binder
+        patcher: AnnotationPatcher
         if args.kubeconfig or args.in_cluster:
             api = load_api_client(args.kubeconfig, args.in_cluster)
             self.source = ApiSource(api)
-            self.binder: Any = ApiBinder(api)
-            patcher: Any = ApiAnnotationPatcher(api)
+            self.binder = ApiBinder(api)
+            patcher = ApiAnnotationPatcher(api)
         else:
             nodes = args.nodes or EXAMPLES / "nodes.yaml"
             pods = args.pods or EXAMPLES / "pods.yaml"
-            self.source = StaticSource.from_files(nodes, pods)
-            self.binder = self.source.binder()
-            patcher = StaticAnnotationPatcher(self.source)
+            static = StaticSource.from_files(nodes, pods)
+            self.source = static
+            self.binder = static.binder()
+            patcher = StaticAnnotationPatcher(static)
         self.group_writer = ReservationWriter(patcher)
         self.groups = ReservationBook(self.cache, ttl=args.group_ttl, writer=self.group_writer,
                                       scorer=lambda: self.planner.scorer.scorer)
@@ -227,6 +242,9 @@ def run(args: argparse.Namespace) -> int:
     if problem:
         print(f"gpupack serve: {problem}", file=sys.stderr)
         return 2
+    if args.assume_ttl is not None:
+        log.warning("--assume-ttl is deprecated and ignored: assumed binds no longer expire "
+                    "(they end when the bind fails, the pod is seen bound, or it is deleted)")
     if args.kubeconfig or args.in_cluster:
         from kube.source import api_config_error
 

@@ -47,6 +47,7 @@ from typing import Any, Protocol
 
 from kube.annotations import MAX_GROUP_SIZE, small_int
 from kube.objects import pod_key
+from kube.source import Sink
 from packing.model import Placement
 
 log = logging.getLogger("gpupack.kube.reservations")
@@ -340,20 +341,6 @@ class ReservationNotes(Protocol):
     def pod_deleted(self, pod: str) -> None: ...
 
 
-class Sink(Protocol):
-    def upsert_node(self, obj: Mapping[str, Any]) -> bool: ...
-
-    def delete_node(self, name: str) -> None: ...
-
-    def upsert_pod(self, obj: Mapping[str, Any]) -> bool: ...
-
-    def delete_pod(self, key: str) -> None: ...
-
-    def replace(self, nodes: Any, pods: Any) -> None: ...
-
-    def mark_synced(self) -> None: ...
-
-
 def reservation_text(obj: Mapping[str, Any]) -> str | None:
     meta = obj.get("metadata") if isinstance(obj, Mapping) else None
     ann = meta.get("annotations") if isinstance(meta, Mapping) else None
@@ -395,3 +382,6 @@ class ReservationTap:
 
     def mark_synced(self) -> None:
         self.sink.mark_synced()
+
+    def note_bad_object(self) -> None:
+        self.sink.note_bad_object()

@@ -49,9 +49,14 @@ class BindError(RuntimeError):
 
 class Binder(Protocol):
     def bind(
-        self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str]
+        self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str],
+        pod: Mapping[str, Any] | None = None,
     ) -> None:
-        """Bind the pod to the node and record ``annotations`` on it; BindError if refused."""
+        """Bind the pod to the node and record ``annotations`` on it; BindError if refused.
+
+        ``pod``: the Pod object as a filter request showed it, when no list had it (the
+        API binder does not need it: the API server has the pod; the static binder adds
+        it to its cluster, as the API server would already have it)."""
         ...
 
 
@@ -72,6 +77,15 @@ class Sink(Protocol):
 
     def note_bad_object(self) -> None:
         """An object the source skipped as unreadable (counted with the sink's own)."""
+
+
+class Source(Protocol):
+    """Where the cluster comes from (:class:`ApiSource`, :class:`StaticSource`): feeds one
+    sink from ``start`` on, until ``stop``."""
+
+    def start(self, sink: Sink) -> None: ...
+
+    def stop(self) -> None: ...
 
 
 # ---- static files ----------------------------------------------------------------------------
@@ -127,29 +141,35 @@ class StaticSource:
 
 
 class StaticBinder:
-    """Binds like the API server would: UID precondition, no re-binding, annotations merged."""
+    """Binds like the API server would: UID precondition, no re-binding, annotations merged.
+    A pod the files do not have but a request showed (``pod``) joins the static cluster:
+    in static mode the files hold the cluster as it was, and new pods arrive only in
+    kube-scheduler's requests."""
 
     def __init__(self, source: StaticSource) -> None:
         self.source = source
 
     def bind(
-        self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str]
+        self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str],
+        pod: Mapping[str, Any] | None = None,
     ) -> None:
         key = f"{namespace}/{name}"
         with self.source.lock:
-            pod = self.source.pods.get(key)
-            if pod is None:
+            current = self.source.pods.get(key)
+            if current is None and pod is not None and pod_key(pod) == key:
+                current = self.source.pods[key] = copy.deepcopy(dict(pod))
+            if current is None:
                 raise BindError(f'pods "{name}" not found')
-            meta = pod.setdefault("metadata", {})
+            meta = current.setdefault("metadata", {})
             if uid and meta.get("uid") and meta["uid"] != uid:
                 raise BindError(
                     f"Precondition failed: UID in precondition: {uid}, "
                     f"UID in object meta: {meta['uid']}"
                 )
-            spec = pod.setdefault("spec", {})
+            spec = current.setdefault("spec", {})
             if spec.get("nodeName"):
                 raise BindError(f'pod {name} is already assigned to node "{spec["nodeName"]}"')
-            updated = copy.deepcopy(pod)
+            updated = copy.deepcopy(current)
             updated["spec"]["nodeName"] = node
             updated["metadata"].setdefault("annotations", {}).update(annotations)
             self.source.pods[key] = updated
@@ -436,8 +456,10 @@ class ApiBinder:
         self.on_annotate_failure = on_annotate_failure
 
     def bind(
-        self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str]
+        self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str],
+        pod: Mapping[str, Any] | None = None,
     ) -> None:
+        del pod  # the API server has the pod
         from kubernetes import client
         from kubernetes.client.exceptions import ApiException
         from urllib3.exceptions import HTTPError

@@ -24,11 +24,13 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 from werkzeug.exceptions import HTTPException
 
 from kube.annotations import placement_annotations
+from kube.objects import pod_key
 from kube.source import Binder, BindError
 from scheduler.cache import AssumeError, ClusterCache
 from scheduler.groups import ReservationBook
 from scheduler.metrics import ExtenderMetrics, GroupMetrics
 from scheduler.planner import Planner
+from scheduler.request_pods import RequestPod, RequestPods
 from scheduler.verbs import (
     Memo,
     VerbError,
@@ -116,6 +118,9 @@ def create_app(
     app.extensions["gpupack.exposition"] = metrics.exposition
     if cfg.warm:
         warmer.start()
+    # Pods seen only in filter/prioritize requests, for their bind (scheduler/request_pods).
+    request_pods = RequestPods()
+    app.extensions["gpupack.request_pods"] = request_pods
     # LLM groups (scheduler/groups.py): members are answered by the reservation book.
     book = groups or ReservationBook(cache, scorer=lambda: planner.scorer.scorer)
     app.extensions["gpupack.groups"] = book
@@ -172,6 +177,7 @@ def create_app(
     def filter_() -> Response:
         def run() -> Response:
             args = ExtenderArgs.decode(decoded())
+            remember(args)
             with cache.view() as view:
                 result = book.filter(args) or filter_nodes(args, view, memo)
             return _json(result.encode())
@@ -181,12 +187,19 @@ def create_app(
     def prioritize_() -> Response:
         def run() -> Response:
             args = ExtenderArgs.decode(decoded())
+            remember(args)
             plan = planner.plan
             with cache.view() as view:
                 result = book.prioritize(args) or prioritize(
                     args, view, memo, warmer.current(), plan)
             return _json(encode_priorities(result))
         return handle("prioritize", run)
+
+    def remember(args: ExtenderArgs) -> None:
+        """A pod no list has shown: kept for its bind (the bind request names it only)."""
+        key = pod_key(args.pod)
+        if cache.pod_entry(key) is None:
+            request_pods.remember(args.pod, read_pod(args.pod))
 
     @app.post("/bind")
     def bind_() -> Response:
@@ -197,44 +210,60 @@ def create_app(
 
     def do_bind(args: BindingArgs) -> BindingResult:
         plan = planner.plan
+        seen: RequestPod | None = None
+
+        def refuse(why: str) -> BindingResult:
+            if seen is not None:
+                request_pods.put_back(seen)  # kube-scheduler retries the pod
+            metrics.binds.labels("conflict").inc()
+            return BindingResult(why)
+
         with cache.view() as view:
             if not view.has_node(args.node):
                 raise BadRequest(f"ExtenderBindingArgs.Node: unknown node {args.node!r}")
             pod = view.pending_pod(args.pod_key)
+            entry = view.pod_entry(args.pod_key)
+            if pod is None and entry is None:
+                if view.is_assumed(args.pod_key):
+                    return refuse(f"pod {args.pod_key} is not pending (being bound already)")
+                # Only a filter or prioritize request has shown this pod so far.
+                seen = request_pods.take(args.pod_key, args.pod_uid)
+                if seen is None:
+                    return refuse(f"pod {args.pod_key} is not in gpupack's cache and no "
+                                  "filter request showed it")
+                pod = seen.req
             if pod is None:
-                entry = view.pod_entry(args.pod_key)
-                if entry is None:
-                    metrics.binds.labels("conflict").inc()
-                    return BindingResult(f"pod {args.pod_key} is not in gpupack's cache (yet)")
-                metrics.binds.labels("conflict").inc()
-                return BindingResult(f"pod {args.pod_key} is not pending (bound to {entry.node})")
+                return refuse(f"pod {args.pod_key} is not pending (bound to "
+                              f"{entry.node if entry else None})")
             if args.pod_uid and pod.uid and args.pod_uid != pod.uid:
-                metrics.binds.labels("conflict").inc()
-                return BindingResult(f"pod {args.pod_key} has UID {pod.uid}, not {args.pod_uid}")
+                return refuse(f"pod {args.pod_key} has UID {pod.uid}, not {args.pod_uid}")
             # A group member gets its reserved room, already assumed (or why not).
             member = book.bind_member(pod, args.pod_uid or pod.uid, args.node)
             ref = warmer.current()
             choice = member if member is not None else choose_placement(
                 view, pod, args.node, ref.scorer, plan, memo, ref.gen)
             if isinstance(choice, str):
-                metrics.binds.labels("conflict").inc()
-                return BindingResult(choice)
+                return refuse(choice)
             try:
                 if member is None:
                     cache.assume(pod, args.pod_uid or pod.uid, choice)
             except AssumeError as e:
-                metrics.binds.labels("conflict").inc()
-                return BindingResult(str(e))
+                return refuse(str(e))
         try:
             binder.bind(args.pod_namespace, args.pod_name, args.pod_uid or pod.uid, args.node,
                         {**placement_annotations(choice, cfg.policy),
-                         **book.bind_annotations(pod)})
+                         **book.bind_annotations(pod)},
+                        pod=None if seen is None else seen.obj)
         except BindError as e:
             cache.forget(pod.key)
+            if seen is not None:
+                request_pods.put_back(seen)
             metrics.binds.labels("api_error").inc()
             return BindingResult(str(e))
         except Exception as e:  # the reservation must not outlive a failed bind
             cache.forget(pod.key)
+            if seen is not None:
+                request_pods.put_back(seen)
             metrics.binds.labels("api_error").inc()
             log.exception("bind of %s failed", pod.key)
             return BindingResult(f"bind of {pod.key} failed: {e}")

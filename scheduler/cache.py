@@ -6,9 +6,11 @@ place, one placement or one node at a time, so no request ever rebuilds the clus
 
 *Assume*: a pod the extender has just bound is counted on its node at once, before the
 watch reports the binding, so the next filter cannot hand the same GPU to another pod.
-An assumption is confirmed when the watch shows the pod bound, dropped when the bind
-fails, and expires after ``assume_ttl`` seconds if the watch never confirms it (the
-binding was lost). The clock is injected so tests control expiry.
+An assumption is confirmed when the watch shows the pod bound, and dropped when the bind
+fails, when the pod is deleted, or when the watch shows it bound elsewhere or recreated
+under another UID. It never expires, as in kube-scheduler (which dropped its 30 s
+assume expiry for the same reason): a watch stalled past any deadline would free GPUs
+the bound pod really holds, and the next bind would hand them out a second time.
 
 Concurrency: one re-entrant lock guards everything. Verbs run under it; the reservation
 in :meth:`ClusterCache.assume` checks and takes the resources under it, so two racing
@@ -27,7 +29,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Set
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -51,8 +52,6 @@ log = logging.getLogger("gpupack.scheduler.cache")
 
 # Label and annotation prefixes node_info reads to find a node's GPUs.
 _GPU_LABELS = ("nvidia.com/", "gpupack.io/")
-
-Clock = Callable[[], float]
 
 # Signatures remembered for interning; past this the table is forgotten (ids are never
 # reused, so a forgotten state that comes back only costs a fresh id and memo miss).
@@ -116,7 +115,6 @@ class Assumption:
     req: PodRequest
     uid: str
     placement: Placement
-    deadline: float
 
 
 class AssumeError(RuntimeError):
@@ -126,15 +124,8 @@ class AssumeError(RuntimeError):
 class ClusterCache:
     """Nodes, pods, assumed binds and the packing state derived from them."""
 
-    def __init__(
-        self,
-        scheduler_name: str = "gpupack",
-        assume_ttl: float = 30.0,
-        clock: Clock = time.monotonic,
-    ) -> None:
+    def __init__(self, scheduler_name: str = "gpupack") -> None:
         self.scheduler_name = scheduler_name
-        self.assume_ttl = assume_ttl
-        self.clock = clock
         self.lock = threading.RLock()
         self.state = ClusterState(Snapshot(nodes=()))
         self.synced = False
@@ -150,7 +141,6 @@ class ClusterCache:
         self._next_gen = 0
         self.version = 0  # changes on every change that could change a plan
         self.bad_objects = 0  # objects that could not be read (logged, skipped)
-        self.expired = 0  # assumptions that expired unconfirmed
         self._listeners: list[Callable[[], None]] = []
         self._shapes: dict[str, NodeInfo] = {}  # node shape -> NodeInfo (see _node_info)
         self._sig: dict[str, int] = {}  # node -> signature id (see node_signature)
@@ -251,9 +241,8 @@ class ClusterCache:
 
     @contextmanager
     def view(self) -> Iterator[ClusterCache]:
-        """The cache under its lock, with stale assumptions expired first."""
+        """The cache under its lock."""
         with self.lock:
-            self.expire()
             for fn in self._view_hooks:
                 fn()
             yield self
@@ -285,6 +274,9 @@ class ClusterCache:
     def assumed_keys(self) -> list[str]:
         return list(self._assumed)
 
+    def is_assumed(self, key: str) -> bool:
+        return key in self._assumed
+
     def pending(self) -> list[PodRequest]:
         return list(self._pending.values())
 
@@ -300,7 +292,6 @@ class ClusterCache:
     def snapshot(self) -> Snapshot:
         """Nodes, counted pods (bound and assumed) and our pending pods, for the planner."""
         with self.lock:
-            self.expire()
             for fn in self._view_hooks:
                 fn()
             skip: set[str] = set()
@@ -675,7 +666,6 @@ class ClusterCache:
         the second finds it taken.
         """
         with self.lock:
-            self.expire()
             if req.key in self._assumed:
                 raise AssumeError(f"pod {req.key} is already being bound to "
                                   f"{self._assumed[req.key].placement.node}")
@@ -688,7 +678,7 @@ class ClusterCache:
             if why is not None:
                 raise AssumeError(f"pod {req.key}: {why}")
             self._pending.pop(req.key, None)
-            self._assumed[req.key] = Assumption(req, uid, placement, self.clock() + self.assume_ttl)
+            self._assumed[req.key] = Assumption(req, uid, placement)
             try:
                 self._apply(req, placement)
             except PlacementError as e:  # check passed, so this is a bug; undo the record
@@ -704,20 +694,3 @@ class ClusterCache:
             self._drop_assumption(key)
             self._account(key)
             self._changed()
-
-    def expire(self) -> int:
-        """Drop assumptions past their deadline; returns how many."""
-        if not self._assumed:
-            return 0
-        with self.lock:
-            now = self.clock()
-            late = [k for k, a in self._assumed.items() if a.deadline <= now]
-            for key in late:
-                log.warning("assumed bind of %s to %s expired unconfirmed", key,
-                            self._assumed[key].placement.node)
-                self._drop_assumption(key)
-                self._account(key)
-            if late:
-                self.expired += len(late)
-                self._changed()
-            return len(late)

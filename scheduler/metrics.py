@@ -206,7 +206,6 @@ class ClusterCollector(Collector):
             synced = cache.synced
             pending = cache.pending()
             bad = cache.bad_objects
-            expired = cache.expired
             assumed = counts["assumed"]
         plan = self.planner.plan
 
@@ -222,8 +221,6 @@ class ClusterCollector(Collector):
         yield gauge("gpupack_cache_synced", "1 once the first list of nodes and pods is in",
                     1.0 if synced else 0.0)
         yield gauge("gpupack_cache_bad_objects", "Objects the cache could not read (skipped)", bad)
-        yield gauge("gpupack_cache_assumptions_expired", "Assumed binds that expired unconfirmed",
-                    expired)
         slices = GaugeMetricFamily(
             "gpupack_mig_instances",
             "MIG instances by GPU model, profile and state (used by a pod, or created and free)",

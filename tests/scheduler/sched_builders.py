@@ -116,10 +116,13 @@ class FakeClock:
 
 
 def make_cache(nodes: list[dict[str, Any]], pods: list[dict[str, Any]] | None = None,
-               clock: FakeClock | None = None, ttl: float = 30.0) -> Any:
+               clock: FakeClock | None = None) -> Any:
+    """A synced cache of these objects (``clock`` is accepted for the callers that move
+    time for other parts; the cache itself keeps no time)."""
     from scheduler.cache import ClusterCache
 
-    cache = ClusterCache("gpupack", assume_ttl=ttl, clock=clock or FakeClock())
+    del clock
+    cache = ClusterCache("gpupack")
     cache.replace(nodes, pods or [])
     cache.mark_synced()
     return cache

@@ -160,7 +160,7 @@ def app_client(r: Any) -> Any:
             self.calls: list[tuple[str, str, dict[str, str]]] = []
 
         def bind(self, namespace: str, name: str, uid: str, node_name: str,
-                 annotations: Any) -> None:
+                 annotations: Any, pod: Any = None) -> None:
             self.calls.append((f"{namespace}/{name}", node_name, dict(annotations)))
 
     binder = Binder()
@@ -460,7 +460,7 @@ def test_a_plain_gpupack_group_gets_one_slot_per_pod() -> None:
 
 
 def test_book_works_without_a_tap_or_writer() -> None:
-    cache = ClusterCache("gpupack", clock=FakeClock())
+    cache = ClusterCache("gpupack")
     book = ReservationBook(cache, clock=FakeClock())
     cache.replace(TWO, [lws_pod("a", 0, 1, 8)])
     cache.mark_synced()

@@ -70,7 +70,7 @@ def rig(nodes: list[dict[str, Any]], pods: list[dict[str, Any]] | None = None,
         ttl: float = 100.0, clock: FakeClock | None = None, writer: Any = None,
         sync: bool = True) -> Rig:
     clock = clock or FakeClock()
-    cache = ClusterCache("gpupack", clock=clock)
+    cache = ClusterCache("gpupack")
     book = ReservationBook(cache, ttl=ttl, clock=clock, writer=writer or RecordingWriter(),
                            retry_s=0.0, cooldown_s=10.0)
     tap = ReservationTap(cache, book)

@@ -1,4 +1,4 @@
-"""The cluster cache: incremental accounting, assume/confirm/forget/expire, concurrency,
+"""The cluster cache: incremental accounting, assume/confirm/forget (no expiry), concurrency,
 and a stateful Hypothesis test against a simple model."""
 
 from __future__ import annotations
@@ -41,24 +41,41 @@ def test_assume_counts_at_once_then_confirmation_keeps_it() -> None:
     cache.upsert_pod(bound(p, "w", placement))
     assert cache.assumed_keys() == []
     clock.advance(100)
-    assert cache.expire() == 0
+    assert cache.assumed_keys() == []
     assert cache.state.whole_gpus_free() == 0
 
 
-def test_unconfirmed_assumption_expires_and_the_pod_is_pending_again() -> None:
+def test_an_assumption_never_expires_however_long_the_watch_stalls() -> None:
+    # kube-scheduler dropped its assume expiry for this reason: with the pod watch
+    # stalled, an expired assumption frees GPUs the bound pod really holds, and the next
+    # bind puts a second pod on them.
     clock = FakeClock()
-    cache = make_cache([node("w", gpus=2, reconfigurable=False)], [whole_pod("llm", 2)], clock,
-                       ttl=10)
+    cache = make_cache([node("w", gpus=2, reconfigurable=False)],
+                       [whole_pod("llm", 2), whole_pod("next", 2)], clock)
     req = cache.pending_pod("default/llm")
     cache.assume(req, req.uid, Placement(req.key, "w", (0, 1)))
-    clock.advance(9.9)
+    clock.advance(3600)
     with cache.view():
         assert cache.state.whole_gpus_free() == 0
-    clock.advance(0.2)
-    with cache.view():
-        assert cache.state.whole_gpus_free() == 2
-    assert [p.key for p in cache.pending()] == ["default/llm"]
-    assert cache.expired == 1
+    snap = cache.snapshot()
+    assert [p.key for p in snap.pending] == ["default/next"]
+    assert cache.assumed_keys() == ["default/llm"]
+    nxt = cache.pending_pod("default/next")
+    with pytest.raises(AssumeError):
+        cache.assume(nxt, nxt.uid, Placement(nxt.key, "w", (0, 1)))
+
+
+def test_an_assumption_ends_when_the_pod_is_deleted_or_bound_elsewhere() -> None:
+    cache = make_cache([node("w", gpus=2, reconfigurable=False), node("v", gpus=2,
+                        reconfigurable=False)], [whole_pod("a", 2), whole_pod("b", 2)])
+    a = cache.pending_pod("default/a")
+    b = cache.pending_pod("default/b")
+    cache.assume(a, a.uid, Placement(a.key, "w", (0, 1)))
+    cache.assume(b, b.uid, Placement(b.key, "v", (0, 1)))
+    cache.delete_pod("default/a")
+    cache.upsert_pod(bound(whole_pod("b", 2), "w"))  # someone else bound it elsewhere
+    assert cache.assumed_keys() == []
+    assert cache.state.nodes["v"].whole_free
 
 
 def test_forget_frees_and_double_assume_is_refused() -> None:
@@ -157,7 +174,6 @@ def test_finished_and_recreated_pods_free_their_gpus() -> None:
 # ---- stateful --------------------------------------------------------------------------------
 
 PODS = 6
-TTL = 10.0
 
 
 def _pod_obj(i: int) -> dict[str, Any]:
@@ -173,20 +189,15 @@ class CacheMachine(RuleBasedStateMachine):
         self.clock = FakeClock()
         self.cache = make_cache(
             [node("w", gpus=2, reconfigurable=False), node("m", gpus=1, mig={"3g.40gb": 0})],
-            [], self.clock, ttl=TTL)
+            [], self.clock)
         self.rows = GpuRows(self.cache)  # per-GPU metric rows cached per node generation
         self.exists: set[int] = set()
         self.bound: dict[int, str] = {}
-        self.assumed: dict[int, tuple[Placement, float]] = {}
+        self.assumed: dict[int, Placement] = {}
 
     def _room(self, i: int) -> bool:
         held = [j for j in (*self.bound, *self.assumed) if j % 2 == i % 2]
         return len(held) < 2
-
-    def _expire_model(self) -> None:
-        for j, (_, deadline) in list(self.assumed.items()):
-            if deadline <= self.clock.now:
-                del self.assumed[j]
 
     @rule(i=st.integers(0, PODS - 1))
     def create(self, i: int) -> None:
@@ -197,7 +208,6 @@ class CacheMachine(RuleBasedStateMachine):
 
     @rule(i=st.integers(0, PODS - 1))
     def bind(self, i: int) -> None:
-        self._expire_model()
         req = self.cache.pending_pod(f"default/p{i}")
         pending = i in self.exists and i not in self.bound and i not in self.assumed
         assert (req is not None) == (i in self.exists and i not in self.bound)
@@ -209,14 +219,13 @@ class CacheMachine(RuleBasedStateMachine):
             assert not pending or not self._room(i)
             return
         self.cache.assume(req, req.uid, options[0])
-        self.assumed[i] = (options[0], self.clock.now + TTL)
+        self.assumed[i] = options[0]
 
     @rule(i=st.integers(0, PODS - 1))
     def watch_confirms(self, i: int) -> None:
-        self._expire_model()
         if i not in self.assumed:
             return
-        placement, _ = self.assumed.pop(i)
+        placement = self.assumed.pop(i)
         self.cache.upsert_pod(bound(_pod_obj(i), placement.node, placement))
         self.bound[i] = placement.node
 
@@ -227,7 +236,6 @@ class CacheMachine(RuleBasedStateMachine):
 
     @rule(i=st.integers(0, PODS - 1))
     def bound_by_someone_else(self, i: int) -> None:
-        self._expire_model()
         if i not in self.exists or i in self.bound or i in self.assumed or not self._room(i):
             return
         node_name = "w" if i % 2 == 0 else "m"
@@ -256,8 +264,7 @@ class CacheMachine(RuleBasedStateMachine):
 
     @invariant()
     def matches_model_and_never_overcommits(self) -> None:
-        snap = self.cache.snapshot()  # expires stale assumptions, like every view
-        self._expire_model()
+        snap = self.cache.snapshot()  # time passing changes nothing: no assume expiry
         assert validate(snap, ()) == []
         counted = {p.key for p, _ in snap.running}
         want = {f"default/p{i}" for i in (*self.bound, *self.assumed)}

@@ -122,6 +122,23 @@ def test_bind_then_rebind_is_refused(server: Client) -> None:
     assert status == 200 and "UID" in out["Error"]
 
 
+def test_a_pod_seen_only_in_a_filter_request_can_be_bound(server: Client) -> None:
+    # Static mode (and informer lag in API mode): the pod is in no list gpupack read,
+    # only in the filter request; its bind must not fail for that.
+    pod = mig_pod("asr-new", namespace="speech", uid="asr-new-uid")
+    status, out = server.post("/filter", {"Pod": pod, "Nodes": None, "NodeNames": ["gpu-a"]})
+    assert status == 200 and out["NodeNames"] == ["gpu-a"], out
+    args = {"PodName": "asr-new", "PodNamespace": "speech", "PodUID": "asr-new-uid",
+            "Node": "gpu-a"}
+    assert server.post("/bind", args) == (200, {"Error": ""})
+    status, out = server.post("/bind", args)
+    assert status == 200 and "not pending" in out["Error"]
+    # Another UID under the same name is not the pod the filter saw.
+    status, out = server.post("/bind", {**args, "PodName": "never-filtered",
+                                        "PodUID": "x"})
+    assert status == 200 and "not in gpupack's cache" in out["Error"]
+
+
 def test_concurrent_binds_never_double_book_a_gpu(server: Client) -> None:
     # gpu-whole has 4 GPUs, one held by victim-0: of 12 racing binds exactly 3 succeed.
     def bind(i: int) -> str:

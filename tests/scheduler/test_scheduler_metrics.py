@@ -24,7 +24,7 @@ def rig() -> tuple[Any, ExtenderMetrics]:
          node("m", gpus=1, mig={"3g.40gb": 2}),
          node("s", product="NVIDIA-L40S", gpus=2, shared_replicas=4),
          node('odd"name', gpus=1)],
-        [], FakeClock(), ttl=30.0)
+        [], FakeClock())
     metrics = ExtenderMetrics(CollectorRegistry(), cache, Planner(cache))
     return cache, metrics
 
