@@ -295,6 +295,11 @@ def dashboard_json(d: Dashboard) -> str:
     return json.dumps(dashboard_dict(d), indent=2, sort_keys=False) + "\n"
 
 
+# Where each alert's runbook lives (docs/runbooks.md, one section per alert); the Helm
+# chart re-bases it on monitoring.prometheusRule.runbookBaseURL.
+RUNBOOK_BASE_URL = "https://github.com/gpupack/gpupack/blob/main/docs/runbooks.md"
+
+
 def _alert(name: str, signal: str, op: str, threshold: str, duration: str, severity: str,
            summary: str, description: str) -> dict[str, Any]:
     """One alert whose expression is ``(<signal>) <op> <threshold>``.
@@ -307,7 +312,8 @@ def _alert(name: str, signal: str, op: str, threshold: str, duration: str, sever
         "expr": f"({signal}) {op} {threshold}",
         "for": duration,
         "labels": {"severity": severity},
-        "annotations": {"summary": summary, "description": description},
+        "annotations": {"summary": summary, "description": description,
+                        "runbook_url": f"{RUNBOOK_BASE_URL}#{name.lower()}"},
     }
 
 

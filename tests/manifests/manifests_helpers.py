@@ -17,6 +17,9 @@ REPO = Path(__file__).resolve().parents[2]
 MANIFESTS = REPO / "manifests"
 CHART = MANIFESTS / "helm" / "gpupack"
 K8S_VERSION = "1.37.0"
+# The cluster version `helm template` renders for (--kube-version): the chart derives
+# kube-scheduler's tag from it, and the kustomize base pins the same tag.
+CLUSTER_VERSION = "v1.37.1"
 
 Obj = dict[str, Any]
 
@@ -41,8 +44,10 @@ def kustomize(path: Path) -> list[Obj]:
 
 
 def helm_template(values: dict[str, Any] | None = None, tmp: Path | None = None,
-                  expect_ok: bool = True) -> tuple[list[Obj], str]:
-    cmd = [tool("helm"), "template", "gpupack", str(CHART), "--namespace", "gpupack"]
+                  expect_ok: bool = True, release: str = "gpupack",
+                  kube_version: str = CLUSTER_VERSION) -> tuple[list[Obj], str]:
+    cmd = [tool("helm"), "template", release, str(CHART), "--namespace", "gpupack",
+           "--kube-version", kube_version]
     if values:
         assert tmp is not None
         vf = tmp / f"values-{abs(hash(repr(values)))}.yaml"
