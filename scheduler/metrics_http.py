@@ -1,24 +1,24 @@
 """The separate ``--metrics-port`` listener of ``gpupack serve``.
 
-It serves the same body as the extender's own ``/metrics`` (the registry plus the per-GPU
-family kept rendered by :class:`scheduler.metrics.GpuRows`), so Prometheus can scrape the
-pod IP while the verbs stay on loopback. A threaded werkzeug server: scrapes are rare and
-small in number, and it must not share gunicorn's worker threads with the verbs.
+It serves the same body as the extender's own ``/metrics`` (the cached exposition of
+:class:`scheduler.metrics.CachedExposition`), so Prometheus can scrape the pod IP while
+the verbs stay on loopback. A :class:`serving.listener.Listener`: an event loop reads each
+request whole under deadlines, two threads answer (a scrape only copies the cached
+body), connections are capped; it shares no thread with the verbs.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 
 from flask import Flask, Response
 from prometheus_client import CONTENT_TYPE_LATEST
-from werkzeug.serving import BaseWSGIServer, WSGIRequestHandler, make_server
 
+from serving.gate import Limits
+from serving.listener import Listener
 
-class _QuietHandler(WSGIRequestHandler):
-    def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
-        pass  # one line per scrape is noise; errors are still logged by werkzeug
+# Scrapes are GETs: no body is worth buffering.
+METRICS_LIMITS = Limits(max_body=64 * 1024, max_connections=128)
 
 
 def create_metrics_app(exposition: Callable[[], bytes]) -> Flask:
@@ -28,26 +28,27 @@ def create_metrics_app(exposition: Callable[[], bytes]) -> Flask:
     def metrics() -> Response:
         return Response(exposition(), mimetype=CONTENT_TYPE_LATEST)
 
+    @app.get("/healthz")
+    def healthz() -> Response:
+        return Response(b"ok\n", mimetype="text/plain")
+
     return app
 
 
 class MetricsServer:
     """``/metrics`` on ``host:port`` in a daemon thread."""
 
-    def __init__(self, exposition: Callable[[], bytes], host: str, port: int) -> None:
-        self.server: BaseWSGIServer = make_server(
-            host, port, create_metrics_app(exposition), threaded=True,
-            request_handler=_QuietHandler)
-        self._thread = threading.Thread(target=self.server.serve_forever,
-                                        name="gpupack-metrics", daemon=True)
+    def __init__(self, exposition: Callable[[], bytes], host: str, port: int,
+                 limits: Limits = METRICS_LIMITS, threads: int = 2) -> None:
+        self.listener = Listener(create_metrics_app(exposition), host, port, limits=limits,
+                                 threads=threads, name="gpupack-metrics")
 
     @property
     def port(self) -> int:
-        return int(self.server.server_port)
+        return self.listener.port
 
     def start(self) -> None:
-        self._thread.start()
+        self.listener.start()
 
     def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self.listener.stop()
