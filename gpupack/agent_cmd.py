@@ -103,10 +103,10 @@ def run(args: argparse.Namespace) -> int:
             print(json.dumps(to_wire(report.inventory), indent=2), flush=True)
             return 0
         if args.metrics_port:
-            from prometheus_client import start_http_server
+            from nodeagent.metrics import serve_metrics
 
             try:
-                start_http_server(args.metrics_port, registry=metrics.registry)
+                serve_metrics(metrics.registry, args.metrics_port)
             except OSError as e:
                 print(f"gpupack agent: --metrics-port {args.metrics_port}: cannot listen: "
                       f"{e.strerror or e}", file=sys.stderr)

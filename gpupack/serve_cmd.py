@@ -80,9 +80,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "binds live in one process)")
     p.add_argument("--threads", type=int, default=8, help="threads of the worker (default 8)")
     p.add_argument("--http-worker", default="sticky", choices=["sticky", "gthread"],
-                   help="gunicorn worker class: sticky (default: gthread that serves a busy "
-                        "keep-alive connection's next request on the same thread) or the "
-                        "stock gthread")
+                   help="gunicorn worker class: sticky (default: serves a busy keep-alive "
+                        "connection's next request on the same thread) or gthread (the stock "
+                        "hand-offs); both read each request whole before a thread sees it")
     p.add_argument("--metrics-port", type=int, default=0,
                    help="also serve /metrics on this port (default 0: only on --port)")
     p.add_argument("--metrics-host", default=None,
@@ -294,12 +294,20 @@ class ExtenderServer(BaseApplication):
         super().__init__()
 
     def load_config(self) -> None:
+        from gpupack.sticky_worker import StickyThreadWorker
+        from serving.gate import Limits
+        from serving.gunicorn_worker import GatedThreadWorker
+
         a = self.args
+        # Both workers read each request whole in the main loop before a thread sees it
+        # (serving.gunicorn_worker); a body over --max-body is handed on unread, so the
+        # app answers it (400) without reading it.
+        worker = StickyThreadWorker if a.http_worker == "sticky" else GatedThreadWorker
+        limits = Limits(max_body=max(a.max_body, 1), idle_s=75.0)
         settings = {
             "bind": f"{a.host}:{a.port}",
             "workers": 1,
-            "worker_class": "gpupack.sticky_worker.StickyThreadWorker"
-            if a.http_worker == "sticky" else "gthread",
+            "worker_class": worker.configured(limits, oversize="dispatch"),
             "threads": a.threads,
             "preload_app": False,
             "timeout": 60,

@@ -81,7 +81,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 class LiveSnapshots:
     """A snapshot provider backed by a watched cache. The same Snapshot object is
     returned until the cache changes, so the webhook's per-snapshot view is rebuilt only
-    on change."""
+    on change; None until the first list of nodes and pods is complete (the webhook
+    then decides nothing, see :mod:`webhook.app`)."""
 
     def __init__(self, args: argparse.Namespace) -> None:
         from kube.source import ApiSource, load_api_client
@@ -92,7 +93,12 @@ class LiveSnapshots:
         self.source.start(self.cache)
         self._last: tuple[int, Snapshot] | None = None
 
-    def __call__(self) -> Snapshot:
+    def ready(self) -> bool:
+        return bool(self.cache.synced)
+
+    def __call__(self) -> Snapshot | None:
+        if not self.cache.synced:
+            return None
         version = self.cache.version
         last = self._last
         if last is None or last[0] != version:
@@ -141,8 +147,10 @@ def run(args: argparse.Namespace) -> int:
 
     def app_factory() -> Flask:
         # Built inside the serving process (gunicorn may fork): the watch threads too.
-        provider = live_snapshots(args) if live else (lambda: snapshot)
-        return create_app(provider, CollectorRegistry(), config)
+        if not live:
+            return create_app(lambda: snapshot, CollectorRegistry(), config)
+        feed = live_snapshots(args)
+        return create_app(feed, CollectorRegistry(), config, ready=feed.ready)
 
     serve(app_factory, host=args.host, port=args.port, cert=args.tls_cert, key=args.tls_key,
           threads=args.threads, log_level=args.log_level)

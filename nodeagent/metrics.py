@@ -9,14 +9,33 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, make_wsgi_app
 
 from nodeagent.growth import Growth
 from nodeagent.nvml import GpuSnapshot, NvmlCallError
 from nodeagent.podresources import PodResourcesView
 from nodeagent.report import PoolUsage, gpu_mode, product_label, usable
+from serving.gate import Limits
+from serving.listener import Listener
 
 _POD = ("namespace", "pod", "gpu")
+
+# Scrapes are GETs: no body worth buffering; a node agent needs few connections.
+METRICS_LIMITS = Limits(max_body=64 * 1024, max_connections=64,
+                        buffer_budget=4 * 1024 * 1024)
+
+
+def serve_metrics(registry: CollectorRegistry, port: int, host: str = "0.0.0.0") -> Listener:
+    """The agent's ``/metrics`` (any path, as prometheus_client's own server), started.
+
+    A :class:`serving.listener.Listener` rather than ``prometheus_client.start_http_server``:
+    that one starts a thread per connection with no read timeout, so half-open
+    connections pile up threads; here they hold a capped number of sockets and are cut
+    at a deadline. OSError when the port cannot be listened on."""
+    listener = Listener(make_wsgi_app(registry), host, port, limits=METRICS_LIMITS, threads=2,
+                        name="gpupack-agent-metrics")
+    listener.start()
+    return listener
 
 
 class AgentMetrics:

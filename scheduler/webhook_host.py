@@ -7,12 +7,15 @@ no second watch of the API server.
 
 Why not :class:`webhook.server.WebhookServer`: it is a gunicorn arbiter, which must run
 in a process's main thread (signal handlers) and forks its own worker; inside the
-extender's worker it can run neither. Here a threaded WSGI server (werkzeug's, HTTP/1.1
-keep-alive, one thread per connection) runs in a daemon thread, and each accepted
-connection is wrapped with the context of :class:`webhook.server.ReloadingTLS`: the same
-per-connection certificate reload as the standalone server, so cert-manager rotations
-are served without a restart. The TLS handshake happens in the connection's thread, so
-a slow client never holds up the accept loop.
+extender's worker it can run neither. Here a :class:`serving.listener.Listener` runs in
+a daemon thread: its event loop does each TLS handshake (with the context of
+:class:`webhook.server.ReloadingTLS`, the same per-connection certificate reload as the
+standalone server, so cert-manager rotations are served without a restart) and reads
+each review whole under deadlines; a few threads decide. Slow or half-open clients hold
+no thread, and ``/healthz`` has a thread of its own.
+
+Until the cache's first list is complete, :class:`SnapshotFeed` gives no snapshot and
+the webhook answers 503 (see :mod:`webhook.app`: the failurePolicy applies).
 
 The webhook's view is rebuilt (in its own background thread, see
 :class:`webhook.app.ViewCache`) only when the provider returns a new Snapshot object; the
@@ -24,17 +27,17 @@ from __future__ import annotations
 
 import logging
 import socket
-import ssl
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 from flask import Flask
-from werkzeug.serving import ThreadedWSGIServer, WSGIRequestHandler
 
 from packing.model import Snapshot
 from scheduler.cache import ClusterCache
+from serving.gate import Limits
+from serving.listener import Listener
+from webhook.app import MAX_REVIEW_BYTES
 from webhook.server import ReloadingTLS
 
 log = logging.getLogger("gpupack.scheduler.webhook")
@@ -51,7 +54,12 @@ class SnapshotFeed:
         self._at = 0.0
         self._snapshot: Snapshot | None = None
 
-    def __call__(self) -> Snapshot:
+    def ready(self) -> bool:
+        return bool(self.cache.synced)
+
+    def __call__(self) -> Snapshot | None:
+        if not self.cache.synced:
+            return None  # no complete list yet: the webhook decides nothing
         with self._lock:
             now = time.monotonic()
             current = self.cache.version
@@ -63,60 +71,33 @@ class SnapshotFeed:
             return self._snapshot
 
 
-class _Handler(WSGIRequestHandler):
-    timeout = 75  # idle keep-alive connections are closed after this (seconds)
-
-    def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
-        del code, size  # the webhook app counts and times every review itself
-
-
-class TLSServer(ThreadedWSGIServer):
-    """werkzeug's threaded server with a TLS context chosen per accepted connection."""
-
-    daemon_threads = True
-
-    def __init__(self, host: str, port: int, app: Flask, tls: ReloadingTLS) -> None:
-        super().__init__(host, port, app, handler=_Handler)
-        self.tls = tls
-        # Marks the server as HTTPS for the handler (url scheme, TLS error logging).
-        self.ssl_context = tls.context()
-
-    def get_request(self) -> tuple[Any, Any]:
-        sock, addr = self.socket.accept()
-        try:
-            ctx = self.tls.context()
-            return ctx.wrap_socket(sock, server_side=True, do_handshake_on_connect=False), addr
-        except (OSError, ssl.SSLError):
-            sock.close()
-            raise
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        log.debug("webhook connection from %s failed", client_address, exc_info=True)
+# The API server's own request limit: no AdmissionReview is larger (webhook.app answers
+# 413 to a larger declared body; the listener refuses it before reading it).
+WEBHOOK_LIMITS = Limits(max_body=MAX_REVIEW_BYTES, idle_s=75.0)
 
 
 class WebhookHost:
-    """The webhook's HTTPS server in a daemon thread of this process."""
+    """The webhook's HTTPS listener in a daemon thread of this process."""
 
-    def __init__(self, app: Flask, host: str, port: int, cert: Path, key: Path) -> None:
-        self.server = TLSServer(host, port, app, ReloadingTLS(cert, key))
-        self.thread = threading.Thread(target=self.server.serve_forever, name="gpupack-webhook",
-                                       daemon=True)
+    def __init__(self, app: Flask, host: str, port: int, cert: Path, key: Path,
+                 threads: int = 4, limits: Limits = WEBHOOK_LIMITS) -> None:
+        self.tls = ReloadingTLS(cert, key)
+        self.listener = Listener(app, host, port, limits=limits, threads=threads,
+                                 tls=self.tls.context, name="gpupack-webhook")
 
     @property
     def port(self) -> int:
-        return int(self.server.socket.getsockname()[1])
+        return self.listener.port
 
     def start(self) -> None:
-        self.thread.start()
+        self.listener.start()
         log.info("admission webhook on https://%s:%d/mutate", *self.address())
 
     def address(self) -> tuple[str, int]:
-        name = self.server.socket.getsockname()
-        return (str(name[0]), int(name[1]))
+        return self.listener.address()
 
     def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self.listener.stop()
 
 
 def check_tls(cert: Path, key: Path) -> str | None:

@@ -1,10 +1,21 @@
-"""The webhook's HTTP app: POST /mutate (AdmissionReview), GET /healthz, GET /metrics.
+"""The webhook's HTTP app: POST /mutate (AdmissionReview), GET /healthz, /readyz, /metrics.
 
 Built by :func:`create_app` from what the caller passes (no module globals), so the
 static CLI, the extender process and the tests each wire their own cluster view.
 Handlers translate wire JSON to plain values, call :func:`webhook.admit.admit` and
 translate back. Input from the API server never causes an HTTP 500: a review that
 cannot be read is a 400 naming the field, a pod that cannot be read is a denial.
+
+Before the first complete list of nodes and pods (``ready()`` false, or the provider
+returning None) the webhook decides nothing: ``/readyz`` is 503 and ``/mutate`` answers
+HTTP 503 without an AdmissionReview. The API server counts that as a failed call, so
+the webhook configuration's ``failurePolicy`` applies: ``Ignore`` admits the pod as it
+is (unsized), ``Fail`` refuses it with "failed calling webhook" and the client retries.
+A pod is never denied for GPUs the webhook has not seen yet. ``/healthz`` (liveness)
+stays 200.
+
+A body over :data:`MAX_REVIEW_BYTES` (the API server's own request limit, so no real
+review is larger) is answered 413 from its Content-Length, before it is read.
 """
 
 from __future__ import annotations
@@ -18,6 +29,7 @@ from typing import Any
 
 from flask import Flask, Response, request
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from werkzeug.exceptions import HTTPException
 
 from packing.model import Snapshot
 from webhook.admit import admit
@@ -34,6 +46,10 @@ from webhook.wire import (
 )
 
 log = logging.getLogger("gpupack.webhook")
+
+# kube-apiserver refuses request bodies over 3 MiB (its MaxRequestBodyBytes), so no
+# object it sends a webhook makes a larger AdmissionReview worth reading.
+MAX_REVIEW_BYTES = 3 * 1024 * 1024
 
 
 class ViewCache:
@@ -91,17 +107,33 @@ def _class_label(klass: str, config: WebhookConfig) -> str:
     return klass if klass in known else "invalid"
 
 
+def _not_ready() -> Response:
+    resp = _json({"error": "gpupack webhook: no complete list of nodes and pods yet; "
+                           "the webhook configuration's failurePolicy applies"}, 503)
+    resp.headers["Retry-After"] = "1"
+    return resp
+
+
 def create_app(
-    snapshot_provider: Callable[[], Snapshot],
+    snapshot_provider: Callable[[], Snapshot | None],
     registry: CollectorRegistry,
     config: WebhookConfig,
     exposition: Callable[[], bytes] | None = None,
+    ready: Callable[[], bool] | None = None,
 ) -> Flask:
-    """``exposition``: the body of ``/metrics`` when the registry is shared with a host
+    """``snapshot_provider``: the cluster now, or None until the first complete list.
+    ``ready``: a cheap "has the first list completed" (default: the provider's own
+    ``ready()`` method if it has one, else always: a static view).
+    ``exposition``: the body of ``/metrics`` when the registry is shared with a host
     that renders part of it itself (``gpupack serve``); default: the registry alone."""
     app = Flask("gpupack.webhook")
     metrics = WebhookMetrics(registry)
     views = ViewCache()
+    is_ready: Callable[[], bool] = ready or getattr(snapshot_provider, "ready", None) \
+        or (lambda: True)
+
+    class NotReady(Exception):
+        """The provider has no complete cluster view yet."""
 
     def review_pod(review: AdmissionReview) -> tuple[AdmissionResponse, str, str]:
         req = review.request
@@ -110,7 +142,10 @@ def create_app(
         namespace = req.namespace or (
             meta.get("namespace") if isinstance(meta, Mapping) else None
         ) or "default"
-        view = views.get(snapshot_provider())
+        snapshot = snapshot_provider()
+        if snapshot is None:
+            raise NotReady()
+        view = views.get(snapshot)
         labels = config.namespace_labels(str(namespace))
         adm = admit(pod, view, config, labels)
         d = adm.decision
@@ -129,8 +164,22 @@ def create_app(
     @app.post("/mutate")
     def mutate() -> Response:
         start = time.perf_counter()
+        length = request.content_length
+        if length is not None and length > MAX_REVIEW_BYTES:
+            metrics.reviews.labels("too_large", "none").inc()
+            refusal = _json({"error": f"AdmissionReview of {length} bytes is over the API "
+                                      f"server's limit of {MAX_REVIEW_BYTES} bytes"}, 413)
+            refusal.headers["Connection"] = "close"  # the body stays unread
+            return refusal
+        if not is_ready():
+            metrics.reviews.labels("not_ready", "none").inc()
+            return _not_ready()
+        data = request.stream.read(MAX_REVIEW_BYTES + 1)
+        if len(data) > MAX_REVIEW_BYTES:  # a chunked body without a length
+            metrics.reviews.labels("too_large", "none").inc()
+            return _json({"error": f"AdmissionReview over {MAX_REVIEW_BYTES} bytes"}, 413)
         try:
-            review = decode_review(request.get_data())
+            review = decode_review(data)
         except ReviewError as e:
             metrics.reviews.labels("malformed", "none").inc()
             metrics.latency.observe(time.perf_counter() - start)
@@ -141,6 +190,9 @@ def create_app(
         else:
             try:
                 resp, outcome, klass = review_pod(review)
+            except NotReady:
+                metrics.reviews.labels("not_ready", "none").inc()
+                return _not_ready()
             except RecursionError:
                 # Only a pod nested hundreds of levels deep gets here (copying it for the
                 # patch overflows the stack); the API server never sends one.
@@ -166,11 +218,23 @@ def create_app(
 
     @app.get("/healthz")
     def healthz() -> Response:
-        return _json({"status": "ok"})
+        return _json({"ok": True})
+
+    @app.get("/readyz")
+    def readyz() -> Response:
+        if not is_ready():
+            return _json({"ready": False, "why": "no complete list of nodes and pods yet"},
+                         503)
+        return _json({"ready": True})
 
     @app.get("/metrics")
     def prometheus() -> Response:
         body = exposition() if exposition is not None else generate_latest(registry)
         return Response(body, mimetype=CONTENT_TYPE_LATEST)
+
+    @app.errorhandler(HTTPException)
+    def http_error(e: HTTPException) -> Response:
+        # Flask's own 4xx (unknown path, wrong method) keep their codes, in JSON.
+        return _json({"error": e.description or e.name}, e.code or 500)
 
     return app

@@ -22,6 +22,10 @@ from typing import Any
 from flask import Flask
 from gunicorn.app.base import BaseApplication
 
+from serving.gate import Limits
+from serving.gunicorn_worker import GatedThreadWorker
+from webhook.app import MAX_REVIEW_BYTES
+
 log = logging.getLogger("gpupack.webhook.tls")
 
 _Signature = tuple[int, int, int, int, int, int]
@@ -104,7 +108,11 @@ class WebhookServer(BaseApplication):
             # One process: the cluster view is cached in memory; threads give the
             # concurrency the API server needs (reviews are short and CPU-light).
             "workers": 1,
-            "worker_class": "gthread",
+            # gthread whose threads see only whole requests, read by the main loop under
+            # deadlines (TLS handshake included): no client can stall the webhook. A
+            # body over the API server's own limit is handed on unread: 413.
+            "worker_class": GatedThreadWorker.configured(
+                Limits(max_body=MAX_REVIEW_BYTES, idle_s=75.0), oversize="dispatch"),
             "threads": threads,
             "preload_app": False,
             "timeout": 30,

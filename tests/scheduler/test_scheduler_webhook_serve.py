@@ -126,7 +126,7 @@ def test_admission_review_over_https_and_filter_on_the_extender_port(
     # The connection is kept alive: a second review on it.
     conn.request("GET", "/healthz")
     health = conn.getresponse()
-    assert health.status == 200 and json.loads(health.read()) == {"status": "ok"}
+    assert health.status == 200 and json.loads(health.read()) == {"ok": True}
     conn.close()
 
     plain = http.client.HTTPConnection("127.0.0.1", port, timeout=10)

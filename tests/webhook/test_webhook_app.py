@@ -220,7 +220,7 @@ def test_metrics(client: FlaskClient, registry: CollectorRegistry) -> None:
     assert sample("gpupack_webhook_latency_seconds_count", {}) == 6
     text = client.get("/metrics").get_data(as_text=True)
     assert "gpupack_webhook_latency_seconds_bucket" in text
-    assert client.get("/healthz").get_json() == {"status": "ok"}
+    assert client.get("/healthz").get_json() == {"ok": True}
 
 
 def test_encode_response_shapes() -> None:

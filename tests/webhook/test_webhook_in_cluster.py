@@ -48,9 +48,10 @@ def test_live_snapshot_provider_follows_the_api(tmp_path: Path) -> None:
         provider = live_snapshots(args)
         try:
             deadline = time.monotonic() + 10
-            while not provider().nodes and time.monotonic() < deadline:
+            while (provider() is None or not provider().nodes) and time.monotonic() < deadline:
                 time.sleep(0.05)
             first = provider()
+            assert first is not None and provider.ready()
             assert [n.name for n in first.nodes] == ["h100-0"]
             assert provider() is first  # unchanged cache: the same object, no view rebuild
         finally:
