@@ -216,8 +216,7 @@ class ClusterState:
         if pod.kind is RequestKind.NONE:
             return "fits"
         if not allowed:
-            models = ",".join(sorted(node.info.gpu_models)) or "none"
-            return f"no GPU of a usable kind (node has: {models}; pod needs {describe(pod)})"
+            return f"no GPU of a usable kind ({unusable_gpus(pod, node.gpus)})"
         if pod.kind is RequestKind.WHOLE:
             free = sum(1 for g in allowed if g.idle)
             return f"{free} whole GPU(s) free, {pod.gpu_count} needed"
@@ -239,8 +238,7 @@ class ClusterState:
         )
         allowed = self._allowed_gpus(pod, fresh)
         if not allowed:
-            models = ",".join(sorted(info.gpu_models)) or "none"
-            return f"no GPU of a usable kind (node has: {models}; pod needs {describe(pod)})"
+            return f"no GPU of a usable kind ({unusable_gpus(pod, fresh.gpus)})"
         if pod.kind is RequestKind.WHOLE and len(allowed) < pod.gpu_count:
             return f"node has {len(allowed)} usable GPU(s), pod needs {pod.gpu_count}"
         if pod.cpu_milli > info.cpu_milli or pod.memory_mib > info.memory_mib:
@@ -491,6 +489,44 @@ class ClusterState:
     def whole_nodes_free(self) -> int:
         """GPU nodes whose every GPU a whole-GPU pod could take now."""
         return sum(1 for n in self.nodes.values() if n.whole_free)
+
+
+MODE_WORDS = {GpuMode.WHOLE: "whole-GPU mode", GpuMode.MIG: "MIG mode",
+              GpuMode.SHARED: "time-sliced mode", GpuMode.FRACTIONAL: "fractional mode"}
+
+
+def unusable_gpus(pod: PodRequest, gpus: list[GpuState]) -> str:
+    """Why none of ``gpus`` can serve ``pod``, naming the GPUs' model and mode (a bare
+    "node has H100; pod needs MIG" reads as a contradiction when MIG is merely off)."""
+    if not gpus:
+        return f"node has no GPUs; pod needs {describe(pod)}"
+    kinds: dict[tuple[str, GpuMode, bool], int] = {}
+    for g in gpus:
+        key = (g.info.model, g.mode, g.reconfigurable)
+        kinds[key] = kinds.get(key, 0) + 1
+    have = ", ".join(f"{n} {model} in {MODE_WORDS[mode]}"
+                     for (model, mode, _), n in sorted(kinds.items()))
+    models = {model for model, _, _ in kinds}
+    if pod.gpu_models and not models & pod.gpu_models:
+        why = f"pod is limited to {'|'.join(sorted(pod.gpu_models))}"
+    elif pod.kind is RequestKind.MIG:
+        capable = {m for m in models if get_model(m).mig is not None}
+        with_profile = {m for m in capable if (geom := get_model(m).mig) is not None
+                        and pod.mig_profile in {p.name for p in geom.profiles}}
+        if not capable:
+            why = "these GPU models have no MIG"
+        elif not with_profile:
+            why = f"these GPU models have no {pod.mig_profile} profile"
+        else:
+            why = ("MIG is off on these GPUs and the node may not be switched to MIG "
+                   "(not reconfigurable, or the GPUs are in use)")
+    elif pod.kind is RequestKind.WHOLE:
+        why = "no GPU here is advertised whole (nvidia.com/gpu)"
+    elif pod.kind is RequestKind.SHARED:
+        why = "no GPU here is time-sliced (nvidia.com/gpu.shared)"
+    else:
+        why = "no usable GPU"
+    return f"node has {have}: {why}; pod needs {describe(pod)}"
 
 
 def describe(pod: PodRequest) -> str:
