@@ -21,6 +21,8 @@ from __future__ import annotations
 import argparse
 import gc
 import logging
+import os
+import socket
 import sys
 import threading
 import time
@@ -73,6 +75,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--group-ttl", type=float, default=600.0,
                    help="seconds an LLM group's reservation waits for all its members to be "
                         "bound before it is released (default 600)")
+    p.add_argument("--namespace", default=os.environ.get("POD_NAMESPACE") or "gpupack",
+                   help="gpupack's namespace: where the group reservation records "
+                        "(ConfigMaps) live (default: $POD_NAMESPACE, else gpupack)")
+    p.add_argument("--leader-lease", default=None, metavar="NAMESPACE/NAME",
+                   help="act (reserve, write records, answer the verbs) only while the "
+                        "kube-scheduler beside this extender holds this Lease (its "
+                        "leaderElection resourceNamespace/resourceName); default: off, this "
+                        "replica always acts (one replica, or static mode)")
+    p.add_argument("--leader-identity", default=socket.gethostname(),
+                   help="this replica's identity in the Lease: kube-scheduler's "
+                        "holderIdentity up to its last '_' (default: the hostname, which "
+                        "both containers of the pod share)")
     p.add_argument("--max-body", type=int, default=8 * 1024 * 1024,
                    help="largest request body in bytes (default 8 MiB); larger ones get 400")
     p.add_argument("--workers", type=int, default=1,
@@ -112,12 +126,14 @@ class Components:
     def __init__(self, args: argparse.Namespace) -> None:
         from prometheus_client import CollectorRegistry
 
+        from kube.leader import AlwaysLeader, Leadership, LeaseWatcher
         from kube.reservations import (
-            AnnotationPatcher,
-            ApiAnnotationPatcher,
+            RECORD_SELECTOR,
+            ApiRecordStore,
+            RecordStore,
+            RecordWriter,
             ReservationTap,
-            ReservationWriter,
-            StaticAnnotationPatcher,
+            StaticRecordStore,
         )
         from kube.source import (
             ApiBinder,
@@ -144,22 +160,32 @@ class Components:
         # must be a full kube.source.Sink for the source that feeds it).
         self.source: Source
         self.binder: Binder
-        patcher: AnnotationPatcher
+        store: RecordStore
+        self.static_records: StaticRecordStore | None = None
+        self.leader: Leadership = AlwaysLeader()
+        self.lease: LeaseWatcher | None = None
         if args.kubeconfig or args.in_cluster:
             api = load_api_client(args.kubeconfig, args.in_cluster)
-            self.source = ApiSource(api)
+            self.source = ApiSource(api, records_namespace=args.namespace,
+                                    records_selector=RECORD_SELECTOR)
             self.binder = ApiBinder(api)
-            patcher = ApiAnnotationPatcher(api)
+            store = ApiRecordStore(api, args.namespace)
+            if args.leader_lease:
+                ns, _, name = args.leader_lease.partition("/")
+                self.lease = LeaseWatcher(api, ns, name, args.leader_identity)
+                self.leader = self.lease
         else:
             nodes = args.nodes or EXAMPLES / "nodes.yaml"
             pods = args.pods or EXAMPLES / "pods.yaml"
             static = StaticSource.from_files(nodes, pods)
             self.source = static
             self.binder = static.binder()
-            patcher = StaticAnnotationPatcher(static)
-        self.group_writer = ReservationWriter(patcher)
+            self.static_records = StaticRecordStore()
+            store = self.static_records
+        self.group_writer = RecordWriter(store, is_leader=self.leader.is_leader)
         self.groups = ReservationBook(self.cache, ttl=args.group_ttl, writer=self.group_writer,
-                                      scorer=lambda: self.planner.scorer.scorer)
+                                      scorer=lambda: self.planner.scorer.scorer,
+                                      is_leader=self.leader.is_leader, namespace=args.namespace)
         self.tap = ReservationTap(self.cache, self.groups)
         self.app = create_app(self.cache, self.planner, self.binder, self.registry,
                               AppConfig(max_body_bytes=args.max_body, policy=args.policy,
@@ -184,7 +210,13 @@ class Components:
 
     def start(self) -> None:
         self.group_writer.start()
-        self.source.start(self.tap)
+        if self.lease is not None:
+            self.lease.poll()  # know who leads before the first answer
+            self.lease.start()
+        if self.static_records is not None:
+            self.static_records.start(self.tap)  # records listed before the nodes and pods
+        self.groups.start()
+        self.source.start(self.tap, self.tap)
         threading.Thread(target=self._freeze_when_synced, name="gpupack-gc-freeze",
                          daemon=True).start()
         if self.webhook is not None:
@@ -211,6 +243,16 @@ class Components:
 def check_args(args: argparse.Namespace) -> str | None:
     if args.group_ttl <= 0:
         return "--group-ttl must be positive"
+    if args.leader_lease is not None:
+        ns, sep, name = args.leader_lease.partition("/")
+        if not sep or not ns or not name or "/" in name:
+            return (f"--leader-lease {args.leader_lease!r}: expected NAMESPACE/NAME (the "
+                    "kube-scheduler's leaderElection resourceNamespace/resourceName)")
+        if not (args.kubeconfig or args.in_cluster):
+            return "--leader-lease needs a cluster (--kubeconfig or --in-cluster)"
+    if not args.leader_identity or "_" in args.leader_identity:
+        return (f"--leader-identity {args.leader_identity!r}: must be non-empty and without "
+                "'_' (kube-scheduler's holderIdentity is <identity>_<uuid>)")
     if args.workers != 1:
         return ("--workers must be 1: each worker process would keep its own cache and "
                 "could bind the same GPU twice; use --threads for concurrency")

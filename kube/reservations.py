@@ -1,25 +1,24 @@
-"""Group reservations in the API: the ``gpupack.io/reservation`` pod annotation.
+"""Group reservations in the API: one ConfigMap per group in gpupack's own namespace.
 
-Why an annotation on the leader pod (and not a ConfigMap, a CRD or a Lease):
+Why a ConfigMap in gpupack's namespace (and no longer an annotation on the leader pod):
 
-* It lives and dies with the group. LWS deletes and recreates a whole group by deleting
-  its pods; the annotation goes with them, so a stale reservation cannot outlive its
-  group, and nothing has to be garbage-collected.
-* It comes back through the watch the extender already runs: on start the cache's pod
-  list carries every reservation, so rebuilding needs no extra API call, no new RBAC
-  verb on a new kind and no CRD to install (the extender already patches pods).
-* It is written with a JSON merge patch of one annotation key, so it never conflicts
-  with what controllers write elsewhere on the pod and needs no resourceVersion
-  round-trip.
-* Each member's Binding also carries the current reservation (the API server merges
-  Binding annotations into the pod in the same write as the bind). So whenever any
-  member is bound, the API already holds a reservation at least as new as that bind,
-  even if the leader patch (asynchronous, outside the request path) has not landed or
-  the process dies right after the bind. Before the first bind nothing is held in the
-  API's eyes, and a restart that finds no annotation simply places the group again:
-  nothing is lost either way. On restart the newest record (``rev``) of a group wins.
+* Only gpupack can write it. The extender's Role grants ConfigMap writes in its own
+  namespace only; users who create pods elsewhere cannot create, change or forge one. A
+  pod annotation could be set by anyone who can create a pod, in any namespace, and a
+  forged record with a higher revision won on restart and split another namespace's
+  group. Annotations on users' pods now never create or change a reservation.
+* One object per group, at a name derived from the group key (:func:`record_name`): a
+  record found under another name is not the group's and is ignored, so a group has at
+  most one record.
+* It needs no CRD (a ConfigMap is in every cluster, its ``data`` carries the JSON as
+  is), and a ConfigMap is small and cheap to watch with a label selector. A Lease would
+  also do, but its spec has no field for a payload (the record would live in an
+  annotation of the Lease), and it reads as leader election to whoever looks.
+* It outlives the pods it is for, so the leader deletes it when the reservation ends
+  (complete, expired, released, or every pod of the group gone); a restart that finds
+  one whose pods are gone deletes it.
 
-The record is compact JSON (``encode`` / ``decode``)::
+The record is compact JSON (``encode`` / ``decode``) under ``data.reservation``::
 
     {"v":1,"g":"llm/vllm/0","s":2,"pr":100,"t":"nvidia.com/gpu.clique","x":false,
      "d":"clique-a","at":1700000000.0,"exp":1700000600.0,"rev":3,
@@ -29,25 +28,26 @@ The record is compact JSON (``encode`` / ``decode``)::
 ``[profile, start, created]`` for a MIG member) and, once known, its pod (``p``).
 ``at``/``exp`` are wall-clock seconds (the expiry must survive a restart).
 
-This module also holds the writers (a queue drained by a daemon thread, so no API call
-is ever made under the scheduler's cache lock) and :class:`ReservationTap`, a sink that
-forwards every object to the cache and hands the annotation to the reservation book.
+Writes go through :class:`RecordWriter`: a queue drained by a daemon thread (no API call
+is ever made under the scheduler's cache lock), and only while this replica is the
+leader. :class:`ReservationTap` is the sink the sources feed: nodes and pods to the
+cache, records to the reservation book.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from kube.annotations import MAX_GROUP_SIZE, small_int
-from kube.objects import pod_key
-from kube.source import Sink
+from kube.source import RecordSink, Sink
 from packing.model import Placement
 
 log = logging.getLogger("gpupack.kube.reservations")
@@ -213,80 +213,169 @@ def decode(text: object) -> ReservationRecord:
     )
 
 
+# ---- the ConfigMap ---------------------------------------------------------------------------
+
+RECORD_KEY = "reservation"  # the ConfigMap's data key
+MANAGED_BY = "app.kubernetes.io/managed-by"
+COMPONENT = "app.kubernetes.io/component"
+RECORD_LABELS = {MANAGED_BY: "gpupack", COMPONENT: "group-reservation"}
+RECORD_SELECTOR = ",".join(f"{k}={v}" for k, v in RECORD_LABELS.items())
+GROUP_ANNOTATION = "gpupack.io/group-key"  # for people reading the object; not trusted
+
+
+def record_name(group: str) -> str:
+    """The ConfigMap name of a group's record: group keys hold '/' and may be long, so a
+    hash (a DNS label, stable across restarts and replicas)."""
+    return "gpupack-group-" + hashlib.sha256(group.encode()).hexdigest()[:24]
+
+
+def record_object(rec: ReservationRecord, namespace: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": record_name(rec.group), "namespace": namespace,
+                     "labels": dict(RECORD_LABELS),
+                     "annotations": {GROUP_ANNOTATION: rec.group}},
+        "data": {RECORD_KEY: encode(rec)},
+    }
+
+
+def record_of(obj: object) -> ReservationRecord:
+    """The record a ConfigMap carries; ReservationError saying why it is not one."""
+    meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+    if not isinstance(meta, Mapping):
+        raise ReservationError("record: object without metadata")
+    labels = meta.get("labels")
+    if not isinstance(labels, Mapping) or any(labels.get(k) != v
+                                              for k, v in RECORD_LABELS.items()):
+        raise ReservationError(f"record {_show(meta.get('name'))}: not labelled "
+                               f"{RECORD_SELECTOR}")
+    data = obj.get("data") if isinstance(obj, Mapping) else None
+    if not isinstance(data, Mapping):
+        raise ReservationError(f"record {_show(meta.get('name'))}: no data")
+    rec = decode(data.get(RECORD_KEY))
+    if meta.get("name") != record_name(rec.group):
+        raise ReservationError(f"record {_show(meta.get('name'))}: group {rec.group!r} belongs "
+                               f"at {record_name(rec.group)}")
+    return rec
+
+
 # ---- writing ---------------------------------------------------------------------------------
 
 
-class AnnotationPatcher(Protocol):
-    def patch(self, namespace: str, name: str, annotations: Mapping[str, str | None]) -> None:
-        """Merge ``annotations`` into the pod's (None removes a key); raise on failure."""
+class RecordStore(Protocol):
+    def put(self, obj: Mapping[str, Any]) -> None:
+        """Create or replace the ConfigMap ``obj``; raise on failure."""
+        ...
+
+    def delete(self, name: str) -> None:
+        """Delete the ConfigMap ``name`` (gone already is fine); raise on failure."""
         ...
 
 
-class ApiAnnotationPatcher:
-    """A JSON merge patch of pod annotations through the ``kubernetes`` client."""
+class ApiRecordStore:
+    """ConfigMaps in ``namespace`` through the ``kubernetes`` client."""
 
-    def __init__(self, api_client: Any) -> None:
+    def __init__(self, api_client: Any, namespace: str) -> None:
         from kubernetes import client
 
         self.core = client.CoreV1Api(api_client)
+        self.namespace = namespace
 
-    def patch(self, namespace: str, name: str, annotations: Mapping[str, str | None]) -> None:
-        self.core.patch_namespaced_pod(
-            name, namespace, {"metadata": {"annotations": dict(annotations)}},
-            _content_type="application/merge-patch+json", _request_timeout=10,
-        )
+    def put(self, obj: Mapping[str, Any]) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        name = obj["metadata"]["name"]
+        body: Any = dict(obj)  # the client sends a dict as it is
+        try:
+            # An update without resourceVersion is unconditional: only the leader writes.
+            self.core.replace_namespaced_config_map(name, self.namespace, body,
+                                                    _request_timeout=10)
+        except ApiException as e:
+            if e.status != 404:
+                raise
+            self.core.create_namespaced_config_map(self.namespace, body,
+                                                   _request_timeout=10)
+
+    def delete(self, name: str) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            self.core.delete_namespaced_config_map(name, self.namespace, _request_timeout=10)
+        except ApiException as e:
+            if e.status != 404:
+                raise
 
 
-class StaticPatcher(Protocol):
-    def patch_pod_annotations(
-        self, namespace: str, name: str, annotations: Mapping[str, str | None]
-    ) -> None: ...
+class StaticRecordStore:
+    """Static mode: records kept in memory and fed back to the sink, as the watch would."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, dict[str, Any]] = {}
+        self.sink: RecordSink | None = None
+        self._lock = threading.Lock()
+
+    def start(self, sink: RecordSink) -> None:
+        self.sink = sink
+        with self._lock:
+            items = list(self.objects.values())
+        sink.replace_records(items)
+
+    def put(self, obj: Mapping[str, Any]) -> None:
+        stored = json.loads(json.dumps(obj))
+        with self._lock:
+            self.objects[stored["metadata"]["name"]] = stored
+        if self.sink is not None:
+            self.sink.upsert_record(stored)
+
+    def delete(self, name: str) -> None:
+        with self._lock:
+            self.objects.pop(name, None)
+        if self.sink is not None:
+            self.sink.delete_record(name)
 
 
-class StaticAnnotationPatcher:
-    """Static mode: the same merge applied to the static source's pods (fed back to the cache)."""
+class RecordWriter:
+    """Writes records outside the request path, and only while this replica leads.
 
-    def __init__(self, source: StaticPatcher) -> None:
-        self.source = source
-
-    def patch(self, namespace: str, name: str, annotations: Mapping[str, str | None]) -> None:
-        self.source.patch_pod_annotations(namespace, name, annotations)
-
-
-class ReservationWriter:
-    """Writes reservation annotations outside the request path.
-
-    ``submit`` only queues (latest text per pod wins) and may be called under the
-    scheduler's lock; a daemon thread (``start``) or ``drain`` makes the API calls.
-    A failed write is retried up to ``retries`` times with a short backoff, then
-    logged and dropped: the next change of the reservation writes it again, and a
-    member's Binding carries the record anyway.
+    ``submit`` only queues (latest object per record wins) and may be called under the
+    scheduler's lock; a daemon thread (``start``) or ``drain`` makes the API calls, each
+    after checking ``is_leader`` (a replica that lost the lease writes nothing, not even
+    what it queued before). A failed write is retried up to ``retries`` times with a
+    short backoff, then logged and dropped: the leader's next change writes the record
+    again.
     """
 
     def __init__(
-        self, patcher: AnnotationPatcher, retries: int = 3, backoff_s: float = 0.5,
-        sleep: Callable[[float], None] = time.sleep,
+        self, store: RecordStore, is_leader: Callable[[], bool] = lambda: True,
+        retries: int = 3, backoff_s: float = 0.5, sleep: Callable[[float], None] = time.sleep,
     ) -> None:
-        self.patcher = patcher
+        self.store = store
+        self.is_leader = is_leader
         self.retries = retries
         self.backoff_s = backoff_s
         self.sleep = sleep
-        self._queue: dict[str, str | None] = {}
+        self._queue: dict[str, Mapping[str, Any] | None] = {}
         self._cond = threading.Condition()
         self._stop = False
         self._thread: threading.Thread | None = None
         self.writes = 0
         self.failures = 0
+        self.dropped = 0  # queued writes dropped because this replica no longer leads
 
-    def submit(self, pod: str, text: str | None) -> None:
+    def submit(self, name: str, obj: Mapping[str, Any] | None) -> None:
+        """Queue the record ``name``: ``obj`` to write it, None to delete it."""
         with self._cond:
-            self._queue[pod] = text
+            self._queue[name] = obj
             self._cond.notify()
+
+    def pending(self) -> dict[str, Mapping[str, Any] | None]:
+        with self._cond:
+            return dict(self._queue)
 
     def start(self) -> None:
         if self._thread is None:
             self._thread = threading.Thread(target=self._loop, daemon=True,
-                                            name="gpupack-reservation-writer")
+                                            name="gpupack-record-writer")
             self._thread.start()
 
     def stop(self) -> None:
@@ -309,53 +398,56 @@ class ReservationWriter:
             items = list(self._queue.items())
             self._queue.clear()
         done = 0
-        for pod, text in items:
-            ns, _, name = pod.partition("/")
+        for name, obj in items:
             for attempt in range(self.retries + 1):
+                if not self.is_leader():
+                    self.dropped += 1
+                    log.info("not the leader: record %s not written", name)
+                    break
                 try:
-                    self.patcher.patch(ns, name, {RESERVATION: text})
+                    if obj is None:
+                        self.store.delete(name)
+                    else:
+                        self.store.put(obj)
                     done += 1
                     self.writes += 1
                     break
                 except Exception as e:  # API errors, timeouts: retry, then give up loudly
-                    if attempt == self.retries or _not_found(e):
+                    if attempt == self.retries:
                         self.failures += 1
-                        log.warning("could not write %s on %s: %s", RESERVATION, pod, e)
+                        log.warning("could not write record %s: %s", name, e)
                         break
                     self.sleep(self.backoff_s * (attempt + 1))
         return done
 
 
-def _not_found(e: Exception) -> bool:
-    return getattr(e, "status", None) == 404 or "not found" in str(e)
-
-
 # ---- reading ---------------------------------------------------------------------------------
 
 
-class ReservationNotes(Protocol):
-    """What the tap tells (the scheduler's reservation book implements it)."""
+class Records(Protocol):
+    """What the tap tells about records (the scheduler's reservation book implements it)."""
 
-    def note(self, pod: str, text: str | None) -> None: ...
+    def record_seen(self, name: str, obj: Mapping[str, Any] | None) -> None:
+        """The record ConfigMap ``name`` as the API has it now (None: deleted)."""
+        ...
 
-    def pod_deleted(self, pod: str) -> None: ...
+    def records_listed(self, objs: Iterable[Mapping[str, Any]]) -> None:
+        """A full list of the record ConfigMaps (start-up, or after 410 Gone)."""
+        ...
 
-
-def reservation_text(obj: Mapping[str, Any]) -> str | None:
-    meta = obj.get("metadata") if isinstance(obj, Mapping) else None
-    ann = meta.get("annotations") if isinstance(meta, Mapping) else None
-    text = ann.get(RESERVATION) if isinstance(ann, Mapping) else None
-    return text if isinstance(text, str) else None
+    def synced(self) -> None:
+        """Nodes, pods and records are all listed: rebuild, then answer."""
+        ...
 
 
 class ReservationTap:
-    """A sink in front of the cache: forwards every event, and hands each pod's
-    reservation annotation (and pod deletions) to the notes, so reservations can be
-    rebuilt from the pods on start and a deleted leader releases its group at once."""
+    """The sink sources feed: node and pod events to the cache, record events to the
+    book, and the end of the first lists to both (the cache first, then the book's
+    rebuild, so nothing is answered before the reservations are back)."""
 
-    def __init__(self, sink: Sink, notes: ReservationNotes) -> None:
+    def __init__(self, sink: Sink, records: Records) -> None:
         self.sink = sink
-        self.notes = notes
+        self.records = records
 
     def upsert_node(self, obj: Mapping[str, Any]) -> bool:
         return self.sink.upsert_node(obj)
@@ -364,24 +456,30 @@ class ReservationTap:
         self.sink.delete_node(name)
 
     def upsert_pod(self, obj: Mapping[str, Any]) -> bool:
-        if isinstance(obj, Mapping):
-            self.notes.note(pod_key(obj), reservation_text(obj))
         return self.sink.upsert_pod(obj)
 
     def delete_pod(self, key: str) -> None:
-        self.notes.note(key, None)
         self.sink.delete_pod(key)
-        self.notes.pod_deleted(key)
 
     def replace(self, nodes: Any, pods: Any) -> None:
-        pod_list = None if pods is None else list(pods)
-        for p in pod_list or ():
-            if isinstance(p, Mapping):
-                self.notes.note(pod_key(p), reservation_text(p))
-        self.sink.replace(nodes, pod_list)
+        self.sink.replace(nodes, pods)
 
     def mark_synced(self) -> None:
         self.sink.mark_synced()
+        self.records.synced()
 
     def note_bad_object(self) -> None:
         self.sink.note_bad_object()
+
+    def upsert_record(self, obj: Mapping[str, Any]) -> None:
+        name = (obj.get("metadata") or {}).get("name") if isinstance(obj, Mapping) else None
+        if isinstance(name, str) and name:
+            self.records.record_seen(name, obj)
+        else:
+            self.note_bad_object()
+
+    def delete_record(self, name: str) -> None:
+        self.records.record_seen(name, None)
+
+    def replace_records(self, objs: Any) -> None:
+        self.records.records_listed([o for o in objs or () if isinstance(o, Mapping)])

@@ -5,9 +5,9 @@
   Gone`` means that version is too old, so it lists again; a dropped connection
   (``ProtocolError``, timeouts, 5xx) reconnects with capped exponential backoff.
 - :class:`ApiBinder`: ``POST .../pods/{name}/binding`` with the pod's UID as a
-  precondition and the placement annotations on the Binding (the API server merges them
-  into the pod in the same write), then a merge patch of the same annotations, which
-  also covers API servers that do not merge Binding annotations. The call passes
+  precondition and the placement annotations on the Binding (the API server copies them
+  onto the pod in the same write, so no pod patch and no ``patch pods`` right). The
+  call passes
   ``_preload_content=False`` because the server answers with a ``Status``, not a
   ``Binding``, and the client's deserializer raises on it although the bind succeeded
   (kubernetes-client/python #547, #825).
@@ -79,11 +79,22 @@ class Sink(Protocol):
         """An object the source skipped as unreadable (counted with the sink's own)."""
 
 
+class RecordSink(Protocol):
+    """Where gpupack's own reservation records (ConfigMaps in its namespace) go."""
+
+    def upsert_record(self, obj: Mapping[str, Any]) -> None: ...
+
+    def delete_record(self, name: str) -> None: ...
+
+    def replace_records(self, objs: Any) -> None: ...
+
+
 class Source(Protocol):
     """Where the cluster comes from (:class:`ApiSource`, :class:`StaticSource`): feeds one
-    sink from ``start`` on, until ``stop``."""
+    sink from ``start`` on, until ``stop``; ``mark_synced`` once everything it lists
+    (records too, when it has a record sink) has been listed."""
 
-    def start(self, sink: Sink) -> None: ...
+    def start(self, sink: Sink, records: RecordSink | None = None) -> None: ...
 
     def stop(self) -> None: ...
 
@@ -106,7 +117,8 @@ class StaticSource:
         pods = load_objects(pods_path.read_text(encoding="utf-8"), str(pods_path), "Pod")
         return StaticSource(nodes, pods)
 
-    def start(self, sink: Sink) -> None:
+    def start(self, sink: Sink, records: RecordSink | None = None) -> None:
+        del records  # static records live in kube.reservations.StaticRecordStore
         self.sink = sink
         with self.lock:
             sink.replace(self.nodes, list(self.pods.values()))
@@ -209,7 +221,9 @@ def _read_json(resp: Any) -> Any:
 
 
 class ApiSource:
-    """List + watch of Nodes and Pods into a sink, in two daemon threads."""
+    """List + watch of Nodes and Pods into a sink, in two daemon threads; with
+    ``records_namespace``, also gpupack's reservation records (ConfigMaps labelled
+    ``records_selector`` in that namespace) into a record sink, in a third."""
 
     def __init__(
         self,
@@ -218,6 +232,8 @@ class ApiSource:
         backoff_initial_s: float = 0.2,
         backoff_max_s: float = 30.0,
         sleep: Callable[[float], None] = time.sleep,
+        records_namespace: str | None = None,
+        records_selector: str = "",
     ) -> None:
         from kubernetes import client
 
@@ -228,15 +244,23 @@ class ApiSource:
         self.sleep = sleep
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._listed = {"nodes": threading.Event(), "pods": threading.Event()}
-        self.relists = {"nodes": 0, "pods": 0}
-        self.reconnects = {"nodes": 0, "pods": 0}
-        self._resume: dict[str, str | None] = {"nodes": None, "pods": None}
-        self.bad_events = {"nodes": 0, "pods": 0}  # events skipped as unreadable (logged)
+        self.records_namespace = records_namespace
+        self.records_selector = records_selector
+        self._kinds = ("nodes", "pods", "records") if records_namespace else ("nodes", "pods")
+        self._listed = {k: threading.Event() for k in self._kinds}
+        self.relists = dict.fromkeys(self._kinds, 0)
+        self.reconnects = dict.fromkeys(self._kinds, 0)
+        self._resume: dict[str, str | None] = dict.fromkeys(self._kinds)
+        # events skipped as unreadable (logged)
+        self.bad_events = dict.fromkeys(self._kinds, 0)
         self._watches: list[Any] = []  # open watch responses, closed by stop()
+        self._records: RecordSink | None = None
 
-    def start(self, sink: Sink) -> None:
-        for kind in ("nodes", "pods"):
+    def start(self, sink: Sink, records: RecordSink | None = None) -> None:
+        if self.records_namespace and records is None:
+            raise ValueError("ApiSource with records_namespace needs a record sink")
+        self._records = records
+        for kind in self._kinds:
             t = threading.Thread(
                 target=self._run, args=(kind, sink), daemon=True, name=f"gpupack-watch-{kind}"
             )
@@ -265,6 +289,12 @@ class ApiSource:
         return not any(t.is_alive() for t in self._threads)
 
     def _list_fn(self, kind: str) -> Callable[..., Any]:
+        if kind == "records":
+            ns, selector = self.records_namespace or "", self.records_selector
+
+            def records(**kw: Any) -> Any:
+                return self.core.list_namespaced_config_map(ns, label_selector=selector, **kw)
+            return records
         return self.core.list_node if kind == "nodes" else self.core.list_pod_for_all_namespaces
 
     def _run(self, kind: str, sink: Sink) -> None:
@@ -319,7 +349,10 @@ class ApiSource:
         resp = self._list_fn(kind)(_preload_content=False, _request_timeout=60)
         body = _read_json(resp)
         items = body.get("items") or []
-        if kind == "nodes":
+        if kind == "records":
+            assert self._records is not None
+            self._records.replace_records(items)
+        elif kind == "nodes":
             sink.replace(items, None)
         else:
             sink.replace(None, items)
@@ -398,6 +431,13 @@ class ApiSource:
         if not isinstance(name, str) or not name:
             self._bad(sink, kind, f"{shown} event for an object without metadata.name", meta)
             return
+        if kind == "records":
+            assert self._records is not None
+            if etype == "DELETED":
+                self._records.delete_record(name)
+            else:
+                self._records.upsert_record(obj)
+            return
         if kind == "nodes":
             if etype == "DELETED":
                 sink.delete_node(name)
@@ -447,13 +487,10 @@ def _error_message(obj: Any) -> str:
 class ApiBinder:
     """Creates Bindings and records the placement on the pod."""
 
-    def __init__(
-        self, api_client: Any, on_annotate_failure: Callable[[], None] | None = None
-    ) -> None:
+    def __init__(self, api_client: Any) -> None:
         from kubernetes import client
 
         self.core = client.CoreV1Api(api_client)
-        self.on_annotate_failure = on_annotate_failure
 
     def bind(
         self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str],
@@ -481,26 +518,8 @@ class ApiBinder:
         status = getattr(resp, "status", 201)
         if not 200 <= int(status) < 300:
             raise BindError(f"binding {namespace}/{name} to {node}: HTTP {status}")
-        try:
-            self.core.patch_namespaced_pod(
-                name,
-                namespace,
-                {"metadata": {"annotations": dict(annotations)}},
-                _content_type="application/merge-patch+json",
-                _request_timeout=10,
-            )
-        except (ApiException, HTTPError, OSError) as e:
-            # The bind stands (the Binding carried the annotations too); a missing
-            # annotation only means a restart infers the GPUs instead of reading them.
-            log.warning(
-                "bound %s/%s to %s but could not patch its annotations: %s",
-                namespace,
-                name,
-                node,
-                e,
-            )
-            if self.on_annotate_failure is not None:
-                self.on_annotate_failure()
+        # No pod patch: the API server copies the Binding's metadata.annotations onto
+        # the pod in the bind's own write, so the extender needs no right to patch pods.
 
 
 def _status_message(e: Any) -> str:

@@ -90,6 +90,11 @@ class BadRequest(ValueError):
     """Input the extender cannot use: answered with HTTP 400 and this message."""
 
 
+class NotReady(RuntimeError):
+    """Not answering yet (first lists or the reservation rebuild not done, or not the
+    leader): HTTP 503, an error kube-scheduler retries the pod after."""
+
+
 def _json(obj: Any, status: int = 200) -> Response:
     # orjson: ~6x faster than json.dumps on the ~40 kB of FailedNodes reasons a 5,000-node
     # filter answers, ~1.5x on decoding the request (see bench/README.md, Extender).
@@ -107,7 +112,12 @@ def create_app(
 ) -> Flask:
     cfg = config or AppConfig()
     app = Flask("gpupack.scheduler")
-    metrics = ExtenderMetrics(registry, cache, planner)
+    # LLM groups (scheduler/groups.py): members are answered by the reservation book. A
+    # book made here has no record source: its records start empty.
+    book = groups or ReservationBook(cache, scorer=lambda: planner.scorer.scorer,
+                                     records_listed=True)
+    app.extensions["gpupack.groups"] = book
+    metrics = ExtenderMetrics(registry, cache, planner, active=book.is_leader)
     memo = Memo(cfg.memo_limit)
     inflight = InFlight(app.wsgi_app)
     app.wsgi_app = inflight  # type: ignore[method-assign]
@@ -121,9 +131,6 @@ def create_app(
     # Pods seen only in filter/prioritize requests, for their bind (scheduler/request_pods).
     request_pods = RequestPods()
     app.extensions["gpupack.request_pods"] = request_pods
-    # LLM groups (scheduler/groups.py): members are answered by the reservation book.
-    book = groups or ReservationBook(cache, scorer=lambda: planner.scorer.scorer)
-    app.extensions["gpupack.groups"] = book
     GroupMetrics(registry, book)
 
     def body() -> bytes:
@@ -144,11 +151,27 @@ def create_app(
         except (ValueError, RecursionError) as e:
             raise BadRequest(f"body is not valid JSON: {e}") from None
 
+    def gate() -> None:
+        """No answer from a cache that has not finished its first lists of nodes, pods and
+        reservation records and rebuilt the reservations, nor from a standby."""
+        if not book.check_ready():
+            raise NotReady("gpupack is not synced yet: its first lists of nodes, pods and "
+                           "reservation records, and the rebuild of the reservations, are "
+                           "not done")
+        if not book.is_leader():
+            raise NotReady("this gpupack replica is not the leader (its kube-scheduler does "
+                           "not hold the lease it follows)")
+
     def handle(verb: str, fn: Callable[[], Response]) -> Response:
         started = time.perf_counter()
         outcome = "ok"
         try:
+            if verb != "echo":
+                gate()
             return fn()
+        except NotReady as e:
+            outcome = "error"
+            return _json({"error": str(e), "verb": verb}, 503)
         except (BadRequest, WireError, VerbError) as e:
             outcome = "bad_request"
             return _json({"error": str(e), "verb": verb}, 400)
@@ -251,8 +274,7 @@ def create_app(
                 return refuse(str(e))
         try:
             binder.bind(args.pod_namespace, args.pod_name, args.pod_uid or pod.uid, args.node,
-                        {**placement_annotations(choice, cfg.policy),
-                         **book.bind_annotations(pod)},
+                        placement_annotations(choice, cfg.policy),
                         pod=None if seen is None else seen.obj)
         except BindError as e:
             cache.forget(pod.key)
@@ -292,9 +314,12 @@ def create_app(
 
     @app.get("/readyz")
     def readyz() -> Response:
-        if not cache.synced:
-            return _json({"ready": False, "why": "cache not synced yet"}, 503)
-        return _json({"ready": True, "nodes": cache.counts()["nodes"]})
+        if not book.check_ready():
+            why = ("cache not synced yet" if not cache.synced else
+                   "reservation records not listed and rebuilt yet")
+            return _json({"ready": False, "why": why}, 503)
+        return _json({"ready": True, "nodes": cache.counts()["nodes"],
+                      "leader": book.is_leader()})
 
     @app.get("/status")
     def status() -> Response:
@@ -302,7 +327,8 @@ def create_app(
         with cache.lock:
             counts = cache.counts()
         return _json({
-            "synced": cache.synced, "cache": counts,
+            "synced": cache.synced, "ready": book.ready, "leader": book.is_leader(),
+            "cache": counts,
             "plan": {"status": plan.status, "age_seconds": planner.age(),
                      "solve_seconds": plan.solve_seconds, "placements": len(plan.placements),
                      "unschedulable": len(plan.unschedulable), "error": plan.error},

@@ -149,7 +149,7 @@ class ClusterCache:
         self._dirty: set[str] = set()  # nodes whose signature must be recomputed
         # (node, new signature) since the last drain_signature_changes; None: too many
         self._sig_changes: list[tuple[str, int]] | None = []
-        self._view_hooks: list[Callable[[], None]] = []  # see add_view_hook
+        self._holds: set[str] = set()  # keys hold() counted (some may be gone since)
         self._planned_elsewhere: list[Callable[[], Set[str]]] = []  # see add_pending_filter
 
     # ---- listeners and views ---------------------------------------------------------------
@@ -227,11 +227,6 @@ class ClusterCache:
         """Generation of a node: equal numbers mean nothing on the node changed."""
         return self._gen.get(node, -1)
 
-    def add_view_hook(self, fn: Callable[[], None]) -> None:
-        """``fn`` runs under the lock at the start of every :meth:`view` and
-        :meth:`snapshot` (the group reservation book syncs its holds there)."""
-        self._view_hooks.append(fn)
-
     def add_pending_filter(self, fn: Callable[[], Set[str]]) -> None:
         """Pending pods whose keys ``fn`` returns (under the lock) are left out of
         :meth:`snapshot`: someone else has placed them already (a group's reserved
@@ -241,10 +236,8 @@ class ClusterCache:
 
     @contextmanager
     def view(self) -> Iterator[ClusterCache]:
-        """The cache under its lock."""
+        """The cache under its lock. A read: it changes nothing (no hook runs here)."""
         with self.lock:
-            for fn in self._view_hooks:
-                fn()
             yield self
 
     def has_node(self, name: str) -> bool:
@@ -292,8 +285,6 @@ class ClusterCache:
     def snapshot(self) -> Snapshot:
         """Nodes, counted pods (bound and assumed) and our pending pods, for the planner."""
         with self.lock:
-            for fn in self._view_hooks:
-                fn()
             skip: set[str] = set()
             for f in self._planned_elsewhere:
                 skip |= f()
@@ -647,15 +638,25 @@ class ClusterCache:
                     placement, why = existing, None
             if why is None:
                 self._apply(req, placement)
+                self._holds.add(req.key)
                 self._changed()
             return why
 
     def unhold(self, key: str) -> None:
         """Give back what :meth:`hold` took for ``key``."""
         with self.lock:
+            self._holds.discard(key)
             if key in self._counted and key not in self._pods and key not in self._assumed:
                 self._unapply(key)
                 self._changed()
+
+    def holds(self) -> dict[str, tuple[PodRequest, Placement]]:
+        """What :meth:`hold` counts now, by hold key (a node rebuild may have dropped a
+        hold that no longer fits)."""
+        with self.lock:
+            gone = [k for k in self._holds if k not in self._counted]
+            self._holds.difference_update(gone)
+            return {k: self._counted[k] for k in self._holds}
 
     # ---- assume ----------------------------------------------------------------------------
 

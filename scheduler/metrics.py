@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter as Tally
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -67,8 +67,19 @@ def class_category(klass: str) -> str:
     return klass if klass in CLASSES else "other"
 
 
+def _always() -> bool:
+    return True
+
+
 class ExtenderMetrics:
-    def __init__(self, registry: CollectorRegistry, cache: ClusterCache, planner: Planner) -> None:
+    """``active``: whether this replica is the one acting (the leader). A standby exports
+    its own process figures (requests, cache size, ``gpupack_leader 0``) but none of the
+    cluster figures (GPUs free, per-GPU allocation, MIG slices, pending pods, plan,
+    groups), so dashboards that sum or max them count the active replica once without
+    any change to their queries."""
+
+    def __init__(self, registry: CollectorRegistry, cache: ClusterCache, planner: Planner,
+                 active: Callable[[], bool] = _always) -> None:
         self.requests = Counter(
             "gpupack_extender_requests_total", "Extender requests by verb and outcome",
             ["verb", "outcome"], registry=registry,
@@ -92,8 +103,8 @@ class ExtenderMetrics:
         for result in ("ok", "conflict", "api_error"):
             self.binds.labels(result)
         self.gpu_rows = GpuRows(cache)
-        registry.register(ClusterCollector(cache, planner, self.gpu_rows))
-        self.exposition = Exposition(registry, self.gpu_rows)
+        registry.register(ClusterCollector(cache, planner, self.gpu_rows, active))
+        self.exposition = Exposition(registry, self.gpu_rows, active)
 
 
 # ---- per-GPU rows, rendered per node ---------------------------------------------------------
@@ -180,34 +191,46 @@ class Exposition:
     """The body of ``/metrics``: the registry in the Prometheus text format (0.0.4) and
     the per-GPU family after it."""
 
-    def __init__(self, registry: CollectorRegistry, rows: GpuRows) -> None:
+    def __init__(self, registry: CollectorRegistry, rows: GpuRows,
+                 active: Callable[[], bool] = _always) -> None:
         self.registry = registry
         self.rows = rows
+        self.active = active
 
     def __call__(self) -> bytes:
         body = generate_latest(self.registry)  # ClusterCollector refreshes the rows
+        if not self.active():
+            return body  # a standby: no per-GPU family (see ExtenderMetrics)
         rows = self.rows.latest or self.rows.current()
         return body + rows.text.encode()
 
 
 class ClusterCollector(Collector):
-    def __init__(self, cache: ClusterCache, planner: Planner, rows: GpuRows) -> None:
+    def __init__(self, cache: ClusterCache, planner: Planner, rows: GpuRows,
+                 active: Callable[[], bool] = _always) -> None:
         self.cache = cache
         self.planner = planner
         self.rows = rows
+        self.active = active
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
+        leader = self.active()
+        g = GaugeMetricFamily("gpupack_leader",
+                              "1 on the replica that acts (its kube-scheduler leads), else 0")
+        g.add_metric([], 1.0 if leader else 0.0)
+        yield g
+        if not leader:
+            yield from self._process_figures()
+            return
+        yield from self._process_figures()
+        yield from self._cluster_figures()
+
+    def _process_figures(self) -> Iterator[GaugeMetricFamily]:
         cache = self.cache
-        figures = self.rows.current()
-        mig = figures.mig
-        whole_gpus, whole_nodes = figures.whole_gpus, figures.whole_nodes
         with cache.lock:
             counts = cache.counts()
             synced = cache.synced
-            pending = cache.pending()
             bad = cache.bad_objects
-            assumed = counts["assumed"]
-        plan = self.planner.plan
 
         def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
             g = GaugeMetricFamily(name, doc)
@@ -217,10 +240,25 @@ class ClusterCollector(Collector):
         yield gauge("gpupack_cache_nodes", "Nodes in the extender's cache", counts["nodes"])
         yield gauge("gpupack_cache_pods", "Pods in the extender's cache", counts["pods"])
         yield gauge("gpupack_cache_assumed_pods", "Pods bound by gpupack, not yet seen bound",
-                    assumed)
+                    counts["assumed"])
         yield gauge("gpupack_cache_synced", "1 once the first list of nodes and pods is in",
                     1.0 if synced else 0.0)
         yield gauge("gpupack_cache_bad_objects", "Objects the cache could not read (skipped)", bad)
+
+    def _cluster_figures(self) -> Iterator[GaugeMetricFamily]:
+        cache = self.cache
+        figures = self.rows.current()
+        mig = figures.mig
+        whole_gpus, whole_nodes = figures.whole_gpus, figures.whole_nodes
+        with cache.lock:
+            pending = cache.pending()
+        plan = self.planner.plan
+
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            g = GaugeMetricFamily(name, doc)
+            g.add_metric([], value)
+            return g
+
         slices = GaugeMetricFamily(
             "gpupack_mig_instances",
             "MIG instances by GPU model, profile and state (used by a pod, or created and free)",
@@ -299,6 +337,8 @@ class GroupCollector(Collector):
         self.book = book
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
+        if not self.book.is_leader():
+            return  # a standby: the leader's figures are the cluster's (see ExtenderMetrics)
         active, gpus, waiting = self.book.figures()
         g = GaugeMetricFamily("gpupack_group_reservations",
                               "Groups holding room for their members (active reservations)")

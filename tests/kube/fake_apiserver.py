@@ -13,6 +13,11 @@ Endpoints:
   already, else 201 with a ``Status`` body (not a Binding), merging the Binding's
   annotations into the pod.
 - ``PATCH /api/v1/namespaces/{ns}/pods/{name}``: JSON merge patch of annotations.
+- ConfigMaps: ``GET /api/v1/namespaces/{ns}/configmaps`` (list and watch, with an
+  equality ``labelSelector``), ``POST`` (create; 409 when it exists), ``PUT .../{name}``
+  (replace; 404 when missing), ``DELETE .../{name}``.
+- ``GET /apis/coordination.k8s.io/v1/namespaces/{ns}/leases/{name}`` (put leases with
+  :meth:`FakeApiServer.put` kind ``leases``).
 
 Test controls: :meth:`FakeApiServer.drop_watches` cuts every open watch mid-stream (the
 client sees a broken chunked response), :meth:`compact` makes older versions 410,
@@ -43,7 +48,9 @@ class FakeApiServer:
         self.lock = threading.Condition()
         self.rv = 100
         self.compacted = 0
-        self.objects: dict[str, dict[str, dict[str, Any]]] = {"nodes": {}, "pods": {}}
+        self.objects: dict[str, dict[str, dict[str, Any]]] = {
+            "nodes": {}, "pods": {}, "configmaps": {}, "leases": {}}
+        self.writes: list[tuple[str, str]] = []  # (method, path) of configmap writes
         self.events: list[tuple[int, str, str, dict[str, Any]]] = []  # rv, kind, type, obj
         self.bindings: list[dict[str, Any]] = []
         self.patches: list[tuple[str, dict[str, Any]]] = []
@@ -75,6 +82,8 @@ class FakeApiServer:
         meta = obj["metadata"]
         if kind == "nodes":
             return str(meta["name"])
+        if kind in ("configmaps", "leases"):
+            return f"{meta['namespace']}/{meta['name']}"
         return f"{meta.get('namespace', 'default')}/{meta['name']}"
 
     def put(self, kind: str, obj: dict[str, Any]) -> None:
@@ -118,6 +127,23 @@ def _status(code: int, reason: str, message: str) -> dict[str, Any]:
             "message": message, "reason": reason, "code": code}
 
 
+def _selected(obj: dict[str, Any], q: dict[str, str]) -> bool:
+    """Whether ``obj`` is in the namespace and matches the equality label selector asked."""
+    if not q.get("namespace") and not q.get("labelSelector"):
+        return True  # nothing asked: every event goes out, however odd its object
+    meta = obj.get("metadata") if isinstance(obj, dict) else None
+    if not isinstance(meta, dict):
+        return True  # an ERROR Status, a malformed object: the client must see it
+    if q.get("namespace") and meta.get("namespace") != q["namespace"]:
+        return False
+    labels = meta.get("labels") or {}
+    for term in filter(None, (q.get("labelSelector") or "").split(",")):
+        k, _, v = term.partition("=")
+        if labels.get(k) != v:
+            return False
+    return True
+
+
 def _handler(fake: FakeApiServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -141,6 +167,20 @@ def _handler(fake: FakeApiServer) -> type[BaseHTTPRequestHandler]:
             url = urlparse(self.path)
             q = {k: v[0] for k, v in parse_qs(url.query).items()}
             kind = {"/api/v1/nodes": "nodes", "/api/v1/pods": "pods"}.get(url.path)
+            lease = re.fullmatch(r"/apis/coordination.k8s.io/v1/namespaces/([^/]+)/leases/"
+                                 r"([^/]+)", url.path)
+            if lease is not None:
+                with fake.lock:
+                    obj = fake.objects["leases"].get("/".join(lease.groups()))
+                if obj is None:
+                    self._send(404, _status(404, "NotFound", "lease not found"))
+                else:
+                    self._send(200, obj)
+                return
+            cms = re.fullmatch(r"/api/v1/namespaces/([^/]+)/configmaps", url.path)
+            if cms is not None:
+                kind = "configmaps"
+                q["namespace"] = cms.group(1)
             if kind is None:
                 self._send(404, _status(404, "NotFound", f"no route {url.path}"))
                 return
@@ -149,7 +189,8 @@ def _handler(fake: FakeApiServer) -> type[BaseHTTPRequestHandler]:
                 return
             with fake.lock:
                 fake.list_requests.append(kind)
-                items = [copy.deepcopy(o) for o in fake.objects[kind].values()]
+                items = [copy.deepcopy(o) for o in fake.objects[kind].values()
+                         if _selected(o, q)]
                 rv = fake.rv
             self._send(200, {"kind": "NodeList" if kind == "nodes" else "PodList",
                              "apiVersion": "v1", "metadata": {"resourceVersion": str(rv)},
@@ -182,7 +223,8 @@ def _handler(fake: FakeApiServer) -> type[BaseHTTPRequestHandler]:
             while True:
                 with fake.lock:
                     while True:
-                        new = [e for e in fake.events if e[0] > sent and e[1] == kind]
+                        new = [e for e in fake.events if e[0] > sent and e[1] == kind
+                               and _selected(e[3], q)]
                         dropped = fake._drop_gen != drop_gen
                         bm = bookmarks and fake._bookmark_gen != bm_gen
                         if new or dropped or bm or time.monotonic() >= end:
@@ -216,6 +258,8 @@ def _handler(fake: FakeApiServer) -> type[BaseHTTPRequestHandler]:
             # Both routes the real server has: the pods/binding subresource, and the
             # namespaced bindings collection (what create_namespaced_binding posts to),
             # which takes the pod name from the Binding's metadata.
+            if self._configmap_write("POST"):
+                return
             path = urlparse(self.path).path
             binding = self._body()
             m = re.fullmatch(r"/api/v1/namespaces/([^/]+)/pods/([^/]+)/binding", path)
@@ -253,6 +297,42 @@ def _handler(fake: FakeApiServer) -> type[BaseHTTPRequestHandler]:
             fake.put("pods", updated)
             self._send(201, {"kind": "Status", "apiVersion": "v1", "metadata": {},
                              "status": "Success", "code": 201})
+
+        def _configmap_write(self, method: str) -> bool:
+            """POST/PUT/DELETE of a ConfigMap; False when the path is not one."""
+            path = urlparse(self.path).path
+            m = re.fullmatch(r"/api/v1/namespaces/([^/]+)/configmaps(?:/([^/]+))?", path)
+            if m is None:
+                return False
+            ns, name = m.groups()
+            body = self._body() if method in ("POST", "PUT") else {}
+            if method == "POST":
+                name = (body.get("metadata") or {}).get("name")
+            key = f"{ns}/{name}"
+            with fake.lock:
+                fake.writes.append((method, key))
+                exists = key in fake.objects["configmaps"]
+            if method == "POST" and exists:
+                self._send(409, _status(409, "AlreadyExists", f'configmaps "{name}" exists'))
+            elif method in ("PUT", "DELETE") and not exists:
+                self._send(404, _status(404, "NotFound", f'configmaps "{name}" not found'))
+            elif method == "DELETE":
+                fake.delete("configmaps", key)
+                self._send(200, _status(200, "Success", "deleted"))
+            else:
+                body.setdefault("metadata", {})["namespace"] = ns
+                fake.put("configmaps", body)
+                self._send(201 if method == "POST" else 200,
+                           fake.objects["configmaps"][key])
+            return True
+
+        def do_PUT(self) -> None:
+            if not self._configmap_write("PUT"):
+                self._send(404, _status(404, "NotFound", "no route"))
+
+        def do_DELETE(self) -> None:
+            if not self._configmap_write("DELETE"):
+                self._send(404, _status(404, "NotFound", "no route"))
 
         def do_PATCH(self) -> None:
             m = re.fullmatch(r"/api/v1/namespaces/([^/]+)/pods/([^/]+)", urlparse(self.path).path)

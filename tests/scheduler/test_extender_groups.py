@@ -11,10 +11,11 @@ from test_groups_builders import RecordingWriter, bound, lws_pod, rig
 
 from kube.annotations import placement_annotations
 from kube.reservations import (
-    RESERVATION,
-    ReservationWriter,
-    StaticAnnotationPatcher,
-    decode,
+    RecordWriter,
+    StaticRecordStore,
+    record_name,
+    record_object,
+    record_of,
 )
 from kube.source import StaticSource
 from packing.model import PodRequest
@@ -50,8 +51,7 @@ def bind(r: Any, pod: dict[str, Any], node_name: str) -> None:
     req = req_of(r, pod)
     placement = r.book.bind_member(req, req.uid, node_name)
     assert not isinstance(placement, str) and placement is not None, placement
-    ann = {**placement_annotations(placement, "gpupack"), **r.book.bind_annotations(req)}
-    r.tap.upsert_pod(bound(pod, node_name, ann))
+    r.tap.upsert_pod(bound(pod, node_name, placement_annotations(placement, "gpupack")))
     r.sync()
 
 
@@ -209,8 +209,9 @@ def test_http_bind_of_members_uses_the_reserved_gpus_and_records_the_reservation
     key, node_name, ann = client.binder.calls[-1]
     assert (key, node_name) == ("llm/a-0", "n1")
     assert ann["gpupack.io/gpus"] == ",".join(str(i) for i in slots[0].gpus)
-    rec = decode(ann[RESERVATION])
-    assert rec.group == A and rec.pods[0] == "llm/a-0"
+    assert set(ann) == {"gpupack.io/gpus", "gpupack.io/policy"} or "gpupack.io/reservation" \
+        not in ann  # the Binding carries the placement only, never a reservation
+    assert r.book.reservations[A].pods[0] == "llm/a-0"
     # The other 2-GPU pod finds no room: the worker's GPUs are still held.
     status, body = post(client, "/filter", filter_args(whole_pod("other", 2), ["n1"]))
     assert body["NodeNames"] == []
@@ -222,7 +223,7 @@ def test_http_bind_of_members_uses_the_reserved_gpus_and_records_the_reservation
 def test_reservation_expires_after_the_ttl() -> None:
     writer = RecordingWriter()
     r = rig(TWO, [lws_pod("a", 0, 2, 8)], ttl=60, writer=writer)
-    assert writer.last("llm/a-0") is not None
+    assert writer.last(A) is not None
     r.clock.advance(59)
     r.sync()
     assert A in r.book.reservations
@@ -231,7 +232,7 @@ def test_reservation_expires_after_the_ttl() -> None:
     assert r.book.reservations == {}
     assert r.held(A) == []
     assert r.book.waiting[A].category == "expired"
-    assert writer.writes[-1] == ("llm/a-0", None)  # the annotation is removed
+    assert writer.writes[-1] == (record_name(A), None)  # the record is deleted
     assert r.book.released["expired"] == 1
     # After the cool-down the group may reserve again.
     r.clock.advance(11)
@@ -243,9 +244,9 @@ def test_deleting_the_leader_releases_at_once() -> None:
     r = rig(TWO, [lws_pod("a", 0, 2, 8), lws_pod("b", 0, 2, 8)])
     assert set(r.book.reservations) == {A}
     r.tap.delete_pod("llm/a-0")
+    r.sync()  # the keeper's next step (it wakes on the change)
     assert A not in r.book.reservations
-    assert r.held(A) == []
-    r.sync()  # the waiting group gets the room
+    assert set(r.book.reservations) == {B}  # the waiting group gets the room
     assert set(r.book.reservations) == {B}
 
 
@@ -361,17 +362,15 @@ def test_group_preemption_never_picks_higher_priority_pods() -> None:
     assert result is not None and result.victims == {}
 
 
-# ---- restart -----------------------------------------------------------------------------------
+# ---- restart ---------------------------------------------------------------------------------
 
 
-def static_world(pods: list[dict[str, Any]]) -> tuple[StaticSource, Any]:
-    source = StaticSource([dict(n) for n in TWO], pods)
-    return source, None
-
-
-def start(source: StaticSource, clock: FakeClock) -> tuple[Any, ReservationWriter]:
-    writer = ReservationWriter(StaticAnnotationPatcher(source), retries=0)
+def start(source: StaticSource, records: StaticRecordStore, clock: FakeClock
+          ) -> tuple[Any, RecordWriter]:
+    """An extender process on this static world: records listed, then nodes and pods."""
+    writer = RecordWriter(records, retries=0)
     r = rig([], [], clock=clock, writer=writer, sync=False)
+    records.start(r.tap)
     source.start(r.tap)
     r.sync()
     return r, writer
@@ -380,22 +379,24 @@ def start(source: StaticSource, clock: FakeClock) -> tuple[Any, ReservationWrite
 def test_restart_mid_group_restores_the_reservation_without_double_booking() -> None:
     clock = FakeClock()
     source = StaticSource([dict(n) for n in TWO], [lws_pod("a", 0, 2, 8)])
-    r1, writer = start(source, clock)
+    records = StaticRecordStore()
+    r1, writer = start(source, records, clock)
     assert writer.drain() == 1
-    assert decode(source.pods["llm/a-0"]["metadata"]["annotations"][RESERVATION]).group == A
+    assert record_of(records.objects[record_name(A)]).group == A
     res = r1.book.reservations[A]
     leader_node, worker_node = res.slots[0].node, res.slots[1].node
-    # The leader is bound (the Binding carries the record), then the extender restarts.
+    # The leader is bound, then the extender restarts.
     req = req_of(r1, lws_pod("a", 0, 2, 8))
     placement = r1.book.bind_member(req, req.uid, leader_node)
     assert placement is not None and not isinstance(placement, str)
     source.binder().bind("llm", "a-0", req.uid, leader_node,
-                         {**placement_annotations(placement, "gpupack"),
-                          **r1.book.bind_annotations(req)})
+                         placement_annotations(placement, "gpupack"))
     clock.advance(5)
     again = StaticSource([dict(n) for n in TWO], list(source.pods.values()))
     again.pods["llm/a-0-1"] = lws_pod("a", 1, 2, 8)  # the worker, created meanwhile
-    r2, _ = start(again, clock)
+    records2 = StaticRecordStore()
+    records2.objects = dict(records.objects)
+    r2, _ = start(again, records2, clock)
     assert set(r2.book.reservations) == {A}
     got = r2.book.reservations[A]
     assert got.slots[1].node == worker_node and r2.held(A) == [1]
@@ -415,36 +416,54 @@ def pod_req(p: dict[str, Any]) -> PodRequest:
     return pod_request(p)
 
 
-def test_a_bad_reservation_annotation_is_ignored_and_the_group_placed_again() -> None:
-    leader = lws_pod("a", 0, 2, 8, annotations={RESERVATION: "{not json"})
-    r = rig(TWO, [leader])
+def with_record(r0: Any, pods: list[dict[str, Any]], clock: FakeClock, **kw: Any) -> Any:
+    """A fresh extender on the same nodes whose record list holds r0's last record of A."""
+    obj = r0.book.writer.last(A)
+    assert obj is not None
+    r = rig(TWO, pods, clock=clock, sync=False, records=[obj], **kw)
+    r.sync()
+    return r
+
+
+def test_a_record_that_cannot_be_read_is_ignored_and_the_group_placed_again() -> None:
+    bad = record_object(record_of(record_object_for_test()), "gpupack")
+    bad["data"]["reservation"] = "{not json"
+    r = rig(TWO, [lws_pod("a", 0, 2, 8)], records=[bad])
     assert A in r.book.reservations and r.held(A) == [0, 1]
+    assert r.book.bad_records == 1
 
 
-def test_a_restored_reservation_whose_room_is_taken_is_not_used() -> None:
+def record_object_for_test() -> dict[str, Any]:
+    r0 = rig(TWO, [lws_pod("a", 0, 2, 8)])
+    obj = r0.book.writer.last(A)
+    assert obj is not None
+    return dict(obj)
+
+
+def test_a_restored_room_that_was_taken_is_placed_again_and_the_free_rooms_kept() -> None:
     clock = FakeClock()
     r0 = rig(TWO, [lws_pod("a", 0, 2, 4)], clock=clock)
-    text = r0.book.writer.last("llm/a-0")
-    rec = decode(text)
-    room = rec.slots[1]
+    rec = record_of(r0.book.writer.last(A))
+    room0, room1 = rec.slots[0], rec.slots[1]
     # Meanwhile another pod was bound onto the worker's GPUs.
-    squatter = whole_pod("squat", len(room.gpus), node=room.node, namespace="x",
-                         annotations={"gpupack.io/gpus": ",".join(map(str, room.gpus))})
-    r = rig(TWO, [lws_pod("a", 0, 2, 4, annotations={RESERVATION: text}), squatter],
-            clock=clock)
+    squatter = whole_pod("squat", len(room1.gpus), node=room1.node, namespace="x",
+                         annotations={"gpupack.io/gpus": ",".join(map(str, room1.gpus))})
+    r = with_record(r0, [lws_pod("a", 0, 2, 4), squatter], clock)
     owners = gpu_owners(r.cache)
-    assert all(owners.get((room.node, g)) == "x/squat" for g in room.gpus)
-    assert A in r.book.reservations  # placed afresh, around the squatter
-    assert r.held(A) == [0, 1]
+    assert all(owners.get((room1.node, g)) == "x/squat" for g in room1.gpus)
+    got = r.book.reservations[A]
+    assert got.slots[0] == room0  # the room still free is kept: never all or nothing
+    assert got.slots[1] != room1 and r.held(A) == [0, 1]
+    assert got.rev == rec.rev + 1
 
 
-def test_an_expired_annotation_is_ignored() -> None:
+def test_an_expired_record_is_released() -> None:
     clock = FakeClock()
     r0 = rig(TWO, [lws_pod("a", 0, 2, 8)], clock=clock, ttl=10)
-    text = r0.book.writer.last("llm/a-0")
     clock.advance(20)
-    r = rig(TWO, [lws_pod("a", 0, 2, 8, annotations={RESERVATION: text})], clock=clock)
-    assert r.book.reservations[A].expires == clock.now + 100  # a new reservation
+    r = with_record(r0, [lws_pod("a", 0, 2, 8)], clock)
+    assert r.book.released["expired"] == 1
+    assert r.book.waiting[A].category == "expired"
 
 
 def test_a_plain_gpupack_group_gets_one_slot_per_pod() -> None:
@@ -454,18 +473,17 @@ def test_a_plain_gpupack_group_gets_one_slot_per_pod() -> None:
 
     r = rig(TWO, [plain("p-0"), plain("p-1")])
     res = r.book.reservations["llm/g"]
-    assert sorted(res.pods.values()) == [0, 1]
+    assert sorted(res.pods) == [0, 1]
     nodes = {res.slots[s].node for s in (0, 1)}
     assert nodes == {"n1", "n2"}
 
 
 def test_book_works_without_a_tap_or_writer() -> None:
     cache = ClusterCache("gpupack")
-    book = ReservationBook(cache, clock=FakeClock())
+    book = ReservationBook(cache, clock=FakeClock(), records_listed=True)
     cache.replace(TWO, [lws_pod("a", 0, 1, 8)])
     cache.mark_synced()
-    with cache.view():
-        pass
+    assert book.check_ready()
     assert A in book.reservations
     assert cache.counted(hold_key(A, 0)) is not None
 
@@ -480,3 +498,63 @@ def test_a_waiting_group_is_tried_again_only_after_the_cluster_changed() -> None
     r.sync()
     assert r.book.waiting[B] is not first  # tried again, still waits whole
     assert r.held(B) == []
+
+
+# ---- one writer: reads never write, a standby writes nothing ----------------------------------
+
+
+def test_reads_never_reserve_or_write() -> None:
+    r = rig(TWO, [])
+    r.tap.upsert_pod(lws_pod("a", 0, 2, 8))  # a new group, no step run yet
+    r.cache.snapshot()  # the planner's read
+    with r.cache.view():  # a verb's or a scrape's read
+        pass
+    Planner(r.cache, in_process=True).solve_once()
+    assert r.book.reservations == {} and r.writer.writes == []
+    assert r.held(A) == []
+    r.sync()  # the handler's step acts
+    assert A in r.book.reservations and r.writer.last(A) is not None
+
+
+def test_a_standby_mirrors_records_and_holds_them_but_writes_nothing() -> None:
+    leading = rig(TWO, [lws_pod("a", 0, 2, 8)])
+    obj = leading.writer.last(A)
+    standby = rig(TWO, [lws_pod("a", 0, 2, 8), lws_pod("b", 0, 2, 8, priority=5)],
+                  records=[obj], leader=lambda: False)
+    standby.clock.advance(1000)  # past the record's expiry: only a leader releases
+    standby.sync()
+    assert standby.writer.writes == []
+    assert set(standby.book.reservations) == {A}  # b is not placed by a standby
+    assert standby.held(A) == [0, 1]  # warm: the leader's room is held here too
+
+
+def test_verbs_answer_503_until_synced_and_rebuilt_then_answer() -> None:
+    r = rig(TWO, [lws_pod("a", 0, 2, 8)], sync=False)
+    r.book.ready = False  # as a fresh process before its record list came in
+    r.book._listed = False
+    client = app_client(r)
+    for path, body in (("/filter", filter_args(lws_pod("a", 0, 2, 8), ["n1", "n2"])),
+                       ("/prioritize", filter_args(whole_pod("x", 1), ["n1"])),
+                       ("/bind", {"PodName": "a-0", "PodNamespace": "llm",
+                                  "PodUID": "uid-llm-a-0", "Node": "n1"}),
+                       ("/preempt", {"Pod": whole_pod("x", 1), "NodeNameToMetaVictims": {}})):
+        status, out = post(client, path, body)
+        assert status == 503 and "not synced" in out["error"], (path, out)
+    assert client.get("/readyz").status_code == 503
+    assert client.binder.calls == []
+    r.tap.replace_records([])
+    r.tap.mark_synced()
+    assert client.get("/readyz").status_code == 200
+    status, out = post(client, "/filter", filter_args(lws_pod("a", 0, 2, 8), ["n1", "n2"]))
+    assert status == 200 and len(out["NodeNames"]) == 1
+
+
+def test_a_standby_refuses_the_verbs() -> None:
+    r = rig(TWO, [], leader=lambda: False)
+    client = app_client(r)
+    status, out = post(client, "/filter", filter_args(whole_pod("x", 1), ["n1"]))
+    assert status == 503 and "not the leader" in out["error"]
+    assert client.get("/readyz").status_code == 200  # warm and ready to take over
+    text = client.get("/metrics").text
+    assert "gpupack_leader 0.0" in text
+    assert "gpupack_whole_gpus_free" not in text and "gpupack_gpu_allocated{" not in text

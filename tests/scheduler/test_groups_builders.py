@@ -8,7 +8,7 @@ from typing import Any
 
 from sched_builders import FakeClock, whole_pod
 
-from kube.reservations import ReservationTap
+from kube.reservations import ReservationTap, record_name
 from scheduler.cache import ClusterCache
 from scheduler.groups import ReservationBook, hold_key
 
@@ -39,13 +39,17 @@ def bound(pod: dict[str, Any], node: str, annotations: dict[str, str]) -> dict[s
 
 @dataclass
 class RecordingWriter:
-    writes: list[tuple[str, str | None]] = field(default_factory=list)
+    """What the book asked to write: (record name, ConfigMap or None to delete)."""
 
-    def submit(self, pod: str, text: str | None) -> None:
-        self.writes.append((pod, text))
+    writes: list[tuple[str, Any]] = field(default_factory=list)
 
-    def last(self, pod: str) -> str | None:
-        return next((t for p, t in reversed(self.writes) if p == pod), None)
+    def submit(self, name: str, obj: Any) -> None:
+        self.writes.append((name, obj))
+
+    def last(self, group: str) -> Any:
+        """The last ConfigMap written for ``group`` (None: deleted, or never written)."""
+        name = record_name(group)
+        return next((o for n, o in reversed(self.writes) if n == name), None)
 
 
 @dataclass
@@ -57,8 +61,8 @@ class Rig:
     writer: Any
 
     def sync(self) -> None:
-        with self.cache.view():
-            pass
+        """What the background keeper does after a change: one step of the book."""
+        self.book.step()
 
     def held(self, group: str) -> list[int]:
         """Slots of ``group`` whose room is held now."""
@@ -68,12 +72,18 @@ class Rig:
 
 def rig(nodes: list[dict[str, Any]], pods: list[dict[str, Any]] | None = None,
         ttl: float = 100.0, clock: FakeClock | None = None, writer: Any = None,
-        sync: bool = True) -> Rig:
+        sync: bool = True, records: list[dict[str, Any]] | None = None,
+        leader: Any = None) -> Rig:
+    """A book on a cache, fed like the API source feeds them: ``records`` listed (the
+    reservation ConfigMaps), then nodes and pods, then the end of the first lists."""
     clock = clock or FakeClock()
     cache = ClusterCache("gpupack")
     book = ReservationBook(cache, ttl=ttl, clock=clock, writer=writer or RecordingWriter(),
-                           retry_s=0.0, cooldown_s=10.0)
+                           retry_s=0.0, cooldown_s=10.0,
+                           is_leader=leader if leader is not None else (lambda: True))
     tap = ReservationTap(cache, book)
+    if records is not None:
+        tap.replace_records(records)
     tap.replace(nodes, pods or [])
     tap.mark_synced()
     r = Rig(cache, book, tap, clock, book.writer)

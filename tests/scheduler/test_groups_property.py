@@ -44,7 +44,7 @@ def check(r: Any, world: dict[str, dict[str, Any]]) -> None:
     for key, res in book.reservations.items():
         covered = 0
         for slot in range(res.size):
-            pod = res.pod_of(slot)
+            pod = res.pods.get(slot)
             member_bound = pod is not None and cache.counted(pod) is not None
             if member_bound or cache.counted(hold_key(key, slot)) is not None:
                 covered += 1
@@ -78,12 +78,12 @@ def test_every_group_is_whole_or_holds_nothing(steps: list[tuple[str, Any, int]]
             key = pod_name(arg, n)
             req = r.cache.pending_pod(key)
             res = r.book.reservations.get(f"llm/{arg}/0")
-            if req is not None and res is not None and key in res.pods:
-                target = res.slots[res.pods[key]].node
+            slot = None if res is None else r.book.slot_of(res, key)
+            if req is not None and res is not None and slot is not None:
+                target = res.slots[slot].node
                 got = r.book.bind_member(req, req.uid, target)
                 if got is not None and not isinstance(got, str):
-                    ann = {**placement_annotations(got, "gpupack"),
-                           **r.book.bind_annotations(req)}
+                    ann = placement_annotations(got, "gpupack")
                     world[key] = bound(world[key], target, ann)
                     r.tap.upsert_pod(world[key])
         elif op == "delete":
