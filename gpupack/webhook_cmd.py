@@ -18,6 +18,7 @@ from flask import Flask
 from prometheus_client import CollectorRegistry
 
 from gpupack.inputs import load_cluster
+from gpupack.startup import announce, announce_when_synced, source_words, startup_line
 from kube.objects import ObjectError
 from packing.model import Snapshot
 from webhook.app import create_app
@@ -145,11 +146,18 @@ def run(args: argparse.Namespace) -> int:
         gc.collect()
         gc.freeze()
 
+    source, where = source_words(args), [f"https://{args.host}:{args.port}"]
+
     def app_factory() -> Flask:
         # Built inside the serving process (gunicorn may fork): the watch threads too.
         if not live:
+            announce(startup_line("webhook", source, {
+                "nodes": len(snapshot.nodes), "pods": len(snapshot.running)
+                + len(snapshot.pending), "pending": len(snapshot.pending)}, where))
             return create_app(lambda: snapshot, CollectorRegistry(), config)
         feed = live_snapshots(args)
+        announce_when_synced(feed.ready, lambda: startup_line(
+            "webhook", source, feed.cache.counts(), where))
         return create_app(feed, CollectorRegistry(), config, ready=feed.ready)
 
     serve(app_factory, host=args.host, port=args.port, cert=args.tls_cert, key=args.tls_key,
