@@ -54,11 +54,15 @@ def test_least_privilege(which: str, request: pytest.FixtureRequest) -> None:
     assert builtin == {"gpupack-scheduler": {
         "ClusterRole/system:kube-scheduler@*", "ClusterRole/system:volume-scheduler@*",
         "Role/extension-apiserver-authentication-reader@kube-system"}}
-    leases = {("gpupack", "coordination.k8s.io", "leases", v) for v in ("get", "create", "update")}
+    leases = {("gpupack", "coordination.k8s.io", "leases", v)
+              for v in ("get", "create", "update", "list", "watch")}
+    # No pod patch (Bindings carry the annotations); group records only in gpupack's own
+    # namespace.
     assert own["gpupack-scheduler"] == (
         core("*", "nodes", "get", "list", "watch")
-        | core("*", "pods", "get", "list", "watch", "patch")
-        | core("*", "pods/binding", "create") | leases)
+        | core("*", "pods", "get", "list", "watch")
+        | core("*", "pods/binding", "create") | leases
+        | core("gpupack", "configmaps", "get", "list", "watch", "create", "update", "delete"))
     assert own["gpupack-webhook"] == (core("*", "nodes", "get", "list", "watch")
                                       | core("*", "pods", "get", "list", "watch"))
     assert own["gpupack-node-agent"] == core("*", "nodes", "get", "patch") | core(
