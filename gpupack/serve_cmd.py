@@ -31,6 +31,8 @@ from typing import Any
 
 from gunicorn.app.base import BaseApplication
 
+from gpupack.startup import announce_when_synced, source_words, startup_line
+
 EXAMPLES = Path(__file__).parent / "examples"
 log = logging.getLogger("gpupack.serve")
 
@@ -195,6 +197,13 @@ class Components:
         self.metrics_port = int(args.metrics_port)
         self.host = str(args.host)
         self.metrics_host = str(args.metrics_host or args.host)
+        self.listening = [f"http://{args.host}:{args.port}"]
+        if args.metrics_port:
+            self.listening.append(f"metrics http://{self.metrics_host}:{args.metrics_port}")
+        if args.webhook_port:
+            self.listening.append(f"webhook https://{args.webhook_host}:{args.webhook_port}")
+        self.source_words = source_words(args, f"bundled example cluster {EXAMPLES}")
+        self.policy = str(args.policy)
         self.webhook: Any = None
         if args.webhook_port:
             from gpupack.webhook_cmd import config_from_args
@@ -226,8 +235,12 @@ class Components:
         if self.metrics_port:
             from scheduler.metrics_http import MetricsServer
 
+            # The kubelet probes the extender here: ready exactly when its /readyz is.
             MetricsServer(self.app.extensions["gpupack.exposition"], self.metrics_host,
-                          self.metrics_port).start()
+                          self.metrics_port, ready=self.groups.check_ready).start()
+        announce_when_synced(self.groups.check_ready, lambda: startup_line(
+            "serve", self.source_words, self.cache.counts(), self.listening,
+            [f"policy {self.policy}"]))
 
 
     def _freeze_when_synced(self) -> None:

@@ -6,8 +6,8 @@
 * every error, an unknown path or method included: JSON ``{"error": ...}`` with its code.
 
 The servers: the extender's verbs port, its ``--metrics-port`` listener (what the kubelet
-probes, the verbs being on loopback) and the webhook (HTTPS). The webhook's start-up line
-says the mode and what was loaded."""
+probes, the verbs being on loopback) and the webhook (HTTPS). A start-up line says the
+mode and what was loaded."""
 
 from __future__ import annotations
 
@@ -184,6 +184,15 @@ def test_metrics_readyz_follows_the_cache() -> None:
                                                      "why": "cache not synced yet"}
     synced = True
     assert client.get("/readyz").get_json() == {"ready": True}
+
+
+def test_extender_says_what_it_loaded(extender: tuple[int, int, list[str]]) -> None:
+    port, metrics, lines = extender
+    (line,) = startup_lines(lines, "serve")
+    assert "mode static (bundled example cluster" in line
+    assert re.search(r"; \d+ nodes, \d+ pods \(\d+ pending\) loaded;", line), line
+    assert "policy gpupack" in line
+    assert f"http://127.0.0.1:{port}" in line and f":{metrics}" in line
 
 
 def test_webhook_says_what_it_loaded(webhook: tuple[int, list[str]]) -> None:
