@@ -203,6 +203,8 @@ class GatedThreadWorker(ThreadWorker):
                 break
             if not data:
                 break
+        else:
+            return  # more to drop: the next event (or the linger deadline) ends it
         self._unlinger(conn)
         self._drop(conn)
 

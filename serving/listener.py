@@ -297,6 +297,8 @@ class Listener:
                 break
             if not data:
                 break
+        else:
+            return  # more to drop: the next event (or the linger deadline) ends it
         self._close(conn)
 
     def _close(self, conn: _Conn) -> None:
