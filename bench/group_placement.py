@@ -32,7 +32,7 @@ from packing.model import (
 )
 from packing.policies import get_policy
 from packing.state import ClusterState
-from scheduler.groups import place_members
+from scheduler.group_placement import place_members
 
 CLIQUE = "nvidia.com/gpu.clique"
 
