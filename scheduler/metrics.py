@@ -1,17 +1,21 @@
 """Prometheus metrics of the extender, all named ``gpupack_*``, on an injected registry.
 
-Request metrics are ordinary counters and histograms updated by the HTTP layer. Cluster
-figures are read at scrape time (no gauges to keep in step with the cache). The fragmentation
-figure is the planner's (computing it means a pass over every node and every typical
-shape, too slow for a scrape under the lock).
+Request metrics are ordinary counters and histograms updated by the HTTP layer, read
+fresh at each scrape. Cluster figures (GPUs and nodes free, MIG slices, pending pods by
+reason, the plan's figures, the per-GPU family) are computed from the cache, off the
+request path, by one background thread (:class:`Refreshed`) at most every 5 s while
+someone scrapes; a scrape copies the latest (so they are up to ~5 s old). Scrapers in a
+loop therefore cost the verbs one computation per 5 s, not one per scrape. The
+fragmentation figure is the planner's (computing it means a pass over every node and
+every typical shape, too slow for a scrape under the lock).
 
 The per-GPU family ``gpupack_gpu_allocated`` has one series per GPU: 40,000 at 5,000
 eight-GPU nodes. Formatting that many samples through ``prometheus_client`` takes ~0.8 s
 of the GIL per scrape, which every request in flight would wait behind. So
 :class:`GpuRows` keeps each node's lines (and its whole-GPU and MIG figures) rendered,
 keyed by the cache's per-node generation, and re-renders only the nodes that changed;
-:class:`Exposition` appends that text to the registry's. A scrape costs one dictionary
-lookup per node under the lock.
+:class:`Exposition` appends that text to the registry's. A computation costs one
+dictionary lookup per node under the lock.
 
 Label sets are bounded: verbs and outcomes are fixed lists, per-GPU series are labelled
 by node and GPU index only (never by pod), pending-pod classes and reasons are mapped to
@@ -20,10 +24,13 @@ fixed categories.
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 from collections import Counter as Tally
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -34,6 +41,9 @@ from packing.state import NodeState
 from scheduler.cache import ClusterCache
 from scheduler.groups import WAIT_REASONS, ReservationBook
 from scheduler.planner import Planner
+
+log = logging.getLogger("gpupack.scheduler.metrics")
+T = TypeVar("T")
 
 VERBS = ("filter", "prioritize", "bind", "preempt", "echo")
 OUTCOMES = ("ok", "bad_request", "error")
@@ -79,7 +89,9 @@ class ExtenderMetrics:
     any change to their queries."""
 
     def __init__(self, registry: CollectorRegistry, cache: ClusterCache, planner: Planner,
-                 active: Callable[[], bool] = _always) -> None:
+                 active: Callable[[], bool] = _always, figures_max_age_s: float = 5.0) -> None:
+        """``figures_max_age_s``: how old the cluster figures of a scrape may be (0:
+        computed at each scrape)."""
         self.requests = Counter(
             "gpupack_extender_requests_total", "Extender requests by verb and outcome",
             ["verb", "outcome"], registry=registry,
@@ -103,7 +115,9 @@ class ExtenderMetrics:
         for result in ("ok", "conflict", "api_error"):
             self.binds.labels(result)
         self.gpu_rows = GpuRows(cache)
-        registry.register(ClusterCollector(cache, planner, self.gpu_rows, active))
+        self.cluster = ClusterCollector(cache, planner, self.gpu_rows, active,
+                                        max_age_s=figures_max_age_s)
+        registry.register(self.cluster)
         self.exposition = Exposition(registry, self.gpu_rows, active)
 
 
@@ -205,13 +219,90 @@ class Exposition:
         return body + rows.text.encode()
 
 
+class Refreshed(Generic[T]):
+    """A value computed off the request path: :meth:`get` returns the latest at once,
+    and one background thread recomputes it once it is ``max_age_s`` old, only while
+    :meth:`get` was called in the last ``keep_s`` (nobody scraping: no work). The very
+    first :meth:`get` computes in the caller (there is nothing older to give).
+
+    So any number of scrapers, in a loop or not, cost at most one computation every
+    ``max_age_s`` on one thread, and a scrape itself only copies the latest figures
+    (at most ``max_age_s`` plus one computation old)."""
+
+    def __init__(self, compute: Callable[[], T], max_age_s: float = 5.0, keep_s: float = 120.0,
+                 clock: Callable[[], float] = time.monotonic, name: str = "gpupack-metrics"
+                 ) -> None:
+        self.compute = compute
+        self.max_age_s = max_age_s
+        self.keep_s = keep_s
+        self.clock = clock
+        self.name = name
+        self.computed = 0  # computations so far (for tests)
+        self._lock = threading.Lock()
+        self._first = threading.Lock()
+        self._value: T | None = None
+        self._at = 0.0
+        self._asked = 0.0
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def get(self) -> T:
+        if self.max_age_s <= 0:  # no caching: every call computes (tests, debugging)
+            fresh = self.compute()
+            self._store(fresh)
+            return fresh
+        with self._lock:
+            now = self.clock()
+            self._asked = now
+            value = self._value
+            stale = value is not None and now - self._at >= self.max_age_s
+            if stale:
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._run, name=self.name,
+                                                    daemon=True)
+                    self._thread.start()
+                self._wake.set()
+        if value is not None:
+            return value
+        with self._first:  # concurrent first scrapes compute once
+            if self._value is None:
+                self._store(self.compute())
+            assert self._value is not None
+            return self._value
+
+    def _store(self, value: T) -> None:
+        with self._lock:
+            self._value, self._at = value, self.clock()
+            self.computed += 1
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait(self.max_age_s)
+            self._wake.clear()
+            with self._lock:
+                now = self.clock()
+                due = now - self._at >= self.max_age_s and now - self._asked <= self.keep_s
+            if not due:
+                continue
+            try:
+                self._store(self.compute())
+            except Exception:
+                log.exception("%s: computing the figures failed; serving the previous ones",
+                              self.name)
+
+
 class ClusterCollector(Collector):
+    """Process figures at each scrape; the cluster figures (a pass over every node and
+    pending pod) from :class:`Refreshed`, off the request path."""
+
     def __init__(self, cache: ClusterCache, planner: Planner, rows: GpuRows,
-                 active: Callable[[], bool] = _always) -> None:
+                 active: Callable[[], bool] = _always, max_age_s: float = 5.0) -> None:
         self.cache = cache
         self.planner = planner
         self.rows = rows
         self.active = active
+        self.cluster = Refreshed(lambda: list(self._cluster_figures()), max_age_s=max_age_s,
+                                 name="gpupack-cluster-figures")
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         leader = self.active()
@@ -223,7 +314,7 @@ class ClusterCollector(Collector):
             yield from self._process_figures()
             return
         yield from self._process_figures()
-        yield from self._cluster_figures()
+        yield from self.cluster.get()
 
     def _process_figures(self) -> Iterator[GaugeMetricFamily]:
         cache = self.cache

@@ -4,13 +4,14 @@ re-render only the nodes that changed."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 from sched_builders import FakeClock, make_cache, mig_pod, node, shared_pod, whole_pod
 
-from scheduler.metrics import ExtenderMetrics
+from scheduler.metrics import ExtenderMetrics, Refreshed
 from scheduler.planner import Planner
 
 
@@ -18,14 +19,17 @@ def families(body: bytes) -> dict[str, Any]:
     return {f.name: f for f in text_string_to_metric_families(body.decode())}
 
 
-def rig() -> tuple[Any, ExtenderMetrics]:
+def rig(figures_max_age_s: float = 0.0) -> tuple[Any, ExtenderMetrics]:
+    """The cache and its metrics; cluster figures computed at each scrape unless
+    ``figures_max_age_s``."""
     cache = make_cache(
         [node("w", gpus=2, reconfigurable=False),
          node("m", gpus=1, mig={"3g.40gb": 2}),
          node("s", product="NVIDIA-L40S", gpus=2, shared_replicas=4),
          node('odd"name', gpus=1)],
         [], FakeClock())
-    metrics = ExtenderMetrics(CollectorRegistry(), cache, Planner(cache))
+    metrics = ExtenderMetrics(CollectorRegistry(), cache, Planner(cache),
+                              figures_max_age_s=figures_max_age_s)
     return cache, metrics
 
 
@@ -84,3 +88,45 @@ def test_a_scrape_renders_only_the_nodes_that_changed() -> None:
     assert all(n != "s" for n, _ in samples(metrics.exposition()))
     cache.upsert_node(node("s", gpus=1))  # same name, new node: a new generation
     assert samples(metrics.exposition())[("s", "0")] == 0.0
+
+
+def test_a_scrape_loop_computes_the_cluster_figures_once_per_max_age() -> None:
+    cache, metrics = rig(figures_max_age_s=60.0)
+    rows = metrics.gpu_rows
+    metrics.exposition()  # the first scrape computes in the caller
+    computed, rendered = metrics.cluster.cluster.computed, rows.rendered
+    place(cache, whole_pod("a", 1), "w")
+    metrics.requests.labels("filter", "ok").inc()
+    for _ in range(200):  # four scrapers in a loop, say
+        body = metrics.exposition()
+    # No computation on the request path: the figures are the first scrape's...
+    assert metrics.cluster.cluster.computed == computed and rows.rendered == rendered
+    assert samples(body)[("w", "0")] == 0.0
+    # ...while request counters are read fresh at each scrape.
+    fams = families(body)
+    assert any(s.labels.get("verb") == "filter" and s.labels.get("outcome") == "ok"
+               and s.value == 1.0 for s in fams["gpupack_extender_requests"].samples)
+
+
+def test_stale_figures_are_recomputed_in_the_background_only_while_scraped() -> None:
+    now = [0.0]
+    calls: list[float] = []
+
+    def compute() -> int:
+        calls.append(now[0])
+        return len(calls)
+
+    figures = Refreshed(compute, max_age_s=5.0, keep_s=30.0, clock=lambda: now[0])
+    assert figures.get() == 1  # first: in the caller
+    now[0] = 4.0
+    assert figures.get() == 1 and len(calls) == 1  # fresh enough
+    now[0] = 6.0
+    assert figures.get() == 1  # stale: answered at once with the old figures...
+    deadline = time.monotonic() + 5
+    while len(calls) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(calls) == 2 and figures.get() == 2  # ...and recomputed off the request path
+    now[0] = 100.0  # nobody scraped for longer than keep_s: the thread does nothing
+    figures._wake.set()
+    time.sleep(0.2)
+    assert len(calls) == 2
