@@ -421,22 +421,26 @@ def profile_compute_milli(geometry: MigGeometry, profile: MigProfile) -> float:
     return profile.compute_slices * 1000 / geometry.compute_slices
 
 
-def smallest_fitting_profile(
-    model: GpuModel, memory_mib: int, compute_milli: int = 0
-) -> MigProfile | None:
-    """The smallest non-``+me`` profile of ``model`` holding the memory and compute asked.
-
-    Smallest = fewest memory slices, then fewest compute slices. None if the model has
-    no MIG or nothing fits.
-    """
+def fitting_profiles(model: GpuModel, memory_mib: int, compute_milli: int = 0
+                     ) -> list[MigProfile]:
+    """The non-``+me`` profiles of ``model`` holding the memory and compute asked,
+    smallest first (fewest memory slices, then fewest compute slices). Empty if the model
+    has no MIG or nothing fits."""
     if model.mig is None:
-        return None
+        return []
     geometry = model.mig
     fitting = [
         p
         for p in geometry.classic
         if p.memory_mib >= memory_mib and profile_compute_milli(geometry, p) >= compute_milli
     ]
-    if not fitting:
-        return None
-    return min(fitting, key=lambda p: (p.memory_slices, p.compute_slices, p.memory_mib, p.name))
+    return sorted(fitting, key=lambda p: (p.memory_slices, p.compute_slices, p.memory_mib, p.name))
+
+
+def smallest_fitting_profile(
+    model: GpuModel, memory_mib: int, compute_milli: int = 0
+) -> MigProfile | None:
+    """The smallest non-``+me`` profile of ``model`` holding the memory and compute asked
+    (see :func:`fitting_profiles`); None if the model has no MIG or nothing fits."""
+    fitting = fitting_profiles(model, memory_mib, compute_milli)
+    return fitting[0] if fitting else None

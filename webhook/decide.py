@@ -25,7 +25,7 @@ from enum import StrEnum
 from typing import Any
 
 from kube import annotations as A
-from packing.catalog import CATALOG, MigProfile, profile_from_resource, smallest_fitting_profile
+from packing.catalog import CATALOG, MigProfile, fitting_profiles, profile_from_resource
 from packing.model import GPU_MILLI, Snapshot
 from packing.quantity import QuantityError, memory_mib, parse_quantity
 from webhook.capacity import ClusterView, ModelCapacity
@@ -372,7 +372,13 @@ def _fits(view: ClusterView, ask: _Ask, rules: ProductRules
         fits_mig = False
         profile = None
         if cap.mig_gpus and ask.isolation is not Isolation.SHARED:
-            profile = smallest_fitting_profile(cap.model, ask.memory_mib, ask.compute_milli)
+            # The smallest fitting slice with one free (or creatable) now, else the
+            # smallest fitting one, which the pod then waits for. A larger slice that
+            # exists beats a smaller one nothing will create: kube-scheduler places a
+            # pod only on a resource some node has.
+            fitting = fitting_profiles(cap.model, ask.memory_mib, ask.compute_milli)
+            profile = next((p for p in fitting if cap.mig_available(p.name) > 0),
+                           fitting[0] if fitting else None)
             fits_mig = profile is not None
         fits_shared = (
             cap.shared_gpus > 0
