@@ -83,19 +83,16 @@ class StickyThreadWorker(GatedThreadWorker):
         until = now + self.sticky_s
         while True:
             step = gate.step(now)
-            if isinstance(step, Ready) and step.complete and not self._health(step):
+            if isinstance(step, Ready) and step.complete and self.own_lane(step) is None:
                 unreader.unread(step.data)
                 conn.data_ready = True
                 conn.gated_incomplete = False
                 return True
             if not isinstance(step, Wait) or now >= until:
                 # Done waiting, or something for the main loop to answer (a refusal, an
-                # oversize body, a health check for its own thread, a closed client).
+                # oversize body, a health check or scrape for its own thread, a closed
+                # client).
                 unreader.unread(bytes(gate.buf))
                 return False
             _wait_readable(sock, until - now)
             now = time.monotonic()
-
-    def _health(self, ready: Ready) -> bool:
-        head = ready.head
-        return head.method in ("GET", "HEAD") and head.path in self.health_paths

@@ -8,9 +8,10 @@ many as ``--threads``) therefore stop the server, health checks included.
 Here the main loop reads each request through a :class:`serving.gate.Gate` (TLS
 handshake too, without blocking) under the deadlines of :attr:`limits`, and a thread is
 given only a connection whose whole request is buffered. Health paths go to a thread of
-their own. A thread writes the answer with a timeout. Connections that close are
-drained for a moment by the main loop, not a thread. At ``limits.max_connections`` the
-oldest idle or unfinished connection is closed to make room for a new one.
+their own, and so do scrapes of ``/metrics``. A thread writes the answer with a timeout.
+Connections that close are drained for a moment by the main loop, not a thread. At
+``limits.max_connections`` the oldest idle or unfinished connection is closed to make
+room for a new one.
 
 Configure by subclassing (:meth:`GatedThreadWorker.configured`): gunicorn builds the
 worker from its class, and the settings here are not gunicorn's own.
@@ -57,6 +58,9 @@ class GatedThreadWorker(ThreadWorker):
     limits: ClassVar[Limits] = Limits()
     oversize: ClassVar[str] = "dispatch"
     health_paths: ClassVar[frozenset[str]] = HEALTH_PATHS
+    # Served by one thread of their own too, so scrapes (paced, see
+    # scheduler.metrics.Exposition) never take the request threads.
+    side_paths: ClassVar[frozenset[str]] = frozenset({"/metrics"})
 
     @classmethod
     def configured(cls, limits: Limits, oversize: str = "dispatch") -> type[GatedThreadWorker]:
@@ -75,9 +79,11 @@ class GatedThreadWorker(ThreadWorker):
         self.lingering: dict[TConn, float] = {}
         self.evicted = 0
         self.lane: futures.ThreadPoolExecutor | None = None
+        self.side: futures.ThreadPoolExecutor | None = None
 
     def init_process(self) -> None:
         self.lane = futures.ThreadPoolExecutor(1, thread_name_prefix="gpupack-health")
+        self.side = futures.ThreadPoolExecutor(1, thread_name_prefix="gpupack-scrape")
         super().init_process()  # runs the loop
 
     # ---- main loop --------------------------------------------------------------------
@@ -150,14 +156,24 @@ class GatedThreadWorker(ThreadWorker):
         conn.parser.unreader.unread(ready.data)
         conn.data_ready = True
         conn.gated_incomplete = not ready.complete
-        head = ready.head
-        if head.method in ("GET", "HEAD") and head.path in self.health_paths \
-                and self.lane is not None:
-            fs = self.lane.submit(self.serve_one, conn)
+        lane = self.own_lane(ready)
+        if lane is not None:
+            fs = lane.submit(self.serve_one, conn)
             fs.add_done_callback(
                 lambda fut: self.method_queue.defer(self.finish_request, conn, fut))
             return
         self.enqueue_req(conn)
+
+    def own_lane(self, ready: Ready) -> futures.ThreadPoolExecutor | None:
+        """The thread of its own a request goes to (health, scrapes), or None."""
+        head = ready.head
+        if head.method not in ("GET", "HEAD"):
+            return None
+        if head.path in self.health_paths:
+            return self.lane
+        if head.path in self.side_paths:
+            return self.side
+        return None
 
     def finish_request(self, conn: TConn, fs: Any) -> None:
         """Back from a thread (main loop): keep-alive connections are read by a gate

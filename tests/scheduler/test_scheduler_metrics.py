@@ -7,11 +7,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 from sched_builders import FakeClock, make_cache, mig_pod, node, shared_pod, whole_pod
 
-from scheduler.metrics import ExtenderMetrics, Refreshed
+from scheduler.metrics import Exposition, ExtenderMetrics, Refreshed
 from scheduler.planner import Planner
 
 
@@ -20,16 +21,19 @@ def families(body: bytes) -> dict[str, Any]:
 
 
 def rig(figures_max_age_s: float = 0.0) -> tuple[Any, ExtenderMetrics]:
-    """The cache and its metrics; cluster figures computed at each scrape unless
-    ``figures_max_age_s``."""
+    """The cache and its metrics; everything rendered at each scrape unless
+    ``figures_max_age_s`` (then with the production pacing and body reuse)."""
     cache = make_cache(
         [node("w", gpus=2, reconfigurable=False),
          node("m", gpus=1, mig={"3g.40gb": 2}),
          node("s", product="NVIDIA-L40S", gpus=2, shared_replicas=4),
          node('odd"name', gpus=1)],
         [], FakeClock())
+    cached = figures_max_age_s > 0
     metrics = ExtenderMetrics(CollectorRegistry(), cache, Planner(cache),
-                              figures_max_age_s=figures_max_age_s)
+                              figures_max_age_s=figures_max_age_s,
+                              scrape_pace_s=0.01 if cached else 0.0,
+                              body_max_age_s=1.0 if cached else 0.0)
     return cache, metrics
 
 
@@ -97,13 +101,16 @@ def test_a_scrape_loop_computes_the_cluster_figures_once_per_max_age() -> None:
     computed, rendered = metrics.cluster.cluster.computed, rows.rendered
     place(cache, whole_pod("a", 1), "w")
     metrics.requests.labels("filter", "ok").inc()
-    for _ in range(200):  # four scrapers in a loop, say
+    for _ in range(100):  # scrapers in a loop, say
         body = metrics.exposition()
     # No computation on the request path: the figures are the first scrape's...
     assert metrics.cluster.cluster.computed == computed and rows.rendered == rendered
     assert samples(body)[("w", "0")] == 0.0
-    # ...while request counters are read fresh at each scrape.
-    fams = families(body)
+    # ...and the body is rendered again only once it is a second old, with the request
+    # counters as they are then.
+    assert metrics.exposition.rendered <= 2
+    time.sleep(1.0)
+    fams = families(metrics.exposition())
     assert any(s.labels.get("verb") == "filter" and s.labels.get("outcome") == "ok"
                and s.value == 1.0 for s in fams["gpupack_extender_requests"].samples)
 
@@ -130,3 +137,22 @@ def test_stale_figures_are_recomputed_in_the_background_only_while_scraped() -> 
     figures._wake.set()
     time.sleep(0.2)
     assert len(calls) == 2
+
+
+def test_scrapes_are_paced_and_share_a_recent_body() -> None:
+    now = [0.0]
+    slept: list[float] = []
+
+    def sleep(dt: float) -> None:
+        slept.append(dt)
+        now[0] += dt
+
+    _, metrics = rig()
+    expo = Exposition(metrics.exposition.registry, metrics.gpu_rows, pace_s=0.2,
+                      body_max_age_s=1.0, clock=lambda: now[0], sleep=sleep)
+    bodies = [expo() for _ in range(10)]  # a client in a loop
+    assert slept == [pytest.approx(0.2)] * 9  # one answer per 0.2 s, whatever the rate
+    assert expo.rendered == 2 and len(set(bodies)) <= 2  # rendered at t=0 and t=1.0
+    now[0] += 5.0
+    expo()  # after a pause: served at once, rendered anew
+    assert len(slept) == 9 and expo.rendered == 3

@@ -3,7 +3,7 @@
     python gunicorn_harness.py PORT gated|sticky THREADS
 
 Limits are short (head/body 1 s, write 1 s, max body 64 KiB) so the tests run in
-seconds. The app: ``/block?S`` sleeps S seconds; ``/size`` answers 413 when the declared
+seconds. The app: ``/block?S`` and ``/metrics?S`` sleep S seconds; ``/size`` answers 413 when the declared
 body is over the limit (unread), else the body's length; other paths echo.
 """
 
@@ -26,7 +26,7 @@ LIMITS = Limits(head_s=1.0, body_s=1.0, write_s=1.0, idle_s=5.0, linger_s=0.5,
 
 def app(env: dict[str, Any], start: Callable[..., Any]) -> list[bytes]:
     path = env["PATH_INFO"]
-    if path == "/block":
+    if path in ("/block", "/metrics"):  # a stuck verb; a scrape waiting for its turn
         time.sleep(float(env.get("QUERY_STRING") or "3"))
     length = int(env.get("CONTENT_LENGTH") or 0)
     if length > LIMITS.max_body:

@@ -83,6 +83,18 @@ def test_health_answers_while_both_threads_are_busy(port: int) -> None:
         t.join(10)
 
 
+def test_scrapes_have_a_thread_of_their_own(port: int) -> None:
+    scrapes = [threading.Thread(target=get, args=(port, "/metrics?1")) for _ in range(4)]
+    for t in scrapes:
+        t.start()
+    time.sleep(0.2)  # one scrape in its thread, three queued behind it
+    for _ in range(3):
+        status, body, took = get(port, "/verb", "POST", b"ab")
+        assert (status, body) == (200, b"/verb 2") and took < 0.1
+    for t in scrapes:
+        t.join(10)
+
+
 def test_slow_and_half_open_clients_hold_no_thread_and_are_cut(port: int) -> None:
     crowd = [socket.create_connection(("127.0.0.1", port)) for _ in range(40)]
     try:
