@@ -40,6 +40,11 @@ from scheduler.wire import (
 )
 
 UNKNOWN_NODE = "node not in gpupack's cache (not seen by its watch yet)"
+# Unknown names listed in a filter answer (FailedNodes), at most. The watch lags the
+# scheduler by a few events, so a real request names a few; a request naming many more
+# gets the rest left out (kube-scheduler drops a node missing from NodeNames whether or
+# not FailedNodes names it), so an answer stays proportional to the nodes gpupack knows.
+UNKNOWN_LISTED = 100
 EXHAUSTIVE_VICTIMS = 8  # up to 2^8 victim subsets are tried in order; greedy beyond
 
 
@@ -365,14 +370,17 @@ def filter_nodes(args: ExtenderArgs, view: ClusterView, memo: Memo) -> FilterRes
     keep: list[str] = []
     failed: dict[str, str] = {}
     never: dict[str, str] = {}
-    names = args.candidate_names
+    names = tuple(dict.fromkeys(args.candidate_names))  # a name twice is answered once
     memo.lookups += len(names)
+    unknown = 0
     for name in names:
         sig = sigs.get(name)
         if sig is None:
             # The scheduler's node list can be a few events ahead of our watch; failing
             # just this node lets the pod land elsewhere instead of failing the attempt.
-            failed[name] = UNKNOWN_NODE
+            unknown += 1
+            if unknown <= UNKNOWN_LISTED:
+                failed[name] = UNKNOWN_NODE
             memo.lookups -= 1
             continue
         if selector:
@@ -392,8 +400,12 @@ def filter_nodes(args: ExtenderArgs, view: ClusterView, memo: Memo) -> FilterRes
     if args.node_cache_capable:
         return FilterResult(node_names=tuple(keep), failed=failed, unresolvable=never)
     kept = set(keep)
-    nodes = tuple(n for n in args.nodes or () if n["metadata"]["name"] in kept)
-    return FilterResult(nodes=nodes, failed=failed, unresolvable=never)
+    nodes = []
+    for n in args.nodes or ():
+        if n["metadata"]["name"] in kept:
+            kept.discard(n["metadata"]["name"])  # each node once
+            nodes.append(n)
+    return FilterResult(nodes=tuple(nodes), failed=failed, unresolvable=never)
 
 
 # ---- prioritize ----------------------------------------------------------------------------
@@ -459,7 +471,9 @@ def prioritize(
     rank = {k: i for i, k in enumerate(distinct)}
     span = max(len(distinct) - 1, 1)
     out = []
-    for name in names:
+    for name in dict.fromkeys(names):  # each name once
+        if name not in sigs:
+            continue  # unknown: left out (kube-scheduler adds nothing for it either way)
         if name == plan_node:
             out.append(HostPriority(name, MAX_PRIORITY))
         elif name in prefs:
