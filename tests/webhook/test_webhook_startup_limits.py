@@ -155,3 +155,21 @@ def _children(pid: int) -> list[int]:
     return out
 
 
+
+
+def test_the_extenders_feed_gives_no_snapshot_until_the_cache_is_synced() -> None:
+    from scheduler.cache import ClusterCache
+    from scheduler.webhook_host import SnapshotFeed
+
+    cache = ClusterCache("gpupack")
+    cache.upsert_node(node("h0"))
+    feed = SnapshotFeed(cache)
+    client = create_app(feed, CollectorRegistry(), WebhookConfig()).test_client()
+    assert feed() is None and not feed.ready()
+    assert client.get("/readyz").status_code == 503  # the feed's ready() is used
+    assert client.post("/mutate", json=review(SIZED)).status_code == 503
+    cache.mark_synced()
+    snap = feed()
+    assert snap is not None and [n.name for n in snap.nodes] == ["h0"]
+    assert client.get("/readyz").status_code == 200
+    assert client.post("/mutate", json=review(SIZED)).get_json()["response"]["allowed"]
