@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import re
 import tomllib
-from pathlib import Path
 
 import yaml
 from manifests_helpers import MANIFESTS, REPO
