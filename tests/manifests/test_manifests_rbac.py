@@ -54,19 +54,22 @@ def test_least_privilege(which: str, request: pytest.FixtureRequest) -> None:
     assert builtin == {"gpupack-scheduler": {
         "ClusterRole/system:kube-scheduler@*", "ClusterRole/system:volume-scheduler@*",
         "Role/extension-apiserver-authentication-reader@kube-system"}}
+    # What the end-to-end tests saw each account use (tests/e2e/test_e2e_z_rbac.py checks
+    # the chart's grants against the API server's audit log): kube-scheduler's LeaseLock
+    # gets, creates and updates; the extender only reads the Lease.
     leases = {("gpupack", "coordination.k8s.io", "leases", v)
-              for v in ("get", "create", "update", "list", "watch")}
-    # No pod patch (Bindings carry the annotations); group records only in gpupack's own
-    # namespace.
+              for v in ("get", "create", "update")}
+    # Informers only list and watch; Bindings are posted to the namespaced bindings
+    # resource and carry the annotations (no pod patch); group records only in gpupack's
+    # own namespace.
     assert own["gpupack-scheduler"] == (
-        core("*", "nodes", "get", "list", "watch")
-        | core("*", "pods", "get", "list", "watch")
-        | core("*", "pods/binding", "create") | leases
+        core("*", "nodes", "list", "watch")
+        | core("*", "pods", "list", "watch")
+        | core("*", "bindings", "create") | leases
         | core("gpupack", "configmaps", "get", "list", "watch", "create", "update", "delete"))
-    assert own["gpupack-webhook"] == (core("*", "nodes", "get", "list", "watch")
-                                      | core("*", "pods", "get", "list", "watch"))
-    assert own["gpupack-node-agent"] == core("*", "nodes", "get", "patch") | core(
-        "*", "pods", "list")
+    assert own["gpupack-webhook"] == (core("*", "nodes", "list", "watch")
+                                      | core("*", "pods", "list", "watch"))
+    assert own["gpupack-node-agent"] == core("*", "nodes", "patch") | core("*", "pods", "list")
     accounts = {o["metadata"]["name"] for o in find_all(objs, "ServiceAccount")}
     assert accounts == set(own)
     for kind in ("Deployment", "DaemonSet"):

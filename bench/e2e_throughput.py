@@ -1,0 +1,165 @@
+"""Scheduling throughput on the real control plane: pods created -> bound by the real
+kube-scheduler, with the gpupack profile (extender + webhook) and with plain
+kube-scheduler, on the same fake nodes.
+
+    python bench/e2e_throughput.py [--nodes 500] [--pods 1000] [--format json|table]
+
+The stack is tests/e2e/controlplane.py (etcd, kube-apiserver, kube-scheduler built from
+their modules, gpupack serve/webhook). Nodes: a third H100 in MIG mixed strategy (28 x
+1g.10gb slices), a third L40S time-sliced (16 shares), a third whole H100 (8 GPUs).
+Pods: a mix of 1g.10gb, time-sliced and single whole-GPU pods, with the concrete resource
+already set (as the webhook leaves them) so both schedulers see the same pods; each
+profile's pods are created by 8 client threads, then deleted before the next profile.
+
+Create-to-bound latency is measured on this side: from the moment the create call
+returned to the moment a watch on pods saw ``spec.nodeName`` (the API server's timestamps
+have one-second resolution). pods/s = pods / (last bound - first create sent).
+Everything shares this machine's cores: the figures are for the whole stack on it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests" / "e2e"))
+
+import cluster  # noqa: E402
+import controlplane  # noqa: E402
+
+PODS_NS = "bench"
+
+
+def node_specs(n: int) -> list[cluster.NodeSpec]:
+    out = []
+    for i in range(n):
+        kind = i % 3
+        if kind == 0:
+            out.append(cluster.h100_mig(f"mig-{i}", "bench", {"1g.10gb": 28}))
+        elif kind == 1:
+            out.append(cluster.l40s_shared(f"l40s-{i}", "bench"))
+        else:
+            out.append(cluster.h100_whole(f"whole-{i}", "bench",
+                                          clique=f"clique-{i // 48}"))
+    return out
+
+
+def pod_specs(n: int, scheduler: str, prefix: str) -> list[dict[str, Any]]:
+    shapes = [{"nvidia.com/mig-1g.10gb": "1"}, {"nvidia.com/gpu.shared": "1"},
+              {"nvidia.com/gpu": "1"}]
+    return [cluster.pod(f"{prefix}-{i}", pool="bench", scheduler=scheduler,
+                        limits=shapes[i % 3], cpu="100m", memory="256Mi")
+            for i in range(n)]
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    return s[min(len(s) - 1, round(q * (len(s) - 1)))]
+
+
+def run_profile(admin: Any, core: Any, scheduler: str, n_pods: int, timeout_s: float
+                ) -> dict[str, float]:
+    from kubernetes import watch
+
+    prefix = "gp" if scheduler == controlplane.SCHEDULER_NAME else "pl"
+    pods = pod_specs(n_pods, scheduler, prefix)
+    created: dict[str, float] = {}
+    bound_at: dict[str, float] = {}
+    done = threading.Event()
+    w = watch.Watch()
+
+    def watcher() -> None:
+        for ev in w.stream(core.list_namespaced_pod, PODS_NS, timeout_seconds=int(timeout_s)):
+            obj = ev["object"]
+            name = obj.metadata.name
+            if obj.spec.node_name and name not in bound_at and name.startswith(prefix):
+                bound_at[name] = time.monotonic()
+                if len(bound_at) >= n_pods:
+                    done.set()
+                    w.stop()
+                    return
+
+    t = threading.Thread(target=watcher, daemon=True)
+    t.start()
+    time.sleep(0.5)  # the watch is open before the first create
+
+    def create(p: dict[str, Any]) -> None:
+        core.create_namespaced_pod(PODS_NS, p)
+        created[p["metadata"]["name"]] = time.monotonic()
+
+    start = time.monotonic()
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        list(pool.map(create, pods))
+    done.wait(timeout_s)
+    w.stop()
+    latencies = [(bound_at[k] - created[k]) * 1000 for k in bound_at if k in created]
+    last = max(bound_at.values()) if bound_at else start
+    out = {"pods": float(n_pods), "bound": float(len(bound_at)),
+           "pods_per_s": len(bound_at) / max(last - start, 1e-9),
+           "p50_ms": percentile(latencies, 0.5), "p99_ms": percentile(latencies, 0.99)}
+    cluster.force_delete_pods(core, PODS_NS)
+    cluster.wait_for(lambda: not core.list_namespaced_pod(PODS_NS).items, 300,
+                     "the pods to be gone")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--nodes", type=int, default=500)
+    p.add_argument("--pods", type=int, default=1000)
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds per profile")
+    p.add_argument("--format", choices=["table", "json"], default="table")
+    p.add_argument("--dir", type=Path, default=None, help="stack folder (default: a temp dir)")
+    args = p.parse_args(argv)
+    from kubernetes import client
+
+    base = args.dir or Path(tempfile.mkdtemp(prefix="gpupack-e2e-bench-"))
+    t0 = time.monotonic()
+    stack = controlplane.up(base, agent=False)
+    try:
+        admin = controlplane._api(stack.kubeconfig)
+        core = client.CoreV1Api(admin)
+        controlplane.ensure_namespace(admin, PODS_NS)
+        specs = node_specs(args.nodes)
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            list(pool.map(lambda s: cluster.create_nodes(core, [s]), specs))
+        setup_s = time.monotonic() - t0
+        time.sleep(5)  # the schedulers' and the extender's informers take the nodes in
+        results = {
+            "gpupack": run_profile(admin, core, controlplane.SCHEDULER_NAME, args.pods,
+                                   args.timeout),
+            "default": run_profile(admin, core, controlplane.PLAIN_SCHEDULER_NAME, args.pods,
+                                   args.timeout),
+        }
+    finally:
+        stack.down()
+    results["setup"] = {"nodes": args.nodes, "pods": args.pods, "setup_s": round(setup_s, 1),
+                        "cpus": os.cpu_count() or 0}
+    if args.format == "json":
+        print(json.dumps(results, indent=1))
+    else:
+        print(f"{args.nodes} nodes x 8 GPUs, {args.pods} pods per profile "
+              f"(setup {setup_s:.0f} s, {os.cpu_count()} CPUs)")
+        print(f"{'profile':<10} {'bound':>7} {'pods/s':>8} {'p50 ms':>9} {'p99 ms':>9}")
+        for name in ("gpupack", "default"):
+            r = results[name]
+            print(f"{name:<10} {int(r['bound']):>7} {r['pods_per_s']:>8.1f} "
+                  f"{r['p50_ms']:>9.0f} {r['p99_ms']:>9.0f}")
+        ratio = results["gpupack"]["pods_per_s"] / max(results["default"]["pods_per_s"], 1e-9)
+        print(f"gpupack / default pods/s: {ratio:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,719 @@
+"""The real control plane on loopback, for gpupack's end-to-end tests and benchmarks.
+
+``control-plane.sh up DIR`` (this module's ``main``) starts, all on 127.0.0.1:
+
+- etcd (data in ``DIR/etcd``),
+- kube-apiserver with serving certificates and service-account keys generated into
+  ``DIR/pki``, Node and RBAC authorization and the default admission plugins (which
+  include MutatingAdmissionWebhook) plus NodeRestriction,
+- the chart's (``manifests/helm/gpupack``) Namespace, ServiceAccounts, ClusterRoles,
+  Roles and bindings, applied for real, and its MutatingWebhookConfiguration with the
+  caBundle of ``manifests/tls/make-self-signed.sh`` and the Service reference replaced
+  by the webhook's loopback URL (there is no Service network here),
+- ``gpupack webhook --kubeconfig`` and ``gpupack serve --kubeconfig``, each with a token
+  of its own ServiceAccount (the one the chart gives its container), so a missing or
+  excess permission shows,
+- kube-scheduler with the chart's KubeSchedulerConfiguration (only the extender URL and
+  the client kubeconfig adjusted), as the chart's scheduler ServiceAccount,
+- a second, plain kube-scheduler (no extender) whose profile is named
+  ``plain-kube-scheduler``, for contrast runs of the same workload,
+- the node agent (``gpupack agent``, the real command) with its test doubles for NVML
+  and the kubelet's PodResources, reporting one Node, as the chart's agent ServiceAccount.
+
+No kubelet runs: tests create Node objects and set their capacity through the status
+subresource, as kube-scheduler's scheduler_perf does; pods are bound and never started.
+No kube-controller-manager runs either, so namespaces get no ``default`` ServiceAccount by
+themselves: :func:`ensure_namespace` creates it with the namespace.
+
+It writes ``DIR/kubeconfig`` (cluster admin), ``DIR/pids/<component>.pid``,
+``DIR/logs/<component>.log`` and ``DIR/state.json`` (ports and each component's command,
+so ``restart``/``start`` run exactly the same thing again). ``down`` stops exactly what
+it started, by pid.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+CHART = REPO / "manifests" / "helm" / "gpupack"
+NAMESPACE = "gpupack"  # the release namespace the chart is rendered into
+RELEASE = "gpupack"
+SCHEDULER_NAME = "gpupack"
+PLAIN_SCHEDULER_NAME = "plain-kube-scheduler"
+AGENT_NODE = "e2e-agent-node"
+# Order of start; down stops in reverse.
+COMPONENTS = ("etcd", "apiserver", "webhook", "extender", "scheduler", "plain-scheduler",
+              "node-agent")
+# Kinds of the chart applied to the API server. Workloads (Deployments, the DaemonSet),
+# Services and monitoring objects are not: their processes run here directly.
+APPLIED_KINDS = ("Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role",
+                 "RoleBinding", "ConfigMap", "MutatingWebhookConfiguration",
+                 "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
+
+# Metadata of every request made by a ServiceAccount of gpupack's namespace; nothing else.
+AUDIT_POLICY = {
+    "apiVersion": "audit.k8s.io/v1", "kind": "Policy", "omitStages": ["RequestReceived"],
+    "rules": [{"level": "Metadata", "userGroups": [f"system:serviceaccounts:{NAMESPACE}"]},
+              {"level": "None"}],
+}
+
+
+class StackError(RuntimeError):
+    """The stack could not be started or driven; the message says which component."""
+
+
+# -- small helpers ----------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run(argv: Sequence[str], **kw: Any) -> str:
+    done = subprocess.run(list(argv), capture_output=True, text=True, **kw)
+    if done.returncode != 0:
+        raise StackError(f"{' '.join(argv)} exited {done.returncode}: "
+                         f"{done.stderr.strip() or done.stdout.strip()}")
+    return done.stdout
+
+
+def build_binaries() -> Path:
+    """The folder holding etcd, kube-apiserver and kube-scheduler (built once, cached)."""
+    out = subprocess.run(["bash", str(HERE / "build.sh")], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise StackError(f"tests/e2e/build.sh exited {out.returncode}: {out.stderr[-2000:]}")
+    return Path(out.stdout.strip().splitlines()[-1])
+
+
+# -- certificates -------------------------------------------------------------------------------
+
+
+def _openssl(*args: str) -> None:
+    run(["openssl", *args])
+
+
+def make_pki(pki: Path) -> None:
+    """A CA, the API server's serving certificate, an admin client certificate
+    (system:masters), a client certificate for the plain kube-scheduler
+    (system:kube-scheduler) and the service-account signing key pair."""
+    pki.mkdir(parents=True, exist_ok=True)
+    _openssl("req", "-x509", "-new", "-nodes", "-newkey", "rsa:2048", "-sha256", "-days", "7",
+             "-keyout", str(pki / "ca.key"), "-out", str(pki / "ca.crt"),
+             "-subj", "/CN=gpupack-e2e-ca")
+
+    def sign(name: str, subj: str, ext: str) -> None:
+        _openssl("req", "-new", "-nodes", "-newkey", "rsa:2048", "-sha256",
+                 "-keyout", str(pki / f"{name}.key"), "-out", str(pki / f"{name}.csr"),
+                 "-subj", subj)
+        (pki / f"{name}.ext").write_text(ext)
+        _openssl("x509", "-req", "-sha256", "-days", "7", "-in", str(pki / f"{name}.csr"),
+                 "-CA", str(pki / "ca.crt"), "-CAkey", str(pki / "ca.key"), "-CAcreateserial",
+                 "-extfile", str(pki / f"{name}.ext"), "-out", str(pki / f"{name}.crt"))
+
+    sign("apiserver", "/CN=kube-apiserver",
+         "keyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n"
+         "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes,"
+         "DNS:kubernetes.default,DNS:kubernetes.default.svc\n")
+    client_ext = "keyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=clientAuth\n"
+    sign("admin", "/O=system:masters/CN=e2e-admin", client_ext)
+    sign("plain-scheduler", "/CN=system:kube-scheduler", client_ext)
+    _openssl("genrsa", "-out", str(pki / "sa.key"), "2048")
+    _openssl("rsa", "-in", str(pki / "sa.key"), "-pubout", "-out", str(pki / "sa.pub"))
+
+
+def write_kubeconfig(path: Path, server: str, ca: Path, *, token: str | None = None,
+                     cert: Path | None = None, key: Path | None = None) -> None:
+    user: dict[str, str] = {}
+    if token is not None:
+        user["token"] = token
+    if cert is not None and key is not None:
+        user["client-certificate"] = str(cert)
+        user["client-key"] = str(key)
+    config = {
+        "apiVersion": "v1", "kind": "Config", "current-context": "e2e",
+        "clusters": [{"name": "e2e", "cluster": {"server": server,
+                                                 "certificate-authority": str(ca)}}],
+        "users": [{"name": "e2e", "user": user}],
+        "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": "e2e"}}],
+    }
+    path.write_text(yaml.safe_dump(config))
+    path.chmod(0o600)
+
+
+# -- the chart ------------------------------------------------------------------------------------
+
+
+def render_chart(ca_bundle_b64: str, extra: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """The chart's objects as ``helm template`` renders them for this stack."""
+    helm = shutil.which("helm")
+    if helm is None:
+        raise StackError("helm is not installed (tests/install-tools.sh installs it)")
+    out = run([helm, "template", RELEASE, str(CHART), "--namespace", NAMESPACE,
+               "--set", "namespace.create=true", "--set", "tls.source=secret",
+               "--set", f"tls.caBundle={ca_bundle_b64}", *extra])
+    return [d for d in yaml.safe_load_all(out) if isinstance(d, dict)]
+
+
+def _find(objs: Sequence[Mapping[str, Any]], kind: str, name: str | None = None
+          ) -> dict[str, Any]:
+    for o in objs:
+        if o.get("kind") == kind and (name is None or o["metadata"]["name"] == name):
+            return dict(o)
+    raise StackError(f"the chart renders no {kind}{' ' + name if name else ''}")
+
+
+def service_accounts(objs: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    """Which ServiceAccount each gpupack process runs as, read from the chart's workloads:
+    a container runs as its pod's account, so kube-scheduler and the extender sidecar
+    share the scheduler Deployment's."""
+    def sa_of(kind: str, component: str) -> str:
+        for o in objs:
+            labels = o.get("metadata", {}).get("labels", {})
+            if o.get("kind") == kind and labels.get("app.kubernetes.io/component") == component:
+                return str(o["spec"]["template"]["spec"]["serviceAccountName"])
+        raise StackError(f"the chart renders no {kind} for {component}")
+
+    scheduler = sa_of("Deployment", "scheduler")
+    return {"scheduler": scheduler, "extender": scheduler,
+            "webhook": sa_of("Deployment", "webhook"),
+            "node-agent": sa_of("DaemonSet", "node-agent")}
+
+
+def chart_command(objs: Sequence[Mapping[str, Any]], container: str,
+                  replace: Mapping[str, str | None]) -> list[str]:
+    """A gpupack container's command line as the chart renders it (``gpupack ...``), with
+    the options in ``replace`` given new values (None: dropped, with its value if it has
+    one). Options the chart does not give but ``replace`` names are appended."""
+    for o in objs:
+        if o.get("kind") not in ("Deployment", "DaemonSet"):
+            continue
+        for c in o["spec"]["template"]["spec"]["containers"]:
+            if c["name"] == container:
+                argv = list(c["command"]) + list(c.get("args") or [])
+                break
+        else:
+            continue
+        break
+    else:
+        raise StackError(f"the chart renders no container {container!r}")
+    if argv[0] != "gpupack":
+        raise StackError(f"container {container!r} does not run gpupack: {argv}")
+    out: list[str] = []
+    seen: set[str] = set()
+    i = 1
+    while i < len(argv):
+        arg = argv[i]
+        has_value = i + 1 < len(argv) and not argv[i + 1].startswith("--")
+        if arg in replace:
+            seen.add(arg)
+            value = replace[arg]
+            if value is not None:
+                out += [arg, value] if has_value else [arg]
+            i += 2 if has_value else 1
+            continue
+        out.append(arg)
+        i += 1
+    for arg, value in replace.items():
+        if arg not in seen and value is not None:
+            out += [arg] if value == "" else [arg, value]
+    return _gpupack(*out)
+
+
+def scheduler_config(objs: Sequence[Mapping[str, Any]], extender_port: int,
+                     kubeconfig: Path) -> dict[str, Any]:
+    """The chart's KubeSchedulerConfiguration with only the extender URL and the client
+    kubeconfig adjusted."""
+    for o in objs:
+        if o.get("kind") == "ConfigMap" and "scheduler-config.yaml" in o.get("data", {}):
+            config = yaml.safe_load(o["data"]["scheduler-config.yaml"])
+            break
+    else:
+        raise StackError("the chart renders no ConfigMap with scheduler-config.yaml")
+    for ext in config.get("extenders", []):
+        ext["urlPrefix"] = f"http://127.0.0.1:{extender_port}"
+    config.setdefault("clientConnection", {})["kubeconfig"] = str(kubeconfig)
+    return dict(config)
+
+
+def plain_scheduler_config(kubeconfig: Path) -> dict[str, Any]:
+    """Plain kube-scheduler (default plugins, no extender) under another profile name, so
+    that the webhook, which turns the default scheduler's GPU pods into gpupack's, leaves
+    its pods alone."""
+    return {"apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration",
+            "clientConnection": {"kubeconfig": str(kubeconfig)},
+            "leaderElection": {"leaderElect": True, "resourceLock": "leases",
+                               "resourceNamespace": "kube-system",
+                               "resourceName": PLAIN_SCHEDULER_NAME},
+            "profiles": [{"schedulerName": PLAIN_SCHEDULER_NAME}]}
+
+
+def webhook_config_for_url(objs: Sequence[Mapping[str, Any]], url: str) -> dict[str, Any]:
+    """The chart's MutatingWebhookConfiguration, reaching the webhook by URL."""
+    config = json.loads(json.dumps(_find(objs, "MutatingWebhookConfiguration")))
+    for hook in config["webhooks"]:
+        cc = hook["clientConfig"]
+        path = cc.pop("service")["path"]
+        cc["url"] = url + path
+    return dict(config)
+
+
+# -- process control ---------------------------------------------------------------------------
+
+
+@dataclass
+class Stack:
+    """A running (or stopped) stack in ``dir``; all state lives in ``dir/state.json``."""
+
+    dir: Path
+
+    @property
+    def state_file(self) -> Path:
+        return self.dir / "state.json"
+
+    def state(self) -> dict[str, Any]:
+        return dict(json.loads(self.state_file.read_text()))
+
+    def save(self, state: Mapping[str, Any]) -> None:
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, indent=1))
+        tmp.replace(self.state_file)
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.dir / "kubeconfig"
+
+    def pid_file(self, component: str) -> Path:
+        return self.dir / "pids" / f"{component}.pid"
+
+    def log_file(self, component: str) -> Path:
+        return self.dir / "logs" / f"{component}.log"
+
+    def pid(self, component: str) -> int | None:
+        try:
+            return int(self.pid_file(component).read_text().strip())
+        except (OSError, ValueError):
+            return None
+
+    def alive(self, component: str) -> bool:
+        pid = self.pid(component)
+        if pid is None:
+            return False
+        try:
+            os.kill(pid, 0)
+        except OSError:
+            return False
+        # A zombie (exited, not reaped by a parent that is us) counts as dead.
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            return stat.rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            return False
+
+    def start(self, component: str) -> None:
+        """Start ``component`` with its saved command and wait until it is ready."""
+        spec = self.state()["components"][component]
+        if self.alive(component):
+            raise StackError(f"{component} is already running (pid {self.pid(component)})")
+        self.dir.joinpath("pids").mkdir(exist_ok=True)
+        self.dir.joinpath("logs").mkdir(exist_ok=True)
+        env = {**os.environ, **spec.get("env", {})}
+        argv = list(spec["argv"])
+        if spec.get("restart") == "always":
+            # As the kubelet restarts a pod's container (restartPolicy Always): e.g.
+            # kube-scheduler exits when it loses its lease during an API server outage.
+            # The loop shares the process group, so stop/kill end it with the component.
+            argv = ["bash", "-c", 'while :; do "$@"; echo "--- exited with $?; restarting '
+                    'in 1 s"; sleep 1; done', "supervise", *argv]
+        with open(self.log_file(component), "ab") as log:
+            log.write(f"--- start {time.strftime('%H:%M:%S')}: {' '.join(spec['argv'])}\n"
+                      .encode())
+            log.flush()
+            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, env=env, cwd=spec.get("cwd"),
+                                    start_new_session=True)
+        self.pid_file(component).write_text(f"{proc.pid}\n")
+        started = time.time()
+        self.wait_ready(component, proc)
+        state = self.state()
+        state["components"][component].setdefault("history", []).append([started, time.time()])
+        self.save(state)
+
+    def starts(self, component: str) -> list[tuple[float, float]]:
+        """(started, ready) wall-clock times of each start of ``component``."""
+        spec = self.state()["components"].get(component, {})
+        return [(float(a), float(b)) for a, b in spec.get("history", [])]
+
+    def wait_ready(self, component: str, proc: subprocess.Popen[bytes] | None = None,
+                   timeout_s: float = 120.0) -> None:
+        spec = self.state()["components"][component]
+        ready = spec.get("ready")
+        end = time.monotonic() + timeout_s
+        last = ""
+        while time.monotonic() < end:
+            if proc is not None and proc.poll() is not None:
+                raise StackError(f"{component} exited with {proc.returncode} before it was "
+                                 f"ready; log:\n{self.log_tail(component)}")
+            if ready is None:
+                return
+            try:
+                ctx = self._client_context(ready.get("client_cert", False))
+                with urllib.request.urlopen(ready["url"], timeout=2, context=ctx) as resp:
+                    if resp.status == 200:
+                        return
+            except (urllib.error.URLError, OSError, ssl.SSLError) as e:
+                last = str(e)
+            time.sleep(0.2)
+        raise StackError(f"{component} not ready within {timeout_s:.0f}s ({ready}): {last}; "
+                         f"log:\n{self.log_tail(component)}")
+
+    def _client_context(self, client_cert: bool) -> ssl.SSLContext:
+        pki = self.dir / "pki"
+        ctx = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+        ctx.check_hostname = False
+        if client_cert:
+            ctx.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
+        else:
+            # kube-scheduler serves a self-signed certificate of its own making.
+            ctx.verify_mode = ssl.CERT_NONE
+        return ctx
+
+    def stop(self, component: str, sig: int = signal.SIGTERM, timeout_s: float | None = None
+             ) -> None:
+        """Stop exactly the process group started for ``component`` (no-op if gone):
+        ``sig``, then SIGKILL after the component's grace period."""
+        pid = self.pid(component)
+        if pid is None:
+            return
+        if timeout_s is None:
+            timeout_s = float(self.state()["components"][component].get("grace_s", 15.0))
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, sig)
+        end = time.monotonic() + timeout_s
+        while self.alive(component) and time.monotonic() < end:
+            time.sleep(0.05)
+        if self.alive(component):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+            while self.alive(component) and time.monotonic() < end + 5:
+                time.sleep(0.05)
+        self.pid_file(component).unlink(missing_ok=True)
+
+    def kill(self, component: str) -> None:
+        self.stop(component, signal.SIGKILL)
+
+    def restart(self, component: str) -> None:
+        self.stop(component)
+        self.start(component)
+
+    def down(self) -> None:
+        for component in reversed(list(self.state()["components"])):
+            self.stop(component)
+
+    def log_tail(self, component: str, lines: int = 40) -> str:
+        try:
+            text = self.log_file(component).read_text(errors="replace").splitlines()
+        except OSError:
+            return "(no log)"
+        return "\n".join(text[-lines:])
+
+    def logs(self) -> Iterator[tuple[str, str]]:
+        for component in self.state()["components"]:
+            with contextlib.suppress(OSError):
+                yield component, self.log_file(component).read_text(errors="replace")
+
+
+# -- bring-up -----------------------------------------------------------------------------------
+
+
+def _api(kubeconfig: Path) -> Any:
+    from kubernetes import config
+
+    return config.new_client_from_config(config_file=str(kubeconfig))
+
+
+def apply_objects(api_client: Any, objs: Sequence[Mapping[str, Any]]) -> None:
+    from kubernetes import utils
+    from kubernetes.client.rest import ApiException
+
+    for obj in objs:
+        try:
+            utils.create_from_dict(api_client, dict(obj))
+        except utils.FailToCreateError as e:
+            # Already there (a restart of the bootstrap) is fine; anything else is not.
+            for exc in e.api_exceptions:
+                if not (isinstance(exc, ApiException) and exc.status == 409):
+                    raise StackError(f"creating {obj['kind']} {obj['metadata']['name']}: "
+                                     f"{exc}") from None
+
+
+def ensure_namespace(api_client: Any, name: str, labels: Mapping[str, str] | None = None
+                     ) -> None:
+    """A namespace and its ``default`` ServiceAccount (no controller-manager makes it)."""
+    apply_objects(api_client, [
+        {"apiVersion": "v1", "kind": "Namespace",
+         "metadata": {"name": name, "labels": dict(labels or {})}},
+        {"apiVersion": "v1", "kind": "ServiceAccount",
+         "metadata": {"name": "default", "namespace": name}},
+    ])
+
+
+def service_account_token(api_client: Any, namespace: str, name: str) -> str:
+    from kubernetes import client
+
+    body = client.AuthenticationV1TokenRequest(
+        spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=48 * 3600))
+    out = client.CoreV1Api(api_client).create_namespaced_service_account_token(
+        name, namespace, body)
+    return str(out.status.token)
+
+
+def _gpupack(*args: str) -> list[str]:
+    return [sys.executable, "-m", "gpupack", *args]
+
+
+# gpupack's processes run the code of the tree these tests come from (also when another
+# checkout is pip-installed in editable mode).
+GPUPACK_ENV = {"PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+
+
+def up(dir_: Path, *, extender_args: Sequence[str] = (), plain: bool = True,
+       agent: bool = True) -> Stack:
+    """Start everything and wait until every component is ready."""
+    dir_ = dir_.resolve()
+    stack = Stack(dir_)
+    if stack.state_file.exists() and any(stack.alive(c) for c in stack.state()["components"]):
+        raise StackError(f"{dir_} already holds a running stack: run down first")
+    for sub in ("pids", "logs", "pki", "kubeconfigs", "config"):
+        (dir_ / sub).mkdir(parents=True, exist_ok=True)
+    bins = build_binaries()
+    pki = dir_ / "pki"
+    make_pki(pki)
+    ports = {name: free_port() for name in ("etcd", "etcd_peer", "apiserver", "webhook",
+                                            "extender", "extender_metrics", "scheduler",
+                                            "plain_scheduler")}
+    server = f"https://127.0.0.1:{ports['apiserver']}"
+    write_kubeconfig(stack.kubeconfig, server, pki / "ca.crt", cert=pki / "admin.crt",
+                     key=pki / "admin.key")
+    components: dict[str, dict[str, Any]] = {}
+    state: dict[str, Any] = {"ports": ports, "server": server, "bin": str(bins),
+                             "components": components, "namespace": NAMESPACE}
+    audit_policy = dir_ / "config" / "audit-policy.yaml"
+    audit_policy.write_text(yaml.safe_dump(AUDIT_POLICY))
+    etcd_url = f"http://127.0.0.1:{ports['etcd']}"
+    peer_url = f"http://127.0.0.1:{ports['etcd_peer']}"
+    components["etcd"] = {
+        "argv": [str(bins / "etcd"), "--name", "e2e", "--data-dir", str(dir_ / "etcd"),
+                 "--listen-client-urls", etcd_url, "--advertise-client-urls", etcd_url,
+                 "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
+                 "--initial-cluster", f"e2e={peer_url}", "--log-level", "warn",
+                 # Test data only: fsync would make every write wait for the disk.
+                 "--unsafe-no-fsync"],
+        "ready": {"url": f"{etcd_url}/health"}}
+    components["apiserver"] = {
+        "argv": [str(bins / "kube-apiserver"),
+                 f"--etcd-servers={etcd_url}", "--bind-address=127.0.0.1",
+                 "--advertise-address=127.0.0.1", f"--secure-port={ports['apiserver']}",
+                 f"--tls-cert-file={pki / 'apiserver.crt'}",
+                 f"--tls-private-key-file={pki / 'apiserver.key'}",
+                 f"--client-ca-file={pki / 'ca.crt'}",
+                 # The front-proxy CA that kube-scheduler's delegated authentication
+                 # reads from kube-system/extension-apiserver-authentication.
+                 f"--requestheader-client-ca-file={pki / 'ca.crt'}",
+                 "--requestheader-allowed-names=front-proxy-client",
+                 "--requestheader-username-headers=X-Remote-User",
+                 "--requestheader-group-headers=X-Remote-Group",
+                 "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                 f"--service-account-key-file={pki / 'sa.pub'}",
+                 f"--service-account-signing-key-file={pki / 'sa.key'}",
+                 "--service-cluster-ip-range=10.96.0.0/16",
+                 "--authorization-mode=Node,RBAC",
+                 # The default admission plugins (MutatingAdmissionWebhook among them),
+                 # plus NodeRestriction as a real cluster has.
+                 "--enable-admission-plugins=NodeRestriction",
+                 # No Service network: the "kubernetes" Service's endpoints would be a
+                 # loopback address, which the API refuses.
+                 "--endpoint-reconciler-type=none",
+                 f"--cert-dir={pki / 'apiserver-generated'}", "--profiling=false",
+                 # Every request of gpupack's ServiceAccounts, for the RBAC tests: what
+                 # each one did, and whether anything was refused.
+                 f"--audit-policy-file={audit_policy}",
+                 f"--audit-log-path={dir_ / 'logs' / 'audit.log'}",
+                 "--audit-log-format=json", "--audit-log-maxsize=0",
+                 "--v=1"],
+        "ready": {"url": f"{server}/readyz", "client_cert": True},
+        # It stops listening at once on SIGTERM but lingers in shutdown for long; all
+        # its state is in etcd, so a short grace keeps "restart" an outage of seconds.
+        "grace_s": 3}
+    stack.save(state)
+    stack.start("etcd")
+    stack.start("apiserver")
+    # start() recorded each start's times in the saved state: carry on from it.
+    state = stack.state()
+    components = state["components"]
+
+    admin = _api(stack.kubeconfig)
+    # TLS for the webhook from the project's own script; the API server calls it by URL.
+    tls_dir = dir_ / "webhook-tls"
+    run(["bash", str(REPO / "manifests" / "tls" / "make-self-signed.sh"), str(tls_dir),
+         NAMESPACE, f"{RELEASE}-webhook", "7"], env={**os.environ, "EXTRA_SANS": "IP:127.0.0.1"})
+    ca_b64 = base64.b64encode((tls_dir / "ca.crt").read_bytes()).decode()
+    objs = render_chart(ca_b64)
+    applied = [o for o in objs if o.get("kind") in APPLIED_KINDS
+               and o.get("kind") != "MutatingWebhookConfiguration"]
+    apply_objects(admin, sorted(applied, key=lambda o: o["kind"] != "Namespace"))
+    ensure_namespace(admin, NAMESPACE)
+    accounts = service_accounts(objs)
+    kubeconfigs: dict[str, Path] = {}
+    for component, account in accounts.items():
+        path = dir_ / "kubeconfigs" / component
+        write_kubeconfig(path, server, pki / "ca.crt",
+                         token=service_account_token(admin, NAMESPACE, account))
+        kubeconfigs[component] = path
+    state["service_accounts"] = accounts
+    plain_kc = dir_ / "kubeconfigs" / "plain-scheduler"
+    write_kubeconfig(plain_kc, server, pki / "ca.crt", cert=pki / "plain-scheduler.crt",
+                     key=pki / "plain-scheduler.key")
+
+    webhook_url = f"https://127.0.0.1:{ports['webhook']}"
+    components["webhook"] = {
+        "argv": chart_command(objs, "webhook", {
+            "--in-cluster": None, "--kubeconfig": str(kubeconfigs["webhook"]),
+            "--host": "127.0.0.1", "--port": str(ports["webhook"]),
+            "--tls-cert": str(tls_dir / "tls.crt"), "--tls-key": str(tls_dir / "tls.key")}),
+        "cwd": str(dir_), "env": GPUPACK_ENV,
+        "ready": {"url": f"{webhook_url}/healthz"}, "restart": "always"}
+    extender_url = f"http://127.0.0.1:{ports['extender']}"
+    components["extender"] = {
+        "argv": chart_command(objs, "extender", {
+            "--in-cluster": None, "--kubeconfig": str(kubeconfigs["extender"]),
+            "--host": "127.0.0.1", "--port": str(ports["extender"]),
+            "--metrics-host": "127.0.0.1", "--metrics-port": str(ports["extender_metrics"])},
+        ) + list(extender_args),
+        "cwd": str(dir_), "env": GPUPACK_ENV,
+        "ready": {"url": f"{extender_url}/healthz"}, "restart": "always"}
+    sched_cfg = dir_ / "config" / "scheduler-config.yaml"
+    sched_cfg.write_text(yaml.safe_dump(
+        scheduler_config(objs, ports["extender"], kubeconfigs["scheduler"])))
+    components["scheduler"] = {
+        "argv": [str(bins / "kube-scheduler"), f"--config={sched_cfg}",
+                 "--bind-address=127.0.0.1", f"--secure-port={ports['scheduler']}",
+                 f"--cert-dir={dir_ / 'scheduler-certs'}",
+                 f"--authentication-kubeconfig={kubeconfigs['scheduler']}",
+                 f"--authorization-kubeconfig={kubeconfigs['scheduler']}", "--v=2"],
+        "ready": {"url": f"https://127.0.0.1:{ports['scheduler']}/healthz"}, "restart": "always"}
+    if plain:
+        plain_cfg = dir_ / "config" / "plain-scheduler-config.yaml"
+        plain_cfg.write_text(yaml.safe_dump(plain_scheduler_config(plain_kc)))
+        components["plain-scheduler"] = {
+            "argv": [str(bins / "kube-scheduler"), f"--config={plain_cfg}",
+                     "--bind-address=127.0.0.1", f"--secure-port={ports['plain_scheduler']}",
+                     f"--cert-dir={dir_ / 'plain-scheduler-certs'}",
+                     f"--authentication-kubeconfig={plain_kc}",
+                     f"--authorization-kubeconfig={plain_kc}", "--v=1"],
+            "ready": {"url": f"https://127.0.0.1:{ports['plain_scheduler']}/healthz"},
+            "restart": "always"}
+    if agent:
+        create_agent_node(admin)
+        components["node-agent"] = {
+            "argv": [sys.executable, str(HERE / "agent_double.py"), "--socket-dir",
+                     str(dir_ / "kubelet"), "--",
+                     "--node-name", AGENT_NODE, "--kubeconfig", str(kubeconfigs["node-agent"]),
+                     "--interval", "1", "--min-patch-interval", "1", "--metrics-port", "0"],
+            "cwd": str(dir_), "env": GPUPACK_ENV}
+    stack.save(state)
+    for component in ("webhook", "extender"):
+        stack.start(component)
+    # Only once the webhook answers: register it (failurePolicy then means what it says).
+    apply_objects(admin, [webhook_config_for_url(objs, webhook_url)])
+    for component in ("scheduler", "plain-scheduler", "node-agent"):
+        if component in components:
+            stack.start(component)
+    return stack
+
+
+def create_agent_node(admin: Any) -> None:
+    """The Node the agent double reports: the recorded fake's GPUs (an H100 with MIG, a
+    time-sliced L40S), tainted so that no test workload lands on it."""
+    from kubernetes import client
+
+    core = client.CoreV1Api(admin)
+    body = {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": AGENT_NODE, "labels": {
+                "kubernetes.io/hostname": AGENT_NODE,
+                "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "nvidia.com/gpu.count": "2",
+                # Its GPUs stay as they are: no slice may be promised on them.
+                "gpupack.io/mig-reconfigure": "false"}},
+            "spec": {"taints": [{"key": "gpupack.io/e2e-agent-only", "effect": "NoSchedule"}]}}
+    with contextlib.suppress(client.ApiException):
+        core.create_node(body)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="control-plane.sh",
+                                description="the real control plane on loopback for gpupack")
+    sub = p.add_subparsers(dest="verb", required=True)
+    u = sub.add_parser("up", help="start everything into DIR")
+    u.add_argument("dir", type=Path)
+    u.add_argument("--no-plain", action="store_true", help="no plain kube-scheduler")
+    u.add_argument("--no-agent", action="store_true", help="no node agent")
+    u.add_argument("--extender-arg", action="append", default=[],
+                   help="extra argument for gpupack serve (repeatable)")
+    d = sub.add_parser("down", help="stop what up started in DIR")
+    d.add_argument("dir", type=Path)
+    for verb in ("restart", "kill", "start", "stop"):
+        s = sub.add_parser(verb, help=f"{verb} one component")
+        s.add_argument("dir", type=Path)
+        s.add_argument("component", choices=COMPONENTS)
+    args = p.parse_args(argv)
+    try:
+        if args.verb == "up":
+            try:
+                stack = up(args.dir, extender_args=args.extender_arg, plain=not args.no_plain,
+                           agent=not args.no_agent)
+            except BaseException:
+                # Leave nothing running behind a failed start.
+                if Stack(args.dir.resolve()).state_file.exists():
+                    Stack(args.dir.resolve()).down()
+                raise
+            print(f"up: kubeconfig {stack.kubeconfig}")
+            return 0
+        stack = Stack(args.dir.resolve())
+        if not stack.state_file.exists():
+            print(f"control-plane.sh: {args.dir}: no stack here (no state.json)", file=sys.stderr)
+            return 2
+        if args.verb == "down":
+            stack.down()
+        else:
+            getattr(stack, args.verb)(args.component)
+        return 0
+    except StackError as e:
+        print(f"control-plane.sh: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
