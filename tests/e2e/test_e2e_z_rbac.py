@@ -2,7 +2,7 @@
 gpupack's ServiceAccounts made during the session. This module's name sorts last on
 purpose: it reads what the other end-to-end tests exercised.
 
-- Nothing gpupack did was refused (no 403 in the audit log, none in its logs).
+- Nothing gpupack did was refused (no 403 in the audit log).
 - Every permission the chart's own Roles and ClusterRoles grant was used by some test
   (kube-scheduler's built-in roles, which the chart only binds, are its business).
 - The node agent's Node patch went through with its own token.
@@ -11,16 +11,13 @@ purpose: it reads what the other end-to-end tests exercised.
 from __future__ import annotations
 
 import json
-import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from cluster import wait_for
 from controlplane import AGENT_NODE, NAMESPACE, Stack, render_chart
-
-GPUPACK_COMPONENTS = ("webhook", "extender", "node-agent")
 
 
 def audit_events(stack: Stack) -> list[dict[str, Any]]:
@@ -84,24 +81,16 @@ def _audit_time(e: Mapping[str, Any]) -> float:
     return datetime.fromisoformat(e["stageTimestamp"].replace("Z", "+00:00")).timestamp()
 
 
-def _log_time(line: str) -> float | None:
-    m = re.match(r"\[?(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)", line)
-    if m is None:
-        return None
-    return datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S").replace(
-        tzinfo=UTC).timestamp()
-
-
 def test_nothing_refused(stack: Stack) -> None:
+    """The audit log holds every answer the API server gave gpupack's accounts, so it is
+    the record of refusals (gpupack's own logs also say 403 when the webhook denies a pod,
+    which is not a permission problem)."""
+    events = audit_events(stack)
+    assert any(e["user"]["username"].endswith(":gpupack-webhook") for e in events)
     refused = [(e["user"]["username"], e["verb"], e.get("objectRef"))
-               for e in audit_events(stack) if e.get("responseStatus", {}).get("code") == 403
+               for e in events if e.get("responseStatus", {}).get("code") == 403
                and not _restarting(stack, _audit_time(e))]
     assert refused == []
-    for component in GPUPACK_COMPONENTS:
-        text = stack.log_file(component).read_text(errors="replace")
-        lines = [ln for ln in text.splitlines() if ("403" in ln or "orbidden" in ln)
-                 and not _restarting(stack, _log_time(ln) or 0.0)]
-        assert lines == [], f"{component}: {lines[:5]}"
 
 
 def test_every_grant_is_exercised(stack: Stack) -> None:
