@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
 
     base = args.dir or Path(tempfile.mkdtemp(prefix="gpupack-e2e-bench-"))
     t0 = time.monotonic()
-    stack = controlplane.up(base, agent=False)
+    stack = controlplane.up(base, agent=False, standby=False)
     try:
         admin = controlplane._api(stack.kubeconfig)
         core = client.CoreV1Api(admin)

@@ -8,7 +8,8 @@
 #   control-plane.sh kill DIR COMPONENT      SIGKILL one component
 #   control-plane.sh start|stop DIR COMPONENT
 #
-# COMPONENT: etcd apiserver webhook extender scheduler plain-scheduler node-agent.
+# COMPONENT: etcd apiserver webhook extender scheduler extender-b scheduler-b
+# plain-scheduler node-agent (the -b pair is the standby replica).
 # Logs in DIR/logs/, pids in DIR/pids/. See controlplane.py and docs/e2e.md.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"

@@ -63,8 +63,8 @@ SCHEDULER_NAME = "gpupack"
 PLAIN_SCHEDULER_NAME = "plain-kube-scheduler"
 AGENT_NODE = "e2e-agent-node"
 # Order of start; down stops in reverse.
-COMPONENTS = ("etcd", "apiserver", "webhook", "extender", "scheduler", "plain-scheduler",
-              "node-agent")
+COMPONENTS = ("etcd", "apiserver", "webhook", "extender", "scheduler", "extender-b",
+              "scheduler-b", "plain-scheduler", "node-agent")
 # Kinds of the chart applied to the API server. Workloads (Deployments, the DaemonSet),
 # Services and monitoring objects are not: their processes run here directly.
 APPLIED_KINDS = ("Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role",
@@ -500,7 +500,7 @@ GPUPACK_ENV = {"PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
 
 
 def up(dir_: Path, *, extender_args: Sequence[str] = (), plain: bool = True,
-       agent: bool = True) -> Stack:
+       agent: bool = True, standby: bool = True) -> Stack:
     """Start everything and wait until every component is ready."""
     dir_ = dir_.resolve()
     stack = Stack(dir_)
@@ -512,7 +512,6 @@ def up(dir_: Path, *, extender_args: Sequence[str] = (), plain: bool = True,
     pki = dir_ / "pki"
     make_pki(pki)
     ports = {name: free_port() for name in ("etcd", "etcd_peer", "apiserver", "webhook",
-                                            "extender", "extender_metrics", "scheduler",
                                             "plain_scheduler")}
     server = f"https://127.0.0.1:{ports['apiserver']}"
     write_kubeconfig(stack.kubeconfig, server, pki / "ca.crt", cert=pki / "admin.crt",
@@ -606,25 +605,15 @@ def up(dir_: Path, *, extender_args: Sequence[str] = (), plain: bool = True,
             "--tls-cert": str(tls_dir / "tls.crt"), "--tls-key": str(tls_dir / "tls.key")}),
         "cwd": str(dir_), "env": GPUPACK_ENV,
         "ready": {"url": f"{webhook_url}/healthz"}, "restart": "always"}
-    extender_url = f"http://127.0.0.1:{ports['extender']}"
-    components["extender"] = {
-        "argv": chart_command(objs, "extender", {
-            "--in-cluster": None, "--kubeconfig": str(kubeconfigs["extender"]),
-            "--host": "127.0.0.1", "--port": str(ports["extender"]),
-            "--metrics-host": "127.0.0.1", "--metrics-port": str(ports["extender_metrics"])},
-        ) + list(extender_args),
-        "cwd": str(dir_), "env": GPUPACK_ENV,
-        "ready": {"url": f"{extender_url}/healthz"}, "restart": "always"}
-    sched_cfg = dir_ / "config" / "scheduler-config.yaml"
-    sched_cfg.write_text(yaml.safe_dump(
-        scheduler_config(objs, ports["extender"], kubeconfigs["scheduler"])))
-    components["scheduler"] = {
-        "argv": [str(bins / "kube-scheduler"), f"--config={sched_cfg}",
-                 "--bind-address=127.0.0.1", f"--secure-port={ports['scheduler']}",
-                 f"--cert-dir={dir_ / 'scheduler-certs'}",
-                 f"--authentication-kubeconfig={kubeconfigs['scheduler']}",
-                 f"--authorization-kubeconfig={kubeconfigs['scheduler']}", "--v=2"],
-        "ready": {"url": f"https://127.0.0.1:{ports['scheduler']}/healthz"}, "restart": "always"}
+    # The chart's scheduler Deployment runs 2 replicas, each kube-scheduler with its
+    # extender sidecar; replica "b" is the standby, told apart by its host name (each
+    # replica is a pod with a host name of its own: kube-scheduler's lease identity is
+    # <hostname>_<uuid>, and the extender follows the lease by that host name).
+    replicas = ("", "-b") if standby and os.geteuid() == 0 and shutil.which("unshare") else ("",)
+    state["replicas"] = list(replicas)
+    for suffix in replicas:
+        components.update(scheduler_pair(objs, bins, dir_, kubeconfigs, ports, suffix,
+                                         extender_args))
     if plain:
         plain_cfg = dir_ / "config" / "plain-scheduler-config.yaml"
         plain_cfg.write_text(yaml.safe_dump(plain_scheduler_config(plain_kc)))
@@ -645,14 +634,62 @@ def up(dir_: Path, *, extender_args: Sequence[str] = (), plain: bool = True,
                      "--interval", "1", "--min-patch-interval", "1", "--metrics-port", "0"],
             "cwd": str(dir_), "env": GPUPACK_ENV}
     stack.save(state)
-    for component in ("webhook", "extender"):
-        stack.start(component)
+    stack.start("webhook")
+    for suffix in replicas:
+        stack.start(f"extender{suffix}")
     # Only once the webhook answers: register it (failurePolicy then means what it says).
     apply_objects(admin, [webhook_config_for_url(objs, webhook_url)])
-    for component in ("scheduler", "plain-scheduler", "node-agent"):
+    # Replica "a" first, so that it takes the lease and "b" starts as the standby.
+    for component in ("scheduler", "scheduler-b", "plain-scheduler", "node-agent"):
         if component in components:
             stack.start(component)
     return stack
+
+
+STANDBY_HOSTNAME = "gpupack-scheduler-b"
+
+
+def scheduler_pair(objs: Sequence[Mapping[str, Any]], bins: Path, dir_: Path,
+                   kubeconfigs: Mapping[str, Path], ports: Mapping[str, int], suffix: str,
+                   extender_args: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """kube-scheduler and its extender sidecar, as one replica of the chart's scheduler
+    Deployment. ``suffix`` "" is the host's replica; "-b" runs under a host name of its
+    own (a UTS namespace: root only)."""
+    ext_port, metrics_port, sched_port = free_port(), free_port(), free_port()
+    extender_url = f"http://127.0.0.1:{ext_port}"
+    identity = [] if not suffix else ["--leader-identity", STANDBY_HOSTNAME]
+    extender = {
+        "argv": chart_command(objs, "extender", {
+            "--in-cluster": None, "--kubeconfig": str(kubeconfigs["extender"]),
+            "--host": "127.0.0.1", "--port": str(ext_port),
+            "--metrics-host": "127.0.0.1", "--metrics-port": str(metrics_port)},
+        ) + identity + list(extender_args),
+        "cwd": str(dir_), "env": GPUPACK_ENV, "url": extender_url,
+        "ready": {"url": f"{extender_url}/healthz"}, "restart": "always"}
+    sched_cfg = dir_ / "config" / f"scheduler{suffix}-config.yaml"
+    sched_cfg.write_text(yaml.safe_dump(
+        scheduler_config(objs, ext_port, kubeconfigs["scheduler"])))
+    argv = [str(bins / "kube-scheduler"), f"--config={sched_cfg}",
+            "--bind-address=127.0.0.1", f"--secure-port={sched_port}",
+            f"--cert-dir={dir_ / f'scheduler{suffix}-certs'}",
+            f"--authentication-kubeconfig={kubeconfigs['scheduler']}",
+            f"--authorization-kubeconfig={kubeconfigs['scheduler']}", "--v=2"]
+    if suffix:
+        argv = ["unshare", "--uts", "sh", "-c", f'hostname {STANDBY_HOSTNAME} && exec "$@"',
+                "kube-scheduler", *argv]
+    scheduler = {"argv": argv, "restart": "always",
+                 "ready": {"url": f"https://127.0.0.1:{sched_port}/healthz"}}
+    return {f"extender{suffix}": extender, f"scheduler{suffix}": scheduler}
+
+
+def active_replica(stack: Stack, api_client: Any) -> str:
+    """"" or "-b": the replica whose kube-scheduler holds the chart's scheduler Lease."""
+    from kubernetes import client
+
+    lease = client.CoordinationV1Api(api_client).read_namespaced_lease(
+        f"{RELEASE}-scheduler", NAMESPACE)
+    holder = (lease.spec.holder_identity or "").rsplit("_", 1)[0]
+    return "-b" if holder == STANDBY_HOSTNAME else ""
 
 
 def create_agent_node(admin: Any) -> None:
@@ -680,6 +717,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     u.add_argument("dir", type=Path)
     u.add_argument("--no-plain", action="store_true", help="no plain kube-scheduler")
     u.add_argument("--no-agent", action="store_true", help="no node agent")
+    u.add_argument("--no-standby", action="store_true",
+                   help="one kube-scheduler + extender replica (default: two)")
     u.add_argument("--extender-arg", action="append", default=[],
                    help="extra argument for gpupack serve (repeatable)")
     d = sub.add_parser("down", help="stop what up started in DIR")
@@ -693,7 +732,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.verb == "up":
             try:
                 stack = up(args.dir, extender_args=args.extender_arg, plain=not args.no_plain,
-                           agent=not args.no_agent)
+                           agent=not args.no_agent, standby=not args.no_standby)
             except BaseException:
                 # Leave nothing running behind a failed start.
                 if Stack(args.dir.resolve()).state_file.exists():

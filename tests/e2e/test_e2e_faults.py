@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from cluster import (
     GPU,
     bound,
@@ -25,7 +26,7 @@ from cluster import (
     wait_for,
 )
 from conftest import Space
-from controlplane import Stack
+from controlplane import Stack, active_replica
 
 
 def _all_bound(core: Any, ns: str, n: int) -> Any:
@@ -40,7 +41,7 @@ def wait_all_bound(core: Any, ns: str, n: int, timeout_s: float, what: str) -> A
         raise AssertionError(f"{e}\n{pending_report(core, ns)}") from None
 
 
-def test_extender_killed_after_a_leader_is_bound(space: Space, core: Any,
+def test_extender_killed_after_a_leader_is_bound(space: Space, core: Any, admin: Any,
                                                  stack: Stack) -> None:
     ns = space.namespace()
     p = space.name
@@ -50,12 +51,13 @@ def test_extender_killed_after_a_leader_is_bound(space: Space, core: Any,
     leader = lws_member("llm", 0, 2, 8, p)
     create_pods(core, ns, [leader])
     where = wait_for(lambda: bound(pods_in(core, ns)).get("llm-0"), 60, "the leader's bind")
-    stack.kill("extender")
+    extender = "extender" + active_replica(stack, admin)
+    stack.kill(extender)
     # While the extender is down: the worker and whole-GPU fillers that could take its
     # room arrive; kube-scheduler cannot place them (the extender is not ignorable).
     fillers = [pod(f"filler-{i}", pool=p, limits={GPU: "4"}) for i in range(4)]
     create_pods(core, ns, [lws_member("llm", 1, 2, 8, p), *fillers])
-    stack.start("extender")
+    stack.start(extender)
     pods = wait_all_bound(core, ns, 6, 120, "every pod bound after the restart")
     group = group_outcomes(core, pods)["llm"]
     assert group.one_clique, f"leader on {where}, group on {group.nodes} ({group.cliques})"
@@ -76,6 +78,8 @@ def _batch(pool: str) -> list[dict[str, Any]]:
 
 
 def _restart_mid_batch(space: Space, core: Any, stack: Stack, component: str) -> None:
+    """Restart ``component`` once a third of a 36-pod batch is bound, then create the
+    rest."""
     ns = space.namespace()
     p = space.name
     space.nodes += create_nodes(core, [
@@ -96,9 +100,43 @@ def _restart_mid_batch(space: Space, core: Any, stack: Stack, component: str) ->
     assert double_bookings(pods) == []
 
 
-def test_scheduler_restarted_mid_batch(space: Space, core: Any, stack: Stack) -> None:
-    _restart_mid_batch(space, core, stack, "scheduler")
+def test_scheduler_restarted_mid_batch(space: Space, core: Any, admin: Any,
+                                       stack: Stack) -> None:
+    _restart_mid_batch(space, core, stack, "scheduler" + active_replica(stack, admin))
 
 
 def test_apiserver_restarted_mid_batch(space: Space, core: Any, stack: Stack) -> None:
     _restart_mid_batch(space, core, stack, "apiserver")
+
+
+def test_failover_mid_group(space: Space, core: Any, admin: Any, stack: Stack) -> None:
+    """Two replicas of kube-scheduler + extender (the chart's default). The active pair is
+    SIGKILLed just after a group's leader is bound; the standby takes kube-scheduler's
+    Lease, its extender becomes the one writer, and the group completes in the leader's
+    domain with nothing else in the worker's room."""
+    if "-b" not in stack.state().get("replicas", []):
+        pytest.skip("the standby replica needs root and unshare(1) for a host name of its own")
+    ns = space.namespace()
+    p = space.name
+    space.nodes += create_nodes(core, [
+        *[h100_whole(f"{p}-a-{i}", p, clique=f"{p}-a") for i in range(2)],
+        *[h100_whole(f"{p}-b-{i}", p, clique=f"{p}-b") for i in range(3)]])
+    create_pods(core, ns, [lws_member("llm", 0, 2, 8, p)])
+    where = wait_for(lambda: bound(pods_in(core, ns)).get("llm-0"), 60, "the leader's bind")
+    active = active_replica(stack, admin)
+    standby = "-b" if active == "" else ""
+    stack.kill("scheduler" + active)
+    stack.kill("extender" + active)
+    fillers = [pod(f"filler-{i}", pool=p, limits={GPU: "4"}) for i in range(4)]
+    create_pods(core, ns, [lws_member("llm", 1, 2, 8, p), *fillers])
+    try:
+        # kube-scheduler's lease lasts 15 s; the standby takes it after that.
+        wait_for(lambda: active_replica(stack, admin) == standby, 60, "the standby's lease")
+        pods = wait_all_bound(core, ns, 6, 120, "every pod bound after the failover")
+    finally:
+        stack.start("extender" + active)
+        stack.start("scheduler" + active)
+    group = group_outcomes(core, pods)["llm"]
+    assert group.one_clique, f"leader on {where}, group on {group.nodes} ({group.cliques})"
+    assert overcommits(core, pods) == []
+    assert double_bookings(pods) == []
