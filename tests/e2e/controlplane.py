@@ -480,11 +480,17 @@ def ensure_namespace(api_client: Any, name: str, labels: Mapping[str, str] | Non
     ])
 
 
-def service_account_token(api_client: Any, namespace: str, name: str) -> str:
+def service_account_token(api_client: Any, namespace: str, name: str,
+                          pod: tuple[str, str] | None = None) -> str:
+    """A token of ServiceAccount ``name`` from the TokenRequest API; with ``pod`` (name,
+    uid) bound to that pod, so that it also names the pod's node."""
     from kubernetes import client
 
+    ref = None if pod is None else client.V1BoundObjectReference(
+        api_version="v1", kind="Pod", name=pod[0], uid=pod[1])
     body = client.AuthenticationV1TokenRequest(
-        spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=48 * 3600))
+        spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=48 * 3600,
+                                       bound_object_ref=ref))
     out = client.CoreV1Api(api_client).create_namespaced_service_account_token(
         name, namespace, body)
     return str(out.status.token)
@@ -586,11 +592,17 @@ def up(dir_: Path, *, extender_args: Sequence[str] = (), plain: bool = True,
     apply_objects(admin, sorted(applied, key=lambda o: o["kind"] != "Namespace"))
     ensure_namespace(admin, NAMESPACE)
     accounts = service_accounts(objs)
+    if agent:
+        create_agent_node(admin)
     kubeconfigs: dict[str, Path] = {}
     for component, account in accounts.items():
         path = dir_ / "kubeconfigs" / component
+        # The agent's token is bound to a pod on its node, as the kubelet's projected
+        # token of a DaemonSet pod is: it names the node, which the chart's
+        # ValidatingAdmissionPolicy checks.
+        bound = agent_pod(admin, account) if component == "node-agent" and agent else None
         write_kubeconfig(path, server, pki / "ca.crt",
-                         token=service_account_token(admin, NAMESPACE, account))
+                         token=service_account_token(admin, NAMESPACE, account, bound))
         kubeconfigs[component] = path
     state["service_accounts"] = accounts
     plain_kc = dir_ / "kubeconfigs" / "plain-scheduler"
@@ -626,7 +638,6 @@ def up(dir_: Path, *, extender_args: Sequence[str] = (), plain: bool = True,
             "ready": {"url": f"https://127.0.0.1:{ports['plain_scheduler']}/healthz"},
             "restart": "always"}
     if agent:
-        create_agent_node(admin)
         components["node-agent"] = {
             "argv": [sys.executable, str(HERE / "agent_double.py"), "--socket-dir",
                      str(dir_ / "kubelet"), "--",
@@ -690,6 +701,27 @@ def active_replica(stack: Stack, api_client: Any) -> str:
         f"{RELEASE}-scheduler", NAMESPACE)
     holder = (lease.spec.holder_identity or "").rsplit("_", 1)[0]
     return "-b" if holder == STANDBY_HOSTNAME else ""
+
+
+def agent_pod(admin: Any, account: str) -> tuple[str, str]:
+    """The node agent's DaemonSet pod on the agent's node (bound there directly, never
+    run): (name, uid)."""
+    from kubernetes import client
+
+    core = client.CoreV1Api(admin)
+    name = f"{RELEASE}-node-agent-e2e"
+    body = {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": NAMESPACE},
+            "spec": {"nodeName": AGENT_NODE, "serviceAccountName": account,
+                     "tolerations": [{"operator": "Exists"}],
+                     "containers": [{"name": "agent", "image": "registry.example/gpupack:e2e"}]}}
+    try:
+        made = core.create_namespaced_pod(NAMESPACE, body)
+    except client.ApiException as e:
+        if e.status != 409:
+            raise
+        made = core.read_namespaced_pod(name, NAMESPACE)
+    return name, str(made.metadata.uid)
 
 
 def create_agent_node(admin: Any) -> None:
