@@ -77,6 +77,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--group-ttl", type=float, default=600.0,
                    help="seconds an LLM group's reservation waits for all its members to be "
                         "bound before it is released (default 600)")
+    p.add_argument("--max-group-gpus", type=int, default=64,
+                   help="the most GPUs one LLM group sized by its pods' labels may reserve "
+                        "(default 64); a group whose LeaderWorkerSet object is readable "
+                        "takes its size from the object, bounded by its namespace's "
+                        "ResourceQuota")
     p.add_argument("--namespace", default=os.environ.get("POD_NAMESPACE") or "gpupack",
                    help="gpupack's namespace: where the group reservation records "
                         "(ConfigMaps) live (default: $POD_NAMESPACE, else gpupack)")
@@ -128,7 +133,9 @@ class Components:
     def __init__(self, args: argparse.Namespace) -> None:
         from prometheus_client import CollectorRegistry
 
+        from kube.group_inputs import GroupInputs
         from kube.leader import AlwaysLeader, Leadership, LeaseWatcher
+        from kube.lws import LwsPoller
         from kube.reservations import (
             RECORD_SELECTOR,
             ApiRecordStore,
@@ -166,10 +173,16 @@ class Components:
         self.static_records: StaticRecordStore | None = None
         self.leader: Leadership = AlwaysLeader()
         self.lease: LeaseWatcher | None = None
+        self.lws: LwsPoller | None = None
         if args.kubeconfig or args.in_cluster:
             api = load_api_client(args.kubeconfig, args.in_cluster)
+            # Group rights: ResourceQuotas watched with the cluster, LeaderWorkerSets
+            # polled (the CRD may be absent); both listed before the verbs answer.
+            self.inputs = GroupInputs()
             self.source = ApiSource(api, records_namespace=args.namespace,
-                                    records_selector=RECORD_SELECTOR)
+                                    records_selector=RECORD_SELECTOR, watch_quotas=True)
+            self.lws = LwsPoller(api, self.inputs)
+            self.inputs.on_unknown_lws = self.lws.nudge
             self.binder = ApiBinder(api)
             store = ApiRecordStore(api, args.namespace)
             if args.leader_lease:
@@ -179,6 +192,7 @@ class Components:
         else:
             nodes = args.nodes or EXAMPLES / "nodes.yaml"
             pods = args.pods or EXAMPLES / "pods.yaml"
+            self.inputs = GroupInputs(quotas_listed=True, lws_listed=True)
             static = StaticSource.from_files(nodes, pods)
             self.source = static
             self.binder = static.binder()
@@ -187,7 +201,8 @@ class Components:
         self.group_writer = RecordWriter(store, is_leader=self.leader.is_leader)
         self.groups = ReservationBook(self.cache, ttl=args.group_ttl, writer=self.group_writer,
                                       scorer=lambda: self.planner.scorer.scorer,
-                                      is_leader=self.leader.is_leader, namespace=args.namespace)
+                                      is_leader=self.leader.is_leader, namespace=args.namespace,
+                                      inputs=self.inputs, max_group_gpus=args.max_group_gpus)
         self.tap = ReservationTap(self.cache, self.groups)
         self.app = create_app(self.cache, self.planner, self.binder, self.registry,
                               AppConfig(max_body_bytes=args.max_body, policy=args.policy,
@@ -225,7 +240,9 @@ class Components:
         if self.static_records is not None:
             self.static_records.start(self.tap)  # records listed before the nodes and pods
         self.groups.start()
-        self.source.start(self.tap, self.tap)
+        if self.lws is not None:
+            self.lws.start()
+        self.source.start(self.tap, self.tap, self.inputs)
         threading.Thread(target=self._freeze_when_synced, name="gpupack-gc-freeze",
                          daemon=True).start()
         if self.webhook is not None:
@@ -256,6 +273,8 @@ class Components:
 def check_args(args: argparse.Namespace) -> str | None:
     if args.group_ttl <= 0:
         return "--group-ttl must be positive"
+    if args.max_group_gpus < 1:
+        return "--max-group-gpus must be at least 1"
     if args.leader_lease is not None:
         ns, sep, name = args.leader_lease.partition("/")
         if not sep or not ns or not name or "/" in name:

@@ -89,12 +89,23 @@ class RecordSink(Protocol):
     def replace_records(self, objs: Any) -> None: ...
 
 
+class ObjectSink(Protocol):
+    """Where the objects of one more kind go (ResourceQuotas: kube.group_inputs)."""
+
+    def upsert(self, obj: Mapping[str, Any]) -> None: ...
+
+    def delete(self, obj: Mapping[str, Any]) -> None: ...
+
+    def replace(self, objs: list[Mapping[str, Any]]) -> None: ...
+
+
 class Source(Protocol):
     """Where the cluster comes from (:class:`ApiSource`, :class:`StaticSource`): feeds one
     sink from ``start`` on, until ``stop``; ``mark_synced`` once everything it lists
-    (records too, when it has a record sink) has been listed."""
+    (records and quotas too, when it has their sinks) has been listed."""
 
-    def start(self, sink: Sink, records: RecordSink | None = None) -> None: ...
+    def start(self, sink: Sink, records: RecordSink | None = None,
+              quotas: ObjectSink | None = None) -> None: ...
 
     def stop(self) -> None: ...
 
@@ -117,8 +128,11 @@ class StaticSource:
         pods = load_objects(pods_path.read_text(encoding="utf-8"), str(pods_path), "Pod")
         return StaticSource(nodes, pods)
 
-    def start(self, sink: Sink, records: RecordSink | None = None) -> None:
-        del records  # static records live in kube.reservations.StaticRecordStore
+    def start(self, sink: Sink, records: RecordSink | None = None,
+              quotas: ObjectSink | None = None) -> None:
+        # Static records live in kube.reservations.StaticRecordStore; static mode has no
+        # ResourceQuotas (its GroupInputs starts listed and empty).
+        del records, quotas
         self.sink = sink
         with self.lock:
             sink.replace(self.nodes, list(self.pods.values()))
@@ -223,7 +237,8 @@ def _read_json(resp: Any) -> Any:
 class ApiSource:
     """List + watch of Nodes and Pods into a sink, in two daemon threads; with
     ``records_namespace``, also gpupack's reservation records (ConfigMaps labelled
-    ``records_selector`` in that namespace) into a record sink, in a third."""
+    ``records_selector`` in that namespace) into a record sink, in a third; with
+    ``watch_quotas``, every ResourceQuota into a quota sink, in a fourth."""
 
     def __init__(
         self,
@@ -234,6 +249,7 @@ class ApiSource:
         sleep: Callable[[float], None] = time.sleep,
         records_namespace: str | None = None,
         records_selector: str = "",
+        watch_quotas: bool = False,
     ) -> None:
         from kubernetes import client
 
@@ -246,7 +262,12 @@ class ApiSource:
         self._threads: list[threading.Thread] = []
         self.records_namespace = records_namespace
         self.records_selector = records_selector
-        self._kinds = ("nodes", "pods", "records") if records_namespace else ("nodes", "pods")
+        kinds = ["nodes", "pods"]
+        if records_namespace:
+            kinds.append("records")
+        if watch_quotas:
+            kinds.append("quotas")
+        self._kinds = tuple(kinds)
         self._listed = {k: threading.Event() for k in self._kinds}
         self.relists = dict.fromkeys(self._kinds, 0)
         self.reconnects = dict.fromkeys(self._kinds, 0)
@@ -255,11 +276,16 @@ class ApiSource:
         self.bad_events = dict.fromkeys(self._kinds, 0)
         self._watches: list[Any] = []  # open watch responses, closed by stop()
         self._records: RecordSink | None = None
+        self._quotas: ObjectSink | None = None
 
-    def start(self, sink: Sink, records: RecordSink | None = None) -> None:
+    def start(self, sink: Sink, records: RecordSink | None = None,
+              quotas: ObjectSink | None = None) -> None:
         if self.records_namespace and records is None:
             raise ValueError("ApiSource with records_namespace needs a record sink")
+        if "quotas" in self._kinds and quotas is None:
+            raise ValueError("ApiSource with watch_quotas needs a quota sink")
         self._records = records
+        self._quotas = quotas
         for kind in self._kinds:
             t = threading.Thread(
                 target=self._run, args=(kind, sink), daemon=True, name=f"gpupack-watch-{kind}"
@@ -295,6 +321,8 @@ class ApiSource:
             def records(**kw: Any) -> Any:
                 return self.core.list_namespaced_config_map(ns, label_selector=selector, **kw)
             return records
+        if kind == "quotas":
+            return self.core.list_resource_quota_for_all_namespaces
         return self.core.list_node if kind == "nodes" else self.core.list_pod_for_all_namespaces
 
     def _run(self, kind: str, sink: Sink) -> None:
@@ -352,6 +380,9 @@ class ApiSource:
         if kind == "records":
             assert self._records is not None
             self._records.replace_records(items)
+        elif kind == "quotas":
+            assert self._quotas is not None
+            self._quotas.replace([o for o in items if isinstance(o, Mapping)])
         elif kind == "nodes":
             sink.replace(items, None)
         else:
@@ -437,6 +468,13 @@ class ApiSource:
                 self._records.delete_record(name)
             else:
                 self._records.upsert_record(obj)
+            return
+        if kind == "quotas":
+            assert self._quotas is not None
+            if etype == "DELETED":
+                self._quotas.delete(obj)
+            else:
+                self._quotas.upsert(obj)
             return
         if kind == "nodes":
             if etype == "DELETED":

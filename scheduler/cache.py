@@ -34,6 +34,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
+from kube.constraints import PodConstraints, Taint, node_taints, pod_constraints
 from kube.objects import (
     ObjectError,
     bound_node,
@@ -108,6 +109,10 @@ class PodEntry:
     scheduler: str
     finished: bool
     recorded: Placement | None  # the placement gpupack recorded in the pod's annotations
+    # Where it may run and which quota scopes cover it (kube.constraints), read for GPU
+    # pods and group members only (what a group's rights depend on); a string says why
+    # it could not be read.
+    constraints: PodConstraints | str | None = None
 
 
 @dataclass
@@ -151,6 +156,11 @@ class ClusterCache:
         self._sig_changes: list[tuple[str, int]] | None = []
         self._holds: set[str] = set()  # keys hold() counted (some may be gone since)
         self._planned_elsewhere: list[Callable[[], Set[str]]] = []  # see add_pending_filter
+        # For group rights (scheduler.group_rights): node taints, the pods of each group
+        # (any scheduler, bound or not), and the GPU pods of each namespace (quota use).
+        self._taints: dict[str, tuple[Taint, ...]] = {}
+        self._group_pods: dict[str, set[str]] = {}
+        self._gpu_pods: dict[str, set[str]] = {}
 
     # ---- listeners and views ---------------------------------------------------------------
 
@@ -245,6 +255,40 @@ class ClusterCache:
 
     def node_names(self) -> list[str]:
         return list(self.state.nodes)
+
+    def taints(self, node: str) -> tuple[Taint, ...]:
+        return self._taints.get(node, ())
+
+    def node_labels(self, node: str) -> Mapping[str, str]:
+        info = self._infos.get(node)
+        return info.labels if info is not None else {}
+
+    def group_pods(self, group: str) -> list[PodEntry]:
+        """Every pod of ``group`` the watch shows (any scheduler, bound or pending)."""
+        return [self._pods[k] for k in sorted(self._group_pods.get(group, ()))]
+
+    def gpu_pods(self, namespace: str) -> list[PodEntry]:
+        """Every pod of ``namespace`` that asks for a GPU resource."""
+        return [self._pods[k] for k in sorted(self._gpu_pods.get(namespace, ()))]
+
+    def _index(self, key: str, entry: PodEntry | None, add: bool) -> None:
+        if entry is None:
+            return
+        ns = key.split("/", 1)[0]
+        books = []
+        if entry.req.group is not None:
+            books.append((self._group_pods, entry.req.group.key))
+        if entry.req.kind is not RequestKind.NONE:
+            books.append((self._gpu_pods, ns))
+        for book, k in books:
+            if add:
+                book.setdefault(k, set()).add(key)
+            else:
+                members = book.get(k)
+                if members is not None:
+                    members.discard(key)
+                    if not members:
+                        del book[k]
 
     def pending_pod(self, key: str) -> PodRequest | None:
         entry = self._pods.get(key)
@@ -448,7 +492,19 @@ class ClusterCache:
             with self.lock:
                 self.bad_objects += 1
             return False
+        try:
+            taints = node_taints(obj)
+        except ObjectError as e:
+            # The node is usable for pods kube-scheduler places; groups cannot know which
+            # of their members tolerate it, so it counts as tainted for every group.
+            log.warning("node %s: %s; no group will reserve room on it", info.name, e)
+            taints = (Taint("gpupack.io/unreadable-taints", "", "NoSchedule"),)
         with self.lock:
+            if self._taints.get(info.name, ()) != taints:
+                self._taints[info.name] = taints
+                if self._infos.get(info.name) == info:
+                    self._changed()
+                    return True
             if self._infos.get(info.name) == info:
                 return True  # heartbeat-style update: nothing the packer sees changed
             self._rebuild_node(info)
@@ -535,6 +591,7 @@ class ClusterCache:
                 if req.uid and self._uid_key.get(req.uid) == key:
                     del self._uid_key[req.uid]
             self._on_node.pop(name, None)
+            self._taints.pop(name, None)
             del self._infos[name]
             del self.state.nodes[name]
             self._touch(name)
@@ -556,6 +613,12 @@ class ClusterCache:
             with self.lock:
                 self.bad_objects += 1
             return False
+        constraints: PodConstraints | str | None = None
+        if req.group is not None or req.kind is not RequestKind.NONE:
+            try:
+                constraints = pod_constraints(obj)
+            except ObjectError as e:
+                constraints = str(e)
         entry = PodEntry(
             req=req,
             uid=req.uid,
@@ -563,11 +626,14 @@ class ClusterCache:
             scheduler=str(spec.get("schedulerName") or "default-scheduler"),
             finished=is_finished(obj),
             recorded=recorded,
+            constraints=constraints,
         )
         with self.lock:
             old = self._pods.get(req.key)
             if old == entry:
                 return True
+            self._index(req.key, old, add=False)
+            self._index(req.key, entry, add=True)
             if old is not None and old.uid != entry.uid and req.key in self._counted:
                 # Same name, another UID. The bind in flight was for this very pod only if
                 # it named this UID; otherwise the old pod's resources (and any
@@ -589,7 +655,7 @@ class ClusterCache:
 
     def delete_pod(self, key: str) -> None:
         with self.lock:
-            self._pods.pop(key, None)
+            self._index(key, self._pods.pop(key, None), add=False)
             self._pending.pop(key, None)
             self._assumed.pop(key, None)
             self._unapply(key)

@@ -92,15 +92,25 @@ class BookState:
     # Whether the group may use a node (its pods' selectors, affinity, tolerations...);
     # None: every node. Applied to new placements only.
     allowed: Callable[[str, str], bool] | None = None
-    # Why a group can never be reserved (over its quota, bigger than allowed): it waits
-    # with that reason and holds nothing.
+    # Why a group cannot be reserved (scheduler.group_rights): it waits with that reason
+    # and holds nothing. Groups in ``never`` are refused for what they are (over their
+    # quota's hard limit, bigger than allowed...): their record, if any, is released.
     refused: Mapping[str, str] = field(default_factory=dict)
+    never: frozenset[str] = frozenset()
+    sizes: Mapping[str, int] = field(default_factory=dict)  # group -> size from its rights
+    # What each (quota, GPU resource) has left, and each group's claim on it: (the whole
+    # group's demand, what its existing pods count already). A group is reserved only if
+    # the rest of its claim fits in what is left after the groups reserved before it.
+    quota_left: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    claims: Mapping[str, Mapping[tuple[str, str], tuple[int, int]]] = field(
+        default_factory=dict)
 
 
 @dataclass(frozen=True)
 class Release:
     group: str
-    reason: str  # complete | expired | leader_deleted | no_pods | room_lost | displaced
+    # complete | expired | leader_deleted | no_pods | room_lost | displaced | no_rights
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -243,6 +253,7 @@ class _Reconcile:
         self.put: dict[str, ReservationRecord] = {}
         self.release: list[Release] = []
         self.completed: list[tuple[str, float]] = []
+        self.quota_left = dict(state.quota_left)
 
     def run(self) -> Decision:
         members = self.s.members
@@ -280,6 +291,12 @@ class _Reconcile:
         g = rec.group
         if not members:
             self._drop(g, "no_pods")
+            return
+        if g in self.s.never:
+            self._drop(g, "no_rights")
+            self.waiting[g] = Waiting(
+                f"group {g} waits, holding nothing: {self.s.refused.get(g, 'no rights')}",
+                "no_rights", self.now + max(self.cfg.retry_s, 1.0))
             return
         leader = rec.pods.get(0)
         if leader is not None and all(m.req.key != leader for m in members):
@@ -332,7 +349,11 @@ class _Reconcile:
         reqs = [wanted[hk][0] for hk in lost]
         taken = self._taken(rec.group)
         domain = rec.domain if rec.topology_key is not None else None
-        got = place_members(self.o.state, reqs, self.scorer, taken, domain)
+        hidden = self._hide_forbidden(rec.group)
+        try:
+            got = place_members(self.o.state, reqs, self.scorer, taken, domain)
+        finally:
+            hidden.restore()
         if isinstance(got, str):
             return got
         placements, _ = got
@@ -371,7 +392,13 @@ class _Reconcile:
             self.waiting[g] = Waiting(f"group {g} waits, holding nothing: {why}", "no_rights",
                                       self.now + max(self.cfg.retry_s, 1.0))
             return
-        ref, slots, to_place, domain = group_slots(self.o.state, g, members)
+        short = self._quota_short(g)
+        if short is not None:
+            self.waiting[g] = Waiting(f"group {g} waits, holding nothing: {short}", "no_rights",
+                                      self.now + max(self.cfg.retry_s, 1.0))
+            return
+        ref, slots, to_place, domain = group_slots(self.o.state, g, members,
+                                                   self.s.sizes.get(g))
         taken = self._taken(g)
         prio = max(m.req.priority for m in members)
         hidden = self._hide_forbidden(g)
@@ -411,10 +438,22 @@ class _Reconcile:
                 return
         self.records[g] = self.put[g] = rec
         self.waiting.pop(g, None)
+        for qk, (total, existing) in self.s.claims.get(g, {}).items():
+            if qk in self.quota_left:
+                self.quota_left[qk] -= total - existing
 
-    def _hide_forbidden(self, group: str) -> _Hidden:
+    def _quota_short(self, g: str) -> str | None:
+        """Why the rest of the group's quota claim does not fit in what is left now."""
+        for (quota, res), (total, existing) in sorted(self.s.claims.get(g, {}).items()):
+            left = self.quota_left.get((quota, res))
+            if left is not None and total - existing > left:
+                return (f"ResourceQuota {quota} has {max(left, 0)} {res} left; the group "
+                        f"needs {total - existing} more for its members not created yet")
+        return None
+
+    def _hide_forbidden(self, group: str) -> HiddenNodes:
         """Nodes the group has no right to, out of the cluster while it is placed."""
-        return _Hidden(self.o.state, self.s.allowed, group)
+        return HiddenNodes(self.o.state, self.s.allowed, group)
 
     def _displace(self, members: Sequence[PodRequest], taken: set[tuple[str, str]],
                   domain: str | None, prio: int, reason: str,
@@ -446,7 +485,7 @@ def _counted_as(held: tuple[PodRequest, Placement] | None, req: PodRequest, p: P
         and held[1].gpus == p.gpus and held[1].mig_start == p.mig_start
 
 
-class _Hidden:
+class HiddenNodes:
     """Takes the nodes a group may not use out of ``state.nodes`` until :meth:`restore`."""
 
     def __init__(self, state: ClusterState, allowed: Callable[[str, str], bool] | None,
@@ -464,16 +503,19 @@ class _Hidden:
         self.removed.clear()
 
 
-def group_slots(state: ClusterState, g: str, members: Sequence[Member]
+def group_slots(state: ClusterState, g: str, members: Sequence[Member], size: int | None = None
                 ) -> tuple[GroupRef, dict[int, Member], list[PodRequest], str | None]:
     """A group without a record, made ready to place: its reference (topology resolved),
     a slot per known member (bound ones first), the members still to place (pending
     pods and a room for each pod not created yet, keyed by hold key), and the domain its
-    bound members already fix."""
+    bound members already fix. ``size``: the group's size as its rights say
+    (:mod:`scheduler.group_rights`: the LeaderWorkerSet object's), else the first
+    member's."""
     pending = [m.req for m in members if not m.bound]
     bound = [m for m in members if m.bound]
     first = (pending or [m.req for m in members])[0]
-    ref = effective_ref(state, first.group or GroupRef(key=g, size=1))
+    base = first.group or GroupRef(key=g, size=1)
+    ref = effective_ref(state, replace(base, size=size) if size else base)
     slots: dict[int, Member] = {}
     for m in sorted(bound, key=lambda m: m.req.key) + [Member(p) for p in pending]:
         idx = m.req.group.index if m.req.group is not None else 0

@@ -43,6 +43,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 
+from kube.group_inputs import GroupInputs
 from kube.reservations import (
     RecordWriter,
     ReservationError,
@@ -56,6 +57,7 @@ from packing.model import Placement, PodRequest, RequestKind
 from packing.policies.greedy import Scorer
 from packing.policies.scores import bestfit
 from scheduler.cache import AssumeError, ClusterCache
+from scheduler.group_facts import RightsPass, judge
 from scheduler.group_placement import (
     WAIT_REASONS,
     Candidate,
@@ -66,6 +68,7 @@ from scheduler.group_placement import (
 from scheduler.group_reconcile import (
     BookState,
     Decision,
+    HiddenNodes,
     Member,
     Settings,
     Waiting,
@@ -75,6 +78,7 @@ from scheduler.group_reconcile import (
     reconcile,
     wanted_holds,
 )
+from scheduler.group_rights import RightsSettings
 from scheduler.verbs import read_pod
 from scheduler.wire import (
     MAX_PRIORITY,
@@ -117,9 +121,14 @@ class ReservationBook:
         is_leader: Callable[[], bool] = lambda: True,
         namespace: str = "gpupack",
         records_listed: bool = False,
+        inputs: GroupInputs | None = None,
+        max_group_gpus: int = 64,
     ) -> None:
         """``records_listed``: no source of records will report (a book without an API,
-        whose records start empty): ready as soon as the cache is synced."""
+        whose records start empty): ready as soon as the cache is synced. ``inputs``:
+        the ResourceQuotas and LeaderWorkerSets groups are bound by (default: none, and
+        nothing will report any); ``max_group_gpus``: the most GPUs a group sized by its
+        pods' labels may reserve (:mod:`scheduler.group_rights`)."""
         self.cache = cache
         self.ttl = ttl
         self.clock = clock
@@ -128,6 +137,9 @@ class ReservationBook:
         self.settings = Settings(ttl=ttl, retry_s=retry_s, cooldown_s=cooldown_s)
         self.is_leader = is_leader
         self.namespace = namespace
+        self.inputs = inputs if inputs is not None else GroupInputs(True, True)
+        self.rights = RightsSettings(max_group_gpus=max_group_gpus,
+                                     scheduler_name=cache.scheduler_name)
         self.records: dict[str, ReservationRecord] = {}
         self.waiting: dict[str, Waiting] = {}
         self.first_seen: dict[str, float] = {}
@@ -135,6 +147,7 @@ class ReservationBook:
         self.bad_records = 0
         self.on_complete: Callable[[float], None] | None = None
         self.ready = False  # first lists in and holds rebuilt: the verbs may answer
+        self._rebuilt = False  # holds rebuilt: step() may act (ready follows its first step)
         self._listed = records_listed
         self._revs: dict[str, int] = {}
         self._names: dict[str, str] = {}  # record name -> group
@@ -212,24 +225,26 @@ class ReservationBook:
         answer (until now every verb answered 'not synced')."""
         with self.cache.lock:
             self._listed = True
-            if not self.cache.synced:
-                return
-            self._apply_holds()
-            self.ready = True
-            log.info("reservation book rebuilt from %d records", len(self.records))
-        self.step(force=True)
+            self._rebuild()
 
     def check_ready(self) -> bool:
         """Whether the verbs may be answered; rebuilds first when everything is listed."""
-        if self.ready:
-            return True
-        with self.cache.lock:
-            if not self.ready and self._listed and self.cache.synced:
-                self._apply_holds()
-                self.ready = True
-        if self.ready:
-            self.step(force=True)
+        if not self.ready:
+            with self.cache.lock:
+                self._rebuild()
         return self.ready
+
+    def _rebuild(self) -> None:
+        """Under the lock, once everything is listed: hold what the records ask for and
+        take the first step, and only then say ready (whoever sees ``ready`` sees the
+        rebuilt book)."""
+        if self.ready or not (self._listed and self.cache.synced and self.inputs.listed()):
+            return
+        self._apply_holds()
+        self._rebuilt = True
+        self.step(force=True)
+        self.ready = True
+        log.info("reservation book rebuilt from %d records", len(self.records))
 
     # ---- the handler -----------------------------------------------------------------------
 
@@ -260,11 +275,11 @@ class ReservationBook:
     def step(self, force: bool = False) -> None:
         """Hold what the records ask for; on the leader, reconcile and apply."""
         with self.cache.lock:
-            if not self.ready:
+            if not self._rebuilt:
                 return
             now = self.clock()
             leader = self.is_leader()
-            if (not force and leader == self._was_leader and self.cache.version ==
+            if (not force and leader == self._was_leader and self._version() ==
                     self._seen_version and now < self._next_due):
                 return
             if leader and not self._was_leader:
@@ -273,21 +288,42 @@ class ReservationBook:
             members = self._members()
             self._apply_holds(members)
             if leader:
-                decision = reconcile(self._state(members), self.cache.state, self.scorer(),
-                                     self.settings, now)
+                decision = reconcile(self._state(members, now), self.cache.state,
+                                     self.scorer(), self.settings, now)
                 self._apply(decision)
                 if decision.put or decision.release:
                     self._apply_holds()
-            self._seen_version = self.cache.version
+            self._seen_version = self._version()
             self.waiting = {g: (replace(w, seen=self._seen_version) if w.seen == -1 else w)
                             for g, w in self.waiting.items()}
             self._next_due = self._due()
 
-    def _state(self, members: Mapping[str, list[Member]]) -> BookState:
+    def _version(self) -> int:
+        """Moves on every change that could change a decision: the cache's, and the
+        quotas' and LeaderWorkerSets' (both only grow)."""
+        return self.cache.version + self.inputs.version
+
+    def _judge(self, members: Mapping[str, list[Member]], now: float) -> RightsPass:
+        """The rights of the groups this pass can act on: those with a record, and
+        those the reconcile will try to place now."""
+        version = self._version()
+        groups = set(self.records)
+        for g, ms in members.items():
+            w = self.waiting.get(g)
+            if g not in self.records and any(not m.bound for m in ms) and (
+                    w is None or w.due(now, version)):
+                groups.add(g)
+        return judge(self.cache, self.inputs, self.rights, groups, self.records)
+
+    def _state(self, members: Mapping[str, list[Member]], now: float) -> BookState:
+        rights = self._judge(members, now)
         return BookState(records=dict(self.records), members=members,
                          holds=self.cache.holds(), waiting=dict(self.waiting),
                          first_seen=dict(self.first_seen), revs=dict(self._revs),
-                         version=self.cache.version)
+                         version=self._version(), allowed=rights.allowed(),
+                         refused=rights.refused(), never=rights.never(),
+                         sizes=rights.sizes(), quota_left=rights.quota_left,
+                         claims=rights.claims())
 
     def _apply(self, d: Decision) -> None:
         for rel in d.release:
@@ -445,19 +481,34 @@ class ReservationBook:
             self.step()
             if key in self.records:
                 return PreemptionResult({})  # it has room: nothing to evict
+            # Nothing is evicted for a group that may not be reserved, nor on nodes it
+            # may not use.
+            rights = judge(self.cache, self.inputs, self.rights, [key], self.records
+                           ).rights.get(key)
+            if rights is not None and rights.refused is not None:
+                return PreemptionResult({})
             all_members = self._members()
             members = list(all_members.get(key, []))
             if all(m.req.key != pod.key for m in members):
                 members.append(Member(pod))
-            _, _, to_place, _ = group_slots(self.cache.state, key, members)
+            _, _, to_place, _ = group_slots(self.cache.state, key, members,
+                                            rights.size if rights is not None else None)
             taken = {(r.topology_key, r.domain) for r in self.records.values()
                      if r.exclusive and r.topology_key and r.domain is not None}
             cands = [
                 Candidate(req.uid, req, pl) for req, pl in self.cache.snapshot().running
                 if req.uid and not is_reservation(req.key)
             ]
-            chosen = group_victims(self.cache.state, to_place, self.scorer(), cands,
-                                   {(k, d) for k, d in taken if k is not None and d is not None})
+            allowed = None if rights is None or rights.allowed is None else rights.allowed
+            hidden = HiddenNodes(self.cache.state,
+                                 None if allowed is None else (lambda _g, n: n in allowed),
+                                 key)
+            try:
+                chosen = group_victims(
+                    self.cache.state, to_place, self.scorer(), cands,
+                    {(k, d) for k, d in taken if k is not None and d is not None})
+            finally:
+                hidden.restore()
         if not chosen:
             return PreemptionResult({})
         by_node: dict[str, set[str]] = defaultdict(set)

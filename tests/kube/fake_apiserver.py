@@ -18,6 +18,10 @@ Endpoints:
   (replace; 404 when missing), ``DELETE .../{name}``.
 - ``GET /apis/coordination.k8s.io/v1/namespaces/{ns}/leases/{name}`` (put leases with
   :meth:`FakeApiServer.put` kind ``leases``).
+- ``GET /api/v1/resourcequotas`` (list and watch; kind ``resourcequotas``).
+- ``GET /apis/leaderworkerset.x-k8s.io/v1/leaderworkersets`` (list; kind
+  ``leaderworkersets``): 404 while :attr:`FakeApiServer.lws_installed` is False, as when
+  the CRD is absent.
 
 Test controls: :meth:`FakeApiServer.drop_watches` cuts every open watch mid-stream (the
 client sees a broken chunked response), :meth:`compact` makes older versions 410,
@@ -49,7 +53,9 @@ class FakeApiServer:
         self.rv = 100
         self.compacted = 0
         self.objects: dict[str, dict[str, dict[str, Any]]] = {
-            "nodes": {}, "pods": {}, "configmaps": {}, "leases": {}}
+            "nodes": {}, "pods": {}, "configmaps": {}, "leases": {}, "resourcequotas": {},
+            "leaderworkersets": {}}
+        self.lws_installed = False
         self.writes: list[tuple[str, str]] = []  # (method, path) of configmap writes
         self.events: list[tuple[int, str, str, dict[str, Any]]] = []  # rv, kind, type, obj
         self.bindings: list[dict[str, Any]] = []
@@ -82,7 +88,7 @@ class FakeApiServer:
         meta = obj["metadata"]
         if kind == "nodes":
             return str(meta["name"])
-        if kind in ("configmaps", "leases"):
+        if kind in ("configmaps", "leases", "resourcequotas", "leaderworkersets"):
             return f"{meta['namespace']}/{meta['name']}"
         return f"{meta.get('namespace', 'default')}/{meta['name']}"
 
@@ -166,7 +172,14 @@ def _handler(fake: FakeApiServer) -> type[BaseHTTPRequestHandler]:
         def do_GET(self) -> None:
             url = urlparse(self.path)
             q = {k: v[0] for k, v in parse_qs(url.query).items()}
-            kind = {"/api/v1/nodes": "nodes", "/api/v1/pods": "pods"}.get(url.path)
+            kind = {"/api/v1/nodes": "nodes", "/api/v1/pods": "pods",
+                    "/api/v1/resourcequotas": "resourcequotas"}.get(url.path)
+            if url.path == "/apis/leaderworkerset.x-k8s.io/v1/leaderworkersets":
+                if not fake.lws_installed:
+                    self._send(404, _status(404, "NotFound", "the server could not find the "
+                                            "requested resource"))
+                    return
+                kind = "leaderworkersets"
             lease = re.fullmatch(r"/apis/coordination.k8s.io/v1/namespaces/([^/]+)/leases/"
                                  r"([^/]+)", url.path)
             if lease is not None:

@@ -20,7 +20,9 @@ sys.path.insert(0, str(Path(__file__).parent.parent / "kube"))
 from fake_apiserver import FakeApiServer
 
 from kube.annotations import placement_annotations
+from kube.group_inputs import GroupInputs
 from kube.leader import LeaseWatcher
+from kube.lws import LwsPoller
 from kube.reservations import (
     RECORD_SELECTOR,
     ApiRecordStore,
@@ -80,8 +82,12 @@ class Replica:
     """One extender process: cache, book, record writer, watch, lease."""
 
     def __init__(self, fake: FakeApiServer, clock: FakeClock, identity: str | None = None,
-                 ) -> None:
+                 rights: bool = False) -> None:
         client = api(fake)
+        # rights: ResourceQuotas watched and LeaderWorkerSets polled, as `gpupack serve`.
+        self.inputs = GroupInputs() if rights else None
+        self.lws = LwsPoller(client, self.inputs, interval_s=0.2, min_gap_s=0.05) \
+            if self.inputs is not None else None
         self.cache = ClusterCache("gpupack")
         self.lease = None
         leader: Callable[[], bool] = always
@@ -92,16 +98,21 @@ class Replica:
             leader = self.lease.is_leader
         self.writer = RecordWriter(ApiRecordStore(client, NS), is_leader=leader, retries=0)
         self.book = ReservationBook(self.cache, ttl=300, clock=clock, writer=self.writer,
-                                    retry_s=0, is_leader=leader, namespace=NS)
+                                    retry_s=0, is_leader=leader, namespace=NS,
+                                    inputs=self.inputs)
         self.source = ApiSource(client, watch_timeout_s=2, backoff_initial_s=0.01,
                                 backoff_max_s=0.05, records_namespace=NS,
-                                records_selector=RECORD_SELECTOR)
+                                records_selector=RECORD_SELECTOR, watch_quotas=rights)
         tap = ReservationTap(self.cache, self.book)
-        self.source.start(tap, tap)
+        if self.lws is not None:
+            self.lws.start()
+        self.source.start(tap, tap, self.inputs)
         wait_for(lambda: self.book.ready)
 
     def stop(self) -> None:
         self.source.stop()
+        if self.lws is not None:
+            self.lws.stop()
 
 
 def test_reservation_written_as_a_configmap_and_rebuilt_after_restart(
@@ -182,5 +193,44 @@ def test_an_expired_lease_leads_nobody(fake: FakeApiServer) -> None:
         assert not r.book.is_leader()
         r.book.step(force=True)
         assert r.book.reservations == {}  # a standby places nothing
+    finally:
+        r.stop()
+
+
+def quota(hard: str) -> dict[str, Any]:
+    return {"metadata": {"namespace": "llm", "name": "gpus"},
+            "spec": {"hard": {"requests.nvidia.com/gpu": hard}}}
+
+
+def test_quota_and_lws_reach_the_book_through_the_api(fake: FakeApiServer) -> None:
+    """Without the LeaderWorkerSet CRD (404) the book is still ready; the quota watched
+    from the API refuses the group until it is raised; then, with the CRD installed, the
+    object's size (1) wins over the pod's label (2)."""
+    fake.put("resourcequotas", quota("8"))
+    clock = FakeClock()
+    r = Replica(fake, clock, rights=True)
+    try:
+        assert r.lws is not None and r.lws.installed is False
+        r.book.step(force=True)
+        assert A not in r.book.reservations
+        assert "ResourceQuota llm/gpus allows (8)" in r.book.waiting[A].reason
+        fake.put("resourcequotas", quota("16"))
+        wait_for(lambda: r.inputs is not None and r.inputs.quotas("llm")[0].hard == {
+            "nvidia.com/gpu": 16})
+        clock.advance(1)
+        r.book.step(force=True)
+        assert r.book.reservations[A].size == 2
+        fake.put("leaderworkersets", {
+            "metadata": {"namespace": "llm", "name": "a"},
+            "spec": {"replicas": 1, "leaderWorkerTemplate": {"size": 1}}})
+        fake.lws_installed = True
+        wait_for(lambda: r.inputs is not None and r.inputs.lws("llm", "a") is not None)
+        # The record stays (its size was right when written); a new group of this LWS
+        # would be sized 1. The rights now say 1:
+        from scheduler.group_facts import judge
+
+        with r.cache.lock:
+            got = judge(r.cache, r.book.inputs, r.book.rights, [A], r.book.records)
+        assert got.rights[A].size == 1
     finally:
         r.stop()

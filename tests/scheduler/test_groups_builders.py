@@ -73,14 +73,15 @@ class Rig:
 def rig(nodes: list[dict[str, Any]], pods: list[dict[str, Any]] | None = None,
         ttl: float = 100.0, clock: FakeClock | None = None, writer: Any = None,
         sync: bool = True, records: list[dict[str, Any]] | None = None,
-        leader: Any = None) -> Rig:
+        leader: Any = None, inputs: Any = None, max_group_gpus: int = 64) -> Rig:
     """A book on a cache, fed like the API source feeds them: ``records`` listed (the
     reservation ConfigMaps), then nodes and pods, then the end of the first lists."""
     clock = clock or FakeClock()
     cache = ClusterCache("gpupack")
     book = ReservationBook(cache, ttl=ttl, clock=clock, writer=writer or RecordingWriter(),
                            retry_s=0.0, cooldown_s=10.0,
-                           is_leader=leader if leader is not None else (lambda: True))
+                           is_leader=leader if leader is not None else (lambda: True),
+                           inputs=inputs, max_group_gpus=max_group_gpus)
     tap = ReservationTap(cache, book)
     if records is not None:
         tap.replace_records(records)
