@@ -220,6 +220,10 @@ def _http_timeout(objs: list[Obj]) -> None:
     assert scheduler_config(objs)["extenders"][0]["httpTimeout"] == "4s"
 
 
+def _max_group_gpus(objs: list[Obj]) -> None:
+    assert arg(containers(objs)["extender"], "--max-group-gpus") == "32"
+
+
 def _policy(objs: list[Obj]) -> None:
     assert arg(containers(objs)["extender"], "--policy") == "bestfit"
 
@@ -377,6 +381,7 @@ CASES: dict[str, tuple[dict[str, Any] | None, Callable[[list[Obj]], None]]] = {
     "extender.metricsPort": (None, _extender_metrics_port),
     "extender.weight": (None, _weight),
     "extender.httpTimeout": (None, _http_timeout),
+    "extender.maxGroupGpus": (None, _max_group_gpus),
     "policy": (None, _policy),
     "webhook.port": (None, _webhook_port),
     "webhook.timeoutSeconds": (None, _webhook_timeout),

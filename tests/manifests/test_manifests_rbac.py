@@ -62,11 +62,14 @@ def test_least_privilege(which: str, request: pytest.FixtureRequest) -> None:
     # Informers only list and watch; Bindings are posted to the namespaced bindings
     # resource and carry the annotations (no pod patch); group records only in gpupack's
     # own namespace.
+    # Group rights: ResourceQuotas by an informer, LeaderWorkerSets by a periodic list.
     assert own["gpupack-scheduler"] == (
         core("*", "nodes", "list", "watch")
         | core("*", "pods", "list", "watch")
         | core("*", "bindings", "create") | leases
-        | core("gpupack", "configmaps", "get", "list", "watch", "create", "update", "delete"))
+        | core("gpupack", "configmaps", "get", "list", "watch", "create", "update", "delete")
+        | core("*", "resourcequotas", "list", "watch")
+        | {("*", "leaderworkerset.x-k8s.io", "leaderworkersets", "list")})
     assert own["gpupack-webhook"] == (core("*", "nodes", "list", "watch")
                                       | core("*", "pods", "list", "watch"))
     assert own["gpupack-node-agent"] == core("*", "nodes", "patch") | core("*", "pods", "list")
