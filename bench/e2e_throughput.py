@@ -64,6 +64,26 @@ def pod_specs(n: int, scheduler: str, prefix: str) -> list[dict[str, Any]]:
             for i in range(n)]
 
 
+def cpu_seconds(stack: controlplane.Stack) -> dict[str, float]:
+    """CPU seconds used so far by each component's process group (user + system, from
+    /proc), to show where a profile's time goes."""
+    tick = os.sysconf("SC_CLK_TCK")
+    groups = {stack.pid(c): c for c in stack.state()["components"] if stack.pid(c)}
+    out = dict.fromkeys(groups.values(), 0.0)
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        pgid = int(fields[2])
+        if pgid in groups:
+            # utime, stime, cutime, cstime: fields 14-17 of stat (here 11-14).
+            out[groups[pgid]] += sum(int(x) for x in fields[11:15]) / tick
+    return out
+
+
 def percentile(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -163,8 +183,14 @@ def main(argv: list[str] | None = None) -> int:
         results: dict[str, dict[str, float]] = {}
         for name, scheduler in (("gpupack", controlplane.SCHEDULER_NAME),
                                 ("default", controlplane.PLAIN_SCHEDULER_NAME)):
-            results[name] = {**run_profile(admin, core, scheduler, args.pods, args.timeout),
-                             **single_pods(core, scheduler, args.single, 60.0)}
+            before = cpu_seconds(stack)
+            burst = run_profile(admin, core, scheduler, args.pods, args.timeout)
+            after = cpu_seconds(stack)
+            results[name] = {**burst, **single_pods(core, scheduler, args.single, 60.0)}
+            # CPU seconds of the burst, per component that used any.
+            results[name + "_cpu_s"] = {c: round(after.get(c, 0.0) - before.get(c, 0.0), 1)
+                                        for c in after
+                                        if after.get(c, 0.0) - before.get(c, 0.0) >= 0.1}
     finally:
         stack.down()
     results["setup"] = {"nodes": args.nodes, "pods": args.pods, "setup_s": round(setup_s, 1),
@@ -183,6 +209,10 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r['single_p99_ms']:>9.0f}")
         ratio = results["gpupack"]["pods_per_s"] / max(results["default"]["pods_per_s"], 1e-9)
         print(f"gpupack / default pods/s: {ratio:.2f}")
+        for name in ("gpupack", "default"):
+            cpu = results[name + "_cpu_s"]
+            print(f"CPU s during the {name} burst: "
+                  + ", ".join(f"{c} {v:.1f}" for c, v in sorted(cpu.items())))
     return 0
 
 
