@@ -3,8 +3,8 @@
     python gunicorn_harness.py PORT gated|sticky THREADS
 
 Limits are short (head/body 1 s, write 1 s, max body 64 KiB) so the tests run in
-seconds. The app: ``/block?S`` and ``/metrics?S`` sleep S seconds; ``/size`` answers 413 when the declared
-body is over the limit (unread), else the body's length; other paths echo.
+seconds. The app: ``/block?S`` and ``/metrics?S`` sleep S seconds; a declared body over
+the limit is answered 413 (unread), others with the path and the body's length.
 """
 
 from __future__ import annotations
