@@ -165,12 +165,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per profile")
     p.add_argument("--format", choices=["table", "json"], default="table")
     p.add_argument("--dir", type=Path, default=None, help="stack folder (default: a temp dir)")
+    p.add_argument("--percentage-of-nodes-to-score", type=int, default=None,
+                   help="override the chart's profile setting (100) for the gpupack profile")
+    p.add_argument("--profile-json", default=None,
+                   help="JSON merged into the gpupack profile (benchmark experiments)")
+    p.add_argument("--extender-arg", action="append", default=[],
+                   help="extra argument for gpupack serve, e.g. --no-planner (repeatable)")
     args = p.parse_args(argv)
     from kubernetes import client
 
     base = args.dir or Path(tempfile.mkdtemp(prefix="gpupack-e2e-bench-"))
     t0 = time.monotonic()
-    stack = controlplane.up(base, agent=False, standby=False)
+    overrides = json.loads(args.profile_json) if args.profile_json else {}
+    if args.percentage_of_nodes_to_score is not None:
+        overrides["percentageOfNodesToScore"] = args.percentage_of_nodes_to_score
+    stack = controlplane.up(base, agent=False, standby=False,
+                            extender_args=args.extender_arg, profile_overrides=overrides)
     try:
         admin = controlplane._api(stack.kubeconfig)
         core = client.CoreV1Api(admin)

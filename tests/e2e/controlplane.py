@@ -506,7 +506,8 @@ GPUPACK_ENV = {"PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
 
 
 def up(dir_: Path, *, extender_args: Sequence[str] = (), plain: bool = True,
-       agent: bool = True, standby: bool = True) -> Stack:
+       agent: bool = True, standby: bool = True,
+       profile_overrides: Mapping[str, Any] | None = None) -> Stack:
     """Start everything and wait until every component is ready."""
     dir_ = dir_.resolve()
     stack = Stack(dir_)
@@ -625,7 +626,7 @@ def up(dir_: Path, *, extender_args: Sequence[str] = (), plain: bool = True,
     state["replicas"] = list(replicas)
     for suffix in replicas:
         components.update(scheduler_pair(objs, bins, dir_, kubeconfigs, ports, suffix,
-                                         extender_args))
+                                         extender_args, profile_overrides or {}))
     if plain:
         plain_cfg = dir_ / "config" / "plain-scheduler-config.yaml"
         plain_cfg.write_text(yaml.safe_dump(plain_scheduler_config(plain_kc)))
@@ -662,7 +663,8 @@ STANDBY_HOSTNAME = "gpupack-scheduler-b"
 
 def scheduler_pair(objs: Sequence[Mapping[str, Any]], bins: Path, dir_: Path,
                    kubeconfigs: Mapping[str, Path], ports: Mapping[str, int], suffix: str,
-                   extender_args: Sequence[str]) -> dict[str, dict[str, Any]]:
+                   extender_args: Sequence[str], profile_overrides: Mapping[str, Any]
+                   ) -> dict[str, dict[str, Any]]:
     """kube-scheduler and its extender sidecar, as one replica of the chart's scheduler
     Deployment. ``suffix`` "" is the host's replica; "-b" runs under a host name of its
     own (a UTS namespace: root only)."""
@@ -678,8 +680,10 @@ def scheduler_pair(objs: Sequence[Mapping[str, Any]], bins: Path, dir_: Path,
         "cwd": str(dir_), "env": GPUPACK_ENV, "url": extender_url,
         "ready": {"url": f"{extender_url}/healthz"}, "restart": "always"}
     sched_cfg = dir_ / "config" / f"scheduler{suffix}-config.yaml"
-    sched_cfg.write_text(yaml.safe_dump(
-        scheduler_config(objs, ext_port, kubeconfigs["scheduler"])))
+    config = scheduler_config(objs, ext_port, kubeconfigs["scheduler"])
+    for profile in config["profiles"]:
+        profile.update(profile_overrides)  # benchmarks only: the tests run the chart's
+    sched_cfg.write_text(yaml.safe_dump(config))
     argv = [str(bins / "kube-scheduler"), f"--config={sched_cfg}",
             "--bind-address=127.0.0.1", f"--secure-port={sched_port}",
             f"--cert-dir={dir_ / f'scheduler{suffix}-certs'}",
