@@ -145,9 +145,12 @@ def single_pods(core: Any, scheduler: str, n: int, timeout_s: float) -> dict[str
     for p in pod_specs(n, scheduler, prefix):
         core.create_namespaced_pod(PODS_NS, p)
         t0 = time.monotonic()
-        name = p["metadata"]["name"]
-        cluster.wait_for(lambda name=name: core.read_namespaced_pod(name, PODS_NS).spec.node_name,
-                         timeout_s, f"{name} bound", interval_s=0.005)
+        name = str(p["metadata"]["name"])
+
+        def is_bound(name: str = name) -> Any:
+            return core.read_namespaced_pod(name, PODS_NS).spec.node_name
+
+        cluster.wait_for(is_bound, timeout_s, f"{name} bound", interval_s=0.005)
         latencies.append((time.monotonic() - t0) * 1000)
     cluster.force_delete_pods(core, PODS_NS)
     cluster.wait_for(lambda: not core.list_namespaced_pod(PODS_NS).items, 300,

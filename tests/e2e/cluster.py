@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 POOL = "e2e.gpupack.io/pool"
@@ -66,7 +65,7 @@ def l40s_shared(name: str, pool: str, gpus: int = 4, replicas: int = 4) -> NodeS
     return NodeSpec(name, {**labels, POOL: pool}, {SHARED: str(gpus * replicas)})
 
 
-def create_nodes(core: client.CoreV1Api, specs: Iterable[NodeSpec]) -> list[str]:
+def create_nodes(core: Any, specs: Iterable[NodeSpec]) -> list[str]:
     names = []
     for spec in specs:
         labels = {"kubernetes.io/hostname": spec.name, "kubernetes.io/os": "linux",
@@ -127,7 +126,7 @@ def lws_member(lws: str, worker: int, size: int, gpus: int, pool: str) -> dict[s
                annotations={LWS + "size": str(size), "gpupack.io/class": "whole"})
 
 
-def create_pods(core: client.CoreV1Api, namespace: str, pods: Iterable[Mapping[str, Any]]
+def create_pods(core: Any, namespace: str, pods: Iterable[Mapping[str, Any]]
                 ) -> list[dict[str, Any]]:
     """Create each pod (through admission) and return the objects the API server stored."""
     out = []
@@ -149,7 +148,7 @@ def wait_for(check: Callable[[], Any], timeout_s: float, what: str, interval_s: 
     raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what} (last: {last})")
 
 
-def pods_in(core: client.CoreV1Api, namespace: str) -> list[dict[str, Any]]:
+def pods_in(core: Any, namespace: str) -> list[dict[str, Any]]:
     items = core.list_namespaced_pod(namespace).items
     return [core.api_client.sanitize_for_serialization(p) for p in items]
 
@@ -159,7 +158,7 @@ def bound(pods: Sequence[Mapping[str, Any]]) -> dict[str, str]:
             if p["spec"].get("nodeName")}
 
 
-def pending_report(core: client.CoreV1Api, namespace: str, limit: int = 8) -> str:
+def pending_report(core: Any, namespace: str, limit: int = 8) -> str:
     """The pods of ``namespace`` not bound yet, each with kube-scheduler's last word."""
     out = []
     for p in pods_in(core, namespace):
@@ -172,7 +171,7 @@ def pending_report(core: client.CoreV1Api, namespace: str, limit: int = 8) -> st
     return f"{len(out)} pending" + "".join(f"\n  {line}" for line in out[:limit])
 
 
-def force_delete_pods(core: client.CoreV1Api, namespace: str) -> None:
+def force_delete_pods(core: Any, namespace: str) -> None:
     """No kubelet confirms a deletion here: grace period 0 removes bound pods at once."""
     for p in core.list_namespaced_pod(namespace).items:
         with contextlib.suppress(ApiException):
@@ -188,8 +187,8 @@ def quantity(text: str) -> float:
     return float(parse_quantity(text))
 
 
-def pod_requests(p: Mapping[str, Any]) -> Counter[str]:
-    total: Counter[str] = Counter()
+def pod_requests(p: Mapping[str, Any]) -> dict[str, float]:
+    total: dict[str, float] = defaultdict(float)
     for c in p["spec"]["containers"]:
         res = c.get("resources") or {}
         merged = {**(res.get("limits") or {}), **(res.get("requests") or {})}
@@ -206,14 +205,15 @@ class Overcommit:
     allocatable: float
 
 
-def overcommits(core: client.CoreV1Api, pods: Sequence[Mapping[str, Any]]) -> list[Overcommit]:
+def overcommits(core: Any, pods: Sequence[Mapping[str, Any]]) -> list[Overcommit]:
     """Every (node, extended resource) whose bound pods ask for more than the node has, as
     the API server sees nodes and pods now."""
-    used: dict[str, Counter[str]] = defaultdict(Counter)
+    used: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for p in pods:
         node = p["spec"].get("nodeName")
         if node:
-            used[node].update(pod_requests(p))
+            for resource, n in pod_requests(p).items():
+                used[node][resource] += n
     out = []
     for node, counts in used.items():
         alloc = core.read_node(node).status.allocatable or {}
@@ -243,7 +243,7 @@ class GroupOutcome:
         return self.complete and len(self.cliques) == 1
 
 
-def group_outcomes(core: client.CoreV1Api, pods: Sequence[Mapping[str, Any]]
+def group_outcomes(core: Any, pods: Sequence[Mapping[str, Any]]
                    ) -> dict[str, GroupOutcome]:
     cliques = {n.metadata.name: (n.metadata.labels or {}).get("nvidia.com/gpu.clique", "")
                for n in core.list_node().items}

@@ -491,7 +491,8 @@ def service_account_token(api_client: Any, namespace: str, name: str,
     body = client.AuthenticationV1TokenRequest(
         spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=48 * 3600,
                                        bound_object_ref=ref))
-    out = client.CoreV1Api(api_client).create_namespaced_service_account_token(
+    core: Any = client.CoreV1Api(api_client)
+    out = core.create_namespaced_service_account_token(
         name, namespace, body)
     return str(out.status.token)
 
@@ -701,7 +702,8 @@ def active_replica(stack: Stack, api_client: Any) -> str:
     """"" or "-b": the replica whose kube-scheduler holds the chart's scheduler Lease."""
     from kubernetes import client
 
-    lease = client.CoordinationV1Api(api_client).read_namespaced_lease(
+    coordination: Any = client.CoordinationV1Api(api_client)
+    lease = coordination.read_namespaced_lease(
         f"{RELEASE}-scheduler", NAMESPACE)
     holder = (lease.spec.holder_identity or "").rsplit("_", 1)[0]
     return "-b" if holder == STANDBY_HOSTNAME else ""
@@ -712,7 +714,7 @@ def agent_pod(admin: Any, account: str) -> tuple[str, str]:
     run): (name, uid)."""
     from kubernetes import client
 
-    core = client.CoreV1Api(admin)
+    core: Any = client.CoreV1Api(admin)
     name = f"{RELEASE}-node-agent-e2e"
     body = {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": NAMESPACE},
@@ -733,7 +735,7 @@ def create_agent_node(admin: Any) -> None:
     time-sliced L40S), tainted so that no test workload lands on it."""
     from kubernetes import client
 
-    core = client.CoreV1Api(admin)
+    core: Any = client.CoreV1Api(admin)
     body = {"apiVersion": "v1", "kind": "Node",
             "metadata": {"name": AGENT_NODE, "labels": {
                 "kubernetes.io/hostname": AGENT_NODE,
