@@ -277,13 +277,13 @@ def create_app(
                         placement_annotations(choice, cfg.policy),
                         pod=None if seen is None else seen.obj)
         except BindError as e:
-            cache.forget(pod.key)
+            book.forget(pod.key)  # a group member's room is held again at once
             if seen is not None:
                 request_pods.put_back(seen)
             metrics.binds.labels("api_error").inc()
             return BindingResult(str(e))
         except Exception as e:  # the reservation must not outlive a failed bind
-            cache.forget(pod.key)
+            book.forget(pod.key)
             if seen is not None:
                 request_pods.put_back(seen)
             metrics.binds.labels("api_error").inc()

@@ -161,6 +161,7 @@ class ClusterCache:
         self._taints: dict[str, tuple[Taint, ...]] = {}
         self._group_pods: dict[str, set[str]] = {}
         self._gpu_pods: dict[str, set[str]] = {}
+        self._gone_hooks: list[Callable[[str], None]] = []  # see on_pod_gone
 
     # ---- listeners and views ---------------------------------------------------------------
 
@@ -236,6 +237,13 @@ class ClusterCache:
     def gen(self, node: str) -> int:
         """Generation of a node: equal numbers mean nothing on the node changed."""
         return self._gen.get(node, -1)
+
+    def on_pod_gone(self, fn: Callable[[str], None]) -> None:
+        """``fn(key)`` is called (under the lock) when a counted pod stops counting
+        because it was deleted or finished, before the change is published: what its
+        room was kept for (a group's reservation) can take it back at once, before any
+        other pod is answered."""
+        self._gone_hooks.append(fn)
 
     def add_pending_filter(self, fn: Callable[[], Set[str]]) -> None:
         """Pending pods whose keys ``fn`` returns (under the lock) are left out of
@@ -424,7 +432,11 @@ class ClusterCache:
         if assumption is not None:
             return  # still assumed and not yet seen bound: stays counted as assumed
         if entry is None or entry.finished:
+            counted = key in self._counted
             self._unapply(key)
+            if counted:
+                for fn in self._gone_hooks:
+                    fn(key)
             return
         if entry.node is None:
             self._unapply(key)
@@ -436,9 +448,41 @@ class ClusterCache:
                 and (entry.recorded is None or same_slot(entry.recorded, current[1]))):
             return  # unchanged binding: nothing to redo (a new record is read below)
         self._unapply(key)
+        self._count_bound(entry)
+
+    def _count_bound(self, entry: PodEntry) -> None:
+        """Count a pod the API shows bound. It is the truth: a group's hold on the GPUs
+        gpupack recorded for it is given up first (the leader's reconcile places that
+        room again), so the pod gets its own GPUs, no GPU is counted for both, and giving
+        the hold back later cannot free GPUs the pod holds."""
+        rec = entry.recorded
+        overlapping: list[str] = []
+        if rec is not None and rec.node == entry.node and rec.gpus:
+            gpus = set(rec.gpus)
+            overlapping = [k for k in sorted(self._on_node.get(rec.node, ()))
+                           if k in self._holds and k not in self._pods
+                           and k not in self._assumed and gpus & set(self._counted[k][1].gpus)]
+        kept = [self._counted[k] for k in overlapping]
+        for k in overlapping:
+            self._unapply(k)
         p = self._placement_for(entry)
         if p is not None:
             self._apply(entry.req, p)
+        for hreq, hp in kept:
+            if self._room_free(hreq, hp):
+                self._apply(hreq, hp)
+            else:
+                self._holds.discard(hreq.key)
+                log.info("hold %s on %s given up: pod %s is bound there", hreq.key, hp.node,
+                         entry.req.key)
+
+    def _room_free(self, req: PodRequest, p: Placement) -> bool:
+        """Whether ``p``'s GPUs are free for ``req`` (cordons, CPU and memory aside: a
+        hold keeps a room whatever else changed on the node)."""
+        if req.kind is RequestKind.WHOLE:
+            return all(self.state.gpu(p.node, i).idle for i in p.gpus)
+        return any(same_slot(o, p)
+                   for o in self.state.options(req, p.node, gpus_only=True))
 
     def _drop_assumption(self, key: str) -> None:
         self._assumed.pop(key, None)
@@ -523,7 +567,10 @@ class ClusterCache:
         redo: list[str] = []  # assumptions and holds that no longer fit: accounted anew
         refit: list[PodEntry] = []  # bound pods placed afresh, after those that keep theirs
         existing: dict[str, Placement] = {}  # assumptions now counted differently (created)
-        for key in sorted(self._on_node.get(name, set())):
+        # Bound pods first, then assumptions, then holds: what the API shows bound is
+        # the truth, and a hold must never push a bound pod off its recorded GPUs.
+        for key in sorted(self._on_node.get(name, set()),
+                          key=lambda k: (k in self._holds, k in self._assumed, k)):
             req, p = self._counted[key]
             entry = self._pods.get(key)
             fits = scratch.shape_error(req, p) is None
@@ -658,7 +705,11 @@ class ClusterCache:
             self._index(key, self._pods.pop(key, None), add=False)
             self._pending.pop(key, None)
             self._assumed.pop(key, None)
+            counted = key in self._counted
             self._unapply(key)
+            if counted:
+                for fn in self._gone_hooks:
+                    fn(key)
             self._changed()
 
     def replace(self, nodes: Iterable[Mapping[str, Any]] | None,

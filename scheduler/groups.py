@@ -148,6 +148,9 @@ class ReservationBook:
         self.on_complete: Callable[[float], None] | None = None
         self.ready = False  # first lists in and holds rebuilt: the verbs may answer
         self._rebuilt = False  # holds rebuilt: step() may act (ready follows its first step)
+        # Moves whenever a record from the API changes what is held: a step must then
+        # hold it, however recent the last one (see _version).
+        self._record_gen = 0
         self._listed = records_listed
         self._revs: dict[str, int] = {}
         self._names: dict[str, str] = {}  # record name -> group
@@ -158,6 +161,7 @@ class ReservationBook:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         cache.add_pending_filter(self.held_members)
+        cache.on_pod_gone(self._member_gone)
         cache.subscribe(self._wake.set)
 
     # ---- what others read ------------------------------------------------------------------
@@ -182,8 +186,9 @@ class ReservationBook:
                 group = self._names.pop(name, None)
                 # The leader trusts its own writes (this may be the echo of an older
                 # delete); a standby mirrors the API.
-                if group is not None and not self.is_leader():
-                    self.records.pop(group, None)
+                if group is not None and not self.is_leader() and \
+                        self.records.pop(group, None) is not None:
+                    self._record_gen += 1
                 self._wake.set()
                 return
             try:
@@ -204,7 +209,9 @@ class ReservationBook:
                             "capped at the TTL", rec.group, rec.expires - self.clock(),
                             self.ttl)
                 rec = replace(rec, expires=self.clock() + self.ttl)
-            self.records[rec.group] = rec
+            if self.records.get(rec.group) != rec:
+                self.records[rec.group] = rec
+                self._record_gen += 1
             self._wake.set()
 
     def records_listed(self, objs: Iterable[Mapping[str, object]]) -> None:
@@ -272,6 +279,15 @@ class ReservationBook:
                 if why is not None:
                     log.info("room of %s not held: %s", hk, why)
 
+    def _member_gone(self, key: str) -> None:
+        """A counted pod was deleted or finished (under the cache lock, before the change
+        is published). When it was a member of a reserved group, the book steps at once
+        rather than on the keeper's next turn: the member's room is held again (or, on
+        the leader, the group released if its leader went) before any other pod is
+        answered, so none takes the room in between."""
+        if self._rebuilt and any(key in r.pods.values() for r in self.records.values()):
+            self.step(force=True)
+
     def step(self, force: bool = False) -> None:
         """Hold what the records ask for; on the leader, reconcile and apply."""
         with self.cache.lock:
@@ -299,9 +315,9 @@ class ReservationBook:
             self._next_due = self._due()
 
     def _version(self) -> int:
-        """Moves on every change that could change a decision: the cache's, and the
-        quotas' and LeaderWorkerSets' (both only grow)."""
-        return self.cache.version + self.inputs.version
+        """Moves on every change that could change a decision: the cache's, the records
+        the API reports, and the quotas' and LeaderWorkerSets' (each only grows)."""
+        return self.cache.version + self._record_gen + self.inputs.version
 
     def _judge(self, members: Mapping[str, list[Member]], now: float) -> RightsPass:
         """The rights of the groups this pass can act on: those with a record, and
@@ -463,6 +479,15 @@ class ReservationBook:
                     self.cache.hold(*held)
                 return f"group {got.group}: {e}"
             return placement
+
+    def forget(self, key: str) -> None:
+        """The bind of ``key`` failed: drop its assumption and, for a group member, hold
+        its room again at once (under the same lock, so no other pod takes it meanwhile;
+        the room was the member's until the bind failed)."""
+        with self.cache.lock:
+            self.cache.forget(key)
+            if self._rebuilt and any(key in r.pods.values() for r in self.records.values()):
+                self._apply_holds()
 
     def preempt(self, args: PreemptionArgs) -> PreemptionResult | None:
         """For a group member: per proposed node, the proposed victims among the fewest

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -558,3 +559,53 @@ def test_a_standby_refuses_the_verbs() -> None:
     text = client.get("/metrics").text
     assert "gpupack_leader 0.0" in text
     assert "gpupack_whole_gpus_free" not in text and "gpupack_gpu_allocated{" not in text
+
+
+def test_a_pod_seen_bound_over_a_held_room_takes_it_and_frees_nothing_under_it() -> None:
+    """Found by the stateful test: a standby held a member's room; the leader bound the
+    member there; the watch showed the pod over the hold (counted twice), and giving the
+    hold back freed GPUs the pod holds, so a filler got them. Bound pods are the truth:
+    the hold they overlap is given up at once (the leader places that room again)."""
+    from kube.objects import pod_request
+
+    r = rig(TWO, [lws_pod("a", 0, 2, 8)], leader=lambda: False)  # a standby: it only holds
+    leader = rig(TWO, [lws_pod("a", 0, 2, 8)])
+    rec = leader.book.reservations[A]
+    r.tap.upsert_record(record_object(rec, "gpupack"))
+    r.sync()
+    assert r.held(A) == [0, 1]
+    room = rec.slots[0]
+    r.tap.upsert_pod(bound(lws_pod("a", 0, 2, 8), room.node,
+                           placement_annotations(replace(room, pod="llm/a-0"), "gpupack")))
+    owners = gpu_owners(r.cache)
+    assert all(owners[(room.node, i)] == "llm/a-0" for i in room.gpus)
+    assert r.cache.counted(hold_key(A, 0)) is None  # the overlapped hold is gone
+    r.sync()
+    filler = pod_request(whole_pod("filler", 1, namespace="x"))
+    assert r.cache.state.options(filler, room.node) == []  # nothing freed under the pod
+
+
+def test_a_member_whose_bind_fails_has_its_room_held_again_at_once() -> None:
+    """Found by the stateful test: the member's hold was given up for its bind; the API
+    refused the Binding (the pod was deleted meanwhile) and the room stayed free until
+    the next step, for any other pod to take."""
+    r = rig(TWO, [lws_pod("a", 0, 2, 8)])
+    req = req_of(r, lws_pod("a", 0, 2, 8))
+    node_name = r.book.reservations[A].slots[0].node
+    got = r.book.bind_member(req, req.uid, node_name)
+    assert got is not None and not isinstance(got, str)
+    assert r.held(A) == [1]
+    r.book.forget(req.key)  # what the app does when the Binding is refused
+    assert r.held(A) == [0, 1]
+    assert r.cache.counted(req.key) is None
+
+
+def test_a_bound_member_deleted_has_its_room_held_again_before_any_step() -> None:
+    """Found by the stateful test: a bound worker was deleted; until the book's next
+    step its room was free, and a filler answered in between took it."""
+    r = rig(TWO, [lws_pod("a", 0, 2, 8), lws_pod("a", 1, 2, 8)])
+    worker = lws_pod("a", 1, 2, 8)
+    bind(r, worker, r.book.reservations[A].slots[1].node)
+    assert r.held(A) == [0]
+    r.tap.delete_pod("llm/a-0-1")  # no step after it
+    assert r.held(A) == [0, 1]

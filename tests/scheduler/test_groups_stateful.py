@@ -1,0 +1,366 @@
+"""A Hypothesis state machine of two extender replicas over one cluster (issue 15, item
+8): group arrivals (some forged too big for their labels), member binds, filler pods,
+deletions, the clock, restarts (a replica rebuilt from the records), failovers (the
+Lease changes hands), stalled watches (each replica's events are delivered only when a
+rule says so) and forged ``gpupack.io/reservation`` annotations on users' pods.
+
+After every step:
+
+* **no over-commit**: in the API (the world), no GPU is bound to two pods; in each
+  replica's cache, no GPU is counted twice (pods, assumptions and holds together);
+* **every group whole or holding nothing**: on the leader, each record's every slot is
+  either its member, bound, or a room held; a group without a record holds nothing;
+  the bound members of a group are in one NVLink clique;
+* **one writer**: every record write reached the API from the replica leading then;
+* a forged annotation changes no replica's records.
+
+The pieces are the real ones (cache, reservation book, tap, record writer) fed as the
+API source feeds them; the API is a dict. One modelling assumption: at a failover the
+new leader's watch has delivered what the API had (a Lease lasts seconds, a watch lags
+milliseconds: kube-scheduler's own failover makes the same one); stalls within a term,
+on the leader or the standby, are arbitrary.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+from hypothesis import HealthCheck, event, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from sched_builders import FakeClock, node, pod, whole_pod
+from test_groups_builders import bound, lws_pod
+
+from kube.annotations import GPUS, placement_annotations
+from kube.objects import pod_request
+from kube.reservations import RESERVATION, RecordWriter, ReservationTap, record_of
+from packing.groups import RESERVE_MARK
+from scheduler.cache import ClusterCache
+from scheduler.groups import ReservationBook, hold_key
+
+CLIQUE = "nvidia.com/gpu.clique"
+NODES = [node(f"n{i}", gpus=4, reconfigurable=False,
+              labels={CLIQUE: "A" if i < 2 else "B"}) for i in range(4)]
+CLIQUE_OF = {f"n{i}": ("A" if i < 2 else "B") for i in range(4)}
+# name -> (size the labels say, GPUs per member); "big" asks 4 x 4 = 16 > the cap of 12.
+GROUPS = {"a": (2, 4), "b": (2, 2), "c": (1, 4), "big": (4, 4)}
+MAX_GROUP_GPUS = 12
+
+
+def member_key(g: str, i: int) -> str:
+    return f"llm/{g}-0" if i == 0 else f"llm/{g}-0-{i}"
+
+
+class World:
+    """The API server: pods, record ConfigMaps, the Lease, and every watcher's queue."""
+
+    def __init__(self) -> None:
+        self.pods: dict[str, dict[str, Any]] = {}
+        self.records: dict[str, dict[str, Any]] = {}
+        self.leader = 0
+        self.clock = FakeClock()
+        self.queues: dict[int, list[tuple[str, Any]]] = {}
+        self.bad_writes: list[str] = []
+
+    def emit(self, event: tuple[str, Any]) -> None:
+        for q in self.queues.values():
+            q.append(event)
+
+    def put_pod(self, obj: dict[str, Any]) -> None:
+        key = f"{obj['metadata']['namespace']}/{obj['metadata']['name']}"
+        self.pods[key] = obj
+        self.emit(("pod", copy.deepcopy(obj)))
+
+    def delete_pod(self, key: str) -> None:
+        if self.pods.pop(key, None) is not None:
+            self.emit(("pod-", key))
+
+
+class Store:
+    """A replica's record store: writes go to the world; a write from a replica that
+    does not lead is a broken invariant (RecordWriter must have dropped it)."""
+
+    def __init__(self, world: World, rid: int) -> None:
+        self.world = world
+        self.rid = rid
+
+    def put(self, obj: Any) -> None:
+        if self.world.leader != self.rid:
+            self.world.bad_writes.append(f"replica {self.rid} wrote while not leading")
+        stored = json.loads(json.dumps(obj))
+        self.world.records[stored["metadata"]["name"]] = stored
+        self.world.emit(("record", stored))
+
+    def delete(self, name: str) -> None:
+        if self.world.leader != self.rid:
+            self.world.bad_writes.append(f"replica {self.rid} deleted while not leading")
+        if self.world.records.pop(name, None) is not None:
+            self.world.emit(("record-", name))
+
+
+class Replica:
+    """One extender process, started fresh from a full list of the world."""
+
+    def __init__(self, world: World, rid: int) -> None:
+        self.world = world
+        self.rid = rid
+        world.queues[rid] = []
+
+        def leads() -> bool:
+            return world.leader == rid
+
+        self.cache = ClusterCache("gpupack")
+        self.writer = RecordWriter(Store(world, rid), is_leader=leads, retries=0)
+        self.book = ReservationBook(self.cache, ttl=60, clock=world.clock, writer=self.writer,
+                                    retry_s=0, cooldown_s=10, is_leader=leads,
+                                    max_group_gpus=MAX_GROUP_GPUS)
+        self.tap = ReservationTap(self.cache, self.book)
+        self.tap.replace_records(copy.deepcopy(list(world.records.values())))
+        self.tap.replace(NODES, copy.deepcopy(list(world.pods.values())))
+        self.tap.mark_synced()
+        assert self.book.ready
+
+    def deliver(self, n: int | None = None) -> None:
+        q = self.world.queues[self.rid]
+        cut = len(q) if n is None else n
+        todo = q[:cut]
+        del q[:cut]
+        for kind, what in todo:
+            if kind == "pod":
+                self.tap.upsert_pod(what)
+            elif kind == "pod-":
+                self.tap.delete_pod(what)
+            elif kind == "record":
+                self.tap.upsert_record(what)
+            else:
+                self.tap.delete_record(what)
+
+    def step(self) -> None:
+        self.book.step()
+        self.writer.drain()
+
+
+class Cluster(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.world = World()
+        self.replicas = [Replica(self.world, 0), Replica(self.world, 1)]
+        self.fillers = 0
+        self.forged = 0
+
+    @property
+    def leader(self) -> Replica:
+        return self.replicas[self.world.leader]
+
+    @initialize(groups=st.lists(st.sampled_from(sorted(GROUPS)), min_size=1, max_size=3,
+                                unique=True), workers=st.booleans())
+    def groups_already_there(self, groups: list[str], workers: bool) -> None:
+        """Start mid-life: some groups (and their workers) seen by both replicas, and
+        the leader's first decisions taken."""
+        for g in groups:
+            size, gpus = GROUPS[g]
+            for i in range(size if workers else 1):
+                self.world.put_pod(lws_pod(g, i, size, gpus))
+        for r in self.replicas:
+            r.deliver()
+        self.leader.step()
+        for r in self.replicas:
+            r.deliver()
+
+    # ---- arrivals and departures ------------------------------------------------------------
+
+    @rule(g=st.sampled_from(sorted(GROUPS)), prio=st.integers(0, 2))
+    def group_arrives(self, g: str, prio: int) -> None:
+        if member_key(g, 0) not in self.world.pods:
+            size, gpus = GROUPS[g]
+            self.world.put_pod(lws_pod(g, 0, size, gpus, priority=prio))
+
+    @rule(g=st.sampled_from(sorted(GROUPS)), i=st.integers(1, 3))
+    def worker_arrives(self, g: str, i: int) -> None:
+        size, gpus = GROUPS[g]
+        if i < size and member_key(g, 0) in self.world.pods and \
+                member_key(g, i) not in self.world.pods:
+            self.world.put_pod(lws_pod(g, i, size, gpus))
+
+    @rule(g=st.sampled_from(sorted(GROUPS)), i=st.integers(0, 3))
+    def member_deleted(self, g: str, i: int) -> None:
+        self.world.delete_pod(member_key(g, i))
+
+    @rule(i=st.integers(0, 5))
+    def filler_deleted(self, i: int) -> None:
+        self.world.delete_pod(f"x/filler-{i}")
+
+    # ---- the leader acts --------------------------------------------------------------------
+
+    def _bind(self, r: Replica, key: str, placement: Any) -> None:
+        """The API server's side of a Binding: refused when the pod is gone or bound."""
+        current = self.world.pods.get(key)
+        if current is None or current["spec"].get("nodeName"):
+            r.book.forget(key)  # what the app does when the Binding is refused
+            return
+        self.world.put_pod(bound(current, placement.node,
+                                 placement_annotations(placement, "gpupack")))
+
+    @rule(pick=st.integers(0, 7))
+    def member_bound(self, pick: int) -> None:
+        """kube-scheduler binds one of the pending members the leader has a room for."""
+        r = self.leader
+        ready = sorted((key, rec.group, slot) for rec in r.book.reservations.values()
+                       for slot, key in rec.pods.items() if r.cache.pending_pod(key))
+        if not ready:
+            return
+        key, group, slot = ready[pick % len(ready)]
+        req = r.cache.pending_pod(key)
+        assert req is not None
+        got = r.book.bind_member(req, req.uid, r.book.reservations[group].slots[slot].node)
+        if got is not None and not isinstance(got, str):
+            event("a member bound to its room")
+            self._bind(r, key, got)
+
+    @rule(gpus=st.integers(1, 2))
+    def filler_bound(self, gpus: int) -> None:
+        """A small pod gpupack binds where its leader's cache says there is room."""
+        r = self.leader
+        name = f"filler-{self.fillers % 6}"
+        self.fillers += 1
+        if f"x/{name}" in self.world.pods:
+            return
+        p = whole_pod(name, gpus, namespace="x", uid=f"uid-{name}-{self.fillers}")
+        self.world.put_pod(p)
+        r.deliver()  # the pod must be known to be bound (kube-scheduler sends it)
+        req = pod_request(p)
+        with r.cache.view() as view:
+            option = next((o for n in sorted(view.node_names())
+                           for o in view.state.options(req, n)), None)
+            if option is None:
+                return
+            view.assume(req, req.uid, option)
+        self._bind(r, f"x/{name}", option)
+
+    @rule(rid=st.integers(0, 1))
+    def step(self, rid: int) -> None:
+        book = self.replicas[rid].book
+        done = book.released["complete"]
+        self.replicas[rid].step()
+        if book.reservations:
+            event("a replica holds a reservation")
+        if book.released["complete"] > done:
+            event("a group completed")
+
+    # ---- time, watches, restarts, failovers ---------------------------------------------------
+
+    @rule(seconds=st.sampled_from((1, 15, 70)))
+    def tick(self, seconds: int) -> None:
+        self.world.clock.advance(seconds)
+
+    @rule(rid=st.integers(0, 1), n=st.one_of(st.none(), st.integers(1, 3)))
+    def watch_delivers(self, rid: int, n: int | None) -> None:
+        """Not called: the watch is stalled. Called: some or all of its events arrive."""
+        self.replicas[rid].deliver(n)
+
+    @rule(rid=st.integers(0, 1))
+    def restart(self, rid: int) -> None:
+        self.replicas[rid] = Replica(self.world, rid)
+        self.replicas[rid].step()
+
+    @rule()
+    def failover(self) -> None:
+        new = 1 - self.world.leader
+        self.replicas[new].deliver()  # see the module docstring
+        self.world.leader = new
+        self.replicas[new].step()
+
+    # ---- forgery ------------------------------------------------------------------------------
+
+    @rule(rev=st.integers(1, 1000), node_name=st.sampled_from([f"n{i}" for i in range(4)]))
+    def forged_annotation(self, rev: int, node_name: str) -> None:
+        """A user's pod carrying another group's record, moved and with a higher rev."""
+        if not self.world.records:
+            return
+        self._settle()
+        if not self.world.records:
+            return  # they expired meanwhile
+        event("a forged annotation")
+        before = [dict(r.book.records) for r in self.replicas]
+        victim = record_of(next(iter(self.world.records.values())))
+        body = {"v": 1, "g": victim.group, "s": victim.size, "pr": 1000, "t": None,
+                "x": False, "d": None, "at": 0, "exp": self.world.clock.now + 1e6,
+                "rev": victim.rev + rev,
+                "m": {str(s): {"n": node_name, "g": [0, 1, 2, 3]} for s in victim.slots}}
+        self.forged += 1
+        evil = pod(f"evil-{self.forged}", namespace="evil",
+                   annotations={RESERVATION: json.dumps(body),
+                                "gpupack.io/group-key": victim.group})
+        self.world.put_pod(evil)
+        self._settle()
+        assert [dict(r.book.records) for r in self.replicas] == before
+
+    def _settle(self) -> None:
+        """Every watch delivered and every replica stepped until nothing moves (the
+        leader's writes reach the standby one round later)."""
+        for _ in range(5):
+            seen = [dict(r.book.records) for r in self.replicas]
+            for r in self.replicas:
+                r.deliver()
+                r.step()
+            if all(not q for q in self.world.queues.values()) and seen == [
+                    dict(r.book.records) for r in self.replicas]:
+                return
+        raise AssertionError("the replicas did not settle")
+
+    # ---- invariants ---------------------------------------------------------------------------
+
+    @invariant()
+    def one_writer(self) -> None:
+        assert self.world.bad_writes == []
+
+    @invariant()
+    def no_gpu_bound_twice_in_the_api(self) -> None:
+        seen: dict[tuple[str, int], str] = {}
+        for key, p in self.world.pods.items():
+            n = p["spec"].get("nodeName")
+            if not n:
+                continue
+            for i in (p["metadata"].get("annotations") or {}).get(GPUS, "").split(","):
+                if i:
+                    assert (n, int(i)) not in seen, f"GPU {n}/{i}: {seen[(n, int(i))]}, {key}"
+                    seen[(n, int(i))] = key
+
+    @invariant()
+    def no_gpu_counted_twice_in_a_cache(self) -> None:
+        for r in self.replicas:
+            seen: dict[tuple[str, int], str] = {}
+            for req, p in r.cache.snapshot().running:
+                for i in p.gpus:
+                    assert (p.node, i) not in seen, (
+                        f"replica {r.rid}: GPU {p.node}/{i}: {seen[(p.node, i)]} and {req.key}")
+                    seen[(p.node, i)] = req.key
+
+    @invariant()
+    def groups_whole_or_holding_nothing(self) -> None:
+        r = self.leader
+        for key, rec in r.book.reservations.items():
+            for slot in range(rec.size):
+                member = rec.pods.get(slot)
+                entry = r.cache.pod_entry(member) if member else None
+                member_bound = entry is not None and r.cache.counted(member or "") is not None
+                held = r.cache.counted(hold_key(key, slot)) is not None
+                assert member_bound or held, f"group {key} slot {slot} neither bound nor held"
+        for hk in r.cache.holds():
+            assert hk.split(RESERVE_MARK)[0] in r.book.reservations, f"{hk} held for nothing"
+        for g in GROUPS:
+            cliques = {CLIQUE_OF[p["spec"]["nodeName"]] for k, p in self.world.pods.items()
+                       if k.startswith(f"llm/{g}-0") and p["spec"].get("nodeName")}
+            assert len(cliques) <= 1, f"group {g} split across cliques {cliques}"
+
+    @invariant()
+    def a_group_over_the_cap_holds_nothing(self) -> None:
+        for r in self.replicas:
+            assert "llm/big/0" not in r.book.reservations
+
+
+Cluster.TestCase.settings = settings(max_examples=50, stateful_step_count=50, deadline=None,
+                                     suppress_health_check=[HealthCheck.too_slow])
+TestGroupsStateful = Cluster.TestCase
