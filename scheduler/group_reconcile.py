@@ -27,6 +27,12 @@ Then every group with pending pods and no record, in the same order, unless it w
 the whole group is placed at once (:func:`scheduler.group_placement.place_members`) or
 waits holding nothing; a higher-priority group that does not fit may displace
 lower-priority records none of whose members is bound.
+
+Rights (:mod:`scheduler.group_rights`, judged by the handler): a refused group waits
+(``no_rights``) holding nothing, and a record of a group refused for good (``never``)
+is released; new placements and re-placed rooms use only the nodes ``allowed``; a
+group's quota claim must fit in what its quotas have left after the groups reserved
+before it in the same pass, and is charged when it is reserved.
 """
 
 from __future__ import annotations
