@@ -12,7 +12,15 @@ import sys
 from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
 
-from gpupack import agent_cmd, explain_cmd, plan_cmd, serve_cmd, simulate_cmd, webhook_cmd
+from gpupack import (
+    agent_cmd,
+    defrag_cmd,
+    explain_cmd,
+    plan_cmd,
+    serve_cmd,
+    simulate_cmd,
+    webhook_cmd,
+)
 
 
 def package_version() -> str:
@@ -38,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve_cmd.add_arguments(sub.add_parser("serve", help="kube-scheduler extender (HTTP)"))
     webhook_cmd.add_arguments(sub.add_parser("webhook", help="mutating admission webhook (HTTPS)"))
     explain_cmd.add_arguments(sub.add_parser("explain", help="what would the webhook do to a pod?"))
+    defrag_cmd.add_arguments(sub.add_parser("defrag", help="evictions to let LLM groups in"))
     return parser
 
 
@@ -48,6 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     runner = {"plan": plan_cmd.run, "simulate": simulate_cmd.run, "agent": agent_cmd.run,
               "serve": serve_cmd.run, "webhook": webhook_cmd.run, "explain": explain_cmd.run}
+    runner["defrag"] = defrag_cmd.run
     return runner[args.command](args)
 
 
