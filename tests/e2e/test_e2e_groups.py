@@ -1,0 +1,105 @@
+"""LLM groups within their rights, on the real control plane: a reservation uses only
+nodes every member could run on, and a group its namespace's ResourceQuota cannot hold
+is refused and holds nothing."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from cluster import (
+    bound,
+    create_nodes,
+    create_pods,
+    group_outcomes,
+    h100_whole,
+    lws_member,
+    pending_report,
+    pods_in,
+    wait_for,
+)
+from conftest import Space
+from controlplane import NAMESPACE
+from kubernetes.client.rest import ApiException
+
+RECORDS = "app.kubernetes.io/managed-by=gpupack,app.kubernetes.io/component=group-reservation"
+ZONE = "topology.kubernetes.io/zone"
+
+
+def records(core: Any) -> list[Any]:
+    return list(core.list_namespaced_config_map(NAMESPACE, label_selector=RECORDS).items)
+
+
+def record_text(core: Any, ns: str) -> list[str]:
+    """The reservation records of groups of namespace ``ns``, as text."""
+    out = []
+    for cm in records(core):
+        text = str(cm.data)
+        if ns in text:
+            out.append(text)
+    return out
+
+
+def _zoned(spec: Any, zone: str) -> Any:
+    return type(spec)(spec.name, {**spec.labels, ZONE: zone}, spec.allocatable)
+
+
+def test_reservation_only_on_nodes_every_member_may_use(space: Space, core: Any) -> None:
+    ns = space.namespace()
+    p = space.name
+    zone_a = [_zoned(h100_whole(f"{p}-a-{i}", p, clique=f"{p}-a"), "a") for i in range(3)]
+    zone_b = [_zoned(h100_whole(f"{p}-b-{i}", p, clique=f"{p}-b"), "b") for i in range(2)]
+    space.nodes += create_nodes(core, [*zone_a, *zone_b])
+    members = [lws_member("llm", w, 2, 8, p) for w in range(2)]
+    for m in members:
+        m["spec"]["nodeSelector"][ZONE] = "b"
+    create_pods(core, ns, members[:1])
+    wait_for(lambda: bound(pods_in(core, ns)).get("llm-0"), 60, "the leader's bind")
+    texts = wait_for(lambda: record_text(core, ns), 30, "the group's reservation record")
+    for text in texts:
+        assert not any(n.name in text for n in zone_a), text
+    create_pods(core, ns, members[1:])
+    pods = wait_for(lambda: (lambda ps: ps if len(bound(ps)) == 2 else None)(
+        pods_in(core, ns)), 60, "the worker's bind")
+    group = group_outcomes(core, pods)["llm"]
+    assert set(group.nodes) <= {n.name for n in zone_b}, group.nodes
+
+
+def test_group_over_its_quota_is_refused_and_holds_nothing(space: Space, core: Any) -> None:
+    ns = space.namespace()
+    p = space.name
+    space.nodes += create_nodes(core, [h100_whole(f"{p}-a-{i}", p, clique=f"{p}-a")
+                                       for i in range(3)])
+    hard = {"requests.nvidia.com/gpu": "8"}
+    core.create_namespaced_resource_quota(ns, {
+        "apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "gpus"},
+        "spec": {"hard": hard}})
+    # No kube-controller-manager computes the quota's status; the API server's quota
+    # admission needs it, so it is set as the quota controller would.
+    core.patch_namespaced_resource_quota_status("gpus", ns, {
+        "status": {"hard": hard, "used": {"requests.nvidia.com/gpu": "0"}}})
+    leader, worker = (lws_member("llm", w, 2, 8, p) for w in range(2))
+    wait_for(lambda: _created(core, ns, leader), 30, "quota admission to accept the leader")
+    # The API server's own quota admission refuses the worker (8 + 8 > 8) ...
+    with pytest.raises(ApiException) as err:
+        core.create_namespaced_pod(ns, worker)
+    assert err.value.status == 403 and "exceeded quota" in str(err.value.body)
+    # ... and gpupack refuses the whole group at its leader: no room is held for it.
+    time.sleep(5)
+    assert "llm-0" not in bound(pods_in(core, ns)), "the leader of an impossible group bound"
+    assert record_text(core, ns) == [], "a record holds room for a group that cannot fit"
+    report = pending_report(core, ns)
+    assert "ResourceQuota" in report or "quota" in report.lower(), report
+
+
+def _created(core: Any, ns: str, body: dict[str, Any]) -> bool:
+    try:
+        core.create_namespaced_pod(ns, body)
+    except ApiException as e:
+        if e.status == 409:
+            return True
+        if "status unknown for quota" in str(e.body):
+            return False  # the quota's status is not seen by admission yet
+        raise
+    return True
