@@ -106,7 +106,8 @@ def run(args: argparse.Namespace) -> int:
             from nodeagent.metrics import serve_metrics
 
             try:
-                serve_metrics(metrics.registry, args.metrics_port)
+                serve_metrics(metrics.registry, args.metrics_port,
+                              ready=lambda: agent.inventories > 0)
             except OSError as e:
                 print(f"gpupack agent: --metrics-port {args.metrics_port}: cannot listen: "
                       f"{e.strerror or e}", file=sys.stderr)

@@ -108,6 +108,7 @@ class Agent:
         self.last_patched: Inventory | None = None
         self.last_patch_attempt: float | None = None
         self._nvml_error_logged = False
+        self.inventories = 0  # inventories taken: the agent is ready after its first
 
     def observe(self) -> Report:
         """One read of everything and the inventory built from it (no API write)."""
@@ -126,6 +127,7 @@ class Agent:
         growth = self.history.update(now, usages)
         inventory = build_inventory(self.config.node, int(now), snapshot, view, usages, growth)
         self.metrics.update(now, snapshot, view, usages, growth)
+        self.inventories += 1
         return Report(inventory=inventory, usages=tuple(usages), growth=growth,
                       snapshot=snapshot)
 

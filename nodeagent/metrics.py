@@ -7,9 +7,9 @@ left stops being exported instead of freezing at its last value.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, make_wsgi_app
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 from nodeagent.growth import Growth
 from nodeagent.nvml import GpuSnapshot, NvmlCallError
@@ -17,6 +17,7 @@ from nodeagent.podresources import PodResourcesView
 from nodeagent.report import PoolUsage, gpu_mode, product_label, usable
 from serving.gate import Limits
 from serving.listener import Listener
+from serving.metrics_app import create_metrics_app
 
 _POD = ("namespace", "pod", "gpu")
 
@@ -25,14 +26,19 @@ METRICS_LIMITS = Limits(max_body=64 * 1024, max_connections=64,
                         buffer_budget=4 * 1024 * 1024)
 
 
-def serve_metrics(registry: CollectorRegistry, port: int, host: str = "0.0.0.0") -> Listener:
-    """The agent's ``/metrics`` (any path, as prometheus_client's own server), started.
+def serve_metrics(registry: CollectorRegistry, port: int, host: str = "0.0.0.0",
+                  ready: Callable[[], bool] | None = None) -> Listener:
+    """The agent's ``/metrics`` with the health convention of every gpupack server
+    (``/healthz``; ``/readyz``, ready once ``ready()`` says so, e.g. after the first
+    inventory; JSON errors), started.
 
     A :class:`serving.listener.Listener` rather than ``prometheus_client.start_http_server``:
     that one starts a thread per connection with no read timeout, so half-open
     connections pile up threads; here they hold a capped number of sockets and are cut
     at a deadline. OSError when the port cannot be listened on."""
-    listener = Listener(make_wsgi_app(registry), host, port, limits=METRICS_LIMITS, threads=2,
+    app = create_metrics_app(lambda: generate_latest(registry), ready,
+                             not_ready_why="no inventory taken yet", name="gpupack.agent")
+    listener = Listener(app, host, port, limits=METRICS_LIMITS, threads=2,
                         name="gpupack-agent-metrics")
     listener.start()
     return listener

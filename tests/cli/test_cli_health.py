@@ -6,7 +6,8 @@
 * every error, an unknown path or method included: JSON ``{"error": ...}`` with its code.
 
 The servers: the extender's verbs port, its ``--metrics-port`` listener (what the kubelet
-probes, the verbs being on loopback) and the webhook (HTTPS). A start-up line says the
+probes, the verbs being on loopback), the webhook (HTTPS) and the node agent's metrics
+listener. A start-up line says the
 mode and what was loaded."""
 
 from __future__ import annotations
@@ -175,15 +176,39 @@ def test_webhook(webhook: tuple[int, list[str]]) -> None:
 
 
 def test_metrics_readyz_follows_the_cache() -> None:
-    from scheduler.metrics_http import create_metrics_app
+    from serving.metrics_app import create_metrics_app
 
     synced = False
-    client = create_metrics_app(lambda: b"", lambda: synced).test_client()
+    client = create_metrics_app(lambda: b"", lambda: synced,
+                                not_ready_why="cache not synced yet").test_client()
     r = client.get("/readyz")
     assert r.status_code == 503 and r.get_json() == {"ready": False,
                                                      "why": "cache not synced yet"}
     synced = True
     assert client.get("/readyz").get_json() == {"ready": True}
+
+
+def test_node_agent_metrics_port() -> None:
+    """The agent's listener (real sockets): not ready until its first inventory, then the
+    same convention as the others; /metrics is the agent's registry."""
+    from prometheus_client import CollectorRegistry, Counter
+
+    from nodeagent.metrics import serve_metrics
+
+    registry = CollectorRegistry()
+    Counter("gpupack_probe_total", "a series of this registry", registry=registry).inc()
+    inventories = 0
+    listener = serve_metrics(registry, free_port(), host="127.0.0.1",
+                             ready=lambda: inventories > 0)
+    try:
+        status, _, doc = get(listener.port, "/readyz")
+        assert (status, doc) == (503, {"ready": False, "why": "no inventory taken yet"})
+        inventories = 1
+        check_convention(listener.port)
+        status, kind, _ = get(listener.port, "/metrics")
+        assert status == 200 and kind.startswith("text/plain")
+    finally:
+        listener.stop()
 
 
 def test_extender_says_what_it_loaded(extender: tuple[int, int, list[str]]) -> None:
