@@ -266,8 +266,8 @@ def _victims(c: _Cluster, names: Sequence[str], priority: int
     return out, kept
 
 
-def _waiting_reason(members: Sequence[PodRequest], domains: Sequence[Sequence[str]],
-                    topology: str | None, kept: Mapping[str, int], rounds: int,
+def _waiting_reason(members: Sequence[PodRequest], topology: str | None,
+                    kept: Mapping[str, int], limits: Sequence[str], rounds: int,
                     status: str) -> str:
     what = f"{len(members)} pod(s) of {describe(members[0])}"
     where = f"one {topology} domain" if topology else "the cluster"
@@ -278,7 +278,19 @@ def _waiting_reason(members: Sequence[PodRequest], domains: Sequence[Sequence[st
         return f"no eviction set found in time for {what} in {where} (solver {status})"
     held = ", ".join(f"{n} {why}" for why, n in sorted(kept.items(), key=lambda kv: -kv[1]))
     tail = f"; GPUs held by pods that may not be evicted: {held}" if held else ""
+    if limits:
+        tail += "; PodDisruptionBudgets allow only " + ", ".join(limits)
     return f"no eviction set frees room for {what} in {where}{tail}"
+
+
+def _limits(c: _Cluster, victims: Mapping[str, Victim]) -> list[str]:
+    """Budgets that allow fewer disruptions than the candidate pods they cover."""
+    covered: dict[str, int] = defaultdict(int)
+    for v in victims.values():
+        for b in v.budgets:
+            covered[b] += 1
+    return [f"{c.budgets_left[b]} more disruption(s) of the {n} pods {b} covers"
+            for b, n in sorted(covered.items()) if c.budgets_left[b] < n]
 
 
 def _undo_all(state: ClusterState, done: Sequence[tuple[PodRequest, Placement]]) -> None:
@@ -332,21 +344,22 @@ def _plan_unit(c: _Cluster, key: str, members: list[PodRequest],
     cands = candidates(c.state, members, domains, victims, params.screen, params.max_domains,
                        per_domain)
     topology = members[0].group.topology_key if members[0].group else None
+    limits = _limits(c, victims)
     if not cands:
-        return _waiting_reason(members, domains, topology, kept, 0, "NO_CANDIDATES")
+        return _waiting_reason(members, topology, kept, limits, 0, "NO_CANDIDATES")
     built = build_selection(members, cands, c.budgets_left)
     rounds = 0
     while True:
         sel = built.solve(params.max_time_s, params.workers, params.seed)
         if sel.nodes is None:
-            return _waiting_reason(members, domains, topology, kept, rounds, sel.status)
+            return _waiting_reason(members, topology, kept, limits, rounds, sel.status)
         done = _try(c, members, sel, params)
         if done is not None:
             room, evictions = done
             return Move(key, tuple(evictions), tuple(room), sel.cost)
         rounds += 1
         if rounds >= params.max_rounds:
-            return _waiting_reason(members, domains, topology, kept, rounds, sel.status)
+            return _waiting_reason(members, topology, kept, limits, rounds, sel.status)
         built.reject(sel)
 
 
