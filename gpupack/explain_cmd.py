@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         pods = read_objects(args.pod, "Pod")
-        built = load_cluster(args.nodes, args.pods)
+        built = load_cluster(args.nodes, args.pods, mig_actuator=args.mig_actuator)
     except ObjectError as e:
         print(f"gpupack explain: {e}", file=sys.stderr)
         return 2

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from gpupack.inputs import load_cluster
+from gpupack.inputs import add_mig_actuator_argument, load_cluster
 from kube.objects import ObjectError
 from packing.cpsat import SolverParams
 from packing.groups import group_statuses, is_reservation, with_reservations
@@ -32,6 +32,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--time-limit", type=float, default=5.0, help="CP-SAT seconds (gpupack)")
     p.add_argument("--seed", type=int, default=0, help="CP-SAT random seed (gpupack)")
+    add_mig_actuator_argument(p)
 
 
 def plan_json(snapshot: Snapshot, result: PlanResult) -> dict[str, object]:
@@ -61,7 +62,8 @@ def plan_json(snapshot: Snapshot, result: PlanResult) -> dict[str, object]:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        built = load_cluster(args.nodes, args.pods, args.scheduler_name)
+        built = load_cluster(args.nodes, args.pods, args.scheduler_name,
+                             mig_actuator=args.mig_actuator)
     except ObjectError as e:
         print(f"gpupack plan: {e}", file=sys.stderr)
         return 2

@@ -31,6 +31,7 @@ from typing import Any
 
 from gunicorn.app.base import BaseApplication
 
+from gpupack.inputs import add_mig_actuator_argument
 from gpupack.startup import announce_when_synced, source_words, startup_line
 
 EXAMPLES = Path(__file__).parent / "examples"
@@ -124,6 +125,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="webhook: isolation of pods without gpupack.io/isolation (default any)")
     p.add_argument("--strict-namespace", action="append", default=[], metavar="NS",
                    help="webhook: treat namespace NS as opted in to strict mode (repeatable)")
+    add_mig_actuator_argument(p)
     p.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
 
 
@@ -158,7 +160,7 @@ class Components:
         from scheduler.groups import ReservationBook
         from scheduler.planner import Planner
 
-        self.cache = ClusterCache(args.scheduler_name)
+        self.cache = ClusterCache(args.scheduler_name, mig_actuator=args.mig_actuator)
         self.registry = CollectorRegistry()
         params = SolverParams(max_time_s=args.time_limit, max_wall_s=args.time_limit,
                               workers=args.solver_workers,

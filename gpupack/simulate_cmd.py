@@ -8,11 +8,13 @@ import json
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import yaml
 
 from packing.cpsat import SolverParams
+from packing.model import with_mig_actuator
 from packing.policies import REGISTRY
 from packing.scenario import ScenarioError, parse_scenario
 from packing.simulate import SimResult, simulate
@@ -49,6 +51,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="CP-SAT random seed")
     p.add_argument("--format", default="table", choices=["table", "json"])
     p.add_argument("--out", type=Path, default=None, help="folder for the PNG (default ./out)")
+    p.add_argument("--mig-actuator", action="store_true",
+                   help="scenario: nodes with mig-reconfigure: true may be re-partitioned "
+                   "on demand (what a MIG actuator would do; none ships yet, so the "
+                   "default is off: MIG layouts stay as the scenario gives them)")
     p.add_argument("--quiet", action="store_true",
                    help="no progress on stderr (progress is only shown on a terminal anyway)")
 
@@ -91,6 +97,7 @@ def run(args: argparse.Namespace) -> int:
             return 2
     try:
         scenario = parse_scenario(yaml.safe_load(text))
+        scenario = replace(scenario, nodes=with_mig_actuator(scenario.nodes, args.mig_actuator))
     except yaml.YAMLError as e:
         print(f"gpupack simulate: {source}: not valid YAML: {e}", file=sys.stderr)
         return 2
@@ -128,6 +135,7 @@ def run(args: argparse.Namespace) -> int:
             json.dumps(
                 {
                     "source": source,
+                    "mig_actuator": bool(args.mig_actuator),
                     "png": str(png),
                     "results": [
                         {
@@ -150,7 +158,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(
         f"scenario: {source}: {len(scenario.nodes)} nodes, "
-        f"{sum(len(n.gpus) for n in scenario.nodes)} GPUs, {len(scenario.arrivals)} arrivals"
+        f"{sum(len(n.gpus) for n in scenario.nodes)} GPUs, {len(scenario.arrivals)} arrivals, "
+        f"MIG actuator {'on' if args.mig_actuator else 'off'}"
     )
     print(
         "| policy | mode | pods placed | groups placed | GPUs allocated | whole GPUs free "

@@ -17,7 +17,7 @@ from pathlib import Path
 from flask import Flask
 from prometheus_client import CollectorRegistry
 
-from gpupack.inputs import load_cluster
+from gpupack.inputs import add_mig_actuator_argument, load_cluster
 from gpupack.startup import announce, announce_when_synced, source_words, startup_line
 from kube.objects import ObjectError
 from packing.model import Snapshot
@@ -41,6 +41,7 @@ def add_config_arguments(p: argparse.ArgumentParser) -> None:
                    help="isolation of pods without gpupack.io/isolation (default: any)")
     p.add_argument("--strict-namespace", action="append", default=[], metavar="NS",
                    help=f"treat namespace NS as labelled {STRICT}=true (repeatable)")
+    add_mig_actuator_argument(p)
 
 
 def config_from_args(args: argparse.Namespace) -> WebhookConfig:
@@ -60,7 +61,7 @@ def config_from_args(args: argparse.Namespace) -> WebhookConfig:
 def load_snapshot(args: argparse.Namespace) -> tuple[Snapshot, tuple[str, ...]]:
     """The static snapshot from --nodes/--pods; ObjectError (naming the file) when
     unreadable."""
-    built = load_cluster(args.nodes, args.pods)
+    built = load_cluster(args.nodes, args.pods, mig_actuator=args.mig_actuator)
     return built.snapshot, built.notes
 
 
@@ -89,7 +90,7 @@ class LiveSnapshots:
         from kube.source import ApiSource, load_api_client
         from scheduler.cache import ClusterCache
 
-        self.cache = ClusterCache(args.scheduler_name)
+        self.cache = ClusterCache(args.scheduler_name, mig_actuator=args.mig_actuator)
         self.source = ApiSource(load_api_client(args.kubeconfig, args.in_cluster))
         self.source.start(self.cache)
         self._last: tuple[int, Snapshot] | None = None

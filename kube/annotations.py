@@ -24,7 +24,9 @@ MIG = PREFIX + "mig"  # "1g.10gb@4" (profile@start)
 POLICY = PREFIX + "policy"
 DECISION = PREFIX + "decision"
 INVENTORY = PREFIX + "inventory"  # node annotation written by the node agent
-MIG_RECONFIGURE = PREFIX + "mig-reconfigure"  # node label/annotation: "false" freezes layouts
+# Node label/annotation: "true" opts in to MIG re-partitioning (effective only while the
+# MIG actuator is on); "false" or absent: the layout is what the node reports.
+MIG_RECONFIGURE = PREFIX + "mig-reconfigure"
 
 # LeaderWorkerSet (kubernetes-sigs/lws).
 LWS = "leaderworkerset.sigs.k8s.io/"

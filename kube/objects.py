@@ -34,6 +34,7 @@ from packing.model import (
     GpuMode,
     GroupRef,
     MigInstance,
+    MigReconfigure,
     NodeInfo,
     Placement,
     PodRequest,
@@ -114,13 +115,16 @@ def bound_node(pod: Mapping[str, Any]) -> str | None:
 # ---- nodes -------------------------------------------------------------------------------
 
 
-def node_info(node: Mapping[str, Any], notes: list[str] | None = None) -> NodeInfo:
+def node_info(node: Mapping[str, Any], notes: list[str] | None = None, *,
+              mig_actuator: bool = False) -> NodeInfo:
     """A NodeInfo from a v1 Node.
 
     Per-GPU modes and MIG layouts come from the node agent's ``gpupack.io/inventory``
     annotation when it is present and readable; otherwise they are inferred from
     allocatable and labels (and marked inferred). An unreadable inventory is noted in
     ``notes`` and ignored: the node is still usable with inferred detail.
+    ``mig_actuator``: whether something creates MIG slices on nodes that opt in
+    (``gpupack.io/mig-reconfigure: "true"``); only then may their layouts change.
     """
     if not isinstance(node, Mapping):
         raise ObjectError(f"Node: expected an object, got {type(node).__name__}")
@@ -164,7 +168,7 @@ def node_info(node: Mapping[str, Any], notes: list[str] | None = None) -> NodeIn
             if notes is not None:
                 notes.append(f"{who}: metadata.annotations.{A.INVENTORY}: {e}; inferred instead")
     spec = node.get("spec") or {}
-    frozen = (labels.get(A.MIG_RECONFIGURE) or annotations.get(A.MIG_RECONFIGURE)) == "false"
+    opt_in = _mig_opt_in(who, labels, annotations, notes)
     return NodeInfo(
         name=name,
         cpu_milli=cpu,
@@ -174,8 +178,25 @@ def node_info(node: Mapping[str, Any], notes: list[str] | None = None) -> NodeIn
         unschedulable=bool(spec.get("unschedulable", False))
         if isinstance(spec, Mapping)
         else False,
-        mig_reconfigurable=not frozen,
+        mig_reconfigure=MigReconfigure.of(opt_in, mig_actuator),
     )
+
+
+def _mig_opt_in(who: str, labels: Mapping[str, str], annotations: Mapping[str, str],
+                notes: list[str] | None) -> bool | None:
+    """The node's ``gpupack.io/mig-reconfigure`` label (or annotation): True for "true",
+    False for "false", None when absent or unreadable (noted): no opt-in."""
+    for where, values in (("labels", labels), ("annotations", annotations)):
+        value = values.get(A.MIG_RECONFIGURE)
+        if value is None:
+            continue
+        if value in ("true", "false"):
+            return value == "true"
+        if notes is not None:
+            notes.append(f'{who}: metadata.{where}.{A.MIG_RECONFIGURE}: {value!r} is not '
+                         '"true" or "false"; the node does not opt in')
+        return None
+    return None
 
 
 def _observed_gpus(

@@ -57,15 +57,18 @@ def build_snapshot(
     nodes: Iterable[Mapping[str, Any]],
     pods: Iterable[Mapping[str, Any]],
     scheduler_name: str | None = None,
+    *,
+    mig_actuator: bool = False,
 ) -> BuiltSnapshot:
     """Snapshot of ``nodes`` and ``pods``; ObjectError on an object it cannot read.
 
     ``scheduler_name``: when given, only pending pods of that scheduler are pending for
     us; running pods of every scheduler count, since they hold resources.
+    ``mig_actuator``: whether MIG layouts of nodes that opt in may change (node_info).
     """
     notes: list[str] = []
     nodes = list(nodes)
-    infos = [node_info(n, notes) for n in nodes]
+    infos = [node_info(n, notes, mig_actuator=mig_actuator) for n in nodes]
     peaks: dict[str, int] = {}
     for n in nodes:
         peaks.update(observed_peaks(n))

@@ -11,8 +11,8 @@ Units: CPU in millicores, memory in MiB, GPU compute in milli-GPUs (1000 = one G
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 GPU_MILLI = 1000
@@ -28,6 +28,44 @@ class GpuMode(StrEnum):
     # milli-GPU among fractional pods. Kubernetes' device plugin has no such mode; it exists
     # so the published trace experiment can be replayed through the same code.
     FRACTIONAL = "fractional"
+
+
+class MigReconfigure(StrEnum):
+    """Whether a node's MIG layouts may change, and, when they may not, why.
+
+    Only a node that opts in (label ``gpupack.io/mig-reconfigure: "true"``) while the MIG
+    actuator is on (a setting of the process, off by default) may have its idle GPUs
+    re-partitioned; everywhere else the layout is what the node reports, and no solver
+    may count a slice that does not exist as free.
+    """
+
+    NOT_OPTED_IN = "not-opted-in"  # no label: the layout is what the node reports
+    FROZEN = "frozen"  # label "false": the layout is what the node reports
+    ACTUATOR_OFF = "actuator-off"  # label "true", but nothing would create the slices
+    ON = "on"  # label "true" and the actuator is on: idle GPUs may be re-partitioned
+
+    @classmethod
+    def of(cls, opt_in: bool | None, actuator: bool) -> MigReconfigure:
+        """From the node's opt-in (True "true", False "false", None absent) and whether
+        the MIG actuator is on."""
+        if opt_in is None:
+            return cls.NOT_OPTED_IN
+        if not opt_in:
+            return cls.FROZEN
+        return cls.ON if actuator else cls.ACTUATOR_OFF
+
+    @property
+    def why_fixed(self) -> str:
+        """Why the layout cannot change, for reasons people read ("" when it can)."""
+        return {
+            MigReconfigure.NOT_OPTED_IN: "the node does not opt in to MIG reconfiguration "
+                                         '(gpupack.io/mig-reconfigure: "true")',
+            MigReconfigure.FROZEN: "the node freezes its MIG layout "
+                                   '(gpupack.io/mig-reconfigure: "false")',
+            MigReconfigure.ACTUATOR_OFF: "the node opts in to MIG reconfiguration but the "
+                                         "MIG actuator is off",
+            MigReconfigure.ON: "",
+        }[self]
 
 
 class RequestKind(StrEnum):
@@ -73,9 +111,13 @@ class NodeInfo:
     gpus: tuple[GpuInfo, ...] = ()
     labels: Mapping[str, str] = field(default_factory=dict)
     unschedulable: bool = False
-    # MIG layouts may be changed on this node's idle MIG GPUs (dynamic MIG / rebalancer):
-    # a pod may then get a new instance created at a free, valid start.
-    mig_reconfigurable: bool = True
+    # Whether MIG layouts may be changed on this node's idle GPUs (see MigReconfigure):
+    # only then may a pod get a new instance created at a free, valid start.
+    mig_reconfigure: MigReconfigure = MigReconfigure.NOT_OPTED_IN
+
+    @property
+    def mig_reconfigurable(self) -> bool:
+        return self.mig_reconfigure is MigReconfigure.ON
 
     @property
     def gpu_models(self) -> frozenset[str]:
@@ -83,6 +125,17 @@ class NodeInfo:
 
     def topology(self, key: str) -> str | None:
         return self.labels.get(key)
+
+
+def with_mig_actuator(nodes: Iterable[NodeInfo], on: bool) -> tuple[NodeInfo, ...]:
+    """``nodes`` as a process whose MIG actuator is ``on`` (or off) sees them: a node that
+    opts in may be re-partitioned exactly while the actuator is on."""
+    out = []
+    for n in nodes:
+        if n.mig_reconfigure in (MigReconfigure.ACTUATOR_OFF, MigReconfigure.ON):
+            n = replace(n, mig_reconfigure=MigReconfigure.of(True, on))
+        out.append(n)
+    return tuple(out)
 
 
 @dataclass(frozen=True)

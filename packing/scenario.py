@@ -11,8 +11,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from packing.catalog import match_product
-from packing.model import GpuInfo, GpuMode, GroupRef, NodeInfo, PodRequest, RequestKind
+from packing.catalog import GpuModel, match_product
+from packing.mig import layout_from_counts
+from packing.model import (
+    GpuInfo,
+    GpuMode,
+    GroupRef,
+    MigInstance,
+    MigReconfigure,
+    NodeInfo,
+    PodRequest,
+    RequestKind,
+)
 from packing.quantity import QuantityError, cpu_milli, memory_mib, parse_quantity
 
 
@@ -64,13 +74,19 @@ def parse_scenario(data: Any) -> Scenario:
             ) from None
         if mode is GpuMode.MIG and not model.mig_capable:
             raise ScenarioError(f"{where}.mode: {model.name} has no MIG")
+        layout = _mig_layout(spec, model, mode, where)
+        opt_in = spec.get("mig-reconfigure")
+        if opt_in is not None and not isinstance(opt_in, bool):
+            raise ScenarioError(f"{where}.mig-reconfigure: {opt_in!r} is not true or false")
+        # The actuator is a setting of the run (with_mig_actuator), not of the scenario.
+        reconfigure = MigReconfigure.of(opt_in, actuator=False)
         replicas = spec.get("replicas", 1)
         n_gpus = _get(spec, "gpus", where, int)
         labels = {str(k): str(v) for k, v in (spec.get("labels") or {}).items()}
         for k in range(_get(spec, "count", where, int)):
             name = f"{_get(spec, 'prefix', where, str)}-{k}"
             gpus = tuple(
-                GpuInfo(g, model.name, model.memory_mib, mode, replicas=replicas)
+                GpuInfo(g, model.name, model.memory_mib, mode, layout, replicas=replicas)
                 for g in range(n_gpus)
             )
             nodes.append(
@@ -80,6 +96,7 @@ def parse_scenario(data: Any) -> Scenario:
                     _qty(memory_mib, spec.get("memory", "256Gi"), f"{where}.memory"),
                     gpus,
                     {**labels, "kubernetes.io/hostname": name},
+                    mig_reconfigure=reconfigure,
                 )
             )
     classes = _get(data, "classes", "scenario", list)
@@ -105,6 +122,31 @@ def parse_scenario(data: Any) -> Scenario:
         )
         arrivals.append(members)
     return Scenario(tuple(nodes), tuple(arrivals))
+
+
+def _mig_layout(spec: Mapping[str, Any], model: GpuModel, mode: GpuMode, where: str
+                ) -> tuple[MigInstance, ...]:
+    """The MIG instances every GPU of a ``mode: mig`` node reports, from ``mig-devices``
+    (profile -> count, as in a mig-parted config); none when it is absent."""
+    if "mig-devices" not in spec:
+        return ()
+    if mode is not GpuMode.MIG or model.mig is None:
+        raise ScenarioError(f"{where}.mig-devices: only for mode: mig on a MIG-capable GPU")
+    devices = _get(spec, "mig-devices", where, Mapping)
+    counts: dict[str, int] = {}
+    for profile, n in devices.items():
+        if not model.mig.has_profile(str(profile)):
+            raise ScenarioError(
+                f"{where}.mig-devices.{profile}: {model.name} has no such profile "
+                f"(valid: {', '.join(model.mig.profile_names)})")
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+            raise ScenarioError(f"{where}.mig-devices.{profile}: {n!r} is not a count")
+        counts[str(profile)] = n
+    slots = layout_from_counts(model.mig, counts)
+    if slots is None:
+        raise ScenarioError(f"{where}.mig-devices: {dict(counts)} fit no valid layout of "
+                            f"{model.name}")
+    return tuple(MigInstance(s.profile, s.start) for s in slots)
 
 
 def _with(tmpl: PodRequest, key: str, group: GroupRef | None) -> PodRequest:

@@ -20,6 +20,7 @@ from packing.model import (
     GPU_MILLI,
     GpuInfo,
     GpuMode,
+    MigReconfigure,
     NodeInfo,
     Placement,
     PodRequest,
@@ -216,12 +217,16 @@ class ClusterState:
         if pod.kind is RequestKind.NONE:
             return "fits"
         if not allowed:
-            return f"no GPU of a usable kind ({unusable_gpus(pod, node.gpus)})"
+            why = unusable_gpus(pod, node.gpus, node.info.mig_reconfigure)
+            return f"no GPU of a usable kind ({why})"
         if pod.kind is RequestKind.WHOLE:
             free = sum(1 for g in allowed if g.idle)
             return f"{free} whole GPU(s) free, {pod.gpu_count} needed"
         if pod.kind is RequestKind.MIG:
-            return f"no free {pod.mig_profile} slice on any GPU"
+            fixed = node.info.mig_reconfigure.why_fixed
+            # "no free" leads: callers append what is placeable after it.
+            return f"no free {pod.mig_profile} slice on any GPU" + (
+                f", and none is created here: {fixed}" if fixed else "")
         best = max((g.free_milli for g in allowed), default=0)
         return f"no GPU share with {pod.gpu_milli}m/{pod.gpu_memory_mib}Mi free (largest {best}m)"
 
@@ -238,7 +243,8 @@ class ClusterState:
         )
         allowed = self._allowed_gpus(pod, fresh)
         if not allowed:
-            return f"no GPU of a usable kind ({unusable_gpus(pod, fresh.gpus)})"
+            why = unusable_gpus(pod, fresh.gpus, info.mig_reconfigure)
+            return f"no GPU of a usable kind ({why})"
         if pod.kind is RequestKind.WHOLE and len(allowed) < pod.gpu_count:
             return f"node has {len(allowed)} usable GPU(s), pod needs {pod.gpu_count}"
         if pod.cpu_milli > info.cpu_milli or pod.memory_mib > info.memory_mib:
@@ -495,9 +501,12 @@ MODE_WORDS = {GpuMode.WHOLE: "whole-GPU mode", GpuMode.MIG: "MIG mode",
               GpuMode.SHARED: "time-sliced mode", GpuMode.FRACTIONAL: "fractional mode"}
 
 
-def unusable_gpus(pod: PodRequest, gpus: list[GpuState]) -> str:
-    """Why none of ``gpus`` can serve ``pod``, naming the GPUs' model and mode (a bare
-    "node has H100; pod needs MIG" reads as a contradiction when MIG is merely off)."""
+def unusable_gpus(pod: PodRequest, gpus: list[GpuState],
+                  reconfigure: MigReconfigure = MigReconfigure.NOT_OPTED_IN) -> str:
+    """Why none of ``gpus`` (of a node whose MIG layouts change as ``reconfigure`` says)
+    can serve ``pod``, naming the GPUs' model and mode (a bare "node has H100; pod needs
+    MIG" reads as a contradiction when MIG is merely off) and, for a MIG pod, which case
+    keeps MIG off."""
     if not gpus:
         return f"node has no GPUs; pod needs {describe(pod)}"
     kinds: dict[tuple[str, GpuMode, bool], int] = {}
@@ -518,8 +527,7 @@ def unusable_gpus(pod: PodRequest, gpus: list[GpuState]) -> str:
         elif not with_profile:
             why = f"these GPU models have no {pod.mig_profile} profile"
         else:
-            why = ("MIG is off on these GPUs and the node may not be switched to MIG "
-                   "(not reconfigurable, or the GPUs are in use)")
+            why = mig_off_reason(reconfigure)
     elif pod.kind is RequestKind.WHOLE:
         why = "no GPU here is advertised whole (nvidia.com/gpu)"
     elif pod.kind is RequestKind.SHARED:
@@ -527,6 +535,20 @@ def unusable_gpus(pod: PodRequest, gpus: list[GpuState]) -> str:
     else:
         why = "no usable GPU"
     return f"node has {have}: {why}; pod needs {describe(pod)}"
+
+
+def mig_off_reason(reconfigure: MigReconfigure) -> str:
+    """Why MIG-capable GPUs in another mode cannot serve a MIG pod on such a node."""
+    if reconfigure is MigReconfigure.ON:
+        return "MIG is off on these GPUs and they are in use, so none may be switched to MIG"
+    if reconfigure is MigReconfigure.ACTUATOR_OFF:
+        return ("MIG is off on this node; it opts in to reconfiguration but the MIG "
+                "actuator is off")
+    if reconfigure is MigReconfigure.FROZEN:
+        return ('MIG is off on this node and it freezes its MIG layout '
+                '(gpupack.io/mig-reconfigure: "false")')
+    return ('MIG is off on this node and it does not opt in to reconfiguration '
+            '(gpupack.io/mig-reconfigure: "true")')
 
 
 def describe(pod: PodRequest) -> str:

@@ -83,7 +83,7 @@ def node_signature(n: NodeState) -> tuple[Any, ...]:
     """
     info = n.info
     return (
-        info.cpu_milli, info.memory_mib, info.unschedulable, info.mig_reconfigurable,
+        info.cpu_milli, info.memory_mib, info.unschedulable, info.mig_reconfigure,
         info.gpus, n.cpu_free, n.mem_free,
         tuple(
             (
@@ -129,8 +129,10 @@ class AssumeError(RuntimeError):
 class ClusterCache:
     """Nodes, pods, assumed binds and the packing state derived from them."""
 
-    def __init__(self, scheduler_name: str = "gpupack") -> None:
+    def __init__(self, scheduler_name: str = "gpupack", *, mig_actuator: bool = False) -> None:
         self.scheduler_name = scheduler_name
+        # Whether MIG layouts of nodes that opt in may change (kube.objects.node_info).
+        self.mig_actuator = mig_actuator
         self.lock = threading.RLock()
         self.state = ClusterState(Snapshot(nodes=()))
         self.synced = False
@@ -501,7 +503,7 @@ class ClusterCache:
         """
         meta = obj.get("metadata") if isinstance(obj, Mapping) else None
         if not isinstance(meta, Mapping) or not isinstance(meta.get("labels") or {}, Mapping):
-            return node_info(obj)
+            return node_info(obj, mig_actuator=self.mig_actuator)
         labels = meta.get("labels") or {}
         annotations = meta.get("annotations") or {}
         status = obj.get("status") or {}
@@ -517,10 +519,10 @@ class ClusterCache:
                 spec.get("unschedulable") if isinstance(spec, Mapping) else spec,
             ))
         except (AttributeError, TypeError):
-            return node_info(obj)
+            return node_info(obj, mig_actuator=self.mig_actuator)
         shape = self._shapes.get(key)
         if shape is None:
-            info = node_info(obj)
+            info = node_info(obj, mig_actuator=self.mig_actuator)
             if len(self._shapes) < 10_000:
                 self._shapes[key] = info
             return info

@@ -26,7 +26,7 @@ from typing import Any
 
 from kube import annotations as A
 from packing.catalog import CATALOG, MigProfile, fitting_profiles, profile_from_resource
-from packing.model import GPU_MILLI, Snapshot
+from packing.model import GPU_MILLI, MigReconfigure, Snapshot
 from packing.quantity import QuantityError, memory_mib, parse_quantity
 from webhook.capacity import ClusterView, ModelCapacity
 from webhook.config import WHOLE_CLASSES, Isolation, WebhookConfig
@@ -373,12 +373,13 @@ def _fits(view: ClusterView, ask: _Ask, rules: ProductRules
         profile = None
         if cap.mig_gpus and ask.isolation is not Isolation.SHARED:
             # The smallest fitting slice with one free (or creatable) now, else the
-            # smallest fitting one, which the pod then waits for. A larger slice that
-            # exists beats a smaller one nothing will create: kube-scheduler places a
-            # pod only on a resource some node has.
+            # smallest fitting one that exists or may be created, which the pod then
+            # waits for. A larger slice that exists beats a smaller one nothing will
+            # create: kube-scheduler places a pod only on a resource some node has, so a
+            # profile that no node has and none will make would leave it Pending for ever.
             fitting = fitting_profiles(cap.model, ask.memory_mib, ask.compute_milli)
             profile = next((p for p in fitting if cap.mig_available(p.name) > 0),
-                           fitting[0] if fitting else None)
+                           next((p for p in fitting if cap.mig_possible(p.name)), None))
             fits_mig = profile is not None
         fits_shared = (
             cap.shared_gpus > 0
@@ -416,14 +417,15 @@ def _choose_mig(fits: list[_MigFit], ask: _Ask, only: str | None, need_free: boo
     best = min(pool, key=lambda f: (f.waste, -f.free, f.cap.model.name))
     same = [f for f in fits if f.profile.name == best.profile.name]
     models = tuple(sorted(f.cap.model.name for f in same))
-    total_free = sum(f.free for f in same)
+    name = best.profile.name
     if free:
         why = (f"smallest MIG slice holding {_gib(ask.memory_mib)}"
                + (f" and {ask.compute_milli / GPU_MILLI:g} GPU" if ask.compute_milli else "")
-               + f"; {total_free} free or creatable on {'|'.join(models)}")
+               + f"; {_available_text([f.cap for f in same], name)} on {'|'.join(models)}")
     else:
         why = (f"smallest MIG slice holding {_gib(ask.memory_mib)}; none free now on "
-               f"{'|'.join(models)}, the pod waits for one")
+               f"{'|'.join(models)}, the pod waits for one"
+               + _wait_text([f.cap for f in same], name))
     return Decision(
         Kind.MIG,
         ask.klass,
@@ -436,6 +438,64 @@ def _choose_mig(fits: list[_MigFit], ask: _Ask, only: str | None, need_free: boo
         compute_milli=ask.compute_milli,
         defaults=ask.defaults,
     )
+
+
+# How a node's MIG layout stands, in the words of the reasons (see MigReconfigure).
+_FIXED_WORDS = {
+    MigReconfigure.NOT_OPTED_IN: "on nodes that do not opt in to MIG reconfiguration",
+    MigReconfigure.FROZEN: 'on nodes that freeze their MIG layout '
+                           '(gpupack.io/mig-reconfigure: "false")',
+    MigReconfigure.ACTUATOR_OFF: "on nodes that opt in to MIG reconfiguration while the "
+                                 "MIG actuator is off",
+    MigReconfigure.ON: "in use, on nodes that may be re-partitioned when idle",
+}
+
+
+def _cases_text(counts: Mapping[MigReconfigure, int]) -> str:
+    return ", ".join(f"{n} {_FIXED_WORDS[case]}" for case, n in counts.items())
+
+
+def _available_text(caps: Sequence[ModelCapacity], profile: str) -> str:
+    """"3 free", "7 to be created ...", or both: what exists apart from what the MIG
+    actuator would have to make."""
+    free = sum(c.mig_free.get(profile, 0) for c in caps)
+    new = sum(c.mig_creatable.get(profile, 0) for c in caps)
+    parts = [f"{free} free"] if free else []
+    if new:
+        parts.append(f"{new} creatable by the MIG actuator on nodes that opt in")
+    return " and ".join(parts)
+
+
+def _wait_text(caps: Sequence[ModelCapacity], profile: str) -> str:
+    """Why waiting can end: instances exist (in use) and whether any layout may change."""
+    existing = sum(c.mig_existing.get(profile, 0) for c in caps)
+    changeable = sum(c.mig_changeable_gpus for c in caps)
+    fixed: dict[MigReconfigure, int] = {}
+    for c in caps:
+        for case, n in c.mig_fixed.items():
+            fixed[case] = fixed.get(case, 0) + n
+    parts = []
+    if existing:
+        parts.append(f"{existing} exist, all in use")
+    if changeable:
+        parts.append(f"{changeable} GPU(s) may be re-partitioned by the MIG actuator")
+    if fixed:
+        parts.append("layouts stay as reported on the other MIG GPUs: "
+                     + _cases_text(dict(sorted(fixed.items()))))
+    return f" ({'; '.join(parts)})" if parts else ""
+
+
+def _no_mig_text(view: ClusterView) -> str:
+    """Why MIG-capable GPUs offer only what they have, per model ("" when all may
+    change): layouts that stay as reported, and MIG off on nodes that may not be
+    switched."""
+    parts = []
+    for c in view.models.values():
+        if c.mig_fixed:
+            parts.append(f"{c.model.name} layouts stay as reported: {_cases_text(c.mig_fixed)}")
+        if c.mig_off:
+            parts.append(f"{c.model.name} MIG off: {_cases_text(c.mig_off)}")
+    return "; ".join(parts)
 
 
 def _choose_shared(caps: list[ModelCapacity], ask: _Ask, config: WebhookConfig,
@@ -466,17 +526,23 @@ def _no_fit(view: ClusterView, ask: _Ask, blocked: list[str]) -> Decision:
     largest = view.largest()
     if largest is None:
         return deny(ask.klass, 403, f"the cluster has no GPUs; cannot place {ask.label}")
+    # Only slices that exist or may be created count: a profile of the geometry that no
+    # node has and none will make holds nothing.
     biggest_mig = max(
         (
             (p.memory_mib, p.name, c.model.name)
             for c in view.models.values()
             if c.model.mig is not None and c.mig_gpus
             for p in c.model.mig.classic
+            if c.mig_possible(p.name)
         ),
         default=None,
     )
     mig_text = (f"largest MIG slice {biggest_mig[1]} = {_gib(biggest_mig[0])} on {biggest_mig[2]}"
-                if biggest_mig else "no MIG GPUs")
+                if biggest_mig else "no MIG slices")
+    why_not = _no_mig_text(view)
+    if why_not:
+        mig_text += f" [{why_not}]"
     shared_models = [c for c in view.models.values() if c.shared_gpus]
     shared_text = (
         "largest time-sliced GPU "
@@ -770,5 +836,11 @@ def _solve(p: _Pod, target: _Container, ask: _Ask, view: ClusterView,
     ):
         decision = attempt()
         if decision is not None:
+            if decision.kind is Kind.SHARED and not mig and ask.isolation is Isolation.ANY:
+                # Say why MIG, the safer default, was not chosen where MIG GPUs exist.
+                off = _no_mig_text(view)
+                if off:
+                    decision = replace(decision, reason=f"{decision.reason}; no MIG slice "
+                                       f"holds it ({off})")
             return decision
     return _no_fit(view, ask, blocked)

@@ -8,6 +8,7 @@ from packing.model import (
     GpuMode,
     GroupRef,
     MigInstance,
+    MigReconfigure,
     NodeInfo,
     PodRequest,
     RequestKind,
@@ -25,7 +26,10 @@ def node(
     labels: dict[str, str] | None = None,
     layouts: dict[int, list[tuple[str, int]]] | None = None,
     reconfigurable: bool = True,
+    reconfigure: MigReconfigure | None = None,
 ) -> NodeInfo:
+    """A node of ``gpus`` GPUs. Solver tests want layouts that may change
+    (``reconfigurable``: opted in, actuator on); ``reconfigure`` names any other case."""
     m = get_model(model)
     infos = []
     for i in range(gpus):
@@ -33,7 +37,9 @@ def node(
         infos.append(
             GpuInfo(i, m.name, m.memory_mib, mode, mig, replicas if mode is GpuMode.SHARED else 1)
         )
-    return NodeInfo(name, cpu, mem, tuple(infos), labels or {}, mig_reconfigurable=reconfigurable)
+    if reconfigure is None:
+        reconfigure = MigReconfigure.ON if reconfigurable else MigReconfigure.NOT_OPTED_IN
+    return NodeInfo(name, cpu, mem, tuple(infos), labels or {}, mig_reconfigure=reconfigure)
 
 
 def mig(key: str, profile: str = "1g.10gb", cpu: int = 1000, prio: int = 0) -> PodRequest:

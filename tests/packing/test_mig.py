@@ -375,7 +375,9 @@ def test_growing_at_free_starts_stays_valid(data: st.DataObject, name: str) -> N
         assert compute <= geometry.compute_slices and memory <= geometry.memory_slices
 
 
-@settings(max_examples=200)
+# No deadline: the first example of each geometry fills maximal_layouts' cache, which
+# takes longer than the default 200 ms on a loaded machine (a flaky failure, not a bug).
+@settings(max_examples=200, deadline=None)
 @given(st.data(), geometry_names)
 def test_every_valid_layout_extends_to_a_listed_maximal_one(data: st.DataObject, name: str) -> None:
     """maximal_layouts is complete: fill any grown layout and it is in the list."""

@@ -9,18 +9,25 @@ from dataclasses import replace
 import pytest
 from packing_builders import mig, node, shared, whole
 
-from packing.model import GpuMode, NodeInfo, PodRequest, Snapshot
+from packing.model import GpuMode, MigReconfigure, NodeInfo, PodRequest, Snapshot
 from packing.state import ClusterState
 
 
 @pytest.mark.parametrize(
     ("info", "pod", "needles"),
-    ids=["mig-off-not-reconfigurable", "no-mig-model", "no-such-profile", "whole-on-mig",
-         "shared-on-whole", "model-limited"],
+    ids=["mig-off-not-opted-in", "mig-off-frozen", "mig-off-actuator-off", "no-mig-model",
+         "no-such-profile", "whole-on-mig", "shared-on-whole", "model-limited"],
     argvalues=[
         (node("h", 2, reconfigurable=False), mig("p", "1g.10gb"),
-         ["2 H100-80GB in whole-GPU mode", "MIG is off on these GPUs",
+         ["2 H100-80GB in whole-GPU mode",
+          "MIG is off on this node and it does not opt in to reconfiguration",
           "pod needs MIG 1g.10gb"]),
+        (node("h", 2, reconfigure=MigReconfigure.FROZEN), mig("p", "1g.10gb"),
+         ["2 H100-80GB in whole-GPU mode",
+          "MIG is off on this node and it freezes its MIG layout"]),
+        (node("h", 2, reconfigure=MigReconfigure.ACTUATOR_OFF), mig("p", "1g.10gb"),
+         ["2 H100-80GB in whole-GPU mode",
+          "it opts in to reconfiguration but the MIG actuator is off"]),
         (node("l", 2, model="L40S", mode=GpuMode.SHARED), mig("p", "1g.10gb"),
          ["2 L40S in time-sliced mode", "these GPU models have no MIG"]),
         (node("h", 1, mode=GpuMode.MIG, layouts={0: [("7g.80gb", 0)]}), mig("p", "1g.5gb"),

@@ -39,8 +39,9 @@ def node(
             alloc["nvidia.com/gpu"] = str(n_whole)
         for profile, n in (mig or {}).items():
             alloc[f"nvidia.com/mig-{profile}"] = str(n)
-    if not reconfigurable:
-        lab["gpupack.io/mig-reconfigure"] = "false"
+    # Opted in (the cache is made with the MIG actuator on) or frozen: the two cases
+    # these tests need; tests/scheduler/test_scheduler_mig_reconfigure.py has the others.
+    lab["gpupack.io/mig-reconfigure"] = "true" if reconfigurable else "false"
     obj: dict[str, Any] = {
         "apiVersion": "v1", "kind": "Node",
         "metadata": {"name": name, "labels": lab, "resourceVersion": "1"},
@@ -122,7 +123,7 @@ def make_cache(nodes: list[dict[str, Any]], pods: list[dict[str, Any]] | None = 
     from scheduler.cache import ClusterCache
 
     del clock
-    cache = ClusterCache("gpupack")
+    cache = ClusterCache("gpupack", mig_actuator=True)
     cache.replace(nodes, pods or [])
     cache.mark_synced()
     return cache

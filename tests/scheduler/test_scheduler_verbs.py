@@ -59,11 +59,15 @@ def cache() -> Any:
     return make_cache(NODES, RUNNING)
 
 
+# A frozen node's filter reason says why no slice is created there (issue 19).
+NO_1G_FROZEN = ("no free 1g.10gb slice on any GPU, and none is created here: the node "
+                'freezes its MIG layout (gpupack.io/mig-reconfigure: "false"); '
+                "largest placeable: 3g.40gb")
 FILTER_CASES = [
     # (pod, names, kept, failed {node: substring}, unresolvable {node: substring})
     (mig_pod("asr"), ALL, ["mig-a"],
-     {"mig-frozen": "no free 1g.10gb slice on any GPU; largest placeable: 3g.40gb"},
-     {"mig-3g-only": "no free 1g.10gb slice on any GPU; largest placeable: 3g.40gb",
+     {"mig-frozen": NO_1G_FROZEN},
+     {"mig-3g-only": NO_1G_FROZEN,
       "l40s": "no GPU of a usable kind", "whole": "no GPU of a usable kind",
       "whole-2": "no GPU of a usable kind", "cordoned": "cordoned"}),
     (mig_pod("big-slice", "3g.40gb"), ["mig-frozen", "mig-a"], ["mig-frozen", "mig-a"], {}, {}),

@@ -11,14 +11,14 @@ import jsonpatch
 import pytest
 from flask.testing import FlaskClient
 from prometheus_client import CollectorRegistry
-from webhook_builders import cluster, node, pod, review
+from webhook_builders import dynamic, node, pod, review
 
 from packing.model import Snapshot
 from webhook.app import create_app
 from webhook.config import WebhookConfig
 from webhook.wire import AdmissionResponse, ReviewError, decode_review, encode_response
 
-SNAP = cluster(node("h0"), node("s0", "L40S", 4, "shared"))
+SNAP = dynamic(node("h0"), node("s0", "L40S", 4, "shared"))
 
 
 @pytest.fixture()
@@ -243,7 +243,7 @@ def test_view_cache_serves_the_previous_view_while_rebuilding() -> None:
     cache = ViewCache()
     first = cache.get(SNAP)
     assert cache.get(SNAP) is first
-    bigger = cluster(node("h0"), node("h1"))
+    bigger = dynamic(node("h0"), node("h1"))
     assert cache.get(bigger) is first  # stale while the new one is condensed
     deadline = time.monotonic() + 10
     while cache.get(bigger) is first and time.monotonic() < deadline:

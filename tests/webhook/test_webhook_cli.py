@@ -9,26 +9,42 @@ from typing import Any
 import jsonpatch
 import pytest
 import yaml
-from webhook_builders import node, pod
+from webhook_builders import node, opted_in, pod
 
 from gpupack.cli import build_parser, main
 
 
 def _files(tmp: Path, pods: list[dict[str, Any]]) -> tuple[Path, Path]:
+    """An H100 node in MIG mode with no instances yet, opting in to re-partitioning,
+    and a time-sliced L40S node."""
     nodes = tmp / "nodes.yaml"
-    nodes.write_text(yaml.safe_dump_all([node("h100-0"), node("l40s-0", "L40S", 4, "shared")]))
+    nodes.write_text(yaml.safe_dump_all([opted_in(node("h100-0")),
+                                         node("l40s-0", "L40S", 4, "shared")]))
     pod_file = tmp / "pod.yaml"
     pod_file.write_text(yaml.safe_dump_all(pods))
     return nodes, pod_file
 
 
-def test_explain_text(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    ("flags", "what", "why"),
+    [
+        # The MIG actuator is on: the H100 may be partitioned, MIG is the safe default.
+        (["--mig-actuator"], "MIG slice nvidia.com/mig-1g.10gb on H100-80GB",
+         "why: smallest MIG slice holding 8Gi; 56 creatable by the MIG actuator"),
+        # Off (the default): no slice exists and none will be made; the share is chosen
+        # and the reason says why MIG was not.
+        ([], "time-sliced share nvidia.com/gpu.shared on L40S",
+         "8 on nodes that opt in to MIG reconfiguration while the MIG actuator is off"),
+    ],
+)
+def test_explain_text(tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str],
+                      what: str, why: str) -> None:
     p = pod("asr-0", annotations={"gpupack.io/class": "asr"})
     nodes, pod_file = _files(tmp_path, [p])
-    assert main(["explain", str(pod_file), "--nodes", str(nodes)]) == 0
+    assert main(["explain", str(pod_file), "--nodes", str(nodes), *flags]) == 0
     out = capsys.readouterr().out
-    assert "pod speech/asr-0 (class asr): MIG slice nvidia.com/mig-1g.10gb on H100-80GB" in out
-    assert "why: smallest MIG slice holding 8Gi" in out
+    assert f"pod speech/asr-0 (class asr): {what}" in out
+    assert why in out
     assert '"path": "/spec/containers/0/resources"' in out
     assert 'schedulerName: "gpupack"' in out
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from webhook_builders import cluster, node, pod
+from webhook_builders import cluster, dynamic, node, pod
 
 from webhook.admit import admit
 from webhook.capacity import ClusterView
@@ -13,10 +13,10 @@ from webhook.config import ClassDefault, WebhookConfig
 from webhook.decide import Kind, decide
 
 CFG = WebhookConfig()
-H100 = cluster(node("h0"), node("h1"))
-A100 = cluster(node("a0", "A100-40GB"))
+H100 = dynamic(node("h0"), node("h1"))
+A100 = dynamic(node("a0", "A100-40GB"))
 L40S = cluster(node("s0", "L40S", 4, "shared"))
-MIXED = cluster(node("a0", "A100-40GB"), node("h0"), node("s0", "L40S", 4, "shared"))
+MIXED = dynamic(node("a0", "A100-40GB"), node("h0"), node("s0", "L40S", 4, "shared"))
 L4_L40S = cluster(node("l4", "L4", 4, "shared"), node("s0", "L40S", 4, "shared"))
 WHOLE_ONLY = cluster(node("w0", "L40S", 8, "whole"))
 CPU_ONLY = cluster(
@@ -68,13 +68,13 @@ def test_small_pod_decisions(snap: Any, ann: dict[str, str], kind: Kind, resourc
 
 
 def test_product_pin_uses_the_node_label_values() -> None:
-    snap = cluster(node("h0"), node("h1", product="NVIDIA-H100-SXM5-80GB"))
+    snap = dynamic(node("h0"), node("h1", product="NVIDIA-H100-SXM5-80GB"))
     d = decide(pod(annotations={MEM: "9Gi"}), snap, CFG)
     assert d.models == ("H100-80GB",) and d.profile == "1g.10gb"
     assert d.products == ("NVIDIA-H100-80GB-HBM3", "NVIDIA-H100-SXM5-80GB")
     # A100-40GB's smallest fit for 9Gi is 1g.10gb too (1g double memory): same resource,
     # so both models are allowed.
-    snap = cluster(node("h0"), node("a0", "A100-40GB"))
+    snap = dynamic(node("h0"), node("a0", "A100-40GB"))
     d = decide(pod(annotations={MEM: "9Gi"}), snap, CFG)
     assert d.models == ("A100-40GB", "H100-80GB")
     assert d.products == ("NVIDIA-A100-SXM4-40GB", "NVIDIA-H100-80GB-HBM3")
@@ -88,7 +88,8 @@ def test_product_pin_uses_the_node_label_values() -> None:
         (L40S, {MEM: "64Gi"}, "largest is L40S with 48Gi"),
         # 80Gi is the GPU's size but no slice holds it (7g.80gb is 79.25Gi).
         (H100, {MEM: "80Gi"}, "largest MIG slice 7g.80gb = 79.25Gi on H100-80GB"),
-        (L40S, {MEM: "5Gi", ISO: "mig"}, "isolation=mig, but no MIG slice holds it (no MIG GPUs)"),
+        (L40S, {MEM: "5Gi", ISO: "mig"},
+         "isolation=mig, but no MIG slice holds it (no MIG slices)"),
         (H100, {MEM: "5Gi", ISO: "shared"}, "no time-sliced GPU holds it (no time-sliced GPUs)"),
         (WHOLE_ONLY, {MEM: "5Gi"}, "no MIG slice or time-sliced GPU holds it"),
         (CPU_ONLY, {MEM: "5Gi"}, "the cluster has no GPUs"),
@@ -124,7 +125,7 @@ def test_busy_cluster_falls_back_then_waits() -> None:
 def test_one_slice_name_on_several_models_pins_all_of_them() -> None:
     # 1g.10gb is the smallest fit for 9Gi on A100-80GB and on H100-80GB (9.75Gi): the
     # resource is the same, so both models are allowed; capacity is counted per model.
-    snap = cluster(node("a", "A100-80GB", 8), node("h", "H100-80GB", 1))
+    snap = dynamic(node("a", "A100-80GB", 8), node("h", "H100-80GB", 1))
     d = decide(pod(annotations={MEM: "9Gi"}), snap, CFG)
     assert d.models == ("A100-80GB", "H100-80GB") and d.profile == "1g.10gb"
     view = ClusterView.of(snap)

@@ -9,7 +9,7 @@ from typing import Any
 import jsonpatch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from webhook_builders import cluster, node, pod
+from webhook_builders import cluster, dynamic, node, pod
 
 from webhook.admit import admit
 from webhook.config import WebhookConfig
@@ -17,7 +17,7 @@ from webhook.decide import Kind
 from webhook.patch import escape, pointer
 
 CFG = WebhookConfig()
-MIXED = cluster(node("a0", "A100-40GB"), node("h0"), node("s0", "L40S", 4, "shared"))
+MIXED = dynamic(node("a0", "A100-40GB"), node("h0"), node("s0", "L40S", 4, "shared"))
 MEM = "gpupack.io/gpu-memory"
 PRODUCT = "nvidia.com/gpu.product"
 
@@ -130,7 +130,7 @@ def test_decision_annotation_round_trip_and_stale_copy() -> None:
     assert doc["kind"] == "mig" and doc["profile"] == "1g.5gb" and doc["model"] == "A100-40GB"
     assert doc["products"] == ["NVIDIA-A100-SXM4-40GB"] and doc["reason"]
     # Re-invocation on a cluster that changed meanwhile: the pod keeps its decision.
-    h100_only = cluster(node("h0"))
+    h100_only = dynamic(node("h0"))
     assert admit(out, h100_only, CFG).patch == ()
     # A copied decision without the resource is stale: decided again and replaced.
     stale = pod(annotations={MEM: "5Gi", "gpupack.io/decision": doc and json.dumps(doc)})
@@ -144,8 +144,8 @@ def test_decision_annotation_round_trip_and_stale_copy() -> None:
 
 CLUSTERS = [
     MIXED,
-    cluster(node("h0")),
-    cluster(node("a0", "A100-40GB")),
+    dynamic(node("h0")),
+    dynamic(node("a0", "A100-40GB")),
     cluster(node("s0", "L40S", 4, "shared")),
     cluster(),
 ]

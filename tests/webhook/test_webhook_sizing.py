@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from webhook_builders import cluster, node, pod
+from webhook_builders import cluster, dynamic, node, pod
 
 from webhook.admit import admit
 from webhook.config import WebhookConfig
@@ -14,7 +14,7 @@ from webhook.sizing import find_self_sizing
 
 CFG = WebhookConfig()
 L40S = cluster(node("s0", "L40S", 4, "shared"))  # 48Gi GPUs
-MIXED = cluster(node("h0"), node("s0", "L40S", 4, "shared"))
+MIXED = dynamic(node("h0"), node("s0", "L40S", 4, "shared"))
 SHARE = {"gpupack.io/gpu-memory": "12Gi", "gpupack.io/isolation": "shared"}
 
 

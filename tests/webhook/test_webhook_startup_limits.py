@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
-from webhook_builders import cluster, node, pod, review
+from webhook_builders import dynamic, node, opted_in, pod, review
 from webhook_server import Cert, Server
 
 from packing.model import Snapshot
@@ -28,7 +28,7 @@ class Feed:
 
     def __init__(self) -> None:
         self.synced = False
-        self.snapshot = cluster(node("h0"))
+        self.snapshot = dynamic(node("h0"))
         self.calls = 0
 
     def ready(self) -> bool:
@@ -75,7 +75,7 @@ def test_a_declared_body_over_3_mib_is_413_in_process() -> None:
 
     def provider() -> Snapshot:
         calls.append(1)
-        return cluster(node("h0"))
+        return dynamic(node("h0"))
 
     client = create_app(provider, CollectorRegistry(), WebhookConfig()).test_client()
     big = json.dumps(review(SIZED)).encode() + b" " * MAX_REVIEW_BYTES
@@ -161,8 +161,8 @@ def test_the_extenders_feed_gives_no_snapshot_until_the_cache_is_synced() -> Non
     from scheduler.cache import ClusterCache
     from scheduler.webhook_host import SnapshotFeed
 
-    cache = ClusterCache("gpupack")
-    cache.upsert_node(node("h0"))
+    cache = ClusterCache("gpupack", mig_actuator=True)
+    cache.upsert_node(opted_in(node("h0")))  # no slices yet: made on demand
     feed = SnapshotFeed(cache)
     client = create_app(feed, CollectorRegistry(), WebhookConfig()).test_client()
     assert feed() is None and not feed.ready()

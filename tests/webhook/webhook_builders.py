@@ -56,8 +56,26 @@ def node(
     }
 
 
-def cluster(*nodes: dict[str, Any], pods: list[dict[str, Any]] | None = None) -> Snapshot:
-    return build_snapshot(list(nodes), pods or []).snapshot
+OPT_IN = {"gpupack.io/mig-reconfigure": "true"}
+
+
+def cluster(*nodes: dict[str, Any], pods: list[dict[str, Any]] | None = None,
+            mig_actuator: bool = False) -> Snapshot:
+    """The snapshot of these nodes; layouts are what the nodes report unless a node opts
+    in (``OPT_IN``) and ``mig_actuator`` is on."""
+    return build_snapshot(list(nodes), pods or [], mig_actuator=mig_actuator).snapshot
+
+
+def opted_in(n: dict[str, Any]) -> dict[str, Any]:
+    """The node with the label that opts it in to MIG re-partitioning."""
+    n["metadata"]["labels"].update(OPT_IN)
+    return n
+
+
+def dynamic(*nodes: dict[str, Any], pods: list[dict[str, Any]] | None = None) -> Snapshot:
+    """A cluster whose MIG layouts are made on demand: every node opts in and the MIG
+    actuator is on (a MIG node without ``mig`` then offers every profile)."""
+    return cluster(*(opted_in(n) for n in nodes), pods=pods, mig_actuator=True)
 
 
 def pod(
