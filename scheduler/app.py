@@ -32,6 +32,7 @@ from scheduler.metrics import ExtenderMetrics, GroupMetrics
 from scheduler.planner import Planner
 from scheduler.request_pods import RequestPod, RequestPods
 from scheduler.verbs import (
+    BestCandidates,
     Memo,
     VerbError,
     choose_placement,
@@ -61,6 +62,9 @@ class AppConfig:
     policy: str = "gpupack"
     memo_limit: int = 500_000
     warm: bool = True  # fill the memo in the background for pending shapes (scheduler.warm)
+    # Filter hands back at most this many fitting nodes, the policy's best (0: all of
+    # them); see scheduler.verbs.BestCandidates.
+    filter_top: int = 0
 
 
 class InFlight:
@@ -202,7 +206,9 @@ def create_app(
             args = ExtenderArgs.decode(decoded())
             remember(args)
             with cache.view() as view:
-                result = book.filter(args) or filter_nodes(args, view, memo)
+                best = (BestCandidates(cfg.filter_top, warmer.current(), planner.plan)
+                        if cfg.filter_top > 0 else None)
+                result = book.filter(args) or filter_nodes(args, view, memo, best)
             return _json(result.encode())
         return handle("filter", run)
 

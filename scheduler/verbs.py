@@ -18,6 +18,7 @@ the memoized answer is the selector-free pod's (identical whenever the selector 
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from itertools import combinations
@@ -358,9 +359,13 @@ def best_option(
 # ---- filter --------------------------------------------------------------------------------
 
 
-def filter_nodes(args: ExtenderArgs, view: ClusterView, memo: Memo) -> FilterResult:
+def filter_nodes(args: ExtenderArgs, view: ClusterView, memo: Memo,
+                 best: BestCandidates | None = None) -> FilterResult:
     """Nodes that can take the pod now; the others with a reason, split by whether
-    preemption could ever help (FailedNodes) or never (FailedAndUnresolvableNodes)."""
+    preemption could ever help (FailedNodes) or never (FailedAndUnresolvableNodes).
+
+    With ``best``, at most ``best.top`` of the fitting nodes are handed back: the ones the
+    policy prefers (see :class:`BestCandidates`)."""
     pod = read_pod(args.pod)
     base = selector_free(pod)
     selector = tuple(pod.node_selector.items())
@@ -368,6 +373,7 @@ def filter_nodes(args: ExtenderArgs, view: ClusterView, memo: Memo) -> FilterRes
     sigs = view.signatures()
     state = view.state
     keep: list[str] = []
+    fit_evals: list[NodeEval] = []  # of each kept node, for choosing the best candidates
     failed: dict[str, str] = {}
     never: dict[str, str] = {}
     names = tuple(dict.fromkeys(args.candidate_names))  # a name twice is answered once
@@ -393,10 +399,13 @@ def filter_nodes(args: ExtenderArgs, view: ClusterView, memo: Memo) -> FilterRes
             ev = memo.fill(table, state, base, name, sig)
         if ev.fits:
             keep.append(name)
+            fit_evals.append(ev)
         elif ev.unresolvable:
             never[name] = ev.reason
         else:
             failed[name] = ev.reason
+    if best is not None and 0 < best.top < len(keep) and not best.scorer.name_sensitive:
+        keep = best.select(keep, fit_evals, base, pod.key, state)
     if args.node_cache_capable:
         return FilterResult(node_names=tuple(keep), failed=failed, unresolvable=never)
     kept = set(keep)
@@ -423,25 +432,15 @@ def preference(key: Score) -> Score:
     return key
 
 
-def prioritize(
-    args: ExtenderArgs, view: ClusterView, memo: Memo, scorer: ScorerRef, plan: PlanView,
-) -> list[HostPriority]:
-    """0..10 per node: the policy's preference for the node's best option, by rank among
-    the nodes asked about; the planner's node for this pod gets 10 alone."""
-    pod = read_pod(args.pod)
+def preferences(names: Sequence[str], pod: PodRequest, view: ClusterView, memo: Memo,
+                scorer: ScorerRef) -> dict[str, Score]:
+    """The policy's preference (lower is better) for each known node of ``names`` that
+    fits ``pod``, from the memo (filled on a miss)."""
     base = selector_free(pod)
     selector = tuple(pod.node_selector.items())
     table = memo.table(shape_key(base))
     sigs = view.signatures()
     state = view.state
-    names = args.candidate_names
-    planned = plan.placement_of(pod.key)
-    plan_node = None
-    if (
-        planned is not None and view.has_node(planned.node) and planned.node in names
-        and view.state.check(pod, planned) is None
-    ):
-        plan_node = planned.node
     prefs: dict[str, Score] = {}
     memo.lookups += len(names)
     for name in names:
@@ -466,6 +465,65 @@ def prioritize(
             ev.set_score(scored(state, base, name, scorer.scorer), scorer.gen)
         if ev.pref is not None:
             prefs[name] = ev.pref
+    return prefs
+
+
+@dataclass(frozen=True)
+class BestCandidates:
+    """Filter hands kube-scheduler at most ``top`` fitting nodes: those the policy prefers
+    (ties in kube-scheduler's own order), plus the planner's node for the pod if it fits.
+
+    Why: kube-scheduler then scores, and asks prioritize about, ``top`` nodes instead of
+    every fitting one (at 5,000 nodes its score plugins and the 5,000-entry prioritize
+    exchange were most of a scheduling cycle). What is dropped is only what the policy
+    ranks below ``top`` others, which prioritize would have scored lower anyway; kube-
+    scheduler's own soft preferences (preferred affinity, PreferNoSchedule) then choose
+    among the ``top``. The dropped nodes are not listed as failed: the pod fits elsewhere,
+    and kube-scheduler ignores a node that the answer leaves out."""
+
+    top: int
+    scorer: ScorerRef
+    plan: PlanView
+
+    def select(self, fitting: list[str], evals: list[NodeEval], base: PodRequest,
+               pod_key: str, state: ClusterState) -> list[str]:
+        """``fitting[i]`` and its memo entry ``evals[i]``: the candidates, in their
+        order."""
+        gen = self.scorer.gen
+        ranked: list[tuple[Score, int]] = []
+        unscored: list[int] = []
+        for i, (name, ev) in enumerate(zip(fitting, evals, strict=True)):
+            if not ev.has_score(gen):
+                ev.set_score(scored(state, base, name, self.scorer.scorer), gen)
+            if ev.pref is None:
+                unscored.append(i)
+            else:
+                ranked.append((ev.pref, i))
+        chosen = [i for _, i in heapq.nsmallest(self.top, ranked)]
+        if len(chosen) < self.top:  # fitting nodes the policy has no score for, last
+            chosen += unscored[: self.top - len(chosen)]
+        planned = self.plan.placement_of(pod_key)
+        if planned is not None and planned.node in fitting:
+            chosen.append(fitting.index(planned.node))
+        return [fitting[i] for i in sorted(set(chosen))]
+
+
+def prioritize(
+    args: ExtenderArgs, view: ClusterView, memo: Memo, scorer: ScorerRef, plan: PlanView,
+) -> list[HostPriority]:
+    """0..10 per node: the policy's preference for the node's best option, by rank among
+    the nodes asked about; the planner's node for this pod gets 10 alone."""
+    pod = read_pod(args.pod)
+    sigs = view.signatures()
+    names = args.candidate_names
+    planned = plan.placement_of(pod.key)
+    plan_node = None
+    if (
+        planned is not None and view.has_node(planned.node) and planned.node in names
+        and view.state.check(pod, planned) is None
+    ):
+        plan_node = planned.node
+    prefs = preferences(names, pod, view, memo, scorer)
     top = MAX_PRIORITY - 1 if plan_node is not None else MAX_PRIORITY
     distinct = sorted(set(prefs.values()))
     rank = {k: i for i, k in enumerate(distinct)}

@@ -1,0 +1,66 @@
+"""Filter's best candidates: at most ``top`` fitting nodes, the ones prioritize would
+score highest, the planner's node kept; with top 0 every fitting node."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from sched_builders import filter_args, make_cache, mig_pod, node, whole_pod
+from test_scheduler_verbs import FixedPlan, scorer
+
+from packing.model import Placement
+from scheduler.verbs import BestCandidates, Memo, NoPlan, filter_nodes, prioritize
+from scheduler.wire import ExtenderArgs
+
+USED = {"gpupack.io/gpus": "0", "gpupack.io/mig": "1g.10gb@0"}
+
+
+def cluster() -> Any:
+    """Four MIG nodes, two with a slice in use (the packing policy prefers those), and
+    two whole-GPU nodes."""
+    nodes = [node(f"mig-{i}", mig={"1g.10gb": 7}) for i in range(4)]
+    nodes += [node(f"whole-{i}", gpus=8, reconfigurable=False) for i in range(2)]
+    running = [mig_pod(f"r{i}", node=f"mig-{i}", annotations=USED) for i in (1, 3)]
+    return make_cache(nodes, running)
+
+
+NAMES = ["mig-0", "mig-1", "mig-2", "mig-3", "whole-0", "whole-1"]
+
+
+@pytest.mark.parametrize(("top", "kept"), [
+    (0, ["mig-0", "mig-1", "mig-2", "mig-3"]),
+    (1, ["mig-1"]),  # the better of the two used ones in kube-scheduler's order
+    (2, ["mig-1", "mig-3"]),
+    (3, ["mig-0", "mig-1", "mig-3"]),  # then the fresh ones, in order
+    (10, ["mig-0", "mig-1", "mig-2", "mig-3"]),
+])
+def test_top_fitting_nodes(top: int, kept: list[str]) -> None:
+    cache = cluster()
+    args = ExtenderArgs.decode(filter_args(mig_pod("asr"), NAMES))
+    best = BestCandidates(top, scorer(), NoPlan()) if top else None
+    result = filter_nodes(args, cache, Memo(), best)
+    assert list(result.node_names) == kept
+    # The nodes handed back are those prioritize scores highest among all fitting ones.
+    scores = {h.host: h.score for h in prioritize(args, cache, Memo(), scorer(), NoPlan())}
+    dropped = set(NAMES) - set(kept) - {"whole-0", "whole-1"}
+    assert all(scores[k] >= scores[d] for k in kept for d in dropped)
+    # Unfit nodes keep their reasons; dropped fitting nodes are not reported as failed.
+    assert set(result.failed) | set(result.unresolvable) == {"whole-0", "whole-1"}
+
+
+def test_the_plan_node_is_kept_beyond_top() -> None:
+    cache = cluster()
+    pod = mig_pod("asr")
+    plan = FixedPlan(Placement("default/asr", "mig-2", (0,), mig_profile="1g.10gb",
+                               mig_start=0))
+    args = ExtenderArgs.decode(filter_args(pod, NAMES))
+    result = filter_nodes(args, cache, Memo(), BestCandidates(1, scorer(), plan))
+    assert list(result.node_names) == ["mig-1", "mig-2"]
+
+
+def test_whole_gpu_pods_see_the_best_whole_nodes() -> None:
+    cache = cluster()
+    args = ExtenderArgs.decode(filter_args(whole_pod("llm", 8, namespace="llm"), NAMES))
+    result = filter_nodes(args, cache, Memo(), BestCandidates(1, scorer(), NoPlan()))
+    assert len(result.node_names) == 1 and result.node_names[0].startswith("whole-")
