@@ -41,6 +41,11 @@ class ModelCapacity:
     mig_existing: Mapping[str, int]
     # Of mig_gpus, those on nodes whose layouts may change: any profile may appear there.
     mig_changeable_gpus: int
+    # Of mig_gpus, those of nodes that report no MIG instance at all yet (labels say MIG,
+    # the device plugin has advertised no slice, no agent inventory): a node coming up,
+    # whose layout is unknown, so any profile may still appear there. (A node that
+    # reports some instances has reported its layout: its other GPUs add nothing.)
+    mig_unreported_gpus: int
     # MIG-capable GPUs that serve no MIG pod and never will until something changes, by
     # why: MIG mode on a node whose layout is fixed (``mig_fixed``), or another mode on a
     # node that may not be switched (``mig_off``; ON there means every such GPU is busy).
@@ -54,7 +59,8 @@ class ModelCapacity:
     def mig_possible(self, profile: str) -> bool:
         """Whether a pod asking for ``profile`` here can ever be served: an instance
         exists (free or in use), or layouts may change on some of this model's GPUs."""
-        return self.mig_existing.get(profile, 0) > 0 or self.mig_changeable_gpus > 0
+        return (self.mig_existing.get(profile, 0) > 0 or self.mig_changeable_gpus > 0
+                or self.mig_unreported_gpus > 0)
 
     def shared_available(self, memory_mib: int, compute_milli: int) -> int:
         """Time-sliced GPUs of this model with room for the share now."""
@@ -78,6 +84,7 @@ class ClusterView:
         gpus: Counter[str] = Counter()
         mig_gpus: Counter[str] = Counter()
         changeable: Counter[str] = Counter()
+        unreported: Counter[str] = Counter()
         shared_gpus: Counter[str] = Counter()
         fixed: dict[str, Counter[MigReconfigure]] = {}
         off: dict[str, Counter[MigReconfigure]] = {}
@@ -88,6 +95,8 @@ class ClusterView:
         for node in state.nodes.values():
             info = node.info
             product = info.labels.get(A.PRODUCT)
+            unreported_node = all(g.info.inferred and not g.instances for g in node.gpus
+                                  if g.info.mode is GpuMode.MIG)
             for g in node.gpus:
                 name = g.info.model
                 gpus[name] += 1
@@ -103,6 +112,8 @@ class ClusterView:
                     mig_states[(name, creatable, layout)] += 1
                     if creatable:
                         changeable[name] += 1
+                    elif unreported_node:
+                        unreported[name] += 1
                     else:
                         fixed.setdefault(name, Counter())[info.mig_reconfigure] += 1
                 elif get_model(name).mig is not None:
@@ -137,6 +148,7 @@ class ClusterView:
                 mig_creatable=frozen(creatable_n, name),
                 mig_existing=frozen(existing, name),
                 mig_changeable_gpus=changeable[name],
+                mig_unreported_gpus=unreported[name],
                 mig_fixed=MappingProxyType(dict(sorted(fixed.get(name, {}).items()))),
                 mig_off=MappingProxyType(dict(sorted(off.get(name, {}).items()))),
             )

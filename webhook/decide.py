@@ -470,6 +470,7 @@ def _wait_text(caps: Sequence[ModelCapacity], profile: str) -> str:
     """Why waiting can end: instances exist (in use) and whether any layout may change."""
     existing = sum(c.mig_existing.get(profile, 0) for c in caps)
     changeable = sum(c.mig_changeable_gpus for c in caps)
+    unreported = sum(c.mig_unreported_gpus for c in caps)
     fixed: dict[MigReconfigure, int] = {}
     for c in caps:
         for case, n in c.mig_fixed.items():
@@ -479,6 +480,8 @@ def _wait_text(caps: Sequence[ModelCapacity], profile: str) -> str:
         parts.append(f"{existing} exist, all in use")
     if changeable:
         parts.append(f"{changeable} GPU(s) may be re-partitioned by the MIG actuator")
+    if unreported:
+        parts.append(f"{unreported} GPU(s) report MIG on but no instance yet")
     if fixed:
         parts.append("layouts stay as reported on the other MIG GPUs: "
                      + _cases_text(dict(sorted(fixed.items()))))

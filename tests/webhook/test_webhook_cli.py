@@ -15,10 +15,10 @@ from gpupack.cli import build_parser, main
 
 
 def _files(tmp: Path, pods: list[dict[str, Any]]) -> tuple[Path, Path]:
-    """An H100 node in MIG mode with no instances yet, opting in to re-partitioning,
-    and a time-sliced L40S node."""
+    """An idle whole-GPU H100 node opting in to MIG re-partitioning, and a time-sliced
+    L40S node: the issue 19 reproduction."""
     nodes = tmp / "nodes.yaml"
-    nodes.write_text(yaml.safe_dump_all([opted_in(node("h100-0")),
+    nodes.write_text(yaml.safe_dump_all([opted_in(node("h100-0", mode="whole")),
                                          node("l40s-0", "L40S", 4, "shared")]))
     pod_file = tmp / "pod.yaml"
     pod_file.write_text(yaml.safe_dump_all(pods))

@@ -92,3 +92,23 @@ def test_existing_slices_serve_whatever_the_case() -> None:
                        mig_actuator=actuator)
         d = decide(pod(annotations=ASR), snap, WebhookConfig())
         assert d.resource == "nvidia.com/mig-1g.10gb" and "7 free on H100-80GB" in d.reason
+
+
+def test_a_mig_node_coming_up_lets_the_pod_wait_for_its_slice() -> None:
+    # GFD labels say MIG, the device plugin has advertised no slice yet (a Node's status
+    # is patched after it is created): the layout is unknown, not empty. Found on the
+    # real control plane, whose nodes get their allocatable just after creation.
+    snap = cluster(node("h0", gpus=8, labels=FROZEN))
+    d = decide(pod(annotations={**ASR, "gpupack.io/isolation": "mig"}), snap, WebhookConfig())
+    assert d.resource == "nvidia.com/mig-1g.10gb", d.reason
+    assert "8 GPU(s) report MIG on but no instance yet" in d.reason
+
+
+def test_a_node_that_reports_its_layout_promises_nothing_else() -> None:
+    # 8 GPUs, 7 slices advertised (one GPU's worth): the other GPUs add no profile.
+    snap = cluster(node("h0", gpus=8, mig={"1g.10gb": 7}, labels=FROZEN))
+    view = ClusterView.of(snap)
+    assert not view.models["H100-80GB"].mig_possible("2g.20gb")
+    d = decide(pod(annotations={"gpupack.io/gpu-memory": "16Gi", "gpupack.io/isolation": "mig"}),
+               view, WebhookConfig())
+    assert d.kind is Kind.DENY and "largest MIG slice 1g.10gb" in d.reason, d.reason
