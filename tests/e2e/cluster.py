@@ -148,6 +148,25 @@ def wait_for(check: Callable[[], Any], timeout_s: float, what: str, interval_s: 
     raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what} (last: {last})")
 
 
+def wait_for_webhook(core: Any, namespace: str, probe: Mapping[str, Any], resource_prefix: str,
+                     timeout_s: float = 30.0) -> Any:
+    """Until the webhook's view has caught up with nodes just created: a dry-run create of
+    ``probe`` (admission runs, nothing is stored) comes back with a GPU resource starting
+    with ``resource_prefix``. A denial meanwhile (the webhook does not see the nodes yet)
+    means try again."""
+    def converted() -> Any:
+        try:
+            out = core.create_namespaced_pod(namespace, dict(probe), dry_run="All")
+        except ApiException as e:
+            if e.status == 403:
+                return None
+            raise
+        limits = out.spec.containers[0].resources.limits or {}
+        return out if any(k.startswith(resource_prefix) for k in limits) else None
+
+    return wait_for(converted, timeout_s, f"the webhook to see the new nodes ({resource_prefix})")
+
+
 def pods_in(core: Any, namespace: str) -> list[dict[str, Any]]:
     items = core.list_namespaced_pod(namespace).items
     return [core.api_client.sanitize_for_serialization(p) for p in items]

@@ -24,6 +24,7 @@ from cluster import (
     pod,
     pods_in,
     wait_for,
+    wait_for_webhook,
 )
 from conftest import Space
 from controlplane import Stack, active_replica
@@ -87,8 +88,7 @@ def _restart_mid_batch(space: Space, core: Any, stack: Stack, component: str) ->
         h100_mig(f"{p}-mig-1", p, {"1g.10gb": 28}),
         l40s_shared(f"{p}-l40s-0", p)])
     probe = pod("probe", pool=p, annotations={"gpupack.io/gpu-memory": "8Gi"})
-    wait_for(lambda: (core.create_namespaced_pod(ns, probe, dry_run="All").spec
-                      .containers[0].resources.limits), 30, "the webhook to see the nodes")
+    wait_for_webhook(core, ns, probe, "nvidia.com/mig-")
     batch = _batch(p)
     create_pods(core, ns, batch[:18])
     wait_for(lambda: len(bound(pods_in(core, ns))) >= 6, 60, "the batch to start binding")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from cluster import create_nodes, h100_mig, l40s_shared, pod, wait_for
+from cluster import create_nodes, h100_mig, l40s_shared, pod, wait_for_webhook
 from conftest import Space
 from controlplane import Stack, _find, render_chart
 from kubernetes.client.rest import ApiException
@@ -23,11 +23,7 @@ def test_sized_pod_comes_back_concrete(space: Space, core: Any) -> None:
         l40s_shared(f"{space.name}-l40s", space.name)])
     body = pod("asr", annotations={"gpupack.io/gpu-memory": "8Gi"})
 
-    def concrete() -> Any:
-        out = core.create_namespaced_pod(ns, body, dry_run="All")
-        return out if any(k.startswith("nvidia.com/") for k in _limits(out)) else None
-
-    wait_for(concrete, 30, "the webhook to see the nodes")
+    wait_for_webhook(core, ns, body, "nvidia.com/mig-")
     made = core.create_namespaced_pod(ns, body)
     assert made.spec.scheduler_name == "gpupack"
     limits = _limits(made)

@@ -33,7 +33,7 @@ from cluster import (
     overcommits,
     pod,
     pods_in,
-    wait_for,
+    wait_for_webhook,
 )
 from conftest import Space
 from controlplane import PLAIN_SCHEDULER_NAME
@@ -111,12 +111,7 @@ def test_mixed_workload_gpupack_and_plain(space: Space, core: Any,
     probe = pod("probe", pool=space.name, annotations={
         "gpupack.io/class": "asr", "gpupack.io/gpu-memory": "8Gi"})
 
-    def converted() -> bool:
-        out = core.create_namespaced_pod(ns, probe, dry_run="All")
-        limits = out.spec.containers[0].resources.limits or {}
-        return any(k.startswith("nvidia.com/mig-") for k in limits)
-
-    wait_for(converted, 30, "the webhook to see the new nodes")
+    wait_for_webhook(core, ns, probe, "nvidia.com/mig-")
 
     pods = workload(space.name)
     stored = create_pods(core, ns, pods)
