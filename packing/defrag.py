@@ -243,11 +243,37 @@ def _domains(c: _Cluster, members: Sequence[PodRequest]) -> list[list[str]] | st
     return out
 
 
-def _victims(c: _Cluster, names: Sequence[str], priority: int
+def _shape(pod: PodRequest) -> tuple[object, ...]:
+    return (pod.kind, pod.gpu_count, pod.mig_profile, pod.gpu_milli, pod.gpu_memory_mib,
+            pod.gpu_models, pod.cpu_milli, pod.memory_mib, tuple(sorted(pod.node_selector.items())))
+
+
+def _room_elsewhere(state: ClusterState, pod: PodRequest, own: str,
+                    memo: dict[tuple[object, ...], tuple[str, ...]]) -> bool:
+    """Whether the pod fits some node other than its own now (the first two nodes with
+    room are remembered per pod shape: pods of one shape fit the same nodes)."""
+    key = _shape(pod)
+    if key not in memo:
+        found: list[str] = []
+        for name in state.nodes:
+            if state.options(pod, name, dedupe=True):
+                found.append(name)
+                if len(found) == 2:
+                    break
+        memo[key] = tuple(found)
+    return any(n != own for n in memo[key])
+
+
+def _victims(c: _Cluster, names: Sequence[str], priority: int, screen: bool
              ) -> tuple[dict[str, Victim], dict[str, int]]:
-    """Pods on ``names`` that may be evicted, and counts of the kept ones by reason."""
+    """Pods on ``names`` that may be evicted, and counts of the kept ones by reason.
+    ``screen``: also keep pods that fit no other node now. Such a pod could still land
+    in room that other evictions free, so the exact search keeps them; but a model full
+    of them spends its rounds on answers whose pods do not land (a spread cluster where
+    no node has four idle GPUs for a 4-GPU pod)."""
     out: dict[str, Victim] = {}
     kept: dict[str, int] = defaultdict(int)
+    memo: dict[tuple[object, ...], tuple[str, ...]] = {}
     for n in names:
         node = c.state.nodes[n]
         usable = {g.info.index for g in node.gpus if g.info.mode.value in ("whole", "fractional")}
@@ -255,6 +281,8 @@ def _victims(c: _Cluster, names: Sequence[str], priority: int
             pod, _ = c.running[key]
             covered = c.covers.get(key, [])
             why = why_kept(pod, priority, c.ev, covered, c.budgets_left, c.moved)
+            if why is None and screen and not _room_elsewhere(c.state, pod, n, memo):
+                why = "with no room on another node now"
             if why is not None:
                 if set(pl.gpus) & usable:
                     kept[why] += 1
@@ -339,7 +367,7 @@ def _plan_unit(c: _Cluster, key: str, members: list[PodRequest],
         return domains
     priority = max(m.priority for m in members)
     names = [n for d in domains for n in d]
-    victims, kept = _victims(c, names, priority)
+    victims, kept = _victims(c, names, priority, params.screen)
     per_domain = params.per_domain or 2 * len(members) + 4
     cands = candidates(c.state, members, domains, victims, params.screen, params.max_domains,
                        per_domain)

@@ -152,9 +152,15 @@ def test_evicted_pods_that_fit_nowhere_else_keep_the_group_waiting() -> None:
     nodes = [node("n0", 8), node("n1", 8)]
     run = [on(whole("ml/a", 4), "n0", range(4)), on(whole("ml/b", 4), "n0", range(4, 8)),
            on(whole("ml/c", 8), "n1", range(8))]
-    plan = plan_defrag(snap(nodes, run, group("llm/g", 1)), Evictability(owned(*run)))
+    s = snap(nodes, run, group("llm/g", 1))
+    # The exact search tries the eviction sets and finds their pods land nowhere; the
+    # screened one does not consider pods that fit no other node now.
+    plan = plan_defrag(s, Evictability(owned(*run)), DefragParams.exact())
     assert plan.moves == ()
     assert "would not all fit elsewhere" in plan.waiting[0].reason
+    plan = plan_defrag(s, Evictability(owned(*run)))
+    assert plan.moves == ()
+    assert "3 with no room on another node now" in plan.waiting[0].reason
 
 
 def test_prefers_fewer_smaller_lower_priority_evictions() -> None:
@@ -358,13 +364,18 @@ def small_cluster(draw: st.DrawFn) -> tuple[Snapshot, Evictability]:
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(small_cluster())
-def test_planner_cost_is_the_brute_force_optimum(case: tuple[Snapshot, Evictability]) -> None:
+def test_exact_planner_cost_is_the_brute_force_optimum(case: tuple[Snapshot, Evictability]) -> None:
     s, ev = case
     want = brute_force(s, ev)
     for params in (DefragParams.exact(), DefragParams()):
         plan = plan_defrag(s, ev, params)
         got = plan.moves[0].cost if plan.moves else None
-        assert got == want, (params, plan)
+        if params.screen:
+            # Screening may miss the optimum (a pod that fits no other node now is not
+            # considered), never beat it; bench/defrag.py measures how far it stays.
+            assert got is None or (want is not None and got >= want), (params, plan)
+        else:
+            assert got == want, (params, plan)
         event(f"evictions: {len(plan.moves[0].evictions) if plan.moves else 'none possible'}")
         if plan.moves:
             check_landed(s, plan)
