@@ -28,6 +28,7 @@ evictions; the evicted pods are then landed (``packing.defrag_landing``). If the
 all land, that answer is excluded by a clause and the model is solved again, up to
 ``max_rounds`` times. Without screening and time limits (``DefragParams.exact()``) this
 is the exact optimum of the definition above: the tests check it against brute force.
+With screening (the default) pods that fit no other node now are not considered either.
 """
 
 from __future__ import annotations
