@@ -151,6 +151,8 @@ class ReservationBook:
         # Moves whenever a record from the API changes what is held: a step must then
         # hold it, however recent the last one (see _version).
         self._record_gen = 0
+        # Per group, the highest revision this replica wrote or released as the leader.
+        self._own_revs: dict[str, int] = {}
         self._listed = records_listed
         self._revs: dict[str, int] = {}
         self._names: dict[str, str] = {}  # record name -> group
@@ -199,9 +201,11 @@ class ReservationBook:
                 return
             self._names[name] = rec.group
             self._revs[rec.group] = max(self._revs.get(rec.group, 0), rec.rev)
-            mine = self.records.get(rec.group)
-            if mine is not None and mine.rev > rec.rev and self.is_leader():
-                return  # an echo of an older write of ours
+            own = self._own_revs.get(rec.group)
+            if own is not None and rec.rev <= own and self.is_leader():
+                # An echo of a write of ours: we have it, or have released it since (a
+                # late echo must not bring a released reservation back).
+                return
             if rec.expires > self.clock() + self.ttl:
                 # No record a leader writes outlives now + ttl: a later expiry is corrupt
                 # (or a clock gone backwards) and would hold the GPUs as long as it says.
@@ -344,16 +348,18 @@ class ReservationBook:
     def _apply(self, d: Decision) -> None:
         for rel in d.release:
             rec = self.records.pop(rel.group, None)
+            if rec is not None:
+                self._own_revs[rel.group] = max(self._own_revs.get(rel.group, 0), rec.rev)
             self.released[rel.reason] += 1
             self.writer.submit(record_name(rel.group), None)
             log.info("released the reservation of group %s (%s)", rel.group, rel.reason)
-            del rec
         for rec in d.put:
             if rec.group not in self.records:
                 log.info("reserved room for group %s (%d members) on %s", rec.group, rec.size,
                          ", ".join(sorted({p.node for p in rec.slots.values()})))
             self.records[rec.group] = rec
             self._revs[rec.group] = max(self._revs.get(rec.group, 0), rec.rev)
+            self._own_revs[rec.group] = max(self._own_revs.get(rec.group, 0), rec.rev)
             self.writer.submit(record_name(rec.group), record_object(rec, self.namespace))
         self.waiting = dict(d.waiting)
         self.first_seen = dict(d.first_seen)

@@ -609,3 +609,22 @@ def test_a_bound_member_deleted_has_its_room_held_again_before_any_step() -> Non
     assert r.held(A) == [0]
     r.tap.delete_pod("llm/a-0-1")  # no step after it
     assert r.held(A) == [0, 1]
+
+
+def test_the_leader_does_not_bring_back_a_record_it_released_from_a_late_echo() -> None:
+    """Found by the stateful test: the watch delivered the echo of the leader's own
+    write after the leader had released that reservation; the leader took it as a live
+    record again (steering members to rooms nobody held)."""
+    r = rig(TWO, [lws_pod("a", 0, 2, 8)], ttl=100)
+    written = r.writer.last(A)
+    assert written is not None
+    r.clock.advance(200)
+    r.sync()
+    assert A not in r.book.reservations  # expired, released
+    r.tap.upsert_record(written)  # the late echo of the first write
+    assert A not in r.book.reservations
+    # A newer record (another leader's, after a failover) is still taken.
+    newer = record_object(replace(record_of(written), rev=r.book._revs[A] + 1,
+                                  expires=r.clock.now + 50), "gpupack")
+    r.tap.upsert_record(newer)
+    assert A in r.book.reservations
