@@ -265,14 +265,19 @@ def main() -> int:
             print(f"{mix:7} {seed:>4} {c.events:>7} {c.gpu_util:>6.1%} "
                   f"{len(snap.running):>6} | {show(got):>14} {ms:>6.0f} | "
                   f"{show(opt):>14} {opt_ms:>8.0f} | {show(nv):>14}")
-            if got and opt and opt[0]:
-                ratios_opt.append(got[0] / opt[0])
+            if opt and opt[0]:
+                # A group gpupack leaves waiting that the optimum serves is a miss.
+                ratios_opt.append(got[0] / opt[0] if got else float("inf"))
             if got and nv and got[0]:
                 ratios_naive.append(nv[0] / got[0])
     if ratios_opt:
         worst = max(ratios_opt)
-        print(f"evictions gpupack / optimum: mean {statistics.mean(ratios_opt):.3f}, "
-              f"worst {worst:.3f} -> {'PASS' if worst <= 1.2 else 'FAIL'} (goal <= 1.2)")
+        found = [r for r in ratios_opt if r != float("inf")]
+        misses = len(ratios_opt) - len(found)
+        mean = statistics.mean(found) if found else float("nan")
+        print(f"evictions gpupack / optimum: mean {mean:.3f}, worst {worst:.3f}, "
+              f"{misses} group(s) left waiting that the optimum serves "
+              f"-> {'PASS' if worst <= 1.2 else 'FAIL'} (goal <= 1.2)")
     if ratios_naive:
         print(f"evictions naive / gpupack: mean {statistics.mean(ratios_naive):.2f}")
     print(f"time to plan: median {statistics.median(times):.0f} ms, max {max(times):.0f} ms "

@@ -389,7 +389,7 @@ def _plan_unit(c: _Cluster, key: str, members: list[PodRequest],
         rounds += 1
         if rounds >= params.max_rounds:
             return _waiting_reason(members, topology, kept, limits, rounds, sel.status)
-        built.reject(sel)
+        built.reject(sel, exact=not params.screen)
 
 
 def plan_defrag(snapshot: Snapshot, ev: Evictability,

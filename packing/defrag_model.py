@@ -35,7 +35,8 @@ Constraints:
   sum_m cpu[m] x[m, n] <= cpu[n] + sum_{v on n} cpu[v] e[v]   (and memory alike)
   sum_{v in b} e[v] <= a[b] for every budget b
   and one clause per rejected answer (its evicted pods did not all land: see
-  ``packing.defrag``), which excludes exactly that answer.
+  ``packing.defrag``): exactly that answer in the exact search; with screening, every
+  answer evicting all of its pods.
 
 Objective (minimize): W * sum_v c[v] e[v] + sum_n t[n], W = nodes + 1: the cheapest
 evictions, then the fewest nodes (tensor parallelism stays inside a node).
@@ -216,11 +217,19 @@ class SelectionModel:
     e: dict[str, cp_model.IntVar]
     cost: dict[str, int]
 
-    def reject(self, sel: Selection) -> None:
+    def reject(self, sel: Selection, exact: bool = True) -> None:
+        """Exclude an answer whose evicted pods did not all land. ``exact``: exactly that
+        answer. Otherwise every answer that evicts all of its pods (and maybe more),
+        wherever the members go: more evictions rarely make room for the pods that did
+        not land, and one answer at a time can take hundreds of rounds when several
+        pods compete for the same few places."""
         assert sel.nodes is not None
+        evicted = set(sel.evict)
+        if not exact:
+            self.model.add_bool_or([self.e[k].Not() for k in sorted(evicted)])
+            return
         index = {c.name: i for i, c in enumerate(self.cands)}
         chosen = {(m, index[n]) for m, n in enumerate(sel.nodes)}
-        evicted = set(sel.evict)
         lits = [v.Not() if mi in chosen else v for mi, v in self.x.items()]
         lits += [v.Not() if k in evicted else v for k, v in self.e.items()]
         self.model.add_bool_or(lits)
