@@ -84,6 +84,30 @@ def cpu_seconds(stack: controlplane.Stack) -> dict[str, float]:
     return out
 
 
+def extender_verb_ms(stack: controlplane.Stack) -> dict[str, float]:
+    """Mean handling time per verb so far (ms), from the extender's own histogram
+    ``gpupack_extender_request_seconds`` on its metrics port."""
+    import urllib.request
+
+    url = None
+    argv = stack.state()["components"]["extender"]["argv"]
+    if "--metrics-port" in argv:
+        url = f"http://127.0.0.1:{argv[argv.index('--metrics-port') + 1]}/metrics"
+    if url is None:
+        return {}
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        text = resp.read().decode()
+    sums: dict[str, float] = {}
+    counts: dict[str, float] = {}
+    for line in text.splitlines():
+        for suffix, into in (("_sum", sums), ("_count", counts)):
+            head = f"gpupack_extender_request_seconds{suffix}{{"
+            if line.startswith(head):
+                verb = line.split('verb="', 1)[1].split('"', 1)[0]
+                into[verb] = float(line.rsplit(" ", 1)[1])
+    return {v: round(1000 * sums[v] / counts[v], 2) for v in sums if counts.get(v)}
+
+
 def percentile(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -200,6 +224,8 @@ def main(argv: list[str] | None = None) -> int:
             burst = run_profile(admin, core, scheduler, args.pods, args.timeout)
             after = cpu_seconds(stack)
             results[name] = {**burst, **single_pods(core, scheduler, args.single, 60.0)}
+            if name == "gpupack":
+                results["gpupack_extender_mean_ms"] = extender_verb_ms(stack)
             # CPU seconds of the burst, per component that used any.
             results[name + "_cpu_s"] = {c: round(after.get(c, 0.0) - before.get(c, 0.0), 1)
                                         for c in after
@@ -222,6 +248,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r['single_p99_ms']:>9.0f}")
         ratio = results["gpupack"]["pods_per_s"] / max(results["default"]["pods_per_s"], 1e-9)
         print(f"gpupack / default pods/s: {ratio:.2f}")
+        print("extender mean ms per verb (burst and lone pods): "
+              + ", ".join(f"{v} {ms:.1f}" for v, ms in
+                          sorted(results["gpupack_extender_mean_ms"].items())))
         for name in ("gpupack", "default"):
             cpu = results[name + "_cpu_s"]
             print(f"CPU s during the {name} burst: "
