@@ -15,6 +15,8 @@ import time
 from collections.abc import Callable, Mapping
 from types import FrameType
 
+from gpupack.metrics_auth import add_metrics_auth_argument, metrics_auth_error, metrics_guard
+
 log = logging.getLogger("gpupack.agent")
 
 
@@ -33,6 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="host /proc as mounted in the agent (default /proc)")
     parser.add_argument("--metrics-port", type=int, default=9402,
                         help="Prometheus port; 0 disables (default 9402)")
+    add_metrics_auth_argument(parser)
     parser.add_argument("--min-patch-interval", type=float, default=30.0,
                         help="seconds between Node annotation patches at most (default 30)")
     parser.add_argument("--mem-tolerance-mib", type=int, default=512,
@@ -76,6 +79,11 @@ def run(args: argparse.Namespace) -> int:
         # --once / --no-patch on a bare GPU box: pods are then named only via PodResources.
         log.info("no Kubernetes API access (%s); pod names from PodResources only", e)
 
+    why = metrics_auth_error(args.metrics_auth, api is not None)
+    if why is not None and args.metrics_port and not args.once:
+        print(f"gpupack agent: {why}", file=sys.stderr)
+        return 2
+
     patch: Callable[[Mapping[str, str | None]], None] | None = None
     pod_names: Callable[[], Mapping[str, str]] | None = None
     if api is not None:
@@ -107,7 +115,9 @@ def run(args: argparse.Namespace) -> int:
 
             try:
                 serve_metrics(metrics.registry, args.metrics_port,
-                              ready=lambda: agent.inventories > 0)
+                              ready=lambda: agent.inventories > 0,
+                              guard=metrics_guard(args.metrics_auth,
+                                                  api.api_client if api is not None else None))
             except OSError as e:
                 print(f"gpupack agent: --metrics-port {args.metrics_port}: cannot listen: "
                       f"{e.strerror or e}", file=sys.stderr)

@@ -32,6 +32,7 @@ from typing import Any
 from gunicorn.app.base import BaseApplication
 
 from gpupack.inputs import add_mig_actuator_argument
+from gpupack.metrics_auth import add_metrics_auth_argument, metrics_auth_error, metrics_guard
 from gpupack.startup import announce_when_synced, source_words, startup_line
 
 EXAMPLES = Path(__file__).parent / "examples"
@@ -114,6 +115,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metrics-host", default=None,
                    help="address of --metrics-port (default: --host); the verbs can stay on "
                         "loopback while Prometheus scrapes 0.0.0.0:<metrics-port>")
+    add_metrics_auth_argument(p)  # --metrics-port's and the webhook's /metrics
     p.add_argument("--webhook-port", type=int, default=0,
                    help="also serve the mutating admission webhook (POST /mutate) over HTTPS "
                         "on this port, on the extender's live cache (default 0: off)")
@@ -163,6 +165,7 @@ class Components:
         from scheduler.cache import ClusterCache
         from scheduler.groups import ReservationBook
         from scheduler.planner import Planner
+        from serving.metrics_auth import Guard
 
         self.cache = ClusterCache(args.scheduler_name, mig_actuator=args.mig_actuator)
         self.registry = CollectorRegistry()
@@ -180,8 +183,12 @@ class Components:
         self.leader: Leadership = AlwaysLeader()
         self.lease: LeaseWatcher | None = None
         self.lws: LwsPoller | None = None
+        self.metrics_guard: Guard | None = None
         if args.kubeconfig or args.in_cluster:
             api = load_api_client(args.kubeconfig, args.in_cluster)
+            # Reviews on a client of their own: a scrape never waits on the watches' pool.
+            self.metrics_guard = metrics_guard(
+                args.metrics_auth, load_api_client(args.kubeconfig, args.in_cluster))
             # Group rights: ResourceQuotas watched with the cluster, LeaderWorkerSets
             # polled (the CRD may be absent); both listed before the verbs answer.
             self.inputs = GroupInputs()
@@ -234,7 +241,8 @@ class Components:
             # Same registry: one scrape of /metrics has the extender and the webhook.
             hook = create_webhook_app(SnapshotFeed(self.cache), self.registry,
                                       config_from_args(args),
-                                      exposition=self.app.extensions["gpupack.exposition"])
+                                      exposition=self.app.extensions["gpupack.exposition"],
+                                      metrics_guard=self.metrics_guard)
             self.webhook = WebhookHost(hook, str(args.webhook_host), int(args.webhook_port),
                                        args.tls_cert, args.tls_key)
 
@@ -260,7 +268,8 @@ class Components:
 
             # The kubelet probes the extender here: ready exactly when its /readyz is.
             MetricsServer(self.app.extensions["gpupack.exposition"], self.metrics_host,
-                          self.metrics_port, ready=self.groups.check_ready).start()
+                          self.metrics_port, ready=self.groups.check_ready,
+                          guard=self.metrics_guard).start()
         announce_when_synced(self.groups.check_ready, lambda: startup_line(
             "serve", self.source_words, self.cache.counts(), self.listening,
             [f"policy {self.policy}"]))
@@ -294,6 +303,9 @@ def check_args(args: argparse.Namespace) -> str | None:
     if args.workers != 1:
         return ("--workers must be 1: each worker process would keep its own cache and "
                 "could bind the same GPU twice; use --threads for concurrency")
+    why = metrics_auth_error(args.metrics_auth, bool(args.kubeconfig or args.in_cluster))
+    if why is not None:
+        return why
     if args.filter_top < 0:
         return "--filter-top must be 0 (every fitting node) or positive"
     if args.plan_per_class < 0:

@@ -18,6 +18,7 @@ from flask import Flask
 from prometheus_client import CollectorRegistry
 
 from gpupack.inputs import add_mig_actuator_argument, load_cluster
+from gpupack.metrics_auth import add_metrics_auth_argument, metrics_auth_error, metrics_guard
 from gpupack.startup import announce, announce_when_synced, source_words, startup_line
 from kube.objects import ObjectError
 from packing.model import Snapshot
@@ -75,6 +76,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "reloaded when the file changes")
     p.add_argument("--tls-key", required=True, type=Path, help="its private key (PEM)")
     p.add_argument("--threads", type=int, default=8, help="worker threads")
+    add_metrics_auth_argument(p)
     p.add_argument("--log-level", default="info",
                    choices=["debug", "info", "warning", "error"])
     add_config_arguments(p)
@@ -121,6 +123,10 @@ def run(args: argparse.Namespace) -> int:
         print("gpupack webhook: give --nodes (static) or --in-cluster/--kubeconfig",
               file=sys.stderr)
         return 2
+    why = metrics_auth_error(args.metrics_auth, live)
+    if why is not None:
+        print(f"gpupack webhook: {why}", file=sys.stderr)
+        return 2
     if live:
         from kube.source import api_config_error
 
@@ -156,10 +162,15 @@ def run(args: argparse.Namespace) -> int:
                 "nodes": len(snapshot.nodes), "pods": len(snapshot.running)
                 + len(snapshot.pending), "pending": len(snapshot.pending)}, where))
             return create_app(lambda: snapshot, CollectorRegistry(), config)
+        from kube.source import load_api_client
+
         feed = live_snapshots(args)
         announce_when_synced(feed.ready, lambda: startup_line(
             "webhook", source, feed.cache.counts(), where))
-        return create_app(feed, CollectorRegistry(), config, ready=feed.ready)
+        guard = metrics_guard(args.metrics_auth,
+                              load_api_client(args.kubeconfig, args.in_cluster))
+        return create_app(feed, CollectorRegistry(), config, ready=feed.ready,
+                          metrics_guard=guard)
 
     serve(app_factory, host=args.host, port=args.port, cert=args.tls_cert, key=args.tls_key,
           threads=args.threads, log_level=args.log_level)

@@ -18,6 +18,7 @@ from nodeagent.report import PoolUsage, gpu_mode, product_label, usable
 from serving.gate import Limits
 from serving.listener import Listener
 from serving.metrics_app import create_metrics_app
+from serving.metrics_auth import Guard
 
 _POD = ("namespace", "pod", "gpu")
 
@@ -27,17 +28,20 @@ METRICS_LIMITS = Limits(max_body=64 * 1024, max_connections=64,
 
 
 def serve_metrics(registry: CollectorRegistry, port: int, host: str = "0.0.0.0",
-                  ready: Callable[[], bool] | None = None) -> Listener:
+                  ready: Callable[[], bool] | None = None, guard: Guard | None = None
+                  ) -> Listener:
     """The agent's ``/metrics`` with the health convention of every gpupack server
     (``/healthz``; ``/readyz``, ready once ``ready()`` says so, e.g. after the first
-    inventory; JSON errors), started.
+    inventory; JSON errors), started; with ``guard``, ``/metrics`` only for a bearer token
+    whose identity may get it (:mod:`serving.metrics_auth`).
 
     A :class:`serving.listener.Listener` rather than ``prometheus_client.start_http_server``:
     that one starts a thread per connection with no read timeout, so half-open
     connections pile up threads; here they hold a capped number of sockets and are cut
     at a deadline. OSError when the port cannot be listened on."""
     app = create_metrics_app(lambda: generate_latest(registry), ready,
-                             not_ready_why="no inventory taken yet", name="gpupack.agent")
+                             not_ready_why="no inventory taken yet", name="gpupack.agent",
+                             guard=guard)
     listener = Listener(app, host, port, limits=METRICS_LIMITS, threads=2,
                         name="gpupack-agent-metrics")
     listener.start()

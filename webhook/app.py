@@ -32,6 +32,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from werkzeug.exceptions import HTTPException
 
 from packing.model import Snapshot
+from serving.metrics_app import guarded
+from serving.metrics_auth import Guard
 from webhook.admit import admit
 from webhook.capacity import ClusterView
 from webhook.config import WebhookConfig
@@ -120,12 +122,15 @@ def create_app(
     config: WebhookConfig,
     exposition: Callable[[], bytes] | None = None,
     ready: Callable[[], bool] | None = None,
+    metrics_guard: Guard | None = None,
 ) -> Flask:
     """``snapshot_provider``: the cluster now, or None until the first complete list.
     ``ready``: a cheap "has the first list completed" (default: the provider's own
     ``ready()`` method if it has one, else always: a static view).
     ``exposition``: the body of ``/metrics`` when the registry is shared with a host
-    that renders part of it itself (``gpupack serve``); default: the registry alone."""
+    that renders part of it itself (``gpupack serve``); default: the registry alone.
+    ``metrics_guard``: who may scrape ``/metrics`` (:mod:`serving.metrics_auth`; default:
+    anyone); ``/healthz`` and ``/readyz`` stay open for the kubelet's probes."""
     app = Flask("gpupack.webhook")
     metrics = WebhookMetrics(registry)
     views = ViewCache()
@@ -229,6 +234,9 @@ def create_app(
 
     @app.get("/metrics")
     def prometheus() -> Response:
+        refused = guarded(metrics_guard)
+        if refused is not None:
+            return refused
         body = exposition() if exposition is not None else generate_latest(registry)
         return Response(body, mimetype=CONTENT_TYPE_LATEST)
 
