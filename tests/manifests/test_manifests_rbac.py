@@ -8,7 +8,10 @@ from manifests_helpers import Obj, find_all
 Grant = tuple[str, str, str, str]  # (namespace or "*", apiGroup, resource, verb)
 
 BUILTIN = {"system:kube-scheduler", "system:volume-scheduler",
-           "extension-apiserver-authentication-reader"}
+           "extension-apiserver-authentication-reader", "system:auth-delegator"}
+# Every account that serves /metrics reviews its scrapers' tokens (TokenReview) and
+# rights (SubjectAccessReview): create on both, the whole of system:auth-delegator.
+AUTH_DELEGATOR = "ClusterRole/system:auth-delegator@*"
 
 
 def _rules(o: Obj, ns: str) -> set[Grant]:
@@ -51,9 +54,12 @@ def core(ns: str, res: str, *verbs: str) -> set[Grant]:
 def test_least_privilege(which: str, request: pytest.FixtureRequest) -> None:
     objs: list[Obj] = request.getfixturevalue(which)
     own, builtin = grants(objs)
-    assert builtin == {"gpupack-scheduler": {
-        "ClusterRole/system:kube-scheduler@*", "ClusterRole/system:volume-scheduler@*",
-        "Role/extension-apiserver-authentication-reader@kube-system"}}
+    assert builtin == {
+        "gpupack-scheduler": {
+            "ClusterRole/system:kube-scheduler@*", "ClusterRole/system:volume-scheduler@*",
+            "Role/extension-apiserver-authentication-reader@kube-system", AUTH_DELEGATOR},
+        "gpupack-webhook": {AUTH_DELEGATOR},
+        "gpupack-node-agent": {AUTH_DELEGATOR}}
     # What the end-to-end tests saw each account use (tests/e2e/test_e2e_z_rbac.py checks
     # the chart's grants against the API server's audit log): kube-scheduler's LeaseLock
     # gets, creates and updates; the extender only reads the Lease.
