@@ -86,15 +86,14 @@ def cpu_seconds(stack: controlplane.Stack) -> dict[str, float]:
 
 def extender_verb_ms(stack: controlplane.Stack) -> dict[str, float]:
     """Mean handling time per verb so far (ms), from the extender's own histogram
-    ``gpupack_extender_request_seconds`` on its metrics port."""
+    ``gpupack_extender_request_seconds``, read on its loopback port (the same body as
+    its metrics port, which needs a bearer token allowed to get /metrics)."""
     import urllib.request
 
-    url = None
-    argv = stack.state()["components"]["extender"]["argv"]
-    if "--metrics-port" in argv:
-        url = f"http://127.0.0.1:{argv[argv.index('--metrics-port') + 1]}/metrics"
-    if url is None:
+    base = stack.state()["components"]["extender"].get("url")
+    if not base:
         return {}
+    url = f"{base}/metrics"
     with urllib.request.urlopen(url, timeout=10) as resp:
         text = resp.read().decode()
     sums: dict[str, float] = {}

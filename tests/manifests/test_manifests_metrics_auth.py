@@ -6,6 +6,7 @@ container turns the check off."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from itertools import pairwise
 from typing import Any
 
 import pytest
@@ -74,7 +75,7 @@ def test_no_container_turns_metrics_auth_off(which: str,
                 argv = list(c.get("command") or []) + list(c.get("args") or [])
                 assert "--metrics-auth=none" not in argv
                 assert not any(a == "--metrics-auth" and b == "none"
-                               for a, b in zip(argv, argv[1:], strict=False)), c["name"]
+                               for a, b in pairwise(argv)), c["name"]
 
 
 def test_no_agent_no_agent_binding(render_helm: Callable[[dict[str, Any] | None],
