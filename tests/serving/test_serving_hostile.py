@@ -2,8 +2,9 @@
 port at once, ``/healthz`` and a real request still answer, and the server cuts the slow
 clients. A stalled server does not answer for seconds (until the clients give up); the
 test allows 1 s a request so that a loaded CI machine cannot fail it, and the 100 ms
-figure itself is measured and printed by ``bench/hostile.py``. ``gpupack serve`` with its metrics and webhook ports, and
-the standalone ``gpupack webhook``; the clients are bench/hostile.py's (loopback only)."""
+figure itself is measured and printed by ``bench/hostile.py``. ``gpupack serve`` with its
+metrics and webhook ports, and the standalone ``gpupack webhook``; the clients are
+bench/hostile.py's (loopback only)."""
 
 from __future__ import annotations
 
