@@ -78,7 +78,7 @@ def test_health_answers_while_both_threads_are_busy(port: int) -> None:
         t.start()
     time.sleep(0.3)  # both threads asleep in the app, a third request queued
     status, body, took = get(port, "/healthz")
-    assert (status, body) == (200, b"/healthz 0") and took < 0.1
+    assert (status, body) == (200, b"/healthz 0") and took < 0.5
     for t in busy:
         t.join(10)
 
@@ -90,7 +90,7 @@ def test_scrapes_have_a_thread_of_their_own(port: int) -> None:
     time.sleep(0.2)  # one scrape in its thread, three queued behind it
     for _ in range(3):
         status, body, took = get(port, "/verb", "POST", b"ab")
-        assert (status, body) == (200, b"/verb 2") and took < 0.1
+        assert (status, body) == (200, b"/verb 2") and took < 0.5
     for t in scrapes:
         t.join(10)
 
@@ -105,7 +105,7 @@ def test_slow_and_half_open_clients_hold_no_thread_and_are_cut(port: int) -> Non
         time.sleep(0.2)
         for _ in range(5):  # more clients than threads (2), all still stalled
             status, body, took = get(port, "/real", "POST", b"abc")
-            assert (status, body) == (200, b"/real 3") and took < 0.1
+            assert (status, body) == (200, b"/real 3") and took < 0.5
         started = time.monotonic()
         answers = [read_all(s, 4.0) for s in crowd]
         assert time.monotonic() - started < 3.5  # all cut within the 1 s deadlines
@@ -133,7 +133,7 @@ def test_kept_alive_connection_served_again_and_a_slow_next_request_frees_the_th
     assert sock is not None
     sock.sendall(b"POST /k HTTP/1.1\r\nContent-Len")  # the next request stalls
     others = [get(port, "/other") for _ in range(4)]
-    assert all(s == 200 and took < 0.1 for s, _, took in others)
+    assert all(s == 200 and took < 0.5 for s, _, took in others)
     assert read_all(sock, 3.0).startswith(b"HTTP/1.1 408 ")
     conn.close()
 
@@ -148,7 +148,7 @@ def test_a_client_that_never_closes_does_not_hold_up_the_main_loop(port: int) ->
     try:
         time.sleep(0.1)
         status, _, took = get(port, "/after")
-        assert status == 200 and took < 0.1
+        assert status == 200 and took < 0.5
     finally:
         for s in lingerers:
             s.close()

@@ -155,7 +155,7 @@ def test_health_answers_while_every_request_thread_is_busy(
         time.sleep(0.01)
     assert app.blocked == 2  # both request threads are stuck; a third request waits
     status, body, took = request(listener.port, path="/healthz")
-    assert (status, body) == (200, b"/healthz 0") and took < 0.1
+    assert (status, body) == (200, b"/healthz 0") and took < 0.5
     app.release.set()
     for t in blockers:
         t.join(10)
@@ -168,7 +168,7 @@ def test_more_idle_clients_than_the_cap_cannot_lock_a_real_client_out(
     try:
         time.sleep(0.1)
         status, body, took = request(listener.port, path="/real")
-        assert (status, body) == (200, b"/real 0") and took < 0.1
+        assert (status, body) == (200, b"/real 0") and took < 0.5
         assert listener.evicted >= 32 and len(listener.conns) <= 32
     finally:
         for s in idle:
