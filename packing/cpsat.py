@@ -58,6 +58,22 @@ class SolverParams:
     # max_time_s: there a bounded solve matters more than the same answer everywhere.
     max_wall_s: float | None = None
 
+    def solver(self) -> cp_model.CpSolver:
+        """A CP-SAT solver with these settings.
+
+        Reproducible for a fixed seed: interleaved search runs the workers' strategies in
+        lockstep and the deterministic-time budget ends it at the same point on any
+        machine. The wall-clock limit is by default only a safety net (3x) for a slow or
+        loaded machine; see ``max_wall_s``."""
+        solver = cp_model.CpSolver()
+        solver.parameters.max_deterministic_time = self.max_time_s
+        solver.parameters.max_time_in_seconds = (
+            3 * self.max_time_s if self.max_wall_s is None else self.max_wall_s)
+        solver.parameters.num_workers = self.workers
+        solver.parameters.random_seed = self.seed
+        solver.parameters.interleave_search = self.workers > 1
+        return solver
+
 
 @dataclass(frozen=True)
 class SolveResult:
@@ -329,17 +345,7 @@ def solve_batch(
     model, x, options, w, pods_by_key = (
         built.model, built.x, built.options, built.w, built.pods)
     # ---- solve --------------------------------------------------------------------------
-    solver = cp_model.CpSolver()
-    # Reproducible for a fixed seed: interleaved search runs the workers' strategies in
-    # lockstep and the deterministic-time budget ends it at the same point on any machine.
-    # The wall-clock limit is by default only a safety net (3x) for a slow or loaded
-    # machine; see SolverParams.max_wall_s.
-    solver.parameters.max_deterministic_time = params.max_time_s
-    solver.parameters.max_time_in_seconds = (
-        3 * params.max_time_s if params.max_wall_s is None else params.max_wall_s)
-    solver.parameters.num_workers = params.workers
-    solver.parameters.random_seed = params.seed
-    solver.parameters.interleave_search = params.workers > 1
+    solver = params.solver()
     if len(model.proto.variables) > SYMMETRY_LIMIT:
         # On large batches CP-SAT's presolve eats the whole budget and search never
         # starts (a 64-pod batch over 1,000 candidate nodes, 22,400 variables): symmetry

@@ -641,13 +641,7 @@ def plan_mig(nodes: Sequence[MigNode], demand: MigDemand, *,
                                    for n, i in hinted) else 0)
 
     # ---- solve -------------------------------------------------------------------------------
-    solver = cp_model.CpSolver()
-    solver.parameters.max_deterministic_time = params.max_time_s
-    solver.parameters.max_time_in_seconds = (
-        3 * params.max_time_s if params.max_wall_s is None else params.max_wall_s)
-    solver.parameters.num_workers = params.workers
-    solver.parameters.random_seed = params.seed
-    solver.parameters.interleave_search = params.workers > 1
+    solver = params.solver()
     status = solver.solve(model)
     name = solver.status_name(status)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
