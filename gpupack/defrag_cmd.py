@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from gpupack.inputs import read_objects
-from kube.defrag_inputs import PDB, evictability, split_objects
+from kube.defrag_inputs import PDB, evictability
+from kube.files import split_objects
 from kube.objects import ObjectError
 from kube.owners import RECREATING_KINDS
 from kube.snapshot import BuiltSnapshot, build_snapshot

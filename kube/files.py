@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
@@ -16,6 +17,14 @@ _LOADER: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 def load_objects(text: str, source: str, kind: str) -> list[dict[str, Any]]:
     """Objects of ``kind`` ("Node" or "Pod") in ``text``; ObjectError naming source and item."""
+    return split_objects(text, source, (kind,))[kind]
+
+
+def split_objects(text: str, source: str, kinds: Sequence[str]
+                  ) -> dict[str, list[dict[str, Any]]]:
+    """Objects of each of ``kinds`` in ``text`` (a List of mixed kinds, a <Kind>List, or
+    many documents; an item without ``kind`` is of the first kind); ObjectError naming
+    the source, document, item and kind for anything else."""
     docs: list[Any] | None = None
     if text.lstrip()[:1] in ("{", "["):
         # JSON (what `kubectl get -o json` writes) is YAML too, but a JSON parser reads a
@@ -30,7 +39,8 @@ def load_objects(text: str, source: str, kind: str) -> list[dict[str, Any]]:
             docs = list(yaml.load_all(text, Loader=_LOADER))
         except yaml.YAMLError as e:
             raise ObjectError(f"{source}: not valid YAML: {e}") from None
-    out: list[dict[str, Any]] = []
+    out: dict[str, list[dict[str, Any]]] = {k: [] for k in kinds}
+    lists = {"List", *(f"{k}List" for k in kinds)}
     for d, doc in enumerate(docs):
         if doc is None:
             continue
@@ -39,8 +49,7 @@ def load_objects(text: str, source: str, kind: str) -> list[dict[str, Any]]:
                 f"{source}: document {d}: expected an object, got {type(doc).__name__}"
             )
         items = [doc]
-        doc_kind = doc.get("kind")
-        if doc_kind in ("List", f"{kind}List") or (doc_kind is None and "items" in doc):
+        if doc.get("kind") in lists or (doc.get("kind") is None and "items" in doc):
             items = doc.get("items") or []
             if not isinstance(items, list):
                 raise ObjectError(f"{source}: document {d}: items: expected a list")
@@ -48,7 +57,8 @@ def load_objects(text: str, source: str, kind: str) -> list[dict[str, Any]]:
             where = f"{source}: document {d}" + (f" item {i}" if item is not doc else "")
             if not isinstance(item, dict):
                 raise ObjectError(f"{where}: expected an object")
-            if item.get("kind", kind) != kind:
-                raise ObjectError(f"{where}: kind: expected {kind}, got {item.get('kind')!r}")
-            out.append(item)
+            kind = item.get("kind", kinds[0])
+            if kind not in out:
+                raise ObjectError(f"{where}: kind: expected {' or '.join(kinds)}, got {kind!r}")
+            out[kind].append(item)
     return out

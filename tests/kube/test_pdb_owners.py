@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from kube.defrag_inputs import evictability, split_objects
+from kube.defrag_inputs import evictability
+from kube.files import split_objects
 from kube.objects import ObjectError
 from kube.owners import recreator
 from kube.pdb import read_budget
