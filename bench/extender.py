@@ -137,6 +137,21 @@ class Conn:
         return json.loads(r.read())
 
 
+def wait_ready(port: int, proc: subprocess.Popen[bytes], poll_s: float = 0.2) -> Conn:
+    """A connection to the extender on ``port`` once its /readyz says ready;
+    RuntimeError if ``proc`` exits first."""
+    conn = Conn(port)
+    while True:
+        try:
+            if conn.get("/readyz").get("ready"):
+                return conn
+        except (OSError, ValueError):
+            conn = Conn(port)
+        if proc.poll() is not None:
+            raise RuntimeError("gpupack serve exited")
+        time.sleep(poll_s)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -104,16 +104,7 @@ def main() -> int:
              "--metrics-port", str(mport)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            conn = ext.Conn(port)
-            while True:
-                try:
-                    if conn.get("/readyz").get("ready"):
-                        break
-                except (OSError, ValueError):
-                    conn = ext.Conn(port)
-                if proc.poll() is not None:
-                    raise RuntimeError("gpupack serve exited")
-                time.sleep(0.2)
+            conn = ext.wait_ready(port, proc, 0.2)
             for i in range(300):  # warm the memo and the connection
                 conn.post("/filter", bodies[i % len(bodies)])
             conn.c.request("GET", "/metrics")  # the first scrape computes in the caller

@@ -130,16 +130,7 @@ def main() -> int:
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         samples: list[tuple[float, float, float, int, int]] = []
         try:
-            conn = ext.Conn(port)
-            while True:
-                try:
-                    if conn.get("/readyz").get("ready"):
-                        break
-                except (OSError, ValueError):
-                    conn = ext.Conn(port)
-                if proc.poll() is not None:
-                    raise RuntimeError("gpupack serve exited")
-                time.sleep(0.5)
+            conn = ext.wait_ready(port, proc, 0.5)
             print(f"{a.nodes} nodes, {a.bound} bound pods: ready in "
                   f"{time.monotonic() - started:.1f} s; {a.rate:.0f} requests/s for "
                   f"{a.minutes:g} min", flush=True)
