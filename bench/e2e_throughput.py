@@ -154,10 +154,25 @@ def run_profile(admin: Any, core: Any, scheduler: str, n_pods: int, timeout_s: f
     out = {"pods": float(n_pods), "bound": float(len(bound_at)),
            "pods_per_s": len(bound_at) / max(last - start, 1e-9),
            "p50_ms": percentile(latencies, 0.5), "p99_ms": percentile(latencies, 0.99)}
+    out.update(packing(core, prefix))
     cluster.force_delete_pods(core, PODS_NS)
     cluster.wait_for(lambda: not core.list_namespaced_pod(PODS_NS).items, 300,
                      "the pods to be gone")
     return out
+
+
+def packing(core: Any, prefix: str) -> dict[str, float]:
+    """How the burst was packed, as the API server holds it: nodes the pods went to, and
+    whole-GPU nodes (the room LLM groups need) left without any pod."""
+    used: dict[str, int] = {}
+    for p in core.list_namespaced_pod(PODS_NS).items:
+        if p.metadata.name.startswith(prefix) and p.spec.node_name:
+            used[p.spec.node_name] = used.get(p.spec.node_name, 0) + 1
+    whole = [n.metadata.name for n in core.list_node().items
+             if n.metadata.name.startswith("whole-")]
+    return {"nodes_used": float(len(used)),
+            "whole_nodes_untouched": float(sum(1 for n in whole if n not in used)),
+            "whole_nodes": float(len(whole))}
 
 
 def single_pods(core: Any, scheduler: str, n: int, timeout_s: float) -> dict[str, float]:
@@ -247,6 +262,11 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r['single_p99_ms']:>9.0f}")
         ratio = results["gpupack"]["pods_per_s"] / max(results["default"]["pods_per_s"], 1e-9)
         print(f"gpupack / default pods/s: {ratio:.2f}")
+        for name in ("gpupack", "default"):
+            r = results[name]
+            print(f"{name}: the burst used {r['nodes_used']:.0f} nodes and left "
+                  f"{r['whole_nodes_untouched']:.0f} of {r['whole_nodes']:.0f} whole-GPU nodes "
+                  "untouched")
         print("extender mean ms per verb (burst and lone pods): "
               + ", ".join(f"{v} {ms:.1f}" for v, ms in
                           sorted(results["gpupack_extender_mean_ms"].items())))
