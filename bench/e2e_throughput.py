@@ -175,6 +175,39 @@ def packing(core: Any, prefix: str) -> dict[str, float]:
             "whole_nodes": float(len(whole))}
 
 
+def group_latency(core: Any, n_groups: int, timeout_s: float) -> dict[str, float]:
+    """Create-to-complete of ``n_groups`` LeaderWorkerSet groups of 2 pods x 8 GPUs
+    (gpupack profile), all created at once: kube-scheduler must offer each member the
+    node the extender reserved for it, which sampling (percentageOfNodesToScore below
+    100) can leave out of a cycle."""
+    pods = []
+    for g in range(n_groups):
+        for w in range(2):
+            p = cluster.lws_member(f"grp{g}", w, 2, 8, "bench")
+            p["spec"]["schedulerName"] = controlplane.SCHEDULER_NAME
+            p["spec"]["containers"][0]["resources"]["requests"] = {
+                "cpu": "100m", "memory": "256Mi", "nvidia.com/gpu": "8"}
+            pods.append(p)
+    t0 = time.monotonic()
+    for p in pods:
+        core.create_namespaced_pod(PODS_NS, p)
+    done: dict[str, float] = {}
+    end = t0 + timeout_s
+    while len(done) < n_groups and time.monotonic() < end:
+        bound = {x.metadata.name for x in core.list_namespaced_pod(PODS_NS).items
+                 if x.spec.node_name}
+        for g in range(n_groups):
+            if f"grp{g}" not in done and {f"grp{g}-0", f"grp{g}-0-1"} <= bound:
+                done[f"grp{g}"] = time.monotonic() - t0
+        time.sleep(0.1)
+    cluster.force_delete_pods(core, PODS_NS)
+    cluster.wait_for(lambda: not core.list_namespaced_pod(PODS_NS).items, 300,
+                     "the pods to be gone")
+    times = sorted(done.values())
+    return {"groups": float(n_groups), "groups_complete": float(len(times)),
+            "group_p50_s": percentile(times, 0.5), "group_max_s": max(times, default=float("nan"))}
+
+
 def single_pods(core: Any, scheduler: str, n: int, timeout_s: float) -> dict[str, float]:
     """Create-to-bound of ``n`` pods created one at a time, each after the previous one
     is bound: the latency a lone pod sees, without a queue ahead of it."""
@@ -203,6 +236,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pods", type=int, default=1000)
     p.add_argument("--single", type=int, default=50,
                    help="pods created one at a time, for the lone-pod latency (default 50)")
+    p.add_argument("--groups", type=int, default=5,
+                   help="LLM groups (2 x 8 GPUs) created at once after the gpupack burst, "
+                        "for their create-to-complete time (default 5; 0: none)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per profile")
     p.add_argument("--format", choices=["table", "json"], default="table")
     p.add_argument("--dir", type=Path, default=None, help="stack folder (default: a temp dir)")
@@ -238,6 +274,8 @@ def main(argv: list[str] | None = None) -> int:
             burst = run_profile(admin, core, scheduler, args.pods, args.timeout)
             after = cpu_seconds(stack)
             results[name] = {**burst, **single_pods(core, scheduler, args.single, 60.0)}
+            if name == "gpupack" and args.groups:
+                results[name].update(group_latency(core, args.groups, 300.0))
             if name == "gpupack":
                 results["gpupack_extender_mean_ms"] = extender_verb_ms(stack)
             # CPU seconds of the burst, per component that used any.
@@ -262,6 +300,10 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r['single_p99_ms']:>9.0f}")
         ratio = results["gpupack"]["pods_per_s"] / max(results["default"]["pods_per_s"], 1e-9)
         print(f"gpupack / default pods/s: {ratio:.2f}")
+        if args.groups:
+            r = results["gpupack"]
+            print(f"gpupack: {r['groups_complete']:.0f} of {r['groups']:.0f} groups complete, "
+                  f"p50 {r['group_p50_s']:.1f} s, last {r['group_max_s']:.1f} s")
         for name in ("gpupack", "default"):
             r = results[name]
             print(f"{name}: the burst used {r['nodes_used']:.0f} nodes and left "
