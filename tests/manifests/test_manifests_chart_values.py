@@ -152,6 +152,11 @@ def _verbosity(objs: list[Obj]) -> None:
     assert "--v=4" in containers(objs)["kube-scheduler"]["command"]
 
 
+def _percentage_of_nodes_to_score(objs: list[Obj]) -> None:
+    (profile,) = scheduler_config(objs)["profiles"]
+    assert profile["percentageOfNodesToScore"] == 40
+
+
 def _namespace(objs: list[Obj]) -> None:
     assert find(objs, "Namespace")["metadata"]["name"] == "gpupack"
 
@@ -365,6 +370,7 @@ CASES: dict[str, tuple[dict[str, Any] | None, Callable[[list[Obj]], None]]] = {
     "kubeScheduler.image": (None, _kube_scheduler_image),
     "kubeScheduler.tag": ({}, _kube_scheduler_tag_default),
     "kubeScheduler.verbosity": (None, _verbosity),
+    "kubeScheduler.percentageOfNodesToScore": (None, _percentage_of_nodes_to_score),
     "namespace.create": (None, _namespace),
     "replicas.scheduler": (None, _replicas_scheduler),
     "replicas.webhook": (None, _replicas_webhook),
