@@ -40,6 +40,7 @@ import cluster  # noqa: E402
 import controlplane  # noqa: E402
 
 PODS_NS = "bench"
+FILL_NS = "bench-fill"  # the prefill's pods, which stay through both profiles
 
 
 def node_specs(n: int) -> list[cluster.NodeSpec]:
@@ -168,11 +169,38 @@ def packing(core: Any, prefix: str) -> dict[str, float]:
     for p in core.list_namespaced_pod(PODS_NS).items:
         if p.metadata.name.startswith(prefix) and p.spec.node_name:
             used[p.spec.node_name] = used.get(p.spec.node_name, 0) + 1
+    # Whole-GPU nodes with no pod at all (the prefill's survivors count too).
+    busy = set(used) | {x.spec.node_name for x in core.list_namespaced_pod(FILL_NS).items
+                        if x.spec.node_name}
     whole = [n.metadata.name for n in core.list_node().items
              if n.metadata.name.startswith("whole-")]
     return {"nodes_used": float(len(used)),
-            "whole_nodes_untouched": float(sum(1 for n in whole if n not in used)),
+            "whole_nodes_untouched": float(sum(1 for n in whole if n not in busy)),
             "whole_nodes": float(len(whole))}
+
+
+def prefill(core: Any, n: int, keep: float, seed: int) -> dict[str, float]:
+    """A fragmented cluster to pack into: ``n`` mixed pods placed by plain kube-scheduler
+    (which spreads them), then all but a seeded random ``keep`` share deleted."""
+    import random
+
+    ns = FILL_NS
+    pods = pod_specs(n, controlplane.PLAIN_SCHEDULER_NAME, "fill")
+    for p in pods:
+        p["metadata"]["namespace"] = ns
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        list(pool.map(lambda p: core.create_namespaced_pod(ns, p), pods))
+    cluster.wait_for(lambda: sum(1 for x in core.list_namespaced_pod(ns).items
+                                 if x.spec.node_name) == n, 900, "the prefill bound")
+    rng = random.Random(seed)
+    gone = [p["metadata"]["name"] for p in pods if rng.random() >= keep]
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        list(pool.map(lambda name: core.delete_namespaced_pod(name, ns,
+                                                              grace_period_seconds=0), gone))
+    cluster.wait_for(lambda: len(core.list_namespaced_pod(ns).items) == n - len(gone), 300,
+                     "the prefill's departures")
+    nodes = {x.spec.node_name for x in core.list_namespaced_pod(ns).items}
+    return {"prefill_pods": float(n - len(gone)), "prefill_nodes": float(len(nodes))}
 
 
 def group_latency(core: Any, n_groups: int, timeout_s: float) -> dict[str, float]:
@@ -236,6 +264,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pods", type=int, default=1000)
     p.add_argument("--single", type=int, default=50,
                    help="pods created one at a time, for the lone-pod latency (default 50)")
+    p.add_argument("--prefill", type=int, default=0,
+                   help="first fragment the cluster: this many pods placed by plain "
+                        "kube-scheduler, then most of them deleted (default 0: empty)")
+    p.add_argument("--prefill-keep", type=float, default=0.5,
+                   help="share of the prefill's pods that stay (default 0.5)")
     p.add_argument("--groups", type=int, default=5,
                    help="LLM groups (2 x 8 GPUs) created at once after the gpupack burst, "
                         "for their create-to-complete time (default 5; 0: none)")
@@ -262,12 +295,16 @@ def main(argv: list[str] | None = None) -> int:
         admin = controlplane._api(stack.kubeconfig)
         core = client.CoreV1Api(admin)
         controlplane.ensure_namespace(admin, PODS_NS)
+        controlplane.ensure_namespace(admin, FILL_NS)
         specs = node_specs(args.nodes)
         with ThreadPoolExecutor(max_workers=8) as pool:
             list(pool.map(lambda s: cluster.create_nodes(core, [s]), specs))
         setup_s = time.monotonic() - t0
         time.sleep(5)  # the schedulers' and the extender's informers take the nodes in
         results: dict[str, dict[str, float]] = {}
+        if args.prefill:
+            results["prefill"] = prefill(core, args.prefill, args.prefill_keep, seed=1)
+            time.sleep(5)
         for name, scheduler in (("gpupack", controlplane.SCHEDULER_NAME),
                                 ("default", controlplane.PLAIN_SCHEDULER_NAME)):
             before = cpu_seconds(stack)
@@ -298,6 +335,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name:<10} {int(r['bound']):>7} {r['pods_per_s']:>8.1f} "
                   f"{r['p50_ms']:>9.0f} {r['p99_ms']:>9.0f} {r['single_p50_ms']:>9.0f} "
                   f"{r['single_p99_ms']:>9.0f}")
+        if "prefill" in results:
+            f = results["prefill"]
+            print(f"prefilled: {f['prefill_pods']:.0f} pods left on {f['prefill_nodes']:.0f} "
+                  "nodes by plain kube-scheduler")
         ratio = results["gpupack"]["pods_per_s"] / max(results["default"]["pods_per_s"], 1e-9)
         print(f"gpupack / default pods/s: {ratio:.2f}")
         if args.groups:
