@@ -179,27 +179,34 @@ def packing(core: Any, prefix: str) -> dict[str, float]:
             "whole_nodes": float(len(whole))}
 
 
-def prefill(core: Any, n: int, keep: float, seed: int) -> dict[str, float]:
-    """A fragmented cluster to pack into: ``n`` mixed pods placed by plain kube-scheduler
-    (which spreads them), then all but a seeded random ``keep`` share deleted."""
+def prefill(core: Any, specs: list[cluster.NodeSpec], n: int, keep: float, seed: int
+            ) -> dict[str, float]:
+    """A fragmented cluster to pack into: ``n`` mixed pods bound straight to random nodes
+    of their kind with room (``spec.nodeName``, as a random policy would), then all but a
+    seeded ``keep`` share deleted: churn that leaves used GPUs scattered."""
     import random
 
-    ns = FILL_NS
+    rng = random.Random(seed)
+    room = {s.name: int(next(iter(s.allocatable.values()))) for s in specs}
+    by_kind = {"nvidia.com/mig-1g.10gb": [s.name for s in specs if s.name.startswith("mig-")],
+               "nvidia.com/gpu.shared": [s.name for s in specs if s.name.startswith("l40s-")],
+               "nvidia.com/gpu": [s.name for s in specs if s.name.startswith("whole-")]}
     pods = pod_specs(n, controlplane.PLAIN_SCHEDULER_NAME, "fill")
     for p in pods:
-        p["metadata"]["namespace"] = ns
+        (resource,) = p["spec"]["containers"][0]["resources"]["limits"]
+        choices = [x for x in by_kind[resource] if room[x] > 0]
+        node = rng.choice(choices)
+        room[node] -= 1
+        p["spec"]["nodeName"] = node
     with ThreadPoolExecutor(max_workers=8) as pool:
-        list(pool.map(lambda p: core.create_namespaced_pod(ns, p), pods))
-    cluster.wait_for(lambda: sum(1 for x in core.list_namespaced_pod(ns).items
-                                 if x.spec.node_name) == n, 900, "the prefill bound")
-    rng = random.Random(seed)
+        list(pool.map(lambda p: core.create_namespaced_pod(FILL_NS, p), pods))
     gone = [p["metadata"]["name"] for p in pods if rng.random() >= keep]
     with ThreadPoolExecutor(max_workers=8) as pool:
-        list(pool.map(lambda name: core.delete_namespaced_pod(name, ns,
+        list(pool.map(lambda name: core.delete_namespaced_pod(name, FILL_NS,
                                                               grace_period_seconds=0), gone))
-    cluster.wait_for(lambda: len(core.list_namespaced_pod(ns).items) == n - len(gone), 300,
-                     "the prefill's departures")
-    nodes = {x.spec.node_name for x in core.list_namespaced_pod(ns).items}
+    cluster.wait_for(lambda: len(core.list_namespaced_pod(FILL_NS).items) == n - len(gone),
+                     300, "the prefill's departures")
+    nodes = {x.spec.node_name for x in core.list_namespaced_pod(FILL_NS).items}
     return {"prefill_pods": float(n - len(gone)), "prefill_nodes": float(len(nodes))}
 
 
@@ -265,8 +272,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--single", type=int, default=50,
                    help="pods created one at a time, for the lone-pod latency (default 50)")
     p.add_argument("--prefill", type=int, default=0,
-                   help="first fragment the cluster: this many pods placed by plain "
-                        "kube-scheduler, then most of them deleted (default 0: empty)")
+                   help="first fragment the cluster: this many pods bound to random nodes, "
+                        "then --prefill-keep of them kept (default 0: empty)")
     p.add_argument("--prefill-keep", type=float, default=0.5,
                    help="share of the prefill's pods that stay (default 0.5)")
     p.add_argument("--groups", type=int, default=5,
@@ -303,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(5)  # the schedulers' and the extender's informers take the nodes in
         results: dict[str, dict[str, float]] = {}
         if args.prefill:
-            results["prefill"] = prefill(core, args.prefill, args.prefill_keep, seed=1)
+            results["prefill"] = prefill(core, specs, args.prefill, args.prefill_keep, seed=1)
             time.sleep(5)
         for name, scheduler in (("gpupack", controlplane.SCHEDULER_NAME),
                                 ("default", controlplane.PLAIN_SCHEDULER_NAME)):
@@ -338,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
         if "prefill" in results:
             f = results["prefill"]
             print(f"prefilled: {f['prefill_pods']:.0f} pods left on {f['prefill_nodes']:.0f} "
-                  "nodes by plain kube-scheduler")
+                  "random nodes")
         ratio = results["gpupack"]["pods_per_s"] / max(results["default"]["pods_per_s"], 1e-9)
         print(f"gpupack / default pods/s: {ratio:.2f}")
         if args.groups:
