@@ -170,11 +170,11 @@ def packing(core: Any, prefix: str) -> dict[str, float]:
         if p.metadata.name.startswith(prefix) and p.spec.node_name:
             used[p.spec.node_name] = used.get(p.spec.node_name, 0) + 1
     # Whole-GPU nodes with no pod at all (the prefill's survivors count too).
-    busy = set(used) | {x.spec.node_name for x in core.list_namespaced_pod(FILL_NS).items
-                        if x.spec.node_name}
+    filled = {x.spec.node_name for x in core.list_namespaced_pod(FILL_NS).items
+              if x.spec.node_name}
+    busy = set(used) | filled
     whole = [n.metadata.name for n in core.list_node().items
              if n.metadata.name.startswith("whole-")]
-    filled = busy - set(used)
     return {"nodes_used": float(len(used)),
             # nodes the burst opened: empty before it (the packing measure on a cluster
             # the prefill fragmented, where filling used nodes touches many of them)
