@@ -176,9 +176,6 @@ def packing(core: Any, prefix: str) -> dict[str, float]:
     whole = [n.metadata.name for n in core.list_node().items
              if n.metadata.name.startswith("whole-")]
     return {"nodes_used": float(len(used)),
-            # nodes the burst opened: empty before it (the packing measure on a cluster
-            # the prefill fragmented, where filling used nodes touches many of them)
-            "nodes_opened": float(sum(1 for n in used if n not in filled)),
             "whole_nodes_untouched": float(sum(1 for n in whole if n not in busy)),
             "whole_nodes": float(len(whole))}
 
@@ -358,8 +355,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"p50 {r['group_p50_s']:.1f} s, last {r['group_max_s']:.1f} s")
         for name in ("gpupack", "default"):
             r = results[name]
-            print(f"{name}: the burst used {r['nodes_used']:.0f} nodes "
-                  f"({r['nodes_opened']:.0f} empty before it) and left "
+            print(f"{name}: the burst used {r['nodes_used']:.0f} nodes and left "
                   f"{r['whole_nodes_untouched']:.0f} of {r['whole_nodes']:.0f} whole-GPU nodes "
                   "untouched")
         print("extender mean ms per verb (burst and lone pods): "
