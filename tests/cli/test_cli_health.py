@@ -27,6 +27,10 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tests" / "serving"))
+
+from serving_certs import self_signed  # noqa: E402
+
 EXAMPLES = REPO / "gpupack" / "examples"
 
 
@@ -126,14 +130,7 @@ def extender() -> Iterator[tuple[int, int, list[str]]]:
 
 @pytest.fixture(scope="module")
 def webhook(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, list[str]]]:
-    tmp = tmp_path_factory.mktemp("health-webhook")
-    cert, key = tmp / "tls.crt", tmp / "tls.key"
-    made = subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
-         "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj",
-         "/CN=gpupack-webhook"], capture_output=True, text=True, timeout=60)
-    if made.returncode != 0:
-        pytest.skip(f"openssl cannot make a test certificate: {made.stderr}")
+    cert, key = self_signed(tmp_path_factory.mktemp("health-webhook"))
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "gpupack", "webhook", "--port", str(port), "--host",

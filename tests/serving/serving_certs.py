@@ -1,32 +1,20 @@
-"""A self-signed serving certificate for 127.0.0.1, for the tests of tests/serving."""
+"""A self-signed serving certificate for 127.0.0.1 written to files, for the tests of
+tests/serving and tests/cli: the one certificate maker of the webhook tests
+(``tests/webhook/webhook_server.make_cert``), laid out as ``tls.crt``/``tls.key``."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "webhook"))
+
+from webhook_server import make_cert
 
 
 def self_signed(tmp: Path) -> tuple[Path, Path]:
-    import datetime
-    import ipaddress
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName(
-                [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
-            .sign(key, hashes.SHA256()))
+    cert = make_cert("127.0.0.1")
     cert_path, key_path = tmp / "tls.crt", tmp / "tls.key"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                           serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
+    cert_path.write_bytes(cert.cert_pem)
+    key_path.write_bytes(cert.key_pem)
     return cert_path, key_path
