@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import http.client
-import importlib.util
 import json
 import os
 import random
@@ -26,19 +25,9 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-
-
-def _extender_bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_extender", HERE / "extender.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_extender"] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def scrape_forever(port: int, clients: int) -> None:
@@ -84,7 +73,7 @@ def main() -> int:
     if a.scrape_only:
         scrape_forever(*a.scrape_only)
         return 0
-    ext = _extender_bench()
+    import extender as ext  # bench/extender.py: this script's folder is on sys.path
     pending = 256
     nodes, pods = ext.gen_cluster(a.nodes, pending, a.seed)
     names = [x["metadata"]["name"] for x in nodes]

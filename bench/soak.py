@@ -17,7 +17,6 @@ within ``--flat-pct`` (default 10%) of the mean of the minute after warm-up.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import random
 import statistics
@@ -30,15 +29,6 @@ from types import ModuleType
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-
-
-def _extender_bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_extender", HERE / "extender.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_extender"] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def cluster(ext: ModuleType, n: int, bound: int, pending: int, seed: int
@@ -112,7 +102,7 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--serve-arg", action="append", default=[], metavar="ARG")
     a = ap.parse_args()
-    ext = _extender_bench()
+    import extender as ext  # bench/extender.py: this script's folder is on sys.path
     nodes, pods = cluster(ext, a.nodes, a.bound, a.pending, a.seed)
     names = [x["metadata"]["name"] for x in nodes]
     pending = [p for p in pods if not p["spec"].get("nodeName")]
