@@ -373,7 +373,9 @@ def filter_nodes(args: ExtenderArgs, view: ClusterView, memo: Memo,
     sigs = view.signatures()
     state = view.state
     keep: list[str] = []
-    fit_evals: list[NodeEval] = []  # of each kept node, for choosing the best candidates
+    # Each kept node's memo entry, only when the best candidates are to be chosen.
+    choose = best is not None and best.top > 0 and not best.scorer.name_sensitive
+    fit_evals: list[NodeEval] = []
     failed: dict[str, str] = {}
     never: dict[str, str] = {}
     names = tuple(dict.fromkeys(args.candidate_names))  # a name twice is answered once
@@ -399,12 +401,13 @@ def filter_nodes(args: ExtenderArgs, view: ClusterView, memo: Memo,
             ev = memo.fill(table, state, base, name, sig)
         if ev.fits:
             keep.append(name)
-            fit_evals.append(ev)
+            if choose:
+                fit_evals.append(ev)
         elif ev.unresolvable:
             never[name] = ev.reason
         else:
             failed[name] = ev.reason
-    if best is not None and 0 < best.top < len(keep) and not best.scorer.name_sensitive:
+    if choose and best is not None and best.top < len(keep):
         keep = best.select(keep, fit_evals, base, pod.key, state)
     if args.node_cache_capable:
         return FilterResult(node_names=tuple(keep), failed=failed, unresolvable=never)
