@@ -8,8 +8,10 @@ with the planner running, and replays scheduling cycles the way kube-scheduler m
 them with ``nodeCacheCapable: true``: ``filter`` with the pod and ~10% of the node names
 (what ``percentageOfNodesToScore`` leaves on a large cluster), ``prioritize`` with the
 nodes that passed, ``bind`` to the best of them. Each cycle also sends ``/echo`` with a
-body of the same size, to the same server, as the HTTP baseline. Requests go over one
-keep-alive connection, one after another, like the scheduler's serial cycle. Meanwhile a
+body of the same size, to the same server, as the HTTP baseline (the route is the
+benchmark's: the server is ``bench/echo_serve.py``, ``gpupack serve`` with it added).
+Requests go over one keep-alive connection, one after another, like the scheduler's
+serial cycle. Meanwhile a
 second connection scrapes ``/metrics`` every ``--scrape-every`` seconds (as Prometheus
 does; the manifests' ServiceMonitor interval is 30 s), so the scrape's cost on the verbs
 is part of the figures; its own duration is reported too.
@@ -35,6 +37,9 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+
+# gpupack serve, plus the benchmark's own POST /echo baseline route.
+ECHO_SERVE = Path(__file__).resolve().parent / "echo_serve.py"
 
 H100 = "NVIDIA-H100-80GB-HBM3"
 L40S = "NVIDIA-L40S"
@@ -284,7 +289,7 @@ def run_size(n: int, cycles: int, warmup: int, seed: int, planner: bool,
         nf.write_text(json.dumps({"kind": "NodeList", "items": nodes}))
         pf.write_text(json.dumps({"kind": "PodList", "items": pods}))
         port = _free_port()
-        cmd = [sys.executable, "-m", "gpupack", "serve", "--port", str(port), "--nodes", str(nf),
+        cmd = [sys.executable, str(ECHO_SERVE), "--port", str(port), "--nodes", str(nf),
                "--pods", str(pf), "--log-level", "WARNING", "--time-limit", "2"]
         if not planner:
             cmd.append("--no-planner")

@@ -2,7 +2,8 @@
 
 Generates 5,000 nodes x 8 GPUs (bench/extender.py's generator: H100 MIG, L40S
 time-sliced and whole-GPU H100 nodes) with ``--bound`` running pods spread over them and
-a supply of pending pods, starts ``gpupack serve`` on them (static files; the in-cluster
+a supply of pending pods, starts ``gpupack serve`` on them (``bench/echo_serve.py``: the
+same server with the benchmark's echo route) (static files; the in-cluster
 path is the same cache fed by a watch), and sends filter, prioritize, bind and echo
 requests at ``--rate`` per second for ``--minutes``. Every 10 s it samples RSS and PSS
 (``/proc/PID/smaps_rollup``) of the whole process tree (gunicorn master, worker, solver
@@ -115,7 +116,7 @@ def main() -> int:
         port = ext._free_port()
         started = time.monotonic()
         proc = subprocess.Popen(
-            [sys.executable, "-m", "gpupack", "serve", "--port", str(port), "--nodes", str(nf),
+            [sys.executable, str(ext.ECHO_SERVE), "--port", str(port), "--nodes", str(nf),
              "--pods", str(pf), "--log-level", "WARNING", *a.serve_arg],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         samples: list[tuple[float, float, float, int, int]] = []

@@ -102,9 +102,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "both containers of the pod share)")
     p.add_argument("--max-body", type=int, default=8 * 1024 * 1024,
                    help="largest request body in bytes (default 8 MiB); larger ones get 400")
-    p.add_argument("--workers", type=int, default=1,
-                   help="gunicorn worker processes; must be 1 (the cache and its assumed "
-                        "binds live in one process)")
     p.add_argument("--threads", type=int, default=8, help="threads of the worker (default 8)")
     p.add_argument("--http-worker", default="sticky", choices=["sticky", "gthread"],
                    help="gunicorn worker class: sticky (default: serves a busy keep-alive "
@@ -300,9 +297,6 @@ def check_args(args: argparse.Namespace) -> str | None:
     if not args.leader_identity or "_" in args.leader_identity:
         return (f"--leader-identity {args.leader_identity!r}: must be non-empty and without "
                 "'_' (kube-scheduler's holderIdentity is <identity>_<uuid>)")
-    if args.workers != 1:
-        return ("--workers must be 1: each worker process would keep its own cache and "
-                "could bind the same GPU twice; use --threads for concurrency")
     why = metrics_auth_error(args.metrics_auth, bool(args.kubeconfig or args.in_cluster))
     if why is not None:
         return why
@@ -329,7 +323,10 @@ def check_args(args: argparse.Namespace) -> str | None:
     return None
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, server: type[ExtenderServer] | None = None) -> int:
+    """Check the arguments, then serve until stopped. ``server``: the gunicorn application
+    class (default :class:`ExtenderServer`; the benchmarks pass a subclass that adds their
+    own baseline route to the same process)."""
     logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     problem = check_args(args)
@@ -376,7 +373,7 @@ def run(args: argparse.Namespace) -> int:
     # process, the webhook's view rebuilds) is CPU-bound Python; a shorter GIL switch
     # interval (default 5 ms) keeps request threads from waiting behind it for long.
     sys.setswitchinterval(0.0005)
-    ExtenderServer(args).run()
+    (server or ExtenderServer)(args).run()
     return 0
 
 

@@ -170,8 +170,7 @@ def create_app(
         started = time.perf_counter()
         outcome = "ok"
         try:
-            if verb != "echo":
-                gate()
+            gate()
             return fn()
         except NotReady as e:
             outcome = "error"
@@ -307,12 +306,6 @@ def create_app(
                 result = book.preempt(args) or preempt(args, view)
             return _json(result.encode())
         return handle("preempt", run)
-
-    @app.post("/echo")
-    def echo() -> Response:
-        # The benchmark's baseline: the same server, routing and JSON response path,
-        # with no cluster work, so verb latency can be compared with HTTP overhead.
-        return handle("echo", lambda: _json({"bytes": len(body())}))
 
     @app.get("/healthz")
     def healthz() -> Response:

@@ -45,7 +45,7 @@ from scheduler.planner import Planner
 log = logging.getLogger("gpupack.scheduler.metrics")
 T = TypeVar("T")
 
-VERBS = ("filter", "prioritize", "bind", "preempt", "echo")
+VERBS = ("filter", "prioritize", "bind", "preempt")
 OUTCOMES = ("ok", "bad_request", "error")
 CLASSES = ("asr", "tts", "small", "whole", "llm", "cpu")
 REASONS = (

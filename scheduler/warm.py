@@ -85,11 +85,6 @@ def alone(n: NodeState) -> ClusterState:
     return state
 
 
-def copy_node(n: NodeState) -> ClusterState:
-    """A one-node ClusterState in the same state as ``n``, sharing nothing mutable."""
-    return alone(copy_state(n))
-
-
 def evaluate(n: NodeState, base: PodRequest, known: bool, scorer: Scorer | None, gen: int,
              pause: Callable[[], None] | None = None) -> NodeEval:
     """Fit (unless ``known`` to fit) and, with a scorer, the best score of ``base`` on

@@ -105,13 +105,6 @@ def _node_list(value: Any, where: str) -> tuple[dict[str, Any], ...] | None:
     return tuple(out)
 
 
-def pod_identity(pod: Mapping[str, Any]) -> tuple[str, str]:
-    """(``namespace/name``, uid) of a decoded v1.Pod."""
-    meta = pod.get("metadata") or {}
-    ns = meta.get("namespace") or "default"
-    return f"{ns}/{meta.get('name', '')}", str(meta.get("uid") or "")
-
-
 # ---- requests ------------------------------------------------------------------------------
 
 

@@ -161,8 +161,4 @@ def test_webhook_command_line(objs: list[Obj]) -> None:
     assert Path(args.tls_key).parent == Path(tls_dir) and mounts[tls_dir]["readOnly"]
     secret = next(v for v in spec["volumes"] if v["name"] == mounts[tls_dir]["name"])["secret"]
     assert secret["secretName"] == "gpupack-webhook-tls"
-    try:
-        build_parser().parse_args(cmd[1:])
-    except SystemExit:
-        pytest.xfail("`gpupack webhook` has no in-cluster cluster source yet (only --nodes/"
-                     "--pods files); the Deployment runs it with --in-cluster")
+    assert build_parser().parse_args(cmd[1:]).in_cluster

@@ -10,6 +10,10 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
+
+# The benchmarks' server: `gpupack serve` plus their POST /echo baseline route.
+ECHO_SERVE = Path(__file__).resolve().parents[2] / "bench" / "echo_serve.py"
 
 
 def free_port() -> int:
@@ -19,12 +23,14 @@ def free_port() -> int:
 
 
 @contextmanager
-def serving(port: int, args: list[str],
-            ready_s: float = 30.0) -> Iterator[subprocess.Popen[bytes]]:
+def serving(port: int, args: list[str], ready_s: float = 30.0,
+            echo: bool = False) -> Iterator[subprocess.Popen[bytes]]:
     """``gpupack serve --port PORT ARGS``, ready; RuntimeError with its output if it is
-    not within ``ready_s``."""
+    not within ``ready_s``. ``echo``: the benchmarks' server (``bench/echo_serve.py``),
+    the same process with a ``POST /echo`` route added."""
+    head = [str(ECHO_SERVE)] if echo else ["-m", "gpupack", "serve"]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gpupack", "serve", "--port", str(port), *args],
+        [sys.executable, *head, "--port", str(port), *args],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )
     try:

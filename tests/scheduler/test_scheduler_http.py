@@ -220,8 +220,9 @@ def test_metrics_port_binds_metrics_host_while_verbs_stay_on_loopback(server: Cl
         Client(server.port, "127.0.0.2").call("GET", "/healthz")
 
 
-def test_echo_health_metrics(server: Client) -> None:
-    assert server.call("POST", "/echo", "12345") == (200, {"bytes": 5})
+def test_health_metrics_and_no_benchmark_route(server: Client) -> None:
+    # The benchmarks' echo baseline is theirs (bench/echo_serve.py), not the product's.
+    assert server.call("POST", "/echo", "12345")[0] == 404
     assert server.call("GET", "/healthz") == (200, {"ok": True})
     _, text = server.call("GET", "/metrics")
     for name in ("gpupack_extender_requests_total", "gpupack_extender_request_seconds_bucket",

@@ -27,7 +27,7 @@ def port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
     port = free_port()
     with serving(port, ["--threads", "2", "--nodes", str(d / "nodes.yaml"),
                         "--pods", str(d / "pods.yaml"), "--no-planner",
-                        "--log-level", "WARNING"]):
+                        "--log-level", "WARNING"], echo=True):
         yield port
 
 
