@@ -306,6 +306,8 @@ class ClusterState:
                     continue
                 if g.shared_memory_used + pod.gpu_memory_mib > g.info.memory_mib:
                     continue
+                if g.info.mps and replicas and pod.gpu_memory_mib > g.info.memory_mib // replicas:
+                    continue  # MPS caps each client at the GPU's memory / replicas
             if g.used_milli + pod.gpu_milli > GPU_MILLI:
                 continue
             yield Placement(pod.key, name, (g.info.index,))

@@ -28,7 +28,7 @@ from kube import annotations as A
 from packing.catalog import CATALOG, MigProfile, fitting_profiles, profile_from_resource
 from packing.model import GPU_MILLI, MigReconfigure, Snapshot
 from packing.quantity import QuantityError, memory_mib, parse_quantity
-from webhook.capacity import ClusterView, ModelCapacity
+from webhook.capacity import Claim, ClusterView, ModelCapacity, ShareKind
 from webhook.config import WHOLE_CLASSES, Isolation, WebhookConfig
 from webhook.sizing import find_self_sizing
 
@@ -67,6 +67,10 @@ class Decision:
     # Annotations to add when absent (class defaults written out for the scheduler).
     defaults: Mapping[str, str] = field(default_factory=dict)
     reused: bool = False  # taken from the pod's own gpupack.io/decision (re-invocation)
+    # The admission that made the decision (the AdmissionReview uid), written as "id" in
+    # gpupack.io/decision so the webhook's claim on the slice ends once its cluster view
+    # shows the pod (webhook.claims). "" outside a live review (explain, tests).
+    admission: str = ""
 
     @property
     def allowed(self) -> bool:
@@ -86,7 +90,18 @@ class Decision:
         doc["model"] = "|".join(self.models)
         doc["products"] = list(self.products)
         doc["reason"] = self.reason
+        if self.admission:
+            doc["id"] = self.admission
         return json.dumps(doc, separators=(",", ":"), sort_keys=False)
+
+    def claim(self) -> Claim | None:
+        """What the pod will take, for the webhook's claim book (None: not a small pod)."""
+        if self.kind is Kind.MIG:
+            return Claim(ShareKind.MIG, self.models, self.memory_mib, self.compute_milli,
+                         profile=self.profile)
+        if self.kind is Kind.SHARED:
+            return Claim(ShareKind.SHARED, self.models, self.memory_mib, self.compute_milli)
+        return None
 
 
 class PodError(ValueError):
@@ -713,6 +728,7 @@ def _reuse(p: _Pod, target: _Container, ask: _Ask, config: WebhookConfig) -> Dec
     if any(c.gpu for c in p.containers if c.index != target.index):
         return None
     reason = doc.get("reason")
+    admission = doc.get("id")
     return Decision(
         out_kind,
         ask.klass,
@@ -726,6 +742,7 @@ def _reuse(p: _Pod, target: _Container, ask: _Ask, config: WebhookConfig) -> Dec
         compute_milli=ask.compute_milli,
         defaults=ask.defaults,
         reused=True,
+        admission=admission if isinstance(admission, str) else "",
     )
 
 
