@@ -235,3 +235,22 @@ def test_admission_id_from_the_decision(annotation: str | None, want: str) -> No
     assert admission_id(ann) == want
     p = pod(annotations=ann)
     assert pod_request(p).admission == want
+
+
+def test_concurrent_reviews_never_share_a_slice() -> None:
+    """Reviews arrive on several threads at once (the servers decide on a thread pool):
+    deciding and claiming is one step, so no two pods get the same free slice."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    snap = _mixed()
+    app = create_app(lambda: snap, CollectorRegistry(), WebhookConfig(), claim_book=ClaimBook())
+
+    def one(i: int) -> str:
+        p = pod(f"asr-{i}", annotations={"gpupack.io/gpu-memory": "30Gi"})
+        r = app.test_client().post("/mutate", json=review(p, uid=f"u{i}")).get_json()
+        ops = json.loads(base64.b64decode(r["response"]["patch"]))
+        return _resource(jsonpatch.apply_patch(p, ops))
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        got = Counter(pool.map(one, range(30)))
+    assert got == {"nvidia.com/mig-3g.40gb": 6, "nvidia.com/mig-7g.80gb": 2, SHARED: 22}
