@@ -20,6 +20,7 @@ from typing import Any
 
 from kube import annotations as A
 from packing.catalog import (
+    SHARING_MPS,
     GpuModel,
     get_model,
     match_product,
@@ -234,7 +235,7 @@ def _observed_gpus(
                 mig=g.mig,
                 replicas=replicas if g.mode is GpuMode.SHARED else 1,
                 inferred=False,
-                mps=g.mode is GpuMode.SHARED and labels.get(A.SHARING_STRATEGY) == "mps",
+                mps=g.mode is GpuMode.SHARED and labels.get(A.SHARING_STRATEGY) == SHARING_MPS,
             )
         )
     return tuple(out)
@@ -313,7 +314,7 @@ def _infer_gpus(
     mem = model.memory_mib
     for _ in range(whole):
         gpus.append(GpuInfo(len(gpus), model.name, mem, GpuMode.WHOLE, inferred=True))
-    mps = strategy == "mps"
+    mps = strategy == SHARING_MPS
     for _ in range(n_shared):
         gpus.append(
             GpuInfo(len(gpus), model.name, mem, GpuMode.SHARED, replicas=replicas, inferred=True,

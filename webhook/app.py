@@ -153,15 +153,15 @@ def create_app(
         namespace = req.namespace or (
             meta.get("namespace") if isinstance(meta, Mapping) else None
         ) or "default"
-        snapshot = snapshot_provider()
-        if snapshot is None:
-            raise NotReady()
         labels = config.namespace_labels(str(namespace))
-        # One decision at a time from view to claim (each takes well under a
+        # One decision at a time from snapshot to claim (each takes well under a
         # millisecond): two reviews deciding at once would both see the same free slice,
-        # and one deciding from an older view than the one that ended a claim would
-        # count that pod nowhere.
+        # and one deciding from an older snapshot than the one that ended a claim (taken
+        # before, decided after) would count that pod nowhere.
         with deciding:
+            snapshot = snapshot_provider()
+            if snapshot is None:
+                raise NotReady()
             view = views.get(snapshot)
             view = view.with_claims(claims.live(view.seen))
             adm = admit(pod, view, config, labels, admission_id=req.uid)

@@ -16,7 +16,7 @@ from enum import StrEnum
 from types import MappingProxyType
 
 from kube import annotations as A
-from packing.catalog import GpuModel, get_model
+from packing.catalog import GpuModel, get_model, mps_client_mib
 from packing.mig import MigSlot, free_starts
 from packing.model import (
     GPU_MILLI,
@@ -155,10 +155,10 @@ class ClusterView:
                     off.setdefault(name, Counter())[info.mig_reconfigure] += 1
                 if g.mode is GpuMode.SHARED and g.info.mps:
                     mps_gpus[name] += 1
-                    mps_clients.setdefault(name, set()).add(mps_client_mib(g.info))
+                    mps_clients.setdefault(name, set()).add(_client_mib(g.info))
                     room = _shared_room(g)
                     if room is not None:
-                        key = (mps_client_mib(g.info), room[1], room[2])
+                        key = (_client_mib(g.info), room[1], room[2])
                         mps_room.setdefault(name, Counter())[key] += 1
                 elif g.mode is GpuMode.SHARED:
                     shared_gpus[name] += 1
@@ -250,10 +250,8 @@ def _mig_counts(model: str, creatable: bool, layout: tuple[tuple[int, str, bool]
 UNLIMITED = 1 << 20
 
 
-def mps_client_mib(info: GpuInfo) -> int:
-    """The memory cap of one MPS client on ``info``: the device plugin splits the GPU's
-    memory equally over its replicas (the whole GPU without a replica count)."""
-    return info.memory_mib // info.replicas if info.replicas > 1 else info.memory_mib
+def _client_mib(info: GpuInfo) -> int:
+    return mps_client_mib(info.memory_mib, info.replicas)
 
 
 def _shared_room(g: GpuState) -> tuple[int, int, int] | None:

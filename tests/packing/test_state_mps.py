@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 from packing_builders import node, shared
 
+from packing.catalog import mps_client_mib
 from packing.cpsat import SolverParams, solve_batch
 from packing.model import GpuMode, NodeInfo, Placement, PodRequest, Snapshot
 from packing.state import ClusterState
@@ -52,3 +53,10 @@ def test_validate_refuses_a_share_over_the_mps_cap() -> None:
     snap = Snapshot((MPS,), pending=(big,))
     errors = validate(snap, [Placement("big", "mps", (0,))])
     assert errors, "a 20Gi share on a 12Gi MPS client must be refused"
+
+
+@pytest.mark.parametrize(("memory", "replicas", "cap"),
+                         [(49152, 4, 12288), (46068, 4, 11517), (49152, 1, 49152),
+                          (49152, 0, 49152)])
+def test_mps_client_cap(memory: int, replicas: int, cap: int) -> None:
+    assert mps_client_mib(memory, replicas) == cap
