@@ -254,3 +254,35 @@ def test_concurrent_reviews_never_share_a_slice() -> None:
     with ThreadPoolExecutor(max_workers=8) as pool:
         got = Counter(pool.map(one, range(30)))
     assert got == {"nvidia.com/mig-3g.40gb": 6, "nvidia.com/mig-7g.80gb": 2, SHARED: 22}
+
+
+def test_serve_shape_counts_claims_on_the_extenders_cache() -> None:
+    """``gpupack serve --webhook-port``: the provider is the extender's cache through
+    SnapshotFeed, which hands out a new snapshot at most once a second. A burst inside
+    that second is spread by the claims; once the cache shows the converted pods
+    (pending), their claims end and the pods are counted once."""
+    from scheduler.cache import ClusterCache
+    from scheduler.webhook_host import SnapshotFeed
+
+    cache = ClusterCache("gpupack")
+    for n in (node("h100", mig={"3g.40gb": 1}), node("l40s", "L40S", 2, "shared")):
+        assert cache.upsert_node(n)
+    cache.mark_synced()
+    feed = SnapshotFeed(cache, min_interval_s=3600.0)  # the view never refreshes by time
+    book = ClaimBook()
+    client = create_app(feed, CollectorRegistry(), WebhookConfig(), claim_book=book
+                        ).test_client()
+    stored = []
+    for i in range(3):
+        p = pod(f"asr-{i}", annotations={"gpupack.io/gpu-memory": "30Gi"})
+        r = client.post("/mutate", json=review(p, uid=f"s{i}")).get_json()["response"]
+        stored.append(jsonpatch.apply_patch(p, json.loads(base64.b64decode(r["patch"]))))
+    assert [_resource(p) for p in stored] == ["nvidia.com/mig-3g.40gb", SHARED, SHARED]
+    assert len(book) == 3
+    for p in stored:  # the watch delivers them, unbound
+        assert cache.upsert_pod(p)
+    view = ClusterView.of(cache.snapshot())
+    assert view.seen == {"s0", "s1", "s2"}
+    assert view.models["H100-80GB"].mig_free["3g.40gb"] == 0
+    assert view.models["L40S"].shared_available(30 * 1024, 0) == 0
+    assert book.live(view.seen) == []
