@@ -36,7 +36,7 @@ from serving.metrics_app import guarded
 from serving.metrics_auth import Guard
 from webhook.admit import admit
 from webhook.capacity import ClusterView
-from webhook.claims import ClaimBook
+from webhook.claims import ClaimBook, ClaimedView
 from webhook.config import WebhookConfig
 from webhook.metrics import WebhookMetrics
 from webhook.wire import (
@@ -140,6 +140,7 @@ def create_app(
     views = ViewCache()
     claims = claim_book if claim_book is not None else ClaimBook()
     deciding = threading.Lock()
+    claimed = ClaimedView()
     is_ready: Callable[[], bool] = ready or getattr(snapshot_provider, "ready", None) \
         or (lambda: True)
 
@@ -162,8 +163,8 @@ def create_app(
             snapshot = snapshot_provider()
             if snapshot is None:
                 raise NotReady()
-            view = views.get(snapshot)
-            view = view.with_claims(claims.live(view.seen))
+            base = views.get(snapshot)
+            view = claimed.get(base, claims.live_items(base.seen))
             adm = admit(pod, view, config, labels, admission_id=req.uid)
             d = adm.decision
             claim = d.claim() if adm.allowed and not d.reused and not req.dry_run else None

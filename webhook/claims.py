@@ -24,7 +24,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Set
 
-from webhook.capacity import Claim
+from webhook.capacity import Claim, ClusterView
 
 DEFAULT_TTL_S = 30.0
 DEFAULT_MAX_CLAIMS = 4096
@@ -54,13 +54,42 @@ class ClaimBook:
     def live(self, seen: Set[str]) -> list[Claim]:
         """The claims a view with ``seen`` does not count yet, oldest first; drops the
         ones it counts and the expired ones."""
+        return [c for _, c in self.live_items(seen)]
+
+    def live_items(self, seen: Set[str]) -> list[tuple[str, Claim]]:
+        """:meth:`live` with each claim's admission id."""
         now = self._clock()
         with self._lock:
             for key in [k for k, (at, _) in self._claims.items()
                         if k in seen or now - at >= self.ttl_s]:
                 del self._claims[key]
-            return [c for _, c in self._claims.values()]
+            return [(k, c) for k, (_, c) in self._claims.items()]
 
     def __len__(self) -> int:
         with self._lock:
             return len(self._claims)
+
+
+class ClaimedView:
+    """A view with the live claims taken out, kept between reviews: while the view is the
+    same object and claims were only added since, only the new ones are applied (a burst
+    inside one view refresh would otherwise re-apply every earlier claim per review).
+    Not thread-safe: used under the app's decision lock."""
+
+    def __init__(self) -> None:
+        self._base: ClusterView | None = None
+        self._ids: list[str] = []
+        self._view: ClusterView | None = None
+
+    def get(self, base: ClusterView, live: list[tuple[str, Claim]]) -> ClusterView:
+        ids = [k for k, _ in live]
+        n = len(self._ids)
+        if (self._view is None or base is not self._base or len(ids) < n
+                or ids[:n] != self._ids):
+            self._base, self._ids, self._view = base, [], base
+            n = 0
+        assert self._view is not None
+        if len(ids) > n:
+            self._view = self._view.with_claims(c for _, c in live[n:])
+            self._ids = ids
+        return self._view
