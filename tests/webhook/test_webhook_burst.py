@@ -286,3 +286,32 @@ def test_serve_shape_counts_claims_on_the_extenders_cache() -> None:
     assert view.models["H100-80GB"].mig_free["3g.40gb"] == 0
     assert view.models["L40S"].shared_available(30 * 1024, 0) == 0
     assert book.live(view.seen) == []
+
+
+def _counts(v: ClusterView) -> tuple[object, ...]:
+    return tuple((m.model.name, dict(m.mig_free), dict(m.shared_room), dict(m.mps_room))
+                 for m in v.models.values())
+
+
+def test_claimed_view_equals_taking_every_claim_again() -> None:
+    """Incremental (only new claims) and full (all claims) give the same counts, also
+    after a claim ends (recomputed) and when the base view changes."""
+    from webhook.claims import ClaimedView
+
+    base = ClusterView.of(_mixed())
+    other = ClusterView.of(_mixed())
+    mig = Claim(ShareKind.MIG, ("H100-80GB",), 30720, profile="3g.40gb")
+    share = Claim(ShareKind.SHARED, ("L40S",), 30720)
+    steps: list[tuple[ClusterView, list[tuple[str, Claim]]]] = [
+        (base, []),
+        (base, [("a", mig)]),
+        (base, [("a", mig), ("b", share), ("c", mig)]),
+        (base, [("b", share), ("c", mig)]),  # "a" ended: recomputed
+        (base, [("b", share), ("c", mig), ("d", share)]),
+        (other, [("d", share)]),  # a new view
+        (other, [("e", mig)]),  # same length, other claims
+    ]
+    claimed = ClaimedView()
+    for view, live in steps:
+        got = claimed.get(view, live)
+        assert _counts(got) == _counts(view.with_claims(c for _, c in live)), live
