@@ -124,7 +124,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tls-key", type=Path, default=None, help="its private key (PEM)")
     p.add_argument("--shared-resource", default="nvidia.com/gpu.shared",
                    help="webhook: time-sliced resource name (default nvidia.com/gpu.shared)")
-    p.add_argument("--default-isolation", default="any", choices=["mig", "shared", "any"],
+    p.add_argument("--default-isolation", default="any", choices=["mig", "mps", "shared", "any"],
                    help="webhook: isolation of pods without gpupack.io/isolation (default any)")
     p.add_argument("--strict-namespace", action="append", default=[], metavar="NS",
                    help="webhook: treat namespace NS as opted in to strict mode (repeatable)")

@@ -11,6 +11,7 @@ spec.containers[0].resources.limits.cpu: 'lots' is not a quantity ...")``.
 
 from __future__ import annotations
 
+import json
 from collections import Counter, defaultdict
 from collections.abc import Mapping
 from decimal import Decimal
@@ -19,6 +20,7 @@ from typing import Any
 
 from kube import annotations as A
 from packing.catalog import (
+    SHARING_MPS,
     GpuModel,
     get_model,
     match_product,
@@ -233,6 +235,7 @@ def _observed_gpus(
                 mig=g.mig,
                 replicas=replicas if g.mode is GpuMode.SHARED else 1,
                 inferred=False,
+                mps=g.mode is GpuMode.SHARED and labels.get(A.SHARING_STRATEGY) == SHARING_MPS,
             )
         )
     return tuple(out)
@@ -311,9 +314,11 @@ def _infer_gpus(
     mem = model.memory_mib
     for _ in range(whole):
         gpus.append(GpuInfo(len(gpus), model.name, mem, GpuMode.WHOLE, inferred=True))
+    mps = strategy == SHARING_MPS
     for _ in range(n_shared):
         gpus.append(
-            GpuInfo(len(gpus), model.name, mem, GpuMode.SHARED, replicas=replicas, inferred=True)
+            GpuInfo(len(gpus), model.name, mem, GpuMode.SHARED, replicas=replicas, inferred=True,
+                    mps=mps)
         )
     for i in range(n_mig):
         layout = layouts[i] if i < len(layouts) else ()
@@ -515,6 +520,7 @@ def pod_request(pod: Mapping[str, Any], strict: bool = True) -> PodRequest:
         group=_group_of(meta.get("namespace") or "default", labels, ann, who, strict),
         uid=str(meta.get("uid", "")),
         klass=klass,
+        admission=admission_id(ann),
     )
 
 
@@ -532,6 +538,20 @@ def _one_device(v: Decimal, field: str, what: str, who: str) -> None:
             f"{who}: resources.{field}: {v} asked; gpupack places exactly one {what} per "
             f"pod (ask for 1, or use a larger profile or whole GPUs)"
         )
+
+
+def admission_id(ann: Mapping[str, str]) -> str:
+    """The ``id`` the webhook wrote into ``gpupack.io/decision`` ("" when absent or
+    unreadable: the decision is the webhook's own record, never an error of the pod)."""
+    raw = ann.get(A.DECISION)
+    if not raw or '"id"' not in raw:
+        return ""
+    try:
+        doc = json.loads(raw)
+    except (ValueError, RecursionError):
+        return ""
+    value = doc.get("id") if isinstance(doc, dict) else None
+    return value if isinstance(value, str) and len(value) <= 128 else ""
 
 
 def _annotation_mib(ann: Mapping[str, str], who: str) -> int:

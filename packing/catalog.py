@@ -390,6 +390,21 @@ def match_product(product: str | None, memory_mib: int | None = None) -> GpuMode
     )
 
 
+# --- sharing ---------------------------------------------------------------------------
+
+# How the NVIDIA device plugin shares a whole GPU among pods (``sharing.timeSlicing`` or
+# ``sharing.mps`` of its config; GFD label ``nvidia.com/gpu.sharing-strategy``). Both
+# advertise ``replicas`` devices per GPU under the same resource name.
+SHARING_TIME_SLICING = "time-slicing"  # no memory isolation: neighbours can OOM each other
+SHARING_MPS = "mps"  # each client capped at memory / replicas (and compute 1 / replicas)
+
+
+def mps_client_mib(memory_mib: int, replicas: int) -> int:
+    """The memory cap of one MPS client: the device plugin splits the GPU's memory
+    equally over its replicas (the whole GPU without a replica count)."""
+    return memory_mib // replicas if replicas > 1 else memory_mib
+
+
 # --- MIG lookups ----------------------------------------------------------------------
 
 _MIG_RESOURCE_RE = re.compile(r"^nvidia\.com/mig-(\d+g\.\d+gb)((?:\.[a-z][a-z0-9]*)*)$")

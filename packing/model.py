@@ -96,6 +96,9 @@ class GpuInfo:
     mode: GpuMode = GpuMode.WHOLE
     mig: tuple[MigInstance, ...] = ()  # current MIG layout (MIG mode only)
     replicas: int = 1  # time-slice replicas (SHARED mode); 0 means unlimited
+    # SHARED mode only: the device plugin shares this GPU with MPS (``sharing.mps``), which
+    # caps each client at memory_mib // replicas, instead of time-slicing it.
+    mps: bool = False
     # True when this per-GPU detail was inferred from node-level labels and allocatable
     # rather than reported by the node agent.
     inferred: bool = False
@@ -167,6 +170,10 @@ class PodRequest:
     group: GroupRef | None = None
     uid: str = ""
     klass: str = ""  # gpupack.io/class or derived: asr, tts, small, whole, llm, cpu
+    # The admission that chose this pod's slice or share (the "id" of its
+    # gpupack.io/decision): lets the webhook stop counting its own in-flight claim once
+    # the pod is in the snapshot. "" for pods the webhook did not size.
+    admission: str = ""
 
     @property
     def gpu_demand_milli(self) -> int:

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from packing.catalog import get_model
+from packing.catalog import get_model, mps_client_mib
 from packing.mig import MigSlot, free_starts, memory_range
 from packing.model import (
     GPU_MILLI,
@@ -306,6 +306,9 @@ class ClusterState:
                     continue
                 if g.shared_memory_used + pod.gpu_memory_mib > g.info.memory_mib:
                     continue
+                if g.info.mps and pod.gpu_memory_mib > mps_client_mib(g.info.memory_mib,
+                                                                       replicas):
+                    continue  # MPS caps each client at the GPU's memory / replicas
             if g.used_milli + pod.gpu_milli > GPU_MILLI:
                 continue
             yield Placement(pod.key, name, (g.info.index,))

@@ -34,3 +34,15 @@ def test_extender_bench_pin_splits_client_from_server_cpus() -> None:
     assert mod.split_cpus({0, 1}) == ({0}, {1})
     assert mod.split_cpus({2, 5, 7}) == ({2}, {5, 7})
     assert mod.split_cpus({3}) is None
+
+
+def test_webhook_claims_bench_runs_both_ways() -> None:
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "webhook_claims.py"), "--nodes", "40",
+         "--claims", "0", "20", "--reviews", "5"],
+        capture_output=True, text=True, timeout=120, check=True,
+    ).stdout.splitlines()
+    rows = [line.split() for line in out[2:]]
+    assert [r[0] for r in rows] == ["0", "20"]
+    for r in rows:  # claims, full median / p99, incremental median / p99
+        assert len(r) == 7 and all(float(x) >= 0 for x in (r[1], r[3], r[4], r[6])), r

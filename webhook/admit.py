@@ -6,7 +6,7 @@ Shared by the HTTP app, ``gpupack explain`` and the benchmark, so all three say 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from packing.model import Snapshot
@@ -41,10 +41,15 @@ def admit(
     cluster: ClusterView | Snapshot,
     config: WebhookConfig,
     namespace_labels: Mapping[str, str] | None = None,
+    admission_id: str = "",
 ) -> Admission:
+    """``admission_id``: the review's uid, written into a new decision (see
+    :attr:`Decision.admission`); a decision the pod already carries keeps its own."""
     decision = decide(pod, cluster, config, namespace_labels)
     if not decision.allowed or decision.kind is Kind.SKIP:
         return Admission(decision, (), pod if isinstance(pod, Mapping) else {})
+    if decision.small and not decision.reused and admission_id:
+        decision = replace(decision, admission=admission_id)
     built = build_patch(pod, decision, config)
     if built.conflicts:
         denied = deny(

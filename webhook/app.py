@@ -36,6 +36,7 @@ from serving.metrics_app import guarded
 from serving.metrics_auth import Guard
 from webhook.admit import admit
 from webhook.capacity import ClusterView
+from webhook.claims import ClaimBook, ClaimedView
 from webhook.config import WebhookConfig
 from webhook.metrics import WebhookMetrics
 from webhook.wire import (
@@ -123,6 +124,7 @@ def create_app(
     exposition: Callable[[], bytes] | None = None,
     ready: Callable[[], bool] | None = None,
     metrics_guard: Guard | None = None,
+    claim_book: ClaimBook | None = None,
 ) -> Flask:
     """``snapshot_provider``: the cluster now, or None until the first complete list.
     ``ready``: a cheap "has the first list completed" (default: the provider's own
@@ -130,10 +132,15 @@ def create_app(
     ``exposition``: the body of ``/metrics`` when the registry is shared with a host
     that renders part of it itself (``gpupack serve``); default: the registry alone.
     ``metrics_guard``: who may scrape ``/metrics`` (:mod:`serving.metrics_auth`; default:
-    anyone); ``/healthz`` and ``/readyz`` stay open for the kubelet's probes."""
+    anyone); ``/healthz`` and ``/readyz`` stay open for the kubelet's probes.
+    ``claim_book``: the slices and shares handed out that the view does not show yet
+    (:mod:`webhook.claims`; default: a book with its default expiry)."""
     app = Flask("gpupack.webhook")
     metrics = WebhookMetrics(registry)
     views = ViewCache()
+    claims = claim_book if claim_book is not None else ClaimBook()
+    deciding = threading.Lock()
+    claimed = ClaimedView()
     is_ready: Callable[[], bool] = ready or getattr(snapshot_provider, "ready", None) \
         or (lambda: True)
 
@@ -147,13 +154,22 @@ def create_app(
         namespace = req.namespace or (
             meta.get("namespace") if isinstance(meta, Mapping) else None
         ) or "default"
-        snapshot = snapshot_provider()
-        if snapshot is None:
-            raise NotReady()
-        view = views.get(snapshot)
         labels = config.namespace_labels(str(namespace))
-        adm = admit(pod, view, config, labels)
-        d = adm.decision
+        # One decision at a time from snapshot to claim (each takes well under a
+        # millisecond): two reviews deciding at once would both see the same free slice,
+        # and one deciding from an older snapshot than the one that ended a claim (taken
+        # before, decided after) would count that pod nowhere.
+        with deciding:
+            snapshot = snapshot_provider()
+            if snapshot is None:
+                raise NotReady()
+            base = views.get(snapshot)
+            view = claimed.get(base, claims.live_items(base.seen))
+            adm = admit(pod, view, config, labels, admission_id=req.uid)
+            d = adm.decision
+            claim = d.claim() if adm.allowed and not d.reused and not req.dry_run else None
+            if claim is not None:
+                claims.add(req.uid, claim)
         klass = _class_label(d.klass, config)
         if d.warnings:
             metrics.warnings.labels(klass).inc(len(d.warnings))

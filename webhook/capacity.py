@@ -10,14 +10,23 @@ O(models x profiles). Pure: no I/O.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
 from types import MappingProxyType
 
 from kube import annotations as A
-from packing.catalog import GpuModel, get_model
+from packing.catalog import GpuModel, get_model, mps_client_mib
 from packing.mig import MigSlot, free_starts
-from packing.model import GPU_MILLI, GpuMode, MigReconfigure, Snapshot
+from packing.model import (
+    GPU_MILLI,
+    GpuInfo,
+    GpuMode,
+    MigReconfigure,
+    PodRequest,
+    RequestKind,
+    Snapshot,
+)
 from packing.state import ClusterState, GpuState
 
 
@@ -31,9 +40,10 @@ class ModelCapacity:
     mig_gpus: int  # GPUs in MIG mode, or idle whole GPUs that may be switched to MIG now
     # profile -> free instances that exist now.
     mig_free: Mapping[str, int]
-    shared_gpus: int  # time-sliced GPUs
-    # (free MiB, free milli-GPU) of time-sliced GPUs with a replica left -> how many GPUs.
-    shared_room: Mapping[tuple[int, int], int]
+    shared_gpus: int  # time-sliced GPUs (MPS ones are counted in mps_gpus)
+    # (free MiB, free milli-GPU, replicas left) of time-sliced GPUs with a replica left ->
+    # how many GPUs. Replicas left is UNLIMITED where the GPU sets no replica count.
+    shared_room: Mapping[tuple[int, int, int], int]
     # profile -> new instances that could be made now at free starts, on nodes whose
     # layouts may change (they opt in and the MIG actuator is on).
     mig_creatable: Mapping[str, int]
@@ -51,6 +61,13 @@ class ModelCapacity:
     # node that may not be switched (``mig_off``; ON there means every such GPU is busy).
     mig_fixed: Mapping[MigReconfigure, int]
     mig_off: Mapping[MigReconfigure, int]
+    # MPS-shared GPUs (the device plugin's sharing.mps: each client capped at the GPU's
+    # memory / replicas), their client sizes in MiB (free or not), and
+    # (client MiB, free milli-GPU, replicas left) of those with a replica left -> GPUs.
+    mps_gpus: int = 0
+    mps_clients: frozenset[int] = frozenset()
+    mps_room: Mapping[tuple[int, int, int], int] = field(
+        default_factory=lambda: MappingProxyType({}))
 
     def mig_available(self, profile: str) -> int:
         """Instances of ``profile`` a pod could take now: free ones and creatable ones."""
@@ -66,9 +83,21 @@ class ModelCapacity:
         """Time-sliced GPUs of this model with room for the share now."""
         return sum(
             n
-            for (mem, milli), n in self.shared_room.items()
+            for (mem, milli, _), n in self.shared_room.items()
             if mem >= memory_mib and milli >= compute_milli
         )
+
+    def mps_available(self, memory_mib: int, compute_milli: int) -> int:
+        """MPS GPUs of this model with a free replica whose memory cap holds the share."""
+        return sum(
+            n
+            for (client, milli, _), n in self.mps_room.items()
+            if client >= memory_mib and milli >= compute_milli
+        )
+
+    def mps_possible(self, memory_mib: int) -> bool:
+        """Whether some MPS replica of this model, free or not, holds ``memory_mib``."""
+        return any(c >= memory_mib for c in self.mps_clients)
 
 
 @dataclass(frozen=True)
@@ -76,6 +105,9 @@ class ClusterView:
     """Per-model capacity of a snapshot; build with :meth:`of`."""
 
     models: Mapping[str, ModelCapacity]  # by catalog model name, sorted by name
+    # Admission ids (PodRequest.admission) of the pods this view counts, bound or
+    # pending: a claim the webhook holds for one of them is counted here already.
+    seen: frozenset[str] = frozenset()
 
     @classmethod
     def of(cls, snapshot: Snapshot) -> ClusterView:
@@ -91,7 +123,10 @@ class ClusterView:
         # Thousands of GPUs share a handful of (model, layout, used-or-free) states: count
         # the states first, then do the MIG arithmetic once per distinct state.
         mig_states: Counter[tuple[str, bool, tuple[tuple[int, str, bool], ...]]] = Counter()
-        shared_room: dict[str, Counter[tuple[int, int]]] = {}
+        shared_room: dict[str, Counter[tuple[int, int, int]]] = {}
+        mps_gpus: Counter[str] = Counter()
+        mps_clients: dict[str, set[int]] = {}
+        mps_room: dict[str, Counter[tuple[int, int, int]]] = {}
         for node in state.nodes.values():
             info = node.info
             product = info.labels.get(A.PRODUCT)
@@ -118,7 +153,14 @@ class ClusterView:
                         fixed.setdefault(name, Counter())[info.mig_reconfigure] += 1
                 elif get_model(name).mig is not None:
                     off.setdefault(name, Counter())[info.mig_reconfigure] += 1
-                if g.mode is GpuMode.SHARED:
+                if g.mode is GpuMode.SHARED and g.info.mps:
+                    mps_gpus[name] += 1
+                    mps_clients.setdefault(name, set()).add(_client_mib(g.info))
+                    room = _shared_room(g)
+                    if room is not None:
+                        key = (_client_mib(g.info), room[1], room[2])
+                        mps_room.setdefault(name, Counter())[key] += 1
+                elif g.mode is GpuMode.SHARED:
                     shared_gpus[name] += 1
                     room = _shared_room(g)
                     if room is not None:
@@ -151,10 +193,25 @@ class ClusterView:
                 mig_unreported_gpus=unreported[name],
                 mig_fixed=MappingProxyType(dict(sorted(fixed.get(name, {}).items()))),
                 mig_off=MappingProxyType(dict(sorted(off.get(name, {}).items()))),
+                mps_gpus=mps_gpus[name],
+                mps_clients=frozenset(mps_clients.get(name, ())),
+                mps_room=MappingProxyType(dict(mps_room.get(name, {}))),
             )
             for name in sorted(gpus)
         }
-        return cls(MappingProxyType(models))
+        seen = frozenset(
+            [req.admission for req, _ in snapshot.running if req.admission]
+            + [req.admission for req in snapshot.pending if req.admission]
+        )
+        view = cls(MappingProxyType(models), seen)
+        # Pods waiting for the scheduler hold no GPU in the snapshot yet, but each will
+        # take the slice or share it asks for: a burst the webhook sized must not be
+        # offered the same free slice again.
+        return view.with_claims(pending_claims(snapshot.pending))
+
+    def with_claims(self, claims: Iterable[Claim]) -> ClusterView:
+        """This view with ``claims`` taken out of the free counts (in order)."""
+        return _apply_claims(self, claims)
 
     def largest(self) -> ModelCapacity | None:
         """The model with the most memory (ties: name order)."""
@@ -189,10 +246,147 @@ def _mig_counts(model: str, creatable: bool, layout: tuple[tuple[int, str, bool]
     return free, new, existing
 
 
-def _shared_room(g: GpuState) -> tuple[int, int] | None:
-    """(free MiB, free milli) of a time-sliced GPU, None when no replica is left."""
+# Replicas left on a shared GPU that sets no replica count (replicas 0).
+UNLIMITED = 1 << 20
+
+
+def _client_mib(info: GpuInfo) -> int:
+    return mps_client_mib(info.memory_mib, info.replicas)
+
+
+def _shared_room(g: GpuState) -> tuple[int, int, int] | None:
+    """(free MiB, free milli, replicas left) of a shared GPU, None when no replica is
+    left."""
     if g.whole_owner is not None:
         return None
     if g.info.replicas and len(g.shared_owners) >= g.info.replicas:
         return None
-    return g.info.memory_mib - g.shared_memory_used, GPU_MILLI - g.used_milli
+    left = g.info.replicas - len(g.shared_owners) if g.info.replicas else UNLIMITED
+    return g.info.memory_mib - g.shared_memory_used, GPU_MILLI - g.used_milli, left
+
+
+class ShareKind(StrEnum):
+    """What a claim takes: a MIG slice, a time-sliced share, an MPS replica, or a share
+    of either kind."""
+
+    MIG = "mig"
+    SHARED = "shared"  # a time-sliced share (the webhook pins it off MPS GPUs)
+    MPS = "mps"
+    SHARE = "share"  # a pending pod's share: MPS or time-sliced, whichever holds it
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A slice or share that a pod will take but that the view does not count yet: a
+    pending pod of the snapshot, or an admission the watch has not delivered."""
+
+    kind: ShareKind
+    models: tuple[str, ...]  # catalog models it may land on; empty: any
+    memory_mib: int
+    compute_milli: int = 0
+    profile: str | None = None  # MIG
+
+
+def pending_claims(pending: Iterable[PodRequest]) -> list[Claim]:
+    """The claims of pending small pods. A share's kind (MPS or time-sliced) is not in
+    the request (the webhook pins it by node affinity): it is taken from an MPS replica
+    when one holds it, as the webhook would choose, else from a time-sliced GPU."""
+    out = []
+    for req in pending:
+        if req.kind is RequestKind.MIG and req.mig_profile is not None:
+            out.append(Claim(ShareKind.MIG, tuple(sorted(req.gpu_models)), 0,
+                             profile=req.mig_profile))
+        elif req.kind is RequestKind.SHARED:
+            out.append(Claim(ShareKind.SHARE, tuple(sorted(req.gpu_models)),
+                             req.gpu_memory_mib, req.gpu_milli))
+    return out
+
+
+def _take(room: Mapping[tuple[int, int, int], int], memory_mib: int, compute_milli: int
+          ) -> Mapping[tuple[int, int, int], int] | None:
+    """``room`` after one share of (memory, compute) is taken from its tightest GPU (the
+    best fit, as the scheduler packs), or None when no GPU has room."""
+    fits = [k for k, n in room.items() if n > 0 and k[0] >= memory_mib and k[1] >= compute_milli]
+    if not fits:
+        return None
+    key = min(fits)
+    out = dict(room)
+    out[key] -= 1
+    if not out[key]:
+        del out[key]
+    left = key[2] - 1 if key[2] < UNLIMITED else UNLIMITED
+    if left > 0:
+        after = (key[0] - memory_mib, key[1] - compute_milli, left)
+        out[after] = out.get(after, 0) + 1
+    return MappingProxyType(out)
+
+
+def _take_mps(room: Mapping[tuple[int, int, int], int], memory_mib: int, compute_milli: int
+              ) -> Mapping[tuple[int, int, int], int] | None:
+    """``room`` after one MPS replica holding (memory, compute) is taken (the smallest
+    client cap that holds it), or None."""
+    fits = [k for k, n in room.items() if n > 0 and k[0] >= memory_mib and k[1] >= compute_milli]
+    if not fits:
+        return None
+    key = min(fits)
+    out = dict(room)
+    out[key] -= 1
+    if not out[key]:
+        del out[key]
+    left = key[2] - 1 if key[2] < UNLIMITED else UNLIMITED
+    if left > 0:
+        after = (key[0], key[1] - compute_milli, left)
+        out[after] = out.get(after, 0) + 1
+    return MappingProxyType(out)
+
+
+def _claim_one(models: dict[str, ModelCapacity], c: Claim) -> None:
+    """Take ``c`` from a model that has it free; nothing when none has (the pod waits for
+    one, which a view of free capacity does not show)."""
+    names = [m for m in (c.models or tuple(models)) if m in models]
+    if c.kind is ShareKind.MIG:
+        assert c.profile is not None
+        prof = c.profile
+        # The model with the most free instances; a slice the actuator would create is
+        # taken only when none exists free.
+        free = [m for m in names if models[m].mig_free.get(prof, 0) > 0]
+        if free:
+            best = max(free, key=lambda m: (models[m].mig_free[prof], m))
+            models[best] = replace(models[best],
+                                   mig_free=_less(models[best].mig_free, prof))
+            return
+        new = [m for m in names if models[m].mig_creatable.get(prof, 0) > 0]
+        if new:
+            best = max(new, key=lambda m: (models[m].mig_creatable[prof], m))
+            models[best] = replace(models[best],
+                                   mig_creatable=_less(models[best].mig_creatable, prof))
+        return
+    if c.kind in (ShareKind.MPS, ShareKind.SHARE):
+        for m in names:
+            after = _take_mps(models[m].mps_room, c.memory_mib, c.compute_milli)
+            if after is not None:
+                models[m] = replace(models[m], mps_room=after)
+                return
+    if c.kind in (ShareKind.SHARED, ShareKind.SHARE):
+        for m in names:
+            after = _take(models[m].shared_room, c.memory_mib, c.compute_milli)
+            if after is not None:
+                models[m] = replace(models[m], shared_room=after)
+                return
+
+
+def _less(counts: Mapping[str, int], key: str) -> Mapping[str, int]:
+    out = dict(counts)
+    out[key] -= 1
+    return MappingProxyType(out)
+
+
+def _apply_claims(view: ClusterView, claims: Iterable[Claim]) -> ClusterView:
+    models = dict(view.models)
+    changed = False
+    for c in claims:
+        _claim_one(models, c)
+        changed = True
+    if not changed:
+        return view
+    return ClusterView(MappingProxyType(models), view.seen)

@@ -14,8 +14,9 @@ class Isolation(StrEnum):
     """``gpupack.io/isolation``: which kind of GPU slice a small pod accepts."""
 
     MIG = "mig"  # hardware isolation only
-    SHARED = "shared"  # a time-sliced share only
-    ANY = "any"  # MIG when available, else a time-sliced share
+    MPS = "mps"  # an MPS replica only: memory capped per client by the device plugin
+    SHARED = "shared"  # a share: an MPS replica when one holds it, else time-sliced
+    ANY = "any"  # MIG when available, else an MPS replica, else a time-sliced share
 
 
 @dataclass(frozen=True)

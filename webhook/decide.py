@@ -28,13 +28,22 @@ from kube import annotations as A
 from packing.catalog import CATALOG, MigProfile, fitting_profiles, profile_from_resource
 from packing.model import GPU_MILLI, MigReconfigure, Snapshot
 from packing.quantity import QuantityError, memory_mib, parse_quantity
-from webhook.capacity import ClusterView, ModelCapacity
+from webhook.capacity import Claim, ClusterView, ModelCapacity, ShareKind
 from webhook.config import WHOLE_CLASSES, Isolation, WebhookConfig
-from webhook.sizing import find_self_sizing
+from webhook.sizing import (
+    ArgEdit,
+    apply_edits,
+    engines_named,
+    find_self_sizing,
+    fraction_edits,
+)
 
 # Annotations of the webhook that kube/annotations.py does not name.
 CONTAINER = A.PREFIX + "container"  # which container gets the GPU slice
 STRICT = A.PREFIX + "strict"  # "true": unsafe sharing is denied, not warned (pod or namespace)
+# "set": on a time-sliced share, set a vLLM/SGLang server's memory fraction to the share.
+MEMORY_FRACTION = A.PREFIX + "memory-fraction"
+SHARING_KEY = A.SHARING_STRATEGY  # nvidia.com/gpu.sharing-strategy (GFD): none|time-slicing|mps
 DEFAULT_SCHEDULER = "default-scheduler"
 PRODUCT_KEY = A.PRODUCT
 _SMALL_KEYS = (A.GPU_MEMORY, A.GPU_COMPUTE, A.ISOLATION)
@@ -46,7 +55,8 @@ class Kind(StrEnum):
     WHOLE = "whole"  # whole GPUs: only the scheduler name
     EXPLICIT = "explicit"  # names a MIG/shared resource itself: only the scheduler name
     MIG = "mig"
-    SHARED = "shared"
+    SHARED = "shared"  # a time-sliced share
+    MPS = "mps"  # an MPS replica (the share resource, pinned to MPS nodes)
     DENY = "deny"
 
 
@@ -67,6 +77,16 @@ class Decision:
     # Annotations to add when absent (class defaults written out for the scheduler).
     defaults: Mapping[str, str] = field(default_factory=dict)
     reused: bool = False  # taken from the pod's own gpupack.io/decision (re-invocation)
+    # The admission that made the decision (the AdmissionReview uid), written as "id" in
+    # gpupack.io/decision so the webhook's claim on the slice ends once its cluster view
+    # shows the pod (webhook.claims). "" outside a live review (explain, tests).
+    admission: str = ""
+    # Node affinity on nvidia.com/gpu.sharing-strategy added to every term: ("In",
+    # ("mps",)) for an MPS replica, ("NotIn", ("mps",)) for a time-sliced share where the
+    # cluster has MPS GPUs (the two advertise the same resource).
+    sharing: tuple[str, tuple[str, ...]] | None = None
+    # gpupack.io/memory-fraction: "set": the server flags to write (webhook.sizing).
+    arg_edits: tuple[ArgEdit, ...] = ()
 
     @property
     def allowed(self) -> bool:
@@ -74,7 +94,7 @@ class Decision:
 
     @property
     def small(self) -> bool:
-        return self.kind in (Kind.MIG, Kind.SHARED)
+        return self.kind in (Kind.MIG, Kind.SHARED, Kind.MPS)
 
     def annotation(self) -> str:
         """``gpupack.io/decision``: compact JSON the webhook recognises on re-invocation."""
@@ -86,7 +106,20 @@ class Decision:
         doc["model"] = "|".join(self.models)
         doc["products"] = list(self.products)
         doc["reason"] = self.reason
+        if self.admission:
+            doc["id"] = self.admission
         return json.dumps(doc, separators=(",", ":"), sort_keys=False)
+
+    def claim(self) -> Claim | None:
+        """What the pod will take, for the webhook's claim book (None: not a small pod)."""
+        if self.kind is Kind.MIG:
+            return Claim(ShareKind.MIG, self.models, self.memory_mib, self.compute_milli,
+                         profile=self.profile)
+        if self.kind is Kind.SHARED:
+            return Claim(ShareKind.SHARED, self.models, self.memory_mib, self.compute_milli)
+        if self.kind is Kind.MPS:
+            return Claim(ShareKind.MPS, self.models, self.memory_mib, self.compute_milli)
+        return None
 
 
 class PodError(ValueError):
@@ -256,7 +289,7 @@ def _read_ask(p: _Pod, klass: str, config: WebhookConfig) -> _Ask:
             isolation = Isolation(raw_iso)
         except ValueError:
             raise PodError(
-                _ann_path(A.ISOLATION), f"{raw_iso!r} is not one of mig, shared, any"
+                _ann_path(A.ISOLATION), f"{raw_iso!r} is not one of mig, mps, shared, any"
             ) from None
     return _Ask(klass, mem, milli, isolation, defaults, label)
 
@@ -362,16 +395,17 @@ class _MigFit:
 
 
 def _fits(view: ClusterView, ask: _Ask, rules: ProductRules
-          ) -> tuple[list[_MigFit], list[ModelCapacity], list[str]]:
-    """MIG and time-sliced candidates allowed by the pod's product rules, and which
+          ) -> tuple[list[_MigFit], list[ModelCapacity], list[ModelCapacity], list[str]]:
+    """MIG, time-sliced and MPS candidates allowed by the pod's product rules, and which
     constraints excluded candidates that would otherwise fit."""
     mig: list[_MigFit] = []
     shared: list[ModelCapacity] = []
+    mps: list[ModelCapacity] = []
     blocked: list[str] = []
     for cap in view.models.values():
         fits_mig = False
         profile = None
-        if cap.mig_gpus and ask.isolation is not Isolation.SHARED:
+        if cap.mig_gpus and ask.isolation in (Isolation.MIG, Isolation.ANY):
             # The smallest fitting slice with one free (or creatable) now, else the
             # smallest fitting one that exists or may be created, which the pod then
             # waits for. A larger slice that exists beats a smaller one nothing will
@@ -383,10 +417,15 @@ def _fits(view: ClusterView, ask: _Ask, rules: ProductRules
             fits_mig = profile is not None
         fits_shared = (
             cap.shared_gpus > 0
-            and ask.isolation is not Isolation.MIG
+            and ask.isolation in (Isolation.SHARED, Isolation.ANY)
             and cap.model.memory_mib >= ask.memory_mib
         )
-        if not (fits_mig or fits_shared):
+        fits_mps = (
+            cap.mps_gpus > 0
+            and ask.isolation is not Isolation.MIG
+            and cap.mps_possible(ask.memory_mib)
+        )
+        if not (fits_mig or fits_shared or fits_mps):
             continue
         if not rules.admits(cap.products):
             blocked.append(f"{cap.model.name}: {rules.blocking(cap.products)}")
@@ -396,7 +435,9 @@ def _fits(view: ClusterView, ask: _Ask, rules: ProductRules
             mig.append(_MigFit(cap, profile, free, profile.memory_mib - ask.memory_mib))
         if fits_shared:
             shared.append(cap)
-    return mig, shared, blocked
+        if fits_mps:
+            mps.append(cap)
+    return mig, shared, mps, blocked
 
 
 def _products(caps: Sequence[ModelCapacity]) -> tuple[str, ...]:
@@ -502,7 +543,7 @@ def _no_mig_text(view: ClusterView) -> str:
 
 
 def _choose_shared(caps: list[ModelCapacity], ask: _Ask, config: WebhookConfig,
-                   need_free: bool) -> Decision | None:
+                   need_free: bool, avoid_mps: bool = False) -> Decision | None:
     room = {c.model.name: c.shared_available(ask.memory_mib, ask.compute_milli) for c in caps}
     if need_free and not any(room.values()):
         return None
@@ -522,6 +563,37 @@ def _choose_shared(caps: list[ModelCapacity], ask: _Ask, config: WebhookConfig,
         memory_mib=ask.memory_mib,
         compute_milli=ask.compute_milli,
         defaults=ask.defaults,
+        sharing=("NotIn", ("mps",)) if avoid_mps else None,
+    )
+
+
+def _choose_mps(caps: list[ModelCapacity], ask: _Ask, config: WebhookConfig,
+                need_free: bool) -> Decision | None:
+    """An MPS replica: the device plugin caps each client at the GPU's memory / replicas,
+    so a share that fits its cap cannot take its neighbours' memory."""
+    room = {c.model.name: c.mps_available(ask.memory_mib, ask.compute_milli) for c in caps}
+    if not caps or (need_free and not any(room.values())):
+        return None
+    models = tuple(sorted(room))
+    free = sum(room.values())
+    caps_text = ", ".join(
+        f"{c.model.name} {_gib(min(x for x in c.mps_clients if x >= ask.memory_mib))}"
+        for c in sorted(caps, key=lambda c: c.model.name))
+    why = (f"MPS share of {'|'.join(models)} ({_gib(ask.memory_mib)} declared; memory "
+           f"capped per client: {caps_text}); "
+           + (f"{free} GPU(s) with a free replica now" if free else "no replica free now, "
+              "the pod waits"))
+    return Decision(
+        Kind.MPS,
+        ask.klass,
+        why,
+        resource=config.shared_resource,
+        models=models,
+        products=_products(caps),
+        memory_mib=ask.memory_mib,
+        compute_milli=ask.compute_milli,
+        defaults=ask.defaults,
+        sharing=("In", ("mps",)),
     )
 
 
@@ -546,6 +618,8 @@ def _no_fit(view: ClusterView, ask: _Ask, blocked: list[str]) -> Decision:
     why_not = _no_mig_text(view)
     if why_not:
         mig_text += f" [{why_not}]"
+    mps_models = [(max(c.mps_clients), c.model.name) for c in view.models.values()
+                  if c.mps_clients]
     shared_models = [c for c in view.models.values() if c.shared_gpus]
     shared_text = (
         "largest time-sliced GPU "
@@ -553,6 +627,8 @@ def _no_fit(view: ClusterView, ask: _Ask, blocked: list[str]) -> Decision:
         + f" ({_gib(max(c.model.memory_mib for c in shared_models))})"
         if shared_models else "no time-sliced GPUs"
     )
+    mps_text = (f"largest MPS client {_gib(max(mps_models)[0])} on {max(mps_models)[1]}"
+                if mps_models else "no MPS GPUs")
     if ask.memory_mib > largest.model.memory_mib:
         return deny(
             ask.klass, 403,
@@ -567,8 +643,13 @@ def _no_fit(view: ClusterView, ask: _Ask, blocked: list[str]) -> Decision:
         )
     what = {
         Isolation.MIG: f"{A.ISOLATION}=mig, but no MIG slice holds it ({mig_text})",
-        Isolation.SHARED: f"{A.ISOLATION}=shared, but no time-sliced GPU holds it ({shared_text})",
-        Isolation.ANY: f"no MIG slice or time-sliced GPU holds it ({mig_text}; {shared_text})",
+        Isolation.MPS: f"{A.ISOLATION}=mps, but no MPS replica holds it ({mps_text})",
+        Isolation.SHARED: (f"{A.ISOLATION}=shared, but no time-sliced GPU or MPS replica holds "
+                           f"it ({shared_text}; {mps_text})" if mps_models else
+                           f"{A.ISOLATION}=shared, but no time-sliced GPU holds it "
+                           f"({shared_text})"),
+        Isolation.ANY: f"no MIG slice or time-sliced GPU holds it ({mig_text}; {shared_text}"
+                       + (f"; {mps_text})" if mps_models else ")"),
     }[ask.isolation]
     return deny(
         ask.klass, 403,
@@ -581,16 +662,72 @@ def _no_fit(view: ClusterView, ask: _Ask, blocked: list[str]) -> Decision:
 # ---- safety of time-sliced shares -------------------------------------------------------------
 
 
-def _sizing_problems(container: _Container, decision: Decision) -> tuple[list[str], list[str]]:
-    """(over-share findings, unreadable values) for the container getting a share."""
-    gpu_mib = max(CATALOG[m].memory_mib if m in CATALOG else 0 for m in decision.models)
+def _gpu_mib(decision: Decision) -> int:
+    """Memory of the largest GPU the share may land on (0: none known)."""
+    return max((CATALOG[m].memory_mib if m in CATALOG else 0 for m in decision.models),
+               default=0)
+
+
+def _share_fraction(decision: Decision) -> str | None:
+    """The memory fraction that keeps a server within its share on every GPU it may land
+    on, two decimals rounded down ("0.25"); None when the share is the whole GPU (nothing
+    to protect) or less than 1% of it."""
+    gpu_mib = _gpu_mib(decision)
+    if not gpu_mib or decision.memory_mib >= gpu_mib:
+        return None
+    hundredths = decision.memory_mib * 100 // gpu_mib
+    return f"{hundredths / 100:g}" if hundredths else None
+
+
+def _memory_fraction(p: _Pod) -> bool:
+    raw = p.annotations.get(MEMORY_FRACTION)
+    if raw is not None and raw != "set":
+        raise PodError(_ann_path(MEMORY_FRACTION),
+                       f'{raw!r} is not "set" (the only value; remove it to leave the '
+                       "server's flags alone)")
+    return raw == "set"
+
+
+def _set_fraction(p: _Pod, target: _Container, decision: Decision
+                  ) -> tuple[Decision, Mapping[str, Any], list[str]]:
+    """(the decision with its flag edits, the container as it will run, what could not
+    be set) for ``gpupack.io/memory-fraction: "set"`` on a time-sliced share."""
+    fraction = _share_fraction(decision)
+    if fraction is None or not _memory_fraction(p):
+        return decision, target.body, []
+    edits, problems = fraction_edits(target.body, fraction)
+    who = f"container {target.name or target.index}"
+    return (replace(decision, arg_edits=tuple(edits)), apply_edits(target.body, edits),
+            [f"{who}: {x}" for x in problems])
+
+
+def _sizing_problems(container: _Container, decision: Decision,
+                     body: Mapping[str, Any] | None = None) -> tuple[list[str], list[str]]:
+    """(over-share findings, unreadable values) for the container getting a share;
+    ``body``: the container as it will run (after gpupack's own flag edits)."""
+    gpu_mib = _gpu_mib(decision)
     if not gpu_mib:
         return [], []
+    body = container.body if body is None else body
     model = "|".join(decision.models)
     share = decision.memory_mib
     who = f"container {container.name or container.index}"
     over, unreadable = [], []
-    for f in find_self_sizing(container.body):
+    findings = find_self_sizing(body)
+    named = {f.engine for f in findings}
+    for spec in engines_named(body):
+        if spec.default is None and spec.engine not in named and share < gpu_mib:
+            # Self-sizing with no fixed default (SGLang picks its fraction from the GPU's
+            # size): nothing bounds it by the share.
+            where = "args" if isinstance(body.get("args"), list) else "command"
+            over.append(
+                f"spec.containers[{container.index}].{where}: {spec.engine} without "
+                f"{spec.flag} sizes its memory from the whole time-sliced {model} "
+                f"({_gib(gpu_mib)}), not its {_gib(share)} share, and can OOM its "
+                f"neighbours; set {spec.flag} <= {int(share / gpu_mib * 100) / 100:g}, "
+                f'{MEMORY_FRACTION}: "set" or {A.ISOLATION}: mig'
+            )
+    for f in findings:
         shown = f"{f.flag} {f.raw}" if not f.defaulted else f"{f.flag} (default {f.fraction:g})"
         if f.fraction is None:
             unreadable.append(f"{who}: cannot read {f.engine} {f.flag} value {f.raw!r}")
@@ -685,7 +822,7 @@ def _reuse(p: _Pod, target: _Container, ask: _Ask, config: WebhookConfig) -> Dec
     models = tuple(m for m in models_text.split("|") if m)
     if not models or not all(m in CATALOG for m in models):
         return None
-    if kind == Kind.MIG.value and ask.isolation is not Isolation.SHARED:
+    if kind == Kind.MIG.value and ask.isolation in (Isolation.MIG, Isolation.ANY):
         profile = doc.get("profile")
         if not isinstance(profile, str):
             return None
@@ -700,12 +837,18 @@ def _reuse(p: _Pod, target: _Container, ask: _Ask, config: WebhookConfig) -> Dec
                 return None
         resource = A.MIG_RESOURCE_PREFIX + profile.replace("+", ".")
         out_kind = Kind.MIG
-    elif kind == Kind.SHARED.value and ask.isolation is not Isolation.MIG:
+    elif kind == Kind.SHARED.value and ask.isolation in (Isolation.SHARED, Isolation.ANY):
         if doc.get("share") != config.shared_resource:
             return None
         if any(CATALOG[m].memory_mib < ask.memory_mib for m in models):
             return None
         profile, resource, out_kind = None, config.shared_resource, Kind.SHARED
+    elif kind == Kind.MPS.value and ask.isolation is not Isolation.MIG:
+        if doc.get("share") != config.shared_resource:
+            return None
+        if any(CATALOG[m].memory_mib < ask.memory_mib for m in models):
+            return None
+        profile, resource, out_kind = None, config.shared_resource, Kind.MPS
     else:
         return None
     if dict(target.gpu) != {resource: Decimal(1)}:
@@ -713,6 +856,7 @@ def _reuse(p: _Pod, target: _Container, ask: _Ask, config: WebhookConfig) -> Dec
     if any(c.gpu for c in p.containers if c.index != target.index):
         return None
     reason = doc.get("reason")
+    admission = doc.get("id")
     return Decision(
         out_kind,
         ask.klass,
@@ -726,6 +870,8 @@ def _reuse(p: _Pod, target: _Container, ask: _Ask, config: WebhookConfig) -> Dec
         compute_milli=ask.compute_milli,
         defaults=ask.defaults,
         reused=True,
+        sharing=("In", ("mps",)) if out_kind is Kind.MPS else None,
+        admission=admission if isinstance(admission, str) else "",
     )
 
 
@@ -793,8 +939,11 @@ def decide(
             if not decision.allowed:
                 return replace(decision, warnings=decision.warnings + tuple(warnings))
         decision = replace(decision, container=target.index)
+        _memory_fraction(p)  # a value other than "set" is a 400 whatever the kind
         if decision.kind is Kind.SHARED:
-            over, unreadable = _sizing_problems(target, decision)
+            decision, body, unset = _set_fraction(p, target, decision)
+            warnings += unset
+            over, unreadable = _sizing_problems(target, decision, body)
             if over and strict:
                 return deny(klass, 403, "strict mode (gpupack.io/strict): " + "; ".join(over),
                             warnings + unreadable)
@@ -810,7 +959,8 @@ def _solve(p: _Pod, target: _Container, ask: _Ask, view: ClusterView,
            config: WebhookConfig) -> Decision:
     explicit_profile, explicit_shared = _explicit(p, target, ask)
     rules = _product_rules(p.spec)
-    mig, shared, blocked = _fits(view, ask, rules)
+    mig, shared, mps, blocked = _fits(view, ask, rules)
+    avoid_mps = any(c.mps_gpus for c in view.models.values())
     if explicit_profile is not None:
         res = _res_path(target, next(iter(target.gpu)))
         chosen = _choose_mig(mig, ask, explicit_profile, need_free=False)
@@ -827,19 +977,27 @@ def _solve(p: _Pod, target: _Container, ask: _Ask, view: ClusterView,
         res = _res_path(target, next(iter(target.gpu)))
         if ask.isolation is Isolation.MIG:
             raise _Conflict(res, f"is a time-sliced share, but {A.ISOLATION}=mig")
-        chosen = _choose_shared(shared, ask, config, need_free=False)
+        chosen = (_choose_mps(mps, ask, config, need_free=True)
+                  or _choose_shared(shared, ask, config, need_free=True, avoid_mps=avoid_mps)
+                  or _choose_mps(mps, ask, config, need_free=False)
+                  or _choose_shared(shared, ask, config, need_free=False, avoid_mps=avoid_mps))
         if chosen is None:
             raise _Conflict(res, f"conflicts with {ask.label}: no time-sliced GPU holds it")
         return chosen
+    # Free now before waiting; among kinds, the better isolated first: a MIG slice, an
+    # MPS replica (memory capped per client), a time-sliced share.
     for attempt in (
         lambda: _choose_mig(mig, ask, None, need_free=True),
-        lambda: _choose_shared(shared, ask, config, need_free=True),
+        lambda: _choose_mps(mps, ask, config, need_free=True),
+        lambda: _choose_shared(shared, ask, config, need_free=True, avoid_mps=avoid_mps),
         lambda: _choose_mig(mig, ask, None, need_free=False),
-        lambda: _choose_shared(shared, ask, config, need_free=False),
+        lambda: _choose_mps(mps, ask, config, need_free=False),
+        lambda: _choose_shared(shared, ask, config, need_free=False, avoid_mps=avoid_mps),
     ):
         decision = attempt()
         if decision is not None:
-            if decision.kind is Kind.SHARED and not mig and ask.isolation is Isolation.ANY:
+            if decision.kind in (Kind.SHARED, Kind.MPS) and not mig \
+                    and ask.isolation is Isolation.ANY:
                 # Say why MIG, the safer default, was not chosen where MIG GPUs exist.
                 off = _no_mig_text(view)
                 if off:

@@ -18,7 +18,7 @@ from typing import Any
 from kube import annotations as A
 from packing.quantity import QuantityError, parse_quantity
 from webhook.config import WebhookConfig
-from webhook.decide import DEFAULT_SCHEDULER, PRODUCT_KEY, Decision, Kind
+from webhook.decide import DEFAULT_SCHEDULER, PRODUCT_KEY, SHARING_KEY, Decision, Kind
 
 Path = Sequence[str | int]
 _REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
@@ -132,6 +132,14 @@ class _Builder:
         else:
             self.conflicts.append(f"{_dotted(path)} is {existing!r}, gpupack would set {value!r}")
 
+    def set_item(self, path: Path, value: Any) -> None:
+        """Replace the list element at ``path`` (which must exist)."""
+        target = self.get(path[:-1])
+        index = path[-1]
+        assert isinstance(target, list) and isinstance(index, int)
+        target[index] = copy.deepcopy(value)
+        self.ops.append({"op": "replace", "path": pointer(path), "value": value})
+
     def append(self, path: Path, value: Any) -> None:
         """Append to the list at ``path`` (which must exist)."""
         target = self.get(path)
@@ -205,6 +213,55 @@ def _affinity(b: _Builder, d: Decision) -> None:
             b.ensure(exprs_path, [expr])
 
 
+def _same_expr(e: Any, expr: Mapping[str, Any]) -> bool:
+    return (isinstance(e, dict) and e.get("key") == expr["key"]
+            and e.get("operator") == expr["operator"]
+            and sorted(e.get("values") or []) == sorted(expr["values"]))
+
+
+def _sharing(b: _Builder, d: Decision) -> None:
+    """Pin the share's kind (MPS or time-sliced) on ``nvidia.com/gpu.sharing-strategy``
+    in every required term: both kinds advertise the same resource."""
+    if d.sharing is None:
+        return
+    op, values = d.sharing
+    expr = {"key": SHARING_KEY, "operator": op, "values": list(values)}
+    terms_path: list[str | int] = ["spec", "affinity", "nodeAffinity", _REQUIRED,
+                                   "nodeSelectorTerms"]
+    terms = b.get(terms_path)
+    if not isinstance(terms, list) or not terms:
+        if isinstance(terms, list):
+            b.append(terms_path, {"matchExpressions": [expr]})
+        else:
+            b.ensure(terms_path, [{"matchExpressions": [expr]}])
+        return
+    for i in range(len(terms)):
+        exprs_path = [*terms_path, i, "matchExpressions"]
+        exprs = b.get(exprs_path)
+        if isinstance(exprs, list):
+            if not any(_same_expr(e, expr) for e in exprs):
+                b.append(exprs_path, expr)
+        else:
+            b.ensure(exprs_path, [expr])
+
+
+def _arg_edits(b: _Builder, d: Decision) -> None:
+    """The server flags ``gpupack.io/memory-fraction: "set"`` writes (see
+    :func:`webhook.sizing.fraction_edits`)."""
+    if d.container is None:
+        return
+    base: list[str | int] = ["spec", "containers", d.container]
+    for e in d.arg_edits:
+        path = [*base, e.field]
+        if e.index is None:
+            if isinstance(b.get(path), list):
+                b.append(path, e.value)
+            else:
+                b.ensure(path, [e.value])
+        elif b.get([*path, e.index]) != e.value:
+            b.set_item([*path, e.index], e.value)
+
+
 def _annotations(b: _Builder, d: Decision) -> None:
     ann: list[str | int] = ["metadata", "annotations"]
     if b.get(ann) is None:
@@ -223,10 +280,12 @@ def _annotations(b: _Builder, d: Decision) -> None:
 def build_patch(pod: Mapping[str, Any], decision: Decision, config: WebhookConfig) -> PatchResult:
     """The JSON Patch that carries out ``decision`` on ``pod``."""
     b = _Builder(pod)
-    if decision.kind in (Kind.WHOLE, Kind.EXPLICIT, Kind.MIG, Kind.SHARED):
+    if decision.kind in (Kind.WHOLE, Kind.EXPLICIT, Kind.MIG, Kind.SHARED, Kind.MPS):
         _scheduler(b, config)
     if decision.small:
         _resources(b, decision)
         _affinity(b, decision)
+        _sharing(b, decision)
+        _arg_edits(b, decision)
         _annotations(b, decision)
     return PatchResult(tuple(b.ops), tuple(b.conflicts), b.doc)

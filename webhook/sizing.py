@@ -8,6 +8,7 @@ This module finds those flags in a container's command, args and env. Pure.
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -122,3 +123,96 @@ def find_self_sizing(container: Mapping[str, Any]) -> list[SizingFinding]:
         if spec.default is not None and any(m in haystack for m in spec.markers):
             findings.append(SizingFinding(spec.engine, spec.flag, "", spec.default, True))
     return findings
+
+
+# ---- setting the fraction (gpupack.io/memory-fraction: "set") --------------------------------
+
+# Engines whose memory fraction the webhook may set, by engine name: the flag and the
+# markers that name the engine when the flag is absent.
+SETTABLE: Mapping[str, SizingFlag] = {f.engine: f for f in KNOWN_FLAGS
+                                      if f.engine in ("vLLM", "SGLang")}
+_SHELLS = ("sh", "bash", "/bin/sh", "/bin/bash", "dash", "/bin/dash")
+
+
+@dataclass(frozen=True)
+class ArgEdit:
+    """One change to a container's ``command`` or ``args`` list."""
+
+    field: str  # "command" | "args"
+    index: int | None  # the element to replace; None: append to ``args``
+    value: str
+
+
+def engines_named(container: Mapping[str, Any]) -> list[SizingFlag]:
+    """The settable engines the container runs: its flag is present, or the image,
+    command or args name the engine."""
+    tokens = [_normal_flag(t) for t in _tokens(container)]
+    image = container.get("image")
+    haystack = " ".join([*tokens, image if isinstance(image, str) else ""]).lower()
+    return [spec for spec in SETTABLE.values()
+            if any(t == spec.flag or t.startswith(spec.flag + "=") for t in tokens)
+            or any(m in haystack for m in spec.markers)]
+
+
+def _shell(container: Mapping[str, Any]) -> bool:
+    words = _strings(container.get("command")) + _strings(container.get("args"))
+    return any(w.strip() in _SHELLS for w in words[:1]) and "-c" in words
+
+
+def _flag_pattern(flag: str) -> re.Pattern[str]:
+    """The flag in either spelling (dashes or underscores) inside a shell string, with
+    its value after ``=`` or blanks."""
+    body = re.escape(flag[2:]).replace("\\-", "[-_]")
+    return re.compile(r"(--" + body + r")(=|\s+)(\S+)")
+
+
+def fraction_edits(container: Mapping[str, Any], fraction: str
+                   ) -> tuple[list[ArgEdit], list[str]]:
+    """Edits that make every vLLM or SGLang server of ``container`` use ``fraction``
+    ("0.25"), and what could not be set (the flag is absent and the server is started by
+    a shell script, where appending could change the script's meaning)."""
+    edits: list[ArgEdit] = []
+    problems: list[str] = []
+    for spec in engines_named(container):
+        found = False
+        pattern = _flag_pattern(spec.flag)
+        for field_name in ("command", "args"):
+            items = container.get(field_name)
+            if not isinstance(items, list):
+                continue
+            for i, item in enumerate(items):
+                if not isinstance(item, str):
+                    continue
+                token = _normal_flag(item)
+                if token == spec.flag:
+                    found = True
+                    if i + 1 < len(items) and isinstance(items[i + 1], str):
+                        edits.append(ArgEdit(field_name, i + 1, fraction))
+                elif token.startswith(spec.flag + "="):
+                    found = True
+                    edits.append(ArgEdit(field_name, i, item.partition("=")[0] + "=" + fraction))
+                elif pattern.search(item) and any(c.isspace() for c in item):
+                    found = True
+                    edits.append(ArgEdit(field_name, i, pattern.sub(
+                        lambda m: m.group(1) + m.group(2) + fraction, item)))
+        if found:
+            continue
+        if _shell(container):
+            problems.append(f"{spec.engine} runs from a shell script without {spec.flag}: "
+                            f"gpupack does not edit scripts; add {spec.flag} {fraction} to it")
+            continue
+        edits.append(ArgEdit("args", None, f"{spec.flag}={fraction}"))
+    return edits, problems
+
+
+def apply_edits(container: Mapping[str, Any], edits: Sequence[ArgEdit]) -> dict[str, Any]:
+    """A copy of ``container`` with ``edits`` made (to judge the result)."""
+    out = dict(container)
+    for e in edits:
+        items = list(out.get(e.field) or [])
+        if e.index is None:
+            items.append(e.value)
+        else:
+            items[e.index] = e.value
+        out[e.field] = items
+    return out

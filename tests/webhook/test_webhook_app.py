@@ -109,7 +109,7 @@ def test_malformed_reviews_are_400_naming_the_field(client: FlaskClient, body: A
         (pod(annotations={"gpupack.io/gpu-compute": "1.5", "gpupack.io/gpu-memory": "1Gi"}),
          "metadata.annotations.gpupack.io/gpu-compute: '1.5' must be a fraction in (0, 1]"),
         (pod(annotations={"gpupack.io/isolation": "strong", "gpupack.io/gpu-memory": "1Gi"}),
-         "metadata.annotations.gpupack.io/isolation: 'strong' is not one of mig, shared, any"),
+         "metadata.annotations.gpupack.io/isolation: 'strong' is not one of mig, mps, shared, any"),
         (pod(annotations={"gpupack.io/class": "video"}),
          "metadata.annotations.gpupack.io/class: 'video' is not one of"),
         (pod(annotations={"gpupack.io/gpu-memory": ""}),

@@ -38,8 +38,9 @@ FLAG_TABLE: list[tuple[list[dict[str, Any]], float | None, bool]] = [
      0.8, True),
     (_c(command=["python", "-m", "sglang.launch_server"], args=["--mem-fraction-static=0.2"]),
      0.2, False),
-    # SGLang sizes by GPU when the flag is absent: no fixed default to judge.
-    (_c(command=["python", "-m", "sglang.launch_server"]), None, False),
+    # SGLang sizes by GPU when the flag is absent: no fixed default, so nothing bounds it
+    # by the share (issue #18: refused in strict mode, warned otherwise).
+    (_c(command=["python", "-m", "sglang.launch_server"]), None, True),
     (_c(args=["--cuda-memory-fraction", "0.3"]), 0.3, True),
     ([{"name": "server", "image": "ghcr.io/huggingface/text-generation-inference:2.3"}], 1.0, True),
     (_c(env=[{"name": "CUDA_MEMORY_FRACTION", "value": "0.2"}],
@@ -57,7 +58,7 @@ def test_flag_table_warns_on_shares(containers: list[dict[str, Any]], fraction: 
         assert found == [fraction]
     d = decide(pod(annotations=SHARE, containers=containers), L40S, CFG)
     assert d.kind is Kind.SHARED
-    over_share = [w for w in d.warnings if "more than its 12Gi share" in w]
+    over_share = [w for w in d.warnings if "12Gi share" in w and "OOM its neighbours" in w]
     assert bool(over_share) is over, d.warnings
     # Strict mode by pod annotation turns exactly those warnings into a denial.
     strict = dict(SHARE, **{"gpupack.io/strict": "true"})

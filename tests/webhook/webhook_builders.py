@@ -29,7 +29,8 @@ def node(
     labels: dict[str, str] | None = None,
     product: str | None = None,
 ) -> dict[str, Any]:
-    """A GPU node: ``mode`` whole | mig (mixed strategy) | shared (time-slicing)."""
+    """A GPU node: ``mode`` whole | mig (mixed strategy) | shared (time-slicing) | mps
+    (the device plugin's sharing.mps, renamed to nvidia.com/gpu.shared)."""
     m = get_model(model)
     lab = {
         "nvidia.com/gpu.product": product or PRODUCTS[model],
@@ -39,9 +40,11 @@ def node(
     alloc: dict[str, str] = {"cpu": "128", "memory": "1Ti"}
     if mode == "whole":
         alloc["nvidia.com/gpu"] = str(gpus)
-    elif mode == "shared":
+    elif mode in ("shared", "mps"):
         lab["nvidia.com/gpu.replicas"] = str(replicas)
-        lab["nvidia.com/gpu.sharing-strategy"] = "time-slicing"
+        lab["nvidia.com/gpu.sharing-strategy"] = "time-slicing" if mode == "shared" else "mps"
+        if mode == "mps":
+            lab["nvidia.com/mps.capable"] = "true"
         alloc["nvidia.com/gpu.shared"] = str(gpus * replicas)
     else:
         lab["nvidia.com/mig.strategy"] = "mixed"
