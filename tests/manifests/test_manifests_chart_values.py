@@ -233,6 +233,28 @@ def _policy(objs: list[Obj]) -> None:
     assert arg(containers(objs)["extender"], "--policy") == "bestfit"
 
 
+def _defrag_mode(objs: list[Obj]) -> None:
+    assert arg(containers(objs)["extender"], "--defrag") == "act"
+    rules = find(objs, "ClusterRole", "gp-prod-extender")["rules"]
+    assert {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]} in rules
+    assert {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]} in rules
+
+
+def _defrag_plan_mode(objs: list[Obj]) -> None:
+    assert arg(containers(objs)["extender"], "--defrag") == "plan"
+    rules = find(objs, "ClusterRole", "gp-prod-extender")["rules"]
+    assert {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]} in rules
+    assert not any("pods/eviction" in r["resources"] for r in rules)
+
+
+def _defrag_rate(objs: list[Obj]) -> None:
+    assert arg(containers(objs)["extender"], "--defrag-evictions-per-minute") == "5"
+
+
+def _defrag_interval(objs: list[Obj]) -> None:
+    assert arg(containers(objs)["extender"], "--defrag-interval") == "60"
+
+
 def _webhook_port(objs: list[Obj]) -> None:
     hook = containers(objs)["webhook"]
     assert arg(hook, "--port") == "18443" and hook["ports"][0]["containerPort"] == 18443
@@ -389,6 +411,9 @@ CASES: dict[str, tuple[dict[str, Any] | None, Callable[[list[Obj]], None]]] = {
     "extender.httpTimeout": (None, _http_timeout),
     "extender.maxGroupGpus": (None, _max_group_gpus),
     "policy": (None, _policy),
+    "defrag.mode": (None, _defrag_mode),
+    "defrag.evictionsPerMinute": (None, _defrag_rate),
+    "defrag.intervalSeconds": (None, _defrag_interval),
     "webhook.port": (None, _webhook_port),
     "webhook.timeoutSeconds": (None, _webhook_timeout),
     "webhook.failurePolicy": (None, _failure_policy),
@@ -435,6 +460,10 @@ def test_value_reaches_the_objects(path: str, render_helm: Render) -> None:
 def test_cert_manager_names_follow_the_release(helm_dir: Path) -> None:
     objs, _ = helm_template(None, helm_dir, release="prod")
     EXTRA_CASES["tls.source=certManager"][1](objs)
+
+
+def test_defrag_plan_grants_events_only(render_helm: Render) -> None:
+    _defrag_plan_mode(render_helm({**FULL, "defrag": {**FULL["defrag"], "mode": "plan"}}))
 
 
 @pytest.mark.parametrize("ci_values", sorted((CHART / "ci").glob("*-values.yaml")),
