@@ -147,6 +147,7 @@ class Defragmenter:
         self.last_plan_moves: tuple[Move, ...] = ()
         self._lone_since: dict[str, float] = {}
         self._told_refusal: set[str] = set()
+        self._handed: tuple[Campaign, bool] | None = None  # by the hook, to report
         self._pass = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -234,10 +235,25 @@ class Defragmenter:
 
     def _pod_gone(self, key: str) -> None:
         """A counted pod went (under the cache lock): a campaign pod's GPUs are held in
-        this very step."""
+        this very step, and when it was the last one and the whole room is held, the
+        room goes to the group in this step too (the pass after reports it)."""
         c = self.campaign
-        if c is not None and any(t.pod == key for t in c.targets):
-            self._hold_now()
+        if c is None or self._handed is not None or not any(t.pod == key for t in c.targets):
+            return
+        self._hold_now()
+        now = self.clock()
+        f = self._facts(now)
+        st = DefragState(mode="act", campaign=c, needs=f.needs, placed=f.placed,
+                         present=f.present, room_free=f.room_free, held=f.held,
+                         evicted=dict(self.evicted), attempts=dict(self.attempts),
+                         recent=self.recent, cooldown=dict(self.cooldown))
+        if decide(st, now, self.cfg).hand_over:
+            self._handed = (c, self._give(c))
+
+    def _give(self, c: Campaign) -> bool:
+        """Under the cache lock: the holds given back and the group reserved at once."""
+        self._release(c.group)
+        return self.book.retry_now(c.group)
 
     # ---- a pass -----------------------------------------------------------------------------
 
@@ -249,6 +265,10 @@ class Defragmenter:
         now = self.clock()
         if not self.book.ready:
             return
+        if self._handed is not None:
+            c, placed = self._handed
+            self._handed = None
+            self._finish(c, placed, now)
         if not self.is_leader():
             if self.campaign is not None:
                 with self.cache.lock:
@@ -315,7 +335,7 @@ class Defragmenter:
         with self.cache.lock:
             self._hold_now()
         if d.hand_over:
-            self._hand_over(c, state, now)
+            self._hand_over(c)
             return
         for t in d.evict:
             self._evict(c, t, now)
@@ -363,19 +383,24 @@ class Defragmenter:
             self.events.emit(PodRef(c.leader, self._uid(c.leader)), "DefragStopped", msg,
                              warning=reason != "placed")
 
-    def _hand_over(self, c: Campaign, state: DefragState, now: float) -> None:
+    def _hand_over(self, c: Campaign) -> None:
         with self.cache.lock:
-            self._release(c.group)
-            placed = self.book.retry_now(c.group)
+            if self._handed is not None:
+                return  # handed over by the hook already; the next pass reports it
+            placed = self._give(c)
+        self._finish(c, placed, self.clock())
+
+    def _finish(self, c: Campaign, placed: bool, now: float) -> None:
+        if self.campaign is not c:
+            return
         if not placed:
             self.cooldown[c.group] = now + self.cfg.cooldown_s
             self._end("not_placed", now)
             return
         self.metrics.freed.inc(c.busy_at_start)
-        need = state.needs.get(c.group)
-        waited = max(0.0, now - need.since) if need is not None else 0.0
-        self.metrics.wait.observe(waited)
         rec = self.book.reservations.get(c.group)
+        waited = max(0.0, now - rec.first_seen) if rec is not None else 0.0
+        self.metrics.wait.observe(waited)
         where = ", ".join(sorted({p.node for p in rec.slots.values()})) if rec else "?"
         msg = (f"gpupack freed {c.busy_at_start} GPU(s) with {len(self.evicted)} eviction(s); "
                f"group {c.group} has its room reserved on {where} after waiting {waited:.0f}s")

@@ -22,7 +22,7 @@ from packing.model import Placement
 from scheduler.cache import AssumeError, ClusterCache
 from scheduler.defrag_act import Defragmenter, defrag_hold_key
 from scheduler.defrag_decide import Settings
-from scheduler.groups import ReservationBook
+from scheduler.groups import ReservationBook, hold_key
 
 GROUP = "llm/vllm/0"
 
@@ -124,10 +124,15 @@ def test_evicts_holds_the_freed_room_and_hands_it_to_the_group() -> None:
     assert r.evictor.asked == [victim.pod]
     assert r.metric("gpupack_defrag_evictions_total", outcome="evicted") == 1
     assert "EvictedForGroup" in r.events.reasons(victim.pod)
-    # The API server deletes the pod: its GPUs are held in the same step.
+    # The API server deletes the pod: in that same step its GPUs are held and, the room
+    # being whole now, the book reserves it for the group (its hold replaces ours).
     r.tap.delete_pod(victim.pod)
-    held = r.cache.counted(hk)
-    assert held is not None and sorted(held[1].gpus) == list(range(8))
+    assert r.cache.counted(hk) is None
+    rec = r.book.reservations.get(GROUP)
+    assert rec is not None and {p.node for p in rec.slots.values()} == {room_node}
+    held = r.cache.counted(hold_key(GROUP, 0))
+    assert held is not None and held[1].node == room_node
+    assert sorted(held[1].gpus) == list(range(8))
     # Its replacement (the ReplicaSet's new pod) cannot take them: bind refuses.
     name = victim.pod.split("/")[1] + "-new"
     repl = pod_request(owned(whole_pod(name, 2, namespace="web", uid="u-new")))
@@ -136,11 +141,8 @@ def test_evicts_holds_the_freed_room_and_hands_it_to_the_group() -> None:
         r.cache.assume(repl, "u-new", Placement(repl.key, room_node, (0, 1)))
     other = "b" if room_node == "a" else "a"
     assert r.cache.state.options(repl, other)  # it lands on the other node
-    r.tick()  # hand over: the book reserves the group in the freed room
+    r.tick()  # the pass after reports it
     assert r.defrag.campaign is None
-    rec = r.book.reservations.get(GROUP)
-    assert rec is not None and {p.node for p in rec.slots.values()} == {room_node}
-    assert r.cache.counted(hk) is None  # the defrag hold became the book's
     assert r.metric("gpupack_defrag_gpus_freed_total") == 2
     assert r.metric("gpupack_defrag_group_wait_seconds_count") == 1
     assert r.metric("gpupack_defrag_campaigns_stopped_total", reason="handed_over") == 1
