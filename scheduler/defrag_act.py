@@ -94,6 +94,16 @@ class DefragMetrics:
 
 
 @dataclass(frozen=True)
+class Handed:
+    """A room given to its group: reserved or not, where, and since when it waited."""
+
+    placed: bool
+    nodes: tuple[str, ...]
+    first_seen: float
+    at: float = 0.0
+
+
+@dataclass(frozen=True)
 class Facts:
     needs: Mapping[str, Need]
     placed: frozenset[str]
@@ -147,7 +157,7 @@ class Defragmenter:
         self.last_plan_moves: tuple[Move, ...] = ()
         self._lone_since: dict[str, float] = {}
         self._told_refusal: set[str] = set()
-        self._handed: tuple[Campaign, bool] | None = None  # by the hook, to report
+        self._handed: tuple[Campaign, Handed] | None = None  # by the hook, to report
         self._pass = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -250,10 +260,16 @@ class Defragmenter:
         if decide(st, now, self.cfg).hand_over:
             self._handed = (c, self._give(c))
 
-    def _give(self, c: Campaign) -> bool:
+    def _give(self, c: Campaign) -> Handed:
         """Under the cache lock: the holds given back and the group reserved at once."""
         self._release(c.group)
-        return self.book.retry_now(c.group)
+        placed = self.book.retry_now(c.group)
+        rec = self.book.reservations.get(c.group)
+        now = self.clock()
+        if not placed or rec is None:
+            return Handed(False, (), now, now)
+        return Handed(True, tuple(sorted({p.node for p in rec.slots.values()})),
+                      rec.first_seen, now)
 
     # ---- a pass -----------------------------------------------------------------------------
 
@@ -266,9 +282,9 @@ class Defragmenter:
         if not self.book.ready:
             return
         if self._handed is not None:
-            c, placed = self._handed
+            c, handed = self._handed
             self._handed = None
-            self._finish(c, placed, now)
+            self._finish(c, handed, now)
         if not self.is_leader():
             if self.campaign is not None:
                 with self.cache.lock:
@@ -387,21 +403,20 @@ class Defragmenter:
         with self.cache.lock:
             if self._handed is not None:
                 return  # handed over by the hook already; the next pass reports it
-            placed = self._give(c)
-        self._finish(c, placed, self.clock())
+            handed = self._give(c)
+        self._finish(c, handed, self.clock())
 
-    def _finish(self, c: Campaign, placed: bool, now: float) -> None:
+    def _finish(self, c: Campaign, h: Handed, now: float) -> None:
         if self.campaign is not c:
             return
-        if not placed:
+        if not h.placed:
             self.cooldown[c.group] = now + self.cfg.cooldown_s
             self._end("not_placed", now)
             return
         self.metrics.freed.inc(c.busy_at_start)
-        rec = self.book.reservations.get(c.group)
-        waited = max(0.0, now - rec.first_seen) if rec is not None else 0.0
+        waited = max(0.0, h.at - h.first_seen)
         self.metrics.wait.observe(waited)
-        where = ", ".join(sorted({p.node for p in rec.slots.values()})) if rec else "?"
+        where = ", ".join(h.nodes)
         msg = (f"gpupack freed {c.busy_at_start} GPU(s) with {len(self.evicted)} eviction(s); "
                f"group {c.group} has its room reserved on {where} after waiting {waited:.0f}s")
         self.events.emit(PodRef(c.leader, self._uid(c.leader)), "DefragRoomReserved", msg)
