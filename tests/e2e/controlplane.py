@@ -22,8 +22,9 @@
 
 No kubelet runs: tests create Node objects and set their capacity through the status
 subresource, as kube-scheduler's scheduler_perf does; pods are bound and never started.
-No kube-controller-manager runs either, so namespaces get no ``default`` ServiceAccount by
-themselves: :func:`ensure_namespace` creates it with the namespace.
+kube-controller-manager runs only inside :func:`controllers` (the tests that need
+ReplicaSets, Deployments or PodDisruptionBudget status), so namespaces get no ``default``
+ServiceAccount by themselves: :func:`ensure_namespace` creates it with the namespace.
 
 It writes ``DIR/kubeconfig`` (cluster admin), ``DIR/pids/<component>.pid``,
 ``DIR/logs/<component>.log`` and ``DIR/state.json`` (ports and each component's command,
