@@ -281,10 +281,10 @@ class Defragmenter:
         now = self.clock()
         if not self.book.ready:
             return
-        if self._handed is not None:
-            c, handed = self._handed
-            self._handed = None
-            self._finish(c, handed, now)
+        with self.cache.lock:  # the hook sets it under this lock
+            done, self._handed = self._handed, None
+        if done is not None:
+            self._finish(done[0], done[1], now)
         if not self.is_leader():
             if self.campaign is not None:
                 with self.cache.lock:
@@ -292,6 +292,8 @@ class Defragmenter:
                 self._end("leadership", now)
             return
         with self.cache.lock:
+            if self._handed is not None:
+                return  # handed over meanwhile: the next pass reports it
             f = self._facts(now)
         state = DefragState(
             mode=self.mode, campaign=self.campaign, needs=f.needs, placed=f.placed,
