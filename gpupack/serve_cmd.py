@@ -139,6 +139,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "evicts nothing) or act (evicts through the Eviction API); default off")
     p.add_argument("--defrag-evictions-per-minute", type=int, default=2, metavar="K",
                    help="--defrag=act: at most K evictions in any minute (default 2)")
+    p.add_argument("--defrag-consolidate", default="", metavar="HH:MM-HH:MM",
+                   help="--defrag=act: in this daily UTC window, also evict the few pods "
+                        "of nearly empty nodes to keep whole nodes free for the largest "
+                        "LLM group seen (default: never)")
     p.add_argument("--defrag-interval", type=float, default=30.0, metavar="S",
                    help="plan for waiting groups at most every S seconds (sooner when the "
                         "cluster changed, at most every 5 s; default 30)")
@@ -306,7 +310,7 @@ def defragmenter(args: argparse.Namespace, c: Components, api: Any) -> tuple[Any
     from kube.evictions import ApiEvents, ApiEvictor, EventSink, LogEvents
     from kube.reservations import ReservationTap
     from scheduler.defrag_act import Defragmenter
-    from scheduler.defrag_decide import Settings
+    from scheduler.defrag_decide import Settings, parse_window
 
     owners = PodOwners(c.cache)
     events: EventSink = LogEvents() if api is None else ApiEvents(api, args.leader_identity)
@@ -315,7 +319,9 @@ def defragmenter(args: argparse.Namespace, c: Components, api: Any) -> tuple[Any
         ApiEvictor(api) if api is not None and args.defrag == "act" else None, events,
         settings=Settings(evictions_per_minute=args.defrag_evictions_per_minute,
                           plan_every_s=args.defrag_interval),
-        registry=c.registry, is_leader=c.leader.is_leader)
+        registry=c.registry, is_leader=c.leader.is_leader,
+        consolidate_window=parse_window(args.defrag_consolidate)
+        if args.defrag_consolidate else None)
     return d, ReservationTap(owners, c.groups)
 
 
@@ -359,6 +365,15 @@ def check_args(args: argparse.Namespace) -> str | None:
         return "--defrag-evictions-per-minute must be at least 1"
     if args.defrag_interval <= 0:
         return "--defrag-interval must be positive"
+    if args.defrag_consolidate:
+        from scheduler.defrag_decide import parse_window
+
+        if args.defrag != "act":
+            return "--defrag-consolidate needs --defrag=act"
+        try:
+            parse_window(args.defrag_consolidate)
+        except ValueError as e:
+            return f"--defrag-consolidate {e}"
     if (args.nodes is None) != (args.pods is None):
         return "--nodes and --pods go together"
     if args.nodes is not None and (args.kubeconfig or args.in_cluster):

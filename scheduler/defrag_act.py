@@ -19,6 +19,13 @@ so (outside the lock, on a snapshot), takes the pure decision
   (:meth:`ReservationBook.retry_now`) in one locked step, so nothing comes in between;
 * Events on the group's leader pod and on every evicted pod, a log line per step,
   metrics (:class:`DefragMetrics`).
+
+Consolidation (``consolidate_window``): the largest group seen pending (members x GPUs
+per member, GPU models, priority) is remembered; inside the window, when fewer whole
+nodes of its kind are free than it needs, the planner is asked for one more whole node
+on the cluster without the whole nodes already free (a virtual lone pod of a node's
+GPUs, at that group's priority), and a move that evicts few pods is carried out; its
+hand-over only gives the holds back.
 """
 
 from __future__ import annotations
@@ -35,18 +42,24 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from kube.defrag_inputs import PodOwners
 from kube.evictions import OUTCOMES, EventSink, Evictor, PodRef
 from packing.defrag import DefragParams, DefragPlan, Evictability, InvalidPlan, Move, plan_defrag
+from packing.groups import is_reservation
 from packing.model import Placement, PodRequest, RequestKind, Snapshot
 from scheduler.cache import ClusterCache
 from scheduler.defrag_decide import (
+    CONSOLIDATE,
     Attempt,
     Campaign,
+    Consolidation,
     Decision,
     DefragState,
     Need,
     Settings,
     Target,
     after_refusal,
+    consolidating,
     decide,
+    in_window,
+    is_consolidation,
     wanted_holds,
     wants_plan,
 )
@@ -104,6 +117,20 @@ class Handed:
 
 
 @dataclass(frozen=True)
+class Seen:
+    """The largest group seen pending: what consolidation keeps whole nodes free for."""
+
+    members: int
+    gpus: int  # per member
+    models: frozenset[str]
+    priority: int
+
+    @property
+    def total(self) -> int:
+        return self.members * self.gpus
+
+
+@dataclass(frozen=True)
 class Facts:
     needs: Mapping[str, Need]
     placed: frozenset[str]
@@ -111,6 +138,7 @@ class Facts:
     room_free: Mapping[str, frozenset[int]]
     held: Mapping[str, frozenset[int]]
     version: int
+    consolidation: Consolidation | None = None
 
 
 class Defragmenter:
@@ -129,7 +157,10 @@ class Defragmenter:
         is_leader: Callable[[], bool] = lambda: True,
         clock: Clock = time.time,
         planner: Planner = plan_defrag,
+        consolidate_window: tuple[int, int] | None = None,
     ) -> None:
+        """``consolidate_window``: (start, end) minutes of the UTC day when, act mode
+        only, consolidation may run (None: never)."""
         if mode not in ("plan", "act"):
             raise ValueError(f"defrag mode {mode!r}: expected plan or act")
         if mode == "act" and evictor is None:
@@ -158,6 +189,9 @@ class Defragmenter:
         self._lone_since: dict[str, float] = {}
         self._told_refusal: set[str] = set()
         self._handed: tuple[Campaign, Handed] | None = None  # by the hook, to report
+        self.window = consolidate_window if mode == "act" else None
+        self.seen: Seen | None = None
+        self._seen_at = -math.inf
         self._pass = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -176,6 +210,7 @@ class Defragmenter:
         out: dict[str, Need] = {}
         records = self.book.reservations
         for g, ps in groups.items():
+            self._see(ps)
             if g in records:
                 continue
             w = self.book.waiting.get(g)
@@ -187,6 +222,61 @@ class Defragmenter:
         for p in lone:
             out[p.key] = Need(p.key, self._lone_since.setdefault(p.key, now), False, lone=True)
         return out
+
+    def _see(self, pods: Sequence[PodRequest]) -> None:
+        ref = pods[0].group
+        if ref is None or any(p.kind is not RequestKind.WHOLE for p in pods):
+            return
+        seen = Seen(ref.size, max(p.gpu_count for p in pods), pods[0].gpu_models,
+                    max(p.priority for p in pods))
+        if self.seen is None or (seen.total, seen.priority) > (self.seen.total,
+                                                                self.seen.priority):
+            self.seen = seen
+
+    def _node_kind(self) -> tuple[list[str], int]:
+        """Nodes that could hold a member of the largest group seen, and the most GPUs
+        one of them has."""
+        assert self.seen is not None
+        names: list[str] = []
+        most = 0
+        for name, n in self.cache.state.nodes.items():
+            if len(n.gpus) < self.seen.gpus:
+                continue
+            if self.seen.models and not (n.info.gpu_models & self.seen.models):
+                continue
+            names.append(name)
+            most = max(most, len(n.gpus))
+        return names, most
+
+    def _see_running(self, now: float) -> None:
+        """Groups placed without ever waiting a pass are seen among the counted pods (a
+        pass over every pod: at most every ``plan_every_s``, only in the window)."""
+        if now - self._seen_at < self.cfg.plan_every_s:
+            return
+        self._seen_at = now
+        groups: dict[str, list[PodRequest]] = {}
+        for p, _ in self.cache.snapshot().running:
+            if p.group is not None and not is_reservation(p.key) and HOLD_MARK not in p.key:
+                groups.setdefault(p.group.key, []).append(p)
+        for ps in groups.values():
+            self._see(ps)
+
+    def _consolidation(self, now: float) -> Consolidation | None:
+        if self.window is None:
+            return None
+        if not in_window(self.window, now):
+            return Consolidation(False, 0, 0)
+        if self.campaign is None:
+            self._see_running(now)
+        if self.seen is None:
+            return Consolidation(False, 0, 0)
+        names, most = self._node_kind()
+        if most == 0:
+            return Consolidation(True, 0, 0)
+        per_node = max(1, most // self.seen.gpus)
+        wanted = -(-self.seen.members // per_node)
+        free = sum(1 for n in names if self.cache.state.nodes[n].whole_free)
+        return Consolidation(True, free, wanted)
 
     def _room(self, room: Mapping[str, Sequence[int]], group: str
               ) -> tuple[dict[str, frozenset[int]], dict[str, frozenset[int]]]:
@@ -219,7 +309,7 @@ class Defragmenter:
                     present[t.pod] = e.uid
             free, held = self._room(c.room, c.group)
         return Facts(self._needs(now), frozenset(self.book.reservations), present, free,
-                     held, self.cache.version)
+                     held, self.cache.version, self._consolidation(now))
 
     # ---- holds (under the cache lock) -----------------------------------------------------
 
@@ -256,13 +346,18 @@ class Defragmenter:
         st = DefragState(mode="act", campaign=c, needs=f.needs, placed=f.placed,
                          present=f.present, room_free=f.room_free, held=f.held,
                          evicted=dict(self.evicted), attempts=dict(self.attempts),
-                         recent=self.recent, cooldown=dict(self.cooldown))
+                         recent=self.recent, cooldown=dict(self.cooldown),
+                         consolidation=f.consolidation)
         if decide(st, now, self.cfg).hand_over:
             self._handed = (c, self._give(c))
 
     def _give(self, c: Campaign) -> Handed:
-        """Under the cache lock: the holds given back and the group reserved at once."""
+        """Under the cache lock: the holds given back and the group reserved at once (a
+        consolidation has no group: the whole node stays free)."""
         self._release(c.group)
+        if is_consolidation(c.group):
+            now = self.clock()
+            return Handed(True, tuple(sorted(c.room)), now, now)
         placed = self.book.retry_now(c.group)
         rec = self.book.reservations.get(c.group)
         now = self.clock()
@@ -299,13 +394,19 @@ class Defragmenter:
             mode=self.mode, campaign=self.campaign, needs=f.needs, placed=f.placed,
             present=f.present, room_free=f.room_free, held=f.held, evicted=dict(self.evicted),
             attempts=dict(self.attempts), recent=self.recent, cooldown=dict(self.cooldown),
-            announced=dict(self.announced))
+            announced=dict(self.announced), consolidation=f.consolidation)
         if wants_plan(state, now, self.last_plan, f.version != self.plan_version, self.cfg):
             state = self._plan(state, now, f.version)
         self._apply(decide(state, now, self.cfg), state, now)
 
     def _plan(self, state: DefragState, now: float, version: int) -> DefragState:
         snap = self.cache.snapshot()
+        wanted = set(state.needs)
+        groups = any(not n.lone and n.room_short for n in state.needs.values())
+        if consolidating(state) and not groups:
+            with self.cache.lock:
+                snap, key = self._consolidation_snapshot(snap)
+            wanted = {key}
         refused = {p: "refused by the API server lately" for p, a in self.attempts.items()
                    if a.next_try > now}
         t0 = time.monotonic()
@@ -315,12 +416,12 @@ class Defragmenter:
             log.error("defragmentation plan rejected: %s", e)
             plan = DefragPlan((), ())
         self.last_plan, self.plan_version = now, version
-        moves = tuple(m for m in plan.moves if m.group in state.needs)
+        moves = tuple(m for m in plan.moves if m.group in wanted)
         self.last_plan_moves = moves
         log.debug("defrag plan: %d move(s), %d waiting, %.0f ms", len(moves), len(plan.waiting),
                   (time.monotonic() - t0) * 1000)
         for w in plan.waiting:
-            if w.group in state.needs:
+            if w.group in wanted:
                 log.debug("defrag: group %s: %s", w.group, w.reason)
         rooms: dict[str, set[int]] = {}
         for m in moves:
@@ -330,6 +431,22 @@ class Defragmenter:
             free, _ = self._room({n: sorted(g) for n, g in rooms.items()}, "")
         uids = {p.key: p.uid for p, _ in snap.running}
         return replace(state, plan=moves, room_free=free, uids=uids)
+
+    def _consolidation_snapshot(self, snap: Snapshot) -> tuple[Snapshot, str]:
+        """The cluster without the whole nodes already free (kept as they are: no pod
+        lands there) and with one pending virtual pod of a whole node's GPUs, at the
+        largest group's priority: the planner's move for it empties one more node."""
+        assert self.seen is not None
+        names, most = self._node_kind()
+        free = {n for n in names if self.cache.state.nodes[n].whole_free}
+        key = f"{CONSOLIDATE}whole-node"
+        unit = PodRequest(key=key, kind=RequestKind.WHOLE, gpu_count=most,
+                          gpu_models=self.seen.models, priority=self.seen.priority,
+                          klass="whole")
+        nodes = tuple(n for n in snap.nodes if n.name not in free)
+        keep = {n.name for n in nodes}
+        running = tuple((p, pl) for p, pl in snap.running if pl.node in keep)
+        return Snapshot(nodes, running, (unit,)), key
 
     # ---- applying a decision --------------------------------------------------------------
 
@@ -383,8 +500,12 @@ class Defragmenter:
         msg = (f"gpupack frees room for group {c.group} ({frees}) by evicting "
                f"{len(c.targets)} pod(s): {', '.join(t.pod for t in c.targets)}; at most "
                f"{self.cfg.evictions_per_minute} eviction(s) per minute")
+        if is_consolidation(c.group):
+            msg = (f"gpupack consolidates: frees {', '.join(c.room)} whole by evicting "
+                   f"{len(c.targets)} pod(s): {', '.join(t.pod for t in c.targets)}")
         log.info("%s", msg)
-        self.events.emit(PodRef(c.leader, self._uid(c.leader)), "DefragStarted", msg)
+        if c.leader:
+            self.events.emit(PodRef(c.leader, self._uid(c.leader)), "DefragStarted", msg)
         with self.cache.lock:
             self._hold_now()
 
@@ -397,7 +518,7 @@ class Defragmenter:
         self.metrics.stopped.labels(reason).inc()
         msg = f"gpupack stopped freeing room for group {c.group}: {reason}"
         log.info("%s", msg)
-        if reason not in ("handed_over", "gone", "leadership"):
+        if c.leader and reason not in ("handed_over", "gone", "leadership"):
             self.events.emit(PodRef(c.leader, self._uid(c.leader)), "DefragStopped", msg,
                              warning=reason != "placed")
 
@@ -416,6 +537,11 @@ class Defragmenter:
             self._end("not_placed", now)
             return
         self.metrics.freed.inc(c.busy_at_start)
+        if is_consolidation(c.group):
+            log.info("gpupack consolidated: %s whole and free after %d eviction(s)",
+                     ", ".join(h.nodes), len(self.evicted))
+            self._end("consolidated", now)
+            return
         waited = max(0.0, h.at - h.first_seen)
         self.metrics.wait.observe(waited)
         where = ", ".join(h.nodes)
@@ -431,10 +557,17 @@ class Defragmenter:
         if res.outcome == "evicted":
             self.evicted[t.pod] = now
             self.recent = (*self.recent, now)[-max(1, self.cfg.evictions_per_minute):]
-            msg = (f"evicted by gpupack to free room for group {c.group} on {t.node}; its "
-                   f"controller recreates it (expected on {t.to})")
+            if is_consolidation(c.group):
+                reason = "EvictedForConsolidation"
+                msg = (f"evicted by gpupack to keep {t.node} whole for LLM groups "
+                       f"(consolidation window); its controller recreates it (expected on "
+                       f"{t.to})")
+            else:
+                reason = "EvictedForGroup"
+                msg = (f"evicted by gpupack to free room for group {c.group} on {t.node}; "
+                       f"its controller recreates it (expected on {t.to})")
             log.info("pod %s %s", t.pod, msg)
-            self.events.emit(PodRef(t.pod, t.uid), "EvictedForGroup", msg)
+            self.events.emit(PodRef(t.pod, t.uid), reason, msg)
             return
         if res.outcome == "gone":
             self.evicted[t.pod] = now
@@ -444,7 +577,7 @@ class Defragmenter:
         a = self.attempts[t.pod]
         log.info("eviction of %s refused (%s): %s; next try in %.0fs", t.pod, res.outcome,
                  res.message, a.next_try - now)
-        if t.pod not in self._told_refusal:
+        if c.leader and t.pod not in self._told_refusal:
             self._told_refusal.add(t.pod)
             self.events.emit(PodRef(c.leader, self._uid(c.leader)), "DefragEvictionRefused",
                              f"evicting {t.pod} for group {c.group} refused ({res.outcome}): "

@@ -31,6 +31,14 @@ Rules:
 * hand over: once every pod of the move is gone and every GPU of the room is held, the
   holds are given to the group (the handler releases them and has the reservation book
   place the group in the same locked step).
+* consolidation (act mode, optional): inside a configured window, with no group
+  waiting for room and no campaign running, when fewer whole nodes are free than the
+  largest group seen needs (:class:`Consolidation`), a move planned for a virtual unit
+  (key ``gpupack-consolidate/...``: one whole node) that evicts at most
+  ``consolidate_max_pods`` pods starts a campaign. It runs like any other (holds,
+  rate limit, backoff) and stops when the window closes (``window_closed``) or a group
+  starts waiting for room (``group_waiting``); its hand-over gives the holds back, the
+  node being whole and free (``consolidated``).
 """
 
 from __future__ import annotations
@@ -42,7 +50,8 @@ from packing.defrag import Move
 
 MODES = ("off", "plan", "act")
 STOP_REASONS = ("placed", "gone", "forbidden", "room_lost", "timeout", "handed_over",
-                "not_placed", "leadership")
+                "not_placed", "leadership", "consolidated", "window_closed", "group_waiting")
+CONSOLIDATE = "gpupack-consolidate/"  # key prefix of consolidation units
 REFUSALS = ("pdb", "forbidden", "error")
 WINDOW_S = 60.0
 
@@ -56,6 +65,7 @@ class Settings:
     cooldown_s: float = 60.0
     plan_every_s: float = 30.0  # a waiting group is planned for at most this often...
     plan_min_s: float = 5.0  # ...or sooner when the cluster changed, but not more often
+    consolidate_max_pods: int = 2  # a node is "nearly empty" when this many pods free it
 
 
 @dataclass(frozen=True)
@@ -90,6 +100,49 @@ class Need:
 
 
 @dataclass(frozen=True)
+class Consolidation:
+    """Whether consolidation may run now, and how far the cluster is from its aim."""
+
+    window_open: bool
+    whole_free: int  # nodes of the wanted kind with every GPU free now
+    wanted: int  # whole nodes the largest group seen needs
+
+
+def is_consolidation(key: str) -> bool:
+    return key.startswith(CONSOLIDATE)
+
+
+def parse_window(text: str) -> tuple[int, int]:
+    """"HH:MM-HH:MM" (UTC) as minutes of the day; ValueError naming what is wrong."""
+    parts = text.strip().split("-")
+    if len(parts) != 2:
+        raise ValueError(f"{text!r}: expected HH:MM-HH:MM (UTC), e.g. 01:00-05:00")
+    out: list[int] = []
+    for part in parts:
+        hh, sep, mm = part.strip().partition(":")
+        if not sep or not hh.isdigit() or not mm.isdigit() or len(mm) != 2:
+            raise ValueError(f"{text!r}: {part!r} is not HH:MM")
+        h, m = int(hh), int(mm)
+        if not (0 <= h <= 24 and 0 <= m < 60) or (h == 24 and m != 0):
+            raise ValueError(f"{text!r}: {part!r} is not a time of day (00:00-24:00)")
+        out.append(h * 60 + m)
+    start, end = out
+    return start % 1440, end % 1440  # 24:00 is midnight; equal ends: the whole day
+
+
+def in_window(window: tuple[int, int] | None, now: float) -> bool:
+    """Whether ``now`` (epoch seconds) is inside ``window`` (minutes of the UTC day,
+    start inclusive, end exclusive; a window may wrap midnight; None: never)."""
+    if window is None:
+        return False
+    start, end = window
+    minute = int(now // 60) % 1440
+    if start == end:
+        return True
+    return start <= minute < end if start < end else (minute >= start or minute < end)
+
+
+@dataclass(frozen=True)
 class Attempt:
     refusals: int
     next_try: float
@@ -112,6 +165,7 @@ class DefragState:
     cooldown: Mapping[str, float] = field(default_factory=dict)  # group -> not before
     announced: Mapping[str, tuple[object, ...]] = field(default_factory=dict)
     uids: Mapping[str, str] = field(default_factory=dict)  # running pod -> uid (plan)
+    consolidation: Consolidation | None = None  # None: consolidation is off
 
 
 @dataclass(frozen=True)
@@ -146,10 +200,23 @@ def wants_plan(state: DefragState, now: float, last_plan: float, changed: bool,
     and it is not too recent)."""
     if state.campaign is not None:
         return False
-    if not any(_eligible(g, n, state, now) for g, n in state.needs.items()):
+    if not any(_eligible(g, n, state, now) for g, n in state.needs.items()) \
+            and not consolidating(state):
         return False
     age = now - last_plan
     return age >= cfg.plan_every_s or (changed and age >= cfg.plan_min_s)
+
+
+def consolidating(state: DefragState) -> bool:
+    """Whether a consolidation move is wanted now (no group needs a campaign then: the
+    handler plans for the virtual unit only when no group is eligible)."""
+    c = state.consolidation
+    return state.mode == "act" and c is not None and c.window_open and c.whole_free < c.wanted
+
+
+def _group_waits(state: DefragState, now: float) -> bool:
+    return any(_eligible(g, n, state, now) for g, n in state.needs.items()
+               if not n.lone)
 
 
 def _eligible(group: str, need: Need, state: DefragState, now: float) -> bool:
@@ -207,6 +274,22 @@ def _start(state: DefragState, now: float, cfg: Settings) -> Decision:
             room={n: tuple(g) for n, g in frees.items()}, started=now, busy_at_start=busy,
             cost=m.cost)
         return Decision(start=c, hold=wanted_holds(c, state.room_free), cooldown=cooldown)
+    if consolidating(state) and not _group_waits(state, now):
+        for m in state.plan or ():
+            if not is_consolidation(m.group) or not \
+                    0 < len(m.evictions) <= cfg.consolidate_max_pods:
+                continue
+            frees = m.frees()
+            busy = sum(len(g) - len(set(g) & state.room_free.get(n, frozenset()))
+                       for n, g in frees.items())
+            c = Campaign(
+                group=m.group, leader="",
+                targets=tuple(Target(e.pod, state.uids.get(e.pod, ""), e.node, e.to.node)
+                              for e in m.evictions),
+                room={n: tuple(g) for n, g in frees.items()}, started=now,
+                busy_at_start=busy, cost=m.cost)
+            return Decision(start=c, hold=wanted_holds(c, state.room_free),
+                            cooldown=cooldown)
     return Decision(cooldown=cooldown)
 
 
@@ -223,9 +306,15 @@ def _run(c: Campaign, state: DefragState, now: float, cfg: Settings) -> Decision
             cooldown[c.group] = now + cfg.cooldown_s
         return Decision(stop=reason, cooldown=cooldown)
 
-    if c.group in state.placed:
+    if is_consolidation(c.group):
+        cons = state.consolidation
+        if cons is None or not cons.window_open:
+            return stop("window_closed", cool=False)
+        if _group_waits(state, now):
+            return stop("group_waiting", cool=False)
+    elif c.group in state.placed:
         return stop("placed", cool=False)
-    if c.group not in state.needs:
+    elif c.group not in state.needs:
         return stop("gone", cool=False)
     if any(a.last == "forbidden" for p, a in state.attempts.items()
            if p in {t.pod for t in c.targets}):

@@ -137,6 +137,11 @@ def _serve_args(*argv: str) -> Any:
     (("--defrag", "act", "--in-cluster", "--defrag-evictions-per-minute", "0"),
      "--defrag-evictions-per-minute must be at least 1"),
     (("--defrag", "plan", "--defrag-interval", "0"), "--defrag-interval must be positive"),
+    (("--defrag", "act", "--in-cluster", "--defrag-consolidate", "01:00-05:00"), None),
+    (("--defrag", "plan", "--defrag-consolidate", "01:00-05:00"),
+     "--defrag-consolidate needs --defrag=act"),
+    (("--defrag", "act", "--in-cluster", "--defrag-consolidate", "1am-5am"),
+     "--defrag-consolidate '1am-5am': "),
 ])
 def test_serve_defrag_arguments(argv: tuple[str, ...], why: str | None) -> None:
     from gpupack.serve_cmd import check_args

@@ -255,6 +255,10 @@ def _defrag_interval(objs: list[Obj]) -> None:
     assert arg(containers(objs)["extender"], "--defrag-interval") == "60"
 
 
+def _defrag_consolidate(objs: list[Obj]) -> None:
+    assert arg(containers(objs)["extender"], "--defrag-consolidate") == "01:00-05:00"
+
+
 def _webhook_port(objs: list[Obj]) -> None:
     hook = containers(objs)["webhook"]
     assert arg(hook, "--port") == "18443" and hook["ports"][0]["containerPort"] == 18443
@@ -414,6 +418,7 @@ CASES: dict[str, tuple[dict[str, Any] | None, Callable[[list[Obj]], None]]] = {
     "defrag.mode": (None, _defrag_mode),
     "defrag.evictionsPerMinute": (None, _defrag_rate),
     "defrag.intervalSeconds": (None, _defrag_interval),
+    "defrag.consolidateWindow": (None, _defrag_consolidate),
     "webhook.port": (None, _webhook_port),
     "webhook.timeoutSeconds": (None, _webhook_timeout),
     "webhook.failurePolicy": (None, _failure_policy),
@@ -463,7 +468,9 @@ def test_cert_manager_names_follow_the_release(helm_dir: Path) -> None:
 
 
 def test_defrag_plan_grants_events_only(render_helm: Render) -> None:
-    _defrag_plan_mode(render_helm({**FULL, "defrag": {**FULL["defrag"], "mode": "plan"}}))
+    objs = render_helm({**FULL, "defrag": {**FULL["defrag"], "mode": "plan"}})
+    _defrag_plan_mode(objs)
+    assert "--defrag-consolidate" not in containers(objs)["extender"]["command"]
 
 
 @pytest.mark.parametrize("ci_values", sorted((CHART / "ci").glob("*-values.yaml")),
@@ -510,6 +517,7 @@ def test_schema_rejects_wrong_types(path: str, helm_dir: Path) -> None:
     {"monitoring": {"serviceMonitors": {"interval": "soon"}}},
     {"monitoring": {"prometheusRule": {"runbookBaseURL": "wiki/runbooks"}}},
     {"commonLabels": {"team": 1}}, {"affinity": {"nodeAfinity": {}}},
+    {"defrag": {"mode": "on"}}, {"defrag": {"consolidateWindow": "1am-5am"}},
 ])
 def test_schema_rejects_bad_values(bad: dict[str, Any], helm_dir: Path) -> None:
     _, err = helm_template(bad, helm_dir, expect_ok=False)

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 from sched_builders import FakeClock, node, whole_pod
-from test_groups_builders import lws_pod
+from test_groups_builders import bound, lws_pod
 
 from kube.defrag_inputs import PodOwners
 from kube.evictions import EvictionResult, PodRef
@@ -78,7 +78,8 @@ class Rig:
 
 
 def rig(pods: list[dict[str, Any]], mode: str = "act", answers: list[str] | None = None,
-        leader: bool = True, per_minute: int = 2) -> Rig:
+        leader: bool = True, per_minute: int = 2, window: tuple[int, int] | None = None,
+        nodes: tuple[str, ...] = ("a", "b")) -> Rig:
     """Two 8-GPU nodes: ``a`` with a 2-GPU web pod (ReplicaSet-owned), ``b`` with a
     2-GPU one; a group of one 8-GPU pod waits (6 + 6 GPUs free, none 8 on one node)."""
     clock = FakeClock()
@@ -88,14 +89,14 @@ def rig(pods: list[dict[str, Any]], mode: str = "act", answers: list[str] | None
     owners = PodOwners(cache)
     tap = ReservationTap(owners, book)
     tap.replace_records([])
-    tap.replace([node("a"), node("b")], pods)
+    tap.replace([node(n) for n in nodes], pods)
     tap.mark_synced()
     ev, events, reg = FakeEvictor(list(answers or [])), FakeEvents(), CollectorRegistry()
     d = Defragmenter(cache, book, owners, mode, ev if mode == "act" else None, events,
                      settings=Settings(evictions_per_minute=per_minute, retry_base_s=4.0,
                                        plan_every_s=1.0, plan_min_s=0.0),
                      params=DefragParams(max_time_s=2.0), registry=reg,
-                     is_leader=lambda: leader, clock=clock)
+                     is_leader=lambda: leader, clock=clock, consolidate_window=window)
     r = Rig(cache, book, tap, d, ev, events, clock, reg)
     book.step()
     return r
@@ -206,3 +207,52 @@ def test_bare_pods_are_never_evicted() -> None:
     for _ in range(3):
         r.tick()
     assert r.defrag.campaign is None and r.evictor.asked == []
+
+
+def test_consolidation_empties_a_nearly_empty_node_in_its_window() -> None:
+    """A group of one 8-GPU pod was seen (and placed on c); in the window, with no whole
+    node left free, the one web pod of a nearly empty node is evicted: that node is whole
+    and free again for the next such group."""
+    pods = [owned(whole_pod("web-1", 2, namespace="web", node="a", uid="u-web-1")),
+            owned(whole_pod("web-2", 2, namespace="web", node="b", uid="u-web-2")),
+            lws_pod("vllm", 0, 1, 8)]
+    r = rig(pods, window=(0, 0), nodes=("a", "b", "c"))
+    rec = r.book.reservations[GROUP]
+    assert {p.node for p in rec.slots.values()} == {"c"}
+    r.tap.upsert_pod(bound(lws_pod("vllm", 0, 1, 8), "c",
+                           {"gpupack.io/gpus": "0,1,2,3,4,5,6,7"}))
+    r.tick()  # seen; no whole node free now (c is the group's): one more is wanted
+    assert r.defrag.seen is not None and r.defrag.seen.total == 8
+    c = r.defrag.campaign
+    assert c is not None and c.group.startswith("gpupack-consolidate/")
+    assert len(c.targets) == 1 and set(c.room) == {c.targets[0].node}
+    freed = c.targets[0].node
+    r.tick()
+    assert r.evictor.asked == [c.targets[0].pod]
+    assert "EvictedForConsolidation" in r.events.reasons(c.targets[0].pod)
+    assert r.events.reasons("llm/vllm-0") == []  # no group to tell
+    r.tap.delete_pod(c.targets[0].pod)
+    r.tick()
+    assert r.defrag.campaign is None
+    assert r.metric("gpupack_defrag_campaigns_stopped_total", reason="consolidated") == 1
+    assert r.metric("gpupack_defrag_gpus_freed_total") == 2
+    assert r.cache.state.nodes[freed].whole_free
+    assert not any("#defrag-" in k for k in r.cache.holds())
+    for _ in range(3):
+        r.tick(10)
+    assert r.evictor.asked == [c.targets[0].pod]  # one whole node free: enough
+
+
+def test_no_consolidation_outside_the_window() -> None:
+    pods = [owned(whole_pod("web-1", 2, namespace="web", node="a", uid="u-web-1")),
+            owned(whole_pod("web-2", 2, namespace="web", node="b", uid="u-web-2")),
+            lws_pod("vllm", 0, 1, 8)]
+    day = 86400 * 20000
+    r = rig(pods, window=(60, 120), nodes=("a", "b", "c"))
+    r.clock.now = day + 12 * 3600  # noon UTC; the window is 01:00-02:00
+    for _ in range(3):
+        r.tick()
+    assert r.defrag.campaign is None and r.evictor.asked == []
+    r.clock.now = day + 86400 + 3600 + 60  # 01:01 the next day
+    r.tick()
+    assert r.defrag.campaign is not None

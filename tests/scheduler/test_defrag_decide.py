@@ -14,6 +14,7 @@ from packing.model import Placement
 from scheduler.defrag_decide import (
     Attempt,
     Campaign,
+    Consolidation,
     DefragState,
     Need,
     Settings,
@@ -21,6 +22,8 @@ from scheduler.defrag_decide import (
     after_refusal,
     backoff,
     decide,
+    in_window,
+    parse_window,
     wanted_holds,
     wants_plan,
 )
@@ -222,3 +225,83 @@ def test_plan_mode_announces_each_new_move_once_and_never_evicts() -> None:
     assert [m.group for m in changed.announce] == [G]
     gone = decide(replace(st, announced=d.announced, needs={}, plan=()), NOW + 90, CFG)
     assert dict(gone.announced) == {}
+
+
+# ---- consolidation (act mode, in its window) ---------------------------------------------
+
+K = "gpupack-consolidate/whole-node"
+OPEN = Consolidation(window_open=True, whole_free=0, wanted=2)
+
+
+@pytest.mark.parametrize("case, kw, plan, started", [
+    ("window open, fewer whole nodes free than wanted", {}, (move(K, ("ns/s1",)),), True),
+    ("window closed", {"consolidation": replace(OPEN, window_open=False)},
+     (move(K, ("ns/s1",)),), False),
+    ("enough whole nodes free", {"consolidation": replace(OPEN, whole_free=2)},
+     (move(K, ("ns/s1",)),), False),
+    ("off", {"consolidation": None}, (move(K, ("ns/s1",)),), False),
+    ("not nearly empty: three pods to move", {}, (move(K, ("ns/s1", "ns/s2", "ns/s3")),),
+     False),
+    ("a group waits for room: it goes first", {"needs": {G: Need("l", 0.0, True)}},
+     (move(K, ("ns/s1",)),), False),
+    ("plan mode never consolidates", {"mode": "plan"}, (move(K, ("ns/s1",)),), False),
+])
+def test_consolidation_start_rules(case: str, kw: dict[str, Any], plan: tuple[Move, ...],
+                                   started: bool) -> None:
+    base: dict[str, Any] = {"campaign": None, "needs": {}, "consolidation": OPEN, "plan": plan}
+    d = decide(state(**{**base, **kw}), NOW, CFG)
+    assert (d.start is not None) is started, case
+    if started:
+        assert d.start is not None and d.start.group == K and d.start.leader == ""
+
+
+@pytest.mark.parametrize("case, kw, want", [
+    ("window closes", {"consolidation": replace(OPEN, window_open=False)}, "window_closed"),
+    ("a group starts waiting for room", {"needs": {G: Need("l", 0.0, True)}}, "group_waiting"),
+    ("runs on: no group need is no reason to stop", {}, None),
+])
+def test_consolidation_stops(case: str, kw: dict[str, Any], want: str | None) -> None:
+    base: dict[str, Any] = {"campaign": campaign(group=K, leader=""), "needs": {},
+                            "consolidation": OPEN}
+    d = decide(state(**{**base, **kw}), NOW, CFG)
+    assert d.stop == want, case
+    if want is None:
+        assert [t.pod for t in d.evict] == ["ns/p1", "ns/p2"]
+
+
+def test_consolidation_hands_over_when_the_node_is_free() -> None:
+    st = state(campaign=campaign(group=K, leader=""), needs={}, consolidation=OPEN,
+               present={}, room_free={"a": frozenset(range(8))})
+    assert decide(st, NOW, CFG).hand_over
+
+
+def test_wants_plan_for_consolidation_only_when_it_is_wanted() -> None:
+    st = state(campaign=None, needs={}, consolidation=OPEN)
+    assert wants_plan(st, NOW, -1e9, False, CFG)
+    assert not wants_plan(replace(st, consolidation=replace(OPEN, whole_free=2)), NOW, -1e9,
+                          False, CFG)
+
+
+@pytest.mark.parametrize("text, want", [
+    ("01:00-05:00", (60, 300)), ("22:30-06:00", (1350, 360)), ("00:00-24:00", (0, 0)),
+    ("05:00-24:00", (300, 0)),
+])
+def test_parse_window(text: str, want: tuple[int, int]) -> None:
+    assert parse_window(text) == want
+
+
+@pytest.mark.parametrize("text", ["1-2", "25:00-01:00", "01:0-02:00", "x", "01:00-02:00-03:00",
+                                  "24:30-01:00"])
+def test_parse_window_refuses(text: str) -> None:
+    with pytest.raises(ValueError, match=r"HH:MM|time of day"):
+        parse_window(text)
+
+
+@pytest.mark.parametrize("window, hour, inside", [
+    ((60, 300), 2.0, True), ((60, 300), 5.0, False), ((60, 300), 0.5, False),
+    ((1350, 360), 23.0, True), ((1350, 360), 3.0, True), ((1350, 360), 12.0, False),
+    ((0, 0), 17.0, True), (None, 2.0, False),
+])
+def test_in_window(window: tuple[int, int] | None, hour: float, inside: bool) -> None:
+    day = 86400 * 20000
+    assert in_window(window, day + hour * 3600) is inside
