@@ -241,3 +241,101 @@ def _scenario(stack: Stack, core: Any, admin: Any, apps: Any, policy: Any, ns: s
           f"the eviction); evictions refused (pdb) {delta(pdb_k):.0f}, done "
           f"{delta(done_k):.0f}; GPUs freed {delta('gpupack_defrag_gpus_freed_total'):.0f}; "
           f"wait histogram sum {delta('gpupack_defrag_group_wait_seconds_sum'):.1f} s")
+
+
+@pytest.fixture
+def consolidating(stack: Stack, admin: Any) -> Iterator[None]:
+    """The active extender restarted with a consolidation window open all day (and
+    plans every 2 s), and restarted as the chart runs it afterwards."""
+    component = f"extender{active_replica(stack, admin)}"
+    state = stack.state()
+    argv = list(state["components"][component]["argv"])
+    state["components"][component]["argv"] = [
+        *argv, "--defrag-consolidate", "00:00-24:00", "--defrag-interval", "2"]
+    stack.save(state)
+    stack.restart(component)
+    try:
+        yield
+    finally:
+        state = stack.state()
+        state["components"][component]["argv"] = argv
+        stack.save(state)
+        stack.restart(component)
+
+
+def test_consolidation_keeps_whole_nodes_free_for_the_groups_seen(
+        stack: Stack, space: Space, core: Any, admin: Any, kcm: None, consolidating: None
+) -> None:
+    ns = space.namespace()
+    p = space.name
+    apps = client.AppsV1Api(admin)
+    a, b, c, d = (f"{p}-{x}" for x in "abcd")
+    space.nodes += create_nodes(core, [h100_whole(n, p) for n in (a, b, c, d)])
+    kubelet = KubeletDouble(core, ns)
+    kubelet.start()
+    try:
+        _consolidation(stack, core, admin, apps, ns, p, a, b, c, d)
+    finally:
+        kubelet.halt.set()
+        with contextlib.suppress(ApiException):
+            apps.delete_namespaced_deployment("web", ns)
+        with contextlib.suppress(ApiException):
+            apps.delete_collection_namespaced_replica_set(ns)
+        kubelet.join(5)
+
+
+def _consolidation(stack: Stack, core: Any, admin: Any, apps: Any, ns: str, p: str, a: str,
+                   b: str, c: str, d: str) -> None:
+    # One 2-GPU web pod on a and one on b (cordons steer them), c and d empty.
+    template = pod("web", limits={GPU: "2"}, pool=p, scheduler=SCHEDULER_NAME,
+                   labels={"app": "web"})
+    cordon(core, [b, c, d], True)
+    apps.create_namespaced_deployment(ns, {
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"},
+        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "web"}},
+                 "template": {"metadata": {"labels": {"app": "web"}},
+                              "spec": template["spec"]}}})
+    wait_for(lambda: [q for q in web_pods(core, ns) if q["spec"].get("nodeName") == a], 60,
+             "the first web pod on a")
+    cordon(core, [a], True)
+    cordon(core, [b], False)
+    apps.patch_namespaced_deployment_scale("web", ns, {"spec": {"replicas": 2}})
+    wait_for(lambda: [q for q in web_pods(core, ns) if q["spec"].get("nodeName") == b], 60,
+             "the second web pod on b")
+    m0 = metrics(stack, admin)
+    cordon(core, [a, c, d], False)
+    before = {q["metadata"]["name"]: q["spec"]["nodeName"] for q in web_pods(core, ns)}
+    # A group of 2 x 8 GPUs lands on c and d at once (no eviction needed): now no whole
+    # node is free for the next one of its size.
+    create_pods(core, ns, [lws_member("llm", w, 2, 8, p) for w in range(2)])
+    pods = wait_for(lambda: (lambda ps: ps if {"llm-0", "llm-0-1"} <= bound(ps).keys()
+                             else None)(pods_in(core, ns)), 60, "the group bound")
+    assert sorted(group_outcomes(core, pods)["llm"].nodes) == sorted([c, d])
+    started = time.monotonic()
+
+    # Consolidation empties a or b: one web pod evicted, its replacement beside the other.
+    def consolidated() -> Any:
+        web = web_pods(core, ns)
+        where = bound(web)
+        return where if len(where) == 2 and len(set(where.values())) == 1 else None
+
+    where = wait_for(consolidated, 90, "both web pods on one node")
+    took_s = time.monotonic() - started
+    kept_node = next(iter(set(where.values())))
+    assert kept_node in (a, b)
+    freed = b if kept_node == a else a
+    evicted = next(name for name, node in before.items() if node == freed)
+    assert evicted not in where
+    assert not [q for q in pods_in(core, ns) if q["spec"].get("nodeName") == freed]
+    assert "EvictedForConsolidation" in events_of(core, ns, evicted)
+    assert overcommits(core, pods_in(core, ns)) == []
+    done_k = 'gpupack_defrag_campaigns_stopped_total{reason="consolidated"}'
+    m1 = wait_for(lambda: (lambda m: m if m.get(done_k, 0) > m0.get(done_k, 0) else None)(
+        metrics(stack, admin)), 10, "the consolidation reported")
+    evicted_k = 'gpupack_defrag_evictions_total{outcome="evicted"}'
+    assert m1.get(evicted_k, 0) - m0.get(evicted_k, 0) == 1
+    # Nothing more to do: the kept node's two pods have nowhere else to go.
+    time.sleep(8)
+    assert bound(web_pods(core, ns)) == where
+    print(f"\ndefrag e2e consolidation: {freed} emptied {took_s:.1f} s after the group "
+          f"landed, 1 eviction")
