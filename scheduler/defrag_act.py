@@ -336,7 +336,15 @@ class Defragmenter:
     def _pod_gone(self, key: str) -> None:
         """A counted pod went (under the cache lock): a campaign pod's GPUs are held in
         this very step, and when it was the last one and the whole room is held, the
-        room goes to the group in this step too (the pass after reports it)."""
+        room goes to the group in this step too (the pass after reports it). It runs on
+        the watch's thread: the books it reads are replaced, never changed in place, by
+        the pass's thread, and nothing it raises may reach the watch."""
+        try:
+            self._on_gone(key)
+        except Exception:
+            log.exception("defrag: handling the deletion of %s failed", key)
+
+    def _on_gone(self, key: str) -> None:
         c = self.campaign
         if c is None or self._handed is not None or not any(t.pod == key for t in c.targets):
             return
@@ -533,7 +541,7 @@ class Defragmenter:
         if self.campaign is not c:
             return
         if not h.placed:
-            self.cooldown[c.group] = now + self.cfg.cooldown_s
+            self.cooldown = {**self.cooldown, c.group: now + self.cfg.cooldown_s}
             self._end("not_placed", now)
             return
         self.metrics.freed.inc(c.busy_at_start)
@@ -555,7 +563,7 @@ class Defragmenter:
         res = self.evictor.evict(PodRef(t.pod, t.uid))
         self.metrics.evictions.labels(res.outcome).inc()
         if res.outcome == "evicted":
-            self.evicted[t.pod] = now
+            self.evicted = {**self.evicted, t.pod: now}
             self.recent = (*self.recent, now)[-max(1, self.cfg.evictions_per_minute):]
             if is_consolidation(c.group):
                 reason = "EvictedForConsolidation"
@@ -570,7 +578,7 @@ class Defragmenter:
             self.events.emit(PodRef(t.pod, t.uid), reason, msg)
             return
         if res.outcome == "gone":
-            self.evicted[t.pod] = now
+            self.evicted = {**self.evicted, t.pod: now}
             log.info("pod %s is gone already: %s", t.pod, res.message)
             return
         self.attempts = after_refusal(self.attempts, t.pod, res.outcome, now, self.cfg)
