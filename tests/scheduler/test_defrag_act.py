@@ -256,3 +256,37 @@ def test_no_consolidation_outside_the_window() -> None:
     r.clock.now = day + 86400 + 3600 + 60  # 01:01 the next day
     r.tick()
     assert r.defrag.campaign is not None
+
+
+def test_losing_leadership_mid_campaign_gives_the_room_back() -> None:
+    r = rig(cluster())
+    r.tick()
+    c = r.defrag.campaign
+    assert c is not None
+    assert any("#defrag-" in k for k in r.cache.holds())
+    r.defrag.is_leader = lambda: False
+    r.tick()
+    assert r.defrag.campaign is None and r.evictor.asked == []
+    assert not any("#defrag-" in k for k in r.cache.holds())
+    assert r.metric("gpupack_defrag_campaigns_stopped_total", reason="leadership") == 1
+
+
+def test_rate_limit_holds_across_passes() -> None:
+    """Three pods to evict, one per minute: the second waits a minute after the first."""
+    pods = [owned(whole_pod(f"web-{i}", 1, namespace="web", node="a", uid=f"u-{i}"))
+            for i in range(3)]
+    pods += [owned(whole_pod(f"fill-{i}", 1, namespace="web", node="b", uid=f"f-{i}"))
+             for i in range(3)]
+    pods += [lws_pod("vllm", 0, 1, 8)]
+    r = rig(pods, per_minute=1)
+    r.tick()
+    c = r.defrag.campaign
+    assert c is not None and len(c.targets) == 3
+    r.tick()
+    assert len(r.evictor.asked) == 1
+    for _ in range(5):
+        r.tick(10)  # 50 s later: still one
+    assert len(r.evictor.asked) == 1
+    r.tick(11)
+    assert len(r.evictor.asked) == 2
+    assert r.metric("gpupack_defrag_evictions_total", outcome="evicted") == 2
