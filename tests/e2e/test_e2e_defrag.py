@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import json
 import re
 import threading
 import time
@@ -261,6 +262,33 @@ def consolidating(stack: Stack, admin: Any) -> Iterator[None]:
         state["components"][component]["argv"] = argv
         stack.save(state)
         stack.restart(component)
+        _watching(stack, component, admin)
+
+
+def _readyz(stack: Stack, component: str) -> dict[str, Any]:
+    argv = stack.state()["components"][component]["argv"]
+    conn = http.client.HTTPConnection("127.0.0.1", int(argv[argv.index("--port") + 1]),
+                                      timeout=10)
+    try:
+        conn.request("GET", "/readyz")
+        return dict(json.loads(conn.getresponse().read()))
+    finally:
+        conn.close()
+
+
+def _watching(stack: Stack, component: str, admin: Any) -> None:
+    """Until the restarted extender's watch delivers: a probe Node created now shows in
+    its cache (right after a start its watch can lag the list by a second, and the next
+    test creates its nodes and pods at once)."""
+    core = client.CoreV1Api(admin)
+    name = f"defrag-probe-{int(time.time())}"
+    create_nodes(core, [h100_whole(name, "defrag-probe")])
+    try:
+        base = len(core.list_node().items)
+        wait_for(lambda: _readyz(stack, component).get("nodes", 0) >= base, 30,
+                 "the restarted extender to see a new Node through its watch")
+    finally:
+        core.delete_node(name)
 
 
 def test_consolidation_keeps_whole_nodes_free_for_the_groups_seen(
