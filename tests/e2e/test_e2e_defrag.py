@@ -82,17 +82,41 @@ class KubeletDouble(threading.Thread):
                                    for t in ("Initialized", "ContainersReady", "Ready")]}})
 
 
-def metrics(stack: Stack, admin: Any) -> dict[str, float]:
-    """The active extender's gpupack_defrag_* samples (its verbs port serves /metrics)."""
-    suffix = active_replica(stack, admin)
-    argv = stack.state()["components"][f"extender{suffix}"]["argv"]
+@contextlib.contextmanager
+def workloads(core: Any, admin: Any, ns: str) -> Iterator[None]:
+    """The kubelet double runs for ``ns`` inside the block; afterwards the namespace's
+    Deployments, ReplicaSets (no garbage collector runs: a ReplicaSet left behind would
+    recreate the pods the cleanup deletes) and PodDisruptionBudgets go."""
+    apps, policy = client.AppsV1Api(admin), client.PolicyV1Api(admin)
+    kubelet = KubeletDouble(core, ns)
+    kubelet.start()
+    try:
+        yield
+    finally:
+        kubelet.halt.set()
+        for delete in (apps.delete_collection_namespaced_deployment,
+                       apps.delete_collection_namespaced_replica_set,
+                       policy.delete_collection_namespaced_pod_disruption_budget):
+            with contextlib.suppress(ApiException):
+                delete(ns)
+        kubelet.join(5)
+
+
+def extender_get(stack: Stack, component: str, path: str) -> str:
+    """GET ``path`` from an extender's verbs port (loopback; /metrics there is open)."""
+    argv = stack.state()["components"][component]["argv"]
     conn = http.client.HTTPConnection("127.0.0.1", int(argv[argv.index("--port") + 1]),
                                       timeout=10)
     try:
-        conn.request("GET", "/metrics")
-        text = conn.getresponse().read().decode()
+        conn.request("GET", path)
+        return conn.getresponse().read().decode()
     finally:
         conn.close()
+
+
+def metrics(stack: Stack, admin: Any) -> dict[str, float]:
+    """The active extender's gpupack_defrag_* samples."""
+    text = extender_get(stack, f"extender{active_replica(stack, admin)}", "/metrics")
     out: dict[str, float] = {}
     for line in text.splitlines():
         m = re.match(r"^(gpupack_defrag_[a-z_]+(?:\{[^}]*\})?) ([0-9.e+-]+)$", line)
@@ -116,6 +140,31 @@ def web_pods(core: Any, ns: str) -> list[dict[str, Any]]:
             and not p["metadata"].get("deletionTimestamp")]
 
 
+def web_on(core: Any, apps: Any, ns: str, pool: str, first: str, second: str,
+           others: list[str]) -> dict[str, str]:
+    """A Deployment "web" of two 2-GPU pods, one on ``first`` and one on ``second``
+    (cordons steer them: gpupack would pack both on one node); pod name -> node."""
+    template = pod("web", limits={GPU: "2"}, pool=pool, scheduler=SCHEDULER_NAME,
+                   labels={"app": "web"})
+    cordon(core, [second, *others], True)
+    apps.create_namespaced_deployment(ns, {
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"},
+        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "web"}},
+                 "template": {"metadata": {"labels": {"app": "web"}},
+                              "spec": template["spec"]}}})
+    wait_for(lambda: [q for q in web_pods(core, ns) if q["spec"].get("nodeName") == first],
+             60, "the first web pod (a ReplicaSet made by the Deployment controller)")
+    cordon(core, [first], True)
+    cordon(core, [second], False)
+    apps.patch_namespaced_deployment_scale("web", ns, {"spec": {"replicas": 2}})
+    wait_for(lambda: [q for q in web_pods(core, ns) if q["spec"].get("nodeName") == second],
+             60, "the second web pod")
+    cordon(core, [first, *others], False)
+    where = {q["metadata"]["name"]: q["spec"]["nodeName"] for q in web_pods(core, ns)}
+    assert sorted(where.values()) == sorted([first, second]), where
+    return where
+
+
 def pdb_status(policy: Any, ns: str) -> Any:
     return policy.read_namespaced_pod_disruption_budget("web", ns).status
 
@@ -127,44 +176,15 @@ def test_pdb_holds_the_eviction_then_the_replacement_moves_and_the_group_lands(
     apps, policy = client.AppsV1Api(admin), client.PolicyV1Api(admin)
     a, b, c = f"{p}-a", f"{p}-b", f"{p}-c"
     space.nodes += create_nodes(core, [h100_whole(n, p) for n in (a, b, c)])
-    kubelet = KubeletDouble(core, ns)
-    kubelet.start()
-    try:
+    with workloads(core, admin, ns):
         _scenario(stack, core, admin, apps, policy, ns, p, a, b, c)
-    finally:
-        kubelet.halt.set()
-        # No garbage collector runs: the ReplicaSet goes by hand, or it recreates pods.
-        with contextlib.suppress(ApiException):
-            apps.delete_namespaced_deployment("web", ns)
-        with contextlib.suppress(ApiException):
-            apps.delete_collection_namespaced_replica_set(ns)
-        with contextlib.suppress(ApiException):
-            policy.delete_namespaced_pod_disruption_budget("web", ns)
-        kubelet.join(5)
 
 
 def _scenario(stack: Stack, core: Any, admin: Any, apps: Any, policy: Any, ns: str, p: str,
               a: str, b: str, c: str) -> None:
-    # A Deployment of two 2-GPU pods, one on a and one on b (cordons steer them); c is
-    # empty. Then a group of 2 x 8 GPUs needs two whole nodes: only c is.
-    template = pod("web", limits={GPU: "2"}, pool=p, scheduler=SCHEDULER_NAME,
-                   labels={"app": "web"})
-    cordon(core, [b, c], True)
-    apps.create_namespaced_deployment(ns, {
-        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"},
-        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "web"}},
-                 "template": {"metadata": {"labels": {"app": "web"}},
-                              "spec": template["spec"]}}})
-    wait_for(lambda: [q for q in web_pods(core, ns) if q["spec"].get("nodeName") == a], 60,
-             "the first web pod on a (a ReplicaSet made by the Deployment controller)")
-    cordon(core, [a], True)
-    cordon(core, [b], False)
-    apps.patch_namespaced_deployment_scale("web", ns, {"spec": {"replicas": 2}})
-    wait_for(lambda: [q for q in web_pods(core, ns) if q["spec"].get("nodeName") == b], 60,
-             "the second web pod on b")
-    cordon(core, [a, c], False)
-    before = {q["metadata"]["name"]: q["spec"]["nodeName"] for q in web_pods(core, ns)}
-    assert sorted(before.values()) == [a, b], before
+    # A Deployment of two 2-GPU pods, one on a and one on b; c is empty. Then a group of
+    # 2 x 8 GPUs needs two whole nodes: only c is.
+    before = web_on(core, apps, ns, p, a, b, [c])
     policy.create_namespaced_pod_disruption_budget(ns, {
         "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "web"},
         "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "web"}}}})
@@ -265,17 +285,6 @@ def consolidating(stack: Stack, admin: Any) -> Iterator[None]:
         _watching(stack, component, admin)
 
 
-def _readyz(stack: Stack, component: str) -> dict[str, Any]:
-    argv = stack.state()["components"][component]["argv"]
-    conn = http.client.HTTPConnection("127.0.0.1", int(argv[argv.index("--port") + 1]),
-                                      timeout=10)
-    try:
-        conn.request("GET", "/readyz")
-        return dict(json.loads(conn.getresponse().read()))
-    finally:
-        conn.close()
-
-
 def _watching(stack: Stack, component: str, admin: Any) -> None:
     """Until the restarted extender's watch delivers: a probe Node created now shows in
     its cache (right after a start its watch can lag the list by a second, and the next
@@ -285,7 +294,8 @@ def _watching(stack: Stack, component: str, admin: Any) -> None:
     create_nodes(core, [h100_whole(name, "defrag-probe")])
     try:
         base = len(core.list_node().items)
-        wait_for(lambda: _readyz(stack, component).get("nodes", 0) >= base, 30,
+        wait_for(lambda: json.loads(extender_get(stack, component, "/readyz")).get(
+            "nodes", 0) >= base, 30,
                  "the restarted extender to see a new Node through its watch")
     finally:
         core.delete_node(name)
@@ -299,40 +309,15 @@ def test_consolidation_keeps_whole_nodes_free_for_the_groups_seen(
     apps = client.AppsV1Api(admin)
     a, b, c, d = (f"{p}-{x}" for x in "abcd")
     space.nodes += create_nodes(core, [h100_whole(n, p) for n in (a, b, c, d)])
-    kubelet = KubeletDouble(core, ns)
-    kubelet.start()
-    try:
+    with workloads(core, admin, ns):
         _consolidation(stack, core, admin, apps, ns, p, a, b, c, d)
-    finally:
-        kubelet.halt.set()
-        with contextlib.suppress(ApiException):
-            apps.delete_namespaced_deployment("web", ns)
-        with contextlib.suppress(ApiException):
-            apps.delete_collection_namespaced_replica_set(ns)
-        kubelet.join(5)
 
 
 def _consolidation(stack: Stack, core: Any, admin: Any, apps: Any, ns: str, p: str, a: str,
                    b: str, c: str, d: str) -> None:
-    # One 2-GPU web pod on a and one on b (cordons steer them), c and d empty.
-    template = pod("web", limits={GPU: "2"}, pool=p, scheduler=SCHEDULER_NAME,
-                   labels={"app": "web"})
-    cordon(core, [b, c, d], True)
-    apps.create_namespaced_deployment(ns, {
-        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"},
-        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "web"}},
-                 "template": {"metadata": {"labels": {"app": "web"}},
-                              "spec": template["spec"]}}})
-    wait_for(lambda: [q for q in web_pods(core, ns) if q["spec"].get("nodeName") == a], 60,
-             "the first web pod on a")
-    cordon(core, [a], True)
-    cordon(core, [b], False)
-    apps.patch_namespaced_deployment_scale("web", ns, {"spec": {"replicas": 2}})
-    wait_for(lambda: [q for q in web_pods(core, ns) if q["spec"].get("nodeName") == b], 60,
-             "the second web pod on b")
+    # One 2-GPU web pod on a and one on b, c and d empty.
     m0 = metrics(stack, admin)
-    cordon(core, [a, c, d], False)
-    before = {q["metadata"]["name"]: q["spec"]["nodeName"] for q in web_pods(core, ns)}
+    before = web_on(core, apps, ns, p, a, b, [c, d])
     # A group of 2 x 8 GPUs lands on c and d at once (no eviction needed): now no whole
     # node is free for the next one of its size.
     create_pods(core, ns, [lws_member("llm", w, 2, 8, p) for w in range(2)])
