@@ -9,9 +9,9 @@ API, holds in the cache, Events, metrics) and feeds the outcomes back.
 
 Rules:
 
-* **plan** mode never evicts: every move planned for a waiting group (or a waiting
-  whole-GPU pod) that differs from the one last told is announced (an Event, a log
-  line, a metric); nothing is held.
+* **plan** mode never evicts: every move planned for a group the book says waits for
+  room (or a waiting whole-GPU pod) that differs from the one last told is announced
+  (an Event, a log line, a metric); nothing is held.
 * **act** mode, no campaign: the first move of the plan (the planner orders them:
   highest priority first, then the most GPUs) for a group the book says waits for room
   (``room_short``), not cooling down, that needs at least one eviction, starts a
@@ -221,7 +221,7 @@ def _group_waits(state: DefragState, now: float) -> bool:
 
 def _eligible(group: str, need: Need, state: DefragState, now: float) -> bool:
     if state.mode == "plan":
-        return True
+        return need.room_short or need.lone
     return need.room_short and not need.lone and now >= state.cooldown.get(group, 0.0)
 
 
@@ -249,7 +249,8 @@ def _announce(state: DefragState) -> Decision:
     told = {g: s for g, s in state.announced.items() if g in state.needs}
     new: list[Move] = []
     for m in state.plan or ():
-        if m.group not in state.needs or not m.evictions:
+        need = state.needs.get(m.group)
+        if need is None or not m.evictions or not (need.room_short or need.lone):
             continue
         sig = signature(m)
         if told.get(m.group) != sig:

@@ -225,6 +225,12 @@ def test_plan_mode_announces_each_new_move_once_and_never_evicts() -> None:
     assert [m.group for m in changed.announce] == [G]
     gone = decide(replace(st, announced=d.announced, needs={}, plan=()), NOW + 90, CFG)
     assert dict(gone.announced) == {}
+    # A group that waits for its rights, not for room, is not told a move.
+    rights = decide(replace(st, needs={G: Need("l", 0.0, room_short=False)}), NOW, CFG)
+    assert rights.announce == ()
+    lone = decide(replace(st, needs={G: Need("l", 0.0, room_short=False, lone=True)}), NOW,
+                  CFG)
+    assert [m.group for m in lone.announce] == [G]
 
 
 # ---- consolidation (act mode, in its window) ---------------------------------------------
