@@ -130,6 +130,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="webhook: treat namespace NS as opted in to strict mode (repeatable)")
     add_mig_actuator_argument(p)
     p.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    # Defragmentation (docs/defrag.md): on the active extender only.
+    p.add_argument("--defrag", default="off", choices=["off", "plan", "act"],
+                   help="free a domain for a waiting LLM group: plan (Events, metrics, log; "
+                        "evicts nothing) or act (evicts through the Eviction API); default off")
+    p.add_argument("--defrag-evictions-per-minute", type=int, default=2, metavar="K",
+                   help="--defrag=act: at most K evictions in any minute (default 2)")
+    p.add_argument("--defrag-consolidate", default="", metavar="HH:MM-HH:MM",
+                   help="--defrag=act: in this daily UTC window, also evict the few pods "
+                        "of nearly empty nodes to keep whole nodes free for the largest "
+                        "LLM group seen (default: never)")
+    p.add_argument("--defrag-interval", type=float, default=30.0, metavar="S",
+                   help="plan for waiting groups at most every S seconds (sooner when the "
+                        "cluster changed, at most every 5 s; default 30)")
 
 
 class Components:
@@ -181,6 +194,7 @@ class Components:
         self.lease: LeaseWatcher | None = None
         self.lws: LwsPoller | None = None
         self.metrics_guard: Guard | None = None
+        api: Any = None
         if args.kubeconfig or args.in_cluster:
             api = load_api_client(args.kubeconfig, args.in_cluster)
             # Reviews on a client of their own: a scrape never waits on the watches' pool.
@@ -214,6 +228,9 @@ class Components:
                                       is_leader=self.leader.is_leader, namespace=args.namespace,
                                       inputs=self.inputs, max_group_gpus=args.max_group_gpus)
         self.tap = ReservationTap(self.cache, self.groups)
+        self.defrag: Any = None
+        if args.defrag != "off":
+            self.defrag, self.tap = defragmenter(args, self, api)
         self.app = create_app(self.cache, self.planner, self.binder, self.registry,
                               AppConfig(max_body_bytes=args.max_body, policy=args.policy,
                                         warm=not args.no_warm, filter_top=args.filter_top),
@@ -251,6 +268,8 @@ class Components:
         if self.static_records is not None:
             self.static_records.start(self.tap)  # records listed before the nodes and pods
         self.groups.start()
+        if self.defrag is not None:
+            self.defrag.start()
         if self.lws is not None:
             self.lws.start()
         self.source.start(self.tap, self.tap, self.inputs)
@@ -280,6 +299,27 @@ class Components:
             time.sleep(0.1)
         gc.collect()
         gc.freeze()
+
+
+def defragmenter(args: argparse.Namespace, c: Components, api: Any) -> tuple[Any, Any]:
+    """The defragmenter and the tap that feeds it pod owners (``--defrag`` not off)."""
+    from kube.defrag_inputs import PodOwners
+    from kube.evictions import ApiEvents, ApiEvictor, EventSink, LogEvents
+    from kube.reservations import ReservationTap
+    from scheduler.defrag_act import Defragmenter
+    from scheduler.defrag_decide import Settings, parse_window
+
+    owners = PodOwners(c.cache)
+    events: EventSink = LogEvents() if api is None else ApiEvents(api, args.leader_identity)
+    d = Defragmenter(
+        c.cache, c.groups, owners, args.defrag,
+        ApiEvictor(api) if api is not None and args.defrag == "act" else None, events,
+        settings=Settings(evictions_per_minute=args.defrag_evictions_per_minute,
+                          plan_every_s=args.defrag_interval),
+        registry=c.registry, is_leader=c.leader.is_leader,
+        consolidate_window=parse_window(args.defrag_consolidate)
+        if args.defrag_consolidate else None)
+    return d, ReservationTap(owners, c.groups)
 
 
 def check_args(args: argparse.Namespace) -> str | None:
@@ -313,6 +353,21 @@ def check_args(args: argparse.Namespace) -> str | None:
             return "--webhook-port needs --tls-cert and --tls-key (the API server calls HTTPS)"
     elif args.tls_cert is not None or args.tls_key is not None:
         return "--tls-cert/--tls-key are for the webhook: give --webhook-port too"
+    if args.defrag == "act" and not (args.kubeconfig or args.in_cluster):
+        return "--defrag=act needs a cluster (--kubeconfig or --in-cluster) to evict through"
+    if args.defrag_evictions_per_minute < 1:
+        return "--defrag-evictions-per-minute must be at least 1"
+    if args.defrag_interval <= 0:
+        return "--defrag-interval must be positive"
+    if args.defrag_consolidate:
+        from scheduler.defrag_decide import parse_window
+
+        if args.defrag != "act":
+            return "--defrag-consolidate needs --defrag=act"
+        try:
+            parse_window(args.defrag_consolidate)
+        except ValueError as e:
+            return f"--defrag-consolidate {e}"
     if (args.nodes is None) != (args.pods is None):
         return "--nodes and --pods go together"
     if args.nodes is not None and (args.kubeconfig or args.in_cluster):

@@ -274,6 +274,8 @@ class ReservationBook:
         for rec in sorted(self.records.values(), key=order_key):
             wanted.update(wanted_holds(rec, members.get(rec.group, [])))
         for hk, (req, p) in self.cache.holds().items():
+            if not is_reservation(hk):
+                continue  # another keeper's hold (the defragmenter's): not the book's
             w = wanted.get(hk)
             if w is None or w[0] != req or w[1].node != p.node or w[1].gpus != p.gpus:
                 self.cache.unhold(hk)
@@ -338,7 +340,8 @@ class ReservationBook:
     def _state(self, members: Mapping[str, list[Member]], now: float) -> BookState:
         rights = self._judge(members, now)
         return BookState(records=dict(self.records), members=members,
-                         holds=self.cache.holds(), waiting=dict(self.waiting),
+                         holds={k: v for k, v in self.cache.holds().items() if is_reservation(k)},
+                         waiting=dict(self.waiting),
                          first_seen=dict(self.first_seen), revs=dict(self._revs),
                          version=self._version(), allowed=rights.allowed(),
                          refused=rights.refused(), never=rights.never(),
@@ -371,6 +374,17 @@ class ReservationBook:
         times = [r.expires for r in self.records.values()]
         times += [w.next_try for w in self.waiting.values() if w.seen != self._seen_version]
         return min(times, default=math.inf)
+
+    def retry_now(self, group: str) -> bool:
+        """Try to reserve ``group`` at once, whatever its waiting entry says (the
+        defragmenter hands it room it freed, under the same lock); on the leader only.
+        True when the group holds a reservation afterwards."""
+        with self.cache.lock:
+            if not self._rebuilt or not self.is_leader():
+                return False
+            self.waiting.pop(group, None)
+            self.step(force=True)
+            return group in self.records
 
     # ---- the keeper thread -----------------------------------------------------------------
 
@@ -557,7 +571,7 @@ class ReservationBook:
     def figures(self) -> tuple[int, int, dict[str, int]]:
         """(active reservations, GPUs held for members not bound, waiting groups by reason)."""
         with self.cache.lock:
-            gpus = sum(len(p.gpus) for req, p in self.cache.holds().values()
-                       if req.kind is RequestKind.WHOLE)
+            gpus = sum(len(p.gpus) for hk, (req, p) in self.cache.holds().items()
+                       if req.kind is RequestKind.WHOLE and is_reservation(hk))
             waiting = Counter(w.category for w in self.waiting.values())
             return len(self.records), gpus, dict(waiting)

@@ -115,3 +115,54 @@ def test_bad_input_exits_2_naming_file_object_and_field(
 def test_a_missing_file_exits_2(tmp_path: Path) -> None:
     out = gpupack("defrag", "--nodes", str(NODES), "--pods", str(tmp_path / "none.yaml"))
     assert out.returncode == 2 and "none.yaml" in out.stderr
+
+
+# ---- gpupack serve --defrag (acting on the active extender: docs/defrag.md) ---------------
+
+def _serve_args(*argv: str) -> Any:
+    import argparse
+
+    from gpupack.serve_cmd import add_arguments
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    return p.parse_args(list(argv))
+
+
+@pytest.mark.parametrize("argv, why", [
+    ((), None),
+    (("--defrag", "plan"), None),
+    (("--defrag", "act", "--kubeconfig", "kc"), None),
+    (("--defrag", "act"), "--defrag=act needs a cluster (--kubeconfig or --in-cluster)"),
+    (("--defrag", "act", "--in-cluster", "--defrag-evictions-per-minute", "0"),
+     "--defrag-evictions-per-minute must be at least 1"),
+    (("--defrag", "plan", "--defrag-interval", "0"), "--defrag-interval must be positive"),
+    (("--defrag", "act", "--in-cluster", "--defrag-consolidate", "01:00-05:00"), None),
+    (("--defrag", "plan", "--defrag-consolidate", "01:00-05:00"),
+     "--defrag-consolidate needs --defrag=act"),
+    (("--defrag", "act", "--in-cluster", "--defrag-consolidate", "1am-5am"),
+     "--defrag-consolidate '1am-5am': "),
+])
+def test_serve_defrag_arguments(argv: tuple[str, ...], why: str | None) -> None:
+    from gpupack.serve_cmd import check_args
+
+    got = check_args(_serve_args(*argv))
+    assert got == why if why is None else (got is not None and got.startswith(why))
+
+
+def test_serve_defrag_is_off_by_default() -> None:
+    args = _serve_args()
+    assert args.defrag == "off" and args.defrag_evictions_per_minute == 2
+
+
+def test_serve_plan_mode_wires_the_defragmenter_in_front_of_the_cache() -> None:
+    from gpupack.serve_cmd import Components
+    from kube.defrag_inputs import PodOwners
+    from scheduler.defrag_act import Defragmenter
+
+    c = Components(_serve_args("--defrag", "plan"))
+    assert isinstance(c.defrag, Defragmenter) and c.defrag.mode == "plan"
+    assert isinstance(c.tap.sink, PodOwners) and c.tap.sink.sink is c.cache
+    assert c.defrag.evictor is None  # plan mode has nothing to evict with
+    off = Components(_serve_args())
+    assert off.defrag is None and off.tap.sink is off.cache

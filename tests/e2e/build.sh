@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Build the real etcd, kube-apiserver and kube-scheduler from their Go modules into a
+# Build the real etcd, kube-apiserver, kube-scheduler and kube-controller-manager from their Go modules into a
 # cache folder keyed by their versions and the Go toolchain; a second run with the same
-# versions does nothing. Prints the folder holding the binaries on its last line.
+# versions does nothing; a binary missing from the cache is built alone. Prints the folder holding the binaries on its last line.
 #
 #   tests/e2e/build.sh            build (or find) the binaries
 #   GPUPACK_E2E_CACHE=DIR ...     cache root (default ~/.cache/gpupack-e2e)
 #
-# kube-apiserver and kube-scheduler come from k8s.io/kubernetes (this folder's go.mod,
+# kube-apiserver, kube-scheduler and kube-controller-manager come from k8s.io/kubernetes (this folder's go.mod,
 # one replace per staging module); etcd from go.etcd.io/etcd/server/v3 in ./etcd, a
 # module of its own (see its go.mod for why).
 set -euo pipefail
@@ -25,20 +25,26 @@ export GOFLAGS="${GOFLAGS:-} -mod=mod"
 go_version="$(cd "$here" && go env GOVERSION)"
 root="${GPUPACK_E2E_CACHE:-$HOME/.cache/gpupack-e2e}"
 out="$root/k8s-$k8s_version-etcd-$etcd_version-$go_version"
-bins=(etcd kube-apiserver kube-scheduler)
-have=1
-for b in "${bins[@]}"; do [[ -x "$out/$b" ]] || have=0; done
-if [[ $have == 1 ]]; then
+bins=(etcd kube-apiserver kube-scheduler kube-controller-manager)
+missing=()
+for b in "${bins[@]}"; do [[ -x "$out/$b" ]] || missing+=("$b"); done
+if [[ ${#missing[@]} == 0 ]]; then
     echo "$out"
     exit 0
 fi
-mkdir -p "$out.tmp"
+# Only the missing binaries are built; the ones already in the cache are kept (a new
+# binary added to the list costs its own build, not a rebuild of the others).
+mkdir -p "$out"
 start=$(date +%s)
 ldflags="-s -w"
-echo "build.sh: building etcd $etcd_version, kube-apiserver and kube-scheduler $k8s_version with $go_version into $out" >&2
-(cd "$here/etcd" && go build -trimpath -ldflags "$ldflags" -o "$out.tmp/etcd" go.etcd.io/etcd/server/v3)
-(cd "$here" && go build -trimpath -ldflags "$ldflags" -o "$out.tmp/kube-apiserver" k8s.io/kubernetes/cmd/kube-apiserver)
-(cd "$here" && go build -trimpath -ldflags "$ldflags" -o "$out.tmp/kube-scheduler" k8s.io/kubernetes/cmd/kube-scheduler)
-rm -rf "$out" && mv "$out.tmp" "$out"
+echo "build.sh: building ${missing[*]} (etcd $etcd_version, Kubernetes $k8s_version) with $go_version into $out" >&2
+for b in "${missing[@]}"; do
+    if [[ $b == etcd ]]; then
+        (cd "$here/etcd" && go build -trimpath -ldflags "$ldflags" -o "$out/$b.tmp" go.etcd.io/etcd/server/v3)
+    else
+        (cd "$here" && go build -trimpath -ldflags "$ldflags" -o "$out/$b.tmp" "k8s.io/kubernetes/cmd/$b")
+    fi
+    mv "$out/$b.tmp" "$out/$b"
+done
 echo "build.sh: built in $(( $(date +%s) - start )) s; $(du -sh "$out" | cut -f1) in $out" >&2
 echo "$out"

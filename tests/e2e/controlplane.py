@@ -22,8 +22,9 @@
 
 No kubelet runs: tests create Node objects and set their capacity through the status
 subresource, as kube-scheduler's scheduler_perf does; pods are bound and never started.
-No kube-controller-manager runs either, so namespaces get no ``default`` ServiceAccount by
-themselves: :func:`ensure_namespace` creates it with the namespace.
+kube-controller-manager runs only inside :func:`controllers` (the tests that need
+ReplicaSets, Deployments or PodDisruptionBudget status), so namespaces get no ``default``
+ServiceAccount by themselves: :func:`ensure_namespace` creates it with the namespace.
 
 It writes ``DIR/kubeconfig`` (cluster admin), ``DIR/pids/<component>.pid``,
 ``DIR/logs/<component>.log`` and ``DIR/state.json`` (ports and each component's command,
@@ -62,9 +63,19 @@ RELEASE = "gpupack"
 SCHEDULER_NAME = "gpupack"
 PLAIN_SCHEDULER_NAME = "plain-kube-scheduler"
 AGENT_NODE = "e2e-agent-node"
-# Order of start; down stops in reverse.
+# Order of start; down stops in reverse. "controller-manager" is defined by up() but
+# started only by the tests that need it (start_controllers).
 COMPONENTS = ("etcd", "apiserver", "webhook", "extender", "scheduler", "extender-b",
-              "scheduler-b", "plain-scheduler", "node-agent")
+              "scheduler-b", "plain-scheduler", "node-agent", "controller-manager")
+# Chart values of the stack: the extender acts on waiting groups (docs/defrag.md), so
+# its grants (events, pods/eviction) are applied and audited like the others. It evicts
+# only pods a controller recreates: the tests' bare pods are never touched.
+CHART_SETTINGS = ("--set", "defrag.mode=act")
+# The controllers a test may need (kube-controller-manager's names): ReplicaSets and
+# Deployments recreate evicted pods, the disruption controller keeps PodDisruptionBudget
+# status. Not the node lifecycle controller: the nodes here have no kubelet, and it
+# would taint and evict them.
+CONTROLLERS = ("replicaset-controller", "deployment-controller", "disruption-controller")
 # Kinds of the chart applied to the API server. Workloads (Deployments, the DaemonSet),
 # Services and monitoring objects are not: their processes run here directly.
 APPLIED_KINDS = ("Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role",
@@ -140,6 +151,7 @@ def make_pki(pki: Path) -> None:
     client_ext = "keyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=clientAuth\n"
     sign("admin", "/O=system:masters/CN=e2e-admin", client_ext)
     sign("plain-scheduler", "/CN=system:kube-scheduler", client_ext)
+    sign("controller-manager", "/CN=system:kube-controller-manager", client_ext)
     _openssl("genrsa", "-out", str(pki / "sa.key"), "2048")
     _openssl("rsa", "-in", str(pki / "sa.key"), "-pubout", "-out", str(pki / "sa.pub"))
 
@@ -588,7 +600,7 @@ def up(dir_: Path, *, extender_args: Sequence[str] = (), plain: bool = True,
     run(["bash", str(REPO / "manifests" / "tls" / "make-self-signed.sh"), str(tls_dir),
          NAMESPACE, f"{RELEASE}-webhook", "7"], env={**os.environ, "EXTRA_SANS": "IP:127.0.0.1"})
     ca_b64 = base64.b64encode((tls_dir / "ca.crt").read_bytes()).decode()
-    objs = render_chart(ca_b64)
+    objs = render_chart(ca_b64, CHART_SETTINGS)
     applied = [o for o in objs if o.get("kind") in APPLIED_KINDS
                and o.get("kind") != "MutatingWebhookConfiguration"]
     apply_objects(admin, sorted(applied, key=lambda o: o["kind"] != "Namespace"))
@@ -639,6 +651,21 @@ def up(dir_: Path, *, extender_args: Sequence[str] = (), plain: bool = True,
                      f"--authorization-kubeconfig={plain_kc}", "--v=1"],
             "ready": {"url": f"https://127.0.0.1:{ports['plain_scheduler']}/healthz"},
             "restart": "always"}
+    # kube-controller-manager as a kubeadm cluster runs it: its own identity
+    # (system:kube-controller-manager) and each controller with its ServiceAccount's
+    # token (system:controller:*, the built-in roles), nothing but CONTROLLERS.
+    kcm_kc = dir_ / "kubeconfigs" / "controller-manager"
+    write_kubeconfig(kcm_kc, server, pki / "ca.crt", cert=pki / "controller-manager.crt",
+                     key=pki / "controller-manager.key")
+    kcm_port = free_port()
+    components["controller-manager"] = {
+        "argv": [str(bins / "kube-controller-manager"), f"--kubeconfig={kcm_kc}",
+                 f"--authentication-kubeconfig={kcm_kc}", f"--authorization-kubeconfig={kcm_kc}",
+                 "--bind-address=127.0.0.1", f"--secure-port={kcm_port}",
+                 f"--cert-dir={dir_ / 'controller-manager-certs'}", "--leader-elect=false",
+                 "--use-service-account-credentials=true",
+                 f"--controllers={','.join(CONTROLLERS)}", "--v=1"],
+        "ready": {"url": f"https://127.0.0.1:{kcm_port}/healthz"}}
     if agent:
         components["node-agent"] = {
             "argv": [sys.executable, str(HERE / "agent_double.py"), "--socket-dir",
@@ -657,6 +684,17 @@ def up(dir_: Path, *, extender_args: Sequence[str] = (), plain: bool = True,
         if component in components:
             stack.start(component)
     return stack
+
+
+@contextlib.contextmanager
+def controllers(stack: Stack) -> Iterator[None]:
+    """kube-controller-manager (CONTROLLERS only) runs inside the block."""
+    if not stack.alive("controller-manager"):
+        stack.start("controller-manager")
+    try:
+        yield
+    finally:
+        stack.stop("controller-manager")
 
 
 STANDBY_HOSTNAME = "gpupack-scheduler-b"

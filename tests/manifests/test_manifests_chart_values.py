@@ -233,6 +233,32 @@ def _policy(objs: list[Obj]) -> None:
     assert arg(containers(objs)["extender"], "--policy") == "bestfit"
 
 
+def _defrag_mode(objs: list[Obj]) -> None:
+    assert arg(containers(objs)["extender"], "--defrag") == "act"
+    rules = find(objs, "ClusterRole", "gp-prod-extender")["rules"]
+    assert {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]} in rules
+    assert {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]} in rules
+
+
+def _defrag_plan_mode(objs: list[Obj]) -> None:
+    assert arg(containers(objs)["extender"], "--defrag") == "plan"
+    rules = find(objs, "ClusterRole", "gp-prod-extender")["rules"]
+    assert {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]} in rules
+    assert not any("pods/eviction" in r["resources"] for r in rules)
+
+
+def _defrag_rate(objs: list[Obj]) -> None:
+    assert arg(containers(objs)["extender"], "--defrag-evictions-per-minute") == "5"
+
+
+def _defrag_interval(objs: list[Obj]) -> None:
+    assert arg(containers(objs)["extender"], "--defrag-interval") == "60"
+
+
+def _defrag_consolidate(objs: list[Obj]) -> None:
+    assert arg(containers(objs)["extender"], "--defrag-consolidate") == "01:00-05:00"
+
+
 def _webhook_port(objs: list[Obj]) -> None:
     hook = containers(objs)["webhook"]
     assert arg(hook, "--port") == "18443" and hook["ports"][0]["containerPort"] == 18443
@@ -389,6 +415,10 @@ CASES: dict[str, tuple[dict[str, Any] | None, Callable[[list[Obj]], None]]] = {
     "extender.httpTimeout": (None, _http_timeout),
     "extender.maxGroupGpus": (None, _max_group_gpus),
     "policy": (None, _policy),
+    "defrag.mode": (None, _defrag_mode),
+    "defrag.evictionsPerMinute": (None, _defrag_rate),
+    "defrag.intervalSeconds": (None, _defrag_interval),
+    "defrag.consolidateWindow": (None, _defrag_consolidate),
     "webhook.port": (None, _webhook_port),
     "webhook.timeoutSeconds": (None, _webhook_timeout),
     "webhook.failurePolicy": (None, _failure_policy),
@@ -437,6 +467,12 @@ def test_cert_manager_names_follow_the_release(helm_dir: Path) -> None:
     EXTRA_CASES["tls.source=certManager"][1](objs)
 
 
+def test_defrag_plan_grants_events_only(render_helm: Render) -> None:
+    objs = render_helm({**FULL, "defrag": {**FULL["defrag"], "mode": "plan"}})
+    _defrag_plan_mode(objs)
+    assert "--defrag-consolidate" not in containers(objs)["extender"]["command"]
+
+
 @pytest.mark.parametrize("ci_values", sorted((CHART / "ci").glob("*-values.yaml")),
                          ids=lambda p: p.name)
 def test_helm_lint_strict_with_ci_values(ci_values: Path) -> None:
@@ -481,6 +517,7 @@ def test_schema_rejects_wrong_types(path: str, helm_dir: Path) -> None:
     {"monitoring": {"serviceMonitors": {"interval": "soon"}}},
     {"monitoring": {"prometheusRule": {"runbookBaseURL": "wiki/runbooks"}}},
     {"commonLabels": {"team": 1}}, {"affinity": {"nodeAfinity": {}}},
+    {"defrag": {"mode": "on"}}, {"defrag": {"consolidateWindow": "1am-5am"}},
 ])
 def test_schema_rejects_bad_values(bad: dict[str, Any], helm_dir: Path) -> None:
     _, err = helm_template(bad, helm_dir, expect_ok=False)

@@ -1,0 +1,176 @@
+"""Evictions through the Eviction API, and Events, for the defragmenter.
+
+:class:`ApiEvictor` posts a policy/v1 ``Eviction`` to the pod's ``eviction``
+subresource (RBAC: ``create pods/eviction``) with the pod's UID as a precondition (a
+pod recreated under the same name is never evicted by mistake). The API server enforces
+PodDisruptionBudgets: it answers 429 when a budget allows no disruption now (the
+outcome ``pdb``: try later), 404 when the pod is gone already (``gone``: what was
+wanted), 409 when the UID no longer matches (``gone`` too: the pod we meant is gone),
+403 when gpupack may not evict it (``forbidden``), anything else ``error``.
+
+:class:`ApiEvents` creates core/v1 Events (RBAC: ``create events``) on pods, as
+``kubectl describe pod`` shows them. Events are best effort: a failure is logged, never
+raised. :class:`LogEvents` only logs (no API: static mode, tests).
+
+The ``kubernetes`` package is imported inside the methods that use it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Protocol, TypeVar
+
+log = logging.getLogger("gpupack.kube.evictions")
+
+OUTCOMES = ("evicted", "pdb", "gone", "forbidden", "error")
+COMPONENT = "gpupack-defrag"
+
+
+@dataclass(frozen=True)
+class EvictionResult:
+    outcome: str  # one of OUTCOMES
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class PodRef:
+    key: str  # namespace/name
+    uid: str = ""
+
+    @property
+    def namespace(self) -> str:
+        return self.key.partition("/")[0]
+
+    @property
+    def name(self) -> str:
+        return self.key.partition("/")[2]
+
+
+class Evictor(Protocol):
+    def evict(self, pod: PodRef) -> EvictionResult: ...
+
+
+class EventSink(Protocol):
+    def emit(self, pod: PodRef, reason: str, message: str, warning: bool = False) -> None: ...
+
+
+def outcome_of(status: int) -> str:
+    if 200 <= status < 300:
+        return "evicted"
+    if status == 429:
+        return "pdb"
+    if status in (404, 409):
+        return "gone"
+    if status == 403:
+        return "forbidden"
+    return "error"
+
+
+M = TypeVar("M")
+
+
+def _model(m: M | None) -> M:
+    """The client's ``from_dict`` answers None only for None."""
+    assert m is not None
+    return m
+
+
+def _message(body: Any, fallback: str) -> str:
+    try:
+        data = json.loads(body)
+    except (TypeError, ValueError):
+        return fallback
+    if isinstance(data, dict) and isinstance(data.get("message"), str):
+        return data["message"][:500]
+    return fallback
+
+
+class ApiEvictor:
+    def __init__(self, api_client: Any, timeout_s: float = 10.0) -> None:
+        from kubernetes import client
+
+        self.core = client.CoreV1Api(api_client)
+        self.timeout_s = timeout_s
+
+    def evict(self, pod: PodRef) -> EvictionResult:
+        from kubernetes import client
+        from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError
+
+        body: dict[str, Any] = {
+            "apiVersion": "policy/v1", "kind": "Eviction",
+            "metadata": {"name": pod.name, "namespace": pod.namespace},
+        }
+        if pod.uid:
+            body["deleteOptions"] = {"preconditions": {"uid": pod.uid}}
+        try:
+            resp = self.core.create_namespaced_pod_eviction(
+                pod.name, pod.namespace, _model(client.V1Eviction.from_dict(body)),
+                _preload_content=False,
+                _request_timeout=self.timeout_s)
+        except ApiException as e:
+            status = int(e.status or 0)
+            return EvictionResult(outcome_of(status),
+                                  _message(e.body, f"HTTP {status}: {e.reason}"))
+        except (HTTPError, OSError) as e:
+            return EvictionResult("error", f"evicting {pod.key}: {e}")
+        status = int(getattr(resp, "status", 201))
+        return EvictionResult(outcome_of(status), "" if status < 300 else f"HTTP {status}")
+
+
+def _now_rfc3339() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def event_object(pod: PodRef, reason: str, message: str, warning: bool, host: str
+                 ) -> dict[str, Any]:
+    """A core/v1 Event about ``pod`` (the name is unique: the pod's, a time and a nonce)."""
+    now = _now_rfc3339()
+    return {
+        "apiVersion": "v1", "kind": "Event",
+        "metadata": {"name": f"{pod.name}.{int(time.time() * 1e6):x}{uuid.uuid4().hex[:6]}",
+                     "namespace": pod.namespace},
+        "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": pod.name,
+                           "namespace": pod.namespace, **({"uid": pod.uid} if pod.uid else {})},
+        "reason": reason, "message": message[:1000],
+        "type": "Warning" if warning else "Normal",
+        "source": {"component": COMPONENT, "host": host},
+        "reportingComponent": COMPONENT, "reportingInstance": host,
+        "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+    }
+
+
+class ApiEvents:
+    def __init__(self, api_client: Any, host: str = "", timeout_s: float = 5.0) -> None:
+        from kubernetes import client
+
+        self.core = client.CoreV1Api(api_client)
+        self.host = host
+        self.timeout_s = timeout_s
+
+    def emit(self, pod: PodRef, reason: str, message: str, warning: bool = False) -> None:
+        from kubernetes import client
+        from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError
+
+        log.info("event %s on %s: %s", reason, pod.key, message)
+        try:
+            self.core.create_namespaced_event(
+                pod.namespace, _model(client.CoreV1Event.from_dict(
+                    event_object(pod, reason, message, warning, self.host))),
+                _preload_content=False, _request_timeout=self.timeout_s)
+        except ApiException as e:
+            log.warning("event %s on %s not recorded: HTTP %s %s", reason, pod.key, e.status,
+                        _message(e.body, str(e.reason)))
+        except (HTTPError, OSError) as e:
+            log.warning("event %s on %s not recorded: %s", reason, pod.key, e)
+
+
+class LogEvents:
+    def emit(self, pod: PodRef, reason: str, message: str, warning: bool = False) -> None:
+        (log.warning if warning else log.info)("event %s on %s: %s", reason, pod.key, message)
