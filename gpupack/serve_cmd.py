@@ -132,6 +132,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--strict-namespace", action="append", default=[], metavar="NS",
                    help="webhook: treat namespace NS as opted in to strict mode (repeatable)")
     add_mig_actuator_argument(p)
+    p.add_argument("--mig-config-map", default="gpupack-mig-parted-config",
+                   help="MIG actuator: the mig-parted ConfigMap in --namespace that gpupack "
+                        "writes and the GPU Operator's MIG manager reads (default "
+                        "gpupack-mig-parted-config; docs/mig.md)")
+    p.add_argument("--mig-timeout", type=float, default=900.0,
+                   help="MIG actuator: seconds after which a layout change not applied "
+                        "counts as failed (default 900)")
+    p.add_argument("--mig-backoff", type=float, default=60.0,
+                   help="MIG actuator: seconds a node is left alone after its first failed "
+                        "change, doubling per failure up to an hour (default 60)")
     p.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
 
 
@@ -217,6 +227,18 @@ class Components:
                                       is_leader=self.leader.is_leader, namespace=args.namespace,
                                       inputs=self.inputs, max_group_gpus=args.max_group_gpus)
         self.tap = ReservationTap(self.cache, self.groups)
+        # The MIG actuator (docs/mig.md): on the leader only, against a cluster only.
+        self.mig: Any = None
+        if args.mig_actuator and (args.kubeconfig or args.in_cluster):
+            from kube.mig import MigApi
+            from scheduler.mig_actuator import Settings as MigSettings
+            from scheduler.mig_loop import MigActuator, MigMetrics
+
+            self.mig = MigActuator(
+                self.cache, MigApi(api, args.namespace, args.mig_config_map),
+                is_leader=self.leader.is_leader, reserved=self.groups.held_members,
+                settings=MigSettings(timeout_s=args.mig_timeout, backoff_s=args.mig_backoff),
+                metrics=MigMetrics(self.registry))
         self.app = create_app(self.cache, self.planner, self.binder, self.registry,
                               AppConfig(max_body_bytes=args.max_body, policy=args.policy,
                                         warm=not args.no_warm, filter_top=args.filter_top),
@@ -254,6 +276,8 @@ class Components:
         if self.static_records is not None:
             self.static_records.start(self.tap)  # records listed before the nodes and pods
         self.groups.start()
+        if self.mig is not None:
+            self.mig.start()
         if self.lws is not None:
             self.lws.start()
         self.source.start(self.tap, self.tap, self.inputs)
@@ -306,6 +330,8 @@ def check_args(args: argparse.Namespace) -> str | None:
     why = metrics_auth_error(args.metrics_auth, bool(args.kubeconfig or args.in_cluster))
     if why is not None:
         return why
+    if args.mig_timeout <= 0 or args.mig_backoff <= 0:
+        return "--mig-timeout and --mig-backoff must be positive"
     if args.filter_top < 0:
         return "--filter-top must be 0 (every fitting node) or positive"
     if args.plan_per_class < 0:

@@ -52,7 +52,7 @@ from kube.reservations import (
     record_object,
     record_of,
 )
-from packing.groups import is_reservation
+from packing.groups import RESERVE_MARK, is_reservation
 from packing.model import Placement, PodRequest, RequestKind
 from packing.policies.greedy import Scorer
 from packing.policies.scores import bestfit
@@ -274,6 +274,8 @@ class ReservationBook:
         for rec in sorted(self.records.values(), key=order_key):
             wanted.update(wanted_holds(rec, members.get(rec.group, [])))
         for hk, (req, p) in self.cache.holds().items():
+            if RESERVE_MARK not in hk:
+                continue  # not a group's hold (the MIG actuator's: scheduler/mig_loop.py)
             w = wanted.get(hk)
             if w is None or w[0] != req or w[1].node != p.node or w[1].gpus != p.gpus:
                 self.cache.unhold(hk)
