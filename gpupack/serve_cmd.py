@@ -227,18 +227,21 @@ class Components:
                                       is_leader=self.leader.is_leader, namespace=args.namespace,
                                       inputs=self.inputs, max_group_gpus=args.max_group_gpus)
         self.tap = ReservationTap(self.cache, self.groups)
-        # The MIG actuator (docs/mig.md): on the leader only, against a cluster only.
-        self.mig: Any = None
+        # The MIG actuator (docs/mig.md): on the leader only, against a cluster only. Its
+        # metrics exist on every extender (zero when it is off).
+        from scheduler.mig_loop import MigActuator, MigMetrics, SliceFigures
+
+        self.mig: MigActuator | None = None
+        mig_metrics = MigMetrics(self.registry, SliceFigures(self.cache, lambda: self.mig))
         if args.mig_actuator and (args.kubeconfig or args.in_cluster):
             from kube.mig import MigApi
             from scheduler.mig_actuator import Settings as MigSettings
-            from scheduler.mig_loop import MigActuator, MigMetrics
 
             self.mig = MigActuator(
                 self.cache, MigApi(api, args.namespace, args.mig_config_map),
                 is_leader=self.leader.is_leader, reserved=self.groups.held_members,
                 settings=MigSettings(timeout_s=args.mig_timeout, backoff_s=args.mig_backoff),
-                metrics=MigMetrics(self.registry))
+                metrics=mig_metrics)
         self.app = create_app(self.cache, self.planner, self.binder, self.registry,
                               AppConfig(max_body_bytes=args.max_body, policy=args.policy,
                                         warm=not args.no_warm, filter_top=args.filter_top),

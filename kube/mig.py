@@ -17,7 +17,8 @@ failed). gpupack keeps its entries in a ConfigMap of its own (default
 
 Every write is a read-modify-write with the read's resourceVersion (409: read again and
 redo), although only the leader writes. Node labels go in a JSON merge patch that also
-removes a stale ``nvidia.com/mig.config.state`` (the MIG manager sets it afresh). Events
+removes a stale ``nvidia.com/mig.config.state`` (the MIG manager sets it afresh); the
+outcome of each change is noted in the Node annotation ``gpupack.io/mig-change``. Events
 are core/v1 Events in namespace ``default`` about the Node, as the kubelet's are.
 """
 
@@ -39,6 +40,7 @@ STATE_LABEL = "nvidia.com/mig.config.state"
 EVENT_NAMESPACE = "default"
 COMPONENT = "gpupack-mig-actuator"
 OWN_PREFIX = "gpupack-"
+CHANGE_ANNOTATION = "gpupack.io/mig-change"
 
 
 class MigConfigError(ValueError):
@@ -135,6 +137,13 @@ class MigApi:
         """Ask the MIG manager for entry ``config`` on ``node``."""
         self.core.patch_node(node, {"metadata": {"labels": {CONFIG_LABEL: config,
                                                             STATE_LABEL: None}}},
+                             _request_timeout=10)
+
+    def note_node(self, node: str, text: str) -> None:
+        """Say the last change's outcome on the Node (annotation ``gpupack.io/mig-change``).
+        Also a Node update: kube-scheduler retries the pods it rejected while the GPUs
+        were held, at once rather than after its unschedulable-pod timeout."""
+        self.core.patch_node(node, {"metadata": {"annotations": {CHANGE_ANNOTATION: text}}},
                              _request_timeout=10)
 
     def event(self, node: str, reason: str, message: str, warning: bool = False) -> None:

@@ -35,7 +35,9 @@ Rules (each has a table row in ``tests/scheduler/test_mig_actuator.py``):
   layouts while pods come and go).
 * **demand**: a pending MIG pod waits for a new slice only when no free slice and no
   slice being created (in flight) of its profile, on a GPU model it allows, is left for
-  it (pods in arrival order). A pending whole-GPU pod waits when no node has that many
+  it (pods in arrival order). Free slices of cordoned nodes or nodes with a NoSchedule /
+  NoExecute taint do not count (pods' tolerations are not judged), and such nodes are
+  never changed. A pending whole-GPU pod waits when no node has that many
   whole GPUs free of a model it allows (node selectors are not judged here).
 * **forecast**: per (model, profile), the exponentially decayed count of MIG arrivals
   (half-life ``Settings.half_life_s``): expected arrivals over the next half-life if the
@@ -167,6 +169,9 @@ class NodeView:
     unschedulable: bool = False
     config_label: str | None = None
     state_label: str | None = None
+    # A NoSchedule/NoExecute taint: its free slices serve no ordinary pod, and its GPUs
+    # are not changed (they are someone's dedicated nodes).
+    tainted: bool = False
 
 
 @dataclass(frozen=True)
@@ -285,7 +290,7 @@ def _supply(state: ActuatorState) -> tuple[dict[tuple[str, str], int], dict[tupl
                     for p, k in target:
                         incoming[g.model, p] += max(0, k - have.get(p, 0))
                 continue  # held until it matches: its free instances are not free
-            if n.unschedulable or not g.mig_enabled:
+            if n.unschedulable or n.tainted or not g.mig_enabled:
                 continue
             for s in g.free:
                 free[g.model, s.profile] += 1
@@ -318,7 +323,7 @@ def waiting_demand(state: ActuatorState) -> tuple[dict[tuple[str, str], int],
 def _whole_waiting(state: ActuatorState) -> tuple[WholeDemand, ...]:
     free_by_node = []
     for n in state.nodes:
-        if n.unschedulable:
+        if n.unschedulable or n.tainted:
             continue
         per_model: Counter[str] = Counter(g.model for g in n.gpus
                                           if not g.mig_enabled and not g.holders)
@@ -397,7 +402,8 @@ def _planner_nodes(state: ActuatorState, now: float, s: Settings,
                                held=bool(g.holders) or recently_idle))
         b = backoff.get(n.name)
         opted = (n.reconfigure is MigReconfigure.ON and not n.unschedulable
-                 and n.name not in state.in_flight and (b is None or b.until <= now))
+                 and not n.tainted and n.name not in state.in_flight
+                 and (b is None or b.until <= now))
         if gpus:
             out.append(MigNode(n.name, tuple(gpus), opted_in=opted))
     return out

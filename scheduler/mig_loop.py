@@ -24,8 +24,10 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
+
+from prometheus_client.core import GaugeMetricFamily
 
 from kube.mig import merged_config
 from packing.cpsat import SolverParams
@@ -51,6 +53,7 @@ from scheduler.mig_actuator import (
     changes_from_json,
     changes_json,
     decide,
+    waiting_demand,
 )
 
 log = logging.getLogger("gpupack.scheduler.mig")
@@ -69,13 +72,17 @@ class MigWriter(Protocol):
 
     def label_node(self, node: str, config: str) -> None: ...
 
+    def note_node(self, node: str, text: str) -> None: ...
+
     def event(self, node: str, reason: str, message: str, warning: bool = False) -> None: ...
 
 
 class MigMetrics:
-    """``gpupack_mig_*`` on the extender's registry."""
+    """``gpupack_mig_*`` on the extender's registry: registered by every extender (zero
+    when the actuator is off), so the dashboards and alerts have series everywhere.
+    ``gpupack_mig_slices{profile,state}`` is computed at scrape time (:class:`SliceFigures`)."""
 
-    def __init__(self, registry: Any) -> None:
+    def __init__(self, registry: Any, slices: SliceFigures | None = None) -> None:
         from prometheus_client import Counter, Gauge
 
         self.reconfigurations = Counter(
@@ -92,9 +99,8 @@ class MigMetrics:
             "what they became (mig, whole)", ["to"], registry=registry)
         for t in ("mig", "whole"):
             self.converted.labels(t)
-        self.slices = Gauge("gpupack_mig_slices", "MIG slices per profile: free (exist, "
-                            "no one holds them) and waiting (pending pods no free or "
-                            "coming slice serves)", ["profile", "state"], registry=registry)
+        if slices is not None:
+            registry.register(slices)
         self.backoff = Gauge("gpupack_mig_nodes_backed_off",
                              "nodes the MIG actuator leaves alone after a failed change",
                              registry=registry)
@@ -123,8 +129,10 @@ def _catalog_view(cache: ClusterCache) -> list[NodeView]:
                     holders.add(owner)
             gpus.append(GpuView(g.info.index, g.info.model, g.info.mode is GpuMode.MIG,
                                 tuple(layout), tuple(free), frozenset(holders)))
+        tainted = any(t.effect in ("NoSchedule", "NoExecute") for t in cache.taints(name))
         out.append(NodeView(name, info.mig_reconfigure, tuple(gpus), info.unschedulable,
-                            info.labels.get(CONFIG_LABEL), info.labels.get(STATE_LABEL)))
+                            info.labels.get(CONFIG_LABEL), info.labels.get(STATE_LABEL),
+                            tainted))
     return out
 
 
@@ -310,6 +318,12 @@ class MigActuator:
             extra = (f"; GPUs given back, node left alone for "
                      f"{max(0.0, b.until - self.clock()):.0f} s (failure {b.failures})")
         self.api.event(c.node, reason, message + extra, warning=result != "success")
+        if result != "superseded" or "gone" not in message:
+            try:
+                stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.clock()))
+                self.api.note_node(c.node, f"{result} {c.config} {stamp}")
+            except Exception as e:
+                log.warning("node %s: outcome of %s not noted: %s", c.node, c.config, e)
         self._count(result)
         if result == "success" and self.metrics is not None:
             for _, t in c.targets:
@@ -328,15 +342,6 @@ class MigActuator:
         with self.cache.lock:
             m.held.set(len({k.rsplit("/", 1)[0] if k.count("/") > 2 else k
                             for k in self.cache.holds() if k.startswith(HOLD_PREFIX)}))
-        for state, figures in (("free", d.free), ("waiting", d.waiting)):
-            per_profile: dict[str, int] = {}
-            for (_, p), n in figures.items():
-                per_profile[p] = per_profile.get(p, 0) + n
-            known = {labels[0] for labels in _label_sets(m.slices) if labels[1] == state}
-            for p in known - set(per_profile):
-                m.slices.labels(p, state).set(0)
-            for p, n in per_profile.items():
-                m.slices.labels(p, state).set(n)
 
     def _take(self, holds: list[Hold]) -> str | None:
         """Hold each of ``holds`` (under the cache lock); on the first that cannot be had,
@@ -413,8 +418,62 @@ def _merge(cfg: dict[str, Any], add: Mapping[str, Any], referenced: set[str]
     return merged_config(cfg, add, referenced)
 
 
-def _label_sets(gauge: Any) -> list[tuple[str, ...]]:
-    return list(getattr(gauge, "_metrics", {}).keys())
+def slice_figures(cache: ClusterCache) -> tuple[dict[tuple[str, str], int],
+                                               dict[tuple[str, str], int]]:
+    """(free, waiting) slices per (model, profile) from the cache: what
+    :func:`~scheduler.mig_actuator.waiting_demand` says without changes in flight."""
+    with cache.lock:
+        nodes = _catalog_view(cache)
+        pods = tuple(MigPod(p.key, p.mig_profile, p.gpu_models) for p in cache.pending()
+                     if p.kind is RequestKind.MIG and p.mig_profile)
+    waiting, free = waiting_demand(ActuatorState(tuple(nodes), mig_pods=pods))
+    return free, waiting
+
+
+class SliceFigures:
+    """Collector of ``gpupack_mig_slices{profile,state}``: the actuator's last decision
+    when it acts (its figures count slices being created), else computed from the cache
+    at most every ``max_age_s`` (a pass over every GPU, kept off the scrape path)."""
+
+    def __init__(self, cache: ClusterCache, actuator: Callable[[], MigActuator | None],
+                 max_age_s: float = 15.0, clock: Clock = time.monotonic) -> None:
+        self.cache = cache
+        self.actuator = actuator
+        self.max_age_s = max_age_s
+        self.clock = clock
+        self._at = -math.inf
+        self._figures: tuple[Mapping[tuple[str, str], int], Mapping[tuple[str, str], int]] = (
+            {}, {})
+
+    def figures(self) -> tuple[Mapping[tuple[str, str], int], Mapping[tuple[str, str], int]]:
+        act = self.actuator()
+        if act is not None and act.last is not None and act.is_leader():
+            return act.last.free, act.last.waiting
+        if self.clock() - self._at >= self.max_age_s:
+            self._figures = slice_figures(self.cache)
+            self._at = self.clock()
+        return self._figures
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        """The family without samples: registering computes nothing."""
+        yield self._family()
+
+    def _family(self) -> GaugeMetricFamily:
+        return GaugeMetricFamily("gpupack_mig_slices", "MIG slices per profile: free (exist, "
+                              "no one holds them) and waiting (pending pods that no free "
+                              "slice and no slice being created serves)",
+                              labels=["profile", "state"])
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        g = self._family()
+        free, waiting = self.figures()
+        for state, figures in (("free", free), ("waiting", waiting)):
+            per_profile: dict[str, int] = {}
+            for (_, p), n in figures.items():
+                per_profile[p] = per_profile.get(p, 0) + n
+            for p, n in sorted(per_profile.items()):
+                g.add_metric([p, state], n)
+        yield g
 
 
 __all__ = ["MigActuator", "MigMetrics", "hold_request"]
