@@ -18,7 +18,9 @@
 - a second, plain kube-scheduler (no extender) whose profile is named
   ``plain-kube-scheduler``, for contrast runs of the same workload,
 - the node agent (``gpupack agent``, the real command) with its test doubles for NVML
-  and the kubelet's PodResources, reporting one Node, as the chart's agent ServiceAccount.
+  and the kubelet's PodResources, reporting one Node, as the chart's agent ServiceAccount;
+- a double of the GPU Operator's MIG manager (``mig_manager_double.py``, as the admin):
+  it applies the mig-parted entries gpupack's MIG actuator asks for.
 
 No kubelet runs: tests create Node objects and set their capacity through the status
 subresource, as kube-scheduler's scheduler_perf does; pods are bound and never started.
@@ -64,7 +66,12 @@ PLAIN_SCHEDULER_NAME = "plain-kube-scheduler"
 AGENT_NODE = "e2e-agent-node"
 # Order of start; down stops in reverse.
 COMPONENTS = ("etcd", "apiserver", "webhook", "extender", "scheduler", "extender-b",
-              "scheduler-b", "plain-scheduler", "node-agent")
+              "scheduler-b", "plain-scheduler", "node-agent", "mig-manager")
+# Chart values of the stack: the MIG actuator on (its RBAC rendered and applied, and
+# --mig-actuator on the extender and the webhook); it acts only on nodes labelled
+# gpupack.io/mig-reconfigure: "true", which only tests/e2e/test_e2e_mig.py creates.
+CHART_VALUES = ("--set", "migActuator.enabled=true")
+MIG_CONFIG_MAP = "gpupack-mig-parted-config"
 # Kinds of the chart applied to the API server. Workloads (Deployments, the DaemonSet),
 # Services and monitoring objects are not: their processes run here directly.
 APPLIED_KINDS = ("Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role",
@@ -588,7 +595,7 @@ def up(dir_: Path, *, extender_args: Sequence[str] = (), plain: bool = True,
     run(["bash", str(REPO / "manifests" / "tls" / "make-self-signed.sh"), str(tls_dir),
          NAMESPACE, f"{RELEASE}-webhook", "7"], env={**os.environ, "EXTRA_SANS": "IP:127.0.0.1"})
     ca_b64 = base64.b64encode((tls_dir / "ca.crt").read_bytes()).decode()
-    objs = render_chart(ca_b64)
+    objs = render_chart(ca_b64, CHART_VALUES)
     applied = [o for o in objs if o.get("kind") in APPLIED_KINDS
                and o.get("kind") != "MutatingWebhookConfiguration"]
     apply_objects(admin, sorted(applied, key=lambda o: o["kind"] != "Namespace"))
@@ -646,6 +653,11 @@ def up(dir_: Path, *, extender_args: Sequence[str] = (), plain: bool = True,
                      "--node-name", AGENT_NODE, "--kubeconfig", str(kubeconfigs["node-agent"]),
                      "--interval", "1", "--min-patch-interval", "1", "--metrics-port", "0"],
             "cwd": str(dir_), "env": GPUPACK_ENV}
+    components["mig-manager"] = {
+        "argv": [sys.executable, str(HERE / "mig_manager_double.py"), "--kubeconfig",
+                 str(stack.kubeconfig), "--namespace", NAMESPACE, "--config-map",
+                 MIG_CONFIG_MAP, "--delay", "1.0"],
+        "cwd": str(dir_), "env": GPUPACK_ENV}
     stack.save(state)
     stack.start("webhook")
     for suffix in replicas:
@@ -653,7 +665,8 @@ def up(dir_: Path, *, extender_args: Sequence[str] = (), plain: bool = True,
     # Only once the webhook answers: register it (failurePolicy then means what it says).
     apply_objects(admin, [webhook_config_for_url(objs, webhook_url)])
     # Replica "a" first, so that it takes the lease and "b" starts as the standby.
-    for component in ("scheduler", "scheduler-b", "plain-scheduler", "node-agent"):
+    for component in ("scheduler", "scheduler-b", "plain-scheduler", "node-agent",
+                      "mig-manager"):
         if component in components:
             stack.start(component)
     return stack

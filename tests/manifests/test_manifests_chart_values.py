@@ -229,6 +229,18 @@ def _max_group_gpus(objs: list[Obj]) -> None:
     assert arg(containers(objs)["extender"], "--max-group-gpus") == "32"
 
 
+def _mig_actuator(objs: list[Obj]) -> None:
+    for name in ("extender", "webhook"):
+        assert "--mig-actuator" in containers(objs)[name]["command"], name
+    rules = find(objs, "ClusterRole", "gp-prod-extender")["rules"]
+    assert {"apiGroups": [""], "resources": ["nodes"], "verbs": ["patch"]} in rules
+    assert {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]} in rules
+
+
+def _mig_config_map(objs: list[Obj]) -> None:
+    assert arg(containers(objs)["extender"], "--mig-config-map") == "mig-layouts"
+
+
 def _policy(objs: list[Obj]) -> None:
     assert arg(containers(objs)["extender"], "--policy") == "bestfit"
 
@@ -388,6 +400,8 @@ CASES: dict[str, tuple[dict[str, Any] | None, Callable[[list[Obj]], None]]] = {
     "extender.weight": (None, _weight),
     "extender.httpTimeout": (None, _http_timeout),
     "extender.maxGroupGpus": (None, _max_group_gpus),
+    "migActuator.enabled": (None, _mig_actuator),
+    "migActuator.configMap": (None, _mig_config_map),
     "policy": (None, _policy),
     "webhook.port": (None, _webhook_port),
     "webhook.timeoutSeconds": (None, _webhook_timeout),
