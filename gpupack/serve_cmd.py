@@ -142,6 +142,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mig-backoff", type=float, default=60.0,
                    help="MIG actuator: seconds a node is left alone after its first failed "
                         "change, doubling per failure up to an hour (default 60)")
+    p.add_argument("--mig-min-idle", type=float, default=60.0,
+                   help="MIG actuator: seconds a MIG GPU must have been idle before its "
+                        "layout changes (no flapping while pods come and go; default 60)")
     p.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
 
 
@@ -240,7 +243,8 @@ class Components:
             self.mig = MigActuator(
                 self.cache, MigApi(api, args.namespace, args.mig_config_map),
                 is_leader=self.leader.is_leader, reserved=self.groups.held_members,
-                settings=MigSettings(timeout_s=args.mig_timeout, backoff_s=args.mig_backoff),
+                settings=MigSettings(timeout_s=args.mig_timeout, backoff_s=args.mig_backoff,
+                                     min_idle_s=args.mig_min_idle),
                 metrics=mig_metrics)
         self.app = create_app(self.cache, self.planner, self.binder, self.registry,
                               AppConfig(max_body_bytes=args.max_body, policy=args.policy,
@@ -335,6 +339,8 @@ def check_args(args: argparse.Namespace) -> str | None:
         return why
     if args.mig_timeout <= 0 or args.mig_backoff <= 0:
         return "--mig-timeout and --mig-backoff must be positive"
+    if args.mig_min_idle < 0:
+        return "--mig-min-idle must be 0 or positive"
     if args.filter_top < 0:
         return "--filter-top must be 0 (every fitting node) or positive"
     if args.plan_per_class < 0:

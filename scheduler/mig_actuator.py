@@ -31,6 +31,8 @@ Rules (each has a table row in ``tests/scheduler/test_mig_actuator.py``):
   ``timeout`` after ``Settings.timeout_s``; ``superseded`` when someone else relabelled
   the node or the node went. ``failed`` and ``timeout`` back the node off
   (``backoff_s`` doubling per failure up to ``backoff_max_s``); ``success`` clears it.
+* **a burst is planned as one**: nothing starts while MIG pods still arrive (the last
+  one less than ``settle_s`` ago), unless the oldest has waited ``max_settle_s``.
 * **MIG GPUs idle for less than ``min_idle_s``** are left alone (no flapping between
   layouts while pods come and go).
 * **demand**: a pending MIG pod waits for a new slice only when no free slice and no
@@ -86,6 +88,10 @@ class Settings:
     backoff_max_s: float = 3600.0
     min_idle_s: float = 60.0  # a MIG GPU idle for less is not re-laid out
     half_life_s: float = 300.0  # of the arrival forecast
+    # A burst is planned as one: nothing starts until no MIG pod has arrived for
+    # settle_s, unless the oldest waiting one has waited max_settle_s.
+    settle_s: float = 2.0
+    max_settle_s: float = 10.0
 
 
 DEFAULT_SETTINGS = Settings()
@@ -100,6 +106,10 @@ class Change:
     targets: tuple[tuple[int, Target], ...]  # GPU index -> its new layout
     models: tuple[str, ...]
     started: float
+    # Every GPU's layout after the change, sorted (a multiset): how the change is
+    # recognised on a node whose per-GPU detail is inferred from allocatable counts (no
+    # node agent), where the indices the extender guesses need not be the MIG manager's.
+    expected: tuple[Target, ...] = ()
 
     def target(self, index: int) -> Target | None:
         return next((t for i, t in self.targets if i == index), None)
@@ -107,8 +117,8 @@ class Change:
     def to_json(self) -> dict[str, object]:
         return {"node": self.node, "config": self.config, "started": self.started,
                 "models": list(self.models),
-                "targets": [{"gpu": i, "layout": t if isinstance(t, str) else dict(t)}
-                            for i, t in self.targets]}
+                "targets": [{"gpu": i, "layout": _layout_json(t)} for i, t in self.targets],
+                "expected": [_layout_json(t) for t in self.expected]}
 
     @classmethod
     def from_json(cls, raw: object) -> Change:
@@ -119,22 +129,30 @@ class Change:
             node, config = str(raw["node"]), str(raw["config"])
             started = float(raw["started"])
             models = tuple(str(m) for m in raw["models"])
-            targets: list[tuple[int, Target]] = []
-            for t in raw["targets"]:
-                layout = t["layout"]
-                if layout == WHOLE:
-                    targets.append((int(t["gpu"]), WHOLE))
-                elif isinstance(layout, Mapping):
-                    targets.append((int(t["gpu"]), tuple(sorted(
-                        (str(p), int(n)) for p, n in layout.items() if int(n) > 0))))
-                else:
-                    raise ValueError(f"targets[].layout: {layout!r} is not {WHOLE!r} or "
-                                     "an object of counts")
+            targets = [(int(t["gpu"]), _layout_of(t["layout"], "targets[].layout"))
+                       for t in raw["targets"]]
+            expected = tuple(_layout_of(t, "expected[]") for t in raw.get("expected", ()))
         except (KeyError, TypeError) as e:
             raise ValueError(f"change: missing or malformed field {e}") from None
         if not node or not config.startswith(CONFIG_PREFIX):
             raise ValueError(f"change: node {node!r} / config {config!r} not gpupack's")
-        return cls(node, config, tuple(targets), models, started)
+        return cls(node, config, tuple(targets), models, started, expected)
+
+
+def _layout_json(t: Target) -> object:
+    return t if isinstance(t, str) else dict(t)
+
+
+def _layout_of(layout: object, where: str) -> Target:
+    if layout == WHOLE:
+        return WHOLE
+    if isinstance(layout, Mapping):
+        return tuple(sorted((str(p), int(n)) for p, n in layout.items() if int(n) > 0))
+    raise ValueError(f"{where}: {layout!r} is not {WHOLE!r} or an object of counts")
+
+
+def _sort_key(t: Target) -> tuple[int, Target]:
+    return (0, ()) if isinstance(t, str) else (1, t)
 
 
 @dataclass(frozen=True)
@@ -145,6 +163,11 @@ class GpuView:
     layout: tuple[MigSlot, ...] = ()  # its instances (MIG on)
     free: tuple[MigSlot, ...] = ()  # instances no one holds (MIG on)
     holders: frozenset[str] = frozenset()  # pods / reservations / holds using it
+    inferred: bool = False  # detail inferred from allocatable counts (no agent inventory)
+
+    @property
+    def layout_now(self) -> Target:
+        return self.counts if self.mig_enabled else WHOLE
 
     @property
     def busy(self) -> bool:
@@ -179,6 +202,7 @@ class MigPod:
     key: str
     profile: str
     models: frozenset[str] = frozenset()  # allowed catalog models; empty: any
+    arrived: float = -math.inf  # when the actuator first saw it pending
 
 
 @dataclass(frozen=True)
@@ -282,6 +306,8 @@ def _supply(state: ActuatorState) -> tuple[dict[tuple[str, str], int], dict[tupl
     incoming: dict[tuple[str, str], int] = defaultdict(int)
     for n in state.nodes:
         change = state.in_flight.get(n.name)
+        if change is not None and applied(change, n):
+            change = None  # its slices are there: counted free below, not coming
         for g in n.gpus:
             target = change.target(g.index) if change is not None else None
             if target is not None and not g.matches(target):
@@ -350,8 +376,7 @@ def _finish(change: Change, node: NodeView | None, now: float, s: Settings) -> F
     if node.state_label == "failed":
         return Finish(change, "failed", f"the MIG manager reports {STATE_LABEL}=failed for "
                                         f"{change.config}")
-    gpus = {g.index: g for g in node.gpus}
-    done = all(i in gpus and gpus[i].matches(t) for i, t in change.targets)
+    done = applied(change, node)
     if done and node.state_label == "success":
         return Finish(change, "success", f"{change.config} applied: "
                       + ", ".join(f"GPU {i} {_words(t)}" for i, t in change.targets))
@@ -368,10 +393,28 @@ def _words(t: Target) -> str:
     return "MIG " + " + ".join(f"{n}x{p}" for p, n in t)
 
 
+def applied(change: Change, node: NodeView) -> bool:
+    """Whether the node reports the change's layouts: each target GPU in its target
+    layout or, where the node's GPU detail is inferred from allocatable counts (which
+    cannot say which index is which), the node's layouts equal to the expected multiset."""
+    gpus = {g.index: g for g in node.gpus}
+    if all(i in gpus and gpus[i].matches(t) for i, t in change.targets):
+        return True
+    return bool(change.expected) and any(g.inferred for g in node.gpus) and sorted(
+        (g.layout_now for g in node.gpus), key=_sort_key) == list(change.expected)
+
+
+def expected_layouts(node: NodeView, targets: Sequence[tuple[int, Target]]
+                     ) -> tuple[Target, ...]:
+    t = dict(targets)
+    return tuple(sorted((t.get(g.index, g.layout_now) for g in node.gpus), key=_sort_key))
+
+
 def holds_for(change: Change, node: NodeView | None) -> list[Hold]:
     """What a change in flight holds now: each target GPU not yet in its target layout,
-    whole (MIG off) or each of its free instances (MIG on)."""
-    if node is None:
+    whole (MIG off) or each of its free instances (MIG on); nothing once the node
+    reports the change (:func:`applied`)."""
+    if node is None or applied(change, node):
         return []
     out: list[Hold] = []
     for g in node.gpus:
@@ -438,7 +481,12 @@ def decide(state: ActuatorState, now: float, settings: Settings = DEFAULT_SETTIN
     starts: list[Start] = []
     status = "nothing-to-do"
     busy_models = frozenset(m for c in in_flight.values() for m in c.models)
-    if any(waiting.values()) or whole:
+    arrivals = [p.arrived for p in state.mig_pods]
+    settling = bool(arrivals) and any(waiting.values()) and not whole and (
+        now - max(arrivals) < settings.settle_s and now - min(arrivals) < settings.max_settle_s)
+    if settling:
+        status = "settling"
+    elif any(waiting.values()) or whole:
         pnodes = _planner_nodes(live, now, settings, backoff)
         can = any(n.opted_in and any(not g.held and g.model not in busy_models for g in n.gpus)
                   for n in pnodes)
@@ -451,7 +499,9 @@ def decide(state: ActuatorState, now: float, settings: Settings = DEFAULT_SETTIN
                 config = {i: d for d in ch.devices for i in d.devices}
                 targets = tuple((i, WHOLE if not config[i].mig_enabled
                                  else tuple(config[i].mig_devices)) for i in ch.changed)
-                change = Change(ch.node, ch.config_name, targets, ch.models, now)
+                view = nodes[ch.node]
+                change = Change(ch.node, ch.config_name, targets, ch.models, now,
+                                expected_layouts(view, targets))
                 why = _why(ch, plan.served, plan.whole_served)
                 starts.append(Start(change, ch, why))
                 holds += holds_for(change, nodes.get(ch.node))

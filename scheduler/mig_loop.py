@@ -128,7 +128,8 @@ def _catalog_view(cache: ClusterCache) -> list[NodeView]:
                 if owner is not None:
                     holders.add(owner)
             gpus.append(GpuView(g.info.index, g.info.model, g.info.mode is GpuMode.MIG,
-                                tuple(layout), tuple(free), frozenset(holders)))
+                                tuple(layout), tuple(free), frozenset(holders),
+                                g.info.inferred))
         tainted = any(t.effect in ("NoSchedule", "NoExecute") for t in cache.taints(name))
         out.append(NodeView(name, info.mig_reconfigure, tuple(gpus), info.unschedulable,
                             info.labels.get(CONFIG_LABEL), info.labels.get(STATE_LABEL),
@@ -185,10 +186,11 @@ class MigActuator:
         seen: set[str] = set()
         for p in pending:
             if p.kind is RequestKind.MIG and p.mig_profile:
-                mig_pods.append(MigPod(p.key, p.mig_profile, p.gpu_models))
                 seen.add(p.key)
                 if p.key not in self.arrivals:
                     self.arrivals[p.key] = (now, p.mig_profile, p.gpu_models)
+                mig_pods.append(MigPod(p.key, p.mig_profile, p.gpu_models,
+                                       self.arrivals[p.key][0]))
             elif p.kind is RequestKind.WHOLE and p.gpu_count > 0 and p.key not in reserved:
                 whole.append(WholePod(p.key, p.gpu_count, p.gpu_models))
         horizon = now - 4 * self.settings.half_life_s

@@ -72,6 +72,8 @@ COMPONENTS = ("etcd", "apiserver", "webhook", "extender", "scheduler", "extender
 # gpupack.io/mig-reconfigure: "true", which only tests/e2e/test_e2e_mig.py creates.
 CHART_VALUES = ("--set", "migActuator.enabled=true")
 MIG_CONFIG_MAP = "gpupack-mig-parted-config"
+# The extender's MIG settings for tests: an idle MIG GPU may change after 2 s (not 60).
+E2E_EXTENDER_ARGS = ("--mig-min-idle", "2")
 # Kinds of the chart applied to the API server. Workloads (Deployments, the DaemonSet),
 # Services and monitoring objects are not: their processes run here directly.
 APPLIED_KINDS = ("Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role",
@@ -634,7 +636,8 @@ def up(dir_: Path, *, extender_args: Sequence[str] = (), plain: bool = True,
     state["replicas"] = list(replicas)
     for suffix in replicas:
         components.update(scheduler_pair(objs, bins, dir_, kubeconfigs, ports, suffix,
-                                         extender_args, profile_overrides or {}))
+                                         (*E2E_EXTENDER_ARGS, *extender_args),
+                                         profile_overrides or {}))
     if plain:
         plain_cfg = dir_ / "config" / "plain-scheduler-config.yaml"
         plain_cfg.write_text(yaml.safe_dump(plain_scheduler_config(plain_kc)))

@@ -11,12 +11,12 @@ the config label), it
    slow on request);
 3. fails on request (annotation ``e2e.gpupack.io/mig-fail: "true"``): state ``failed``,
    nothing changed; an entry missing from the ConfigMap fails too;
-4. otherwise applies the entry to its model of the node's GPUs (all whole at first, or
-   what it applied before), as the device plugin and GPU Feature Discovery would show
-   it: ``status.allocatable``/``capacity`` (``nvidia.com/gpu`` for the whole GPUs,
-   ``nvidia.com/mig-<profile>`` counts), the GFD labels ``nvidia.com/mig-<p>.count``, and
-   the node agent's ``gpupack.io/inventory`` (each instance at a valid start, from
-   ``packing.mig.layout_from_counts``);
+4. otherwise applies the entry to its model of the node's GPUs (at first what the agent
+   inventory says, else all whole; then what it applied before), as the device plugin
+   and GPU Feature Discovery would show it: ``status.allocatable``/``capacity``
+   (``nvidia.com/gpu`` for the whole GPUs, ``nvidia.com/mig-<profile>`` counts), the GFD
+   labels ``nvidia.com/mig-<p>.count``, and the node agent's ``gpupack.io/inventory``
+   (each instance at a valid start, from ``packing.mig.layout_from_counts``);
 5. half a second later sets the state ``success`` (the device plugin restarts before
    the manager reports success, so allocatable moves first).
 
@@ -43,7 +43,7 @@ from kubernetes import client, config  # noqa: E402
 from kubernetes.client.rest import ApiException  # noqa: E402
 
 from packing.catalog import match_product  # noqa: E402
-from packing.inventory import GpuInventory, Inventory, encode  # noqa: E402
+from packing.inventory import GpuInventory, Inventory, decode, encode  # noqa: E402
 from packing.mig import layout_from_counts  # noqa: E402
 from packing.model import GpuMode, MigInstance  # noqa: E402
 
@@ -123,7 +123,9 @@ class Double:
         model = match_product(product)
         geom = model.mig
         assert geom is not None, product
-        layouts = self.layouts.setdefault(name, {i: None for i in range(gpus)})
+        if name not in self.layouts:
+            self.layouts[name] = initial_layouts(ann, gpus)
+        layouts = self.layouts[name]
         for dev in entry:
             devices = range(gpus) if dev.get("devices") == "all" else dev["devices"]
             for i in devices:
@@ -162,6 +164,19 @@ class Double:
         self.applied += 1
         log.info("node %s: %s applied (%s; %d whole GPUs)", name, wanted,
                  json.dumps(counts, sort_keys=True), whole)
+
+
+def initial_layouts(ann: dict[str, str], gpus: int) -> Layouts:
+    """The node's GPUs before the first change: the agent inventory's, else all whole."""
+    out: Layouts = {i: None for i in range(gpus)}
+    if INVENTORY in ann:
+        for g in decode(ann[INVENTORY]).gpus:
+            if g.mode is GpuMode.MIG:
+                counts: dict[str, int] = {}
+                for m in g.mig:
+                    counts[m.profile] = counts.get(m.profile, 0) + 1
+                out[g.index] = counts
+    return out
 
 
 def main(argv: list[str]) -> int:

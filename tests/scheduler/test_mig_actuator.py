@@ -100,6 +100,12 @@ START_CASES = [
      {"backoff": {"a": Backoff(until=50.0, failures=1)}}, ["a"]),
     ("every GPU busy: nothing",
      [node("a", [whole(i, (f"ns/p{i}",)) for i in range(8)])], asr(5), {}, []),
+    ("burst still arriving: wait", [node("a")],
+     tuple(replace(p, arrived=99.0) for p in asr(5)), {}, []),
+    ("burst settled: acts", [node("a")],
+     tuple(replace(p, arrived=97.0) for p in asr(5)), {}, ["a"]),
+    ("oldest waited long enough: acts despite new arrivals", [node("a")],
+     (replace(asr(1)[0], arrived=85.0), replace(asr(1, 1)[0], arrived=99.5)), {}, ["a"]),
     ("node in MIG mode preferred",
      [node("a"), node("m", [mig(0, {0: ("7g.80gb", "ns/big")}), whole(1)])],
      asr(3), {}, ["m"]),
@@ -186,6 +192,33 @@ def test_end_of_a_change(name: str, view: NodeView, now: float, result: str | No
         assert d.backoff["a"] == Backoff(now + 60, 1)
 
 
+def test_inferred_layout_recognised_by_its_multiset() -> None:
+    """Without the node agent the extender infers which GPUs are MIG from allocatable
+    counts, at indices of its own choosing: the change is recognised by the node's
+    layouts as a multiset, and holds nothing once they are there."""
+    before = node("a", [replace(whole(i), inferred=True) for i in range(4)])
+    c = replace(change("a", {0: SEVEN, 2: SEVEN}, started=50.0),
+                expected=(WHOLE, WHOLE, SEVEN, SEVEN))
+    after = node("a", [replace(whole(0), inferred=True), replace(whole(1), inferred=True),
+                       replace(mig(2, dict(MIG7)), inferred=True),
+                       replace(mig(3, dict(MIG7)), inferred=True)],
+                 config_label="gpupack-abc", state_label="success")
+    d = decide(state([after], in_flight={"a": c}), 100.0, S, FAST)
+    assert [f.result for f in d.finishes] == ["success"] and d.holds == ()
+    pending = replace(after, state_label="pending")
+    d = decide(state([pending], asr(14), in_flight={"a": c}), 100.0, S, FAST)
+    assert d.finishes == () and d.holds == () and d.waiting == {}
+    d = decide(state([replace(before, config_label="gpupack-abc")], in_flight={"a": c}),
+               100.0, S, FAST)
+    assert {h.gpu for h in d.holds} == {0, 2}
+
+
+def test_a_start_records_the_expected_layouts() -> None:
+    d = decide(state([node("a", [whole(i) for i in range(3)])], asr(7)), 100.0, S, FAST)
+    (s,) = d.starts
+    assert sorted(s.change.expected, key=str) == sorted([WHOLE, WHOLE, SEVEN], key=str)
+
+
 def test_backoff_doubles_and_success_clears_it() -> None:
     c = change("a", {0: SEVEN}, started=50.0)
     failed = node("a", config_label="gpupack-abc", state_label="failed")
@@ -228,7 +261,7 @@ def test_forecast_decays_with_age() -> None:
 
 
 def test_changes_round_trip_and_bad_entries_named() -> None:
-    c = {"a": change("a", {0: SEVEN, 1: WHOLE})}
+    c = {"a": replace(change("a", {0: SEVEN, 1: WHOLE}), expected=(WHOLE, SEVEN))}
     back, problems = changes_from_json(changes_json(c))
     assert back == c and problems == []
     back, problems = changes_from_json('[{"node": "a"}, {"node": "b", "config": "x", '

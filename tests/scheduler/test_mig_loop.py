@@ -58,7 +58,7 @@ def setup(pods: int = 3, leader: bool = True) -> tuple[Any, FakeApi, MigActuator
     clock = FakeClock()
     registry = CollectorRegistry()
     act = MigActuator(cache, api, is_leader=lambda: leader, clock=clock, params=FAST,
-                      settings=Settings(backoff_s=60), metrics=MigMetrics(registry))
+                      settings=Settings(backoff_s=60, settle_s=0), metrics=MigMetrics(registry))
     return cache, api, act, clock, registry
 
 
