@@ -255,7 +255,8 @@ def test_slices_being_created_serve_pods_no_second_change() -> None:
 
 
 def test_forecast_decays_with_age() -> None:
-    arrivals = tuple((t, "1g.10gb", frozenset()) for t in (0.0, 0.0, 100.0, 100.0))
+    none: frozenset[str] = frozenset()
+    arrivals = tuple((t, "1g.10gb", none) for t in (0.0, 0.0, 100.0, 100.0))
     assert forecast(arrivals, 100.0, 100.0, [H100]) == {(H100, "1g.10gb"): 3}
     assert forecast(arrivals, 1000.0, 100.0, [H100]) == {}
 
