@@ -559,7 +559,7 @@ class ReservationBook:
     def figures(self) -> tuple[int, int, dict[str, int]]:
         """(active reservations, GPUs held for members not bound, waiting groups by reason)."""
         with self.cache.lock:
-            gpus = sum(len(p.gpus) for req, p in self.cache.holds().values()
-                       if req.kind is RequestKind.WHOLE)
+            gpus = sum(len(p.gpus) for hk, (req, p) in self.cache.holds().items()
+                       if req.kind is RequestKind.WHOLE and RESERVE_MARK in hk)
             waiting = Counter(w.category for w in self.waiting.values())
             return len(self.records), gpus, dict(waiting)

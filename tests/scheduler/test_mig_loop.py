@@ -165,3 +165,17 @@ def test_slice_figures_from_the_cache_without_an_actuator() -> None:
     MigMetrics(registry, figures)
     assert registry.get_sample_value("gpupack_mig_slices",
                                      {"profile": "1g.10gb", "state": "waiting"}) == 2
+
+
+def test_the_reservation_book_leaves_mig_holds_alone_and_does_not_count_them() -> None:
+    from scheduler.groups import ReservationBook
+
+    cache, _, act, _, _ = setup()
+    act.step()
+    held = mig_holds(cache)
+    assert held
+    book = ReservationBook(cache, records_listed=True)
+    assert book.check_ready()
+    book.step(force=True)
+    assert mig_holds(cache) == held
+    assert book.figures()[1] == 0  # gpupack_group_reserved_gpus counts groups' rooms only
