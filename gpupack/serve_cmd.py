@@ -133,8 +133,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="webhook: treat namespace NS as opted in to strict mode (repeatable)")
     add_mig_actuator_argument(p)
     p.add_argument("--mig-config-map", default="gpupack-mig-parted-config",
-                   help="MIG actuator: the mig-parted ConfigMap in --namespace that gpupack "
-                        "writes and the GPU Operator's MIG manager reads (default "
+                   metavar="[NAMESPACE/]NAME",
+                   help="MIG actuator: the mig-parted ConfigMap gpupack writes and the GPU "
+                        "Operator's MIG manager reads, in NAMESPACE (default --namespace; "
+                        "the MIG manager reads its own namespace's) (default "
                         "gpupack-mig-parted-config; docs/mig.md)")
     p.add_argument("--mig-timeout", type=float, default=900.0,
                    help="MIG actuator: seconds after which a layout change not applied "
@@ -240,8 +242,9 @@ class Components:
             from kube.mig import MigApi
             from scheduler.mig_actuator import Settings as MigSettings
 
+            cm_ns, _, cm_name = args.mig_config_map.rpartition("/")
             self.mig = MigActuator(
-                self.cache, MigApi(api, args.namespace, args.mig_config_map),
+                self.cache, MigApi(api, cm_ns or args.namespace, cm_name),
                 is_leader=self.leader.is_leader, reserved=self.groups.held_members,
                 settings=MigSettings(timeout_s=args.mig_timeout, backoff_s=args.mig_backoff,
                                      min_idle_s=args.mig_min_idle),
@@ -341,6 +344,10 @@ def check_args(args: argparse.Namespace) -> str | None:
         return "--mig-timeout and --mig-backoff must be positive"
     if args.mig_min_idle < 0:
         return "--mig-min-idle must be 0 or positive"
+    ns, _, name = str(args.mig_config_map).rpartition("/")
+    if not name or "/" in ns or (str(args.mig_config_map).startswith("/")):
+        return (f"--mig-config-map {args.mig_config_map!r}: expected NAME or "
+                "NAMESPACE/NAME")
     if args.filter_top < 0:
         return "--filter-top must be 0 (every fitting node) or positive"
     if args.plan_per_class < 0:

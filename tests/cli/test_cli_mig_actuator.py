@@ -81,3 +81,8 @@ def test_simulate_bundled_scenario_with_and_without_the_actuator(tmp_path: Path)
 def test_serve_refuses_bad_mig_actuator_settings(flags: list[str], says: str) -> None:
     out = gpupack("serve", "--mig-actuator", *flags)
     assert out.returncode == 2 and says in out.stderr, out.stderr
+
+
+def test_serve_refuses_a_malformed_mig_config_map() -> None:
+    out = gpupack("serve", "--mig-actuator", "--mig-config-map", "a/b/c")
+    assert out.returncode == 2 and "--mig-config-map 'a/b/c'" in out.stderr, out.stderr

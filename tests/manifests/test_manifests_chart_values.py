@@ -238,7 +238,17 @@ def _mig_actuator(objs: list[Obj]) -> None:
 
 
 def _mig_config_map(objs: list[Obj]) -> None:
-    assert arg(containers(objs)["extender"], "--mig-config-map") == "mig-layouts"
+    assert arg(containers(objs)["extender"], "--mig-config-map").endswith("/mig-layouts")
+
+
+def _mig_config_map_namespace(objs: list[Obj]) -> None:
+    assert arg(containers(objs)["extender"], "--mig-config-map") == "gpu-operator/mig-layouts"
+    role = find(objs, "Role", "gp-prod-mig-config")
+    assert role["metadata"]["namespace"] == "gpu-operator"
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["configmaps"],
+                              "verbs": ["get", "create", "update"]}]
+    binding = find(objs, "RoleBinding", "gp-prod-mig-config")
+    assert binding["subjects"][0]["name"] == "gp-prod-scheduler"
 
 
 def _policy(objs: list[Obj]) -> None:
@@ -402,6 +412,7 @@ CASES: dict[str, tuple[dict[str, Any] | None, Callable[[list[Obj]], None]]] = {
     "extender.maxGroupGpus": (None, _max_group_gpus),
     "migActuator.enabled": (None, _mig_actuator),
     "migActuator.configMap": (None, _mig_config_map),
+    "migActuator.configMapNamespace": (None, _mig_config_map_namespace),
     "policy": (None, _policy),
     "webhook.port": (None, _webhook_port),
     "webhook.timeoutSeconds": (None, _webhook_timeout),
