@@ -13,9 +13,10 @@ from kube.snapshot import BuiltSnapshot, build_snapshot
 
 MIG_ACTUATOR_HELP = (
     "count MIG slices that could be created on idle GPUs of nodes labelled "
-    'gpupack.io/mig-reconfigure: "true" (only right where something re-partitions them; '
-    "gpupack ships no MIG actuator yet, so the default is off: every node's MIG layout "
-    "is what it reports)")
+    'gpupack.io/mig-reconfigure: "true" (only right where something re-partitions them: '
+    "on gpupack serve against a cluster this also runs the MIG actuator, which asks the "
+    "GPU Operator's MIG manager for the layouts, docs/mig.md; off by default: every "
+    "node's MIG layout is what it reports)")
 
 
 def add_mig_actuator_argument(p: argparse.ArgumentParser) -> None:

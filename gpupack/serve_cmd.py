@@ -129,6 +129,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--strict-namespace", action="append", default=[], metavar="NS",
                    help="webhook: treat namespace NS as opted in to strict mode (repeatable)")
     add_mig_actuator_argument(p)
+    p.add_argument("--mig-config-map", default="gpupack-mig-parted-config",
+                   metavar="[NAMESPACE/]NAME",
+                   help="MIG actuator: the mig-parted ConfigMap gpupack writes and the GPU "
+                        "Operator's MIG manager reads, in NAMESPACE (default --namespace; "
+                        "the MIG manager reads its own namespace's) (default "
+                        "gpupack-mig-parted-config; docs/mig.md)")
+    p.add_argument("--mig-timeout", type=float, default=900.0,
+                   help="MIG actuator: seconds after which a layout change not applied "
+                        "counts as failed (default 900)")
+    p.add_argument("--mig-backoff", type=float, default=60.0,
+                   help="MIG actuator: seconds a node is left alone after its first failed "
+                        "change, doubling per failure up to an hour (default 60)")
+    p.add_argument("--mig-min-idle", type=float, default=60.0,
+                   help="MIG actuator: seconds a MIG GPU must have been idle before its "
+                        "layout changes (no flapping while pods come and go; default 60)")
     p.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     # Defragmentation (docs/defrag.md): on the active extender only.
     p.add_argument("--defrag", default="off", choices=["off", "plan", "act"],
@@ -228,6 +243,23 @@ class Components:
                                       is_leader=self.leader.is_leader, namespace=args.namespace,
                                       inputs=self.inputs, max_group_gpus=args.max_group_gpus)
         self.tap = ReservationTap(self.cache, self.groups)
+        # The MIG actuator (docs/mig.md): on the leader only, against a cluster only. Its
+        # metrics exist on every extender (zero when it is off).
+        from scheduler.mig_loop import MigActuator, MigMetrics, SliceFigures
+
+        self.mig: MigActuator | None = None
+        mig_metrics = MigMetrics(self.registry, SliceFigures(self.cache, lambda: self.mig))
+        if args.mig_actuator and (args.kubeconfig or args.in_cluster):
+            from kube.mig import MigApi
+            from scheduler.mig_actuator import Settings as MigSettings
+
+            cm_ns, _, cm_name = args.mig_config_map.rpartition("/")
+            self.mig = MigActuator(
+                self.cache, MigApi(api, cm_ns or args.namespace, cm_name),
+                is_leader=self.leader.is_leader, reserved=self.groups.held_members,
+                settings=MigSettings(timeout_s=args.mig_timeout, backoff_s=args.mig_backoff,
+                                     min_idle_s=args.mig_min_idle),
+                metrics=mig_metrics)
         self.defrag: Any = None
         if args.defrag != "off":
             self.defrag, self.tap = defragmenter(args, self, api)
@@ -270,6 +302,8 @@ class Components:
         self.groups.start()
         if self.defrag is not None:
             self.defrag.start()
+        if self.mig is not None:
+            self.mig.start()
         if self.lws is not None:
             self.lws.start()
         self.source.start(self.tap, self.tap, self.inputs)
@@ -340,6 +374,14 @@ def check_args(args: argparse.Namespace) -> str | None:
     why = metrics_auth_error(args.metrics_auth, bool(args.kubeconfig or args.in_cluster))
     if why is not None:
         return why
+    if args.mig_timeout <= 0 or args.mig_backoff <= 0:
+        return "--mig-timeout and --mig-backoff must be positive"
+    if args.mig_min_idle < 0:
+        return "--mig-min-idle must be 0 or positive"
+    ns, _, name = str(args.mig_config_map).rpartition("/")
+    if not name or "/" in ns or (str(args.mig_config_map).startswith("/")):
+        return (f"--mig-config-map {args.mig_config_map!r}: expected NAME or "
+                "NAMESPACE/NAME")
     if args.filter_top < 0:
         return "--filter-top must be 0 (every fitting node) or positive"
     if args.plan_per_class < 0:

@@ -11,7 +11,10 @@ Metric sources (see the code for their definitions):
   ``gpupack_extender_requests_total{verb,outcome}``,
   ``gpupack_extender_request_seconds{verb}`` (histogram), ``gpupack_binds_total{result}``,
   ``gpupack_plan_solve_seconds``, ``gpupack_plan_age_seconds``,
-  ``gpupack_plan_status{status}``.
+  ``gpupack_plan_status{status}``; MIG actuator, ``scheduler/mig_loop.py``:
+  ``gpupack_mig_slices{profile,state}``, ``gpupack_mig_reconfigurations_total{result}``,
+  ``gpupack_mig_reconfigurations_in_flight``, ``gpupack_mig_gpus_converted_total{to}``,
+  ``gpupack_mig_gpus_held``, ``gpupack_mig_nodes_backed_off``.
 * webhook, ``webhook/metrics.py``: ``gpupack_webhook_reviews_total{outcome,class}``,
   ``gpupack_webhook_warnings_total{class}``, ``gpupack_webhook_latency_seconds``.
 * node agent, ``nodeagent/metrics.py``: ``gpupack_gpu_memory_{total,used}_bytes{gpu,
@@ -132,6 +135,25 @@ CLUSTER = Dashboard(
             description="MIG instances by GPU model and profile: used by a pod, or created "
                         "and free. Many free instances of one profile while pods of another "
                         "wait is a layout to rebalance."),
+        Panel("MIG slices per profile: free vs waiting", (
+            Q("sum by (profile, state) (gpupack_mig_slices)", "{{profile}} {{state}}"),),
+            width=12,
+            description="Free: slices that exist and no pod holds. Waiting: pending pods "
+                        "that no free slice and no slice being created serves (the MIG "
+                        "actuator's demand; docs/mig.md)."),
+        Panel("MIG reconfigurations", (
+            Q("sum by (result) (increase(gpupack_mig_reconfigurations_total"
+              "[$__rate_interval]))", "{{result}}"),
+            Q("gpupack_mig_reconfigurations_in_flight", "in flight"),
+            Q("gpupack_mig_nodes_backed_off", "nodes backed off"),), width=12,
+            description="Layout changes the MIG actuator handed to the GPU Operator's MIG "
+                        "manager, by result; in flight; nodes left alone after a failure. "
+                        "Alert GpupackMigReconfigurationFailed on failed or timed-out ones."),
+        Panel("GPUs converted by the MIG actuator", (
+            Q("sum by (to) (gpupack_mig_gpus_converted_total)", "to {{to}}"),
+            Q("gpupack_mig_gpus_held", "GPUs held for changes in flight"),), width=12,
+            description="GPUs whose layout a successful change set (to MIG, back to "
+                        "whole), and GPUs held while a change runs."),
         Panel("Group reservations", (
             Q("gpupack_group_reservations", "reservations"),
             Q("gpupack_group_reserved_gpus", "GPUs held"),), width=12,
@@ -352,6 +374,15 @@ RULE_GROUPS: list[dict[str, Any]] = [
                    "{{ $value }} LLM / whole-GPU pods of the gpupack scheduler are pending "
                    f"and have been for {LLM_WAIT_MINUTES} minutes or more; see the "
                    "'Pending pods by class and reason' panel."),
+            _alert("GpupackMigReconfigurationFailed",
+                   "sum(increase(gpupack_mig_reconfigurations_total"
+                   '{result=~"failed|timeout|error"}[30m]))',
+                   ">", "0", "0m", "warning",
+                   "MIG layout changes failed",
+                   "{{ $value }} MIG layout change(s) failed, timed out or could not be "
+                   "handed to the MIG manager in the last 30 minutes; the GPUs were given "
+                   "back and the nodes backed off. See the node's Events "
+                   "(MigReconfigureFailed) and nvidia.com/mig.config.state."),
             _alert("GpupackFragmentationHigh",
                    "max(gpupack_fragmentation_ratio)",
                    ">", str(FRAGMENTATION_THRESHOLD), "30m", "info",

@@ -99,6 +99,8 @@ def _future(cache: ClusterCache, ns: str, records: Mapping[str, ReservationRecor
     """Rooms held in ``ns`` for members not created yet: they will count once created."""
     out: list[tuple[PodRequest, PodConstraints | str | None]] = []
     for hk, (req, _) in sorted(cache.holds().items()):
+        if RESERVE_MARK not in hk:
+            continue  # not a group's room (the MIG actuator's holds: scheduler/mig_loop.py)
         group, _, slot_text = hk.partition(RESERVE_MARK)
         if group.split("/", 1)[0] != ns:
             continue

@@ -71,3 +71,18 @@ def test_simulate_bundled_scenario_with_and_without_the_actuator(tmp_path: Path)
     assert set(off["failed_by_class"]) <= {"asr", "tts", "small"}
     # On, idle whole H100s may be partitioned: more pods are placed.
     assert on["pods_placed"] > off["pods_placed"]
+
+
+@pytest.mark.parametrize(("flags", "says"), [
+    (["--mig-timeout", "0"], "--mig-timeout and --mig-backoff must be positive"),
+    (["--mig-backoff", "-1"], "--mig-timeout and --mig-backoff must be positive"),
+    (["--mig-min-idle", "-5"], "--mig-min-idle must be 0 or positive"),
+])
+def test_serve_refuses_bad_mig_actuator_settings(flags: list[str], says: str) -> None:
+    out = gpupack("serve", "--mig-actuator", *flags)
+    assert out.returncode == 2 and says in out.stderr, out.stderr
+
+
+def test_serve_refuses_a_malformed_mig_config_map() -> None:
+    out = gpupack("serve", "--mig-actuator", "--mig-config-map", "a/b/c")
+    assert out.returncode == 2 and "--mig-config-map 'a/b/c'" in out.stderr, out.stderr

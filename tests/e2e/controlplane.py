@@ -18,7 +18,9 @@
 - a second, plain kube-scheduler (no extender) whose profile is named
   ``plain-kube-scheduler``, for contrast runs of the same workload,
 - the node agent (``gpupack agent``, the real command) with its test doubles for NVML
-  and the kubelet's PodResources, reporting one Node, as the chart's agent ServiceAccount.
+  and the kubelet's PodResources, reporting one Node, as the chart's agent ServiceAccount;
+- a double of the GPU Operator's MIG manager (``mig_manager_double.py``, as the admin):
+  it applies the mig-parted entries gpupack's MIG actuator asks for.
 
 No kubelet runs: tests create Node objects and set their capacity through the status
 subresource, as kube-scheduler's scheduler_perf does; pods are bound and never started.
@@ -66,16 +68,23 @@ AGENT_NODE = "e2e-agent-node"
 # Order of start; down stops in reverse. "controller-manager" is defined by up() but
 # started only by the tests that need it (start_controllers).
 COMPONENTS = ("etcd", "apiserver", "webhook", "extender", "scheduler", "extender-b",
-              "scheduler-b", "plain-scheduler", "node-agent", "controller-manager")
-# Chart values of the stack: the extender acts on waiting groups (docs/defrag.md), so
-# its grants (events, pods/eviction) are applied and audited like the others. It evicts
-# only pods a controller recreates: the tests' bare pods are never touched.
-CHART_SETTINGS = ("--set", "defrag.mode=act")
+              "scheduler-b", "plain-scheduler", "node-agent", "mig-manager",
+              "controller-manager")
+# Chart values of the stack. The extender acts on waiting groups (docs/defrag.md), so its
+# grants (events, pods/eviction) are applied and audited like the others; it evicts only
+# pods a controller recreates: the tests' bare pods are never touched. The MIG actuator is
+# on (its RBAC rendered and applied, and --mig-actuator on the extender and the webhook);
+# it acts only on nodes labelled gpupack.io/mig-reconfigure: "true", which only
+# tests/e2e/test_e2e_mig.py creates.
+CHART_VALUES = ("--set", "defrag.mode=act", "--set", "migActuator.enabled=true")
 # The controllers a test may need (kube-controller-manager's names): ReplicaSets and
 # Deployments recreate evicted pods, the disruption controller keeps PodDisruptionBudget
 # status. Not the node lifecycle controller: the nodes here have no kubelet, and it
 # would taint and evict them.
 CONTROLLERS = ("replicaset-controller", "deployment-controller", "disruption-controller")
+MIG_CONFIG_MAP = "gpupack-mig-parted-config"
+# The extender's MIG settings for tests: an idle MIG GPU may change after 2 s (not 60).
+E2E_EXTENDER_ARGS = ("--mig-min-idle", "2")
 # Kinds of the chart applied to the API server. Workloads (Deployments, the DaemonSet),
 # Services and monitoring objects are not: their processes run here directly.
 APPLIED_KINDS = ("Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role",
@@ -600,7 +609,7 @@ def up(dir_: Path, *, extender_args: Sequence[str] = (), plain: bool = True,
     run(["bash", str(REPO / "manifests" / "tls" / "make-self-signed.sh"), str(tls_dir),
          NAMESPACE, f"{RELEASE}-webhook", "7"], env={**os.environ, "EXTRA_SANS": "IP:127.0.0.1"})
     ca_b64 = base64.b64encode((tls_dir / "ca.crt").read_bytes()).decode()
-    objs = render_chart(ca_b64, CHART_SETTINGS)
+    objs = render_chart(ca_b64, CHART_VALUES)
     applied = [o for o in objs if o.get("kind") in APPLIED_KINDS
                and o.get("kind") != "MutatingWebhookConfiguration"]
     apply_objects(admin, sorted(applied, key=lambda o: o["kind"] != "Namespace"))
@@ -639,7 +648,8 @@ def up(dir_: Path, *, extender_args: Sequence[str] = (), plain: bool = True,
     state["replicas"] = list(replicas)
     for suffix in replicas:
         components.update(scheduler_pair(objs, bins, dir_, kubeconfigs, ports, suffix,
-                                         extender_args, profile_overrides or {}))
+                                         (*E2E_EXTENDER_ARGS, *extender_args),
+                                         profile_overrides or {}))
     if plain:
         plain_cfg = dir_ / "config" / "plain-scheduler-config.yaml"
         plain_cfg.write_text(yaml.safe_dump(plain_scheduler_config(plain_kc)))
@@ -673,6 +683,11 @@ def up(dir_: Path, *, extender_args: Sequence[str] = (), plain: bool = True,
                      "--node-name", AGENT_NODE, "--kubeconfig", str(kubeconfigs["node-agent"]),
                      "--interval", "1", "--min-patch-interval", "1", "--metrics-port", "0"],
             "cwd": str(dir_), "env": GPUPACK_ENV}
+    components["mig-manager"] = {
+        "argv": [sys.executable, str(HERE / "mig_manager_double.py"), "--kubeconfig",
+                 str(stack.kubeconfig), "--namespace", NAMESPACE, "--config-map",
+                 MIG_CONFIG_MAP, "--delay", "1.0"],
+        "cwd": str(dir_), "env": GPUPACK_ENV}
     stack.save(state)
     stack.start("webhook")
     for suffix in replicas:
@@ -680,7 +695,8 @@ def up(dir_: Path, *, extender_args: Sequence[str] = (), plain: bool = True,
     # Only once the webhook answers: register it (failurePolicy then means what it says).
     apply_objects(admin, [webhook_config_for_url(objs, webhook_url)])
     # Replica "a" first, so that it takes the lease and "b" starts as the standby.
-    for component in ("scheduler", "scheduler-b", "plain-scheduler", "node-agent"):
+    for component in ("scheduler", "scheduler-b", "plain-scheduler", "node-agent",
+                      "mig-manager"):
         if component in components:
             stack.start(component)
     return stack

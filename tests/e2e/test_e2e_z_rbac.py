@@ -17,7 +17,7 @@ from datetime import datetime
 from typing import Any
 
 from cluster import wait_for
-from controlplane import AGENT_NODE, CHART_SETTINGS, NAMESPACE, Stack, render_chart
+from controlplane import AGENT_NODE, CHART_VALUES, NAMESPACE, Stack, render_chart
 from test_e2e_agent import PROBE_AGENT
 
 
@@ -96,7 +96,7 @@ def test_nothing_refused(stack: Stack) -> None:
 
 
 def test_every_grant_is_exercised(stack: Stack) -> None:
-    granted = grants(render_chart("eA==", CHART_SETTINGS))
+    granted = grants(render_chart("eA==", CHART_VALUES))
     done = used(audit_events(stack))
     unused = {sa: sorted(g - done.get(sa, set())) for sa, g in granted.items()}
     assert {sa: u for sa, u in unused.items() if u} == {}, (

@@ -229,6 +229,28 @@ def _max_group_gpus(objs: list[Obj]) -> None:
     assert arg(containers(objs)["extender"], "--max-group-gpus") == "32"
 
 
+def _mig_actuator(objs: list[Obj]) -> None:
+    for name in ("extender", "webhook"):
+        assert "--mig-actuator" in containers(objs)[name]["command"], name
+    rules = find(objs, "ClusterRole", "gp-prod-extender")["rules"]
+    assert {"apiGroups": [""], "resources": ["nodes"], "verbs": ["patch"]} in rules
+    assert {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]} in rules
+
+
+def _mig_config_map(objs: list[Obj]) -> None:
+    assert arg(containers(objs)["extender"], "--mig-config-map").endswith("/mig-layouts")
+
+
+def _mig_config_map_namespace(objs: list[Obj]) -> None:
+    assert arg(containers(objs)["extender"], "--mig-config-map") == "gpu-operator/mig-layouts"
+    role = find(objs, "Role", "gp-prod-mig-config")
+    assert role["metadata"]["namespace"] == "gpu-operator"
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["configmaps"],
+                              "verbs": ["get", "create", "update"]}]
+    binding = find(objs, "RoleBinding", "gp-prod-mig-config")
+    assert binding["subjects"][0]["name"] == "gp-prod-scheduler"
+
+
 def _policy(objs: list[Obj]) -> None:
     assert arg(containers(objs)["extender"], "--policy") == "bestfit"
 
@@ -414,6 +436,9 @@ CASES: dict[str, tuple[dict[str, Any] | None, Callable[[list[Obj]], None]]] = {
     "extender.weight": (None, _weight),
     "extender.httpTimeout": (None, _http_timeout),
     "extender.maxGroupGpus": (None, _max_group_gpus),
+    "migActuator.enabled": (None, _mig_actuator),
+    "migActuator.configMap": (None, _mig_config_map),
+    "migActuator.configMapNamespace": (None, _mig_config_map_namespace),
     "policy": (None, _policy),
     "defrag.mode": (None, _defrag_mode),
     "defrag.evictionsPerMinute": (None, _defrag_rate),

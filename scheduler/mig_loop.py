@@ -1,0 +1,505 @@
+"""The MIG actuator's thin handler: gathers :class:`scheduler.mig_actuator.ActuatorState`
+from the extender's cache, runs :func:`~scheduler.mig_actuator.decide`, and applies the
+decision: cache holds, the mig-parted ConfigMap and the Node label
+(:class:`kube.mig.MigApi`), Events and metrics.
+
+It runs inside the extender (``gpupack serve --mig-actuator``) and acts **only on the
+leader** (``is_leader``) and only once the cache is synced, as the reservation book
+does: the decision needs the cache (pending pods, what each GPU holds, the groups'
+holds), its holds must be in the same cache the verbs answer from, and one writer at a
+time is what the scheduler's lease already gives. A standby does nothing; when it
+becomes the leader it reads the changes in flight back from the ConfigMap and holds
+their GPUs before it decides anything.
+
+Order of a start (the re-check): the holds are taken under the cache lock first (each
+fails if a pod, an assumed bind or a reservation took the GPU since the decision); only
+then are the ConfigMap entry and the Node label written. A write that fails gives the
+holds back and backs the node off. The clock is injected (wall-clock seconds: the
+changes' start times are written to the ConfigMap and must survive a failover).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, Protocol
+
+from prometheus_client.core import GaugeMetricFamily
+
+from kube.mig import merged_config
+from packing.cpsat import SolverParams
+from packing.mig import MigSlot
+from packing.mig_plan import DEFAULT_PARAMS, WHOLE
+from packing.model import GpuMode, Placement, PodRequest, RequestKind
+from scheduler.cache import ClusterCache
+from scheduler.mig_actuator import (
+    CONFIG_LABEL,
+    DEFAULT_SETTINGS,
+    HOLD_PREFIX,
+    STATE_LABEL,
+    ActuatorState,
+    Backoff,
+    Change,
+    Decision,
+    GpuView,
+    Hold,
+    MigPod,
+    NodeView,
+    Settings,
+    WholePod,
+    changes_from_json,
+    changes_json,
+    decide,
+    waiting_demand,
+)
+
+log = logging.getLogger("gpupack.scheduler.mig")
+
+Clock = Callable[[], float]
+RESULTS = ("started", "success", "failed", "timeout", "superseded", "error")
+
+
+class MigWriter(Protocol):
+    """What the handler needs of the API (kube.mig.MigApi; a fake in unit tests)."""
+
+    def read(self) -> tuple[dict[str, Any], str, str | None]: ...
+
+    def write(self, update: Callable[[dict[str, Any], str], tuple[dict[str, Any], str]]
+              ) -> None: ...
+
+    def label_node(self, node: str, config: str) -> None: ...
+
+    def note_node(self, node: str, text: str) -> None: ...
+
+    def event(self, node: str, reason: str, message: str, warning: bool = False) -> None: ...
+
+
+class MigMetrics:
+    """``gpupack_mig_*`` on the extender's registry: registered by every extender (zero
+    when the actuator is off), so the dashboards and alerts have series everywhere.
+    ``gpupack_mig_slices{profile,state}`` is computed at scrape time (:class:`SliceFigures`)."""
+
+    def __init__(self, registry: Any, slices: SliceFigures | None = None) -> None:
+        from prometheus_client import Counter, Gauge
+
+        self.reconfigurations = Counter(
+            "gpupack_mig_reconfigurations", "MIG layout changes by result (started, "
+            "success, failed, timeout, superseded, error = not handed over)",
+            ["result"], registry=registry)
+        for r in RESULTS:
+            self.reconfigurations.labels(r)
+        self.in_flight = Gauge("gpupack_mig_reconfigurations_in_flight",
+                               "MIG layout changes handed to the MIG manager, not ended",
+                               registry=registry)
+        self.converted = Counter(
+            "gpupack_mig_gpus_converted", "GPUs whose layout a successful change set, by "
+            "what they became (mig, whole)", ["to"], registry=registry)
+        for t in ("mig", "whole"):
+            self.converted.labels(t)
+        if slices is not None:
+            registry.register(slices)
+        self.backoff = Gauge("gpupack_mig_nodes_backed_off",
+                             "nodes the MIG actuator leaves alone after a failed change",
+                             registry=registry)
+        self.held = Gauge("gpupack_mig_gpus_held",
+                          "GPUs held for MIG changes in flight", registry=registry)
+
+
+def _node_view(cache: ClusterCache, name: str) -> NodeView:
+    ns = cache.state.nodes[name]
+    info = ns.info
+    gpus = []
+    for g in ns.gpus:
+        holders: set[str] = set()
+        if g.whole_owner is not None:
+            holders.add(g.whole_owner)
+        holders.update(g.shared_owners)
+        layout, free = [], []
+        for start, (profile, owner) in sorted(g.instances.items()):
+            if g.info.mode is GpuMode.MIG:
+                layout.append(MigSlot(profile, start))
+                if owner is None:
+                    free.append(MigSlot(profile, start))
+            if owner is not None:
+                holders.add(owner)
+        gpus.append(GpuView(g.info.index, g.info.model, g.info.mode is GpuMode.MIG,
+                            tuple(layout), tuple(free), frozenset(holders), g.info.inferred))
+    tainted = any(t.effect in ("NoSchedule", "NoExecute") for t in cache.taints(name))
+    return NodeView(name, info.mig_reconfigure, tuple(gpus), info.unschedulable,
+                    info.labels.get(CONFIG_LABEL), info.labels.get(STATE_LABEL), tainted)
+
+
+class Views:
+    """Every node as :func:`decide` sees it, rebuilt only for the nodes whose generation
+    (anything on the node) or taints changed since the last call: a pass over a
+    5,000-node cache is then a dictionary lookup per node, not 40,000 GPU views."""
+
+    def __init__(self, cache: ClusterCache) -> None:
+        self.cache = cache
+        self._memo: dict[str, tuple[tuple[int, Any], NodeView]] = {}
+
+    def all(self) -> list[NodeView]:
+        """Call under the cache lock."""
+        cache = self.cache
+        out = []
+        names = cache.state.nodes
+        for name in names:
+            key = (cache.gen(name), cache.taints(name))
+            hit = self._memo.get(name)
+            if hit is None or hit[0] != key:
+                hit = (key, _node_view(cache, name))
+                self._memo[name] = hit
+            out.append(hit[1])
+        if len(self._memo) > len(names):
+            for gone in [n for n in self._memo if n not in names]:
+                del self._memo[gone]
+        return out
+
+
+def hold_request(h: Hold) -> tuple[PodRequest, Placement]:
+    if h.profile is None:
+        return (PodRequest(h.key, kind=RequestKind.WHOLE, gpu_count=1),
+                Placement(h.key, h.node, (h.gpu,)))
+    return (PodRequest(h.key, kind=RequestKind.MIG, mig_profile=h.profile),
+            Placement(h.key, h.node, (h.gpu,), mig_profile=h.profile, mig_start=h.start))
+
+
+class MigActuator:
+    """See the module docstring."""
+
+    def __init__(self, cache: ClusterCache, api: MigWriter, *,
+                 is_leader: Callable[[], bool] = lambda: True,
+                 reserved: Callable[[], set[str]] = set,
+                 settings: Settings = DEFAULT_SETTINGS, params: SolverParams = DEFAULT_PARAMS,
+                 clock: Clock = time.time, metrics: MigMetrics | None = None,
+                 min_interval_s: float = 1.0) -> None:
+        self.cache = cache
+        self.api = api
+        self.is_leader = is_leader
+        self.reserved = reserved  # pending group members whose room is reserved
+        self.settings = settings
+        self.params = params
+        self.clock = clock
+        self.metrics = metrics
+        self.min_interval_s = min_interval_s
+        self.changes: dict[str, Change] | None = None  # None: not read back yet
+        self.backoff: dict[str, Backoff] = {}
+        self.idle_since: dict[tuple[str, int], float] = {}
+        self.arrivals: dict[str, tuple[float, str, frozenset[str]]] = {}
+        self.last: Decision | None = None
+        self.views = Views(cache)
+        self._was_leader = False
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        cache.subscribe(self._wake.set)
+
+    # ---- gathering -------------------------------------------------------------------------
+
+    def gather(self, now: float) -> ActuatorState:
+        """The decision's input, from the cache (under its lock) and this handler."""
+        with self.cache.lock:
+            nodes = self.views.all()
+            pending = self.cache.pending()
+            reserved = self.reserved()
+        mig_pods, whole = [], []
+        seen: set[str] = set()
+        for p in pending:
+            if p.kind is RequestKind.MIG and p.mig_profile:
+                seen.add(p.key)
+                if p.key not in self.arrivals:
+                    self.arrivals[p.key] = (now, p.mig_profile, p.gpu_models)
+                mig_pods.append(MigPod(p.key, p.mig_profile, p.gpu_models,
+                                       self.arrivals[p.key][0]))
+            elif p.kind is RequestKind.WHOLE and p.gpu_count > 0 and p.key not in reserved:
+                whole.append(WholePod(p.key, p.gpu_count, p.gpu_models))
+        horizon = now - 4 * self.settings.half_life_s
+        self.arrivals = {k: a for k, a in self.arrivals.items() if a[0] >= horizon}
+        idle: dict[tuple[str, int], float] = {}
+        for n in nodes:
+            for g in n.gpus:
+                if g.mig_enabled and not g.busy:
+                    idle[n.name, g.index] = self.idle_since.get((n.name, g.index), now)
+        self.idle_since = idle
+        return ActuatorState(tuple(nodes), dict(self.changes or {}), tuple(mig_pods),
+                             tuple(whole), dict(self.backoff), dict(idle),
+                             tuple(sorted(self.arrivals.values(), key=lambda a: a[0])))
+
+    # ---- one step ----------------------------------------------------------------------------
+
+    def step(self) -> Decision | None:
+        """On the leader with a synced cache: decide and apply. None when it did not act."""
+        leader = self.is_leader()
+        if not leader:
+            if self._was_leader:
+                log.info("no longer leading: MIG holds given back")
+                self._sync_holds(())
+                self.changes = None
+            self._was_leader = False
+            return None
+        if not self.cache.synced:
+            return None
+        self._was_leader = True
+        now = self.clock()
+        if self.changes is None:
+            try:
+                _, text, _ = self.api.read()
+            except Exception as e:
+                log.warning("MIG changes in flight not read back: %s; acting later", e)
+                return None
+            self.changes, problems = changes_from_json(text)
+            for p in problems:
+                log.warning("%s; ignored", p)
+            if self.changes:
+                log.info("leading: following %d MIG change(s) in flight: %s",
+                         len(self.changes), ", ".join(sorted(self.changes)))
+        d = decide(self.gather(now), now, self.settings, self.params)
+        self.apply(d, now)
+        self.last = d
+        return d
+
+    def apply(self, d: Decision, now: float) -> None:
+        assert self.changes is not None
+        self.backoff = dict(d.backoff)
+        started_holds = {h.key for s in d.starts for h in d.holds if h.node == s.change.node}
+        # Holds of changes already in flight (and of ended ones given back) first.
+        kept = tuple(h for h in d.holds if h.key not in started_holds)
+        self._sync_holds(kept, keep=started_holds)
+        for f in d.finishes:
+            self.changes.pop(f.change.node, None)
+            self._finished(f.change, f.result, f.message)
+        if d.finishes:
+            self._write_changes()
+        for s in d.starts:
+            mine = [h for h in d.holds if h.node == s.change.node]
+            why = self._take(mine)
+            if why is not None:
+                log.info("MIG change on %s not started: %s", s.change.node, why)
+                self._count("superseded")
+                continue
+            try:
+                entry = {s.plan.config_name: [dev.to_json() for dev in s.plan.devices]}
+                changes = {**self.changes, s.change.node: s.change}
+                referenced = self._referenced(changes)
+
+                def update(cfg: dict[str, Any], _old: str, e: dict[str, Any] = entry,
+                           c: dict[str, Change] = changes, r: set[str] = referenced
+                           ) -> tuple[dict[str, Any], str]:
+                    return _merge(cfg, e, r), changes_json(c)
+
+                self.api.write(update)
+                self.changes[s.change.node] = s.change
+                self.api.label_node(s.change.node, s.change.config)
+            except Exception as e:
+                log.warning("MIG change on %s not handed over: %s", s.change.node, e)
+                self._give_back(mine)
+                if s.change.node in self.changes:
+                    self.changes.pop(s.change.node)
+                    self._write_changes()
+                fails = self.backoff[s.change.node].failures + 1 \
+                    if s.change.node in self.backoff else 1
+                self.backoff[s.change.node] = Backoff(
+                    now + min(self.settings.backoff_max_s,
+                              self.settings.backoff_s * 2 ** (fails - 1)), fails)
+                self._count("error")
+                continue
+            log.info("MIG change %s on %s: %s", s.change.config, s.change.node, s.why)
+            self.api.event(s.change.node, "MigReconfigureStarted",
+                           f"{s.why}; asked the MIG manager for {s.change.config} "
+                           f"({CONFIG_LABEL})")
+            self._count("started")
+        self._figures(d)
+
+    # ---- pieces --------------------------------------------------------------------------------
+
+    def _referenced(self, changes: Mapping[str, Change]) -> set[str]:
+        with self.cache.lock:
+            names = {v for n in self.cache.state.nodes.values()
+                     if (v := n.info.labels.get(CONFIG_LABEL)) is not None}
+        return names | {c.config for c in changes.values()}
+
+    def _write_changes(self) -> None:
+        assert self.changes is not None
+        changes = dict(self.changes)
+        try:
+            self.api.write(lambda cfg, _old: (_merge(cfg, {}, self._referenced(changes)),
+                                              changes_json(changes)))
+        except Exception as e:
+            log.warning("MIG changes in flight not written: %s", e)
+
+    def _finished(self, c: Change, result: str, message: str) -> None:
+        failed = result in ("failed", "timeout")
+        (log.warning if failed else log.info)("MIG change %s on %s: %s (%s)", c.config,
+                                              c.node, result, message)
+        reason = {"success": "MigReconfigured", "failed": "MigReconfigureFailed",
+                  "timeout": "MigReconfigureTimedOut",
+                  "superseded": "MigReconfigureSuperseded"}[result]
+        extra = ""
+        if failed and c.node in self.backoff:
+            b = self.backoff[c.node]
+            extra = (f"; GPUs given back, node left alone for "
+                     f"{max(0.0, b.until - self.clock()):.0f} s (failure {b.failures})")
+        self.api.event(c.node, reason, message + extra, warning=result != "success")
+        if result != "superseded" or "gone" not in message:
+            try:
+                stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.clock()))
+                self.api.note_node(c.node, f"{result} {c.config} {stamp}")
+            except Exception as e:
+                log.warning("node %s: outcome of %s not noted: %s", c.node, c.config, e)
+        self._count(result)
+        if result == "success" and self.metrics is not None:
+            for _, t in c.targets:
+                self.metrics.converted.labels("whole" if t == WHOLE else "mig").inc()
+
+    def _count(self, result: str) -> None:
+        if self.metrics is not None:
+            self.metrics.reconfigurations.labels(result).inc()
+
+    def _figures(self, d: Decision) -> None:
+        if self.metrics is None:
+            return
+        m = self.metrics
+        m.in_flight.set(len(self.changes or {}))
+        m.backoff.set(sum(1 for b in self.backoff.values() if b.until > self.clock()))
+        with self.cache.lock:
+            m.held.set(len({k.rsplit("/", 1)[0] if k.count("/") > 2 else k
+                            for k in self.cache.holds() if k.startswith(HOLD_PREFIX)}))
+
+    def _take(self, holds: list[Hold]) -> str | None:
+        """Hold each of ``holds`` (under the cache lock); on the first that cannot be had,
+        give back what was taken and say why."""
+        taken: list[Hold] = []
+        with self.cache.lock:
+            current = self.cache.holds()
+            for h in holds:
+                if h.key in current:
+                    taken.append(h)
+                    continue
+                req, p = hold_request(h)
+                why = self.cache.hold(req, p)
+                if why is not None:
+                    self._give_back(taken)
+                    return f"GPU {h.gpu} of {h.node}: {why}"
+                taken.append(h)
+        return None
+
+    def _give_back(self, holds: list[Hold]) -> None:
+        for h in holds:
+            self.cache.unhold(h.key)
+
+    def _sync_holds(self, wanted: tuple[Hold, ...],
+                    keep: frozenset[str] | set[str] = frozenset()) -> None:
+        """Hold exactly ``wanted`` (and leave ``keep`` alone) among this actuator's holds."""
+        want = {h.key: h for h in wanted}
+        with self.cache.lock:
+            for k in [k for k in self.cache.holds() if k.startswith(HOLD_PREFIX)]:
+                if k not in want and k not in keep:
+                    self.cache.unhold(k)
+            current = self.cache.holds()
+            for k, h in want.items():
+                if k in current:
+                    continue
+                req, p = hold_request(h)
+                why = self.cache.hold(req, p)
+                if why is not None:
+                    # A pod took it (bound by someone else): the MIG manager will meet a
+                    # busy GPU and fail; the change ends as failed and backs off.
+                    log.warning("MIG hold %s not taken: %s", k, why)
+
+    # ---- the thread ------------------------------------------------------------------------
+
+    def start(self, poll_s: float = 2.0) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, args=(poll_s,), daemon=True,
+                                            name="gpupack-mig-actuator")
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+
+    def _loop(self, poll_s: float) -> None:
+        last = -math.inf
+        while not self._stop.is_set():
+            self._wake.wait(poll_s)
+            if self._stop.is_set():
+                return
+            wait = last + self.min_interval_s - time.monotonic()
+            if wait > 0:
+                self._stop.wait(wait)
+            self._wake.clear()
+            last = time.monotonic()
+            try:
+                self.step()
+            except Exception:  # a bug must not stop the actuator: logged, tried again
+                log.exception("MIG actuator step failed")
+
+
+def _merge(cfg: dict[str, Any], add: Mapping[str, Any], referenced: set[str]
+           ) -> dict[str, Any]:
+    return merged_config(cfg, add, referenced)
+
+
+def slice_figures(cache: ClusterCache, views: Views | None = None
+                  ) -> tuple[dict[tuple[str, str], int], dict[tuple[str, str], int]]:
+    """(free, waiting) slices per (model, profile) from the cache: what
+    :func:`~scheduler.mig_actuator.waiting_demand` says without changes in flight."""
+    with cache.lock:
+        nodes = (views or Views(cache)).all()
+        pods = tuple(MigPod(p.key, p.mig_profile, p.gpu_models) for p in cache.pending()
+                     if p.kind is RequestKind.MIG and p.mig_profile)
+    waiting, free = waiting_demand(ActuatorState(tuple(nodes), mig_pods=pods))
+    return free, waiting
+
+
+class SliceFigures:
+    """Collector of ``gpupack_mig_slices{profile,state}``: the actuator's last decision
+    when it acts (its figures count slices being created), else computed from the cache
+    at most every ``max_age_s`` (a pass over every GPU, kept off the scrape path)."""
+
+    def __init__(self, cache: ClusterCache, actuator: Callable[[], MigActuator | None],
+                 max_age_s: float = 15.0, clock: Clock = time.monotonic) -> None:
+        self.cache = cache
+        self.actuator = actuator
+        self.max_age_s = max_age_s
+        self.clock = clock
+        self._at = -math.inf
+        self._views = Views(cache)
+        self._figures: tuple[Mapping[tuple[str, str], int], Mapping[tuple[str, str], int]] = (
+            {}, {})
+
+    def figures(self) -> tuple[Mapping[tuple[str, str], int], Mapping[tuple[str, str], int]]:
+        act = self.actuator()
+        if act is not None and act.last is not None and act.is_leader():
+            return act.last.free, act.last.waiting
+        if self.clock() - self._at >= self.max_age_s:
+            self._figures = slice_figures(self.cache, self._views)
+            self._at = self.clock()
+        return self._figures
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        """The family without samples: registering computes nothing."""
+        yield self._family()
+
+    def _family(self) -> GaugeMetricFamily:
+        return GaugeMetricFamily("gpupack_mig_slices", "MIG slices per profile: free (exist, "
+                              "no one holds them) and waiting (pending pods that no free "
+                              "slice and no slice being created serves)",
+                              labels=["profile", "state"])
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        g = self._family()
+        free, waiting = self.figures()
+        for state, figures in (("free", free), ("waiting", waiting)):
+            per_profile: dict[str, int] = {}
+            for (_, p), n in figures.items():
+                per_profile[p] = per_profile.get(p, 0) + n
+            for p, n in sorted(per_profile.items()):
+                g.add_metric([p, state], n)
+        yield g
+
+
+__all__ = ["MigActuator", "MigMetrics", "hold_request"]

@@ -1,0 +1,319 @@
+"""The MIG actuator's pure decision (scheduler/mig_actuator.py): one table row per rule,
+builders for nodes and pods, and a Hypothesis property that no action touches a GPU that
+a pod or a reservation holds."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from packing.cpsat import SolverParams
+from packing.mig import MigSlot
+from packing.mig_plan import WHOLE
+from packing.model import MigReconfigure
+from scheduler.mig_actuator import (
+    CONFIG_PREFIX,
+    ActuatorState,
+    Backoff,
+    Change,
+    GpuView,
+    MigPod,
+    NodeView,
+    Settings,
+    WholePod,
+    changes_from_json,
+    changes_json,
+    decide,
+    forecast,
+    holds_for,
+)
+
+H100 = "H100-80GB"
+FAST = SolverParams(max_time_s=2.0, workers=1, seed=1)
+S = Settings(timeout_s=600, backoff_s=60, backoff_max_s=600, min_idle_s=60)
+ON, FROZEN, OFF = MigReconfigure.ON, MigReconfigure.FROZEN, MigReconfigure.NOT_OPTED_IN
+
+
+def whole(i: int, holders: tuple[str, ...] = ()) -> GpuView:
+    return GpuView(i, H100, False, holders=frozenset(holders))
+
+
+def mig(i: int, slots: dict[int, tuple[str, str | None]]) -> GpuView:
+    layout = tuple(MigSlot(p, s) for s, (p, _) in sorted(slots.items()))
+    free = tuple(MigSlot(p, s) for s, (p, o) in sorted(slots.items()) if o is None)
+    holders = frozenset(o for _, o in slots.values() if o is not None)
+    return GpuView(i, H100, True, layout, free, holders)
+
+
+def node(name: str, gpus: list[GpuView] | None = None, reconf: MigReconfigure = ON,
+         **kw: object) -> NodeView:
+    gpus = gpus if gpus is not None else [whole(i) for i in range(8)]
+    return NodeView(name, reconf, tuple(gpus), **kw)  # type: ignore[arg-type]
+
+
+def asr(n: int, start: int = 0) -> tuple[MigPod, ...]:
+    return tuple(MigPod(f"ns/asr-{i}", "1g.10gb") for i in range(start, start + n))
+
+
+def state(nodes: list[NodeView], pods: tuple[MigPod, ...] = (), **kw: object) -> ActuatorState:
+    return ActuatorState(tuple(nodes), mig_pods=pods, **kw)  # type: ignore[arg-type]
+
+
+def change(node_name: str, targets: dict[int, object], started: float = 0.0,
+           config: str = "gpupack-abc") -> Change:
+    return Change(node_name, config, tuple(sorted(targets.items())),  # type: ignore[arg-type]
+                  (H100,), started)
+
+
+SEVEN = (("1g.10gb", 7),)
+MIG7 = {s: ("1g.10gb", None) for s in range(7)}
+
+
+# ---- starts -----------------------------------------------------------------------------------
+
+START_CASES = [
+    # (name, nodes, pods, extra state, expected started nodes)
+    ("opted-in idle node serves waiting pods", [node("a")], asr(10), {}, ["a"]),
+    ("no label: nothing", [node("a", reconf=OFF)], asr(10), {}, []),
+    ("freeze: nothing", [node("a", reconf=FROZEN)], asr(10), {}, []),
+    ("actuator off: nothing", [node("a", reconf=MigReconfigure.ACTUATOR_OFF)], asr(10), {},
+     []),
+    ("cordoned node: nothing", [node("a", unschedulable=True)], asr(3), {}, []),
+    ("tainted node: nothing", [node("a", tainted=True)], asr(3), {}, []),
+    ("free slices of a tainted node serve no one",
+     [node("m", [mig(0, {0: ("1g.10gb", None)})], reconf=OFF, tainted=True), node("a")],
+     asr(1), {}, ["a"]),
+    ("a free slice serves the pod: nothing",
+     [node("m", [mig(0, {0: ("1g.10gb", None)})], reconf=OFF), node("a")], asr(1), {}, []),
+    ("free slices serve some: the rest wait",
+     [node("m", [mig(0, {0: ("1g.10gb", None)})], reconf=OFF), node("a")], asr(2), {}, ["a"]),
+    ("one node per model, even for many pods", [node("a"), node("b")], asr(100), {}, ["a"]),
+    ("model in flight elsewhere: nothing",
+     [node("a"), node("b", config_label="gpupack-abc", state_label="pending")], asr(5),
+     {"in_flight": {"b": change("b", {0: SEVEN}, 90.0)}}, []),
+    ("node backed off: nothing", [node("a")], asr(5),
+     {"backoff": {"a": Backoff(until=200.0, failures=1)}}, []),
+    ("back-off over: acts", [node("a")], asr(5),
+     {"backoff": {"a": Backoff(until=50.0, failures=1)}}, ["a"]),
+    ("every GPU busy: nothing",
+     [node("a", [whole(i, (f"ns/p{i}",)) for i in range(8)])], asr(5), {}, []),
+    ("burst still arriving: wait", [node("a")],
+     tuple(replace(p, arrived=99.0) for p in asr(5)), {}, []),
+    ("burst settled: acts", [node("a")],
+     tuple(replace(p, arrived=97.0) for p in asr(5)), {}, ["a"]),
+    ("oldest waited long enough: acts despite new arrivals", [node("a")],
+     (replace(asr(1)[0], arrived=85.0), replace(asr(1, 1)[0], arrived=99.5)), {}, ["a"]),
+    ("node in MIG mode preferred",
+     [node("a"), node("m", [mig(0, {0: ("7g.80gb", "ns/big")}), whole(1)])],
+     asr(3), {}, ["m"]),
+]
+
+
+@pytest.mark.parametrize("name,nodes,pods,extra,expected", START_CASES,
+                         ids=[c[0] for c in START_CASES])
+def test_starts(name: str, nodes: list[NodeView], pods: tuple[MigPod, ...],
+                extra: dict[str, object], expected: list[str]) -> None:
+    d = decide(state(nodes, pods, **extra), 100.0, S, FAST)
+    assert sorted(s.change.node for s in d.starts) == expected, (name, d.plan_status)
+    for s in d.starts:
+        assert s.change.config.startswith(CONFIG_PREFIX)
+        assert s.plan.config_name == s.change.config
+        # Everything it changes is held from the decision on.
+        held = {(h.node, h.gpu) for h in d.holds}
+        assert {(s.change.node, i) for i, _ in s.change.targets} <= held
+
+
+def test_start_converts_the_fewest_gpus_for_the_waiting_pods() -> None:
+    d = decide(state([node("a")], asr(10)), 100.0, S, FAST)
+    (s,) = d.starts
+    created = sum(n for _, t in s.change.targets if not isinstance(t, str) for p, n in t
+                  if p == "1g.10gb")
+    assert created >= 10
+    assert len(s.change.targets) == 2  # 7 slices a GPU
+    assert d.waiting == {(H100, "1g.10gb"): 10}
+
+
+def test_busy_gpu_never_in_a_change() -> None:
+    gpus = [whole(0, ("ns/llm",)), whole(1), mig(2, {0: ("1g.10gb", "ns/asr-x")})]
+    d = decide(state([node("a", gpus)], asr(20)), 100.0, S, FAST)
+    touched = {i for s in d.starts for i, _ in s.change.targets}
+    assert touched and not touched & {0, 2}
+
+
+def test_recently_idle_mig_gpu_left_alone() -> None:
+    gpus = [mig(0, {0: ("7g.80gb", None)})]
+    st_ = state([node("a", gpus)], asr(3), idle_since={("a", 0): 80.0})
+    assert decide(st_, 100.0, S, FAST).starts == ()
+    assert decide(replace(st_, idle_since={("a", 0): 0.0}), 100.0, S, FAST).starts
+
+
+def test_reverse_direction_idle_mig_gpus_turn_whole_for_a_waiting_whole_pod() -> None:
+    gpus = [mig(i, dict(MIG7)) for i in range(8)]
+    st_ = state([node("a", gpus)], whole_pods=(WholePod("ns/llm-0", 8),),
+                idle_since={("a", i): 0.0 for i in range(8)})
+    (s,) = decide(st_, 100.0, S, FAST).starts
+    assert {t for _, t in s.change.targets} == {WHOLE}
+    assert len(s.change.targets) == 8
+
+
+# ---- the end of a change --------------------------------------------------------------------
+
+END_CASES = [
+    # (name, node view, now, result or None)
+    ("pending: still in flight",
+     node("a", config_label="gpupack-abc", state_label="pending"), 100.0, None),
+    ("success label but slices not there yet: in flight",
+     node("a", config_label="gpupack-abc", state_label="success"), 100.0, None),
+    ("success and layout: success",
+     node("a", [mig(0, dict(MIG7))] + [whole(i) for i in range(1, 8)],
+          config_label="gpupack-abc", state_label="success"), 100.0, "success"),
+    ("failed", node("a", config_label="gpupack-abc", state_label="failed"), 100.0, "failed"),
+    ("timeout", node("a", config_label="gpupack-abc", state_label="pending"), 700.0,
+     "timeout"),
+    ("relabelled by someone else",
+     node("a", config_label="all-disabled", state_label="success"), 100.0, "superseded"),
+]
+
+
+@pytest.mark.parametrize("name,view,now,result", END_CASES, ids=[c[0] for c in END_CASES])
+def test_end_of_a_change(name: str, view: NodeView, now: float, result: str | None) -> None:
+    c = change("a", {0: SEVEN}, started=50.0)
+    d = decide(state([view], in_flight={"a": c}), now, S, FAST)
+    assert [f.result for f in d.finishes] == ([] if result is None else [result]), name
+    held = {h.gpu for h in d.holds}
+    if result is None and not view.gpus[0].matches(SEVEN):
+        assert held == {0}  # held until the slices appear
+    else:
+        assert held == set()  # released: success, failed, timeout, superseded
+    if result in ("failed", "timeout"):
+        assert d.backoff["a"] == Backoff(now + 60, 1)
+
+
+def test_inferred_layout_recognised_by_its_multiset() -> None:
+    """Without the node agent the extender infers which GPUs are MIG from allocatable
+    counts, at indices of its own choosing: the change is recognised by the node's
+    layouts as a multiset, and holds nothing once they are there."""
+    before = node("a", [replace(whole(i), inferred=True) for i in range(4)])
+    c = replace(change("a", {0: SEVEN, 2: SEVEN}, started=50.0),
+                expected=(WHOLE, WHOLE, SEVEN, SEVEN))
+    after = node("a", [replace(whole(0), inferred=True), replace(whole(1), inferred=True),
+                       replace(mig(2, dict(MIG7)), inferred=True),
+                       replace(mig(3, dict(MIG7)), inferred=True)],
+                 config_label="gpupack-abc", state_label="success")
+    d = decide(state([after], in_flight={"a": c}), 100.0, S, FAST)
+    assert [f.result for f in d.finishes] == ["success"] and d.holds == ()
+    pending = replace(after, state_label="pending")
+    d = decide(state([pending], asr(14), in_flight={"a": c}), 100.0, S, FAST)
+    assert d.finishes == () and d.holds == () and d.waiting == {}
+    d = decide(state([replace(before, config_label="gpupack-abc")], in_flight={"a": c}),
+               100.0, S, FAST)
+    assert {h.gpu for h in d.holds} == {0, 2}
+
+
+def test_a_start_records_the_expected_layouts() -> None:
+    d = decide(state([node("a", [whole(i) for i in range(3)])], asr(7)), 100.0, S, FAST)
+    (s,) = d.starts
+    assert sorted(s.change.expected, key=str) == sorted([WHOLE, WHOLE, SEVEN], key=str)
+
+
+def test_backoff_doubles_and_success_clears_it() -> None:
+    c = change("a", {0: SEVEN}, started=50.0)
+    failed = node("a", config_label="gpupack-abc", state_label="failed")
+    d = decide(state([failed], in_flight={"a": c}, backoff={"a": Backoff(0.0, 2)}), 100.0, S,
+               FAST)
+    assert d.backoff["a"] == Backoff(100.0 + 240, 3)
+    ok = node("a", [mig(0, dict(MIG7))], config_label="gpupack-abc", state_label="success")
+    d = decide(state([ok], in_flight={"a": c}, backoff={"a": Backoff(0.0, 2)}), 100.0, S, FAST)
+    assert "a" not in d.backoff
+
+
+def test_a_freeze_does_not_cancel_a_change_in_flight() -> None:
+    c = change("a", {0: SEVEN}, started=50.0)
+    frozen = node("a", reconf=FROZEN, config_label="gpupack-abc", state_label="pending")
+    d = decide(state([frozen], asr(50), in_flight={"a": c}), 100.0, S, FAST)
+    assert d.finishes == () and d.starts == ()
+    assert {h.gpu for h in d.holds} == {0}
+
+
+def test_mig_gpu_in_flight_holds_each_free_instance() -> None:
+    g = mig(0, {0: ("7g.80gb", None)})
+    c = change("a", {0: SEVEN})
+    hs = holds_for(c, node("a", [g]))
+    assert [(h.profile, h.start) for h in hs] == [("7g.80gb", 0)]
+    assert hs[0].key == "gpupack-mig/a/0/0"
+
+
+def test_slices_being_created_serve_pods_no_second_change() -> None:
+    c = change("b", {0: SEVEN}, started=90.0)
+    nodes = [node("a"), node("b", config_label="gpupack-abc", state_label="pending"),
+             node("x", [whole(0)], reconf=OFF)]
+    d = decide(state(nodes, asr(7), in_flight={"b": c}), 100.0, S, FAST)
+    assert d.waiting == {} and d.starts == ()
+
+
+def test_forecast_decays_with_age() -> None:
+    none: frozenset[str] = frozenset()
+    arrivals = tuple((t, "1g.10gb", none) for t in (0.0, 0.0, 100.0, 100.0))
+    assert forecast(arrivals, 100.0, 100.0, [H100]) == {(H100, "1g.10gb"): 3}
+    assert forecast(arrivals, 1000.0, 100.0, [H100]) == {}
+
+
+def test_changes_round_trip_and_bad_entries_named() -> None:
+    c = {"a": replace(change("a", {0: SEVEN, 1: WHOLE}), expected=(WHOLE, SEVEN))}
+    back, problems = changes_from_json(changes_json(c))
+    assert back == c and problems == []
+    back, problems = changes_from_json('[{"node": "a"}, {"node": "b", "config": "x", '
+                                       '"started": 1, "models": [], "targets": []}]')
+    assert back == {} and len(problems) == 2
+    assert "not gpupack's" in problems[1]
+    assert changes_from_json("{")[1][0].startswith("in-flight changes: not JSON")
+
+
+# ---- property -----------------------------------------------------------------------------------
+
+PROFILES = ("1g.10gb", "2g.20gb", "3g.40gb")
+
+
+@st.composite
+def clusters(draw: st.DrawFn) -> ActuatorState:
+    nodes = []
+    for n in range(draw(st.integers(1, 3))):
+        gpus = []
+        for i in range(draw(st.integers(1, 4))):
+            kind = draw(st.sampled_from(["idle", "busy", "mig-free", "mig-busy", "reserved"]))
+            if kind == "idle":
+                gpus.append(whole(i))
+            elif kind == "busy":
+                gpus.append(whole(i, ("ns/pod",)))
+            elif kind == "reserved":
+                gpus.append(whole(i, ("llm/g/0#reserve-0",)))
+            else:
+                owner = "ns/small" if kind == "mig-busy" else None
+                gpus.append(mig(i, {0: ("3g.40gb", owner), 4: ("3g.40gb", None)}))
+        nodes.append(node(f"n{n}", gpus, reconf=draw(st.sampled_from([ON, ON, FROZEN, OFF]))))
+    pods = tuple(MigPod(f"ns/p{k}", draw(st.sampled_from(PROFILES)))
+                 for k in range(draw(st.integers(0, 12))))
+    whole_pods = tuple(WholePod(f"ns/w{k}", draw(st.integers(1, 4)))
+                       for k in range(draw(st.integers(0, 2))))
+    return ActuatorState(tuple(nodes), mig_pods=pods, whole_pods=whole_pods)
+
+
+@settings(max_examples=40, deadline=None)
+@given(clusters())
+def test_no_action_touches_a_gpu_a_pod_or_reservation_holds(s: ActuatorState) -> None:
+    d = decide(s, 1000.0, S, FAST)
+    views = {(n.name, g.index): (n, g) for n in s.nodes for g in n.gpus}
+    models: list[str] = []
+    for start in d.starts:
+        for i, _ in start.change.targets:
+            n, g = views[start.change.node, i]
+            assert not g.holders, (start, g)
+            assert n.reconfigure is ON
+        models += list(start.change.models)
+    assert len(models) == len(set(models))  # one node per model
+    for h in d.holds:
+        _, g = views[h.node, h.gpu]
+        assert not g.busy

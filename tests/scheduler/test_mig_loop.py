@@ -1,0 +1,181 @@
+"""The MIG actuator's handler (scheduler/mig_loop.py) on a real cache with a fake API:
+leader only, holds taken before anything is written (and the start cancelled when a pod
+got the GPU), holds kept until the new layout appears, failure gives the GPUs back and
+backs off, a new leader follows the changes in flight, metrics."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+from sched_builders import FakeClock, make_cache, mig_pod, node
+
+from packing.cpsat import SolverParams
+from packing.model import Placement, PodRequest, RequestKind
+from scheduler.mig_actuator import HOLD_PREFIX, Settings, changes_json
+from scheduler.mig_loop import MigActuator, MigMetrics, SliceFigures
+
+FAST = SolverParams(max_time_s=2.0, workers=1, seed=1)
+
+
+class FakeApi:
+    def __init__(self) -> None:
+        self.config: dict[str, Any] = {"version": "v1", "mig-configs": {}}
+        self.changes = ""
+        self.labels: list[tuple[str, str]] = []
+        self.notes: list[tuple[str, str]] = []
+        self.events: list[tuple[str, str, bool]] = []
+        self.fail_writes = False
+        self.on_write: Callable[[], None] | None = None
+
+    def read(self) -> tuple[dict[str, Any], str, str | None]:
+        return json.loads(json.dumps(self.config)), self.changes, "1"
+
+    def write(self, update: Callable[[dict[str, Any], str], tuple[dict[str, Any], str]]
+              ) -> None:
+        if self.on_write is not None:
+            self.on_write()
+        if self.fail_writes:
+            raise RuntimeError("403 Forbidden")
+        self.config, self.changes = update(*self.read()[:2])
+
+    def label_node(self, node: str, config: str) -> None:
+        self.labels.append((node, config))
+
+    def note_node(self, node: str, text: str) -> None:
+        self.notes.append((node, text))
+
+    def event(self, node: str, reason: str, message: str, warning: bool = False) -> None:
+        self.events.append((node, reason, warning))
+
+
+def setup(pods: int = 3, leader: bool = True) -> tuple[Any, FakeApi, MigActuator, FakeClock,
+                                                      CollectorRegistry]:
+    cache = make_cache([node("a")], [mig_pod(f"asr-{i}") for i in range(pods)])
+    api = FakeApi()
+    clock = FakeClock()
+    registry = CollectorRegistry()
+    act = MigActuator(cache, api, is_leader=lambda: leader, clock=clock, params=FAST,
+                      settings=Settings(backoff_s=60, settle_s=0), metrics=MigMetrics(registry))
+    return cache, api, act, clock, registry
+
+
+def mig_holds(cache: Any) -> set[str]:
+    return {k for k in cache.holds() if k.startswith(HOLD_PREFIX)}
+
+
+def test_standby_does_nothing() -> None:
+    cache, api, act, _, _ = setup(leader=False)
+    assert act.step() is None
+    assert api.labels == [] and mig_holds(cache) == set()
+
+
+def test_start_holds_then_writes_entry_changes_and_label() -> None:
+    cache, api, act, _, registry = setup()
+    seen_holds: list[set[str]] = []
+    api.on_write = lambda: seen_holds.append(mig_holds(cache))
+    d = act.step()
+    assert d is not None and len(d.starts) == 1
+    (config,) = api.config["mig-configs"]
+    assert api.labels == [("a", config)]
+    assert seen_holds and seen_holds[0] == {f"{HOLD_PREFIX}a/{i}" for i, _ in
+                                            d.starts[0].change.targets}
+    assert [c["node"] for c in json.loads(api.changes)] == ["a"]
+    assert [r for _, r, _ in api.events] == ["MigReconfigureStarted"]
+    assert registry.get_sample_value("gpupack_mig_reconfigurations_total",
+                                     {"result": "started"}) == 1
+    assert registry.get_sample_value("gpupack_mig_reconfigurations_in_flight") == 1
+    # The held GPU is not whole-free for anyone else.
+    held_gpu = d.starts[0].change.targets[0][0]
+    assert not cache.state.gpu("a", held_gpu).idle
+
+
+def test_pod_on_the_gpu_since_the_decision_cancels_the_start() -> None:
+    cache, api, act, clock, _ = setup()
+    state = act.gather(clock())
+    from scheduler.mig_actuator import decide
+
+    d = decide(state, clock(), act.settings, FAST)
+    gpu = d.starts[0].change.targets[0][0]
+    # A bind takes the GPU between the decision and the writes.
+    req = PodRequest("default/llm", kind=RequestKind.WHOLE, gpu_count=1, uid="u1")
+    cache.assume(req, "u1", Placement("default/llm", "a", (gpu,)))
+    act.changes = {}
+    act.apply(d, clock())
+    assert api.labels == [] and api.config["mig-configs"] == {}
+    assert mig_holds(cache) == set()
+
+
+def test_failure_gives_back_backs_off_and_warns() -> None:
+    cache, api, act, clock, registry = setup()
+    d = act.step()
+    assert d is not None
+    config = api.labels[0][1]
+    cache.upsert_node(node("a", labels={"nvidia.com/mig.config": config,
+                                        "nvidia.com/mig.config.state": "failed"}))
+    clock.advance(5)
+    d = act.step()
+    assert d is not None and [f.result for f in d.finishes] == ["failed"]
+    assert mig_holds(cache) == set()
+    assert ("a", "MigReconfigureFailed", True) in api.events
+    assert api.notes and api.notes[-1][1].startswith("failed ")
+    assert json.loads(api.changes) == []
+    assert act.backoff["a"].failures == 1
+    clock.advance(5)
+    assert act.step() is not None and api.labels == [("a", config)]  # no second try yet
+    assert registry.get_sample_value("gpupack_mig_reconfigurations_total",
+                                     {"result": "failed"}) == 1
+
+
+def test_write_refused_gives_back_and_backs_off() -> None:
+    cache, api, act, _, registry = setup()
+    api.fail_writes = True
+    act.step()
+    assert mig_holds(cache) == set() and api.labels == []
+    assert act.backoff["a"].failures == 1
+    assert registry.get_sample_value("gpupack_mig_reconfigurations_total",
+                                     {"result": "error"}) == 1
+
+
+def test_new_leader_follows_changes_in_flight_and_holds_their_gpus() -> None:
+    _, api, act, clock, _ = setup()
+    act.step()
+    config = api.labels[0][1]
+    targets = act.changes["a"].targets if act.changes else ()
+    # A fresh replica (same API) becomes the leader.
+    cache2 = make_cache([node("a", labels={"nvidia.com/mig.config": config,
+                                            "nvidia.com/mig.config.state": "pending"})],
+                        [mig_pod(f"asr-{i}") for i in range(3)])
+    act2 = MigActuator(cache2, api, clock=clock, params=FAST)
+    d = act2.step()
+    assert d is not None and d.starts == () and d.finishes == ()
+    assert mig_holds(cache2) == {f"{HOLD_PREFIX}a/{i}" for i, _ in targets}
+    assert api.changes == changes_json(act.changes or {})
+
+
+def test_slice_figures_from_the_cache_without_an_actuator() -> None:
+    cache = make_cache([node("m", mig={"1g.10gb": 7}, gpus=1)],
+                       [mig_pod(f"asr-{i}") for i in range(9)])
+    figures = SliceFigures(cache, lambda: None)
+    free, waiting = figures.figures()
+    assert sum(free.values()) == 7 and sum(waiting.values()) == 2
+    registry = CollectorRegistry()
+    MigMetrics(registry, figures)
+    assert registry.get_sample_value("gpupack_mig_slices",
+                                     {"profile": "1g.10gb", "state": "waiting"}) == 2
+
+
+def test_the_reservation_book_leaves_mig_holds_alone_and_does_not_count_them() -> None:
+    from scheduler.groups import ReservationBook
+
+    cache, _, act, _, _ = setup()
+    act.step()
+    held = mig_holds(cache)
+    assert held
+    book = ReservationBook(cache, records_listed=True)
+    assert book.check_ready()
+    book.step(force=True)
+    assert mig_holds(cache) == held
+    assert book.figures()[1] == 0  # gpupack_group_reserved_gpus counts groups' rooms only
