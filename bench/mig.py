@@ -44,6 +44,8 @@ Policies (each replays the same stream on its own copy of the cluster):
   mig-parted counts). The planner itself keeps the actuator's rules (only idle GPUs, one
   node per model at a time, none while that model's change is in flight), and every plan
   is checked with ``plan_errors``.
+- ``gpupack-bestfit`` (diagnostic, not in the default list): the same planner, pods placed
+  by plain best fit instead of the extender's scorer.
 
 Every placement any policy makes is checked with ``packing.validate.validate`` on the
 node it lands on (the node's MIG layouts and running pods replayed, then the new one),
@@ -55,6 +57,8 @@ Figures, time-averaged after ``--warmup-h`` (the cluster starts empty), to the e
   lower_bound      sum over models of max(ceil(compute slices / 7), ceil(memory slices /
                    8)) of the pods the policy runs (a whole pod counts 7 and 8)
   demand_bound     the same over the pods running or waiting
+  idle_slices_on_used  memory slices no pod holds on used MIG GPUs (free instances and
+                   room without an instance): what keeps gpus_used above the bound
   pods_waiting     pods arrived and not started (time average); pods_waiting_end at the end
   wait_p50_s/p99_s arrival to start of the pods arrived after the warm-up (one still
                    waiting at the end counts its wait so far)
@@ -105,6 +109,7 @@ from packing.model import (
 )
 from packing.policies.gpupack import make_gpupack_scorer
 from packing.policies.greedy import Scorer, best_option
+from packing.policies.scores import bestfit
 from packing.state import _VERSIONS, ClusterState, GpuState, NodeState
 from packing.validate import validate
 
@@ -255,6 +260,7 @@ class Totals:
     bound: float = 0.0
     demand_bound: float = 0.0
     naive: float = 0.0
+    idle_slices: float = 0.0
     span: float = 0.0
 
 
@@ -328,7 +334,9 @@ class Sim:
             dt = t - lo
             tot = self.totals
             tot.span += dt
-            tot.gpus += dt * self.gpus_used()
+            used, idle = self.gpus_used()
+            tot.gpus += dt * used
+            tot.idle_slices += dt * idle
             tot.bound += dt * bound(self.run_slices)
             both = {m: [self.run_slices[m][i] + self.wait_slices[m][i] for i in (0, 1)]
                     for m in set(self.run_slices) | set(self.wait_slices)}
@@ -337,10 +345,23 @@ class Sim:
                                   for p in self.running.values())
         self.now = max(self.now, t)
 
-    def gpus_used(self) -> int:
-        return sum(1 for n in self.state.nodes.values() for g in n.gpus
-                   if g.whole_owner is not None
-                   or any(o is not None for _, o in g.instances.values()))
+    def gpus_used(self) -> tuple[int, int]:
+        """GPUs holding a pod (or being changed), and the memory slices no pod holds on
+        those of them in MIG mode (free instances and unpartitioned room)."""
+        used = idle = 0
+        for n in self.state.nodes.values():
+            for g in n.gpus:
+                if g.whole_owner is not None:
+                    used += 1
+                    continue
+                owned = [p for p, o in g.instances.values() if o is not None]
+                if owned:
+                    used += 1
+                    geom = get_model(g.info.model).mig
+                    assert geom is not None
+                    idle += geom.memory_slices - sum(geom.profile(p).memory_slices
+                                                     for p in owned)
+        return used, idle
 
     # -- pods ----------------------------------------------------------------------------
 
@@ -443,6 +464,7 @@ class Sim:
             "lower_bound": round(lb, 2),
             "ratio_to_bound": round(gpus / lb, 3) if lb else None,
             "demand_bound": round(tot.demand_bound / span, 2),
+            "idle_slices_on_used": round(tot.idle_slices / span, 2),
             "pods_waiting": round(waiting / span, 2),
             "pods_waiting_end": at_end,
             "wait_p50_s": round(percentile(waits, 50), 1),
@@ -692,11 +714,22 @@ class Gpupack(ScoredPlacement):
         return out
 
 
+class GpupackBestfit(Gpupack):
+    """A diagnostic, not the product: gpupack's planner with pods placed by plain best fit
+    (``packing.policies.scores.bestfit``) instead of the extender's scorer."""
+
+    name = "gpupack-bestfit"
+
+    def place(self, pod: Pod) -> Placement | None:
+        return best_option(self.state, pod.req, bestfit)
+
+
 # ---- main ---------------------------------------------------------------------------------
 
 
 POLICIES: dict[str, Callable[..., Sim]] = {
-    "static": Static, "first-fit": FirstFit, "gpupack": Gpupack}
+    "static": Static, "first-fit": FirstFit, "gpupack": Gpupack,
+    "gpupack-bestfit": GpupackBestfit}
 
 
 def run(ns: argparse.Namespace) -> dict[str, object]:
@@ -757,7 +790,7 @@ def goals(results: dict[str, dict[str, object]]) -> dict[str, object]:
 
 
 COLUMNS = (("gpus_used", "GPUs"), ("lower_bound", "bound"), ("ratio_to_bound", "x bound"),
-           ("demand_bound", "dem.bound"), ("pods_waiting", "waiting"),
+           ("idle_slices_on_used", "idle sl."), ("pods_waiting", "waiting"),
            ("pods_waiting_end", "wait@end"), ("wait_p50_s", "p50 s"), ("wait_p99_s", "p99 s"),
            ("reconfigs_per_h", "reconf/h"), ("naive_ratio", "naive x"), ("invalid", "invalid"),
            ("wall_s", "wall s"))
@@ -769,11 +802,11 @@ def table(out: dict[str, object]) -> str:
     lines = [f"{params['nodes']} nodes x {params['gpus_per_node']} GPUs, {params['hours']} h, "
              f"{params['rate_per_h']} pods/h (swing {params['swing']}), seed {params['seed']}, "
              f"{params['arrivals']} arrivals; figures after {params['warmup_h']} h warm-up"]
-    lines.append(f"{'policy':<10}" + "".join(f"{h:>10}" for _, h in COLUMNS))
+    lines.append(f"{'policy':<16}" + "".join(f"{h:>10}" for _, h in COLUMNS))
     pol = out["policies"]
     assert isinstance(pol, dict)
     for name, r in pol.items():
-        lines.append(f"{name:<10}" + "".join(f"{r[k]!s:>10}" for k, _ in COLUMNS))
+        lines.append(f"{name:<16}" + "".join(f"{r[k]!s:>10}" for k, _ in COLUMNS))
     g = out.get("goals")
     if g:
         lines.append("goals: " + json.dumps(g))
@@ -813,6 +846,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.error(f"--swing {ns.swing}: must be within 0..1")
     if ns.nodes < 1 or ns.gpus_per_node < 1 or ns.hours <= 0 or ns.rate <= 0:
         ap.error("--nodes, --gpus-per-node, --hours and --rate must be positive")
+    if ns.tick <= 0 or ns.solver_time <= 0 or ns.scorer_refresh <= 0:
+        ap.error("--tick, --solver-time and --scorer-refresh must be positive")
+    if min(ns.reconfig_delay, ns.create_delay, ns.forecast_window, ns.warmup_h) < 0:
+        ap.error("--reconfig-delay, --create-delay, --forecast-window and --warmup-h "
+                 "must not be negative")
     out = run(ns)
     print(json.dumps(out, indent=2) if ns.format == "json" else table(out))
     pol = out["policies"]
