@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -46,3 +47,78 @@ def test_webhook_claims_bench_runs_both_ways() -> None:
     assert [r[0] for r in rows] == ["0", "20"]
     for r in rows:  # claims, full median / p99, incremental median / p99
         assert len(r) == 7 and all(float(x) >= 0 for x in (r[1], r[3], r[4], r[6])), r
+
+
+def _load_mig_bench() -> ModuleType:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_mig", ROOT / "bench" / "mig.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["bench_mig"] = mod  # dataclasses look their module up by name
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_mig_bench_runs_and_its_figures_are_consistent() -> None:
+    import json
+
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "mig.py"), "--nodes", "2", "--hours", "1",
+         "--rate", "60", "--warmup-h", "0.25", "--seed", "3", "--format", "json"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    out = json.loads(proc.stdout)
+    pols = out["policies"]
+    assert list(pols) == ["static", "first-fit", "gpupack"]
+    arrivals = out["params"]["arrivals"]
+    assert arrivals > 20
+    for name, r in pols.items():
+        for key in ("gpus_used", "lower_bound", "pods_waiting", "wait_p99_s",
+                    "reconfigs_per_h"):
+            assert isinstance(r[key], (int, float)), (name, key)
+        assert r["invalid"] == 0, (name, r.get("invalid_examples"))
+        assert r["arrived"] == arrivals and 0 < r["placed"] <= arrivals, name
+        assert r["validated"] == r["placed"], name  # every placement went through validate
+        # Every used GPU holds at most 7 compute and 8 memory slices: never under the bound.
+        assert r["gpus_used"] >= r["lower_bound"] > 0, name
+        assert r["lower_bound"] <= r["demand_bound"], name
+        assert 0 <= r["wait_p50_s"] <= r["wait_p99_s"] <= r["wait_max_s"], name
+        assert r["pods_waiting"] >= 0 and 0 <= r["pods_waiting_end"] <= arrivals, name
+        assert r["reconfigs_per_h"] >= 0, name
+    assert pols["static"]["reconfigs_per_h"] == 0  # static layouts never change
+    for name in ("static", "first-fit"):  # a used GPU holds at least one pod
+        assert pols[name]["naive_gpus"] >= pols[name]["gpus_used"], name
+    # First-fit creates an instance for every MIG pod and waits for it.
+    assert pols["first-fit"]["reconfigs_per_h"] > 0
+    assert pols["first-fit"]["wait_max_s"] >= out["params"]["create_delay_s"]
+    assert pols["gpupack"]["plan_calls"] > 0
+    assert set(out["goals"]) >= {"gpupack_vs_bound", "fewer_gpus_than_static",
+                                 "fewer_waiting_than_first_fit", "naive_ratio"}
+
+
+def test_mig_bench_check_catches_an_overlapping_instance() -> None:
+    mod = _load_mig_bench()
+    from packing.model import GpuMode, Placement, PodRequest, RequestKind
+
+    nodes = mod.make_nodes(1, 1)
+    args = mod.Args(hours=1, warmup_h=0, reconfig_delay=60, create_delay=5, tick=10,
+                    forecast_window=300, scorer_refresh=300, params=mod.DEFAULT_PARAMS)
+    sim = mod.FirstFit(nodes, [], args)
+    name = nodes[0].name
+    g = sim.state.gpu(name, 0)
+    from packing.mig import MigSlot
+
+    # A 3g at start 0 and a 2g at start 2 overlap on memory slices 2-3.
+    sim.set_layout(name, g, GpuMode.MIG, [MigSlot("3g.40gb", 0), MigSlot("2g.20gb", 2)])
+    assert any("overlaps" in e for e in sim.invalid)
+    sim.invalid.clear()
+    sim.set_layout(name, g, GpuMode.MIG, [MigSlot("3g.40gb", 4)])
+    assert sim.invalid == []
+    req = PodRequest("speech/x", kind=RequestKind.MIG, mig_profile="2g.20gb",
+                     gpu_models=frozenset({"H100-80GB"}))
+    pod = mod.Pod(req, "H100-80GB", "tts", 0.0, 60.0)
+    sim.by_key[req.key] = pod
+    sim.check_placement(pod, Placement(req.key, name, (0,), "2g.20gb", 2))  # no such slice
+    assert sim.invalid

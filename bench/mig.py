@@ -1,0 +1,864 @@
+"""MIG partitioning policies on a speech-era stream of arrivals and departures (issue 19,
+item 4): GPUs in use against the slice lower bound, waiting pods, waits, reconfigurations.
+
+    python bench/mig.py [--nodes 16] [--hours 8] [--rate 200] [--seed 1] [--format json]
+
+The cluster: ``--nodes`` nodes of ``--gpus-per-node`` GPUs, H100-80GB and A100-80GB
+alternating (the two share the profile names 1g.10gb, 2g.20gb, 3g.40gb). The stream:
+Poisson arrivals at ``--rate`` pods/h, modulated by ``1 + swing * sin(2 pi t / period)``
+(a day's curve; ``--swing``, ``--period-h``, default one period per run), seeded and
+deterministic. Each pod is one of (share of arrivals, mean run time, exponential):
+
+    asr    MIG 1g.10gb   55%  30 min
+    tts    MIG 2g.20gb   30%  30 min
+    mid    MIG 3g.40gb   10%  60 min
+    whole  1 whole GPU    5%  90 min
+
+and is pinned to one GPU model (a node selector), drawn by the model's share of GPUs.
+A pod's run time counts from when it starts, so a pod that waits also leaves later.
+
+Policies (each replays the same stream on its own copy of the cluster):
+
+- ``static``: mig-parted's ``all-balanced`` layout (1g x2, 2g x1, 3g x1 per GPU) on every
+  GPU except the whole GPUs the stream's whole pods need at the peak (expected peak
+  concurrency + 3 standard deviations, per model; a per-device mig-parted entry), never
+  changed. Pods go on existing slices by gpupack's own scorer, so only the layout policy
+  differs from gpupack.
+- ``first-fit``: what the NVIDIA DRA driver's DynamicMIG does: each MIG pod gets a new
+  instance on the first GPU (node, then index order) where the geometry has room for it
+  (MIG switched on for an idle whole GPU), at the first free allowed start; the instance
+  is destroyed when its pod ends, and an empty GPU goes back to whole. Creating an
+  instance takes ``--create-delay`` seconds (other instances keep running). Whole pods
+  take the first idle whole GPU.
+- ``gpupack``: the code that ships. Pods are placed only on slices that exist (what
+  kube-scheduler's resource fit allows) by the extender's scorer
+  (``packing.policies.gpupack.make_gpupack_scorer``, refreshed from a snapshot every
+  ``--scorer-refresh`` s as the planner does); every ``--tick`` seconds the MIG layout
+  planner (``packing.mig_plan.plan_mig``, the product's default solver parameters) gets
+  the nodes (all opted in; a GPU with a pod or being changed is held), the MIG pods that
+  no free slice serves, the whole pods that wait, the models with a change in flight and
+  a forecast (arrivals per model and profile over the last ``--forecast-window`` s, less
+  the free slices of that profile), and its node changes are applied as the actuator
+  applies them: every changed GPU serves nothing for ``--reconfig-delay`` seconds, then
+  has its new layout (``packing.mig.layout_from_counts``, as the MIG manager places
+  mig-parted counts). The planner itself keeps the actuator's rules (only idle GPUs, one
+  node per model at a time, none while that model's change is in flight), and every plan
+  is checked with ``plan_errors``.
+- ``gpupack-bestfit`` (diagnostic, not in the default list): the same planner, pods placed
+  by plain best fit instead of the extender's scorer.
+
+Every placement any policy makes is checked with ``packing.validate.validate`` on the
+node it lands on (the node's MIG layouts and running pods replayed, then the new one),
+and every layout a policy creates with ``packing.mig.layout_errors``; any error is counted
+in ``invalid`` and makes the run exit 2.
+
+Figures, time-averaged after ``--warmup-h`` (the cluster starts empty), to the end:
+  gpus_used        GPUs holding a pod or being reconfigured (an empty MIG GPU is not used)
+  lower_bound      sum over models of max(ceil(compute slices / 7), ceil(memory slices /
+                   8)) of the pods the policy runs (a whole pod counts 7 and 8)
+  demand_bound     the same over the pods running or waiting
+  idle_slices_on_used  memory slices no pod holds on used MIG GPUs (free instances and
+                   room without an instance): what keeps gpus_used above the bound
+  pods_waiting     pods arrived and not started (time average); pods_waiting_end at the end
+  wait_p50_s/p99_s arrival to start of the pods arrived after the warm-up (one still
+                   waiting at the end counts its wait so far)
+  reconfigs_per_h  GPU layout changes per hour: a GPU re-laid by the MIG manager
+                   (gpupack), an instance created or destroyed (first-fit)
+  naive_gpus       GPUs a naive placement of the same running pods takes (one whole GPU
+                   per pod); naive_ratio = naive_gpus / gpus_used
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import json
+import math
+import random
+import sys
+import time
+from collections import Counter, defaultdict, deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from packing.catalog import get_model
+from packing.cpsat import SolverParams
+from packing.mig import MigSlot, free_starts, layout_errors, layout_from_counts
+from packing.mig_plan import (
+    DEFAULT_PARAMS,
+    MigDemand,
+    MigGpu,
+    MigNode,
+    MigPlan,
+    WholeDemand,
+    plan_errors,
+    plan_mig,
+)
+from packing.model import (
+    GpuInfo,
+    GpuMode,
+    MigInstance,
+    NodeInfo,
+    Placement,
+    PodRequest,
+    RequestKind,
+    Snapshot,
+)
+from packing.policies.gpupack import make_gpupack_scorer
+from packing.policies.greedy import Scorer, best_option
+from packing.policies.scores import bestfit
+from packing.state import _VERSIONS, ClusterState, GpuState, NodeState
+from packing.validate import validate
+
+MODELS = ("H100-80GB", "A100-80GB")
+
+
+@dataclass(frozen=True)
+class PodClass:
+    name: str
+    profile: str | None  # None: one whole GPU
+    share: float
+    mean_min: float
+
+
+CLASSES = (
+    PodClass("asr", "1g.10gb", 0.55, 30.0),
+    PodClass("tts", "2g.20gb", 0.30, 30.0),
+    PodClass("mid", "3g.40gb", 0.10, 60.0),
+    PodClass("whole", None, 0.05, 90.0),
+)
+ALL_BALANCED = (("1g.10gb", 2), ("2g.20gb", 1), ("3g.40gb", 1))  # mig-parted, 80GB parts
+RECONFIGURING = "~reconfiguring"  # the holder of a GPU the MIG manager is changing
+
+
+@dataclass
+class Pod:
+    req: PodRequest
+    model: str
+    cls: str
+    arrival: float
+    duration: float
+    start: float | None = None
+    placement: Placement | None = None
+
+    @property
+    def profile(self) -> str | None:
+        return self.req.mig_profile
+
+
+# ---- the stream ---------------------------------------------------------------------------
+
+
+def rate_at(t: float, rate: float, swing: float, period_s: float) -> float:
+    return rate / 3600 * (1 + swing * math.sin(2 * math.pi * t / period_s))
+
+
+def make_stream(nodes: Sequence[NodeInfo], hours: float, rate: float, swing: float,
+                period_h: float, seed: int) -> list[Pod]:
+    """Seeded arrivals (thinned Poisson) with their class, model and run time."""
+    rng = random.Random(seed)
+    gpus = Counter(g.model for n in nodes for g in n.gpus)
+    models = sorted(gpus)
+    horizon, period_s = hours * 3600, period_h * 3600
+    peak = rate / 3600 * (1 + abs(swing))
+    pods: list[Pod] = []
+    t = 0.0
+    while True:
+        t += rng.expovariate(peak)
+        if t >= horizon:
+            return pods
+        if rng.random() * peak > rate_at(t, rate, swing, period_s):
+            continue
+        cls = rng.choices(CLASSES, weights=[c.share for c in CLASSES])[0]
+        model = rng.choices(models, weights=[gpus[m] for m in models])[0]
+        duration = rng.expovariate(1 / (cls.mean_min * 60))
+        key = f"speech/{cls.name}-{len(pods)}"
+        if cls.profile is None:
+            req = PodRequest(key, kind=RequestKind.WHOLE, gpu_count=1,
+                             gpu_models=frozenset({model}), klass=cls.name)
+        else:
+            req = PodRequest(key, kind=RequestKind.MIG, mig_profile=cls.profile,
+                             gpu_models=frozenset({model}), klass=cls.name)
+        pods.append(Pod(req, model, cls.name, t, duration))
+
+
+def make_nodes(n: int, gpus_per_node: int) -> tuple[NodeInfo, ...]:
+    out = []
+    for i in range(n):
+        model = MODELS[i % len(MODELS)]
+        mib = get_model(model).memory_mib
+        gpus = tuple(GpuInfo(j, model, mib) for j in range(gpus_per_node))
+        out.append(NodeInfo(f"{model.split('-')[0].lower()}-{i:03d}", 256_000, 2_048_000, gpus))
+    return tuple(out)
+
+
+def static_whole_gpus(nodes: Sequence[NodeInfo], rate: float, swing: float) -> dict[str, int]:
+    """Whole GPUs per model a static split keeps for whole pods: the expected number of
+    whole pods at the peak rate (Little's law) plus three standard deviations (Poisson)."""
+    gpus = Counter(g.model for n in nodes for g in n.gpus)
+    total = sum(gpus.values())
+    whole = next(c for c in CLASSES if c.profile is None)
+    out = {}
+    for m, k in gpus.items():
+        mean = rate * (1 + abs(swing)) * whole.share * whole.mean_min / 60 * k / total
+        out[m] = min(k, math.ceil(mean + 3 * math.sqrt(mean)))
+    return out
+
+
+# ---- metrics ------------------------------------------------------------------------------
+
+
+def slices_of(pod: Pod) -> tuple[int, int]:
+    """(compute, memory) slices a pod takes on its model's 7/8-slice geometry."""
+    geom = get_model(pod.model).mig
+    assert geom is not None
+    if pod.profile is None:
+        return geom.compute_slices * pod.req.gpu_count, geom.memory_slices * pod.req.gpu_count
+    p = geom.profile(pod.profile)
+    return p.compute_slices, p.memory_slices
+
+
+def bound(slices: dict[str, list[int]]) -> int:
+    out = 0
+    for m, (c, mem) in slices.items():
+        geom = get_model(m).mig
+        assert geom is not None
+        out += max(math.ceil(c / geom.compute_slices), math.ceil(mem / geom.memory_slices))
+    return out
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (0 for no values)."""
+    if not values:
+        return 0.0
+    s = sorted(values)
+    return s[max(0, math.ceil(q / 100 * len(s)) - 1)]
+
+
+# ---- the simulation -----------------------------------------------------------------------
+
+
+@dataclass
+class Args:
+    hours: float
+    warmup_h: float
+    reconfig_delay: float
+    create_delay: float
+    tick: float
+    forecast_window: float
+    scorer_refresh: float
+    params: SolverParams
+    validate_every: int = 1
+
+
+@dataclass
+class Totals:
+    gpus: float = 0.0
+    bound: float = 0.0
+    demand_bound: float = 0.0
+    naive: float = 0.0
+    idle_slices: float = 0.0
+    span: float = 0.0
+
+
+@dataclass(order=True)
+class Event:
+    t: float
+    seq: int
+    kind: str = field(compare=False)
+    data: object = field(compare=False, default=None)
+
+
+class Sim:
+    """The shared event loop; policies say where a pod goes and what happens around it."""
+
+    name = "base"
+
+    def __init__(self, nodes: Sequence[NodeInfo], pods: Sequence[Pod], args: Args) -> None:
+        self.args = args
+        self.state = ClusterState(Snapshot(nodes=tuple(nodes)))
+        self.pods = [replace(p) for p in pods]
+        self.by_key = {p.req.key: p for p in self.pods}
+        self.pending: dict[str, Pod] = {}  # arrival order
+        self.running: dict[str, Pod] = {}
+        self.events: list[Event] = []
+        self._seq = 0
+        self.now = 0.0
+        self.totals = Totals()
+        self.run_slices: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+        self.wait_slices: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+        self.reconfigs = 0
+        self.invalid: list[str] = []
+        self.placed = 0
+        self.validated = 0
+        self.horizon = args.hours * 3600
+        self.warmup = args.warmup_h * 3600
+
+    # -- events --------------------------------------------------------------------------
+
+    def push(self, t: float, kind: str, data: object = None) -> None:
+        self._seq += 1
+        heapq.heappush(self.events, Event(t, self._seq, kind, data))
+
+    def run(self) -> dict[str, object]:
+        started = time.monotonic()
+        for p in self.pods:
+            self.push(p.arrival, "arrival", p)
+        self.setup()
+        while self.events and self.events[0].t <= self.horizon:
+            ev = heapq.heappop(self.events)
+            self.advance(ev.t)
+            if ev.kind == "arrival":
+                assert isinstance(ev.data, Pod)
+                self.arrive(ev.data)
+            elif ev.kind == "departure":
+                assert isinstance(ev.data, Pod)
+                self.depart(ev.data)
+            else:
+                self.handle(ev)
+        self.advance(self.horizon)
+        return self.report(time.monotonic() - started)
+
+    def setup(self) -> None:
+        """Initial layouts and recurring events."""
+
+    def handle(self, ev: Event) -> None:
+        raise ValueError(f"{self.name}: unknown event {ev.kind}")
+
+    def advance(self, t: float) -> None:
+        lo = max(self.now, self.warmup)
+        if t > lo:
+            dt = t - lo
+            tot = self.totals
+            tot.span += dt
+            used, idle = self.gpus_used()
+            tot.gpus += dt * used
+            tot.idle_slices += dt * idle
+            tot.bound += dt * bound(self.run_slices)
+            both = {m: [self.run_slices[m][i] + self.wait_slices[m][i] for i in (0, 1)]
+                    for m in set(self.run_slices) | set(self.wait_slices)}
+            tot.demand_bound += dt * bound(both)
+            tot.naive += dt * sum(p.req.gpu_count if p.profile is None else 1
+                                  for p in self.running.values())
+        self.now = max(self.now, t)
+
+    def gpus_used(self) -> tuple[int, int]:
+        """GPUs holding a pod (or being changed), and the memory slices no pod holds on
+        those of them in MIG mode (free instances and unpartitioned room)."""
+        used = idle = 0
+        for n in self.state.nodes.values():
+            for g in n.gpus:
+                if g.whole_owner is not None:
+                    used += 1
+                    continue
+                owned = [p for p, o in g.instances.values() if o is not None]
+                if owned:
+                    used += 1
+                    geom = get_model(g.info.model).mig
+                    assert geom is not None
+                    idle += geom.memory_slices - sum(geom.profile(p).memory_slices
+                                                     for p in owned)
+        return used, idle
+
+    # -- pods ----------------------------------------------------------------------------
+
+    def arrive(self, pod: Pod) -> None:
+        self.pending[pod.req.key] = pod
+        self._count(self.wait_slices, pod, +1)
+        # Nothing was freed: only the new pod can find room.
+        self.schedule([pod])
+
+    def depart(self, pod: Pod) -> None:
+        assert pod.placement is not None
+        self.state.undo(pod.req, pod.placement)
+        del self.running[pod.req.key]
+        self._count(self.run_slices, pod, -1)
+        self.freed(pod)
+        self.schedule()
+
+    def freed(self, pod: Pod) -> None:
+        """After a pod's resources were given back."""
+
+    def schedule(self, pods: Sequence[Pod] | None = None) -> None:
+        """Place what waits, in arrival order (kube-scheduler retries its queue when
+        something is freed or created)."""
+        for pod in list(self.pending.values()) if pods is None else pods:
+            p = self.place(pod)
+            if p is not None:
+                self.bind(pod, p, self.start_delay(p))
+
+    def place(self, pod: Pod) -> Placement | None:
+        raise NotImplementedError
+
+    def start_delay(self, p: Placement) -> float:
+        return 0.0
+
+    def bind(self, pod: Pod, p: Placement, delay: float) -> None:
+        self.check_placement(pod, p)
+        self.state.apply(pod.req, p)
+        del self.pending[pod.req.key]
+        self._count(self.wait_slices, pod, -1)
+        self.running[pod.req.key] = pod
+        self._count(self.run_slices, pod, +1)
+        pod.placement = p
+        pod.start = self.now + delay
+        self.placed += 1
+        self.push(pod.start + pod.duration, "departure", pod)
+
+    def _count(self, table: dict[str, list[int]], pod: Pod, sign: int) -> None:
+        c, m = slices_of(pod)
+        table[pod.model][0] += sign * c
+        table[pod.model][1] += sign * m
+
+    # -- checks --------------------------------------------------------------------------
+
+    def check_placement(self, pod: Pod, p: Placement) -> None:
+        """The shared validator on the node the pod lands on."""
+        self.validated += 1
+        node = self.state.nodes[p.node]
+        snap = Snapshot(nodes=(node_info(node),),
+                        running=tuple((self.by_key[k].req, q) for k, q in node.pods.items()),
+                        pending=(pod.req,))
+        errors = validate(snap, [p])
+        if pod.req.gpu_models and any(node_gpu(node, i).info.model not in pod.req.gpu_models
+                                      for i in p.gpus):
+            errors.append(f"{pod.req.key}: on a GPU model it does not allow")
+        self.invalid.extend(f"{self.name}: {e}" for e in errors)
+
+    def check_layout(self, node: str, g: GpuState) -> None:
+        geom = get_model(g.info.model).mig
+        assert geom is not None
+        self.invalid.extend(f"{self.name} {node} GPU {g.info.index}: {e}"
+                            for e in layout_errors(geom, g.mig_slots()))
+
+    # -- layout changes (the node agent's view changes; bump the version scorers memo on) --
+
+    def set_layout(self, node: str, g: GpuState, mode: GpuMode, slots: Sequence[MigSlot]) -> None:
+        g.info = replace(g.info, mode=mode)
+        g.instances = {s.start: (s.profile, None) for s in slots}
+        self.state.nodes[node].version = next(_VERSIONS)
+        if mode is GpuMode.MIG:
+            self.check_layout(node, g)
+
+    # -- report --------------------------------------------------------------------------
+
+    def report(self, wall: float) -> dict[str, object]:
+        tot = self.totals
+        span = tot.span or 1.0
+        measured = [p for p in self.pods if p.arrival >= self.warmup]
+        waits = [(p.start if p.start is not None and p.start <= self.horizon else self.horizon)
+                 - p.arrival for p in measured]
+        hours = max(self.horizon - self.warmup, 1.0) / 3600
+        # Waiting: arrived and not started (a slice being created counts), time-averaged.
+        waiting = sum(max(0.0, min(self.horizon if p.start is None else p.start, self.horizon)
+                          - max(p.arrival, self.warmup)) for p in self.pods)
+        at_end = sum(1 for p in self.pods if p.start is None or p.start > self.horizon)
+        gpus = tot.gpus / span
+        lb = tot.bound / span
+        naive = tot.naive / span
+        return {
+            "gpus_used": round(gpus, 2),
+            "lower_bound": round(lb, 2),
+            "ratio_to_bound": round(gpus / lb, 3) if lb else None,
+            "demand_bound": round(tot.demand_bound / span, 2),
+            "idle_slices_on_used": round(tot.idle_slices / span, 2),
+            "pods_waiting": round(waiting / span, 2),
+            "pods_waiting_end": at_end,
+            "wait_p50_s": round(percentile(waits, 50), 1),
+            "wait_p99_s": round(percentile(waits, 99), 1),
+            "wait_max_s": round(max(waits, default=0.0), 1),
+            "reconfigs_per_h": round(self.reconfigs_in_window / hours, 1),
+            "arrived": len(self.pods),
+            "placed": self.placed,
+            "validated": self.validated,
+            "invalid": len(self.invalid),
+            "naive_gpus": round(naive, 2),
+            "naive_ratio": round(naive / gpus, 3) if gpus else None,
+            "wall_s": round(wall, 1),
+        }
+
+    reconfigs_in_window = 0
+
+    def count_reconfig(self, n: int = 1) -> None:
+        self.reconfigs += n
+        if self.now >= self.warmup:
+            self.reconfigs_in_window += n
+
+
+def node_gpu(node: NodeState, index: int) -> GpuState:
+    return next(g for g in node.gpus if g.info.index == index)
+
+
+def node_info(node: NodeState) -> NodeInfo:
+    """The node as its agent reports it now: modes and MIG layouts (owners come from the
+    running pods' placements)."""
+    gpus = tuple(replace(g.info, mig=tuple(MigInstance(p, s) for s, (p, _) in
+                                           sorted(g.instances.items())))
+                 for g in node.gpus)
+    return replace(node.info, gpus=gpus)
+
+
+def snapshot_of(state: ClusterState, sim: Sim) -> Snapshot:
+    running = tuple((sim.by_key[k].req, p) for n in state.nodes.values()
+                    for k, p in n.pods.items())
+    return Snapshot(nodes=tuple(node_info(n) for n in state.nodes.values()), running=running,
+                    pending=tuple(p.req for p in sim.pending.values()))
+
+
+class ScoredPlacement(Sim):
+    """Pods on existing slices and idle whole GPUs, best option by the extender's scorer."""
+
+    def setup(self) -> None:
+        super().setup()
+        self._scorer: Scorer | None = None
+        self._scorer_at = -math.inf
+
+    def scorer(self) -> Scorer:
+        if self._scorer is None or self.now - self._scorer_at >= self.args.scorer_refresh:
+            self._scorer = make_gpupack_scorer(snapshot_of(self.state, self))
+            self._scorer_at = self.now
+        return self._scorer
+
+    def place(self, pod: Pod) -> Placement | None:
+        return best_option(self.state, pod.req, self.scorer())
+
+
+class Static(ScoredPlacement):
+    name = "static"
+
+    def __init__(self, nodes: Sequence[NodeInfo], pods: Sequence[Pod], args: Args,
+                 whole: dict[str, int]) -> None:
+        super().__init__(nodes, pods, args)
+        self.whole = whole
+
+    def setup(self) -> None:
+        super().setup()
+        keep = dict(self.whole)
+        # The whole GPUs are the last GPUs of each model's last nodes (a per-device
+        # mig-parted entry); every other GPU is all-balanced.
+        for node in reversed(list(self.state.nodes.values())):
+            for g in reversed(node.gpus):
+                m = g.info.model
+                if keep.get(m, 0) > 0:
+                    keep[m] -= 1
+                    continue
+                geom = get_model(m).mig
+                assert geom is not None
+                slots = layout_from_counts(geom, dict(ALL_BALANCED))
+                assert slots is not None
+                self.set_layout(node.info.name, g, GpuMode.MIG, slots)
+
+
+class FirstFit(Sim):
+    name = "first-fit"
+
+    def place(self, pod: Pod) -> Placement | None:
+        for name, node in self.state.nodes.items():
+            for g in node.gpus:
+                if g.info.model != pod.model or g.whole_owner is not None:
+                    continue
+                if pod.profile is None:
+                    if g.idle and g.info.mode is GpuMode.WHOLE:
+                        return Placement(pod.req.key, name, (g.info.index,))
+                    continue
+                geom = get_model(g.info.model).mig
+                assert geom is not None
+                if g.info.mode is GpuMode.WHOLE and not g.idle:
+                    continue
+                starts = free_starts(geom, g.mig_slots(), pod.profile)
+                if not starts:
+                    continue
+                # DynamicMIG creates the instance as the claim is prepared.
+                slots = [*g.mig_slots(), MigSlot(pod.profile, starts[0])]
+                owners = dict(g.instances)
+                self.set_layout(name, g, GpuMode.MIG, slots)
+                for s, (prof, o) in owners.items():
+                    g.instances[s] = (prof, o)
+                self.count_reconfig()
+                return Placement(pod.req.key, name, (g.info.index,), pod.profile, starts[0])
+        return None
+
+    def start_delay(self, p: Placement) -> float:
+        return self.args.create_delay if p.mig_profile is not None else 0.0
+
+    def freed(self, pod: Pod) -> None:
+        p = pod.placement
+        assert p is not None
+        if p.mig_profile is None:
+            return
+        g = self.state.gpu(p.node, p.gpus[0])
+        slots = [s for s in g.mig_slots() if s.start != p.mig_start]
+        owners = {s: v for s, v in g.instances.items() if s != p.mig_start}
+        mode = GpuMode.MIG if slots else GpuMode.WHOLE
+        self.set_layout(p.node, g, mode, slots)
+        g.instances.update(owners)
+        self.count_reconfig()
+
+
+class Gpupack(ScoredPlacement):
+    name = "gpupack"
+
+    def setup(self) -> None:
+        super().setup()
+        self.push(0.0, "tick")
+        self.in_flight: dict[tuple[str, int], tuple[float, bool, tuple[tuple[str, int], ...]]] = {}
+        self.recent: deque[tuple[float, str, str]] = deque()  # (arrival, model, profile)
+        self.plan_calls = 0
+        self.plan_s = 0.0
+        self.plan_status: Counter[str] = Counter()
+
+    def arrive(self, pod: Pod) -> None:
+        super().arrive(pod)
+        if pod.profile is not None:
+            self.recent.append((pod.arrival, pod.model, pod.profile))
+
+    def handle(self, ev: Event) -> None:
+        if ev.kind == "tick":
+            self.actuate()
+            self.push(self.now + self.args.tick, "tick")
+        elif ev.kind == "done":
+            assert isinstance(ev.data, tuple)
+            self.finish(ev.data)
+            self.schedule()  # the new slices (or whole GPU) appear in allocatable
+        else:
+            super().handle(ev)
+
+    def mig_nodes(self) -> list[MigNode]:
+        out = []
+        for name, node in self.state.nodes.items():
+            gpus = tuple(MigGpu(g.info.index, g.info.model, g.info.mode is GpuMode.MIG,
+                                tuple(sorted(g.mig_slots())) if g.info.mode is GpuMode.MIG
+                                else (), held=not g.idle)
+                         for g in node.gpus)
+            out.append(MigNode(name, gpus, opted_in=True))
+        return out
+
+    def forecast(self) -> dict[tuple[str, str], int]:
+        while self.recent and self.recent[0][0] < self.now - self.args.forecast_window:
+            self.recent.popleft()
+        want = Counter((m, p) for _, m, p in self.recent)
+        free: Counter[tuple[str, str]] = Counter()
+        for node in self.state.nodes.values():
+            for g in node.gpus:
+                for prof, owner in g.instances.values():
+                    if owner is None:
+                        free[g.info.model, prof] += 1
+        return {k: n - free[k] for k, n in want.items() if n > free[k]}
+
+    def actuate(self) -> None:
+        waiting: Counter[tuple[str, str]] = Counter()
+        whole: list[WholeDemand] = []
+        for pod in self.pending.values():
+            if pod.profile is None:
+                whole.append(WholeDemand(pod.req.key, pod.req.gpu_count,
+                                         frozenset({pod.model})))
+            else:
+                waiting[pod.model, pod.profile] += 1
+        in_flight = frozenset(self.state.gpu(n, i).info.model for n, i in self.in_flight)
+        if all(m in in_flight for m, _ in waiting) and all(q.models <= in_flight
+                                                           for q in whole):
+            return
+        nodes = self.mig_nodes()
+        demand = MigDemand(dict(waiting), self.forecast(), tuple(whole))
+        t0 = time.monotonic()
+        plan = plan_mig(nodes, demand, in_flight=in_flight, params=self.args.params)
+        self.plan_s += time.monotonic() - t0
+        self.plan_calls += 1
+        self.plan_status[plan.status.split("/")[0]] += 1
+        self.invalid.extend(f"gpupack plan: {e}" for e in plan_errors(nodes, plan, in_flight))
+        self.apply(plan)
+
+    def apply(self, plan: MigPlan) -> None:
+        """What the actuator does with a plan: each changed GPU is held (serves nothing)
+        until the MIG manager is done, then has its new layout."""
+        for ch in plan.changes:
+            config = {i: d for d in ch.devices for i in d.devices}
+            for i in ch.changed:
+                g = self.state.gpu(ch.node, i)
+                if not g.idle:
+                    self.invalid.append(f"gpupack: {ch.node} GPU {i} changed while held")
+                    continue
+                d = config[i]
+                self.set_layout(ch.node, g, GpuMode.WHOLE, ())
+                g.whole_owner = RECONFIGURING
+                until = self.now + self.args.reconfig_delay
+                self.in_flight[ch.node, i] = (until, d.mig_enabled, d.mig_devices)
+                self.push(until, "done", (ch.node, i))
+                self.count_reconfig()
+
+    def finish(self, key: tuple[str, int]) -> None:
+        _, mig, counts = self.in_flight.pop(key)
+        node, i = key
+        g = self.state.gpu(node, i)
+        g.whole_owner = None
+        if not mig:
+            self.set_layout(node, g, GpuMode.WHOLE, ())
+            return
+        geom = get_model(g.info.model).mig
+        assert geom is not None
+        slots = layout_from_counts(geom, dict(counts))
+        if slots is None:
+            self.invalid.append(f"gpupack: {node} GPU {i}: no layout for {dict(counts)}")
+            self.set_layout(node, g, GpuMode.WHOLE, ())
+            return
+        self.set_layout(node, g, GpuMode.MIG, slots)
+
+    def report(self, wall: float) -> dict[str, object]:
+        out = super().report(wall)
+        out["plan_calls"] = self.plan_calls
+        out["plan_s_mean"] = round(self.plan_s / self.plan_calls, 3) if self.plan_calls else 0
+        out["plan_status"] = dict(sorted(self.plan_status.items()))
+        return out
+
+
+class GpupackBestfit(Gpupack):
+    """A diagnostic, not the product: gpupack's planner with pods placed by plain best fit
+    (``packing.policies.scores.bestfit``) instead of the extender's scorer."""
+
+    name = "gpupack-bestfit"
+
+    def place(self, pod: Pod) -> Placement | None:
+        return best_option(self.state, pod.req, bestfit)
+
+
+# ---- main ---------------------------------------------------------------------------------
+
+
+POLICIES: dict[str, Callable[..., Sim]] = {
+    "static": Static, "first-fit": FirstFit, "gpupack": Gpupack,
+    "gpupack-bestfit": GpupackBestfit}
+
+
+def run(ns: argparse.Namespace) -> dict[str, object]:
+    nodes = make_nodes(ns.nodes, ns.gpus_per_node)
+    period = ns.period_h or ns.hours
+    pods = make_stream(nodes, ns.hours, ns.rate, ns.swing, period, ns.seed)
+    args = Args(hours=ns.hours, warmup_h=min(ns.warmup_h, ns.hours / 2),
+                reconfig_delay=ns.reconfig_delay, create_delay=ns.create_delay, tick=ns.tick,
+                forecast_window=ns.forecast_window, scorer_refresh=ns.scorer_refresh,
+                params=replace(DEFAULT_PARAMS, max_time_s=ns.solver_time, seed=ns.seed))
+    whole = static_whole_gpus(nodes, ns.rate, ns.swing)
+    results: dict[str, dict[str, object]] = {}
+    for name in ns.policies:
+        if name == "static":
+            sim: Sim = Static(nodes, pods, args, whole)
+        else:
+            sim = POLICIES[name](nodes, pods, args)
+        results[name] = sim.run()
+        if sim.invalid:
+            results[name]["invalid_examples"] = sim.invalid[:5]
+    out: dict[str, object] = {
+        "params": {"nodes": ns.nodes, "gpus_per_node": ns.gpus_per_node, "hours": ns.hours,
+                   "rate_per_h": ns.rate, "swing": ns.swing, "period_h": period,
+                   "seed": ns.seed, "warmup_h": args.warmup_h,
+                   "reconfig_delay_s": ns.reconfig_delay, "create_delay_s": ns.create_delay,
+                   "tick_s": ns.tick, "forecast_window_s": ns.forecast_window,
+                   "solver_time_s": ns.solver_time, "arrivals": len(pods),
+                   "static_whole_gpus": whole,
+                   "mix": {c.name: {"profile": c.profile or "whole", "share": c.share,
+                                    "mean_min": c.mean_min} for c in CLASSES}},
+        "policies": results,
+    }
+    out["goals"] = goals(results)
+    return out
+
+
+def goals(results: dict[str, dict[str, object]]) -> dict[str, object]:
+    g = results.get("gpupack")
+    if g is None:
+        return {}
+    out: dict[str, object] = {}
+    ratio = g["ratio_to_bound"]
+    if isinstance(ratio, float):
+        out["gpupack_vs_bound"] = ratio
+        out["within_1_05_of_bound"] = ratio <= 1.05
+    s = results.get("static")
+    if s is not None and isinstance(s["gpus_used"], float) and s["gpus_used"]:
+        assert isinstance(g["gpus_used"], float)
+        fewer = 1 - g["gpus_used"] / s["gpus_used"]
+        out["fewer_gpus_than_static"] = round(fewer, 3)
+        out["at_least_20pct_fewer_than_static"] = fewer >= 0.20
+    f = results.get("first-fit")
+    if f is not None:
+        assert isinstance(g["pods_waiting"], float) and isinstance(f["pods_waiting"], float)
+        out["fewer_waiting_than_first_fit"] = g["pods_waiting"] < f["pods_waiting"]
+    out["naive_ratio"] = g["naive_ratio"]
+    # GPU counts compare only between policies that serve the stream alike.
+    out["pods_waiting"] = {name: r["pods_waiting"] for name, r in results.items()}
+    return out
+
+
+COLUMNS = (("gpus_used", "GPUs"), ("lower_bound", "bound"), ("ratio_to_bound", "x bound"),
+           ("idle_slices_on_used", "idle sl."), ("pods_waiting", "waiting"),
+           ("pods_waiting_end", "wait@end"), ("wait_p50_s", "p50 s"), ("wait_p99_s", "p99 s"),
+           ("reconfigs_per_h", "reconf/h"), ("naive_ratio", "naive x"), ("invalid", "invalid"),
+           ("wall_s", "wall s"))
+
+
+def table(out: dict[str, object]) -> str:
+    params = out["params"]
+    assert isinstance(params, dict)
+    lines = [f"{params['nodes']} nodes x {params['gpus_per_node']} GPUs, {params['hours']} h, "
+             f"{params['rate_per_h']} pods/h (swing {params['swing']}), seed {params['seed']}, "
+             f"{params['arrivals']} arrivals; figures after {params['warmup_h']} h warm-up"]
+    lines.append(f"{'policy':<16}" + "".join(f"{h:>10}" for _, h in COLUMNS))
+    pol = out["policies"]
+    assert isinstance(pol, dict)
+    for name, r in pol.items():
+        lines.append(f"{name:<16}" + "".join(f"{r[k]!s:>10}" for k, _ in COLUMNS))
+    g = out.get("goals")
+    if g:
+        lines.append("goals: " + json.dumps(g))
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--nodes", type=int, default=16)
+    ap.add_argument("--gpus-per-node", type=int, default=8)
+    ap.add_argument("--hours", type=float, default=8.0)
+    ap.add_argument("--rate", type=float, default=200.0, help="mean arrivals per hour")
+    ap.add_argument("--swing", type=float, default=0.5, help="rate amplitude, 0..1")
+    ap.add_argument("--period-h", type=float, default=0.0,
+                    help="period of the rate curve (0: the run's length)")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--warmup-h", type=float, default=1.0)
+    ap.add_argument("--reconfig-delay", type=float, default=60.0,
+                    help="seconds a GPU the MIG manager changes serves nothing (gpupack)")
+    ap.add_argument("--create-delay", type=float, default=5.0,
+                    help="seconds DynamicMIG takes to create an instance (first-fit)")
+    ap.add_argument("--tick", type=float, default=10.0, help="actuator period, seconds")
+    ap.add_argument("--forecast-window", type=float, default=300.0,
+                    help="seconds of recent arrivals the forecast counts")
+    ap.add_argument("--scorer-refresh", type=float, default=300.0)
+    ap.add_argument("--solver-time", type=float, default=DEFAULT_PARAMS.max_time_s,
+                    help="the planner's deterministic time limit (product default)")
+    ap.add_argument("--policies", default="static,first-fit,gpupack")
+    ap.add_argument("--format", choices=("table", "json"), default="table")
+    ns = ap.parse_args(argv)
+    ns.policies = [p.strip() for p in ns.policies.split(",") if p.strip()]
+    for p in ns.policies:
+        if p not in POLICIES:
+            ap.error(f"--policies: unknown policy {p!r}; known: {', '.join(POLICIES)}")
+    if not 0 <= ns.swing <= 1:
+        ap.error(f"--swing {ns.swing}: must be within 0..1")
+    if ns.nodes < 1 or ns.gpus_per_node < 1 or ns.hours <= 0 or ns.rate <= 0:
+        ap.error("--nodes, --gpus-per-node, --hours and --rate must be positive")
+    if ns.tick <= 0 or ns.solver_time <= 0 or ns.scorer_refresh <= 0:
+        ap.error("--tick, --solver-time and --scorer-refresh must be positive")
+    if min(ns.reconfig_delay, ns.create_delay, ns.forecast_window, ns.warmup_h) < 0:
+        ap.error("--reconfig-delay, --create-delay, --forecast-window and --warmup-h "
+                 "must not be negative")
+    out = run(ns)
+    print(json.dumps(out, indent=2) if ns.format == "json" else table(out))
+    pol = out["policies"]
+    assert isinstance(pol, dict)
+    return 2 if any(r["invalid"] for r in pol.values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
