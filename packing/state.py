@@ -10,11 +10,12 @@ between threads.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from packing.catalog import get_model
+from packing.device_plugin import PluginChoice, PluginRefusal, ReplicatedGpu, plugin_allocation
 from packing.mig import MigSlot, free_starts, memory_range
 from packing.model import (
     GPU_MILLI,
@@ -207,6 +208,36 @@ class ClusterState:
             out.append(o)
         return out
 
+    def share_sequence(self, node_name: str, count: int) -> tuple[int, ...]:
+        """The GPUs the device plugin hands the next ``count`` one-replica shares of this
+        node to, one after another (fewer when the node runs out of replicas): where a
+        batch of shares lands, whichever pods they are."""
+        gpus = replicated_gpus(self.nodes[node_name])
+        policy = self.nodes[node_name].info.share_policy
+        out: list[int] = []
+        for _ in range(count):
+            try:
+                pick = plugin_allocation(gpus, 1, policy=policy).first
+            except PluginRefusal:
+                break
+            out.append(pick)
+            gpus = [replace(g, allocated=g.allocated + 1) if g.index == pick else g
+                    for g in gpus]
+        return tuple(out)
+
+    def share_options(self, pod: PodRequest, node_name: str, gpus: Iterable[int]
+                      ) -> list[Placement]:
+        """Placements of share ``pod`` on each of ``gpus`` (time-sliced GPUs of the node
+        it may use and that have room for it now), for batch solvers that follow the
+        plugin's sequence themselves (:meth:`share_sequence`)."""
+        node = self.nodes[node_name]
+        if fits_node(pod, node) is not None or pod.kind is not RequestKind.SHARED:
+            return []
+        allowed = {g.info.index: g for g in self._allowed_gpus(pod, node)
+                   if g.mode is GpuMode.SHARED and g.whole_owner is None}
+        return [Placement(pod.key, node_name, (i,)) for i in sorted(set(gpus))
+                if i in allowed and _share_fits(allowed[i], pod)]
+
     def reason(self, pod: PodRequest, node_name: str) -> str:
         """Why the pod does not fit the node now (for people)."""
         node = self.nodes[node_name]
@@ -227,6 +258,16 @@ class ClusterState:
             # "no free" leads: callers append what is placeable after it.
             return f"no free {pod.mig_profile} slice on any GPU" + (
                 f", and none is created here: {fixed}" if fixed else "")
+        pick = plugin_pick(node)
+        if pick is not None:
+            for i in sorted(pick.possible[0]):
+                g = self.gpu(node_name, i)
+                if not _share_fits(g, pod) or g not in allowed:
+                    return (f"no GPU share with {pod.gpu_milli}m/{pod.gpu_memory_mib}Mi free on "
+                            f"the GPU the device plugin would hand out: GPU {i} has "
+                            f"{g.info.memory_mib - g.shared_memory_used}Mi of "
+                            f"{g.info.memory_mib}Mi and {g.free_milli}m free, "
+                            f"{len(g.shared_owners)} replica(s) in use")
         best = max((g.free_milli for g in allowed), default=0)
         return f"no GPU share with {pod.gpu_milli}m/{pod.gpu_memory_mib}Mi free (largest {best}m)"
 
@@ -297,18 +338,18 @@ class ClusterState:
                             pod.key, name, (g.info.index,), pod.mig_profile, start, True
                         )
             return
-        for g in allowed:  # SHARED
-            if g.whole_owner is not None:
-                continue
-            if g.mode is GpuMode.SHARED:
-                replicas = g.info.replicas
-                if replicas and len(g.shared_owners) >= replicas:
-                    continue
-                if g.shared_memory_used + pod.gpu_memory_mib > g.info.memory_mib:
-                    continue
-            if g.used_milli + pod.gpu_milli > GPU_MILLI:
-                continue
-            yield Placement(pod.key, name, (g.info.index,))
+        # SHARED. A time-sliced GPU is not gpupack's to choose: the device plugin hands out
+        # the replica (packing.device_plugin). The share goes where the plugin will put it,
+        # and only if every GPU the plugin may pick (a tie is broken at random) has room.
+        pick = plugin_pick(node)
+        if pick is not None and all(
+                i in {g.info.index for g in allowed}
+                and _share_fits(self.gpu(name, i), pod) for i in pick.possible[0]):
+            yield Placement(pod.key, name, (pick.first,))
+        for g in allowed:  # FRACTIONAL (trace replay): gpupack's own choice
+            if g.mode is GpuMode.FRACTIONAL and g.whole_owner is None \
+                    and _share_fits(g, pod):
+                yield Placement(pod.key, name, (g.info.index,))
 
     # -- mutation ------------------------------------------------------------------------
 
@@ -495,6 +536,35 @@ class ClusterState:
     def whole_nodes_free(self) -> int:
         """GPU nodes whose every GPU a whole-GPU pod could take now."""
         return sum(1 for n in self.nodes.values() if n.whole_free)
+
+
+def replicated_gpus(node: NodeState) -> list[ReplicatedGpu]:
+    """The node's time-sliced GPUs as the device plugin counts them: replicas in use."""
+    return [ReplicatedGpu(g.info.index, g.info.replicas, len(g.shared_owners))
+            for g in node.gpus if g.mode is GpuMode.SHARED and g.whole_owner is None]
+
+
+def plugin_pick(node: NodeState) -> PluginChoice | None:
+    """Which GPU the device plugin hands the next one-replica share on this node (and
+    which it may, on a tie); None when the node has no free replica."""
+    gpus = replicated_gpus(node)
+    if not gpus:
+        return None
+    try:
+        return plugin_allocation(gpus, 1, policy=node.info.share_policy)
+    except PluginRefusal:
+        return None
+
+
+def _share_fits(g: GpuState, pod: PodRequest) -> bool:
+    """Room for the share on this GPU: a replica, its memory and its compute."""
+    if g.mode is GpuMode.SHARED:
+        replicas = g.info.replicas
+        if replicas and len(g.shared_owners) >= replicas:
+            return False
+        if g.shared_memory_used + pod.gpu_memory_mib > g.info.memory_mib:
+            return False
+    return g.used_milli + pod.gpu_milli <= GPU_MILLI
 
 
 MODE_WORDS = {GpuMode.WHOLE: "whole-GPU mode", GpuMode.MIG: "MIG mode",
