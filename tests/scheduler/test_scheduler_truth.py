@@ -177,3 +177,49 @@ def test_share_is_booked_on_the_gpu_the_plugin_picks() -> None:
     with cache.view():
         assert cache.state.options(req, "n1") == [Placement("default/small", "n1", (1,))]
     assert req.kind is RequestKind.SHARED
+
+
+# ---- metrics ---------------------------------------------------------------------------------
+
+
+def test_metrics_count_memory_booked_shares_and_show_booked_beside_observed() -> None:
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from scheduler.metrics import ExtenderMetrics
+    from scheduler.planner import Planner
+
+    half = f"{GFD_L40S_MIB // 2}Mi"
+    no_compute = [pod(n, {"nvidia.com/gpu.shared": "1"}, node="n1",
+                      annotations={"gpupack.io/gpu-memory": half, "gpupack.io/gpus": "0"})
+                  for n in ("a", "b")]
+    cache = make_cache([l40s()], no_compute)
+    cache.upsert_node(with_inventory(l40s(), [
+        shared_gpu(0, {"default/a": (20_000, 20_000), "default/b": (0, 0)}),
+        shared_gpu(1)]))
+    metrics = ExtenderMetrics(CollectorRegistry(), cache, Planner(cache), figures_max_age_s=0,
+                              scrape_pace_s=0, body_max_age_s=0)
+    fams = {f.name: f for f in text_string_to_metric_families(metrics.exposition().decode())}
+
+    def per_gpu(name: str) -> dict[str, float]:
+        return {s.labels["gpu"]: s.value for s in fams[name].samples}
+
+    # Shares that ask for no compute but book all the memory: the GPU is full (was 0.0).
+    assert per_gpu("gpupack_gpu_allocated") == {"0": 1.0, "1": 0.0}
+    assert per_gpu("gpupack_gpu_memory_booked_mib") == {"0": GFD_L40S_MIB, "1": 0}
+    assert per_gpu("gpupack_gpu_memory_observed_mib") == {"0": 20_000, "1": 0}
+    assert per_gpu("gpupack_gpu_memory_total_mib") == {"0": GFD_L40S_MIB, "1": GFD_L40S_MIB}
+    disagreements = {s.labels["kind"]: s.value
+                     for s in fams["gpupack_device_plugin_disagreements"].samples
+                     if s.name.endswith("_total")}
+    assert disagreements == {"shared": 0, "mig": 0}
+    # The agent then sees b on GPU 1: it moves, and the counter says so.
+    cache.upsert_node(with_inventory(l40s(), [
+        shared_gpu(0, {"default/a": (20_000, 20_000)}),
+        shared_gpu(1, {"default/b": (5, 5)})], ts=2))
+    fams = {f.name: f for f in text_string_to_metric_families(metrics.exposition().decode())}
+    assert per_gpu("gpupack_gpu_memory_booked_mib") == {"0": GFD_L40S_MIB // 2,
+                                                        "1": GFD_L40S_MIB // 2}
+    assert per_gpu("gpupack_gpu_memory_observed_mib") == {"0": 20_000, "1": 5}
+    assert {s.labels["kind"]: s.value for s in fams["gpupack_device_plugin_disagreements"].samples
+            if s.name.endswith("_total")} == {"shared": 1, "mig": 0}
