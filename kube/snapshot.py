@@ -25,7 +25,7 @@ from kube.objects import (
     recorded_placement,
 )
 from packing.model import NodeInfo, Placement, PodRequest, RequestKind, Snapshot
-from packing.state import ClusterState, PlacementError
+from packing.state import ClusterState, PlacementError, plugin_pick
 
 # Headroom over an observed peak: time-sliced GPUs have no memory isolation, so a pod
 # that already reached its peak once is counted with 10% more than that.
@@ -130,6 +130,13 @@ def build_snapshot(
                 placement = candidate
                 break
             notes.append(f"pod {req.key} on {node}: {what} {candidate.to_json()} ignored: {why}")
+        if placement is None and req.kind is RequestKind.SHARED:
+            # A share nobody has seen yet is where the device plugin put it.
+            pick = plugin_pick(state.nodes[node])
+            if pick is not None:
+                placement = Placement(req.key, node, (pick.first,))
+                notes.append(f"pod {req.key} on {node}: GPU inferred as {pick.first} (the "
+                             "device plugin's pick)")
         if placement is None:
             options = state.options(req, node)
             if options:

@@ -342,10 +342,10 @@ class ClusterState:
         # the replica (packing.device_plugin). The share goes where the plugin will put it,
         # and only if every GPU the plugin may pick (a tie is broken at random) has room.
         pick = plugin_pick(node)
-        if pick is not None and all(
-                i in {g.info.index for g in allowed}
-                and _share_fits(self.gpu(name, i), pod) for i in pick.possible[0]):
-            yield Placement(pod.key, name, (pick.first,))
+        if pick is not None:
+            usable = {g.info.index: g for g in allowed}
+            if all(i in usable and _share_fits(usable[i], pod) for i in pick.possible[0]):
+                yield Placement(pod.key, name, (pick.first,))
         for g in allowed:  # FRACTIONAL (trace replay): gpupack's own choice
             if g.mode is GpuMode.FRACTIONAL and g.whole_owner is None \
                     and _share_fits(g, pod):

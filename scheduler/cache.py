@@ -51,7 +51,7 @@ from kube.objects import (
 )
 from kube.snapshot import observed_share, owned_instance, with_observed_peak
 from packing.model import NodeInfo, Placement, PodRequest, RequestKind, Snapshot
-from packing.state import ClusterState, NodeState, PlacementError
+from packing.state import ClusterState, NodeState, PlacementError, plugin_pick
 
 log = logging.getLogger("gpupack.scheduler.cache")
 
@@ -88,7 +88,7 @@ def node_signature(n: NodeState) -> tuple[Any, ...]:
     info = n.info
     return (
         info.cpu_milli, info.memory_mib, info.unschedulable, info.mig_reconfigure,
-        info.gpus, n.cpu_free, n.mem_free,
+        info.share_policy, info.gpus, n.cpu_free, n.mem_free,
         tuple(
             (
                 g.whole_owner is not None,
@@ -429,6 +429,11 @@ class ClusterCache:
         options = state.options(entry.req, entry.node, gpus_only=True)
         if options:
             return options[0]
+        # A share nobody has seen yet is where the device plugin put it, room or not.
+        pick = plugin_pick(state.nodes[entry.node]) if entry.req.kind is RequestKind.SHARED \
+            else None
+        if pick is not None:
+            return Placement(entry.req.key, entry.node, (pick.first,))
         # Bound by someone else with no room we can see (our view lags, the node over-
         # commits, or its devices do not match what we know of the node): count its CPU
         # and memory at least, GPUs unknown.

@@ -223,3 +223,48 @@ def test_metrics_count_memory_booked_shares_and_show_booked_beside_observed() ->
     assert per_gpu("gpupack_gpu_memory_observed_mib") == {"0": 20_000, "1": 5}
     assert {s.labels["kind"]: s.value for s in fams["gpupack_device_plugin_disagreements"].samples
             if s.name.endswith("_total")} == {"shared": 1, "mig": 0}
+
+
+# ---- the plugin's policy, per node -------------------------------------------------------
+
+
+def test_share_policy_label_is_read_and_a_bad_one_is_named() -> None:
+    from kube.objects import node_info
+    from packing.device_plugin import AllocationPolicy
+
+    notes: list[str] = []
+    packed = l40s()
+    packed["metadata"]["labels"]["gpupack.io/shared-allocation-policy"] = "packed"
+    assert node_info(packed, notes).share_policy is AllocationPolicy.PACKED
+    odd = l40s()
+    odd["metadata"]["labels"]["gpupack.io/shared-allocation-policy"] = "roundrobin"
+    assert node_info(odd, notes).share_policy is AllocationPolicy.DISTRIBUTED
+    assert notes == ["Node n1: metadata.labels.gpupack.io/shared-allocation-policy: "
+                     "'roundrobin' is not one of distributed|packed|spread; distributed "
+                     "assumed"]
+    assert node_info(l40s()).share_policy is AllocationPolicy.DISTRIBUTED
+
+
+def test_nodes_alike_but_for_the_plugins_policy_have_other_signatures() -> None:
+    packed = l40s("n2")
+    packed["metadata"]["labels"]["gpupack.io/shared-allocation-policy"] = "packed"
+    cache = make_cache([l40s("n1"), packed, l40s("n3")],
+                       [bound_share(n, 0, node_name=f"n{i}") for i, n in
+                        ((1, "a"), (2, "b"), (3, "c"))])
+    with cache.view():
+        sigs = cache.signatures()
+        assert sigs["n1"] == sigs["n3"] != sigs["n2"]
+        req = pod_request(shared_pod("d", "8Gi", compute="0.1"))
+        # distributed: the idle GPU; packed: beside the share already there.
+        assert cache.state.options(req, "n1")[0].gpus == (1,)
+        assert cache.state.options(req, "n2")[0].gpus == (0,)
+
+
+def test_a_share_bound_by_someone_else_and_unseen_is_where_the_plugin_put_it() -> None:
+    # No record, no observation, no room by memory anywhere: it still holds a replica,
+    # and the plugin gave it the GPU with the fewest replicas in use.
+    cache = make_cache([l40s()], [bound_share("a", 0, "40Gi"), bound_share("b", 1, "40Gi"),
+                                  bound_share("c", 0, "1Gi")])
+    other = shared_pod("x", "40Gi", compute="0.1", node="n1")
+    cache.upsert_pod(other)
+    assert cache.counted("default/x")[1].gpus == (1,)
