@@ -34,3 +34,14 @@ def test_extender_bench_pin_splits_client_from_server_cpus() -> None:
     assert mod.split_cpus({0, 1}) == ({0}, {1})
     assert mod.split_cpus({2, 5, 7}) == ({2}, {5, 7})
     assert mod.split_cpus({3}) is None
+
+
+def test_device_plugin_bench_runs_and_the_plugin_booker_never_overfills() -> None:
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "device_plugin.py"), "--runs", "20",
+         "--arrivals", "30"], capture_output=True, text=True, timeout=120, check=True,
+    ).stdout.splitlines()
+    rows = {line.split()[0]: line.split()[1:] for line in out[2:]}
+    assert set(rows) == {"memory-first", "plugin"}
+    assert rows["plugin"][2] == "0"  # no GPU ever held more than its memory
+    assert int(rows["memory-first"][2]) > 0  # the old booking did overfill
