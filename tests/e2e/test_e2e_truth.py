@@ -21,7 +21,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cluster import SHARED, bound, create_nodes, l40s_shared, pod, pods_in, wait_for
+from cluster import (
+    SHARED,
+    bound,
+    create_nodes,
+    l40s_shared,
+    pod,
+    pods_in,
+    wait_for,
+    wait_for_webhook,
+)
 from conftest import Space
 from controlplane import (
     AGENT_NODE,
@@ -49,18 +58,27 @@ def _shares(pool: str, n: int) -> list[dict[str, Any]]:
 
 def test_gfd_memory_label_decides_what_fits(space: Space, core: Any) -> None:
     pool = space.name
-    space.nodes += create_nodes(core, [l40s_shared(f"{pool}-l40s", pool, gpus=1)])
+    node = f"{pool}-l40s"
+    space.nodes += create_nodes(core, [l40s_shared(node, pool, gpus=1)])
     ns = space.namespace()
-    for p in _shares(pool, 3):
-        core.create_namespaced_pod(ns, p)
+    first, second, third = _shares(pool, 3)
+    # Pods only once gpupack's views have the node (kube-scheduler's informer is as
+    # quick): a pod refused by a plugin for a node it has not seen yet waits for
+    # kube-scheduler's 5-minute flush.
+    probe = pod("probe", pool=pool, annotations={"gpupack.io/gpu-memory": "16Gi",
+                                                 "gpupack.io/isolation": "shared"})
+    wait_for_webhook(core, ns, probe, SHARED)
 
     def n_bound() -> int:
         return len(bound(pods_in(core, ns)))
 
+    core.create_namespaced_pod(ns, first)
+    core.create_namespaced_pod(ns, second)
     wait_for(lambda: n_bound() == 2, 60, "two 16Gi shares bound")
-    time.sleep(5)  # kube-scheduler retries the third meanwhile
+    core.create_namespaced_pod(ns, third)
+    time.sleep(5)  # kube-scheduler tries the third meanwhile
     assert n_bound() == 2  # 3 x 16Gi = 49,152 MiB > the 46,068 MiB GFD reports
-    core.patch_node(f"{pool}-l40s", {"metadata": {"labels": {"nvidia.com/gpu.memory": "49152"}}})
+    core.patch_node(node, {"metadata": {"labels": {"nvidia.com/gpu.memory": "49152"}}})
     wait_for(lambda: n_bound() == 3, 60, "the third share bound once the GPU is 49,152 MiB")
 
 
