@@ -15,7 +15,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from packing.catalog import get_model
-from packing.device_plugin import PluginChoice, PluginRefusal, ReplicatedGpu, plugin_allocation
+from packing.device_plugin import (
+    AllocationPolicy,
+    PluginChoice,
+    PluginRefusal,
+    ReplicatedGpu,
+    plugin_allocation,
+)
 from packing.mig import MigSlot, free_starts, memory_range
 from packing.model import (
     GPU_MILLI,
@@ -110,6 +116,10 @@ class NodeState:
     mem_free: int
     gpus: list[GpuState]
     pods: dict[str, Placement] = field(default_factory=dict)
+    # Time-sliced shares whose GPU is gpupack's prediction, not yet seen by the node agent,
+    # placed under a tie of the device plugin or after such a guess: pod -> GPU memory.
+    # Where they really are is any GPU the counts allow (see worst_case_fits).
+    unsure: dict[str, int] = field(default_factory=dict)
     # A number no other node state of this process has had: new at construction, at every
     # apply and undo, and on copy or unpickling. So equal numbers mean the same state, and
     # scorers can memoise per-node figures on it (see packing.policies.fgd).
@@ -344,7 +354,8 @@ class ClusterState:
         pick = plugin_pick(node)
         if pick is not None:
             usable = {g.info.index: g for g in allowed}
-            if all(i in usable and _share_fits(usable[i], pod) for i in pick.possible[0]):
+            if all(i in usable and _share_fits(usable[i], pod) for i in pick.possible[0]) \
+                    and worst_case_fits(node, pod):
                 yield Placement(pod.key, name, (pick.first,))
         for g in allowed:  # FRACTIONAL (trace replay): gpupack's own choice
             if g.mode is GpuMode.FRACTIONAL and g.whole_owner is None \
@@ -461,14 +472,16 @@ class ClusterState:
                 return f"{p.mig_profile}@{p.mig_start} overlaps {profile}@{start} on {where}"
         return None
 
-    def apply(self, pod: PodRequest, p: Placement, *, allow_overcommit: bool = False) -> None:
+    def apply(self, pod: PodRequest, p: Placement, *, allow_overcommit: bool = False,
+              unsure: bool = False) -> None:
         """Take the resources of placement ``p``; PlacementError when they are not free.
 
         ``allow_overcommit``: take them unchecked. For replaying what was applied before
         (a snapshot's running pods, a placement undone for a moment, a scorer's trial),
         and for records of bound pods that passed :meth:`shape_error` (which the cache
         and the snapshot builder check first). A placement without GPUs takes CPU and
-        memory only. Nothing is changed when PlacementError is raised."""
+        memory only. ``unsure``: a time-sliced share whose GPU is a guess
+        (``NodeState.unsure``). Nothing is changed when PlacementError is raised."""
         if not allow_overcommit:
             why = self.check(pod, p)
             if why is not None:
@@ -492,6 +505,8 @@ class ClusterState:
         elif pod.kind is RequestKind.SHARED:
             g = self.gpu(p.node, p.gpus[0])
             g.shared_owners[pod.key] = (pod.gpu_milli, pod.gpu_memory_mib)
+            if unsure and g.mode is GpuMode.SHARED:
+                node.unsure[pod.key] = pod.gpu_memory_mib
 
     def undo(self, pod: PodRequest, p: Placement) -> None:
         """Give back what :meth:`apply` took (a created MIG instance is removed again).
@@ -526,6 +541,7 @@ class ClusterState:
                 g.instances[p.mig_start] = (p.mig_profile, None)
         elif pod.kind is RequestKind.SHARED:
             del self.gpu(p.node, p.gpus[0]).shared_owners[pod.key]
+            node.unsure.pop(pod.key, None)
 
     # -- summary -------------------------------------------------------------------------
 
@@ -554,6 +570,50 @@ def plugin_pick(node: NodeState) -> PluginChoice | None:
         return plugin_allocation(gpus, 1, policy=node.info.share_policy)
     except PluginRefusal:
         return None
+
+
+def share_is_a_guess(node: NodeState, p: Placement) -> bool:
+    """Whether a share about to be counted at ``p`` (not observed) is a guess: the node
+    already has guesses (the counts are then a permutation of the real ones), or the
+    plugin may pick another GPU than ``p``'s now (a tie)."""
+    if node.unsure:
+        return True
+    pick = plugin_pick(node)
+    return pick is not None and len(pick.possible[0]) > 1 and p.gpus[0] in pick.possible[0]
+
+
+def worst_case_fits(node: NodeState, pod: PodRequest) -> bool:
+    """Whether share ``pod`` fits wherever the plugin really puts it while some shares'
+    GPUs are guesses (``node.unsure``: the plugin broke a tie its own way, or a guess
+    before it shifted the counts).
+
+    The total number of shares on the node is known; where the guessed ones are is not.
+    ``distributed`` (and ``spread``, for one replica) hands out a GPU with the fewest
+    shares among those with a free replica, so one holding at most K = total // GPUs
+    (the fewest is at most the mean, and a full GPU, out of the running, holds at
+    least the mean); ``packed`` one holding at most replicas - 1. On the GPU handed out
+    are its sure shares and, at worst, the largest guessed ones up to that count: every
+    GPU that can be the one must have room."""
+    if not node.unsure:
+        return True
+    gpus = [g for g in node.gpus if g.mode is GpuMode.SHARED and g.whole_owner is None]
+    total = sum(len(g.shared_owners) for g in gpus)
+    floating = sorted(node.unsure.values(), reverse=True)
+    for g in gpus:
+        replicas = g.info.replicas
+        if node.info.share_policy is AllocationPolicy.PACKED:
+            most = replicas - 1 if replicas else total
+        else:
+            most = total // len(gpus)
+        if replicas:
+            most = min(most, replicas - 1)
+        sure = [mem for key, (_, mem) in g.shared_owners.items() if key not in node.unsure]
+        if len(sure) > most:
+            continue  # holds more than the GPU handed out can
+        worst = sum(sure) + sum(floating[: most - len(sure)])
+        if worst + pod.gpu_memory_mib > g.info.memory_mib:
+            return False
+    return True
 
 
 def _share_fits(g: GpuState, pod: PodRequest) -> bool:

@@ -51,7 +51,13 @@ from kube.objects import (
 )
 from kube.snapshot import observed_share, owned_instance, with_observed_peak
 from packing.model import NodeInfo, Placement, PodRequest, RequestKind, Snapshot
-from packing.state import ClusterState, NodeState, PlacementError, plugin_pick
+from packing.state import (
+    ClusterState,
+    NodeState,
+    PlacementError,
+    plugin_pick,
+    share_is_a_guess,
+)
 
 log = logging.getLogger("gpupack.scheduler.cache")
 
@@ -94,7 +100,8 @@ def node_signature(n: NodeState) -> tuple[Any, ...]:
                 g.whole_owner is not None,
                 tuple(sorted((s, p, o is None) for s, (p, o) in g.instances.items()))
                 if g.instances else (),
-                tuple(sorted(g.shared_owners.values())) if g.shared_owners else (),
+                tuple(sorted((m, mem, k in n.unsure) for k, (m, mem) in g.shared_owners.items()))
+                if g.shared_owners else (),
                 g.reconfigurable,
                 g.converted,
             )
@@ -376,8 +383,23 @@ class ClusterCache:
             log.warning("pod %s on %s: %s; counted without GPUs", req.key, p.node, why)
             p = Placement(req.key, p.node)
         p = as_counted(self.state, p)
-        self.state.apply(req, p, allow_overcommit=True)
+        self.state.apply(req, p, allow_overcommit=True, unsure=self._is_guess(req, p))
         self._record(req, p)
+
+    def _is_guess(self, req: PodRequest, p: Placement, state: ClusterState | None = None
+                  ) -> bool:
+        """Whether share ``req`` counted at ``p`` is gpupack's guess of where the device
+        plugin put it (packing.state.share_is_a_guess) on a node whose agent will say:
+        then it counts at its worst for later shares until the agent has seen it. On a
+        node without an agent the prediction is all there is."""
+        state = self.state if state is None else state
+        if req.kind is not RequestKind.SHARED or not p.gpus or p.node not in state.nodes:
+            return False
+        if self._obs_text.get(p.node) is None:
+            return False
+        if observed_share(self._obs.get(p.node), p.node, req) is not None:
+            return False
+        return share_is_a_guess(state.nodes[p.node], p)
 
     def _record(self, req: PodRequest, p: Placement) -> None:
         """Book-keeping of a placement already applied to ``state``."""
@@ -466,6 +488,9 @@ class ClusterCache:
         else (not seen) where gpupack recorded it, if it did."""
         observed = self._observed_placement(entry)
         if observed is not None:
+            node = self.state.nodes.get(p.node)
+            if node is not None and entry.req.key in node.unsure:
+                return False  # a guess the agent has now seen: count it as seen
             return same_slot(observed, p)
         return entry.recorded is None or same_slot(entry.recorded, p)
 
@@ -705,7 +730,8 @@ class ClusterCache:
                         same_slot(observed, p) if observed is not None
                         else entry.recorded is None or same_slot(entry.recorded, p)):
                     p = as_counted(scratch, p)
-                    scratch.apply(req, p, allow_overcommit=True)
+                    scratch.apply(req, p, allow_overcommit=True,
+                                  unsure=self._is_guess(req, p, scratch))
                     kept.append((req, p))
                 else:
                     self._note_observation(entry, p, scratch)
@@ -722,7 +748,8 @@ class ClusterCache:
                     p = as_counted(scratch, p)
                     if key in self._assumed and p != self._counted[key][1]:
                         existing[key] = p
-                    scratch.apply(req, p, allow_overcommit=True)
+                    scratch.apply(req, p, allow_overcommit=True,
+                                  unsure=self._is_guess(req, p, scratch))
                     kept.append((req, p))
                 else:
                     redo.append(key)
@@ -732,7 +759,8 @@ class ClusterCache:
             fresh = self._placement_for(entry, scratch)
             assert fresh is not None  # the node is in scratch
             fresh = as_counted(scratch, fresh)
-            scratch.apply(entry.req, fresh, allow_overcommit=True)
+            scratch.apply(entry.req, fresh, allow_overcommit=True,
+                          unsure=self._is_guess(entry.req, fresh, scratch))
             kept.append((entry.req, fresh))
         # Commit: nothing below can fail.
         for key in self._on_node.get(name, set()):

@@ -268,3 +268,44 @@ def test_a_share_bound_by_someone_else_and_unseen_is_where_the_plugin_put_it() -
     other = shared_pod("x", "40Gi", compute="0.1", node="n1")
     cache.upsert_pod(other)
     assert cache.counted("default/x")[1].gpus == (1,)
+
+
+def test_shares_bound_in_a_burst_count_at_their_worst_until_the_agent_reports() -> None:
+    empty = [shared_gpu(0), shared_gpu(1)]
+    cache = make_cache([with_inventory(l40s(), empty)])
+    placed = {}
+    for name, memory in (("a", "30Gi"), ("b", "2000Mi"), ("c", "2000Mi")):
+        obj = shared_pod(name, memory, compute="0.1")
+        cache.upsert_pod(obj)
+        req = pod_request(obj)
+        with cache.view():
+            option = cache.state.options(req, "n1")[0]
+        cache.assume(req, req.uid, option)
+        placed[name] = option.gpus[0]
+        cache.upsert_pod(bound_share(name, option.gpus[0], memory))  # the bind, recorded
+    with cache.view():
+        # a came under a tie (either GPU); b and c after an unseen guess.
+        assert set(cache.state.nodes["n1"].unsure) == {"default/a", "default/b", "default/c"}
+    big = shared_pod("d", "20Gi", compute="0.1")
+    assert not fits(cache, big)  # it could land beside a, wherever a really is
+    # The agent reports: a and c share GPU 1, b is alone on GPU 0 (where d will go).
+    cache.upsert_node(with_inventory(l40s(), [
+        shared_gpu(0, {"default/b": (100, 100)}),
+        shared_gpu(1, {"default/a": (100, 100), "default/c": (100, 100)})]))
+    with cache.view():
+        assert cache.state.nodes["n1"].unsure == {}
+    assert {k: cache.counted(f"default/{k}")[1].gpus for k in placed} == {
+        "a": (1,), "b": (0,), "c": (1,)}
+    assert fits(cache, big)
+    with cache.view():
+        assert cache.state.options(pod_request(big), "n1")[0].gpus == (0,)
+
+
+def test_without_an_agent_the_prediction_is_all_there_is() -> None:
+    cache = make_cache([l40s()])
+    obj = shared_pod("a", "30Gi", compute="0.1")
+    cache.upsert_pod(obj)
+    req = pod_request(obj)
+    cache.assume(req, req.uid, cache.state.options(req, "n1")[0])
+    with cache.view():
+        assert cache.state.nodes["n1"].unsure == {}
