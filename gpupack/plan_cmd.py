@@ -54,10 +54,32 @@ def plan_json(snapshot: Snapshot, result: PlanResult) -> dict[str, object]:
             if not is_reservation(u.pod)
         ],
         "groups": [g.to_json() for g in group_statuses(snapshot, result)],
+        "gpu_memory": gpu_memory_sources(snapshot),
         "summary": summarize(state, typical_shapes(workload_of(snapshot))).to_json(),
         "policy": result.policy,
         "solver_status": result.solver_status,
     }
+
+
+MEMORY_SOURCES = {
+    "nvml": "the node agent (NVML)",
+    "gfd": "GPU Feature Discovery (nvidia.com/gpu.memory)",
+    "catalog": "gpupack's catalog (the node reports none)",
+}
+
+
+def gpu_memory_sources(snapshot: Snapshot) -> list[dict[str, object]]:
+    """The GPU memory the plan counted, by model, size and where the size came from
+    (the node's own figure wins; the catalog is the fallback), with node and GPU counts."""
+    rows: dict[tuple[str, int, str], tuple[set[str], int]] = {}
+    for n in snapshot.nodes:
+        for g in n.gpus:
+            nodes, count = rows.get((g.model, g.memory_mib, g.memory_source), (set(), 0))
+            nodes.add(n.name)
+            rows[g.model, g.memory_mib, g.memory_source] = (nodes, count + 1)
+    return [{"model": model, "memory_mib": mib, "source": source,
+             "from": MEMORY_SOURCES.get(source, source), "nodes": len(nodes), "gpus": count}
+            for (model, mib, source), (nodes, count) in sorted(rows.items())]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -92,5 +114,8 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"group {g.group} (size {g.size}): {g.state} on {','.join(g.nodes) or '-'} ({g.reason})"
         )
+    for row in out["gpu_memory"]:  # type: ignore[attr-defined]
+        print(f"gpu memory: {row['model']} {row['memory_mib']} MiB from {row['from']} "
+              f"({row['gpus']} GPU(s) on {row['nodes']} node(s))")
     print("summary: " + ", ".join(f"{k}={v}" for k, v in out["summary"].items()))  # type: ignore[attr-defined]
     return 0

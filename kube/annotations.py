@@ -27,6 +27,9 @@ INVENTORY = PREFIX + "inventory"  # node annotation written by the node agent
 # Node label/annotation: "true" opts in to MIG re-partitioning (effective only while the
 # MIG actuator is on); "false" or absent: the layout is what the node reports.
 MIG_RECONFIGURE = PREFIX + "mig-reconfigure"
+# Node label: the NVIDIA device plugin's --shared-devices-allocation-policy on this node
+# (distributed, the plugin's default, | packed | spread): which GPU a share lands on.
+SHARE_ALLOCATION_POLICY = PREFIX + "shared-allocation-policy"
 
 # LeaderWorkerSet (kubernetes-sigs/lws).
 LWS = "leaderworkerset.sigs.k8s.io/"

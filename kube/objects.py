@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 from collections import Counter, defaultdict
 from collections.abc import Mapping
+from dataclasses import dataclass
+from dataclasses import field as dc_field
 from decimal import Decimal
 from functools import lru_cache
 from typing import Any
@@ -27,6 +29,7 @@ from packing.catalog import (
     models_with_profile,
     profile_from_resource,
 )
+from packing.device_plugin import AllocationPolicy
 from packing.inventory import Inventory, InventoryError
 from packing.inventory import decode as decode_inventory
 from packing.mig import MigSlot, layout_errors, layout_from_counts
@@ -171,6 +174,16 @@ def node_info(node: Mapping[str, Any], notes: list[str] | None = None, *,
                 notes.append(f"{who}: metadata.annotations.{A.INVENTORY}: {e}; inferred instead")
     spec = node.get("spec") or {}
     opt_in = _mig_opt_in(who, labels, annotations, notes)
+    share_policy = AllocationPolicy.DISTRIBUTED
+    policy_label = labels.get(A.SHARE_ALLOCATION_POLICY)
+    if policy_label is not None:
+        try:
+            share_policy = AllocationPolicy(policy_label)
+        except ValueError:
+            if notes is not None:
+                notes.append(f"{who}: metadata.labels.{A.SHARE_ALLOCATION_POLICY}: "
+                             f"{policy_label[:40]!r} is not one of "
+                             f"{'|'.join(AllocationPolicy)}; distributed assumed")
     return NodeInfo(
         name=name,
         cpu_milli=cpu,
@@ -181,6 +194,7 @@ def node_info(node: Mapping[str, Any], notes: list[str] | None = None, *,
         if isinstance(spec, Mapping)
         else False,
         mig_reconfigure=MigReconfigure.of(opt_in, mig_actuator),
+        share_policy=share_policy,
     )
 
 
@@ -236,26 +250,63 @@ def _observed_gpus(
                 replicas=replicas if g.mode is GpuMode.SHARED else 1,
                 inferred=False,
                 mps=g.mode is GpuMode.SHARED and labels.get(A.SHARING_STRATEGY) == SHARING_MPS,
+                memory_source="nvml",
             )
         )
     return tuple(out)
 
 
-def observed_peaks(node: Mapping[str, Any]) -> dict[str, int]:
-    """Peak GPU memory (MiB) per pod key from the node's inventory, if readable."""
-    ann = (node.get("metadata") or {}).get("annotations") or {}
+@dataclass(frozen=True)
+class NodeObservation:
+    """What the node agent saw on a node (its inventory), beyond the GPUs themselves:
+    the time-sliced GPU each pod holds a replica of (PodResources), each pod's peak GPU
+    memory, and the memory in use on each GPU. MIG owners are in the node's GPUs."""
+
+    shares: Mapping[str, int] = dc_field(default_factory=dict)  # pod -> GPU index
+    peaks: Mapping[str, int] = dc_field(default_factory=dict)  # pod -> MiB
+    used: Mapping[int, int] = dc_field(default_factory=dict)  # GPU index -> MiB in use
+
+
+NO_OBSERVATION = NodeObservation()
+
+
+def inventory_text(node: Mapping[str, Any]) -> str | None:
+    """The node's inventory annotation, if it has one."""
+    meta = node.get("metadata") if isinstance(node, Mapping) else None
+    ann = meta.get("annotations") if isinstance(meta, Mapping) else None
     text = ann.get(A.INVENTORY) if isinstance(ann, Mapping) else None
-    if not isinstance(text, str):
-        return {}
+    return text if isinstance(text, str) else None
+
+
+def observation_of(text: str | None) -> NodeObservation:
+    """The :class:`NodeObservation` of an inventory annotation; empty when there is none
+    or it cannot be read (node_info notes why)."""
+    if text is None:
+        return NO_OBSERVATION
     try:
         inv = decode_inventory(text)
     except (InventoryError, ValueError):
-        return {}
+        return NO_OBSERVATION
+    shares: dict[str, int] = {}
+    twice: set[str] = set()
     peaks: dict[str, int] = {}
+    used: dict[int, int] = {}
     for g in inv.gpus:
+        used[g.index] = g.used_mib
         for u in g.pods:
             peaks[u.pod] = max(peaks.get(u.pod, 0), u.peak_mib)
-    return peaks
+            if g.mode is GpuMode.SHARED:
+                if u.pod in shares:
+                    twice.add(u.pod)  # replicas of two GPUs: not one share's GPU
+                shares[u.pod] = g.index
+    for pod in twice:
+        del shares[pod]
+    return NodeObservation(shares, peaks, used)
+
+
+def observed_peaks(node: Mapping[str, Any]) -> dict[str, int]:
+    """Peak GPU memory (MiB) per pod key from the node's inventory, if readable."""
+    return dict(observation_of(inventory_text(node)).peaks)
 
 
 def _label_int(who: str, labels: Mapping[str, str], key: str) -> int | None:
@@ -311,20 +362,31 @@ def _infer_gpus(
     n_mig = max(len(layouts), total - whole - n_shared)
     _at_most(who, "GPUs (whole + shared + MIG)", whole + n_shared + n_mig, MAX_NODE_GPUS)
     gpus: list[GpuInfo] = []
-    mem = model.memory_mib
+    # The node's own figure wins over the catalog's nominal one (an L40S is 49,152 MiB
+    # in the catalog, 46,068 MiB as GFD reports it): GFD's nvidia.com/gpu.memory, except
+    # under the single MIG strategy, where it is a MIG device's size (the product then
+    # names the profile) and on MIG GPUs, whose instances have the catalog's sizes.
+    mem, source = model.memory_mib, "catalog"
+    if mem_label and "-MIG-" not in (product or "").upper():
+        mem, source = mem_label, "gfd"
     for _ in range(whole):
-        gpus.append(GpuInfo(len(gpus), model.name, mem, GpuMode.WHOLE, inferred=True))
+        gpus.append(GpuInfo(len(gpus), model.name, mem, GpuMode.WHOLE, inferred=True,
+                            memory_source=source))
     mps = strategy == SHARING_MPS
     for _ in range(n_shared):
         gpus.append(
             GpuInfo(len(gpus), model.name, mem, GpuMode.SHARED, replicas=replicas, inferred=True,
-                    mps=mps)
+                    mps=mps, memory_source=source)
         )
     for i in range(n_mig):
         layout = layouts[i] if i < len(layouts) else ()
         instances = tuple(MigInstance(s.profile, s.start) for s in layout)
-        mode = GpuMode.MIG if model.mig_capable else GpuMode.WHOLE
-        gpus.append(GpuInfo(len(gpus), model.name, mem, mode, instances, inferred=True))
+        if model.mig_capable:
+            gpus.append(GpuInfo(len(gpus), model.name, model.memory_mib, GpuMode.MIG, instances,
+                                inferred=True))
+        else:
+            gpus.append(GpuInfo(len(gpus), model.name, mem, GpuMode.WHOLE, instances,
+                                inferred=True, memory_source=source))
     return tuple(gpus)
 
 

@@ -12,17 +12,20 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from kube.objects import (
+    NodeObservation,
     ObjectError,
     bound_node,
+    inventory_text,
     is_finished,
     node_info,
-    observed_peaks,
+    object_name,
+    observation_of,
     pod_key,
     pod_request,
     recorded_placement,
 )
 from packing.model import NodeInfo, Placement, PodRequest, RequestKind, Snapshot
-from packing.state import ClusterState, PlacementError
+from packing.state import ClusterState, PlacementError, plugin_pick
 
 # Headroom over an observed peak: time-sliced GPUs have no memory isolation, so a pod
 # that already reached its peak once is counted with 10% more than that.
@@ -36,6 +39,15 @@ def with_observed_peak(req: PodRequest, peak_mib: int | None) -> PodRequest:
         return req
     need = -(-peak_mib * (100 + PEAK_HEADROOM_PCT) // 100)  # integer ceiling
     return replace(req, gpu_memory_mib=need) if need > req.gpu_memory_mib else req
+
+
+def observed_share(obs: NodeObservation | None, node: str, req: PodRequest
+                   ) -> Placement | None:
+    """The time-sliced GPU the node agent saw this share pod hold a replica of, if any."""
+    if obs is None or req.kind is not RequestKind.SHARED:
+        return None
+    index = obs.shares.get(req.key)
+    return None if index is None else Placement(req.key, node, (index,))
 
 
 def owned_instance(node: NodeInfo, req: PodRequest) -> Placement | None:
@@ -70,8 +82,13 @@ def build_snapshot(
     nodes = list(nodes)
     infos = [node_info(n, notes, mig_actuator=mig_actuator) for n in nodes]
     peaks: dict[str, int] = {}
+    observations: dict[str, NodeObservation] = {}
     for n in nodes:
-        peaks.update(observed_peaks(n))
+        obs = observation_of(inventory_text(n))
+        peaks.update(obs.peaks)
+        name = object_name(n)
+        if name is not None:
+            observations[name] = obs
     names = {n.name for n in infos}
     infos_by_name = {n.name: n for n in infos}
     if len(names) != len(infos):
@@ -98,9 +115,12 @@ def build_snapshot(
             notes.append(f"pod {req.key} runs on unknown node {node}; ignored")
             continue
         placement = None
+        # What the node agent saw wins over what gpupack recorded: the device plugin, not
+        # gpupack, chose the replica, and a MIG slice is whichever the pod holds.
         candidates = (
-            (recorded_placement(pod, node), "recorded placement"),
+            (observed_share(observations.get(node), node, req), "GPU the node agent saw it on"),
             (owned_instance(infos_by_name[node], req), "MIG instance the node agent saw it own"),
+            (recorded_placement(pod, node), "recorded placement"),
         )
         for candidate, what in candidates:
             if candidate is None:
@@ -110,6 +130,13 @@ def build_snapshot(
                 placement = candidate
                 break
             notes.append(f"pod {req.key} on {node}: {what} {candidate.to_json()} ignored: {why}")
+        if placement is None and req.kind is RequestKind.SHARED:
+            # A share nobody has seen yet is where the device plugin put it.
+            pick = plugin_pick(state.nodes[node])
+            if pick is not None:
+                placement = Placement(req.key, node, (pick.first,))
+                notes.append(f"pod {req.key} on {node}: GPU inferred as {pick.first} (the "
+                             "device plugin's pick)")
         if placement is None:
             options = state.options(req, node)
             if options:
@@ -123,6 +150,16 @@ def build_snapshot(
                 placement = Placement(req.key, node)
                 notes.append(f"pod {req.key} on {node}: no free resource to account it on; "
                              f"counted without GPUs")
+        if req.kind is RequestKind.SHARED and placement.gpus:
+            # Where a running share is is a fact, not a choice the plugin model must
+            # agree with; only say so when its GPU is over-booked.
+            state.apply(req, placement, allow_overcommit=True)
+            g = state.gpu(node, placement.gpus[0])
+            if g.shared_memory_used > g.info.memory_mib:
+                notes.append(f"pod {req.key} on {node}: GPU {g.info.index} is booked "
+                             f"{g.shared_memory_used}Mi of {g.info.memory_mib}Mi")
+            running.append((req, placement))
+            continue
         try:
             state.apply(req, placement)
         except PlacementError as e:

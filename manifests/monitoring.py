@@ -6,6 +6,8 @@ tests read the *rendered* manifests, so what is checked is what ships.
 Metric sources (see the code for their definitions):
 
 * scheduler extender, ``scheduler/metrics.py``: ``gpupack_gpu_allocated{node,gpu}``,
+  ``gpupack_gpu_memory_{booked,observed,total}_mib{node,gpu}``,
+  ``gpupack_device_plugin_disagreements_total{kind}``,
   ``gpupack_whole_gpus_free``, ``gpupack_whole_nodes_free``,
   ``gpupack_fragmentation_ratio``, ``gpupack_pending_pods{class,reason}``,
   ``gpupack_extender_requests_total{verb,outcome}``,
@@ -112,6 +114,16 @@ CLUSTER = Dashboard(
             kind="bargauge", unit="percentunit", width=12, height=10, max=1,
             description="Allocated share of each GPU: packed GPUs are full, the rest are "
                         "empty (kept whole for LLM pods)."),
+        Panel("GPU memory per GPU: booked and observed", (
+            Q("gpupack_gpu_memory_booked_mib * 1048576", "{{node}} / GPU {{gpu}} booked",
+              instant=True),
+            Q("max by (node, gpu) (gpupack_gpu_memory_used_bytes)",
+              "{{node}} / GPU {{gpu}} observed", instant=True),),
+            kind="bargauge", unit="bytes", width=12, height=10,
+            description="Per GPU, the memory gpupack counts as taken (time-sliced shares at "
+                        "their declared need or observed peak plus 10%, MIG slices at their "
+                        "size, whole GPUs in full) beside the memory in use as the node agent "
+                        "measures it. Observed above booked: a pod outgrew what it declared."),
         Panel("Occupancy per node", (
             Q("sum by (node) (gpupack_gpu_allocated)", "{{node}}"),),
             stacked=True, width=12, height=10),

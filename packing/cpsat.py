@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ortools.sat.python import cp_model
 
@@ -103,6 +103,8 @@ class BatchModel:
     options: Mapping[str, list[Placement]]  # small pod -> its options, by index
     w: Mapping[tuple[str, str], cp_model.IntVar]  # (whole pod, node) -> var
     pods: Mapping[str, PodRequest]
+    # node -> the GPUs the plugin hands its next shares to, in order
+    sequences: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
 
 
 def build_batch_model(
@@ -121,6 +123,13 @@ def build_batch_model(
     w: dict[tuple[str, str], cp_model.IntVar] = {}  # (whole pod, node) -> var
     pods_by_key = {p.key: p for p in pods}
     n_vars = 0
+    # Time-sliced GPUs: the device plugin, not gpupack, picks the GPU of each share, by
+    # replica counts. However the batch's shares are bound, the k-th new share of a node
+    # lands on the k-th GPU of the node's plugin sequence; so a node taking k shares has
+    # exactly the first k of its sequence, and each pod may be on any GPU of it.
+    n_shares = sum(1 for p in pods if p.kind is RequestKind.SHARED)
+    sequences = {name: seq for name in state.nodes
+                 if n_shares and (seq := state.share_sequence(name, n_shares))}
     for pod in pods:
         if pod.kind is RequestKind.WHOLE:
             for name in state.nodes:
@@ -128,7 +137,13 @@ def build_batch_model(
                     w[pod.key, name] = model.new_bool_var(f"w[{pod.key},{name}]")
                     n_vars += 1
             continue
-        opts = [o for name in state.nodes for o in state.options(pod, name)]
+        if pod.kind is RequestKind.SHARED:
+            opts = [o for name in state.nodes for o in (
+                *state.share_options(pod, name, sequences.get(name, ())),
+                *(o for o in state.options(pod, name)
+                  if state.gpu(name, o.gpus[0]).mode is GpuMode.FRACTIONAL))]
+        else:
+            opts = [o for name in state.nodes for o in state.options(pod, name)]
         options[pod.key] = opts
         for i, _ in enumerate(opts):
             x[pod.key, i] = model.new_bool_var(f"x[{pod.key},{i}]")
@@ -216,6 +231,19 @@ def build_batch_model(
                     model.add(
                         sum(v for _, _, v in gpu_items) <= g.info.replicas - len(g.shared_owners)
                     )
+
+    # Shares per time-sliced GPU follow the plugin's sequence: k[n] = j exactly when the
+    # node takes j new shares, and then GPU g takes as many as the first j picks hold.
+    taken_k: dict[tuple[str, int], cp_model.IntVar] = {}
+    for name, seq in sequences.items():
+        taken_k.update({(name, j): model.new_bool_var(f"k[{name},{j}]")
+                        for j in range(len(seq) + 1)})
+        model.add(sum(taken_k[name, j] for j in range(len(seq) + 1)) == 1)
+        for index in set(seq):
+            landing = on_gpu.get((name, index), [])
+            model.add(sum(v for _, _, v in landing)
+                      == sum(seq[:j].count(index) * taken_k[name, j]
+                             for j in range(len(seq) + 1)))
 
     # Whole-GPU pods take idle whole-capable GPUs that small pods of the batch leave.
     for name in state.nodes:
@@ -319,6 +347,12 @@ def build_batch_model(
                 if h == o:
                     hinted_on.append(x[pod.key, i])
     _hint_indicators(model, state, hinted_on, on_node, on_gpu, small, u, t, w, pods_by_key)
+    for name, seq in sequences.items():
+        n_hinted = sum(1 for h in hint if h.node == name and h.gpus and h.pod in pods_by_key
+                       and pods_by_key[h.pod].kind is RequestKind.SHARED
+                       and state.gpu(name, h.gpus[0]).mode is GpuMode.SHARED)
+        for j in range(len(seq) + 1):
+            model.add_hint(taken_k[name, j], 1 if j == n_hinted else 0)
     for key, members in groups.items():
         ref = members[0].group
         if ref is None or ref.topology_key is None:
@@ -328,7 +362,7 @@ def build_batch_model(
         for value, var in model_domains[key].items():
             model.add_hint(var, 1 if value == at else 0)
 
-    return BatchModel(model, x, options, w, pods_by_key)
+    return BatchModel(model, x, options, w, pods_by_key, sequences)
 
 
 def solve_batch(
@@ -371,6 +405,7 @@ def solve_batch(
                 out.append(o)
                 if o.gpus:
                     taken_by_small[o.node].add(o.gpus[0])
+    out = in_plugin_order(out, built.sequences)
     given: dict[str, set[int]] = defaultdict(set)
     for (key, n), v in sorted(w.items()):
         if not solver.boolean_value(v):
@@ -389,6 +424,27 @@ def solve_batch(
         given[n].update(chosen)
         out.append(Placement(key, n, chosen))
     return SolveResult(tuple(out), name, solver.objective_value, solver.wall_time)
+
+
+def in_plugin_order(placements: Sequence[Placement],
+                    sequences: Mapping[str, tuple[int, ...]]) -> list[Placement]:
+    """``placements`` with each node's time-sliced shares in the order the device plugin
+    fills its GPUs (``sequences``): replayed one at a time, each share is then on the
+    GPU the plugin would hand it. The rest keep their order, first."""
+    out: list[Placement] = []
+    shares: dict[str, dict[int, list[Placement]]] = defaultdict(lambda: defaultdict(list))
+    for p in placements:
+        if p.node in sequences and p.gpus and p.gpus[0] in sequences[p.node] \
+                and p.mig_profile is None:
+            shares[p.node][p.gpus[0]].append(p)
+        else:
+            out.append(p)
+    for name, by_gpu in shares.items():
+        for index in sequences[name]:
+            if by_gpu[index]:
+                out.append(by_gpu[index].pop(0))
+        out.extend(p for rest in by_gpu.values() for p in rest)  # not expected
+    return out
 
 
 def _hint_indicators(

@@ -15,6 +15,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
+from packing.device_plugin import AllocationPolicy
+
 GPU_MILLI = 1000
 
 
@@ -102,6 +104,9 @@ class GpuInfo:
     # True when this per-GPU detail was inferred from node-level labels and allocatable
     # rather than reported by the node agent.
     inferred: bool = False
+    # Where memory_mib comes from: "nvml" (the node agent), "gfd" (the
+    # nvidia.com/gpu.memory label) or "catalog" (the model's nominal size, the fallback).
+    memory_source: str = "catalog"
 
 
 @dataclass(frozen=True)
@@ -117,6 +122,9 @@ class NodeInfo:
     # Whether MIG layouts may be changed on this node's idle GPUs (see MigReconfigure):
     # only then may a pod get a new instance created at a free, valid start.
     mig_reconfigure: MigReconfigure = MigReconfigure.NOT_OPTED_IN
+    # The device plugin's allocation policy for replicated (time-sliced/MPS) GPUs: which
+    # GPU a share lands on (packing.device_plugin).
+    share_policy: AllocationPolicy = AllocationPolicy.DISTRIBUTED
 
     @property
     def mig_reconfigurable(self) -> bool:

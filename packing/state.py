@@ -10,11 +10,18 @@ between threads.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from packing.catalog import get_model, mps_client_mib
+from packing.device_plugin import (
+    AllocationPolicy,
+    PluginChoice,
+    PluginRefusal,
+    ReplicatedGpu,
+    plugin_allocation,
+)
 from packing.mig import MigSlot, free_starts, memory_range
 from packing.model import (
     GPU_MILLI,
@@ -109,6 +116,10 @@ class NodeState:
     mem_free: int
     gpus: list[GpuState]
     pods: dict[str, Placement] = field(default_factory=dict)
+    # Time-sliced shares whose GPU is gpupack's prediction, not yet seen by the node agent,
+    # placed under a tie of the device plugin or after such a guess: pod -> GPU memory.
+    # Where they really are is any GPU the counts allow (see worst_case_fits).
+    unsure: dict[str, int] = field(default_factory=dict)
     # A number no other node state of this process has had: new at construction, at every
     # apply and undo, and on copy or unpickling. So equal numbers mean the same state, and
     # scorers can memoise per-node figures on it (see packing.policies.fgd).
@@ -207,6 +218,36 @@ class ClusterState:
             out.append(o)
         return out
 
+    def share_sequence(self, node_name: str, count: int) -> tuple[int, ...]:
+        """The GPUs the device plugin hands the next ``count`` one-replica shares of this
+        node to, one after another (fewer when the node runs out of replicas): where a
+        batch of shares lands, whichever pods they are."""
+        gpus = replicated_gpus(self.nodes[node_name])
+        policy = self.nodes[node_name].info.share_policy
+        out: list[int] = []
+        for _ in range(count):
+            try:
+                pick = plugin_allocation(gpus, 1, policy=policy).first
+            except PluginRefusal:
+                break
+            out.append(pick)
+            gpus = [replace(g, allocated=g.allocated + 1) if g.index == pick else g
+                    for g in gpus]
+        return tuple(out)
+
+    def share_options(self, pod: PodRequest, node_name: str, gpus: Iterable[int]
+                      ) -> list[Placement]:
+        """Placements of share ``pod`` on each of ``gpus`` (time-sliced GPUs of the node
+        it may use and that have room for it now), for batch solvers that follow the
+        plugin's sequence themselves (:meth:`share_sequence`)."""
+        node = self.nodes[node_name]
+        if fits_node(pod, node) is not None or pod.kind is not RequestKind.SHARED:
+            return []
+        allowed = {g.info.index: g for g in self._allowed_gpus(pod, node)
+                   if g.mode is GpuMode.SHARED and g.whole_owner is None}
+        return [Placement(pod.key, node_name, (i,)) for i in sorted(set(gpus))
+                if i in allowed and _share_fits(allowed[i], pod)]
+
     def reason(self, pod: PodRequest, node_name: str) -> str:
         """Why the pod does not fit the node now (for people)."""
         node = self.nodes[node_name]
@@ -227,6 +268,16 @@ class ClusterState:
             # "no free" leads: callers append what is placeable after it.
             return f"no free {pod.mig_profile} slice on any GPU" + (
                 f", and none is created here: {fixed}" if fixed else "")
+        pick = plugin_pick(node)
+        if pick is not None:
+            for i in sorted(pick.possible[0]):
+                g = self.gpu(node_name, i)
+                if not _share_fits(g, pod) or g not in allowed:
+                    return (f"no GPU share with {pod.gpu_milli}m/{pod.gpu_memory_mib}Mi free on "
+                            f"the GPU the device plugin would hand out: GPU {i} has "
+                            f"{g.info.memory_mib - g.shared_memory_used}Mi of "
+                            f"{g.info.memory_mib}Mi and {g.free_milli}m free, "
+                            f"{len(g.shared_owners)} replica(s) in use")
         best = max((g.free_milli for g in allowed), default=0)
         return f"no GPU share with {pod.gpu_milli}m/{pod.gpu_memory_mib}Mi free (largest {best}m)"
 
@@ -297,21 +348,19 @@ class ClusterState:
                             pod.key, name, (g.info.index,), pod.mig_profile, start, True
                         )
             return
-        for g in allowed:  # SHARED
-            if g.whole_owner is not None:
-                continue
-            if g.mode is GpuMode.SHARED:
-                replicas = g.info.replicas
-                if replicas and len(g.shared_owners) >= replicas:
-                    continue
-                if g.shared_memory_used + pod.gpu_memory_mib > g.info.memory_mib:
-                    continue
-                if g.info.mps and pod.gpu_memory_mib > mps_client_mib(g.info.memory_mib,
-                                                                       replicas):
-                    continue  # MPS caps each client at the GPU's memory / replicas
-            if g.used_milli + pod.gpu_milli > GPU_MILLI:
-                continue
-            yield Placement(pod.key, name, (g.info.index,))
+        # SHARED. A time-sliced GPU is not gpupack's to choose: the device plugin hands out
+        # the replica (packing.device_plugin). The share goes where the plugin will put it,
+        # and only if every GPU the plugin may pick (a tie is broken at random) has room.
+        pick = plugin_pick(node)
+        if pick is not None:
+            usable = {g.info.index: g for g in allowed}
+            if all(i in usable and _share_fits(usable[i], pod) for i in pick.possible[0]) \
+                    and worst_case_fits(node, pod):
+                yield Placement(pod.key, name, (pick.first,))
+        for g in allowed:  # FRACTIONAL (trace replay): gpupack's own choice
+            if g.mode is GpuMode.FRACTIONAL and g.whole_owner is None \
+                    and _share_fits(g, pod):
+                yield Placement(pod.key, name, (g.info.index,))
 
     # -- mutation ------------------------------------------------------------------------
 
@@ -423,14 +472,16 @@ class ClusterState:
                 return f"{p.mig_profile}@{p.mig_start} overlaps {profile}@{start} on {where}"
         return None
 
-    def apply(self, pod: PodRequest, p: Placement, *, allow_overcommit: bool = False) -> None:
+    def apply(self, pod: PodRequest, p: Placement, *, allow_overcommit: bool = False,
+              unsure: bool = False) -> None:
         """Take the resources of placement ``p``; PlacementError when they are not free.
 
         ``allow_overcommit``: take them unchecked. For replaying what was applied before
         (a snapshot's running pods, a placement undone for a moment, a scorer's trial),
         and for records of bound pods that passed :meth:`shape_error` (which the cache
         and the snapshot builder check first). A placement without GPUs takes CPU and
-        memory only. Nothing is changed when PlacementError is raised."""
+        memory only. ``unsure``: a time-sliced share whose GPU is a guess
+        (``NodeState.unsure``). Nothing is changed when PlacementError is raised."""
         if not allow_overcommit:
             why = self.check(pod, p)
             if why is not None:
@@ -454,6 +505,8 @@ class ClusterState:
         elif pod.kind is RequestKind.SHARED:
             g = self.gpu(p.node, p.gpus[0])
             g.shared_owners[pod.key] = (pod.gpu_milli, pod.gpu_memory_mib)
+            if unsure and g.mode is GpuMode.SHARED:
+                node.unsure[pod.key] = pod.gpu_memory_mib
 
     def undo(self, pod: PodRequest, p: Placement) -> None:
         """Give back what :meth:`apply` took (a created MIG instance is removed again).
@@ -488,6 +541,7 @@ class ClusterState:
                 g.instances[p.mig_start] = (p.mig_profile, None)
         elif pod.kind is RequestKind.SHARED:
             del self.gpu(p.node, p.gpus[0]).shared_owners[pod.key]
+            node.unsure.pop(pod.key, None)
 
     # -- summary -------------------------------------------------------------------------
 
@@ -498,6 +552,81 @@ class ClusterState:
     def whole_nodes_free(self) -> int:
         """GPU nodes whose every GPU a whole-GPU pod could take now."""
         return sum(1 for n in self.nodes.values() if n.whole_free)
+
+
+def replicated_gpus(node: NodeState) -> list[ReplicatedGpu]:
+    """The node's time-sliced GPUs as the device plugin counts them: replicas in use."""
+    return [ReplicatedGpu(g.info.index, g.info.replicas, len(g.shared_owners))
+            for g in node.gpus if g.mode is GpuMode.SHARED and g.whole_owner is None]
+
+
+def plugin_pick(node: NodeState) -> PluginChoice | None:
+    """Which GPU the device plugin hands the next one-replica share on this node (and
+    which it may, on a tie); None when the node has no free replica."""
+    gpus = replicated_gpus(node)
+    if not gpus:
+        return None
+    try:
+        return plugin_allocation(gpus, 1, policy=node.info.share_policy)
+    except PluginRefusal:
+        return None
+
+
+def share_is_a_guess(node: NodeState, p: Placement) -> bool:
+    """Whether a share about to be counted at ``p`` (not observed) is a guess: the node
+    already has guesses (the counts are then a permutation of the real ones), or the
+    plugin may pick another GPU than ``p``'s now (a tie)."""
+    if node.unsure:
+        return True
+    pick = plugin_pick(node)
+    return pick is not None and len(pick.possible[0]) > 1 and p.gpus[0] in pick.possible[0]
+
+
+def worst_case_fits(node: NodeState, pod: PodRequest) -> bool:
+    """Whether share ``pod`` fits wherever the plugin really puts it while some shares'
+    GPUs are guesses (``node.unsure``: the plugin broke a tie its own way, or a guess
+    before it shifted the counts).
+
+    The total number of shares on the node is known; where the guessed ones are is not.
+    ``distributed`` (and ``spread``, for one replica) hands out a GPU with the fewest
+    shares among those with a free replica, so one holding at most K = total // GPUs
+    (the fewest is at most the mean, and a full GPU, out of the running, holds at
+    least the mean); ``packed`` one holding at most replicas - 1. On the GPU handed out
+    are its sure shares and, at worst, the largest guessed ones up to that count: every
+    GPU that can be the one must have room."""
+    if not node.unsure:
+        return True
+    gpus = [g for g in node.gpus if g.mode is GpuMode.SHARED and g.whole_owner is None]
+    total = sum(len(g.shared_owners) for g in gpus)
+    floating = sorted(node.unsure.values(), reverse=True)
+    for g in gpus:
+        replicas = g.info.replicas
+        if node.info.share_policy is AllocationPolicy.PACKED:
+            most = replicas - 1 if replicas else total
+        else:
+            most = total // len(gpus)
+        if replicas:
+            most = min(most, replicas - 1)
+        sure = [mem for key, (_, mem) in g.shared_owners.items() if key not in node.unsure]
+        if len(sure) > most:
+            continue  # holds more than the GPU handed out can
+        worst = sum(sure) + sum(floating[: most - len(sure)])
+        if worst + pod.gpu_memory_mib > g.info.memory_mib:
+            return False
+    return True
+
+
+def _share_fits(g: GpuState, pod: PodRequest) -> bool:
+    """Room for the share on this GPU: a replica, its memory and its compute."""
+    if g.mode is GpuMode.SHARED:
+        replicas = g.info.replicas
+        if replicas and len(g.shared_owners) >= replicas:
+            return False
+        if g.shared_memory_used + pod.gpu_memory_mib > g.info.memory_mib:
+            return False
+        if g.info.mps and pod.gpu_memory_mib > mps_client_mib(g.info.memory_mib, replicas):
+            return False  # MPS caps each client at the GPU's memory / replicas
+    return g.used_milli + pod.gpu_milli <= GPU_MILLI
 
 
 MODE_WORDS = {GpuMode.WHOLE: "whole-GPU mode", GpuMode.MIG: "MIG mode",

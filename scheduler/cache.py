@@ -36,18 +36,28 @@ from typing import Any
 
 from kube.constraints import PodConstraints, Taint, node_taints, pod_constraints
 from kube.objects import (
+    NO_OBSERVATION,
+    NodeObservation,
     ObjectError,
     bound_node,
+    inventory_text,
     is_finished,
     node_info,
     object_name,
+    observation_of,
     pod_key,
     pod_request,
     recorded_placement,
 )
-from kube.snapshot import owned_instance
+from kube.snapshot import observed_share, owned_instance, with_observed_peak
 from packing.model import NodeInfo, Placement, PodRequest, RequestKind, Snapshot
-from packing.state import ClusterState, NodeState, PlacementError
+from packing.state import (
+    ClusterState,
+    NodeState,
+    PlacementError,
+    plugin_pick,
+    share_is_a_guess,
+)
 
 log = logging.getLogger("gpupack.scheduler.cache")
 
@@ -84,13 +94,14 @@ def node_signature(n: NodeState) -> tuple[Any, ...]:
     info = n.info
     return (
         info.cpu_milli, info.memory_mib, info.unschedulable, info.mig_reconfigure,
-        info.gpus, n.cpu_free, n.mem_free,
+        info.share_policy, info.gpus, n.cpu_free, n.mem_free,
         tuple(
             (
                 g.whole_owner is not None,
                 tuple(sorted((s, p, o is None) for s, (p, o) in g.instances.items()))
                 if g.instances else (),
-                tuple(sorted(g.shared_owners.values())) if g.shared_owners else (),
+                tuple(sorted((m, mem, k in n.unsure) for k, (m, mem) in g.shared_owners.items()))
+                if g.shared_owners else (),
                 g.reconfigurable,
                 g.converted,
             )
@@ -164,6 +175,15 @@ class ClusterCache:
         self._group_pods: dict[str, set[str]] = {}
         self._gpu_pods: dict[str, set[str]] = {}
         self._gone_hooks: list[Callable[[str], None]] = []  # see on_pod_gone
+        # What each node's agent observed (kube.objects.NodeObservation), by node, with
+        # the inventory text it was read from (read again only when that changes).
+        self._obs: dict[str, NodeObservation] = {}
+        self._obs_text: dict[str, str | None] = {}
+        # The observed placement of each pod last compared with gpupack's, and the
+        # disagreements found (by kind: shared, mig): the device plugin or the node
+        # put a pod elsewhere than gpupack predicted or recorded.
+        self._seen_obs: dict[str, Placement] = {}
+        self.disagreements: dict[str, int] = {"shared": 0, "mig": 0}
 
     # ---- listeners and views ---------------------------------------------------------------
 
@@ -300,6 +320,10 @@ class ClusterCache:
                     if not members:
                         del book[k]
 
+    def observation(self, node: str) -> NodeObservation:
+        """What the node agent last reported for ``node`` (empty without an agent)."""
+        return self._obs.get(node, NO_OBSERVATION)
+
     def pending_pod(self, key: str) -> PodRequest | None:
         entry = self._pods.get(key)
         if entry is None or entry.finished or entry.node is not None:
@@ -359,8 +383,23 @@ class ClusterCache:
             log.warning("pod %s on %s: %s; counted without GPUs", req.key, p.node, why)
             p = Placement(req.key, p.node)
         p = as_counted(self.state, p)
-        self.state.apply(req, p, allow_overcommit=True)
+        self.state.apply(req, p, allow_overcommit=True, unsure=self._is_guess(req, p))
         self._record(req, p)
+
+    def _is_guess(self, req: PodRequest, p: Placement, state: ClusterState | None = None
+                  ) -> bool:
+        """Whether share ``req`` counted at ``p`` is gpupack's guess of where the device
+        plugin put it (packing.state.share_is_a_guess) on a node whose agent will say:
+        then it counts at its worst for later shares until the agent has seen it. On a
+        node without an agent the prediction is all there is."""
+        state = self.state if state is None else state
+        if req.kind is not RequestKind.SHARED or not p.gpus or p.node not in state.nodes:
+            return False
+        if self._obs_text.get(p.node) is None:
+            return False
+        if observed_share(self._obs.get(p.node), p.node, req) is not None:
+            return False
+        return share_is_a_guess(state.nodes[p.node], p)
 
     def _record(self, req: PodRequest, p: Placement) -> None:
         """Book-keeping of a placement already applied to ``state``."""
@@ -385,17 +424,20 @@ class ClusterCache:
     def _placement_for(
         self, entry: PodEntry, state: ClusterState | None = None
     ) -> Placement | None:
-        """Where a bound pod sits in ``state`` (default: the cache's): what gpupack
-        recorded, else the MIG instance the node agent saw it own, else the first free
-        fit, else CPU and memory only. The answer can
+        """Where a bound pod sits in ``state`` (default: the cache's): where the node
+        agent saw it (its time-sliced GPU, its MIG instance), else what gpupack
+        recorded, else the first free fit (the GPU the device plugin would pick), else
+        CPU and memory only. The answer can
         always be applied to ``state`` with over-commit; None when the node is unknown."""
         assert entry.node is not None
         state = self.state if state is None else state
         if entry.node not in state.nodes:
             return None
+        # What the node agent observed wins over any record: the device plugin picked
+        # the replica, and the pod holds the MIG slice it holds.
         candidates = (
+            (self._observed_placement(entry, state), "placement the node agent observed"),
             (entry.recorded, "recorded placement"),
-            (owned_instance(state.nodes[entry.node].info, entry.req), "MIG instance it owns"),
         )
         for p, what in candidates:
             if p is None:
@@ -409,10 +451,85 @@ class ClusterCache:
         options = state.options(entry.req, entry.node, gpus_only=True)
         if options:
             return options[0]
+        # A share nobody has seen yet is where the device plugin put it, room or not.
+        pick = plugin_pick(state.nodes[entry.node]) if entry.req.kind is RequestKind.SHARED \
+            else None
+        if pick is not None:
+            return Placement(entry.req.key, entry.node, (pick.first,))
         # Bound by someone else with no room we can see (our view lags, the node over-
         # commits, or its devices do not match what we know of the node): count its CPU
         # and memory at least, GPUs unknown.
         return Placement(entry.req.key, entry.node)
+
+    def _observed_placement(self, entry: PodEntry, state: ClusterState | None = None
+                            ) -> Placement | None:
+        """Where the node agent saw bound pod ``entry``: the GPU of its time-sliced
+        replica, or the MIG instance it owns (None when not seen)."""
+        assert entry.node is not None
+        state = self.state if state is None else state
+        n = state.nodes.get(entry.node)
+        if n is None:
+            return None
+        if entry.req.kind is RequestKind.MIG:
+            return owned_instance(n.info, entry.req)
+        return observed_share(self._obs.get(entry.node), entry.node, entry.req)
+
+    def _effective(self, entry: PodEntry) -> PodEntry:
+        """``entry`` with its GPU memory as counted: a time-sliced pod's declared need or
+        its observed peak plus headroom, whichever is larger (the rule of ``plan``)."""
+        obs = self._obs.get(entry.node or "")
+        if obs is None or entry.req.kind is not RequestKind.SHARED:
+            return entry
+        req = with_observed_peak(entry.req, obs.peaks.get(entry.req.key))
+        return entry if req is entry.req else replace(entry, req=req)
+
+    def _agrees(self, entry: PodEntry, p: Placement) -> bool:
+        """Whether ``p`` is where the pod should be counted: where the node agent saw it,
+        else (not seen) where gpupack recorded it, if it did."""
+        observed = self._observed_placement(entry)
+        if observed is not None:
+            node = self.state.nodes.get(p.node)
+            if node is not None and entry.req.key in node.unsure:
+                return False  # a guess the agent has now seen: count it as seen
+            return same_slot(observed, p)
+        return entry.recorded is None or same_slot(entry.recorded, p)
+
+    def _note_observation(self, entry: PodEntry, before: Placement | None,
+                          state: ClusterState | None = None) -> None:
+        """Count a disagreement when the node agent's first sight of a pod's placement
+        (or a changed one) differs from where gpupack counted (predicted) it."""
+        observed = self._observed_placement(entry, state)
+        key = entry.req.key
+        if observed is None or self._seen_obs.get(key) == observed:
+            return
+        self._seen_obs[key] = observed
+        before = before if before is not None and before.gpus else entry.recorded
+        if before is not None and before.gpus and not same_slot(observed, before):
+            kind = "mig" if entry.req.kind is RequestKind.MIG else "shared"
+            self.disagreements[kind] += 1
+            log.info("pod %s on %s: the node agent saw %s, gpupack counted %s; counting "
+                     "the observation", key, entry.node, observed.to_json(), before.to_json())
+
+    def _reaccount_node(self, name: str) -> None:
+        """Count the bound pods of ``name`` anew when where they should be counted (the
+        node agent's observation, their observed peaks) changed: all of them, the
+        observed ones first, so no stale record holds a GPU the observation gives to
+        another pod."""
+        bound = [self._pods[k] for k in sorted(self._on_node.get(name, ()))
+                 if k in self._pods and self._pods[k].node == name and k not in self._assumed
+                 and k not in self._holds]
+        stale = False
+        for entry in bound:
+            req, p = self._counted[entry.req.key]
+            self._note_observation(entry, p)
+            if req != self._effective(entry).req or not self._agrees(entry, p):
+                stale = True
+        if not stale:
+            return
+        for entry in bound:
+            self._unapply(entry.req.key)
+        for entry in sorted(bound, key=lambda e: self._observed_placement(e) is None):
+            self._count_bound(entry)
 
     def _account(self, key: str) -> None:
         """Bring ``key``'s accounting in line with its entry and assumption."""
@@ -428,8 +545,16 @@ class ClusterCache:
                 assumption = None
             elif entry.node == assumption.placement.node:
                 # Confirmed: the assumed placement is already applied; it becomes the
-                # pod's own accounting (annotations, when present, say the same).
+                # pod's own accounting (annotations, when present, say the same), unless
+                # the node agent has already seen the pod elsewhere.
                 del self._assumed[key]
+                self._note_observation(entry, assumption.placement)
+                current = self._counted.get(key)
+                if current is not None and (current[0] != self._effective(entry).req
+                                            or (self._observed_placement(entry) is not None
+                                            and not self._agrees(entry, current[1]))):
+                    self._unapply(key)
+                    self._count_bound(entry)
                 return
         if assumption is not None:
             return  # still assumed and not yet seen bound: stays counted as assumed
@@ -446,9 +571,11 @@ class ClusterCache:
                 self._pending[key] = entry.req
             return
         current = self._counted.get(key)
-        if (current is not None and current[1].node == entry.node and current[0] == entry.req
-                and (entry.recorded is None or same_slot(entry.recorded, current[1]))):
+        if (current is not None and current[1].node == entry.node
+                and current[0] == self._effective(entry).req
+                and self._agrees(entry, current[1])):
             return  # unchanged binding: nothing to redo (a new record is read below)
+        self._note_observation(entry, current[1] if current is not None else None)
         self._unapply(key)
         self._count_bound(entry)
 
@@ -457,7 +584,8 @@ class ClusterCache:
         gpupack recorded for it is given up first (the leader's reconcile places that
         room again), so the pod gets its own GPUs, no GPU is counted for both, and giving
         the hold back later cannot free GPUs the pod holds."""
-        rec = entry.recorded
+        entry = self._effective(entry)
+        rec = self._observed_placement(entry) or entry.recorded
         overlapping: list[str] = []
         if rec is not None and rec.node == entry.node and rec.gpus:
             gpus = set(rec.gpus)
@@ -545,17 +673,35 @@ class ClusterCache:
             # of their members tolerate it, so it counts as tainted for every group.
             log.warning("node %s: %s; no group will reserve room on it", info.name, e)
             taints = (Taint("gpupack.io/unreadable-taints", "", "NoSchedule"),)
+        text = inventory_text(obj)
         with self.lock:
+            seen = self._obs_text.get(info.name, None) == text and info.name in self._obs_text
+            if not seen:
+                self._obs_text[info.name] = text
+                obs = observation_of(text)
+                seen = self._obs.get(info.name, NO_OBSERVATION) == obs
+                self._obs[info.name] = obs
             if self._taints.get(info.name, ()) != taints:
                 self._taints[info.name] = taints
                 if self._infos.get(info.name) == info:
+                    if not seen:
+                        self._observed_changed(info.name)
                     self._changed()
                     return True
             if self._infos.get(info.name) == info:
+                if not seen:  # the agent saw something new: pods, peaks, memory in use
+                    self._observed_changed(info.name)
+                    self._changed()
                 return True  # heartbeat-style update: nothing the packer sees changed
             self._rebuild_node(info)
+            self._reaccount_node(info.name)
             self._changed()
         return True
+
+    def _observed_changed(self, name: str) -> None:
+        if name in self.state.nodes:
+            self._touch(name)  # per-GPU figures (memory observed) are re-rendered
+            self._reaccount_node(name)
 
     def _rebuild_node(self, info: NodeInfo) -> None:
         """Replace one node's state and re-apply the pods counted on it (only this node).
@@ -579,12 +725,16 @@ class ClusterCache:
             if entry is not None and entry.node == name and key not in self._assumed:
                 # A bound pod keeps where it was counted unless that is gone from the node,
                 # was counted without GPUs, or was a stand-in for its recorded placement.
+                observed = self._observed_placement(entry, scratch)
                 if fits and (p.gpus or req.kind is RequestKind.NONE) and (
-                        entry.recorded is None or same_slot(entry.recorded, p)):
+                        same_slot(observed, p) if observed is not None
+                        else entry.recorded is None or same_slot(entry.recorded, p)):
                     p = as_counted(scratch, p)
-                    scratch.apply(req, p, allow_overcommit=True)
+                    scratch.apply(req, p, allow_overcommit=True,
+                                  unsure=self._is_guess(req, p, scratch))
                     kept.append((req, p))
                 else:
+                    self._note_observation(entry, p, scratch)
                     refit.append(entry)
             else:
                 # An assumption or a hold. Its slice "to be created" may have appeared in
@@ -598,15 +748,19 @@ class ClusterCache:
                     p = as_counted(scratch, p)
                     if key in self._assumed and p != self._counted[key][1]:
                         existing[key] = p
-                    scratch.apply(req, p, allow_overcommit=True)
+                    scratch.apply(req, p, allow_overcommit=True,
+                                  unsure=self._is_guess(req, p, scratch))
                     kept.append((req, p))
                 else:
                     redo.append(key)
+        refit.sort(key=lambda e: self._observed_placement(e, scratch) is None)
         for entry in refit:
+            entry = self._effective(entry)
             fresh = self._placement_for(entry, scratch)
             assert fresh is not None  # the node is in scratch
             fresh = as_counted(scratch, fresh)
-            scratch.apply(entry.req, fresh, allow_overcommit=True)
+            scratch.apply(entry.req, fresh, allow_overcommit=True,
+                          unsure=self._is_guess(entry.req, fresh, scratch))
             kept.append((entry.req, fresh))
         # Commit: nothing below can fail.
         for key in self._on_node.get(name, set()):
@@ -641,6 +795,8 @@ class ClusterCache:
                     del self._uid_key[req.uid]
             self._on_node.pop(name, None)
             self._taints.pop(name, None)
+            self._obs.pop(name, None)
+            self._obs_text.pop(name, None)
             del self._infos[name]
             del self.state.nodes[name]
             self._touch(name)
@@ -705,6 +861,7 @@ class ClusterCache:
     def delete_pod(self, key: str) -> None:
         with self.lock:
             self._index(key, self._pods.pop(key, None), add=False)
+            self._seen_obs.pop(key, None)
             self._pending.pop(key, None)
             self._assumed.pop(key, None)
             counted = key in self._counted

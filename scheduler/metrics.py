@@ -28,16 +28,18 @@ import logging
 import threading
 import time
 from collections import Counter as Tally
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from packing.state import NodeState
+from packing.catalog import get_model
+from packing.model import GpuMode
+from packing.state import GpuState, NodeState
 from scheduler.cache import ClusterCache
 from scheduler.groups import WAIT_REASONS, ReservationBook
 from scheduler.planner import Planner
@@ -127,7 +129,17 @@ class ExtenderMetrics:
 # ---- per-GPU rows, rendered per node ---------------------------------------------------------
 
 ALLOC_NAME = "gpupack_gpu_allocated"
-ALLOC_HELP = "Allocated share of each GPU (0..1)"
+ALLOC_HELP = ("Allocated share of each GPU (0..1): whole, MIG slices by memory, and "
+              "time-sliced shares by compute or memory booked, whichever is larger")
+# GPU memory per GPU, booked by gpupack (time-sliced shares at their declared need or
+# observed peak plus headroom, MIG slices at their size, whole GPUs in full) and in use
+# as the node agent observed it (only GPUs an agent reports), with the GPU's size.
+BOOKED_NAME = "gpupack_gpu_memory_booked_mib"
+BOOKED_HELP = "GPU memory gpupack counts as taken on each GPU (MiB)"
+OBSERVED_NAME = "gpupack_gpu_memory_observed_mib"
+OBSERVED_HELP = "GPU memory in use on each GPU as the node agent observed it (MiB)"
+TOTAL_NAME = "gpupack_gpu_memory_total_mib"
+TOTAL_HELP = "GPU memory of each GPU (MiB; from the node agent, GFD, else the catalog)"
 
 
 def _label_value(v: str) -> str:
@@ -140,28 +152,64 @@ class NodeRows:
 
     gen: int
     text: str  # its gpupack_gpu_allocated sample lines
+    booked: str  # its gpupack_gpu_memory_booked_mib lines
+    observed: str  # its gpupack_gpu_memory_observed_mib lines
+    total: str  # its gpupack_gpu_memory_total_mib lines
     whole_gpus: int  # GPUs a whole-GPU pod could take now
     whole_node: bool  # every GPU of it could (a GPU node with room for an LLM)
     mig: tuple[tuple[tuple[str, str, str], int], ...]  # ((model, profile, state), count)
 
 
-def node_rows(name: str, n: NodeState, gen: int) -> NodeRows:
+def booked_mib(g: GpuState) -> int:
+    """GPU memory counted as taken on ``g``: all of it under a whole-GPU pod, the owned
+    MIG slices' sizes, the time-sliced shares' booked memory."""
+    if g.whole_owner is not None:
+        return g.info.memory_mib
+    if g.instances:
+        geom = get_model(g.info.model).mig
+        if geom is not None:
+            return sum(geom.profile(p).memory_mib for p, owner in g.instances.values()
+                       if owner is not None and geom.has_profile(p))
+    return g.shared_memory_used
+
+
+def allocated_fraction(g: GpuState) -> float:
+    """The share of ``g`` taken (0..1): a time-sliced GPU whose shares book all its
+    memory is full even when they ask for no compute."""
+    used = g.used_milli / 1000
+    if g.mode in (GpuMode.SHARED, GpuMode.FRACTIONAL) and g.info.memory_mib > 0:
+        used = max(used, g.shared_memory_used / g.info.memory_mib)
+    return used
+
+
+def node_rows(name: str, n: NodeState, gen: int,
+              observed: Mapping[int, int] | None = None) -> NodeRows:
+    """``observed``: GPU index -> MiB in use, as the node agent reported it."""
     label = _label_value(name)
     lines = []
+    booked = []
+    seen = []
+    total = []
     mig: Tally[tuple[str, str, str]] = Tally()
     for g in n.gpus:
-        lines.append(f'{ALLOC_NAME}{{node="{label}",gpu="{g.info.index}"}} '
-                     f"{floatToGoString(g.used_milli / 1000)}\n")
+        labels = f'{{node="{label}",gpu="{g.info.index}"}} '
+        lines.append(f"{ALLOC_NAME}{labels}{floatToGoString(allocated_fraction(g))}\n")
+        booked.append(f"{BOOKED_NAME}{labels}{booked_mib(g)}\n")
+        total.append(f"{TOTAL_NAME}{labels}{g.info.memory_mib}\n")
+        if observed is not None and g.info.index in observed:
+            seen.append(f"{OBSERVED_NAME}{labels}{observed[g.info.index]}\n")
         for profile, owner in g.instances.values():
             # MIG instances per (model, profile, used|free): bounded by the catalog.
             mig[g.info.model, profile, "free" if owner is None else "used"] += 1
-    return NodeRows(gen, "".join(lines), sum(1 for g in n.gpus if g.whole_free),
-                    n.whole_free, tuple(sorted(mig.items())))
+    return NodeRows(gen, "".join(lines), "".join(booked), "".join(seen), "".join(total),
+                    sum(1 for g in n.gpus if g.whole_free), n.whole_free,
+                    tuple(sorted(mig.items())))
 
 
 @dataclass(frozen=True)
 class GpuFigures:
     text: str  # the whole gpupack_gpu_allocated family, HELP and TYPE included
+    memory_text: str  # the per-GPU memory families (booked, observed, total), likewise
     whole_gpus: int
     whole_nodes: int
     mig: dict[tuple[str, str, str], int]
@@ -187,7 +235,7 @@ class GpuRows:
                     gen = cache.gen(name)
                     r = old.get(name)
                     if r is None or r.gen != gen or gen < 0:
-                        r = node_rows(name, n, gen)
+                        r = node_rows(name, n, gen, cache.observation(name).used)
                         self.rendered += 1
                     rows[name] = r
             self._rows = rows
@@ -200,7 +248,14 @@ class GpuRows:
             whole_nodes += r.whole_node
             for k, c in r.mig:
                 mig[k] += c
-        self.latest = GpuFigures("".join(parts), whole_gpus, whole_nodes, dict(mig))
+        memory: list[str] = []
+        for name, doc, field in ((BOOKED_NAME, BOOKED_HELP, "booked"),
+                                 (OBSERVED_NAME, OBSERVED_HELP, "observed"),
+                                 (TOTAL_NAME, TOTAL_HELP, "total")):
+            memory.append(f"# HELP {name} {doc}\n# TYPE {name} gauge\n")
+            memory.extend(getattr(r, field) for r in rows.values())
+        self.latest = GpuFigures("".join(parts), "".join(memory), whole_gpus, whole_nodes,
+                                 dict(mig))
         return self.latest
 
 
@@ -256,7 +311,7 @@ class Exposition:
         if not self.active():
             return body  # a standby: no per-GPU family (see ExtenderMetrics)
         rows = self.rows.latest or self.rows.current()
-        return body + rows.text.encode()
+        return body + rows.text.encode() + rows.memory_text.encode()
 
 
 class Refreshed(Generic[T]):
@@ -344,7 +399,7 @@ class ClusterCollector(Collector):
         self.cluster = Refreshed(lambda: list(self._cluster_figures()), max_age_s=max_age_s,
                                  name="gpupack-cluster-figures")
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[Metric]:
         leader = self.active()
         g = GaugeMetricFamily("gpupack_leader",
                               "1 on the replica that acts (its kube-scheduler leads), else 0")
@@ -356,7 +411,7 @@ class ClusterCollector(Collector):
         yield from self._process_figures()
         yield from self.cluster.get()
 
-    def _process_figures(self) -> Iterator[GaugeMetricFamily]:
+    def _process_figures(self) -> Iterator[Metric]:
         cache = self.cache
         with cache.lock:
             counts = cache.counts()
@@ -375,6 +430,15 @@ class ClusterCollector(Collector):
         yield gauge("gpupack_cache_synced", "1 once the first list of nodes and pods is in",
                     1.0 if synced else 0.0)
         yield gauge("gpupack_cache_bad_objects", "Objects the cache could not read (skipped)", bad)
+        with cache.lock:
+            disagreements = dict(cache.disagreements)
+        fam = CounterMetricFamily(
+            "gpupack_device_plugin_disagreements",
+            "Pods the node agent saw on another GPU or MIG slice than gpupack predicted or "
+            "recorded (the observation is counted), by kind (shared, mig)", labels=["kind"])
+        for kind in ("shared", "mig"):
+            fam.add_metric([kind], disagreements.get(kind, 0))
+        yield fam
 
     def _cluster_figures(self) -> Iterator[GaugeMetricFamily]:
         cache = self.cache

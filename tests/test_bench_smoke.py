@@ -122,3 +122,14 @@ def test_mig_bench_check_catches_an_overlapping_instance() -> None:
     sim.by_key[req.key] = pod
     sim.check_placement(pod, Placement(req.key, name, (0,), "2g.20gb", 2))  # no such slice
     assert sim.invalid
+
+
+def test_device_plugin_bench_runs_and_the_plugin_booker_never_overfills() -> None:
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "device_plugin.py"), "--runs", "20",
+         "--arrivals", "30"], capture_output=True, text=True, timeout=120, check=True,
+    ).stdout.splitlines()
+    rows = {line.split()[0]: line.split()[1:] for line in out[2:]}
+    assert set(rows) == {"memory-first", "plugin"}
+    assert rows["plugin"][2] == "0"  # no GPU ever held more than its memory
+    assert int(rows["memory-first"][2]) > 0  # the old booking did overfill

@@ -177,3 +177,49 @@ def test_simulate_bad_scenario_exits_2(tmp_path: Path) -> None:
     )
     r = gpupack("simulate", "--scenario", str(tmp_path / "s.yaml"))
     assert r.returncode == 2 and "nodes[0].mode" in r.stderr
+
+
+L40S_NODES = """
+kind: NodeList
+items:
+- metadata:
+    name: l40s-gfd
+    labels: {kubernetes.io/hostname: l40s-gfd, nvidia.com/gpu.product: NVIDIA-L40S,
+             nvidia.com/gpu.count: "1", nvidia.com/gpu.memory: "46068",
+             nvidia.com/gpu.replicas: "4"}
+  status:
+    allocatable: {cpu: "32", memory: 256Gi, nvidia.com/gpu.shared: "4"}
+- metadata:
+    name: l40s-bare
+    labels: {kubernetes.io/hostname: l40s-bare, nvidia.com/gpu.product: NVIDIA-L40S,
+             nvidia.com/gpu.count: "1", nvidia.com/gpu.replicas: "4"}
+  status:
+    allocatable: {cpu: "32", memory: 256Gi, nvidia.com/gpu.shared: "4"}
+"""
+SHARES = "".join(f"""---
+apiVersion: v1
+kind: Pod
+metadata: {{name: tts-{i}, namespace: speech, annotations: {{gpupack.io/gpu-memory: 16Gi}}}}
+spec:
+  nodeSelector: {{kubernetes.io/hostname: {node}}}
+  containers: [{{name: c, resources: {{limits: {{nvidia.com/gpu.shared: 1}}}}}}]
+""" for i, node in enumerate(["l40s-gfd"] * 3 + ["l40s-bare"] * 3))
+
+
+def test_plan_counts_the_nodes_gpu_memory_and_says_where_it_came_from(tmp_path: Path) -> None:
+    nodes = tmp_path / "nodes.yaml"
+    pods = tmp_path / "pods.yaml"
+    nodes.write_text(L40S_NODES)
+    pods.write_text(SHARES)
+    r = gpupack("plan", "--nodes", str(nodes), "--pods", str(pods), "--format", "json",
+                "--policy", "bestfit")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    rows = {(m["memory_mib"], m["source"]): m["nodes"] for m in out["gpu_memory"]}
+    assert rows == {(46068, "gfd"): 1, (49152, "catalog"): 1}
+    placed = {p["pod"]: p["node"] for p in out["placements"]}
+    # 3 x 16Gi fill the catalog's 49,152 MiB, not the 46,068 MiB GFD reports.
+    assert sorted(placed.values()) == ["l40s-bare"] * 3 + ["l40s-gfd"] * 2
+    table = gpupack("plan", "--nodes", str(nodes), "--pods", str(pods), "--policy", "bestfit")
+    assert "gpu memory: L40S 46068 MiB from GPU Feature Discovery" in table.stdout
+    assert "gpu memory: L40S 49152 MiB from gpupack's catalog" in table.stdout

@@ -10,9 +10,11 @@ the agent's own ServiceAccount token included, is the shipped code.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from concurrent import futures
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "nodeagent"))
@@ -24,6 +26,27 @@ from fake_nvml import H100_UUID, L40S_UUID, mixed_node  # noqa: E402
 import nodeagent.nvml  # noqa: E402
 from gpupack import agent_cmd  # noqa: E402
 from nodeagent.proto import podresources_pb2_grpc as pb_grpc  # noqa: E402
+
+# Which devices the fake kubelet says pods hold: a test writes this JSON file in the
+# socket folder, [[namespace, pod, [[container, [[resource, [device id, ...]], ...]]]]],
+# and every PodResources List reads it again (no file: no pod holds a device).
+PODS_FILE = "pods.json"
+
+
+class ScriptedServicer(PodResourcesServicer):  # type: ignore[misc]
+    def __init__(self, state: KubeletState, pods_file: Path) -> None:
+        super().__init__(state)
+        self.pods_file = pods_file
+
+    def List(self, request: Any, context: Any) -> Any:
+        try:
+            raw = json.loads(self.pods_file.read_text())
+        except (OSError, ValueError):
+            raw = []
+        self.state.pods = [(ns, name, [(c, [(r, list(ids)) for r, ids in devices])
+                                       for c, devices in containers])
+                           for ns, name, containers in raw]
+        return super().List(request, context)
 
 
 def main(argv: list[str]) -> int:
@@ -40,7 +63,8 @@ def main(argv: list[str]) -> int:
         ("nvidia.com/gpu", [H100_UUID]),
     ])
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    pb_grpc.add_PodResourcesListerServicer_to_server(PodResourcesServicer(state), server)
+    pb_grpc.add_PodResourcesListerServicer_to_server(
+        ScriptedServicer(state, args.socket_dir / PODS_FILE), server)
     server.add_insecure_port(f"unix://{socket}")
     server.start()
     fake = mixed_node()

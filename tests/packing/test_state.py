@@ -41,7 +41,8 @@ def state(*nodes: object) -> ClusterState:
             0,
         ),
         ([node("a", 1, model="L40S", mode=GpuMode.MIG)], mig("p"), 0),  # L40S has no MIG
-        ([node("a", 2, model="L40S", mode=GpuMode.SHARED)], shared("p"), 2),
+        # The device plugin, not gpupack, picks the GPU of a share: one option.
+        ([node("a", 2, model="L40S", mode=GpuMode.SHARED)], shared("p"), 1),
         ([node("a", 1, model="L40S", mode=GpuMode.SHARED)], shared("p", gmem=60_000), 0),
         ([node("a", 2, model="L40S", mode=GpuMode.SHARED)], whole("p"), 0),
         ([node("a", 1, cpu=500)], cpu_pod("p", 1000), 0),

@@ -1,0 +1,198 @@
+"""Truth over records on the real control plane (issue 18).
+
+- GPU memory comes from the node: an L40S that GFD labels 46,068 MiB takes two 16Gi
+  shares, not three (the catalog's 49,152 MiB would take three); when the label says
+  49,152 the third binds.
+- The node agent's observation wins: the fake kubelet (tests/e2e/agent_double.py) says a
+  pod holds another MIG slice than the one gpupack recorded on it; the extender counts
+  the pod on the observed slice and its disagreement counter moves. A share the agent
+  sees using more memory than it declared is booked at its observed peak plus 10%.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cluster import (
+    SHARED,
+    bound,
+    create_nodes,
+    l40s_shared,
+    pod,
+    pods_in,
+    wait_for,
+    wait_for_webhook,
+)
+from conftest import Space
+from controlplane import (
+    AGENT_NODE,
+    NAMESPACE,
+    SCHEDULER_NAME,
+    Stack,
+    active_replica,
+    apply_objects,
+    service_account_token,
+)
+from kubernetes import client
+from prometheus_client.parser import text_string_to_metric_families
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "nodeagent"))
+from fake_nvml import L40S_UUID, MIG_1G_B
+
+SCRAPER = "gpupack-e2e-truth-scraper"
+GIB = 1024
+
+
+def _shares(pool: str, n: int) -> list[dict[str, Any]]:
+    return [pod(f"s-{i}", pool=pool, scheduler=SCHEDULER_NAME, limits={SHARED: "1"},
+                annotations={"gpupack.io/gpu-memory": "16Gi"}) for i in range(n)]
+
+
+def test_gfd_memory_label_decides_what_fits(space: Space, core: Any) -> None:
+    pool = space.name
+    node = f"{pool}-l40s"
+    space.nodes += create_nodes(core, [l40s_shared(node, pool, gpus=1)])
+    ns = space.namespace()
+    first, second, third = _shares(pool, 3)
+    # Pods only once gpupack's views have the node (kube-scheduler's informer is as
+    # quick): a pod refused by a plugin for a node it has not seen yet waits for
+    # kube-scheduler's 5-minute flush.
+    probe = pod("probe", pool=pool, annotations={"gpupack.io/gpu-memory": "16Gi",
+                                                 "gpupack.io/isolation": "shared"})
+    wait_for_webhook(core, ns, probe, SHARED)
+
+    def n_bound() -> int:
+        return len(bound(pods_in(core, ns)))
+
+    core.create_namespaced_pod(ns, first)
+    core.create_namespaced_pod(ns, second)
+    wait_for(lambda: n_bound() == 2, 60, "two 16Gi shares bound")
+    core.create_namespaced_pod(ns, third)
+    time.sleep(5)  # kube-scheduler tries the third meanwhile
+    assert n_bound() == 2  # 3 x 16Gi = 49,152 MiB > the 46,068 MiB GFD reports
+    core.patch_node(node, {"metadata": {"labels": {"nvidia.com/gpu.memory": "49152"}}})
+    wait_for(lambda: n_bound() == 3, 60, "the third share bound once the GPU is 49,152 MiB")
+
+
+# ---- the agent's observation ----------------------------------------------------------------
+
+
+@pytest.fixture
+def scraper(stack: Stack, admin: Any) -> Iterator[str]:
+    """A token allowed to GET /metrics (delegated authentication of the extender)."""
+    rbac = client.RbacAuthorizationV1Api(admin)
+    core = client.CoreV1Api(admin)
+    apply_objects(admin, [
+        {"apiVersion": "v1", "kind": "ServiceAccount",
+         "metadata": {"name": SCRAPER, "namespace": NAMESPACE}},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+         "metadata": {"name": SCRAPER},
+         "rules": [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+         "metadata": {"name": SCRAPER},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                     "name": SCRAPER},
+         "subjects": [{"kind": "ServiceAccount", "name": SCRAPER, "namespace": NAMESPACE}]},
+    ])
+    try:
+        yield service_account_token(admin, NAMESPACE, SCRAPER)
+    finally:
+        with contextlib.suppress(client.ApiException):
+            rbac.delete_cluster_role_binding(SCRAPER)
+        with contextlib.suppress(client.ApiException):
+            rbac.delete_cluster_role(SCRAPER)
+        with contextlib.suppress(client.ApiException):
+            core.delete_namespaced_service_account(SCRAPER, NAMESPACE)
+
+
+def _metrics(stack: Stack, admin: Any, token: str) -> dict[str, Any] | None:
+    """The active extender's metric families, or None while it refuses (RBAC lag)."""
+    argv = stack.state()["components"][f"extender{active_replica(stack, admin)}"]["argv"]
+    port = int(argv[argv.index("--metrics-port") + 1])
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=15)
+    try:
+        conn.request("GET", "/metrics", headers={"Authorization": f"Bearer {token}"})
+        resp = conn.getresponse()
+        body = resp.read().decode()
+    finally:
+        conn.close()
+    if resp.status != 200:
+        return None
+    return {f.name: f for f in text_string_to_metric_families(body)}
+
+
+def _sample(fams: dict[str, Any], name: str, **labels: str) -> float | None:
+    fam = fams.get(name)
+    for s in fam.samples if fam is not None else ():
+        if s.name in (name, name + "_total") and all(s.labels.get(k) == v
+                                                     for k, v in labels.items()):
+            return float(s.value)
+    return None
+
+
+@pytest.fixture
+def kubelet_pods(stack: Stack) -> Iterator[Path]:
+    """The fake kubelet's script (see agent_double.py); emptied again at the end."""
+    path = stack.dir / "kubelet" / "pods.json"
+    try:
+        yield path
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def _on_agent_node(name: str, limits: dict[str, str], record: dict[str, str],
+                   memory: str = "4Gi") -> dict[str, Any]:
+    """A pod bound to the agent's node with the placement gpupack recorded on it."""
+    p = pod(name, limits=limits, cpu="10m", memory="16Mi",
+            annotations={"gpupack.io/gpu-memory": memory, **record})
+    p["spec"]["nodeName"] = AGENT_NODE
+    p["spec"]["tolerations"] = [{"operator": "Exists"}]
+    return p
+
+
+def test_agent_observation_wins_over_the_record(stack: Stack, admin: Any, core: Any,
+                                                space: Space, scraper: str,
+                                                kubelet_pods: Path) -> None:
+    ns = space.namespace()
+    fams = wait_for(lambda: _metrics(stack, admin, scraper), 30, "the extender's /metrics")
+    before = _sample(fams, "gpupack_device_plugin_disagreements", kind="mig") or 0.0
+    # gpupack recorded the slice at start 2; the kubelet gave the pod the one at start 3.
+    core.create_namespaced_pod(ns, _on_agent_node(
+        "mig-obs", {"nvidia.com/mig-1g.10gb": "1"},
+        {"gpupack.io/gpus": "0", "gpupack.io/mig": "1g.10gb@2"}))
+    # A 4Gi share on the time-sliced L40S (GPU 1): its GPU's processes are its own.
+    core.create_namespaced_pod(ns, _on_agent_node(
+        "share-obs", {SHARED: "1"}, {"gpupack.io/gpus": "1"}))
+    kubelet_pods.write_text(json.dumps([
+        [ns, "mig-obs", [["main", [["nvidia.com/mig-1g.10gb", [MIG_1G_B]]]]]],
+        [ns, "share-obs", [["main", [[SHARED, [f"{L40S_UUID}::0"]]]]]],
+    ]))
+
+    def moved() -> dict[str, Any] | None:
+        f = _metrics(stack, admin, scraper)
+        got = None if f is None else _sample(f, "gpupack_device_plugin_disagreements",
+                                             kind="mig")
+        return f if got is not None and got >= before + 1 else None
+
+    fams = wait_for(moved, 60, "the extender to count the MIG disagreement")
+    assert _sample(fams, "gpupack_device_plugin_disagreements", kind="mig") == before + 1
+    # The share is booked at its observed peak plus 10% (the fake L40S's three processes,
+    # 24 GiB, are the one holder's), far above the 4Gi it declared.
+    def booked() -> float | None:
+        f = _metrics(stack, admin, scraper)
+        v = None if f is None else _sample(f, "gpupack_gpu_memory_booked_mib",
+                                           node=AGENT_NODE, gpu="1")
+        return v if v is not None and v > 4 * GIB else None
+
+    got = wait_for(booked, 60, "the share booked at its observed peak")
+    assert got == -(-24 * GIB * 110 // 100)
+    fams = _metrics(stack, admin, scraper) or {}
+    assert _sample(fams, "gpupack_gpu_memory_observed_mib", node=AGENT_NODE, gpu="1") == 25 * GIB
