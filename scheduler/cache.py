@@ -60,6 +60,7 @@ from packing.state import (
 )
 
 log = logging.getLogger("gpupack.scheduler.cache")
+IGNORED_NOTES_CAP = 10_000  # distinct ignored placements remembered (see _note_ignored)
 
 # Label and annotation prefixes node_info reads to find a node's GPUs.
 _GPU_LABELS = ("nvidia.com/", "gpupack.io/")
@@ -159,6 +160,10 @@ class ClusterCache:
         self._next_gen = 0
         self.version = 0  # changes on every change that could change a plan
         self.bad_objects = 0  # objects that could not be read (logged, skipped)
+        # Placements already reported as ignored: a node is re-counted on every change of
+        # it, and the same mismatch must not fill the log each time (bounded: forgotten
+        # wholesale past a cap, so a mismatch is at worst reported again).
+        self._ignored_noted: set[tuple[str, str, str]] = set()
         self._listeners: list[Callable[[], None]] = []
         self._shapes: dict[str, NodeInfo] = {}  # node shape -> NodeInfo (see _node_info)
         self._sig: dict[str, int] = {}  # node -> signature id (see node_signature)
@@ -445,8 +450,7 @@ class ClusterCache:
             why = state.shape_error(entry.req, p)
             if why is None:
                 return p
-            log.warning("pod %s on %s: %s %s ignored: %s", entry.req.key, entry.node, what,
-                        p.to_json(), why)
+            self._note_ignored(entry, what, p, why)
         # Where it could be holding GPUs: a cordoned or CPU-full node still has them.
         options = state.options(entry.req, entry.node, gpus_only=True)
         if options:
@@ -460,6 +464,17 @@ class ClusterCache:
         # commits, or its devices do not match what we know of the node): count its CPU
         # and memory at least, GPUs unknown.
         return Placement(entry.req.key, entry.node)
+
+    def _note_ignored(self, entry: PodEntry, what: str, p: Placement, why: str) -> None:
+        """Log once per pod, source and placement that a placement was ignored, and why."""
+        key = (entry.req.key, what, str(p.to_json()))
+        if key in self._ignored_noted:
+            return
+        if len(self._ignored_noted) >= IGNORED_NOTES_CAP:
+            self._ignored_noted.clear()
+        self._ignored_noted.add(key)
+        log.warning("pod %s on %s: %s %s ignored: %s", entry.req.key, entry.node, what,
+                    p.to_json(), why)
 
     def _observed_placement(self, entry: PodEntry, state: ClusterState | None = None
                             ) -> Placement | None:

@@ -309,3 +309,15 @@ def test_without_an_agent_the_prediction_is_all_there_is() -> None:
     cache.assume(req, req.uid, cache.state.options(req, "n1")[0])
     with cache.view():
         assert cache.state.nodes["n1"].unsure == {}
+
+
+def test_an_ignored_record_is_logged_once_however_often_the_node_is_recounted(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # A record naming a GPU the node does not have: ignored (the pod is counted where it
+    # can be), said once, not on every recount of the node.
+    cache = make_cache([l40s()], [bound_share("a", gpu=7)])
+    for ts in (1, 2, 3):
+        cache.upsert_node(with_inventory(l40s(), [shared_gpu(0), shared_gpu(1)], ts=ts))
+    said = [r for r in caplog.records if "recorded placement" in r.getMessage()]
+    assert len(said) == 1, [r.getMessage() for r in said]
+    assert "default/a" in said[0].getMessage() and "ignored" in said[0].getMessage()
