@@ -339,3 +339,16 @@ class Listener:
         finally:
             self._back.put((conn, keep, ready.extra))
             self._wake()
+
+
+def bind_error(host: str, port: int) -> str | None:
+    """Why ``host:port`` cannot be listened on now (None: it can). Checked before a server
+    starts: a listener that fails inside the worker would make gunicorn restart the
+    worker for ever."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            return f"cannot listen on {host}:{port}: {e.strerror or e}"
+    return None
