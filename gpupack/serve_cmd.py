@@ -12,8 +12,9 @@ Cluster source: the API server (``--kubeconfig`` or ``--in-cluster``), else stat
 files (``--nodes``/``--pods``), else the bundled example cluster.
 
 With ``--webhook-port`` the same worker also serves the mutating admission webhook over
-HTTPS (:mod:`scheduler.webhook_host`), its cluster view fed by the extender's cache. The
-background planner's solves run in a solver child process (:mod:`scheduler.solve`).
+HTTPS (:class:`serving.https.HttpsListener`), its cluster view fed by the extender's
+cache (:mod:`scheduler.webhook_host`). The background planner's solves run in a solver
+child process (:mod:`scheduler.solve`).
 """
 
 from __future__ import annotations
@@ -281,7 +282,9 @@ class Components:
         self.webhook: Any = None
         if args.webhook_port:
             from gpupack.webhook_cmd import config_from_args
-            from scheduler.webhook_host import SnapshotFeed, WebhookHost
+            from scheduler.webhook_host import SnapshotFeed
+            from serving.https import HttpsListener
+            from webhook.app import REVIEW_LIMITS
             from webhook.app import create_app as create_webhook_app
 
             # Same registry: one scrape of /metrics has the extender and the webhook.
@@ -289,8 +292,10 @@ class Components:
                                       config_from_args(args),
                                       exposition=self.app.extensions["gpupack.exposition"],
                                       metrics_guard=self.metrics_guard)
-            self.webhook = WebhookHost(hook, str(args.webhook_host), int(args.webhook_port),
-                                       args.tls_cert, args.tls_key)
+            self.webhook = HttpsListener(hook, str(args.webhook_host), int(args.webhook_port),
+                                         args.tls_cert, args.tls_key, limits=REVIEW_LIMITS,
+                                         name="gpupack-webhook", what="admission webhook",
+                                         path="/mutate")
 
     def start(self) -> None:
         self.group_writer.start()
@@ -450,7 +455,8 @@ def run(args: argparse.Namespace, server: type[ExtenderServer] | None = None) ->
         except (ObjectError, OSError) as e:
             print(f"gpupack serve: {e}", file=sys.stderr)
             return 2
-    from scheduler.webhook_host import bind_error, check_tls
+    from serving.listener import bind_error
+    from serving.tls import check_tls
 
     if args.webhook_port:
         why = check_tls(args.tls_cert, args.tls_key)

@@ -22,10 +22,11 @@ from gpupack.metrics_auth import add_metrics_auth_argument, metrics_auth_error, 
 from gpupack.startup import announce, announce_when_synced, source_words, startup_line
 from kube.objects import ObjectError
 from packing.model import Snapshot
-from webhook.app import create_app
+from serving.https import serve
+from serving.tls import check_tls
+from webhook.app import REVIEW_LIMITS, create_app
 from webhook.config import Isolation, WebhookConfig
 from webhook.decide import STRICT
-from webhook.server import ReloadingTLS, serve
 
 
 def add_config_arguments(p: argparse.ArgumentParser) -> None:
@@ -139,10 +140,9 @@ def run(args: argparse.Namespace) -> int:
     except (ObjectError, OSError) as e:
         print(f"gpupack webhook: {e}", file=sys.stderr)
         return 2
-    try:
-        ReloadingTLS(args.tls_cert, args.tls_key).context()  # fail now, not per connection
-    except OSError as e:  # ssl.SSLError included
-        print(f"gpupack webhook: --tls-cert/--tls-key: {e}", file=sys.stderr)
+    why = check_tls(args.tls_cert, args.tls_key)  # fail now, not per connection
+    if why is not None:
+        print(f"gpupack webhook: --tls-cert/--tls-key: {why}", file=sys.stderr)
         return 2
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
@@ -173,5 +173,6 @@ def run(args: argparse.Namespace) -> int:
                           metrics_guard=guard)
 
     serve(app_factory, host=args.host, port=args.port, cert=args.tls_cert, key=args.tls_key,
-          threads=args.threads, log_level=args.log_level)
+          limits=REVIEW_LIMITS, name="gpupack-webhook", threads=args.threads,
+          log_level=args.log_level)
     return 0

@@ -1,12 +1,12 @@
-"""The extender's Flask app: HTTP in, verbs, HTTP out. Built by a factory, no globals.
+"""The extender's Flask app: HTTP in, extension point, HTTP out. Built by a factory, no
+globals.
 
-Each handler reads the body (bounded), decodes it with :mod:`scheduler.wire`, runs the
-pure verb under the cache lock and encodes the answer. Anything wrong with the input is
-a 400 with a JSON body naming the field; a 500 means a bug, never bad input.
-
-Bind: choose the GPUs on the node and reserve them in the cache (under the lock, so two
-racing binds cannot take the same GPU), then create the Binding outside the lock; if the
-API refuses it, the reservation is dropped at once.
+Each verb's route is a thin adapter (:func:`verb_route`): it refuses while not ready or
+not the leader (503), reads the body (bounded), decodes it with :mod:`scheduler.wire`,
+calls the verb's extension point (:class:`scheduler.points.ExtensionPoints`: typed
+arguments in, typed result out) and encodes the answer, counting the outcome and the
+latency. Anything wrong with the input is a 400 with a JSON body naming the field; a 500
+means a bug, never bad input.
 """
 
 from __future__ import annotations
@@ -16,37 +16,29 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 from flask import Flask, Response, request
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 from werkzeug.exceptions import HTTPException
 
-from kube.annotations import placement_annotations
-from kube.objects import pod_key
-from kube.source import Binder, BindError
-from scheduler.cache import AssumeError, ClusterCache
+from kube.source import Binder
+from scheduler.cache import ClusterCache
 from scheduler.groups import ReservationBook
 from scheduler.metrics import ExtenderMetrics, GroupMetrics
 from scheduler.planner import Planner
-from scheduler.request_pods import RequestPod, RequestPods
-from scheduler.verbs import (
-    BestCandidates,
-    Memo,
-    VerbError,
-    choose_placement,
-    filter_nodes,
-    preempt,
-    prioritize,
-    read_pod,
-)
+from scheduler.points import ExtensionPoints
+from scheduler.request_pods import RequestPods
+from scheduler.verbs import Memo, VerbError
 from scheduler.warm import Warmer
 from scheduler.wire import (
     BindingArgs,
     BindingResult,
     ExtenderArgs,
+    FilterResult,
     PreemptionArgs,
+    PreemptionResult,
     WireError,
     encode_priorities,
 )
@@ -106,6 +98,87 @@ def _json(obj: Any, status: int = 200) -> Response:
                     mimetype="application/json")
 
 
+A = TypeVar("A")
+R = TypeVar("R")
+
+
+def read_json(max_body: int) -> Any:
+    """The request's body as JSON, at most ``max_body`` bytes (BadRequest else)."""
+    length = request.content_length
+    if length is not None and length > max_body:
+        raise BadRequest(f"body of {length} bytes is over the limit of {max_body}")
+    data = request.stream.read(max_body + 1)
+    if len(data) > max_body:
+        raise BadRequest(f"body is over the limit of {max_body} bytes")
+    if not data:
+        raise BadRequest("empty body: expected a JSON object")
+    try:
+        return orjson.loads(data)
+    except (ValueError, RecursionError) as e:
+        raise BadRequest(f"body is not valid JSON: {e}") from None
+
+
+def check_serving(book: ReservationBook) -> None:
+    """No answer from a cache that has not finished its first lists of nodes, pods and
+    reservation records and rebuilt the reservations, nor from a standby."""
+    if not book.check_ready():
+        raise NotReady("gpupack is not synced yet: its first lists of nodes, pods and "
+                       "reservation records, and the rebuild of the reservations, are "
+                       "not done")
+    if not book.is_leader():
+        raise NotReady("this gpupack replica is not the leader (its kube-scheduler does "
+                       "not hold the lease it follows)")
+
+
+def answer(verb: str, gate: Callable[[], None], fn: Callable[[], Response],
+           metrics: ExtenderMetrics) -> Response:
+    """``fn``'s response once ``gate`` passes; errors as JSON (503 not ready, 400 bad
+    input, 500 a bug); the outcome and latency counted per verb."""
+    started = time.perf_counter()
+    outcome = "ok"
+    try:
+        gate()
+        return fn()
+    except NotReady as e:
+        outcome = "error"
+        return _json({"error": str(e), "verb": verb}, 503)
+    except (BadRequest, WireError, VerbError) as e:
+        outcome = "bad_request"
+        return _json({"error": str(e), "verb": verb}, 400)
+    except RecursionError:
+        # Only a body nested thousands deep gets here (some orjson releases parse any
+        # depth; reading the result then overflows Python's stack).
+        outcome = "bad_request"
+        return _json({"error": "body is not valid JSON: nested too deeply",
+                      "verb": verb}, 400)
+    except Exception as e:
+        if isinstance(e, orjson.JSONEncodeError) and "recursion" in str(e).lower():
+            # Node objects are echoed back when nodeCacheCapable is false; one nested
+            # deeper than orjson writes (254 levels) is the request's fault.
+            outcome = "bad_request"
+            return _json({"error": "the request's objects are nested too deeply to "
+                          "answer with (over 254 levels)", "verb": verb}, 400)
+        outcome = "error"
+        log.exception("%s failed", verb)
+        return _json({"error": f"internal error in {verb}; see the extender's log",
+                      "verb": verb}, 500)
+    finally:
+        metrics.requests.labels(verb, outcome).inc()
+        metrics.latency.labels(verb).observe(time.perf_counter() - started)
+
+
+def verb_route(verb: str, decode: Callable[[Any], A], call: Callable[[A], R],
+               encode: Callable[[R], Any], *, gate: Callable[[], None], max_body: int,
+               metrics: ExtenderMetrics) -> Callable[[], Response]:
+    """The Flask view of one verb: gate, read, decode, call, encode (see :func:`answer`)."""
+
+    def view() -> Response:
+        return answer(verb, gate,
+                      lambda: _json(encode(call(decode(read_json(max_body))))), metrics)
+
+    return view
+
+
 def create_app(
     cache: ClusterCache,
     planner: Planner,
@@ -136,176 +209,30 @@ def create_app(
     request_pods = RequestPods()
     app.extensions["gpupack.request_pods"] = request_pods
     GroupMetrics(registry, book)
+    points = ExtensionPoints(cache, planner, binder, book, memo, warmer, request_pods,
+                             metrics.binds, cfg.policy, cfg.filter_top)
+    common: dict[str, Any] = {"gate": lambda: check_serving(book),
+                              "max_body": cfg.max_body_bytes, "metrics": metrics}
+    routes: tuple[tuple[str, Callable[[], Response]], ...] = (
+        ("filter", verb_route("filter", ExtenderArgs.decode, points.filter,
+                              FilterResult.encode, **common)),
+        ("prioritize", verb_route("prioritize", ExtenderArgs.decode, points.prioritize,
+                                  encode_priorities, **common)),
+        ("bind", verb_route("bind", BindingArgs.decode, points.bind, BindingResult.encode,
+                            **common)),
+        ("preempt", verb_route("preempt", PreemptionArgs.decode, points.preempt,
+                               PreemptionResult.encode, **common)),
+    )
+    for verb, view in routes:
+        app.add_url_rule(f"/{verb}", f"{verb}_", view, methods=["POST"])
 
-    def body() -> bytes:
-        length = request.content_length
-        if length is not None and length > cfg.max_body_bytes:
-            raise BadRequest(f"body of {length} bytes is over the limit of {cfg.max_body_bytes}")
-        data = request.stream.read(cfg.max_body_bytes + 1)
-        if len(data) > cfg.max_body_bytes:
-            raise BadRequest(f"body is over the limit of {cfg.max_body_bytes} bytes")
-        return data
+    add_info_routes(app, cache, planner, book, memo, warmer, metrics)
+    return app
 
-    def decoded() -> Any:
-        data = body()
-        if not data:
-            raise BadRequest("empty body: expected a JSON object")
-        try:
-            return orjson.loads(data)
-        except (ValueError, RecursionError) as e:
-            raise BadRequest(f"body is not valid JSON: {e}") from None
 
-    def gate() -> None:
-        """No answer from a cache that has not finished its first lists of nodes, pods and
-        reservation records and rebuilt the reservations, nor from a standby."""
-        if not book.check_ready():
-            raise NotReady("gpupack is not synced yet: its first lists of nodes, pods and "
-                           "reservation records, and the rebuild of the reservations, are "
-                           "not done")
-        if not book.is_leader():
-            raise NotReady("this gpupack replica is not the leader (its kube-scheduler does "
-                           "not hold the lease it follows)")
-
-    def handle(verb: str, fn: Callable[[], Response]) -> Response:
-        started = time.perf_counter()
-        outcome = "ok"
-        try:
-            gate()
-            return fn()
-        except NotReady as e:
-            outcome = "error"
-            return _json({"error": str(e), "verb": verb}, 503)
-        except (BadRequest, WireError, VerbError) as e:
-            outcome = "bad_request"
-            return _json({"error": str(e), "verb": verb}, 400)
-        except RecursionError:
-            # Only a body nested thousands deep gets here (some orjson releases parse any
-            # depth; reading the result then overflows Python's stack).
-            outcome = "bad_request"
-            return _json({"error": "body is not valid JSON: nested too deeply",
-                          "verb": verb}, 400)
-        except Exception as e:
-            if isinstance(e, orjson.JSONEncodeError) and "recursion" in str(e).lower():
-                # Node objects are echoed back when nodeCacheCapable is false; one nested
-                # deeper than orjson writes (254 levels) is the request's fault.
-                outcome = "bad_request"
-                return _json({"error": "the request's objects are nested too deeply to "
-                              "answer with (over 254 levels)", "verb": verb}, 400)
-            outcome = "error"
-            log.exception("%s failed", verb)
-            return _json({"error": f"internal error in {verb}; see the extender's log",
-                          "verb": verb}, 500)
-        finally:
-            metrics.requests.labels(verb, outcome).inc()
-            metrics.latency.labels(verb).observe(time.perf_counter() - started)
-
-    @app.post("/filter")
-    def filter_() -> Response:
-        def run() -> Response:
-            args = ExtenderArgs.decode(decoded())
-            remember(args)
-            with cache.view() as view:
-                best = (BestCandidates(cfg.filter_top, warmer.current(), planner.plan)
-                        if cfg.filter_top > 0 else None)
-                result = book.filter(args) or filter_nodes(args, view, memo, best)
-            return _json(result.encode())
-        return handle("filter", run)
-
-    @app.post("/prioritize")
-    def prioritize_() -> Response:
-        def run() -> Response:
-            args = ExtenderArgs.decode(decoded())
-            remember(args)
-            plan = planner.plan
-            with cache.view() as view:
-                result = book.prioritize(args) or prioritize(
-                    args, view, memo, warmer.current(), plan)
-            return _json(encode_priorities(result))
-        return handle("prioritize", run)
-
-    def remember(args: ExtenderArgs) -> None:
-        """A pod no list has shown: kept for its bind (the bind request names it only)."""
-        key = pod_key(args.pod)
-        if cache.pod_entry(key) is None:
-            request_pods.remember(args.pod, read_pod(args.pod))
-
-    @app.post("/bind")
-    def bind_() -> Response:
-        def run() -> Response:
-            args = BindingArgs.decode(decoded())
-            return _json(do_bind(args).encode())
-        return handle("bind", run)
-
-    def do_bind(args: BindingArgs) -> BindingResult:
-        plan = planner.plan
-        seen: RequestPod | None = None
-
-        def refuse(why: str) -> BindingResult:
-            if seen is not None:
-                request_pods.put_back(seen)  # kube-scheduler retries the pod
-            metrics.binds.labels("conflict").inc()
-            return BindingResult(why)
-
-        with cache.view() as view:
-            if not view.has_node(args.node):
-                raise BadRequest(f"ExtenderBindingArgs.Node: unknown node {args.node!r}")
-            pod = view.pending_pod(args.pod_key)
-            entry = view.pod_entry(args.pod_key)
-            if pod is None and entry is None:
-                if view.is_assumed(args.pod_key):
-                    return refuse(f"pod {args.pod_key} is not pending (being bound already)")
-                # Only a filter or prioritize request has shown this pod so far.
-                seen = request_pods.take(args.pod_key, args.pod_uid)
-                if seen is None:
-                    return refuse(f"pod {args.pod_key} is not in gpupack's cache and no "
-                                  "filter request showed it")
-                pod = seen.req
-            if pod is None:
-                return refuse(f"pod {args.pod_key} is not pending (bound to "
-                              f"{entry.node if entry else None})")
-            if args.pod_uid and pod.uid and args.pod_uid != pod.uid:
-                return refuse(f"pod {args.pod_key} has UID {pod.uid}, not {args.pod_uid}")
-            # A group member gets its reserved room, already assumed (or why not).
-            member = book.bind_member(pod, args.pod_uid or pod.uid, args.node)
-            ref = warmer.current()
-            choice = member if member is not None else choose_placement(
-                view, pod, args.node, ref.scorer, plan, memo, ref.gen)
-            if isinstance(choice, str):
-                return refuse(choice)
-            try:
-                if member is None:
-                    cache.assume(pod, args.pod_uid or pod.uid, choice)
-            except AssumeError as e:
-                return refuse(str(e))
-        try:
-            binder.bind(args.pod_namespace, args.pod_name, args.pod_uid or pod.uid, args.node,
-                        placement_annotations(choice, cfg.policy),
-                        pod=None if seen is None else seen.obj)
-        except BindError as e:
-            book.forget(pod.key)  # a group member's room is held again at once
-            if seen is not None:
-                request_pods.put_back(seen)
-            metrics.binds.labels("api_error").inc()
-            return BindingResult(str(e))
-        except Exception as e:  # the reservation must not outlive a failed bind
-            book.forget(pod.key)
-            if seen is not None:
-                request_pods.put_back(seen)
-            metrics.binds.labels("api_error").inc()
-            log.exception("bind of %s failed", pod.key)
-            return BindingResult(f"bind of {pod.key} failed: {e}")
-        metrics.binds.labels("ok").inc()
-        return BindingResult()
-
-    @app.post("/preempt")
-    def preempt_() -> Response:
-        def run() -> Response:
-            args = PreemptionArgs.decode(decoded())
-            read_pod(args.pod)
-            with cache.view() as view:
-                result = book.preempt(args) or preempt(args, view)
-            return _json(result.encode())
-        return handle("preempt", run)
+def add_info_routes(app: Flask, cache: ClusterCache, planner: Planner, book: ReservationBook,
+                    memo: Memo, warmer: Warmer, metrics: ExtenderMetrics) -> None:
+    """Health, readiness, status and metrics, and JSON for Flask's own 4xx."""
 
     @app.get("/healthz")
     def healthz() -> Response:
@@ -345,5 +272,3 @@ def create_app(
         code = e.code or 500
         # Flask's own 4xx (unknown path, wrong method) keep their codes, in JSON.
         return _json({"error": e.description or e.name}, code)
-
-    return app

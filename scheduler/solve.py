@@ -19,13 +19,10 @@ a solve may do less within its time limit; the greedy answers cover what it miss
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import multiprocessing as mp
-import os
 import pickle
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
@@ -37,11 +34,11 @@ from packing.policies.base import Policy
 from packing.policies.fgd import Shape, cluster_fragmentation
 from packing.policies.gpupack import GpupackPolicy
 from packing.state import ClusterState
+from scheduler.child import ChildGone, ChildProcess, ChildTimeout, background, serve_messages
 
 log = logging.getLogger("gpupack.scheduler.solve")
 
 CHUNK = 128  # items per pickle call: ~1-2 ms of GIL at most
-NICE = 10
 
 
 def make_policy(name: str, params: SolverParams) -> Policy:
@@ -186,105 +183,38 @@ def unpack(packed: tuple[Any, ...]) -> SolveJob:
     return SolveJob(policy, params, snapshot, batch, shapes, per_class)
 
 
-def background() -> None:
-    """Make the calling process use only idle CPU time (SCHED_IDLE, else nice)."""
-    try:
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-    except (AttributeError, OSError):
-        with contextlib.suppress(OSError):
-            os.nice(NICE)
-
-
 def solver_main(conn: Connection) -> None:
     """The child's loop: jobs in, ("ok", outcome) or ("error", text) out, until EOF."""
     background()
-    while True:
-        try:
-            packed = conn.recv()
-        except (EOFError, OSError):
-            return  # the request process is gone
-        try:
-            reply: tuple[str, Any] = ("ok", solve(unpack(packed)))
-        except Exception as e:  # reported to the planner, which logs and keeps going
-            reply = ("error", f"{type(e).__name__}: {e}")
-        try:
-            conn.send(reply)
-        except (EOFError, OSError):
-            return
-
-
-def start_child(ctx: Any, target: Callable[[Connection], None], name: str,
-                error: type[Exception]) -> tuple[Any, Connection]:
-    """Start ``target(conn)`` in a daemon child; the process and the parent's end of the
-    pipe. A child that fails to start raises ``error`` and leaves nothing to close: a
-    caller keeps the process only once it runs (terminate() on one that never ran
-    raises and hides the cause)."""
-    parent, child = ctx.Pipe()
-    proc = ctx.Process(target=target, args=(child,), daemon=True, name=name)
-    try:
-        proc.start()
-    except Exception as e:
-        parent.close()
-        raise error(f"{name} did not start: {e}") from None
-    finally:
-        child.close()
-    return proc, parent
+    serve_messages(conn, lambda packed: solve(unpack(packed)))
 
 
 class SolverError(RuntimeError):
     """The solve failed in the child, timed out, or the child died."""
 
 
-class SolverProcess:
+class SolverProcess(ChildProcess):
     """One long-lived solver child; :meth:`solve` blocks only the calling thread."""
 
     def __init__(self, start_method: str = "spawn") -> None:
-        self._ctx: Any = mp.get_context(start_method)
-        self._proc: Any = None
-        self._conn: Connection | None = None
+        super().__init__(solver_main, "gpupack-solver", start_method=start_method,
+                         error=SolverError)
         self._packer = SnapshotPacker()
-        self.starts = 0
 
-    def _ensure(self) -> Connection:
-        if self._proc is not None and self._proc.is_alive() and self._conn is not None:
-            return self._conn
-        self.close()
-        proc, parent = start_child(self._ctx, solver_main, "gpupack-solver", SolverError)
-        self._proc, self._conn = proc, parent
-        self._packer = SnapshotPacker()
-        self.starts += 1
-        return parent
-
-    @property
-    def pid(self) -> int | None:
-        return None if self._proc is None else int(self._proc.pid)
+    def started(self) -> None:
+        self._packer = SnapshotPacker()  # a fresh child has none of the nodes' bytes
 
     def solve(self, job: SolveJob, timeout_s: float) -> SolveOutcome:
-        conn = self._ensure()
+        self.ensure()
         try:
-            conn.send(self._packer.pack(job))
-            if not conn.poll(timeout_s):
-                self.close()  # a stuck solve is killed; the next one starts a fresh child
-                raise SolverError(f"solver gave no answer in {timeout_s:.0f} s; restarted")
-            kind, value = conn.recv()
-        except (EOFError, OSError, BrokenPipeError) as e:
-            self.close()
+            value = self.request(self._packer.pack(job), timeout_s)
+        except ChildTimeout:
+            # A stuck solve is killed; the next one starts a fresh child.
+            raise SolverError(f"solver gave no answer in {timeout_s:.0f} s; restarted")\
+                from None
+        except ChildGone as e:
             raise SolverError(f"solver process died ({e}); it is restarted on the next solve")\
                 from None
-        if kind != "ok":
-            raise SolverError(str(value))
         if not isinstance(value, SolveOutcome):
             raise SolverError(f"unexpected answer from the solver: {type(value).__name__}")
         return value
-
-    def close(self) -> None:
-        conn, proc = self._conn, self._proc
-        self._conn = self._proc = None
-        if conn is not None:
-            conn.close()
-        if proc is not None:
-            proc.terminate()
-            proc.join(5)
-            if proc.is_alive():
-                proc.kill()
-                proc.join(1)

@@ -31,7 +31,6 @@ while a request is in flight (``busy``), up to ``max_pause_s``.
 from __future__ import annotations
 
 import logging
-import multiprocessing as mp
 import threading
 import time
 from collections.abc import Callable
@@ -44,7 +43,7 @@ from packing.model import Placement, PodRequest, Snapshot
 from packing.policies.greedy import Scorer
 from packing.state import ClusterState, GpuState, NodeState, PlacementError
 from scheduler.cache import ClusterCache, node_signature
-from scheduler.solve import start_child
+from scheduler.child import ChildGone, ChildProcess, ChildTimeout, background, serve_messages
 from scheduler.verbs import (
     Memo,
     NodeEval,
@@ -114,77 +113,61 @@ def _best_at(ev: NodeEval | None, gen: int) -> Any:
 # ---- the warm child ------------------------------------------------------------------------
 
 
+class _WarmHandler:
+    """The warm child's state (the loaded scorer) and its answer to each message."""
+
+    def __init__(self) -> None:
+        self.gen = -1
+        self.scorer: Scorer | None = None
+
+    def __call__(self, msg: tuple[Any, ...]) -> Any:
+        from scheduler.solve import make_policy, unpickle_chunks
+
+        if msg[0] == "scorer":
+            _, gen, policy, running, pending = msg
+            source = Snapshot((), unpickle_chunks(running), unpickle_chunks(pending))
+            self.gen, self.scorer = gen, make_policy(policy, SolverParams()).make_scorer(source)
+            return None
+        if msg[0] == "eval":
+            _, want, items = msg
+            scorer = self.scorer
+            if want != self.gen or scorer is None:
+                raise RuntimeError(f"scorer generation {want} asked, {self.gen} loaded")
+            return [evaluate(n, base, known, scorer if score else None, self.gen)
+                    for base, n, known, score in items]
+        raise RuntimeError(f"unknown message {msg[0]!r}")
+
+
 def warm_main(conn: Connection) -> None:
     """The child's loop. Messages, each answered with ("ok", value) or ("error", text):
     ("scorer", gen, policy, running chunks, pending chunks) -> None;
     ("eval", gen, [(pod, node state, known, score)]) -> [NodeEval]."""
-    from scheduler.solve import background, make_policy, unpickle_chunks
-
     background()
-    gen, scorer = -1, None
-    while True:
-        try:
-            msg = conn.recv()
-        except (EOFError, OSError):
-            return
-        try:
-            if msg[0] == "scorer":
-                _, gen, policy, running, pending = msg
-                source = Snapshot((), unpickle_chunks(running), unpickle_chunks(pending))
-                scorer = make_policy(policy, SolverParams()).make_scorer(source)
-                reply: tuple[str, Any] = ("ok", None)
-            elif msg[0] == "eval":
-                _, want, items = msg
-                if want != gen or scorer is None:
-                    raise RuntimeError(f"scorer generation {want} asked, {gen} loaded")
-                reply = ("ok", [evaluate(n, base, known, scorer if score else None, gen)
-                                for base, n, known, score in items])
-            else:
-                raise RuntimeError(f"unknown message {msg[0]!r}")
-        except Exception as e:
-            reply = ("error", f"{type(e).__name__}: {e}")
-        try:
-            conn.send(reply)
-        except (EOFError, OSError):
-            return
+    serve_messages(conn, _WarmHandler())
 
 
-class WarmChild:
+class WarmChild(ChildProcess):
     """The warm child process, started on first use and restarted when it dies."""
 
     def __init__(self, timeout_s: float = 60.0) -> None:
-        self._ctx: Any = mp.get_context("spawn")
-        self._proc: Any = None
-        self._conn: Connection | None = None
+        super().__init__(warm_main, "gpupack-warm", error=RuntimeError)
         self.gen = -1  # scorer generation loaded in the child
         self.timeout_s = timeout_s
 
-    @property
-    def pid(self) -> int | None:
-        return None if self._proc is None else int(self._proc.pid)
-
     def call(self, msg: tuple[Any, ...]) -> Any:
-        if self._proc is None or not self._proc.is_alive() or self._conn is None:
-            self.close()
-            self._proc, self._conn = start_child(self._ctx, warm_main, "gpupack-warm",
-                                                 RuntimeError)
-        conn = self._conn
         try:
-            conn.send(msg)
-            if not conn.poll(self.timeout_s):
-                raise TimeoutError(f"warm child gave no answer in {self.timeout_s:.0f} s")
-            kind, value = conn.recv()
-        except (EOFError, OSError) as e:
-            self.close()
+            return self.request(msg, self.timeout_s)
+        except ChildTimeout:
+            raise RuntimeError(
+                f"warm child failed: warm child gave no answer in {self.timeout_s:.0f} s"
+            ) from None
+        except ChildGone as e:
             raise RuntimeError(f"warm child failed: {e}") from None
-        if kind != "ok":
-            raise RuntimeError(str(value))
-        return value
 
     def load_scorer(self, ref: ScorerRef) -> None:
         from scheduler.solve import pickle_chunks
 
-        if ref.gen == self.gen and self._proc is not None and self._proc.is_alive():
+        if ref.gen == self.gen and self.running():
             return
         assert ref.source is not None
         self.gen = -1
@@ -193,14 +176,8 @@ class WarmChild:
         self.gen = ref.gen
 
     def close(self) -> None:
-        conn, proc = self._conn, self._proc
-        self._conn = self._proc = None
+        super().close()
         self.gen = -1
-        if conn is not None:
-            conn.close()
-        if proc is not None:
-            proc.terminate()
-            proc.join(5)
 
 
 class Warmer:

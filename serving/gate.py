@@ -256,3 +256,27 @@ def send_nowait(sock: socket.socket, data: bytes) -> None:
 def raw_recv(sock: socket.socket, n: int) -> bytes:
     """Read the TCP stream under a TLS socket (to drop it while lingering)."""
     return socket.socket.recv(sock, n)
+
+
+def drain(sock: socket.socket) -> bool:
+    """Drop what a lingering client still sends, without blocking: True when that is over
+    (the client closed its side, or the socket failed), False while more may come (the
+    next read event, or the linger deadline, ends it)."""
+    for _ in range(16):
+        try:
+            data = raw_recv(sock, 65536)
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError:
+            return True
+        if not data:
+            return True
+    return False
+
+
+def late_answer(gate: Gate) -> bytes | None:
+    """What a connection whose request missed its deadline is told before it closes: 408
+    once the request has begun (TLS handshake done); nothing (a plain close) before."""
+    if gate.started and not gate.handshaking:
+        return error_response(408, "request not received in time")
+    return None

@@ -42,8 +42,9 @@ from serving.gate import (
     Refused,
     Step,
     Wait,
+    drain,
     error_response,
-    raw_recv,
+    late_answer,
     send_nowait,
 )
 
@@ -210,19 +211,9 @@ class GatedThreadWorker(ThreadWorker):
         self.lingering[conn] = time.monotonic() + self.limits.linger_s
 
     def _on_linger(self, conn: TConn, _fileobj: Any) -> None:
-        for _ in range(16):
-            try:
-                data = raw_recv(conn.sock, 65536)
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError:
-                break
-            if not data:
-                break
-        else:
-            return  # more to drop: the next event (or the linger deadline) ends it
-        self._unlinger(conn)
-        self._drop(conn)
+        if drain(conn.sock):
+            self._unlinger(conn)
+            self._drop(conn)
 
     def _unlinger(self, conn: TConn) -> None:
         self.lingering.pop(conn, None)
@@ -260,10 +251,10 @@ class GatedThreadWorker(ThreadWorker):
         for conn, gate in list(self.gates.items()):
             if now < gate.deadline and (self.alive or gate.started):
                 continue  # (stopping: idle kept-alive connections go at once)
-            started = gate.started and not gate.handshaking
+            answer = late_answer(gate)
             self._ungate(conn)
-            if started:
-                send_nowait(conn.sock, error_response(408, "request not received in time"))
+            if answer is not None:
+                send_nowait(conn.sock, answer)
                 self._linger(conn)
             else:
                 self._drop(conn)

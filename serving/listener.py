@@ -34,8 +34,9 @@ from serving.gate import (
     Refused,
     Step,
     Wait,
+    drain,
     error_response,
-    raw_recv,
+    late_answer,
     send_nowait,
 )
 from serving.wsgi import WSGIApp, call, environ, response
@@ -267,8 +268,9 @@ class Listener:
                 gate.release()
                 conn.gate = None
                 self.timed_out += 1
-                if gate.started and not gate.handshaking:
-                    send_nowait(conn.sock, error_response(408, "request not received in time"))
+                answer = late_answer(gate)
+                if answer is not None:
+                    send_nowait(conn.sock, answer)
                     self._linger(conn)
                 else:
                     self._close(conn)
@@ -288,18 +290,8 @@ class Listener:
             self._sel.register(conn.sock, selectors.EVENT_READ, conn)
 
     def _drain(self, conn: _Conn) -> None:
-        for _ in range(16):
-            try:
-                data = raw_recv(conn.sock, 65536)
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError:
-                break
-            if not data:
-                break
-        else:
-            return  # more to drop: the next event (or the linger deadline) ends it
-        self._close(conn)
+        if drain(conn.sock):
+            self._close(conn)
 
     def _close(self, conn: _Conn) -> None:
         if conn.gate is not None:
@@ -339,3 +331,16 @@ class Listener:
         finally:
             self._back.put((conn, keep, ready.extra))
             self._wake()
+
+
+def bind_error(host: str, port: int) -> str | None:
+    """Why ``host:port`` cannot be listened on now (None: it can). Checked before a server
+    starts: a listener that fails inside the worker would make gunicorn restart the
+    worker for ever."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            return f"cannot listen on {host}:{port}: {e.strerror or e}"
+    return None

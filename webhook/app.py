@@ -32,6 +32,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from werkzeug.exceptions import HTTPException
 
 from packing.model import Snapshot
+from serving.gate import Limits
 from serving.metrics_app import guarded
 from serving.metrics_auth import Guard
 from webhook.admit import admit
@@ -53,6 +54,9 @@ log = logging.getLogger("gpupack.webhook")
 # kube-apiserver refuses request bodies over 3 MiB (its MaxRequestBodyBytes), so no
 # object it sends a webhook makes a larger AdmissionReview worth reading.
 MAX_REVIEW_BYTES = 3 * 1024 * 1024
+# How a server reads reviews (serving.gate): no body over the API server's own limit, and
+# connections kept alive as long as the API server keeps them.
+REVIEW_LIMITS = Limits(max_body=MAX_REVIEW_BYTES, idle_s=75.0)
 
 
 class ViewCache:

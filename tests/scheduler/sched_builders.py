@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-H100 = "NVIDIA-H100-80GB-HBM3"
-L40S = "NVIDIA-L40S"
+from builders_nodes import H100, gpu_node
+from builders_nodes import L40S as L40S  # re-exported: tests name the product
 
 
 def node(
@@ -21,35 +21,15 @@ def node(
     reconfigurable: bool = True,
     unschedulable: bool = False,
 ) -> dict[str, Any]:
-    """A GFD-labelled GPU node. Default: ``gpus`` whole GPUs."""
-    alloc: dict[str, str] = {"cpu": cpu, "memory": memory, "pods": "110"}
-    lab = {
-        "kubernetes.io/hostname": name,
-        "nvidia.com/gpu.product": product,
-        "nvidia.com/gpu.count": str(gpus),
-        **(labels or {}),
-    }
-    if shared_replicas:
-        alloc["nvidia.com/gpu.shared"] = str(gpus * shared_replicas)
-        lab["nvidia.com/gpu.replicas"] = str(shared_replicas)
-        lab["nvidia.com/gpu.sharing-strategy"] = "time-slicing"
-    else:
-        n_whole = gpus if whole is None and not mig else (whole or 0)
-        if n_whole:
-            alloc["nvidia.com/gpu"] = str(n_whole)
-        for profile, n in (mig or {}).items():
-            alloc[f"nvidia.com/mig-{profile}"] = str(n)
+    """A GFD-labelled GPU node (:func:`builders_nodes.gpu_node`). Default: ``gpus`` whole
+    GPUs; with ``mig``, ``whole`` whole ones beside the slices."""
     # Opted in (the cache is made with the MIG actuator on) or frozen: the two cases
     # these tests need; tests/scheduler/test_scheduler_mig_reconfigure.py has the others.
-    lab["gpupack.io/mig-reconfigure"] = "true" if reconfigurable else "false"
-    obj: dict[str, Any] = {
-        "apiVersion": "v1", "kind": "Node",
-        "metadata": {"name": name, "labels": lab, "resourceVersion": "1"},
-        "status": {"allocatable": alloc},
-    }
-    if unschedulable:
-        obj["spec"] = {"unschedulable": True}
-    return obj
+    return gpu_node(
+        name, product, gpus=gpus, whole=gpus if whole is None and not mig else (whole or 0),
+        mig=mig, replicas=shared_replicas, cpu=cpu, memory=memory, max_pods="110",
+        reconfigure=reconfigurable, hostname=True, resource_version="1",
+        unschedulable=unschedulable, labels=labels)
 
 
 def pod(

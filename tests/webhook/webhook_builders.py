@@ -4,19 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from builders_nodes import PRODUCTS, gpu_node
+
 from kube.snapshot import build_snapshot
 from packing.catalog import get_model
 from packing.model import Snapshot
-
-PRODUCTS = {
-    "H100-80GB": "NVIDIA-H100-80GB-HBM3",
-    "A100-40GB": "NVIDIA-A100-SXM4-40GB",
-    "A100-80GB": "NVIDIA-A100-SXM4-80GB",
-    "L40S": "NVIDIA-L40S",
-    "L4": "NVIDIA-L4",
-    "H200-141GB": "NVIDIA-H200",
-    "A30-24GB": "NVIDIA-A30",
-}
 
 
 def node(
@@ -29,34 +21,19 @@ def node(
     labels: dict[str, str] | None = None,
     product: str | None = None,
 ) -> dict[str, Any]:
-    """A GPU node: ``mode`` whole | mig (mixed strategy) | shared (time-slicing) | mps
-    (the device plugin's sharing.mps, renamed to nvidia.com/gpu.shared)."""
-    m = get_model(model)
-    lab = {
-        "nvidia.com/gpu.product": product or PRODUCTS[model],
-        "nvidia.com/gpu.memory": str(m.memory_mib),
-        "nvidia.com/gpu.count": str(gpus),
-    }
-    alloc: dict[str, str] = {"cpu": "128", "memory": "1Ti"}
-    if mode == "whole":
-        alloc["nvidia.com/gpu"] = str(gpus)
-    elif mode in ("shared", "mps"):
-        lab["nvidia.com/gpu.replicas"] = str(replicas)
-        lab["nvidia.com/gpu.sharing-strategy"] = "time-slicing" if mode == "shared" else "mps"
-        if mode == "mps":
-            lab["nvidia.com/mps.capable"] = "true"
-        alloc["nvidia.com/gpu.shared"] = str(gpus * replicas)
-    else:
-        lab["nvidia.com/mig.strategy"] = "mixed"
-        for profile, n in (mig or {}).items():
-            alloc["nvidia.com/mig-" + profile.replace("+", ".")] = str(n)
-    lab.update(labels or {})
-    return {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {"name": name, "labels": lab},
-        "status": {"allocatable": alloc},
-    }
+    """A GPU node (:func:`builders_nodes.gpu_node`): ``mode`` whole | mig (mixed
+    strategy) | shared (time-slicing) | mps (the device plugin's sharing.mps, renamed to
+    nvidia.com/gpu.shared)."""
+    if mode not in ("whole", "mig", "shared", "mps"):
+        mode = "mig"
+    return gpu_node(
+        name, product or PRODUCTS[model], gpus=gpus,
+        whole=gpus if mode == "whole" else 0,
+        mig=mig if mode == "mig" else None,
+        replicas=replicas if mode in ("shared", "mps") else 0,
+        sharing="mps" if mode == "mps" else "time-slicing",
+        cpu="128", memory="1Ti", gpu_memory_mib=get_model(model).memory_mib,
+        mig_strategy="mixed" if mode == "mig" else None, labels=labels)
 
 
 OPT_IN = {"gpupack.io/mig-reconfigure": "true"}

@@ -1,10 +1,11 @@
-"""HTTPS serving of the webhook app under gunicorn, with certificate rotation.
+"""TLS for the project's HTTPS servers: a serving context reloaded when its files change.
 
 The API server only talks HTTPS to webhooks, and cert-manager rotates the serving
-certificate by rewriting the Secret's files in place. gunicorn's threaded worker asks
-its ``ssl_context`` hook for a context on every new connection; the hook here returns a
-cached context and rebuilds it when the files' stat signature (mtime, size, inode)
-changes, so a rotated certificate is served from the next connection on, with no
+certificate by rewriting the Secret's files in place. Both HTTPS servers (gunicorn's
+``ssl_context`` hook in :mod:`serving.https`, and :class:`serving.listener.Listener`'s
+``tls`` callable) ask for a context on every new connection; :class:`ReloadingTLS`
+returns a cached context and rebuilds it when the files' stat signature (mtime, size,
+inode) changes, so a rotated certificate is served from the next connection on, with no
 restart. A half-written pair (new cert, old key) fails to load: the previous context is
 kept and the load is retried on the next connection.
 """
@@ -18,13 +19,6 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-from flask import Flask
-from gunicorn.app.base import BaseApplication
-
-from serving.gate import Limits
-from serving.gunicorn_worker import GatedThreadWorker
-from webhook.app import MAX_REVIEW_BYTES
 
 log = logging.getLogger("gpupack.webhook.tls")
 
@@ -88,68 +82,10 @@ class ReloadingTLS:
         return ssl_context
 
 
-class WebhookServer(BaseApplication):
-    """gunicorn in this process: a threaded worker serving the app over TLS."""
-
-    def __init__(
-        self,
-        app_factory: Callable[[], Flask],
-        *,
-        host: str,
-        port: int,
-        cert: Path,
-        key: Path,
-        threads: int = 8,
-        log_level: str = "info",
-    ) -> None:
-        self.app_factory = app_factory
-        self.settings: dict[str, Any] = {
-            "bind": f"{host}:{port}",
-            # One process: the cluster view is cached in memory; threads give the
-            # concurrency the API server needs (reviews are short and CPU-light).
-            "workers": 1,
-            # gthread whose threads see only whole requests, read by the main loop under
-            # deadlines (TLS handshake included): no client can stall the webhook. A
-            # body over the API server's own limit is handed on unread: 413.
-            "worker_class": GatedThreadWorker.configured(
-                Limits(max_body=MAX_REVIEW_BYTES, idle_s=75.0), oversize="dispatch"),
-            "threads": threads,
-            "preload_app": False,
-            "timeout": 30,
-            "graceful_timeout": 10,
-            "keepalive": 75,  # the API server reuses webhook connections
-            "accesslog": None,
-            "loglevel": log_level.lower(),
-            "proc_name": "gpupack-webhook",
-            # gunicorn wants the files to know TLS is on; the hook does the loading.
-            "certfile": str(cert),
-            "keyfile": str(key),
-            "ssl_context": ReloadingTLS(cert, key).gunicorn_hook(),
-            # Several servers (tests, the extender) may run side by side; the runtime
-            # control socket has one default path and is not needed here.
-            "control_socket_disable": True,
-        }
-        super().__init__()
-
-    def load_config(self) -> None:
-        for key, value in self.settings.items():
-            if key in self.cfg.settings:
-                self.cfg.set(key, value)
-
-    def load(self) -> Flask:
-        return self.app_factory()
-
-
-def serve(
-    app_factory: Callable[[], Flask],
-    *,
-    host: str,
-    port: int,
-    cert: Path,
-    key: Path,
-    threads: int = 8,
-    log_level: str = "info",
-) -> None:
-    """Run until signalled (gunicorn handles SIGTERM/SIGINT)."""
-    WebhookServer(app_factory, host=host, port=port, cert=cert, key=key, threads=threads,
-                  log_level=log_level).run()
+def check_tls(cert: Path, key: Path) -> str | None:
+    """Why the pair cannot serve, or None (checked before a server starts)."""
+    try:
+        ReloadingTLS(cert, key).context()
+    except OSError as e:  # ssl.SSLError included
+        return str(e)
+    return None

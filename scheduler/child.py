@@ -1,0 +1,157 @@
+"""A long-lived worker child process, and the loop it runs: what the solver
+(:mod:`scheduler.solve`) and the memo warmer (:mod:`scheduler.warm`) have in common.
+
+Both keep CPU-bound Python out of the process that answers kube-scheduler, whose
+request threads would otherwise wait for the GIL. The parent side,
+:class:`ChildProcess`: one daemon child (``spawn`` by default: a fresh interpreter,
+nothing of the request process's threads or locks inherited) started on first use, sent
+one message at a time, its answer awaited with a timeout, and stopped when it dies,
+breaks the pipe or gives no answer in time (the next call starts a fresh one). The child
+side, :func:`serve_messages`: puts itself on idle CPU time (:func:`background`) and
+answers each message with ``("ok", value)`` or ``("error", text)`` until the parent is
+gone. What the messages are is each user's own protocol.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+import os
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from typing import Any
+
+NICE = 10
+
+
+def background() -> None:
+    """Make the calling process use only idle CPU time (SCHED_IDLE, else nice)."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError):
+        with contextlib.suppress(OSError):
+            os.nice(NICE)
+
+
+def serve_messages(conn: Connection, handle: Callable[[Any], Any]) -> None:
+    """The child's loop: each message in, ``("ok", handle(message))`` or ``("error",
+    "Type: text")`` out, until the pipe closes (the parent is gone)."""
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            return
+        try:
+            reply: tuple[str, Any] = ("ok", handle(msg))
+        except Exception as e:  # reported to the parent, which logs and keeps going
+            reply = ("error", f"{type(e).__name__}: {e}")
+        try:
+            conn.send(reply)
+        except (EOFError, OSError):
+            return
+
+
+def start_child(ctx: Any, target: Callable[[Connection], None], name: str,
+                error: type[Exception]) -> tuple[Any, Connection]:
+    """Start ``target(conn)`` in a daemon child; the process and the parent's end of the
+    pipe. A child that fails to start raises ``error`` and leaves nothing to close: a
+    caller keeps the process only once it runs (terminate() on one that never ran
+    raises and hides the cause)."""
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=target, args=(child,), daemon=True, name=name)
+    try:
+        proc.start()
+    except Exception as e:
+        parent.close()
+        raise error(f"{name} did not start: {e}") from None
+    finally:
+        child.close()
+    return proc, parent
+
+
+class ChildGone(Exception):
+    """The pipe to the child broke (it died); the child is stopped."""
+
+
+class ChildTimeout(Exception):
+    """The child gave no answer in time; it is stopped."""
+
+    def __init__(self, timeout_s: float) -> None:
+        super().__init__(f"no answer in {timeout_s:.0f} s")
+        self.timeout_s = timeout_s
+
+
+class ChildProcess:
+    """One long-lived child running ``target(conn)``, started on first use and again
+    after it died or was stopped. ``error``: raised when it cannot start, and with the
+    text of an ``("error", text)`` answer."""
+
+    def __init__(self, target: Callable[[Connection], None], name: str, *,
+                 start_method: str = "spawn", error: type[Exception] = RuntimeError) -> None:
+        self._ctx: Any = mp.get_context(start_method)
+        self._target = target
+        self._name = name
+        self._error = error
+        self._proc: Any = None
+        self._conn: Connection | None = None
+        self.starts = 0
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._proc is None else int(self._proc.pid)
+
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.is_alive() and self._conn is not None
+
+    def started(self) -> None:
+        """Called after each start of a child (for state tied to one child)."""
+
+    def ensure(self) -> Connection:
+        """The pipe to a running child, starting one when there is none."""
+        if self.running():
+            assert self._conn is not None
+            return self._conn
+        self.close()
+        self._proc, self._conn = start_child(self._ctx, self._target, self._name,
+                                             self._error)
+        self.starts += 1
+        self.started()
+        return self._conn
+
+    def exchange(self, msg: Any, timeout_s: float) -> Any:
+        """Send ``msg`` and return the child's answer as it is; the child is stopped
+        (and :class:`ChildTimeout` or :class:`ChildGone` raised) when it gives no answer
+        in ``timeout_s`` or the pipe breaks."""
+        conn = self.ensure()
+        try:
+            conn.send(msg)
+            answered = conn.poll(timeout_s)
+            reply = conn.recv() if answered else None
+        except (EOFError, OSError) as e:  # BrokenPipeError included
+            self.close()
+            raise ChildGone(str(e)) from None
+        if not answered:
+            self.close()
+            raise ChildTimeout(timeout_s)
+        return reply
+
+    def request(self, msg: Any, timeout_s: float) -> Any:
+        """:meth:`exchange` for a child run by :func:`serve_messages`: the value of an
+        ``("ok", value)`` answer; ``error(text)`` for an ``("error", text)`` one."""
+        kind, value = self.exchange(msg, timeout_s)
+        if kind != "ok":
+            raise self._error(str(value))
+        return value
+
+    def close(self) -> None:
+        """Stop the child (terminate, then kill if it is still there after 5 s)."""
+        conn, proc = self._conn, self._proc
+        self._conn = self._proc = None
+        if conn is not None:
+            conn.close()
+        if proc is not None:
+            proc.terminate()
+            proc.join(5)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(1)

@@ -1,0 +1,11 @@
+"""For every test directory: ``tests/`` itself on the import path, for the builder
+modules shared by several directories (``builders_nodes``)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+HERE = str(Path(__file__).resolve().parent)
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)

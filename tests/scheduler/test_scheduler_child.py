@@ -1,0 +1,93 @@
+"""scheduler.child: the child-process helper under the solver and the memo warmer, with
+real spawned children (answers, errors, a stuck child, a dead one, restarts)."""
+
+from __future__ import annotations
+
+import os
+import time
+from multiprocessing.connection import Connection
+from typing import Any
+
+import pytest
+
+from scheduler.child import ChildGone, ChildProcess, ChildTimeout, serve_messages
+
+
+def _handle(msg: tuple[Any, ...]) -> Any:
+    kind = msg[0]
+    if kind == "echo":
+        return msg[1]
+    if kind == "pid":
+        return os.getpid()
+    if kind == "sleep":
+        time.sleep(msg[1])
+        return None
+    if kind == "exit":
+        os._exit(3)
+    raise ValueError(f"unknown {kind!r}")
+
+
+def echo_main(conn: Connection) -> None:
+    serve_messages(conn, _handle)
+
+
+class Refused(RuntimeError):
+    pass
+
+
+class Counting(ChildProcess):
+    def __init__(self) -> None:
+        super().__init__(echo_main, "gpupack-test-child", error=Refused)
+        self.fresh = 0
+
+    def started(self) -> None:
+        self.fresh += 1
+
+
+@pytest.fixture
+def child() -> Any:
+    c = Counting()
+    yield c
+    c.close()
+
+
+def test_started_on_first_use_and_kept(child: Counting) -> None:
+    assert child.pid is None and child.starts == 0
+    assert child.request(("echo", [1, "a"]), 30.0) == [1, "a"]
+    pid = child.request(("pid",), 30.0)
+    assert pid == child.pid and pid != os.getpid()
+    assert (child.starts, child.fresh) == (1, 1)
+
+
+def test_an_error_answer_raises_the_callers_error_and_keeps_the_child(child: Counting) -> None:
+    pid = child.request(("pid",), 30.0)
+    with pytest.raises(Refused, match=r"ValueError: unknown 'nope'"):
+        child.request(("nope",), 30.0)
+    assert child.request(("pid",), 30.0) == pid and child.starts == 1
+
+
+def test_a_child_without_an_answer_in_time_is_stopped_and_replaced(child: Counting) -> None:
+    first = child.request(("pid",), 30.0)
+    with pytest.raises(ChildTimeout, match="no answer in 0 s"):
+        child.request(("sleep", 30.0), 0.2)
+    assert child.pid is None  # stopped, not left running
+    assert child.request(("pid",), 30.0) not in (first, None)
+    assert (child.starts, child.fresh) == (2, 2)
+
+
+def test_a_child_that_dies_is_reported_then_restarted(child: Counting) -> None:
+    child.request(("pid",), 30.0)
+    with pytest.raises(ChildGone):
+        child.request(("exit",), 30.0)
+    assert child.pid is None
+    assert child.request(("echo", 7), 30.0) == 7 and child.starts == 2
+
+
+def test_close_stops_the_child(child: Counting) -> None:
+    pid = child.request(("pid",), 30.0)
+    child.close()
+    assert child.pid is None and not child.running()
+    with pytest.raises(ProcessLookupError):
+        for _ in range(50):  # reaped by join; the pid is gone
+            os.kill(pid, 0)
+            time.sleep(0.1)

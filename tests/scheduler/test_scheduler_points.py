@@ -1,0 +1,105 @@
+"""scheduler.points: the extension points called directly, typed arguments in and typed
+results out, no HTTP (the HTTP contract is pinned by test_scheduler_http*.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry, Counter
+from sched_builders import filter_args, make_cache, node, whole_pod
+
+from kube.source import BindError
+from scheduler.groups import ReservationBook
+from scheduler.planner import Planner
+from scheduler.points import Claim, ExtensionPoints
+from scheduler.request_pods import RequestPods
+from scheduler.verbs import Memo, VerbError
+from scheduler.warm import Warmer
+from scheduler.wire import (
+    BindingArgs,
+    BindingResult,
+    ExtenderArgs,
+    FilterResult,
+    PreemptionArgs,
+)
+
+
+class Binder:
+    def __init__(self, refuse: bool = False) -> None:
+        self.refuse = refuse
+        self.calls: list[tuple[str, str, str]] = []
+
+    def bind(self, namespace: str, name: str, uid: str, node_name: str, annotations: Any,
+             pod: Any = None) -> None:
+        self.calls.append((f"{namespace}/{name}", node_name, annotations["gpupack.io/gpus"]))
+        if self.refuse:
+            raise BindError("the API refused the Binding")
+
+
+def points(pods: list[dict[str, Any]], binder: Binder) -> ExtensionPoints:
+    cache = make_cache([node("n1", gpus=2, reconfigurable=False)], pods)
+    planner = Planner(cache, in_process=True)
+    memo = Memo()
+    book = ReservationBook(cache, scorer=lambda: planner.scorer.scorer, records_listed=True)
+    binds = Counter("binds", "bind outcomes", ["result"], registry=CollectorRegistry())
+    return ExtensionPoints(cache, planner, binder, book, memo,
+                           Warmer(cache, memo, lambda: planner.scorer), RequestPods(), binds,
+                           "gpupack")
+
+
+def bind_args(name: str, node_name: str = "n1") -> BindingArgs:
+    return BindingArgs.decode({"PodName": name, "PodNamespace": "x", "PodUID": f"uid-{name}",
+                               "Node": node_name})
+
+
+def count(p: ExtensionPoints, result: str) -> float:
+    for metric in p.binds.collect():
+        for sample in metric.samples:
+            if sample.name == "binds_total" and sample.labels == {"result": result}:
+                return float(sample.value)
+    return 0.0
+
+
+def test_filter_answers_a_typed_result_and_keeps_an_unlisted_pod_for_its_bind() -> None:
+    binder = Binder()
+    p = points([], binder)
+    pod = whole_pod("a", 1, namespace="x", uid="uid-a")
+    result = p.filter(ExtenderArgs.decode(filter_args(pod, ["n1", "ghost"])))
+    assert isinstance(result, FilterResult)
+    assert result.node_names == ("n1",) and set(result.failed) == {"ghost"}
+    assert p.bind(bind_args("a")) == BindingResult()  # known from the filter request only
+    assert binder.calls == [("x/a", "n1", "0")] and count(p, "ok") == 1
+
+
+def test_a_refused_binding_frees_the_claim_and_keeps_the_request_pod() -> None:
+    binder = Binder(refuse=True)
+    p = points([], binder)
+    pod = whole_pod("a", 2, namespace="x", uid="uid-a")
+    p.prioritize(ExtenderArgs.decode(filter_args(pod, ["n1"])))
+    claim = p.claim(bind_args("a"))
+    assert isinstance(claim, Claim) and claim.choice.gpus == (0, 1)
+    assert p.cache.is_assumed("x/a")
+    assert p.write(bind_args("a"), claim) == BindingResult("the API refused the Binding")
+    assert not p.cache.is_assumed("x/a") and count(p, "api_error") == 1
+    binder.refuse = False
+    assert p.bind(bind_args("a")) == BindingResult()  # both GPUs free again, pod kept
+
+
+def test_bind_refusals_are_results_and_an_unknown_node_is_bad_input() -> None:
+    p = points([whole_pod("b", 2, namespace="x", uid="uid-b")], Binder())
+    assert p.bind(bind_args("nobody")) == BindingResult(
+        "pod x/nobody is not in gpupack's cache and no filter request showed it")
+    assert p.bind(bind_args("b")) == BindingResult()
+    again = p.bind(bind_args("b"))  # its GPUs are assumed taken by the first bind
+    assert again.error == "pod x/b does not fit n1 now: 0 whole GPU(s) free, 2 needed"
+    assert count(p, "conflict") == 2
+    with pytest.raises(VerbError, match="unknown node 'elsewhere'"):
+        p.claim(bind_args("b", "elsewhere"))
+
+
+def test_preempt_reads_the_pod_first() -> None:
+    p = points([], Binder())
+    with pytest.raises(VerbError):
+        p.preempt(PreemptionArgs.decode({"Pod": {"metadata": {"name": "p"}, "spec": 1},
+                                          "NodeNameToVictims": {}}))
