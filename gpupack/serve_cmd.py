@@ -261,6 +261,11 @@ class Components:
                 settings=MigSettings(timeout_s=args.mig_timeout, backoff_s=args.mig_backoff,
                                      min_idle_s=args.mig_min_idle),
                 metrics=mig_metrics)
+        # Defragmentation (docs/defrag.md): its metrics exist on every extender (zero
+        # when it is off), so the dashboards and alerts always have their series.
+        from scheduler.defrag_act import DefragMetrics
+
+        self.defrag_metrics = DefragMetrics(self.registry)
         self.defrag: Any = None
         if args.defrag != "off":
             self.defrag, self.tap = defragmenter(args, self, api)
@@ -355,7 +360,7 @@ def defragmenter(args: argparse.Namespace, c: Components, api: Any) -> tuple[Any
         ApiEvictor(api) if api is not None and args.defrag == "act" else None, events,
         settings=Settings(evictions_per_minute=args.defrag_evictions_per_minute,
                           plan_every_s=args.defrag_interval),
-        registry=c.registry, is_leader=c.leader.is_leader,
+        metrics=c.defrag_metrics, is_leader=c.leader.is_leader,
         consolidate_window=parse_window(args.defrag_consolidate)
         if args.defrag_consolidate else None)
     return d, ReservationTap(owners, c.groups)

@@ -16,7 +16,11 @@ Metric sources (see the code for their definitions):
   ``gpupack_plan_status{status}``; MIG actuator, ``scheduler/mig_loop.py``:
   ``gpupack_mig_slices{profile,state}``, ``gpupack_mig_reconfigurations_total{result}``,
   ``gpupack_mig_reconfigurations_in_flight``, ``gpupack_mig_gpus_converted_total{to}``,
-  ``gpupack_mig_gpus_held``, ``gpupack_mig_nodes_backed_off``.
+  ``gpupack_mig_gpus_held``, ``gpupack_mig_nodes_backed_off``; defragmentation,
+  ``scheduler/defrag_act.py``: ``gpupack_defrag_moves_planned_total``,
+  ``gpupack_defrag_evictions_total{outcome}``, ``gpupack_defrag_gpus_freed_total``,
+  ``gpupack_defrag_campaigns_stopped_total{reason}``, ``gpupack_defrag_active``,
+  ``gpupack_defrag_group_wait_seconds`` (histogram).
 * webhook, ``webhook/metrics.py``: ``gpupack_webhook_reviews_total{outcome,class}``,
   ``gpupack_webhook_warnings_total{class}``, ``gpupack_webhook_latency_seconds``.
 * node agent, ``nodeagent/metrics.py``: ``gpupack_gpu_memory_{total,used}_bytes{gpu,
@@ -40,6 +44,7 @@ from typing import Any
 EXHAUSTION_HORIZON_S = 3600
 LLM_WAIT_MINUTES = 10
 FRAGMENTATION_THRESHOLD = 0.5
+DEFRAG_REFUSALS_30M = 10  # refused evictions in 30 minutes before the alert fires
 EXTENDER_P99_SECONDS = 1.0  # a third of the scheduler's httpTimeout (3s)
 EXTENDER_ERROR_RATIO = 0.05
 
@@ -166,6 +171,22 @@ CLUSTER = Dashboard(
             Q("gpupack_mig_gpus_held", "GPUs held for changes in flight"),), width=12,
             description="GPUs whose layout a successful change set (to MIG, back to "
                         "whole), and GPUs held while a change runs."),
+        Panel("Defragmentation: evictions for waiting groups", (
+            Q("sum by (outcome) (increase(gpupack_defrag_evictions_total"
+              "[$__rate_interval]))", "{{outcome}}"),
+            Q("increase(gpupack_defrag_gpus_freed_total[$__rate_interval])", "GPUs freed"),
+            Q("gpupack_defrag_active", "campaign running"),), width=12,
+            description="Evictions the defragmenter asked of the Eviction API for a "
+                        "waiting LLM group (--defrag=act), by outcome: evicted, refused "
+                        "(pdb: a PodDisruptionBudget answered 429; forbidden; error), gone; "
+                        "GPUs freed; whether a campaign runs. docs/defrag.md."),
+        Panel("Defragmentation: time from group waiting to room reserved (p90)", (
+            Q("histogram_quantile(0.9, sum by (le) "
+              "(rate(gpupack_defrag_group_wait_seconds_bucket[$__rate_interval])))", "p90"),
+            Q("sum by (reason) (increase(gpupack_defrag_campaigns_stopped_total"
+              "[$__rate_interval]))", "stopped: {{reason}}"),), unit="s", width=12,
+            description="For groups the defragmenter freed room for: seconds from first "
+                        "waiting to the room being reserved; campaigns ended, by reason."),
         Panel("Group reservations", (
             Q("gpupack_group_reservations", "reservations"),
             Q("gpupack_group_reserved_gpus", "GPUs held"),), width=12,
@@ -395,6 +416,14 @@ RULE_GROUPS: list[dict[str, Any]] = [
                    "handed to the MIG manager in the last 30 minutes; the GPUs were given "
                    "back and the nodes backed off. See the node's Events "
                    "(MigReconfigureFailed) and nvidia.com/mig.config.state."),
+            _alert("GpupackDefragEvictionsRefused",
+                   "sum(increase(gpupack_defrag_evictions_total"
+                   '{outcome=~"pdb|forbidden|error"}[30m]))',
+                   ">", str(DEFRAG_REFUSALS_30M), "0m", "info",
+                   "Defragmentation keeps being refused evictions",
+                   "{{ $value }} evictions for waiting LLM groups were refused in the last "
+                   "30 minutes (PodDisruptionBudgets answering 429, or RBAC/API errors); "
+                   "the groups keep waiting. See the DefragEvictionRefused Events."),
             _alert("GpupackFragmentationHigh",
                    "max(gpupack_fragmentation_ratio)",
                    ">", str(FRAGMENTATION_THRESHOLD), "30m", "info",

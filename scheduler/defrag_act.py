@@ -47,6 +47,7 @@ from packing.model import Placement, PodRequest, RequestKind, Snapshot
 from scheduler.cache import ClusterCache
 from scheduler.defrag_decide import (
     CONSOLIDATE,
+    STOP_REASONS,
     Attempt,
     Campaign,
     Consolidation,
@@ -98,6 +99,8 @@ class DefragMetrics:
                              registry=reg)
         self.stopped = Counter("gpupack_defrag_campaigns_stopped",
                                "Campaigns ended, by reason", ["reason"], registry=reg)
+        for r in STOP_REASONS:
+            self.stopped.labels(r)
         self.active = Gauge("gpupack_defrag_active",
                             "1 while a campaign frees a domain for a group", registry=reg)
         self.wait = Histogram("gpupack_defrag_group_wait_seconds",
@@ -154,13 +157,16 @@ class Defragmenter:
         settings: Settings | None = None,
         params: DefragParams | None = None,
         registry: CollectorRegistry | None = None,
+        metrics: DefragMetrics | None = None,
         is_leader: Callable[[], bool] = lambda: True,
         clock: Clock = time.time,
         planner: Planner = plan_defrag,
         consolidate_window: tuple[int, int] | None = None,
     ) -> None:
         """``consolidate_window``: (start, end) minutes of the UTC day when, act mode
-        only, consolidation may run (None: never)."""
+        only, consolidation may run (None: never). ``metrics``: registered by the caller
+        (the extender registers them whether or not it defragments, so the dashboards
+        always have the series); default: new ones in ``registry``."""
         if mode not in ("plan", "act"):
             raise ValueError(f"defrag mode {mode!r}: expected plan or act")
         if mode == "act" and evictor is None:
@@ -173,7 +179,7 @@ class Defragmenter:
         self.events = events
         self.cfg = settings or Settings()
         self.params = params or DefragParams()
-        self.metrics = DefragMetrics(registry)
+        self.metrics = metrics if metrics is not None else DefragMetrics(registry)
         self.is_leader = is_leader
         self.clock = clock
         self.planner = planner
