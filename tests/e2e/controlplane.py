@@ -518,6 +518,37 @@ def service_account_token(api_client: Any, namespace: str, name: str,
     return str(out.status.token)
 
 
+@contextlib.contextmanager
+def metrics_reader(api_client: Any, account: str, role: str) -> Iterator[str]:
+    """A token of ServiceAccount ``account`` (in gpupack's namespace) whose ClusterRole
+    ``role`` allows GET /metrics, as Prometheus is granted it; all three removed after."""
+    from kubernetes import client
+
+    rbac = client.RbacAuthorizationV1Api(api_client)
+    core = client.CoreV1Api(api_client)
+    apply_objects(api_client, [
+        {"apiVersion": "v1", "kind": "ServiceAccount",
+         "metadata": {"name": account, "namespace": NAMESPACE}},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+         "metadata": {"name": role},
+         "rules": [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+         "metadata": {"name": role},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                     "name": role},
+         "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE}]},
+    ])
+    try:
+        yield service_account_token(api_client, NAMESPACE, account)
+    finally:
+        with contextlib.suppress(client.ApiException):
+            rbac.delete_cluster_role_binding(role)
+        with contextlib.suppress(client.ApiException):
+            rbac.delete_cluster_role(role)
+        with contextlib.suppress(client.ApiException):
+            core.delete_namespaced_service_account(account, NAMESPACE)
+
+
 def _gpupack(*args: str) -> list[str]:
     return [sys.executable, "-m", "gpupack", *args]
 

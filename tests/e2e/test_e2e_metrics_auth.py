@@ -12,7 +12,6 @@ the test's namespace (no such grant): 403. The probes' paths need no token.
 
 from __future__ import annotations
 
-import contextlib
 import http.client
 import json
 import ssl
@@ -23,7 +22,7 @@ from typing import Any
 import pytest
 from cluster import wait_for
 from conftest import Space
-from controlplane import NAMESPACE, Stack, apply_objects, service_account_token
+from controlplane import NAMESPACE, Stack, metrics_reader, service_account_token
 from kubernetes import client
 
 SCRAPER = "prometheus"
@@ -65,32 +64,10 @@ def _allowed(admin: Any, user: str) -> bool:
 @pytest.fixture(scope="module")
 def scraper_token(stack: Stack, admin: Any) -> Iterator[str]:
     """A token of ``gpupack/prometheus``, whose ClusterRole allows get on /metrics."""
-    rbac = client.RbacAuthorizationV1Api(admin)
-    core = client.CoreV1Api(admin)
-    apply_objects(admin, [
-        {"apiVersion": "v1", "kind": "ServiceAccount",
-         "metadata": {"name": SCRAPER, "namespace": NAMESPACE}},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-         "metadata": {"name": READER_ROLE},
-         "rules": [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-         "metadata": {"name": READER_ROLE},
-         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                     "name": READER_ROLE},
-         "subjects": [{"kind": "ServiceAccount", "name": SCRAPER,
-                       "namespace": NAMESPACE}]},
-    ])
-    user = f"system:serviceaccount:{NAMESPACE}:{SCRAPER}"
-    wait_for(lambda: _allowed(admin, user), 30, f"RBAC to allow {user} get /metrics")
-    try:
-        yield service_account_token(admin, NAMESPACE, SCRAPER)
-    finally:
-        with contextlib.suppress(client.ApiException):
-            rbac.delete_cluster_role_binding(READER_ROLE)
-        with contextlib.suppress(client.ApiException):
-            rbac.delete_cluster_role(READER_ROLE)
-        with contextlib.suppress(client.ApiException):
-            core.delete_namespaced_service_account(SCRAPER, NAMESPACE)
+    with metrics_reader(admin, SCRAPER, READER_ROLE) as token:
+        user = f"system:serviceaccount:{NAMESPACE}:{SCRAPER}"
+        wait_for(lambda: _allowed(admin, user), 30, f"RBAC to allow {user} get /metrics")
+        yield token
 
 
 def test_extender_metrics_port_needs_an_allowed_token(stack: Stack, admin: Any,

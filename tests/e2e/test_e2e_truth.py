@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import http.client
 import json
 import sys
@@ -34,14 +33,11 @@ from cluster import (
 from conftest import Space
 from controlplane import (
     AGENT_NODE,
-    NAMESPACE,
     SCHEDULER_NAME,
     Stack,
     active_replica,
-    apply_objects,
-    service_account_token,
+    metrics_reader,
 )
-from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "nodeagent"))
@@ -88,29 +84,8 @@ def test_gfd_memory_label_decides_what_fits(space: Space, core: Any) -> None:
 @pytest.fixture
 def scraper(stack: Stack, admin: Any) -> Iterator[str]:
     """A token allowed to GET /metrics (delegated authentication of the extender)."""
-    rbac = client.RbacAuthorizationV1Api(admin)
-    core = client.CoreV1Api(admin)
-    apply_objects(admin, [
-        {"apiVersion": "v1", "kind": "ServiceAccount",
-         "metadata": {"name": SCRAPER, "namespace": NAMESPACE}},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-         "metadata": {"name": SCRAPER},
-         "rules": [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-         "metadata": {"name": SCRAPER},
-         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                     "name": SCRAPER},
-         "subjects": [{"kind": "ServiceAccount", "name": SCRAPER, "namespace": NAMESPACE}]},
-    ])
-    try:
-        yield service_account_token(admin, NAMESPACE, SCRAPER)
-    finally:
-        with contextlib.suppress(client.ApiException):
-            rbac.delete_cluster_role_binding(SCRAPER)
-        with contextlib.suppress(client.ApiException):
-            rbac.delete_cluster_role(SCRAPER)
-        with contextlib.suppress(client.ApiException):
-            core.delete_namespaced_service_account(SCRAPER, NAMESPACE)
+    with metrics_reader(admin, SCRAPER, SCRAPER) as token:
+        yield token
 
 
 def _metrics(stack: Stack, admin: Any, token: str) -> dict[str, Any] | None:
