@@ -13,7 +13,16 @@ kube-scheduler's own filters:
 * ``TaintToleration``: every ``NoSchedule`` and ``NoExecute`` taint tolerated
   (``PreferNoSchedule`` only scores); a toleration with an empty key and ``Exists``
   tolerates every taint, an empty effect every effect, ``Equal`` (the default) needs the
-  value too.
+  value too;
+* ``NodeUnschedulable``: a cordoned node (``spec.unschedulable``) only for a pod that
+  tolerates ``node.kubernetes.io/unschedulable:NoSchedule``.
+
+:func:`exclusion` is the same judgement naming the pod's field that excludes the node
+(``spec.nodeSelector.pool=a``), for messages; :func:`node_level` is the part of the
+constraints that decides which nodes a pod can reach (a hashable signature), and
+:func:`reach_text` names it. This is the one evaluator of these rules: the extender's
+group rights (``scheduler.group_rights``) and the webhook's capacity scopes
+(``webhook.capacity``) both call it.
 
 Also read here, for ResourceQuota scopes: the pod's ``priorityClassName``, whether it
 is terminating (``activeDeadlineSeconds``) and whether it is BestEffort (no CPU or
@@ -30,6 +39,30 @@ from typing import Any
 
 from kube import annotations as A
 from kube.objects import ObjectError
+from packing.model import Taint
+
+__all__ = [
+    "BLOCKING",
+    "OPERATORS",
+    "UNSCHEDULABLE_TAINT",
+    "Exclusion",
+    "NodeLevel",
+    "PodConstraints",
+    "Requirement",
+    "Taint",
+    "Term",
+    "Toleration",
+    "exclusion",
+    "node_level",
+    "node_taints",
+    "pod_constraints",
+    "reach_text",
+    "requirement_holds",
+    "spec_constraints",
+    "term_matches",
+    "tolerates",
+    "why_not",
+]
 
 # Taint effects that keep a pod off a node (PreferNoSchedule only lowers its score).
 BLOCKING = ("NoSchedule", "NoExecute")
@@ -60,13 +93,6 @@ class Toleration:
     operator: str = "Equal"
     value: str = ""
     effect: str = ""
-
-
-@dataclass(frozen=True)
-class Taint:
-    key: str
-    value: str = ""
-    effect: str = "NoSchedule"
 
 
 @dataclass(frozen=True)
@@ -295,16 +321,96 @@ def tolerates(tolerations: Sequence[Toleration], taint: Taint) -> bool:
     return False
 
 
-def why_not(c: PodConstraints, node: str, labels: Mapping[str, str],
-            taints: Sequence[Taint]) -> str | None:
-    """Why a pod with constraints ``c`` could not run on the node (None: it could)."""
+# The taint kube-scheduler's NodeUnschedulable filter checks a cordoned node against.
+UNSCHEDULABLE_TAINT = Taint("node.kubernetes.io/unschedulable", "", "NoSchedule")
+_AFFINITY = "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+
+
+@dataclass(frozen=True)
+class NodeLevel:
+    """The constraints that decide which nodes a pod can reach (hashable: a signature)."""
+
+    node_selector: tuple[tuple[str, str], ...] = ()
+    affinity: tuple[Term, ...] | None = None
+    tolerations: tuple[Toleration, ...] = ()
+
+    @property
+    def empty(self) -> bool:
+        return not self.node_selector and self.affinity is None and not self.tolerations
+
+
+def node_level(c: PodConstraints) -> NodeLevel:
+    return NodeLevel(c.node_selector, c.affinity, c.tolerations)
+
+
+@dataclass(frozen=True)
+class Exclusion:
+    """Why a node is out of a pod's reach: the pod's field (``field``) and kube-scheduler's
+    words (``reason``)."""
+
+    field: str
+    reason: str
+
+
+def _req_text(r: Requirement) -> str:
+    vals = f" [{', '.join(r.values)}]" if r.values else ""
+    return f"{r.key} {r.operator}{vals}"
+
+
+def _term_miss(t: Term, i: int, node: str, labels: Mapping[str, str]) -> str | None:
+    """The field of term ``i`` that does not hold on the node (None: the term matches)."""
+    where = f"{_AFFINITY}.nodeSelectorTerms[{i}]"
+    if not t.expressions and not t.fields:
+        return f"{where} (an empty term matches no node)"
+    for j, r in enumerate(t.expressions):
+        if not requirement_holds(r, labels):
+            return f"{where}.matchExpressions[{j}] ({_req_text(r)})"
+    for j, r in enumerate(t.fields):
+        if not requirement_holds(r, {"metadata.name": node}):
+            return f"{where}.matchFields[{j}] ({_req_text(r)})"
+    return None
+
+
+def exclusion(c: PodConstraints | NodeLevel, node: str, labels: Mapping[str, str],
+              taints: Sequence[Taint], unschedulable: bool = False) -> Exclusion | None:
+    """Why a pod with constraints ``c`` could not run on the node, naming the pod's field
+    (None: it could). With several required terms, the first term's miss is named."""
     for k, v in c.node_selector:
         if labels.get(k) != v:
-            return f"node selector {k}={v} does not match"
-    if c.affinity is not None and not any(term_matches(t, node, labels) for t in c.affinity):
-        return "required node affinity does not match"
+            return Exclusion(f"spec.nodeSelector.{k}={v}",
+                             f"node selector {k}={v} does not match")
+    if c.affinity is not None:
+        misses = [_term_miss(t, i, node, labels) for i, t in enumerate(c.affinity)]
+        if all(m is not None for m in misses):
+            first = misses[0] if misses else f"{_AFFINITY}.nodeSelectorTerms (no term)"
+            return Exclusion(first or _AFFINITY, "required node affinity does not match")
+    if unschedulable and not tolerates(c.tolerations, UNSCHEDULABLE_TAINT):
+        return Exclusion("spec.unschedulable of the node (cordoned)", "node is cordoned")
     for taint in taints:
         if taint.effect in BLOCKING and not tolerates(c.tolerations, taint):
             shown = f"{taint.key}={taint.value}" if taint.value else taint.key
-            return f"taint {shown}:{taint.effect} is not tolerated"
+            field = "spec.tolerations" if c.tolerations else "spec.tolerations (none)"
+            return Exclusion(f"{field}: taint {shown}:{taint.effect}",
+                             f"taint {shown}:{taint.effect} is not tolerated")
     return None
+
+
+def why_not(c: PodConstraints, node: str, labels: Mapping[str, str],
+            taints: Sequence[Taint]) -> str | None:
+    """Why a pod with constraints ``c`` could not run on the node (None: it could)."""
+    e = exclusion(c, node, labels, taints)
+    return None if e is None else e.reason
+
+
+def reach_text(c: PodConstraints | NodeLevel) -> str:
+    """The pod's fields that restrict its nodes, for messages ("" when none does)."""
+    parts = [f"spec.nodeSelector.{k}={v}" for k, v in c.node_selector]
+    if c.affinity is not None:
+        terms = []
+        for t in c.affinity:
+            reqs = [_req_text(r) for r in t.expressions] + [_req_text(r) for r in t.fields]
+            terms.append(" and ".join(reqs) or "(empty)")
+        parts.append(f"{_AFFINITY} ({' or '.join(terms)})")
+    if c.tolerations:
+        parts.append(f"spec.tolerations ({len(c.tolerations)})")
+    return ", ".join(parts)
