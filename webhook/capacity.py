@@ -4,7 +4,16 @@ The webhook answers per pod in well under a millisecond even at thousands of nod
 it never walks the nodes per request: :class:`ClusterView` condenses a
 :class:`~packing.model.Snapshot` once (through :class:`~packing.state.ClusterState`, the
 same accounting the scheduler uses) into per-model counts that a decision reads in
-O(models x profiles). Pure: no I/O.
+O(models x profiles).
+
+Only the nodes a pod can reach count. The view :meth:`ClusterView.of` returns covers the
+nodes a pod without node-level constraints can run on (no NoSchedule/NoExecute taint);
+a pod with a node selector, required node affinity or tolerations of taints some node
+has gets :meth:`ClusterView.scoped`: the same counts over the nodes
+:func:`kube.constraints.exclusion` lets it reach, condensed once per distinct constraint
+signature and view (LRU of :data:`SCOPES_KEPT`) and then kept up to date as claims are
+added. A claim records the nodes its pod could reach and is taken only from views that
+share a node with them. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -18,7 +27,7 @@ from enum import StrEnum
 from types import MappingProxyType
 
 from kube import annotations as A
-from kube.constraints import NodeLevel, exclusion, reach_text
+from kube.constraints import BLOCKING, NodeLevel, exclusion, reach_text, tolerates
 from packing.catalog import GpuModel, get_model, mps_client_mib
 from packing.mig import MigSlot, free_starts
 from packing.model import (
@@ -122,22 +131,39 @@ class _Root:
                             tuple[frozenset[str], frozenset[str], bool]] = {}
         self.base_reach: frozenset[str] = frozenset()
         self.base_models: Mapping[str, ModelCapacity] = MappingProxyType({})
+        # Every NoSchedule/NoExecute taint some node has.
+        self.taints = frozenset(t for node in state.nodes.values() for t in node.info.taints
+                                if t.effect in BLOCKING)
         self.selector_reach: dict[tuple[tuple[str, str], ...], frozenset[str] | None] = {}
 
-    def reach(self, level: NodeLevel) -> tuple[frozenset[str], dict[str, str]]:
-        """(nodes a pod with ``level`` can reach, model -> the pod's field that excludes
-        a node of that model), by :func:`kube.constraints.exclusion`."""
+    def normalize(self, level: NodeLevel) -> NodeLevel:
+        """``level`` without the tolerations that tolerate no taint any node has: the API
+        server gives every pod some (DefaultTolerationSeconds: not-ready, unreachable),
+        and a pod whose tolerations change nothing keeps the unconstrained fast path."""
+        if not level.tolerations:
+            return level
+        useful = tuple(t for t in level.tolerations
+                       if any(tolerates((t,), taint) for taint in self.taints))
+        return level if useful == level.tolerations else replace(level, tolerations=useful)
+
+    def reach(self, level: NodeLevel) -> tuple[list[str], dict[str, str]]:
+        """(nodes a pod with ``level`` can reach, in the state's order, which condenses
+        faster than a set's; model -> the pod's field that excludes a node of that
+        model), by :func:`kube.constraints.exclusion`."""
         nodes: list[str] = []
         excluded: dict[str, str] = {}
         for name, node in self.state.nodes.items():
             info = node.info
+            if level.empty and not info.taints:
+                nodes.append(name)  # the common case, without a call
+                continue
             e = exclusion(level, name, info.labels, info.taints)
             if e is None:
                 nodes.append(name)
             else:
                 for g in info.gpus:
                     excluded.setdefault(g.model, e.field)
-        return frozenset(nodes), excluded
+        return nodes, excluded
 
     def of_selector(self, selector: tuple[tuple[str, str], ...]) -> frozenset[str] | None:
         """Nodes whose labels match a pending pod's node selector (None: no selector)."""
@@ -198,8 +224,8 @@ class ClusterView:
         )
         root = _Root(state, seen)
         reach, excluded = root.reach(NodeLevel())
-        root.base_reach, root.base_models = reach, _condense(state, reach)
-        view = cls(root.base_models, seen, reach, "",
+        root.base_reach, root.base_models = frozenset(reach), _condense(state, reach)
+        view = cls(root.base_models, seen, root.base_reach, "",
                    MappingProxyType(dict(sorted(excluded.items()))), _root=root)
         # Pods waiting for the scheduler hold no GPU in the snapshot yet, but each will
         # take the slice or share it asks for: a burst the webhook sized must not be
@@ -214,6 +240,9 @@ class ClusterView:
         root = self._root
         if level.empty or root is None:
             return self
+        level = root.normalize(level)
+        if level.empty:
+            return self
         with root.lock:
             hit = self._scopes.get(level)
             if hit is not None:
@@ -223,12 +252,13 @@ class ClusterView:
                 condensed = root.scoped[level]
                 root.scoped.move_to_end(level)
             else:
-                reach, excluded = root.reach(level)
+                nodes, excluded = root.reach(level)
+                reach = frozenset(nodes)
                 # The same nodes as a pod without constraints reaches: the same counts
                 # (not condensed again), but the messages name this pod's fields.
                 same = reach == root.base_reach
                 condensed = ClusterView(
-                    root.base_models if same else _condense(root.state, reach), root.seen,
+                    root.base_models if same else _condense(root.state, nodes), root.seen,
                     root.base_reach if same else reach, reach_text(level),
                     MappingProxyType(dict(sorted(excluded.items()))), _root=root)
                 root.scoped[level] = condensed
@@ -239,6 +269,21 @@ class ClusterView:
             while len(self._scopes) > SCOPES_KEPT:
                 self._scopes.popitem(last=False)
             return out
+
+    def levels(self) -> list[NodeLevel]:
+        """The node-level constraints scoped on this snapshot's views, least recently
+        used first (to warm the next snapshot's view with)."""
+        root = self._root
+        if root is None:
+            return []
+        with root.lock:
+            return list(root.scoped)
+
+    def warm(self, levels: Iterable[NodeLevel]) -> None:
+        """Condense the scopes of ``levels`` now (a view rebuilt in the background warms
+        the scopes its predecessor served, so no review pays for them)."""
+        for level in levels:
+            self.scoped(level)
 
     def applies(self, claim: Claim) -> bool:
         """Whether ``claim`` may land on a node this view counts."""

@@ -217,10 +217,18 @@ def test_scopes_are_cached_per_signature_and_bounded() -> None:
     base = ClusterView.of(_two_pools())
     assert base.scoped(POOL_A) is base.scoped(POOL_A)
     assert base.scoped(_level({})) is base
+    # Tolerations of taints no node has change nothing (the API server gives every pod
+    # two, DefaultTolerationSeconds): the unconstrained view itself, its fast path.
+    default = {"tolerations": [
+        {"key": f"node.kubernetes.io/{k}", "operator": "Exists", "effect": "NoExecute",
+         "tolerationSeconds": 300} for k in ("not-ready", "unreachable")]}
+    assert base.scoped(_level(default)) is base
     # Constraints that reach the same nodes as none: the same counts (not condensed
     # again), messages naming the pod's fields.
-    same = base.scoped(_level({"tolerations": [{"key": "x", "operator": "Exists"}]}))
-    assert same.models is base.models and same.scope == "spec.tolerations (1)"
+    product = {"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}}
+    same = base.scoped(_level({**product, **default}))
+    assert same.models is base.models
+    assert same.scope == "spec.nodeSelector.nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3"
     for i in range(SCOPES_KEPT + 8):
         base.scoped(_level({"nodeSelector": {"pool": "a", "n": str(i)}}))
     assert len(base._scopes) <= SCOPES_KEPT
@@ -294,3 +302,23 @@ def test_serve_shape_scopes_on_the_extenders_cache() -> None:
     assert limit("plain", {}) == SHARED
     tolerant = {"tolerations": [{"key": "dedicated", "operator": "Exists"}]}
     assert limit("tolerant", tolerant) == MIG_3G
+
+
+def test_a_rebuilt_view_comes_with_the_scopes_its_predecessor_served() -> None:
+    """ViewCache condenses the next snapshot's view in the background, and with it the
+    scoped views the previous one served: no review pays for them after a change."""
+    import time
+
+    from webhook.app import ViewCache
+
+    views = ViewCache()
+    first_snap, second_snap = _two_pools(), _two_pools()
+    first = views.get(first_snap)
+    first.scoped(POOL_A)
+    assert first.levels() == [POOL_A]
+    assert views.get(second_snap) is first  # rebuilding in the background
+    deadline = time.monotonic() + 10
+    while (second := views.get(second_snap)) is first and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert second is not first and second.levels() == [POOL_A]
+    assert POOL_A in second._scopes  # the review's lookup is a hit
