@@ -59,6 +59,7 @@ __all__ = [
     "reach_text",
     "requirement_holds",
     "spec_constraints",
+    "spec_node_level",
     "term_matches",
     "tolerates",
     "why_not",
@@ -235,19 +236,30 @@ def _best_effort(spec: Mapping[str, Any], where: str) -> bool:
     return True
 
 
-def spec_constraints(spec: Any, where: str) -> PodConstraints:
-    """Constraints of a pod spec; ``where`` names it in errors (``Pod ns/x: spec``)."""
-    s = _obj(spec, where)
+def _selector(s: Mapping[str, Any], where: str) -> tuple[tuple[str, str], ...]:
     selector = _obj(s.get("nodeSelector"), f"{where}.nodeSelector")
     pairs = tuple(sorted((str(k), _str(v, f"{where}.nodeSelector.{k}"))
                          for k, v in selector.items()))
     if len(pairs) > MAX_ITEMS:
         raise ObjectError(f"{where}.nodeSelector: {len(pairs)} labels, more than gpupack reads")
+    return pairs
+
+
+def spec_node_level(spec: Any, where: str) -> NodeLevel:
+    """Only the node-level constraints of a pod spec (what :func:`spec_constraints`
+    reads for them, without the rest): the webhook's per-review read."""
+    s = _obj(spec, where)
+    return NodeLevel(_selector(s, where), _terms(s, where), _tolerations(s, where))
+
+
+def spec_constraints(spec: Any, where: str) -> PodConstraints:
+    """Constraints of a pod spec; ``where`` names it in errors (``Pod ns/x: spec``)."""
+    s = _obj(spec, where)
     deadline = s.get("activeDeadlineSeconds")
     return PodConstraints(
         scheduler_name=_str(s.get("schedulerName"), f"{where}.schedulerName",
                             "default-scheduler") or "default-scheduler",
-        node_selector=pairs,
+        node_selector=_selector(s, where),
         affinity=_terms(s, where),
         tolerations=_tolerations(s, where),
         priority_class=_str(s.get("priorityClassName"), f"{where}.priorityClassName"),

@@ -25,7 +25,7 @@ from enum import StrEnum
 from typing import Any
 
 from kube import annotations as A
-from kube.constraints import NodeLevel, node_level, spec_constraints
+from kube.constraints import NodeLevel, spec_node_level
 from kube.objects import ObjectError
 from packing.catalog import CATALOG, MigProfile, fitting_profiles, profile_from_resource
 from packing.model import GPU_MILLI, MigReconfigure, Snapshot
@@ -313,7 +313,7 @@ def _node_level(spec: Mapping[str, Any]) -> NodeLevel:
     if not (spec.get("nodeSelector") or spec.get("affinity") or spec.get("tolerations")):
         return _NO_CONSTRAINTS  # most pods: nothing to read
     try:
-        return node_level(spec_constraints(spec, "spec"))
+        return spec_node_level(spec, "spec")
     except ObjectError as e:
         field, _, problem = str(e).partition(": ")
         raise PodError(field, problem or "cannot be read") from None

@@ -16,6 +16,7 @@ from kube.constraints import (
     pod_constraints,
     reach_text,
     spec_constraints,
+    spec_node_level,
     why_not,
 )
 from kube.objects import ObjectError
@@ -230,3 +231,7 @@ def test_node_level_signature_and_text() -> None:
         affinity=affinity({"matchExpressions": [expr(ZONE, "In", "b")]}))))] == 1
     assert reach_text(level) == (f"spec.nodeSelector.pool=a, {AFF} ({ZONE} In [b]), "
                                  "spec.tolerations (1)")
+    # The webhook's lighter read gives the same signature.
+    spec = pod(nodeSelector={"pool": "a"}, tolerations=[{"operator": "Exists"}],
+               affinity=affinity({"matchExpressions": [expr(ZONE, "In", "b")]}))["spec"]
+    assert spec_node_level(spec, "spec") == level
