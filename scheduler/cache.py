@@ -698,9 +698,17 @@ class ClusterCache:
                 obs = observation_of(text)
                 seen = self._obs.get(info.name, NO_OBSERVATION) == obs
                 self._obs[info.name] = obs
-            # Taints are part of the NodeInfo (the webhook's capacity scopes read them):
-            # a change of taints rebuilds the node below.
-            self._taints[info.name] = taints
+            if self._taints.get(info.name, ()) != taints:
+                self._taints[info.name] = taints
+                old = self._infos.get(info.name)
+                if old is not None and replace(old, taints=taints) == info:
+                    # Only the taints changed: the next snapshot carries them (the
+                    # webhook's capacity scopes read them); the packing state is as it was.
+                    self._infos[info.name] = info
+                    if not seen:
+                        self._observed_changed(info.name)
+                    self._changed()
+                    return True
             if self._infos.get(info.name) == info:
                 if not seen:  # the agent saw something new: pods, peaks, memory in use
                     self._observed_changed(info.name)
