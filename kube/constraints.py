@@ -1,28 +1,13 @@
 """Where a pod may run, as kube-scheduler decides it, read from Pod and Node objects.
 
 Pure: the parsers turn a pod spec (a Pod's, or a LeaderWorkerSet template's) into a
-frozen :class:`PodConstraints`, and a Node into its :class:`Taint` tuple; :func:`why_not`
-says why a node is not one the pod could run on (None: it could), following
-kube-scheduler's own filters:
-
-* ``NodeSelector`` / ``NodeAffinity`` (required only): every ``nodeSelector`` label
-  equal, and at least one ``nodeSelectorTerm`` matching (a term ANDs its
-  ``matchExpressions`` and ``matchFields``; an empty term matches nothing; ``In``,
-  ``NotIn``, ``Exists``, ``DoesNotExist``, ``Gt``, ``Lt``; ``matchFields`` only knows
-  ``metadata.name``);
-* ``TaintToleration``: every ``NoSchedule`` and ``NoExecute`` taint tolerated
-  (``PreferNoSchedule`` only scores); a toleration with an empty key and ``Exists``
-  tolerates every taint, an empty effect every effect, ``Equal`` (the default) needs the
-  value too;
-* ``NodeUnschedulable``: a cordoned node (``spec.unschedulable``) only for a pod that
-  tolerates ``node.kubernetes.io/unschedulable:NoSchedule``.
-
-:func:`exclusion` is the same judgement naming the pod's field that excludes the node
-(``spec.nodeSelector.pool=a``), for messages; :func:`node_level` is the part of the
-constraints that decides which nodes a pod can reach (a hashable signature), and
-:func:`reach_text` names it. This is the one evaluator of these rules: the extender's
-group rights (``scheduler.group_rights``) and the webhook's capacity scopes
-(``webhook.capacity``) both call it.
+frozen :class:`PodConstraints`, and a Node into its :class:`Taint` tuple. The judging
+(node selector, required node affinity, taints against tolerations, cordon) is
+:mod:`packing.constraints`, re-exported here: :func:`exclusion` names the pod's field
+that keeps a node out of reach, :func:`why_not` says it in kube-scheduler's words (the
+extender's group rights), :func:`node_level` is the part of the constraints that decides
+which nodes a pod can reach (a hashable signature, the webhook's capacity scopes) and
+:func:`reach_text` names it.
 
 Also read here, for ResourceQuota scopes: the pod's ``priorityClassName``, whether it
 is terminating (``activeDeadlineSeconds``) and whether it is BestEffort (no CPU or
@@ -39,7 +24,23 @@ from typing import Any
 
 from kube import annotations as A
 from kube.objects import ObjectError
-from packing.model import Taint
+from packing.constraints import (
+    BLOCKING,
+    OPERATORS,
+    UNSCHEDULABLE_TAINT,
+    Exclusion,
+    NodeLevel,
+    Requirement,
+    Taint,
+    Term,
+    Toleration,
+    exclusion,
+    parse_int,
+    reach_text,
+    requirement_holds,
+    term_matches,
+    tolerates,
+)
 
 __all__ = [
     "BLOCKING",
@@ -65,35 +66,9 @@ __all__ = [
     "why_not",
 ]
 
-# Taint effects that keep a pod off a node (PreferNoSchedule only lowers its score).
-BLOCKING = ("NoSchedule", "NoExecute")
-OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
 # Bounds: real specs have a handful of each; more is corrupt or hostile, and every one is
 # checked against every node.
 MAX_ITEMS = 64
-
-
-@dataclass(frozen=True)
-class Requirement:
-    key: str
-    operator: str
-    values: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class Term:
-    """One ``nodeSelectorTerm``: all of its requirements must hold."""
-
-    expressions: tuple[Requirement, ...] = ()
-    fields: tuple[Requirement, ...] = ()
-
-
-@dataclass(frozen=True)
-class Toleration:
-    key: str = ""
-    operator: str = "Equal"
-    value: str = ""
-    effect: str = ""
 
 
 @dataclass(frozen=True)
@@ -171,17 +146,9 @@ def _requirement(raw: Any, where: str, fields: bool) -> Requirement:
         raise ObjectError(f"{where}.values: {op} needs at least one value")
     if op in ("Exists", "DoesNotExist") and values:
         raise ObjectError(f"{where}.values: {op} takes no values")
-    if op in ("Gt", "Lt") and (len(values) != 1 or _int(values[0]) is None):
+    if op in ("Gt", "Lt") and (len(values) != 1 or parse_int(values[0]) is None):
         raise ObjectError(f"{where}.values: {op} needs exactly one integer value")
     return Requirement(key, op, values)
-
-
-def _int(text: str) -> int | None:
-    t = text.strip()
-    body = t[1:] if t[:1] in "+-" else t
-    if not body or len(body) > 18 or not (body.isascii() and body.isdigit()):
-        return None
-    return int(t)
 
 
 def _terms(spec: Mapping[str, Any], where: str) -> tuple[Term, ...] | None:
@@ -294,117 +261,11 @@ def node_taints(node: Mapping[str, Any]) -> tuple[Taint, ...]:
     return tuple(out)
 
 
-# ---- judging ---------------------------------------------------------------------------------
-
-
-def requirement_holds(r: Requirement, labels: Mapping[str, str]) -> bool:
-    has = r.key in labels
-    if r.operator == "In":
-        return has and labels[r.key] in r.values
-    if r.operator == "NotIn":
-        return not has or labels[r.key] not in r.values
-    if r.operator == "Exists":
-        return has
-    if r.operator == "DoesNotExist":
-        return not has
-    # Gt / Lt: the label must be an integer too (as kube's labels.Requirement).
-    mine = _int(labels[r.key]) if has else None
-    bound = _int(r.values[0]) if r.values else None
-    if mine is None or bound is None:
-        return False
-    return mine > bound if r.operator == "Gt" else mine < bound
-
-
-def term_matches(t: Term, node: str, labels: Mapping[str, str]) -> bool:
-    if not t.expressions and not t.fields:
-        return False  # an empty term matches no node
-    return all(requirement_holds(r, labels) for r in t.expressions) and all(
-        requirement_holds(r, {"metadata.name": node}) for r in t.fields)
-
-
-def tolerates(tolerations: Sequence[Toleration], taint: Taint) -> bool:
-    for t in tolerations:
-        if t.effect and t.effect != taint.effect:
-            continue
-        if t.key and t.key != taint.key:
-            continue
-        if t.operator == "Exists" or t.value == taint.value:
-            return True
-    return False
-
-
-# The taint kube-scheduler's NodeUnschedulable filter checks a cordoned node against.
-UNSCHEDULABLE_TAINT = Taint("node.kubernetes.io/unschedulable", "", "NoSchedule")
-_AFFINITY = "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
-
-
-@dataclass(frozen=True)
-class NodeLevel:
-    """The constraints that decide which nodes a pod can reach (hashable: a signature)."""
-
-    node_selector: tuple[tuple[str, str], ...] = ()
-    affinity: tuple[Term, ...] | None = None
-    tolerations: tuple[Toleration, ...] = ()
-
-    @property
-    def empty(self) -> bool:
-        return not self.node_selector and self.affinity is None and not self.tolerations
+# ---- judging: packing.constraints; the pod-level wrappers ----------------------------
 
 
 def node_level(c: PodConstraints) -> NodeLevel:
     return NodeLevel(c.node_selector, c.affinity, c.tolerations)
-
-
-@dataclass(frozen=True)
-class Exclusion:
-    """Why a node is out of a pod's reach: the pod's field (``field``) and kube-scheduler's
-    words (``reason``)."""
-
-    field: str
-    reason: str
-
-
-def _req_text(r: Requirement) -> str:
-    vals = f" [{', '.join(r.values)}]" if r.values else ""
-    return f"{r.key} {r.operator}{vals}"
-
-
-def _term_miss(t: Term, i: int, node: str, labels: Mapping[str, str]) -> str | None:
-    """The field of term ``i`` that does not hold on the node (None: the term matches)."""
-    where = f"{_AFFINITY}.nodeSelectorTerms[{i}]"
-    if not t.expressions and not t.fields:
-        return f"{where} (an empty term matches no node)"
-    for j, r in enumerate(t.expressions):
-        if not requirement_holds(r, labels):
-            return f"{where}.matchExpressions[{j}] ({_req_text(r)})"
-    for j, r in enumerate(t.fields):
-        if not requirement_holds(r, {"metadata.name": node}):
-            return f"{where}.matchFields[{j}] ({_req_text(r)})"
-    return None
-
-
-def exclusion(c: PodConstraints | NodeLevel, node: str, labels: Mapping[str, str],
-              taints: Sequence[Taint], unschedulable: bool = False) -> Exclusion | None:
-    """Why a pod with constraints ``c`` could not run on the node, naming the pod's field
-    (None: it could). With several required terms, the first term's miss is named."""
-    for k, v in c.node_selector:
-        if labels.get(k) != v:
-            return Exclusion(f"spec.nodeSelector.{k}={v}",
-                             f"node selector {k}={v} does not match")
-    if c.affinity is not None:
-        misses = [_term_miss(t, i, node, labels) for i, t in enumerate(c.affinity)]
-        if all(m is not None for m in misses):
-            first = misses[0] if misses else f"{_AFFINITY}.nodeSelectorTerms (no term)"
-            return Exclusion(first or _AFFINITY, "required node affinity does not match")
-    if unschedulable and not tolerates(c.tolerations, UNSCHEDULABLE_TAINT):
-        return Exclusion("spec.unschedulable of the node (cordoned)", "node is cordoned")
-    for taint in taints:
-        if taint.effect in BLOCKING and not tolerates(c.tolerations, taint):
-            shown = f"{taint.key}={taint.value}" if taint.value else taint.key
-            field = "spec.tolerations" if c.tolerations else "spec.tolerations (none)"
-            return Exclusion(f"{field}: taint {shown}:{taint.effect}",
-                             f"taint {shown}:{taint.effect} is not tolerated")
-    return None
 
 
 def why_not(c: PodConstraints, node: str, labels: Mapping[str, str],
@@ -412,17 +273,3 @@ def why_not(c: PodConstraints, node: str, labels: Mapping[str, str],
     """Why a pod with constraints ``c`` could not run on the node (None: it could)."""
     e = exclusion(c, node, labels, taints)
     return None if e is None else e.reason
-
-
-def reach_text(c: PodConstraints | NodeLevel) -> str:
-    """The pod's fields that restrict its nodes, for messages ("" when none does)."""
-    parts = [f"spec.nodeSelector.{k}={v}" for k, v in c.node_selector]
-    if c.affinity is not None:
-        terms = []
-        for t in c.affinity:
-            reqs = [_req_text(r) for r in t.expressions] + [_req_text(r) for r in t.fields]
-            terms.append(" and ".join(reqs) or "(empty)")
-        parts.append(f"{_AFFINITY} ({' or '.join(terms)})")
-    if c.tolerations:
-        parts.append(f"spec.tolerations ({len(c.tolerations)})")
-    return ", ".join(parts)
