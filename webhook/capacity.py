@@ -10,7 +10,7 @@ Only the nodes a pod can reach count. The view :meth:`ClusterView.of` returns co
 nodes a pod without node-level constraints can run on (no NoSchedule/NoExecute taint);
 a pod with a node selector, required node affinity or tolerations of taints some node
 has gets :meth:`ClusterView.scoped`: the same counts over the nodes
-:func:`kube.constraints.exclusion` lets it reach, condensed once per distinct constraint
+:func:`packing.constraints.exclusion` lets it reach, condensed once per distinct constraint
 signature and view (LRU of :data:`SCOPES_KEPT`) and then kept up to date as claims are
 added. A claim records the nodes its pod could reach and is taken only from views that
 share a node with them. Pure: no I/O.
@@ -27,8 +27,8 @@ from enum import StrEnum
 from types import MappingProxyType
 
 from kube import annotations as A
-from kube.constraints import BLOCKING, NodeLevel, exclusion, reach_text, tolerates
 from packing.catalog import GpuModel, get_model, mps_client_mib
+from packing.constraints import BLOCKING, NodeLevel, exclusion, reach_text, tolerates
 from packing.mig import MigSlot, free_starts
 from packing.model import (
     GPU_MILLI,
@@ -149,7 +149,7 @@ class _Root:
     def reach(self, level: NodeLevel) -> tuple[list[str], dict[str, str]]:
         """(nodes a pod with ``level`` can reach, in the state's order, which condenses
         faster than a set's; model -> the pod's field that excludes a node of that
-        model), by :func:`kube.constraints.exclusion`."""
+        model), by :func:`packing.constraints.exclusion`."""
         nodes: list[str] = []
         excluded: dict[str, str] = {}
         for name, node in self.state.nodes.items():
@@ -234,7 +234,7 @@ class ClusterView:
 
     def scoped(self, level: NodeLevel) -> ClusterView:
         """This view restricted to the nodes a pod with node-level constraints ``level``
-        can reach (kube.constraints), with the claims of this view that may land there.
+        can reach (packing.constraints), with the claims of this view that may land there.
         The same view when ``level`` is empty; cached per distinct ``level`` (LRU of
         :data:`SCOPES_KEPT`)."""
         root = self._root

@@ -308,8 +308,8 @@ _NO_CONSTRAINTS = NodeLevel()
 
 def _node_level(spec: Mapping[str, Any]) -> NodeLevel:
     """The pod's node selector, required node affinity and tolerations (all keys, every
-    operator: kube.constraints, the evaluator the extender uses too); PodError naming
-    the field when one cannot be read."""
+    operator: read by kube.constraints, judged by packing.constraints as the extender
+    judges them); PodError naming the field when one cannot be read."""
     if not (spec.get("nodeSelector") or spec.get("affinity") or spec.get("tolerations")):
         return _NO_CONSTRAINTS  # most pods: nothing to read
     try:
