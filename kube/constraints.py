@@ -1,19 +1,13 @@
 """Where a pod may run, as kube-scheduler decides it, read from Pod and Node objects.
 
 Pure: the parsers turn a pod spec (a Pod's, or a LeaderWorkerSet template's) into a
-frozen :class:`PodConstraints`, and a Node into its :class:`Taint` tuple; :func:`why_not`
-says why a node is not one the pod could run on (None: it could), following
-kube-scheduler's own filters:
-
-* ``NodeSelector`` / ``NodeAffinity`` (required only): every ``nodeSelector`` label
-  equal, and at least one ``nodeSelectorTerm`` matching (a term ANDs its
-  ``matchExpressions`` and ``matchFields``; an empty term matches nothing; ``In``,
-  ``NotIn``, ``Exists``, ``DoesNotExist``, ``Gt``, ``Lt``; ``matchFields`` only knows
-  ``metadata.name``);
-* ``TaintToleration``: every ``NoSchedule`` and ``NoExecute`` taint tolerated
-  (``PreferNoSchedule`` only scores); a toleration with an empty key and ``Exists``
-  tolerates every taint, an empty effect every effect, ``Equal`` (the default) needs the
-  value too.
+frozen :class:`PodConstraints`, and a Node into its :class:`Taint` tuple. The judging
+(node selector, required node affinity, taints against tolerations, cordon) is
+:mod:`packing.constraints`, re-exported here: :func:`exclusion` names the pod's field
+that keeps a node out of reach, :func:`why_not` says it in kube-scheduler's words (the
+extender's group rights), :func:`node_level` is the part of the constraints that decides
+which nodes a pod can reach (a hashable signature, the webhook's capacity scopes) and
+:func:`reach_text` names it.
 
 Also read here, for ResourceQuota scopes: the pod's ``priorityClassName``, whether it
 is terminating (``activeDeadlineSeconds``) and whether it is BestEffort (no CPU or
@@ -30,43 +24,51 @@ from typing import Any
 
 from kube import annotations as A
 from kube.objects import ObjectError
+from packing.constraints import (
+    BLOCKING,
+    OPERATORS,
+    UNSCHEDULABLE_TAINT,
+    Exclusion,
+    NodeLevel,
+    Requirement,
+    Taint,
+    Term,
+    Toleration,
+    exclusion,
+    parse_int,
+    reach_text,
+    requirement_holds,
+    term_matches,
+    tolerates,
+)
 
-# Taint effects that keep a pod off a node (PreferNoSchedule only lowers its score).
-BLOCKING = ("NoSchedule", "NoExecute")
-OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
+__all__ = [
+    "BLOCKING",
+    "OPERATORS",
+    "UNSCHEDULABLE_TAINT",
+    "Exclusion",
+    "NodeLevel",
+    "PodConstraints",
+    "Requirement",
+    "Taint",
+    "Term",
+    "Toleration",
+    "exclusion",
+    "node_level",
+    "node_taints",
+    "pod_constraints",
+    "reach_text",
+    "requirement_holds",
+    "spec_constraints",
+    "spec_node_level",
+    "term_matches",
+    "tolerates",
+    "why_not",
+]
+
 # Bounds: real specs have a handful of each; more is corrupt or hostile, and every one is
 # checked against every node.
 MAX_ITEMS = 64
-
-
-@dataclass(frozen=True)
-class Requirement:
-    key: str
-    operator: str
-    values: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class Term:
-    """One ``nodeSelectorTerm``: all of its requirements must hold."""
-
-    expressions: tuple[Requirement, ...] = ()
-    fields: tuple[Requirement, ...] = ()
-
-
-@dataclass(frozen=True)
-class Toleration:
-    key: str = ""
-    operator: str = "Equal"
-    value: str = ""
-    effect: str = ""
-
-
-@dataclass(frozen=True)
-class Taint:
-    key: str
-    value: str = ""
-    effect: str = "NoSchedule"
 
 
 @dataclass(frozen=True)
@@ -144,17 +146,9 @@ def _requirement(raw: Any, where: str, fields: bool) -> Requirement:
         raise ObjectError(f"{where}.values: {op} needs at least one value")
     if op in ("Exists", "DoesNotExist") and values:
         raise ObjectError(f"{where}.values: {op} takes no values")
-    if op in ("Gt", "Lt") and (len(values) != 1 or _int(values[0]) is None):
+    if op in ("Gt", "Lt") and (len(values) != 1 or parse_int(values[0]) is None):
         raise ObjectError(f"{where}.values: {op} needs exactly one integer value")
     return Requirement(key, op, values)
-
-
-def _int(text: str) -> int | None:
-    t = text.strip()
-    body = t[1:] if t[:1] in "+-" else t
-    if not body or len(body) > 18 or not (body.isascii() and body.isdigit()):
-        return None
-    return int(t)
 
 
 def _terms(spec: Mapping[str, Any], where: str) -> tuple[Term, ...] | None:
@@ -209,19 +203,30 @@ def _best_effort(spec: Mapping[str, Any], where: str) -> bool:
     return True
 
 
-def spec_constraints(spec: Any, where: str) -> PodConstraints:
-    """Constraints of a pod spec; ``where`` names it in errors (``Pod ns/x: spec``)."""
-    s = _obj(spec, where)
+def _selector(s: Mapping[str, Any], where: str) -> tuple[tuple[str, str], ...]:
     selector = _obj(s.get("nodeSelector"), f"{where}.nodeSelector")
     pairs = tuple(sorted((str(k), _str(v, f"{where}.nodeSelector.{k}"))
                          for k, v in selector.items()))
     if len(pairs) > MAX_ITEMS:
         raise ObjectError(f"{where}.nodeSelector: {len(pairs)} labels, more than gpupack reads")
+    return pairs
+
+
+def spec_node_level(spec: Any, where: str) -> NodeLevel:
+    """Only the node-level constraints of a pod spec (what :func:`spec_constraints`
+    reads for them, without the rest): the webhook's per-review read."""
+    s = _obj(spec, where)
+    return NodeLevel(_selector(s, where), _terms(s, where), _tolerations(s, where))
+
+
+def spec_constraints(spec: Any, where: str) -> PodConstraints:
+    """Constraints of a pod spec; ``where`` names it in errors (``Pod ns/x: spec``)."""
+    s = _obj(spec, where)
     deadline = s.get("activeDeadlineSeconds")
     return PodConstraints(
         scheduler_name=_str(s.get("schedulerName"), f"{where}.schedulerName",
                             "default-scheduler") or "default-scheduler",
-        node_selector=pairs,
+        node_selector=_selector(s, where),
         affinity=_terms(s, where),
         tolerations=_tolerations(s, where),
         priority_class=_str(s.get("priorityClassName"), f"{where}.priorityClassName"),
@@ -256,55 +261,15 @@ def node_taints(node: Mapping[str, Any]) -> tuple[Taint, ...]:
     return tuple(out)
 
 
-# ---- judging ---------------------------------------------------------------------------------
+# ---- judging: packing.constraints; the pod-level wrappers ----------------------------
 
 
-def requirement_holds(r: Requirement, labels: Mapping[str, str]) -> bool:
-    has = r.key in labels
-    if r.operator == "In":
-        return has and labels[r.key] in r.values
-    if r.operator == "NotIn":
-        return not has or labels[r.key] not in r.values
-    if r.operator == "Exists":
-        return has
-    if r.operator == "DoesNotExist":
-        return not has
-    # Gt / Lt: the label must be an integer too (as kube's labels.Requirement).
-    mine = _int(labels[r.key]) if has else None
-    bound = _int(r.values[0]) if r.values else None
-    if mine is None or bound is None:
-        return False
-    return mine > bound if r.operator == "Gt" else mine < bound
-
-
-def term_matches(t: Term, node: str, labels: Mapping[str, str]) -> bool:
-    if not t.expressions and not t.fields:
-        return False  # an empty term matches no node
-    return all(requirement_holds(r, labels) for r in t.expressions) and all(
-        requirement_holds(r, {"metadata.name": node}) for r in t.fields)
-
-
-def tolerates(tolerations: Sequence[Toleration], taint: Taint) -> bool:
-    for t in tolerations:
-        if t.effect and t.effect != taint.effect:
-            continue
-        if t.key and t.key != taint.key:
-            continue
-        if t.operator == "Exists" or t.value == taint.value:
-            return True
-    return False
+def node_level(c: PodConstraints) -> NodeLevel:
+    return NodeLevel(c.node_selector, c.affinity, c.tolerations)
 
 
 def why_not(c: PodConstraints, node: str, labels: Mapping[str, str],
             taints: Sequence[Taint]) -> str | None:
     """Why a pod with constraints ``c`` could not run on the node (None: it could)."""
-    for k, v in c.node_selector:
-        if labels.get(k) != v:
-            return f"node selector {k}={v} does not match"
-    if c.affinity is not None and not any(term_matches(t, node, labels) for t in c.affinity):
-        return "required node affinity does not match"
-    for taint in taints:
-        if taint.effect in BLOCKING and not tolerates(c.tolerations, taint):
-            shown = f"{taint.key}={taint.value}" if taint.value else taint.key
-            return f"taint {shown}:{taint.effect} is not tolerated"
-    return None
+    e = exclusion(c, node, labels, taints)
+    return None if e is None else e.reason

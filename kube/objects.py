@@ -44,6 +44,7 @@ from packing.model import (
     Placement,
     PodRequest,
     RequestKind,
+    Taint,
 )
 from packing.quantity import QuantityError, count, cpu_milli, memory_mib, parse_quantity
 
@@ -120,6 +121,10 @@ def bound_node(pod: Mapping[str, Any]) -> str | None:
 # ---- nodes -------------------------------------------------------------------------------
 
 
+# Stands for a node's taints when they cannot be read: no pod tolerates it.
+UNREADABLE_TAINTS = Taint("gpupack.io/unreadable-taints", "", "NoSchedule")
+
+
 def node_info(node: Mapping[str, Any], notes: list[str] | None = None, *,
               mig_actuator: bool = False) -> NodeInfo:
     """A NodeInfo from a v1 Node.
@@ -184,6 +189,17 @@ def node_info(node: Mapping[str, Any], notes: list[str] | None = None, *,
                 notes.append(f"{who}: metadata.labels.{A.SHARE_ALLOCATION_POLICY}: "
                              f"{policy_label[:40]!r} is not one of "
                              f"{'|'.join(AllocationPolicy)}; distributed assumed")
+    # kube.constraints reads taints (and imports this module for ObjectError).
+    from kube.constraints import node_taints
+
+    try:
+        taints = node_taints(node)
+    except ObjectError as e:
+        # Usable for pods kube-scheduler places, but gpupack cannot tell which pods
+        # tolerate it: counted as tainted for every pod.
+        taints = (UNREADABLE_TAINTS,)
+        if notes is not None:
+            notes.append(f"{e}; counted as tainted for every pod")
     return NodeInfo(
         name=name,
         cpu_milli=cpu,
@@ -195,6 +211,7 @@ def node_info(node: Mapping[str, Any], notes: list[str] | None = None, *,
         else False,
         mig_reconfigure=MigReconfigure.of(opt_in, mig_actuator),
         share_policy=share_policy,
+        taints=taints,
     )
 
 

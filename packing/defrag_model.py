@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 
 from ortools.sat.python import cp_model
 
+from packing.constraints import selector_miss
 from packing.model import GpuMode, PodRequest
 from packing.state import ClusterState, GpuState, NodeState
 
@@ -113,7 +114,7 @@ def node_rules_ok(member: PodRequest, node: NodeState) -> bool:
     """Cordon and node selector: what no eviction can change."""
     if node.info.unschedulable:
         return False
-    return all(node.info.labels.get(k) == v for k, v in member.node_selector.items())
+    return selector_miss(member.node_selector.items(), node.info.labels) is None
 
 
 def _cheapest(free: int, items: Sequence[tuple[int, int]], most: int) -> tuple[int | None, ...]:

@@ -110,6 +110,15 @@ class GpuInfo:
 
 
 @dataclass(frozen=True)
+class Taint:
+    """A node taint (``spec.taints[]``): only NoSchedule and NoExecute keep pods off."""
+
+    key: str
+    value: str = ""
+    effect: str = "NoSchedule"
+
+
+@dataclass(frozen=True)
 class NodeInfo:
     """A node as the packer sees it."""
 
@@ -125,6 +134,8 @@ class NodeInfo:
     # The device plugin's allocation policy for replicated (time-sliced/MPS) GPUs: which
     # GPU a share lands on (packing.device_plugin).
     share_policy: AllocationPolicy = AllocationPolicy.DISTRIBUTED
+    # spec.taints: which pods may land here (kube.constraints judges tolerations).
+    taints: tuple[Taint, ...] = ()
 
     @property
     def mig_reconfigurable(self) -> bool:

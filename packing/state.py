@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from packing.catalog import get_model, mps_client_mib
+from packing.constraints import selector_miss
 from packing.device_plugin import (
     AllocationPolicy,
     PluginChoice,
@@ -149,9 +150,9 @@ def fits_node(pod: PodRequest, node: NodeState) -> str | None:
     info = node.info
     if info.unschedulable:
         return "node is cordoned"
-    for k, v in pod.node_selector.items():
-        if info.labels.get(k) != v:
-            return f"node selector {k}={v} does not match"
+    miss = selector_miss(pod.node_selector.items(), info.labels)
+    if miss is not None:
+        return f"node selector {miss[0]}={miss[1]} does not match"
     if pod.cpu_milli > node.cpu_free:
         return f"insufficient cpu ({node.cpu_free}m free, {pod.cpu_milli}m asked)"
     if pod.memory_mib > node.mem_free:

@@ -37,6 +37,7 @@ from typing import Any
 from kube.constraints import PodConstraints, Taint, node_taints, pod_constraints
 from kube.objects import (
     NO_OBSERVATION,
+    UNREADABLE_TAINTS,
     NodeObservation,
     ObjectError,
     bound_node,
@@ -687,7 +688,8 @@ class ClusterCache:
             # The node is usable for pods kube-scheduler places; groups cannot know which
             # of their members tolerate it, so it counts as tainted for every group.
             log.warning("node %s: %s; no group will reserve room on it", info.name, e)
-            taints = (Taint("gpupack.io/unreadable-taints", "", "NoSchedule"),)
+            taints = (UNREADABLE_TAINTS,)
+        info = replace(info, taints=taints)  # the shapes cache shares NodeInfos by shape
         text = inventory_text(obj)
         with self.lock:
             seen = self._obs_text.get(info.name, None) == text and info.name in self._obs_text
@@ -698,7 +700,11 @@ class ClusterCache:
                 self._obs[info.name] = obs
             if self._taints.get(info.name, ()) != taints:
                 self._taints[info.name] = taints
-                if self._infos.get(info.name) == info:
+                old = self._infos.get(info.name)
+                if old is not None and replace(old, taints=taints) == info:
+                    # Only the taints changed: the next snapshot carries them (the
+                    # webhook's capacity scopes read them); the packing state is as it was.
+                    self._infos[info.name] = info
                     if not seen:
                         self._observed_changed(info.name)
                     self._changed()

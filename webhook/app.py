@@ -67,6 +67,8 @@ class ViewCache:
     condensed in a background thread while reviews keep reading the previous view (at
     5,000 nodes a rebuild takes most of a second, and a view a moment old only shifts
     free-slice counts; the scheduler still places the pod against the live cluster).
+    The rebuild also condenses the scoped views (``ClusterView.scoped``: the nodes in
+    reach of a pod's selector, affinity and tolerations) that the previous view served.
     """
 
     def __init__(self) -> None:
@@ -94,6 +96,12 @@ class ViewCache:
     def _rebuild(self, snapshot: Snapshot) -> None:
         try:
             view = ClusterView.of(snapshot)
+            with self._lock:
+                previous = self._view
+            if previous is not None:
+                # The scopes (node pools, tolerations) the previous view served are
+                # condensed here, not in the next review of each.
+                view.warm(previous.levels())
             with self._lock:
                 self._view, self._snapshot = view, snapshot
         except Exception:

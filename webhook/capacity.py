@@ -4,19 +4,31 @@ The webhook answers per pod in well under a millisecond even at thousands of nod
 it never walks the nodes per request: :class:`ClusterView` condenses a
 :class:`~packing.model.Snapshot` once (through :class:`~packing.state.ClusterState`, the
 same accounting the scheduler uses) into per-model counts that a decision reads in
-O(models x profiles). Pure: no I/O.
+O(models x profiles).
+
+Only the nodes a pod can reach count. The view :meth:`ClusterView.of` returns covers the
+nodes a pod without node-level constraints can run on (no NoSchedule/NoExecute taint);
+a pod with a node selector, required node affinity or tolerations of taints some node
+has gets :meth:`ClusterView.scoped`: the same counts over the nodes
+:func:`packing.constraints.exclusion` lets it reach, condensed once per distinct constraint
+signature and view (LRU of :data:`SCOPES_KEPT`) and then kept up to date as claims are
+added. A claim records the nodes its pod could reach and is taken only from views that
+share a node with them. Pure: no I/O.
 """
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Iterable, Mapping
+import threading
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Collection, Iterable, Mapping
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from types import MappingProxyType
 
 from kube import annotations as A
 from packing.catalog import GpuModel, get_model, mps_client_mib
+from packing.constraints import BLOCKING, NodeLevel, exclusion, reach_text, tolerates
 from packing.mig import MigSlot, free_starts
 from packing.model import (
     GPU_MILLI,
@@ -100,124 +112,310 @@ class ModelCapacity:
         return any(c >= memory_mib for c in self.mps_clients)
 
 
+# Scoped views kept per view (distinct node-level constraints of the pods reviewed).
+SCOPES_KEPT = 32
+_OVERLAPS_KEPT = 4096
+
+
+class _Root:
+    """What every view derived from one snapshot shares: the accounting to condense
+    scoped views from, and their cache (LRU, one per distinct node-level constraint)."""
+
+    def __init__(self, state: ClusterState, seen: frozenset[str]) -> None:
+        self.state = state
+        self.seen = seen
+        self.lock = threading.RLock()
+        self.scoped: OrderedDict[NodeLevel, ClusterView] = OrderedDict()
+        # (id(claim reach), id(view reach)) -> (both sets, whether they share a node).
+        self.overlaps: dict[tuple[int, int],
+                            tuple[frozenset[str], frozenset[str], bool]] = {}
+        self.base_reach: frozenset[str] = frozenset()
+        self.base_models: Mapping[str, ModelCapacity] = MappingProxyType({})
+        # Every NoSchedule/NoExecute taint some node has.
+        self.taints = frozenset(t for node in state.nodes.values() for t in node.info.taints
+                                if t.effect in BLOCKING)
+        self.selector_reach: dict[tuple[tuple[str, str], ...], frozenset[str] | None] = {}
+
+    def normalize(self, level: NodeLevel) -> NodeLevel:
+        """``level`` without the tolerations that tolerate no taint any node has: the API
+        server gives every pod some (DefaultTolerationSeconds: not-ready, unreachable),
+        and a pod whose tolerations change nothing keeps the unconstrained fast path."""
+        if not level.tolerations:
+            return level
+        useful = tuple(t for t in level.tolerations
+                       if any(tolerates((t,), taint) for taint in self.taints))
+        return level if useful == level.tolerations else replace(level, tolerations=useful)
+
+    def reach(self, level: NodeLevel) -> tuple[list[str], dict[str, str]]:
+        """(nodes a pod with ``level`` can reach, in the state's order, which condenses
+        faster than a set's; model -> the pod's field that excludes a node of that
+        model), by :func:`packing.constraints.exclusion`."""
+        nodes: list[str] = []
+        excluded: dict[str, str] = {}
+        for name, node in self.state.nodes.items():
+            info = node.info
+            if level.empty and not info.taints:
+                nodes.append(name)  # the common case, without a call
+                continue
+            e = exclusion(level, name, info.labels, info.taints)
+            if e is None:
+                nodes.append(name)
+            else:
+                for g in info.gpus:
+                    excluded.setdefault(g.model, e.field)
+        return nodes, excluded
+
+    def of_selector(self, selector: tuple[tuple[str, str], ...]) -> frozenset[str] | None:
+        """Nodes whose labels match a pending pod's node selector (None: no selector)."""
+        if not selector:
+            return None
+        hit = self.selector_reach.get(selector)
+        if hit is None:
+            hit = frozenset(n for n, node in self.state.nodes.items()
+                            if all(node.info.labels.get(k) == v for k, v in selector))
+            self.selector_reach[selector] = hit
+        return hit
+
+    def overlap(self, a: frozenset[str], b: frozenset[str]) -> bool:
+        key = (id(a), id(b))
+        hit = self.overlaps.get(key)
+        if hit is not None and hit[0] is a and hit[1] is b:
+            return hit[2]
+        if len(self.overlaps) >= _OVERLAPS_KEPT:
+            self.overlaps.clear()
+        out = not a.isdisjoint(b)
+        self.overlaps[key] = (a, b, out)
+        return out
+
+
 @dataclass(frozen=True)
 class ClusterView:
-    """Per-model capacity of a snapshot; build with :meth:`of`."""
+    """Per-model capacity of a snapshot; build with :meth:`of`.
+
+    The counts cover the nodes in ``reach``: those a pod without node-level constraints
+    can run on (no NoSchedule/NoExecute taint) for the view :meth:`of` returns, or
+    those a pod's own constraints allow for :meth:`scoped` (None: every node, a view
+    built by hand). Cordoned nodes in reach are present but offer nothing.
+    """
 
     models: Mapping[str, ModelCapacity]  # by catalog model name, sorted by name
     # Admission ids (PodRequest.admission) of the pods this view counts, bound or
     # pending: a claim the webhook holds for one of them is counted here already.
     seen: frozenset[str] = frozenset()
+    reach: frozenset[str] | None = None
+    # The pod's fields that restrict the reach ("" for the unconstrained view), and per
+    # model of a GPU out of reach, the field (or taint) that keeps it out.
+    scope: str = ""
+    excluded: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    _root: _Root | None = field(default=None, compare=False, repr=False)
+    # The claims taken since the condensation, _history[:_upto]: views taken one from the
+    # other in a line (as the app's claims grow) share one list, appended to.
+    _history: list[Claim] = field(default_factory=list, compare=False, repr=False)
+    _upto: int = field(default=0, compare=False, repr=False)
+    _scopes: OrderedDict[NodeLevel, ClusterView] = field(
+        default_factory=OrderedDict, compare=False, repr=False)
 
     @classmethod
     def of(cls, snapshot: Snapshot) -> ClusterView:
         state = ClusterState(snapshot)
-        products: dict[str, set[str]] = {}
-        gpus: Counter[str] = Counter()
-        mig_gpus: Counter[str] = Counter()
-        changeable: Counter[str] = Counter()
-        unreported: Counter[str] = Counter()
-        shared_gpus: Counter[str] = Counter()
-        fixed: dict[str, Counter[MigReconfigure]] = {}
-        off: dict[str, Counter[MigReconfigure]] = {}
-        # Thousands of GPUs share a handful of (model, layout, used-or-free) states: count
-        # the states first, then do the MIG arithmetic once per distinct state.
-        mig_states: Counter[tuple[str, bool, tuple[tuple[int, str, bool], ...]]] = Counter()
-        shared_room: dict[str, Counter[tuple[int, int, int]]] = {}
-        mps_gpus: Counter[str] = Counter()
-        mps_clients: dict[str, set[int]] = {}
-        mps_room: dict[str, Counter[tuple[int, int, int]]] = {}
-        for node in state.nodes.values():
-            info = node.info
-            product = info.labels.get(A.PRODUCT)
-            unreported_node = all(g.info.inferred and not g.instances for g in node.gpus
-                                  if g.info.mode is GpuMode.MIG)
-            for g in node.gpus:
-                name = g.info.model
-                gpus[name] += 1
-                if product:
-                    products.setdefault(name, set()).add(product)
-                if info.unschedulable:
-                    continue  # present, but offers nothing until uncordoned
-                if g.mode is GpuMode.MIG or g.convertible:
-                    mig_gpus[name] += 1
-                    layout = tuple(sorted((start, prof, owner is None)
-                                          for start, (prof, owner) in g.instances.items()))
-                    creatable = info.mig_reconfigurable or g.convertible
-                    mig_states[(name, creatable, layout)] += 1
-                    if creatable:
-                        changeable[name] += 1
-                    elif unreported_node:
-                        unreported[name] += 1
-                    else:
-                        fixed.setdefault(name, Counter())[info.mig_reconfigure] += 1
-                elif get_model(name).mig is not None:
-                    off.setdefault(name, Counter())[info.mig_reconfigure] += 1
-                if g.mode is GpuMode.SHARED and g.info.mps:
-                    mps_gpus[name] += 1
-                    mps_clients.setdefault(name, set()).add(_client_mib(g.info))
-                    room = _shared_room(g)
-                    if room is not None:
-                        key = (_client_mib(g.info), room[1], room[2])
-                        mps_room.setdefault(name, Counter())[key] += 1
-                elif g.mode is GpuMode.SHARED:
-                    shared_gpus[name] += 1
-                    room = _shared_room(g)
-                    if room is not None:
-                        shared_room.setdefault(name, Counter())[room] += 1
-        free: dict[str, Counter[str]] = {}
-        creatable_n: dict[str, Counter[str]] = {}
-        existing: dict[str, Counter[str]] = {}
-        for (name, creatable, layout), count in mig_states.items():
-            f, c, e = _mig_counts(name, creatable, layout)
-            for into, counts in ((free, f), (creatable_n, c), (existing, e)):
-                acc = into.setdefault(name, Counter())
-                for profile, n in counts.items():
-                    acc[profile] += n * count
-
-        def frozen(d: dict[str, Counter[str]], name: str) -> Mapping[str, int]:
-            return MappingProxyType(dict(d.get(name, {})))
-
-        models = {
-            name: ModelCapacity(
-                model=get_model(name),
-                products=tuple(sorted(products.get(name, ()))),
-                gpus=gpus[name],
-                mig_gpus=mig_gpus[name],
-                mig_free=frozen(free, name),
-                shared_gpus=shared_gpus[name],
-                shared_room=MappingProxyType(dict(shared_room.get(name, {}))),
-                mig_creatable=frozen(creatable_n, name),
-                mig_existing=frozen(existing, name),
-                mig_changeable_gpus=changeable[name],
-                mig_unreported_gpus=unreported[name],
-                mig_fixed=MappingProxyType(dict(sorted(fixed.get(name, {}).items()))),
-                mig_off=MappingProxyType(dict(sorted(off.get(name, {}).items()))),
-                mps_gpus=mps_gpus[name],
-                mps_clients=frozenset(mps_clients.get(name, ())),
-                mps_room=MappingProxyType(dict(mps_room.get(name, {}))),
-            )
-            for name in sorted(gpus)
-        }
         seen = frozenset(
             [req.admission for req, _ in snapshot.running if req.admission]
             + [req.admission for req in snapshot.pending if req.admission]
         )
-        view = cls(MappingProxyType(models), seen)
+        root = _Root(state, seen)
+        reach, excluded = root.reach(NodeLevel())
+        root.base_reach, root.base_models = frozenset(reach), _condense(state, reach)
+        view = cls(root.base_models, seen, root.base_reach, "",
+                   MappingProxyType(dict(sorted(excluded.items()))), _root=root)
         # Pods waiting for the scheduler hold no GPU in the snapshot yet, but each will
         # take the slice or share it asks for: a burst the webhook sized must not be
         # offered the same free slice again.
-        return view.with_claims(pending_claims(snapshot.pending))
+        return view.with_claims(pending_claims(snapshot.pending, root.of_selector))
+
+    def scoped(self, level: NodeLevel) -> ClusterView:
+        """This view restricted to the nodes a pod with node-level constraints ``level``
+        can reach (packing.constraints), with the claims of this view that may land there.
+        The same view when ``level`` is empty; cached per distinct ``level`` (LRU of
+        :data:`SCOPES_KEPT`)."""
+        root = self._root
+        if level.empty or root is None:
+            return self
+        level = root.normalize(level)
+        if level.empty:
+            return self
+        with root.lock:
+            hit = self._scopes.get(level)
+            if hit is not None:
+                self._scopes.move_to_end(level)
+                return hit
+            if level in root.scoped:
+                condensed = root.scoped[level]
+                root.scoped.move_to_end(level)
+            else:
+                nodes, excluded = root.reach(level)
+                reach = frozenset(nodes)
+                # The same nodes as a pod without constraints reaches: the same counts
+                # (not condensed again), but the messages name this pod's fields.
+                same = reach == root.base_reach
+                condensed = ClusterView(
+                    root.base_models if same else _condense(root.state, nodes), root.seen,
+                    root.base_reach if same else reach, reach_text(level),
+                    MappingProxyType(dict(sorted(excluded.items()))), _root=root)
+                root.scoped[level] = condensed
+                while len(root.scoped) > SCOPES_KEPT:
+                    root.scoped.popitem(last=False)
+            out = condensed.with_claims(self._history[:self._upto])
+            self._scopes[level] = out
+            while len(self._scopes) > SCOPES_KEPT:
+                self._scopes.popitem(last=False)
+            return out
+
+    def levels(self) -> list[NodeLevel]:
+        """The node-level constraints scoped on this snapshot's views, least recently
+        used first (to warm the next snapshot's view with)."""
+        root = self._root
+        if root is None:
+            return []
+        with root.lock:
+            return list(root.scoped)
+
+    def warm(self, levels: Iterable[NodeLevel]) -> None:
+        """Condense the scopes of ``levels`` now (a view rebuilt in the background warms
+        the scopes its predecessor served, so no review pays for them)."""
+        for level in levels:
+            self.scoped(level)
+
+    def applies(self, claim: Claim) -> bool:
+        """Whether ``claim`` may land on a node this view counts."""
+        if claim.reach is None or self.reach is None or claim.reach is self.reach:
+            return True
+        if self._root is None:
+            return not claim.reach.isdisjoint(self.reach)
+        return self._root.overlap(claim.reach, self.reach)
 
     def with_claims(self, claims: Iterable[Claim]) -> ClusterView:
-        """This view with ``claims`` taken out of the free counts (in order)."""
-        return _apply_claims(self, claims)
+        """This view with ``claims`` taken out of the free counts (in order), those that
+        may land on its nodes (a claim made for pool A leaves pool B as it is; one that
+        may land on both is taken from both, as it may take either)."""
+        added = tuple(claims)
+        if not added:
+            return self
+        root = self._root
+        with root.lock if root is not None else nullcontext():
+            models = dict(self.models)
+            for c in added:
+                if self.applies(c):
+                    _claim_one(models, c)
+            if len(self._history) == self._upto:
+                history = self._history  # this view is the tip of its line: extend it
+                history.extend(added)
+            else:
+                history = self._history[:self._upto] + list(added)
+            out = ClusterView(MappingProxyType(models), self.seen, self.reach, self.scope,
+                              self.excluded, _root=root, _history=history,
+                              _upto=len(history))
+            for level, view in self._scopes.items():  # kept scopes follow, incrementally
+                out._scopes[level] = view.with_claims(added)
+            return out
 
     def largest(self) -> ModelCapacity | None:
         """The model with the most memory (ties: name order)."""
         if not self.models:
             return None
         return max(self.models.values(), key=lambda m: (m.model.memory_mib, m.model.name))
+
+
+def _condense(state: ClusterState, reach: Collection[str]) -> Mapping[str, ModelCapacity]:
+    """Per-model capacity of the nodes of ``state`` in ``reach``."""
+    products: dict[str, set[str]] = {}
+    gpus: Counter[str] = Counter()
+    mig_gpus: Counter[str] = Counter()
+    changeable: Counter[str] = Counter()
+    unreported: Counter[str] = Counter()
+    shared_gpus: Counter[str] = Counter()
+    fixed: dict[str, Counter[MigReconfigure]] = {}
+    off: dict[str, Counter[MigReconfigure]] = {}
+    # Thousands of GPUs share a handful of (model, layout, used-or-free) states: count
+    # the states first, then do the MIG arithmetic once per distinct state.
+    mig_states: Counter[tuple[str, bool, tuple[tuple[int, str, bool], ...]]] = Counter()
+    shared_room: dict[str, Counter[tuple[int, int, int]]] = {}
+    mps_gpus: Counter[str] = Counter()
+    mps_clients: dict[str, set[int]] = {}
+    mps_room: dict[str, Counter[tuple[int, int, int]]] = {}
+    nodes = state.nodes
+    for name in reach:
+        node = nodes[name]
+        info = node.info
+        product = info.labels.get(A.PRODUCT)
+        unreported_node = all(g.info.inferred and not g.instances for g in node.gpus
+                              if g.info.mode is GpuMode.MIG)
+        for g in node.gpus:
+            model = g.info.model
+            gpus[model] += 1
+            if product:
+                products.setdefault(model, set()).add(product)
+            if info.unschedulable:
+                continue  # present, but offers nothing until uncordoned
+            if g.mode is GpuMode.MIG or g.convertible:
+                mig_gpus[model] += 1
+                layout = tuple(sorted((start, prof, owner is None)
+                                      for start, (prof, owner) in g.instances.items()))
+                creatable = info.mig_reconfigurable or g.convertible
+                mig_states[(model, creatable, layout)] += 1
+                if creatable:
+                    changeable[model] += 1
+                elif unreported_node:
+                    unreported[model] += 1
+                else:
+                    fixed.setdefault(model, Counter())[info.mig_reconfigure] += 1
+            elif get_model(model).mig is not None:
+                off.setdefault(model, Counter())[info.mig_reconfigure] += 1
+            if g.mode is GpuMode.SHARED and g.info.mps:
+                mps_gpus[model] += 1
+                mps_clients.setdefault(model, set()).add(_client_mib(g.info))
+                room = _shared_room(g)
+                if room is not None:
+                    key = (_client_mib(g.info), room[1], room[2])
+                    mps_room.setdefault(model, Counter())[key] += 1
+            elif g.mode is GpuMode.SHARED:
+                shared_gpus[model] += 1
+                room = _shared_room(g)
+                if room is not None:
+                    shared_room.setdefault(model, Counter())[room] += 1
+    free: dict[str, Counter[str]] = {}
+    creatable_n: dict[str, Counter[str]] = {}
+    existing: dict[str, Counter[str]] = {}
+    for (model, creatable, layout), count in mig_states.items():
+        f, c, e = _mig_counts(model, creatable, layout)
+        for into, counts in ((free, f), (creatable_n, c), (existing, e)):
+            acc = into.setdefault(model, Counter())
+            for profile, n in counts.items():
+                acc[profile] += n * count
+
+    def frozen(d: dict[str, Counter[str]], name: str) -> Mapping[str, int]:
+        return MappingProxyType(dict(d.get(name, {})))
+
+    return MappingProxyType({
+        name: ModelCapacity(
+            model=get_model(name),
+            products=tuple(sorted(products.get(name, ()))),
+            gpus=gpus[name],
+            mig_gpus=mig_gpus[name],
+            mig_free=frozen(free, name),
+            shared_gpus=shared_gpus[name],
+            shared_room=MappingProxyType(dict(shared_room.get(name, {}))),
+            mig_creatable=frozen(creatable_n, name),
+            mig_existing=frozen(existing, name),
+            mig_changeable_gpus=changeable[name],
+            mig_unreported_gpus=unreported[name],
+            mig_fixed=MappingProxyType(dict(sorted(fixed.get(name, {}).items()))),
+            mig_off=MappingProxyType(dict(sorted(off.get(name, {}).items()))),
+            mps_gpus=mps_gpus[name],
+            mps_clients=frozenset(mps_clients.get(name, ())),
+            mps_room=MappingProxyType(dict(mps_room.get(name, {}))),
+        )
+        for name in sorted(gpus)
+    })
 
 
 def _mig_counts(model: str, creatable: bool, layout: tuple[tuple[int, str, bool], ...]
@@ -285,20 +483,28 @@ class Claim:
     memory_mib: int
     compute_milli: int = 0
     profile: str | None = None  # MIG
+    # The nodes the pod can reach (None: any): a view of other nodes is left as it is.
+    reach: frozenset[str] | None = field(default=None, compare=False)
 
 
-def pending_claims(pending: Iterable[PodRequest]) -> list[Claim]:
+def pending_claims(
+    pending: Iterable[PodRequest],
+    reach: Callable[[tuple[tuple[str, str], ...]], frozenset[str] | None] = lambda _: None,
+) -> list[Claim]:
     """The claims of pending small pods. A share's kind (MPS or time-sliced) is not in
     the request (the webhook pins it by node affinity): it is taken from an MPS replica
-    when one holds it, as the webhook would choose, else from a time-sliced GPU."""
+    when one holds it, as the webhook would choose, else from a time-sliced GPU.
+    ``reach``: the nodes a pod's node selector allows (the request carries no other
+    node-level constraint)."""
     out = []
     for req in pending:
+        nodes = reach(tuple(sorted(req.node_selector.items())))
         if req.kind is RequestKind.MIG and req.mig_profile is not None:
             out.append(Claim(ShareKind.MIG, tuple(sorted(req.gpu_models)), 0,
-                             profile=req.mig_profile))
+                             profile=req.mig_profile, reach=nodes))
         elif req.kind is RequestKind.SHARED:
             out.append(Claim(ShareKind.SHARE, tuple(sorted(req.gpu_models)),
-                             req.gpu_memory_mib, req.gpu_milli))
+                             req.gpu_memory_mib, req.gpu_milli, reach=nodes))
     return out
 
 
@@ -379,14 +585,3 @@ def _less(counts: Mapping[str, int], key: str) -> Mapping[str, int]:
     out = dict(counts)
     out[key] -= 1
     return MappingProxyType(out)
-
-
-def _apply_claims(view: ClusterView, claims: Iterable[Claim]) -> ClusterView:
-    models = dict(view.models)
-    changed = False
-    for c in claims:
-        _claim_one(models, c)
-        changed = True
-    if not changed:
-        return view
-    return ClusterView(MappingProxyType(models), view.seen)

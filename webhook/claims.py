@@ -14,6 +14,10 @@ where :meth:`ClusterView.of` counts it as a claim of its own, or bound), or afte
 deleted before the watch delivered it). At most ``max_claims`` are held; beyond that the
 oldest goes first, so memory is bounded whatever the API server sends.
 
+A claim carries the nodes its pod could reach (:attr:`Claim.reach`): a claim of a pod
+restricted to pool A is taken from the views of pool A and of the whole cluster, never
+from a view of pool B (:meth:`ClusterView.with_claims`).
+
 Thread-safe; the clock is injected.
 """
 

@@ -25,6 +25,8 @@ from enum import StrEnum
 from typing import Any
 
 from kube import annotations as A
+from kube.constraints import NodeLevel, spec_node_level
+from kube.objects import ObjectError
 from packing.catalog import CATALOG, MigProfile, fitting_profiles, profile_from_resource
 from packing.model import GPU_MILLI, MigReconfigure, Snapshot
 from packing.quantity import QuantityError, memory_mib, parse_quantity
@@ -47,7 +49,6 @@ SHARING_KEY = A.SHARING_STRATEGY  # nvidia.com/gpu.sharing-strategy (GFD): none|
 DEFAULT_SCHEDULER = "default-scheduler"
 PRODUCT_KEY = A.PRODUCT
 _SMALL_KEYS = (A.GPU_MEMORY, A.GPU_COMPUTE, A.ISOLATION)
-_NODE_AFFINITY = "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
 
 
 class Kind(StrEnum):
@@ -87,6 +88,9 @@ class Decision:
     sharing: tuple[str, tuple[str, ...]] | None = None
     # gpupack.io/memory-fraction: "set": the server flags to write (webhook.sizing).
     arg_edits: tuple[ArgEdit, ...] = ()
+    # The nodes counted for it (the pod's reach; None: every node): its claim applies
+    # only to views of nodes it may land on.
+    reach: frozenset[str] | None = field(default=None, compare=False, repr=False)
 
     @property
     def allowed(self) -> bool:
@@ -114,11 +118,13 @@ class Decision:
         """What the pod will take, for the webhook's claim book (None: not a small pod)."""
         if self.kind is Kind.MIG:
             return Claim(ShareKind.MIG, self.models, self.memory_mib, self.compute_milli,
-                         profile=self.profile)
+                         profile=self.profile, reach=self.reach)
         if self.kind is Kind.SHARED:
-            return Claim(ShareKind.SHARED, self.models, self.memory_mib, self.compute_milli)
+            return Claim(ShareKind.SHARED, self.models, self.memory_mib, self.compute_milli,
+                         reach=self.reach)
         if self.kind is Kind.MPS:
-            return Claim(ShareKind.MPS, self.models, self.memory_mib, self.compute_milli)
+            return Claim(ShareKind.MPS, self.models, self.memory_mib, self.compute_milli,
+                         reach=self.reach)
         return None
 
 
@@ -294,93 +300,23 @@ def _read_ask(p: _Pod, klass: str, config: WebhookConfig) -> _Ask:
     return _Ask(klass, mem, milli, isolation, defaults, label)
 
 
-# ---- node affinity on the GPU product ---------------------------------------------------------
+# ---- where the pod may run -------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class _Expr:
-    path: str
-    operator: str
-    values: tuple[str, ...]
-
-    def admits(self, product: str | None) -> bool:
-        if self.operator == "In":
-            return product is not None and product in self.values
-        if self.operator == "NotIn":
-            return product is None or product not in self.values
-        if self.operator == "Exists":
-            return product is not None
-        if self.operator == "DoesNotExist":
-            return product is None
-        return False  # Gt/Lt: product names are not numbers
-
-    def text(self) -> str:
-        vals = f" [{', '.join(self.values)}]" if self.values else ""
-        return f"{self.path} ({PRODUCT_KEY} {self.operator}{vals})"
+_NO_CONSTRAINTS = NodeLevel()
 
 
-@dataclass(frozen=True)
-class ProductRules:
-    """The pod's own constraints on ``nvidia.com/gpu.product``."""
-
-    selector: str | None  # spec.nodeSelector value
-    terms: tuple[tuple[_Expr, ...], ...]  # product expressions of each required term
-
-    def admits(self, products: Sequence[str]) -> bool:
-        """Can the pod still land on some node of a model with these products?"""
-        if self.selector is not None and self.selector not in products:
-            return False
-        candidates: Sequence[str | None] = products or [None]
-        return all(
-            any(all(e.admits(p) for e in exprs) for p in candidates) for exprs in self.terms
-        )
-
-    def blocking(self, products: Sequence[str]) -> str:
-        """The first constraint that excludes these products (for messages)."""
-        if self.selector is not None and self.selector not in products:
-            return f"spec.nodeSelector.{PRODUCT_KEY}={self.selector}"
-        candidates: Sequence[str | None] = products or [None]
-        for exprs in self.terms:
-            for e in exprs:
-                if not any(e.admits(p) for p in candidates):
-                    return e.text()
-        return "node affinity"
-
-
-def _product_rules(spec: Mapping[str, Any]) -> ProductRules:
-    selector = _str_map(spec.get("nodeSelector"), "spec.nodeSelector").get(PRODUCT_KEY)
-    affinity = _mapping(spec.get("affinity"), "spec.affinity")
-    node_aff = _mapping(affinity.get("nodeAffinity"), "spec.affinity.nodeAffinity")
-    required = _mapping(node_aff.get("requiredDuringSchedulingIgnoredDuringExecution"),
-                        _NODE_AFFINITY)
-    terms_raw = required.get("nodeSelectorTerms")
-    terms_raw = [] if terms_raw is None else terms_raw
-    if not isinstance(terms_raw, list):
-        raise PodError(f"{_NODE_AFFINITY}.nodeSelectorTerms", "expected a list")
-    terms = []
-    for t, term in enumerate(terms_raw):
-        tpath = f"{_NODE_AFFINITY}.nodeSelectorTerms[{t}]"
-        term = _mapping(term, tpath)
-        exprs_raw = term.get("matchExpressions")
-        exprs_raw = [] if exprs_raw is None else exprs_raw
-        if not isinstance(exprs_raw, list):
-            raise PodError(f"{tpath}.matchExpressions", "expected a list")
-        exprs = []
-        for e, expr in enumerate(exprs_raw):
-            epath = f"{tpath}.matchExpressions[{e}]"
-            expr = _mapping(expr, epath)
-            if expr.get("key") != PRODUCT_KEY:
-                continue
-            values = expr.get("values")
-            values = [] if values is None else values
-            if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
-                raise PodError(f"{epath}.values", "expected a list of strings")
-            op = expr.get("operator")
-            if not isinstance(op, str):
-                raise PodError(f"{epath}.operator", f"expected a string, got {op!r}")
-            exprs.append(_Expr(epath, op, tuple(values)))
-        terms.append(tuple(exprs))
-    return ProductRules(selector, tuple(terms))
+def _node_level(spec: Mapping[str, Any]) -> NodeLevel:
+    """The pod's node selector, required node affinity and tolerations (all keys, every
+    operator: read by kube.constraints, judged by packing.constraints as the extender
+    judges them); PodError naming the field when one cannot be read."""
+    if not (spec.get("nodeSelector") or spec.get("affinity") or spec.get("tolerations")):
+        return _NO_CONSTRAINTS  # most pods: nothing to read
+    try:
+        return spec_node_level(spec, "spec")
+    except ObjectError as e:
+        field, _, problem = str(e).partition(": ")
+        raise PodError(field, problem or "cannot be read") from None
 
 
 # ---- choosing ---------------------------------------------------------------------------------
@@ -394,14 +330,13 @@ class _MigFit:
     waste: int  # MiB of the slice beyond what was asked
 
 
-def _fits(view: ClusterView, ask: _Ask, rules: ProductRules
-          ) -> tuple[list[_MigFit], list[ModelCapacity], list[ModelCapacity], list[str]]:
-    """MIG, time-sliced and MPS candidates allowed by the pod's product rules, and which
-    constraints excluded candidates that would otherwise fit."""
+def _fits(view: ClusterView, ask: _Ask
+          ) -> tuple[list[_MigFit], list[ModelCapacity], list[ModelCapacity]]:
+    """MIG, time-sliced and MPS candidates on the nodes of the view (those in the pod's
+    reach)."""
     mig: list[_MigFit] = []
     shared: list[ModelCapacity] = []
     mps: list[ModelCapacity] = []
-    blocked: list[str] = []
     for cap in view.models.values():
         fits_mig = False
         profile = None
@@ -425,11 +360,6 @@ def _fits(view: ClusterView, ask: _Ask, rules: ProductRules
             and ask.isolation is not Isolation.MIG
             and cap.mps_possible(ask.memory_mib)
         )
-        if not (fits_mig or fits_shared or fits_mps):
-            continue
-        if not rules.admits(cap.products):
-            blocked.append(f"{cap.model.name}: {rules.blocking(cap.products)}")
-            continue
         if fits_mig and profile is not None:
             free = cap.mig_available(profile.name)
             mig.append(_MigFit(cap, profile, free, profile.memory_mib - ask.memory_mib))
@@ -437,7 +367,24 @@ def _fits(view: ClusterView, ask: _Ask, rules: ProductRules
             shared.append(cap)
         if fits_mps:
             mps.append(cap)
-    return mig, shared, mps, blocked
+    return mig, shared, mps
+
+
+def _could_hold(name: str, ask: _Ask) -> bool:
+    """Whether a GPU of catalog model ``name`` could hold the pod at all, by its kind."""
+    model = CATALOG.get(name)
+    if model is None or model.memory_mib < ask.memory_mib:
+        return False
+    if ask.isolation is Isolation.MIG:
+        return model.mig is not None and bool(
+            fitting_profiles(model, ask.memory_mib, ask.compute_milli))
+    return True
+
+
+def _blocked(view: ClusterView, ask: _Ask) -> list[str]:
+    """GPUs out of the pod's reach that could hold it, with the field keeping each out."""
+    return [f"{name}: {why}" for name, why in view.excluded.items()
+            if name not in view.models and _could_hold(name, ask)]
 
 
 def _products(caps: Sequence[ModelCapacity]) -> tuple[str, ...]:
@@ -597,10 +544,26 @@ def _choose_mps(caps: list[ModelCapacity], ask: _Ask, config: WebhookConfig,
     )
 
 
-def _no_fit(view: ClusterView, ask: _Ask, blocked: list[str]) -> Decision:
+def _no_fit(view: ClusterView, ask: _Ask) -> Decision:
+    """The denial: what the nodes in the pod's reach offer, and which GPUs out of its
+    reach could have held it (naming the pod's field or the taint that keeps each out)."""
+    blocked = _blocked(view, ask)
+    where = (f"{view.scope} ({len(view.reach or ())} node(s) in reach): " if view.scope
+             else "")
     largest = view.largest()
     if largest is None:
+        if view.excluded:
+            out = "; ".join(f"{m}: {why}" for m, why in view.excluded.items())
+            return deny(ask.klass, 403,
+                        f"{view.scope + ': ' if view.scope else ''}no node in reach has a "
+                        f"GPU; cannot place {ask.label} (GPUs out of reach: {out})")
         return deny(ask.klass, 403, f"the cluster has no GPUs; cannot place {ask.label}")
+    if blocked:
+        return deny(
+            ask.klass, 403,
+            f"{ask.label}: the GPUs that could hold it are excluded by the pod's own "
+            f"constraints: {'; '.join(blocked)}",
+        )
     # Only slices that exist or may be created count: a profile of the geometry that no
     # node has and none will make holds nothing.
     biggest_mig = max(
@@ -632,14 +595,9 @@ def _no_fit(view: ClusterView, ask: _Ask, blocked: list[str]) -> Decision:
     if ask.memory_mib > largest.model.memory_mib:
         return deny(
             ask.klass, 403,
-            f"{ask.label} is more than any GPU in the cluster has: the largest is "
+            f"{where}{ask.label} is more than any GPU "
+            f"{'in reach' if view.scope else 'in the cluster'} has: the largest is "
             f"{largest.model.name} with {_gib(largest.model.memory_mib)} ({mig_text})",
-        )
-    if blocked:
-        return deny(
-            ask.klass, 403,
-            f"{ask.label}: the GPUs that could hold it are excluded by the pod's own "
-            f"constraints: {'; '.join(blocked)}",
         )
     what = {
         Isolation.MIG: f"{A.ISOLATION}=mig, but no MIG slice holds it ({mig_text})",
@@ -653,7 +611,7 @@ def _no_fit(view: ClusterView, ask: _Ask, blocked: list[str]) -> Decision:
     }[ask.isolation]
     return deny(
         ask.klass, 403,
-        f"{ask.label}"
+        f"{where}{ask.label}"
         + (f" and {A.GPU_COMPUTE}={ask.compute_milli / GPU_MILLI:g}" if ask.compute_milli else "")
         + f": {what}; ask for whole GPUs with {A.CLASS}: whole instead",
     )
@@ -958,8 +916,22 @@ def decide(
 def _solve(p: _Pod, target: _Container, ask: _Ask, view: ClusterView,
            config: WebhookConfig) -> Decision:
     explicit_profile, explicit_shared = _explicit(p, target, ask)
-    rules = _product_rules(p.spec)
-    mig, shared, mps, blocked = _fits(view, ask, rules)
+    # Only the nodes the pod can reach count (its node selector, required node
+    # affinity, tolerations against taints); the same view when it sets none.
+    view = view.scoped(_node_level(p.spec))
+    decision = _solve_in(p, target, ask, view, config, explicit_profile, explicit_shared)
+    if not decision.allowed:
+        return decision
+    if view.scope:
+        decision = replace(decision, reason=f"{decision.reason}; counting the "
+                           f"{len(view.reach or ())} node(s) in reach of {view.scope}")
+    return replace(decision, reach=view.reach)
+
+
+def _solve_in(p: _Pod, target: _Container, ask: _Ask, view: ClusterView,
+              config: WebhookConfig, explicit_profile: str | None, explicit_shared: bool
+              ) -> Decision:
+    mig, shared, mps = _fits(view, ask)
     avoid_mps = any(c.mps_gpus for c in view.models.values())
     if explicit_profile is not None:
         res = _res_path(target, next(iter(target.gpu)))
@@ -1004,4 +976,4 @@ def _solve(p: _Pod, target: _Container, ask: _Ask, view: ClusterView,
                     decision = replace(decision, reason=f"{decision.reason}; no MIG slice "
                                        f"holds it ({off})")
             return decision
-    return _no_fit(view, ask, blocked)
+    return _no_fit(view, ask)

@@ -99,6 +99,22 @@ AUDIT_POLICY = {
 }
 
 
+
+def group_alive(pgid: int) -> bool:
+    """Whether any process of group ``pgid`` runs (zombies, exited but not reaped, do
+    not count)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        # After the command name: state, ppid, pgrp.
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
+
 class StackError(RuntimeError):
     """The stack could not be started or driven; the message says which component."""
 
@@ -433,12 +449,19 @@ class Stack:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, sig)
         end = time.monotonic() + timeout_s
-        while self.alive(component) and time.monotonic() < end:
+
+        def running() -> bool:
+            # The whole group: a "restart: always" component's leader is its bash
+            # supervise loop, which dies at once while the component drains (a webhook
+            # still answering reviews on kept-alive connections after stop returned).
+            return self.alive(component) or group_alive(pid)
+
+        while running() and time.monotonic() < end:
             time.sleep(0.05)
-        if self.alive(component):
+        if running():
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)
-            while self.alive(component) and time.monotonic() < end + 5:
+            while running() and time.monotonic() < end + 5:
                 time.sleep(0.05)
         self.pid_file(component).unlink(missing_ok=True)
 

@@ -3,10 +3,23 @@ MutatingWebhookConfiguration, over TLS with the caBundle of the project's script
 
 from __future__ import annotations
 
+import json
+import time
 from typing import Any
 
 import pytest
-from cluster import create_nodes, h100_mig, l40s_shared, pod, wait_for_webhook
+from cluster import (
+    L40S,
+    POOL,
+    SHARED,
+    create_nodes,
+    h100_mig,
+    l40s_shared,
+    pending_report,
+    pod,
+    pods_in,
+    wait_for_webhook,
+)
 from conftest import Space
 from controlplane import Stack, _find, render_chart
 from kubernetes.client.rest import ApiException
@@ -29,6 +42,61 @@ def test_sized_pod_comes_back_concrete(space: Space, core: Any) -> None:
     limits = _limits(made)
     assert limits.get("nvidia.com/mig-1g.10gb") == "1", limits
     assert made.metadata.annotations.get("gpupack.io/decision"), made.metadata.annotations
+
+
+def test_pool_affinity_and_taints_bound_what_a_pod_is_given(space: Space, core: Any) -> None:
+    """The webhook counts only the nodes a pod can reach: its node selector, required
+    node affinity (any label, any operator) and tolerations against the nodes' taints.
+    A pool pod that does not tolerate its pool's tainted MIG node gets a share of the
+    pool's L40S (not the control plane's agent node's free slice, nor the tainted
+    one); pods that tolerate it get its slices; all bind where kube-scheduler agrees."""
+    ns = space.namespace()
+    mig, l40s = f"{space.name}-mig", f"{space.name}-l40s"
+    space.nodes += create_nodes(core, [h100_mig(mig, space.name, {"3g.40gb": 2}),
+                                       l40s_shared(l40s, space.name, gpus=2)])
+    taint = {"key": "e2e.gpupack.io/dedicated", "value": "asr", "effect": "NoSchedule"}
+    core.patch_node(mig, {"spec": {"taints": [taint]}})
+    # A marker node after the taint: the node watch is ordered, so once the webhook's
+    # view has the marker (its probe converts), it has the taint too.
+    marker = f"{space.name}-marker"
+    space.nodes += create_nodes(core, [l40s_shared(marker, marker, gpus=1)])
+    wait_for_webhook(core, ns, pod("probe", pool=marker,
+                                   annotations={"gpupack.io/gpu-memory": "8Gi"}), SHARED)
+    tolerate = [{"key": "e2e.gpupack.io/dedicated", "operator": "Exists",
+                 "effect": "NoSchedule"}]
+
+    def create(name: str, **spec: Any) -> Any:
+        body = pod(name, annotations={"gpupack.io/gpu-memory": "30Gi"})
+        body["spec"].update(spec)
+        return core.create_namespaced_pod(ns, body)
+
+    plain = create("plain", nodeSelector={POOL: space.name})
+    tolerant = create("tolerant", nodeSelector={POOL: space.name}, tolerations=tolerate)
+    by_affinity = create("affinity", tolerations=tolerate, affinity={"nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{
+            "matchExpressions": [
+                {"key": POOL, "operator": "In", "values": [space.name]},
+                {"key": "nvidia.com/gpu.product", "operator": "NotIn", "values": [L40S]}],
+        }]}}})
+    assert SHARED in _limits(plain), _limits(plain)
+    reason = json.loads(plain.metadata.annotations["gpupack.io/decision"])["reason"]
+    assert f"in reach of spec.nodeSelector.{POOL}={space.name}" in reason, reason
+    assert "nvidia.com/mig-3g.40gb" in _limits(tolerant), _limits(tolerant)
+    assert "nvidia.com/mig-3g.40gb" in _limits(by_affinity), _limits(by_affinity)
+    # Nothing in reach: refused, naming the field.
+    with pytest.raises(ApiException) as err:
+        create("nowhere", nodeSelector={POOL: f"{space.name}-none"})
+    assert f"spec.nodeSelector.{POOL}={space.name}-none: no node in reach" in str(
+        err.value.body), err.value.body
+
+    deadline = time.monotonic() + 60
+    where: dict[str, str | None] = {}
+    while time.monotonic() < deadline:
+        where = {p["metadata"]["name"]: p["spec"].get("nodeName") for p in pods_in(core, ns)}
+        if all(where.values()):
+            break
+        time.sleep(0.5)
+    assert where == {"plain": l40s, "tolerant": mig, "affinity": mig}, pending_report(core, ns)
 
 
 def test_bad_value_refused_with_the_webhooks_message(space: Space, core: Any) -> None:

@@ -10,9 +10,13 @@ import pytest
 from kube.constraints import (
     PodConstraints,
     Taint,
+    exclusion,
+    node_level,
     node_taints,
     pod_constraints,
+    reach_text,
     spec_constraints,
+    spec_node_level,
     why_not,
 )
 from kube.objects import ObjectError
@@ -143,3 +147,91 @@ def test_node_taints() -> None:
     assert node_taints({"metadata": {"name": "n2"}}) == ()
     with pytest.raises(ObjectError, match=r"Node n3: spec.taints\[0\]"):
         node_taints({"metadata": {"name": "n3"}, "spec": {"taints": [{"key": "x"}]}})
+
+
+# exclusion(): the same judgement as why_not, naming the pod's field that keeps the node out
+# (the webhook's denials and reasons quote it). One row per operator and toleration rule.
+AFF = "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+FIELDS: list[tuple[str, dict[str, Any], list[Taint], bool, str | None]] = [
+    ("nothing asked", {}, [], False, None),
+    ("selector", {"nodeSelector": {ZONE: "a"}}, [], False, f"spec.nodeSelector.{ZONE}=a"),
+    ("selector, second key", {"nodeSelector": {ZONE: "b", "pool": "x"}}, [], False,
+     "spec.nodeSelector.pool=x"),
+    ("In", {"affinity": affinity({"matchExpressions": [expr(ZONE, "In", "a", "c")]})}, [],
+     False, f"{AFF}.nodeSelectorTerms[0].matchExpressions[0] ({ZONE} In [a, c])"),
+    ("NotIn", {"affinity": affinity({"matchExpressions": [
+        expr("gpu", "Exists"), expr(ZONE, "NotIn", "b")]})}, [], False,
+     f"{AFF}.nodeSelectorTerms[0].matchExpressions[1] ({ZONE} NotIn [b])"),
+    ("Exists", {"affinity": affinity({"matchExpressions": [expr("x", "Exists")]})}, [], False,
+     f"{AFF}.nodeSelectorTerms[0].matchExpressions[0] (x Exists)"),
+    ("DoesNotExist", {"affinity": affinity({"matchExpressions": [
+        expr("rack", "DoesNotExist")]})}, [], False,
+     f"{AFF}.nodeSelectorTerms[0].matchExpressions[0] (rack DoesNotExist)"),
+    ("Gt", {"affinity": affinity({"matchExpressions": [expr("rack", "Gt", "12")]})}, [],
+     False, f"{AFF}.nodeSelectorTerms[0].matchExpressions[0] (rack Gt [12])"),
+    ("Lt", {"affinity": affinity({"matchExpressions": [expr("rack", "Lt", "13")]})}, [],
+     False, None),
+    ("Gt on a label that is not a number", {"affinity": affinity({"matchExpressions": [
+        expr(ZONE, "Gt", "1")]})}, [], False,
+     f"{AFF}.nodeSelectorTerms[0].matchExpressions[0] ({ZONE} Gt [1])"),
+    ("matchFields", {"affinity": affinity({"matchFields": [
+        expr("metadata.name", "NotIn", "n1")]})}, [], False,
+     f"{AFF}.nodeSelectorTerms[0].matchFields[0] (metadata.name NotIn [n1])"),
+    ("no term matches: the first is named", {"affinity": affinity(
+        {"matchExpressions": [expr(ZONE, "In", "a")]},
+        {"matchExpressions": [expr(ZONE, "In", "c")]})}, [], False,
+     f"{AFF}.nodeSelectorTerms[0].matchExpressions[0] ({ZONE} In [a])"),
+    ("one term matches", {"affinity": affinity(
+        {"matchExpressions": [expr(ZONE, "In", "a")]},
+        {"matchFields": [expr("metadata.name", "In", "n1")]})}, [], False, None),
+    ("empty term", {"affinity": affinity({})}, [], False,
+     f"{AFF}.nodeSelectorTerms[0] (an empty term matches no node)"),
+    ("NoSchedule taint, no tolerations", {}, [Taint("gpu", "yes", "NoSchedule")], False,
+     "spec.tolerations (none): taint gpu=yes:NoSchedule"),
+    ("NoExecute taint, other tolerations", {"tolerations": [{"key": "a", "operator": "Exists"}]},
+     [Taint("maint", "", "NoExecute")], False, "spec.tolerations: taint maint:NoExecute"),
+    ("PreferNoSchedule", {}, [Taint("x", "", "PreferNoSchedule")], False, None),
+    ("Equal with value", {"tolerations": [{"key": "gpu", "operator": "Equal", "value": "yes"}]},
+     [Taint("gpu", "yes", "NoExecute")], False, None),
+    ("Equal, other value", {"tolerations": [{"key": "gpu", "value": "no"}]},
+     [Taint("gpu", "yes", "NoSchedule")], False, "spec.tolerations: taint gpu=yes:NoSchedule"),
+    ("Exists on the key", {"tolerations": [{"key": "gpu", "operator": "Exists",
+                                            "effect": "NoSchedule"}]},
+     [Taint("gpu", "yes", "NoSchedule")], False, None),
+    ("effect must match", {"tolerations": [{"key": "gpu", "operator": "Exists",
+                                            "effect": "NoSchedule"}]},
+     [Taint("gpu", "yes", "NoExecute")], False, "spec.tolerations: taint gpu=yes:NoExecute"),
+    ("empty key Exists tolerates all", {"tolerations": [{"operator": "Exists"}]},
+     [Taint("a", "1", "NoSchedule"), Taint("b", "", "NoExecute")], True, None),
+    ("cordoned", {}, [], True, "spec.unschedulable of the node (cordoned)"),
+    ("cordoned, tolerated", {"tolerations": [
+        {"key": "node.kubernetes.io/unschedulable", "operator": "Exists"}]}, [], True, None),
+]
+
+
+@pytest.mark.parametrize(("spec", "taints", "cordoned", "field"), [c[1:] for c in FIELDS],
+                         ids=[c[0] for c in FIELDS])
+def test_exclusion_names_the_field(spec: dict[str, Any], taints: list[Taint],
+                                   cordoned: bool, field: str | None) -> None:
+    c = pod_constraints(pod(**spec))
+    e = exclusion(node_level(c), "n1", LABELS, taints, unschedulable=cordoned)
+    assert (e.field if e else None) == field
+    if not cordoned:  # why_not is the same judgement
+        assert (why_not(c, "n1", LABELS, taints) is None) == (e is None)
+
+
+def test_node_level_signature_and_text() -> None:
+    c = pod_constraints(pod(nodeSelector={"pool": "a"}, tolerations=[{"operator": "Exists"}],
+                            affinity=affinity({"matchExpressions": [expr(ZONE, "In", "b")]})))
+    level = node_level(c)
+    assert not level.empty and node_level(pod_constraints(pod())).empty
+    # Hashable and equal for equal constraints: the webhook caches per signature.
+    assert {level: 1}[node_level(pod_constraints(pod(
+        nodeSelector={"pool": "a"}, tolerations=[{"operator": "Exists"}],
+        affinity=affinity({"matchExpressions": [expr(ZONE, "In", "b")]}))))] == 1
+    assert reach_text(level) == (f"spec.nodeSelector.pool=a, {AFF} ({ZONE} In [b]), "
+                                 "spec.tolerations (1)")
+    # The webhook's lighter read gives the same signature.
+    spec = pod(nodeSelector={"pool": "a"}, tolerations=[{"operator": "Exists"}],
+               affinity=affinity({"matchExpressions": [expr(ZONE, "In", "b")]}))["spec"]
+    assert spec_node_level(spec, "spec") == level

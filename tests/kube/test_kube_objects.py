@@ -338,3 +338,20 @@ def test_a_deeply_nested_inventory_annotation_falls_back_to_inference() -> None:
     notes: list[str] = []
     info = node_info(n, notes=notes)
     assert len(info.gpus) == 2 and "inferred instead" in notes[0]
+
+
+def test_node_taints_are_read_into_the_node_info() -> None:
+    from kube.objects import UNREADABLE_TAINTS
+    from packing.model import Taint
+
+    n = k8s_node("g0", {}, {"cpu": "8", "memory": "16Gi"})
+    n["spec"] = {"taints": [{"key": "gpu", "value": "yes", "effect": "NoSchedule"},
+                            {"key": "soft", "effect": "PreferNoSchedule"}]}
+    assert node_info(n).taints == (Taint("gpu", "yes", "NoSchedule"),
+                                   Taint("soft", "", "PreferNoSchedule"))
+    assert node_info(k8s_node("g1", {}, {"cpu": "8"})).taints == ()
+    # Unreadable taints: the node stays, tainted for every pod, and a note names the field.
+    n["spec"] = {"taints": [{"key": "gpu"}]}
+    notes: list[str] = []
+    assert node_info(n, notes).taints == (UNREADABLE_TAINTS,)
+    assert any("spec.taints[0]" in x for x in notes), notes

@@ -300,3 +300,21 @@ def test_a_bound_pod_gpupack_would_refuse_is_still_counted_and_a_pending_one_ski
     pending = pod("big", {"nvidia.com/gpu": "1"},
                   annotations={"gpupack.io/group": "g2", "gpupack.io/group-size": "5000"})
     assert not cache.upsert_pod(pending) and cache.bad_objects == 1
+
+
+def test_node_taints_reach_the_snapshot_and_follow_updates() -> None:
+    """The webhook's capacity scopes read taints from the snapshot's NodeInfos: a taint
+    added or lifted by a Node update is in the next snapshot (and in cache.taints)."""
+    from packing.model import Taint
+
+    n = node("h0")
+    cache = make_cache([n])
+    assert cache.snapshot().nodes[0].taints == ()
+    n = {**n, "spec": {**n.get("spec", {}), "taints": [
+        {"key": "maint", "effect": "NoExecute"}]}}
+    cache.upsert_node(n)
+    assert cache.snapshot().nodes[0].taints == (Taint("maint", "", "NoExecute"),)
+    assert cache.taints("h0") == (Taint("maint", "", "NoExecute"),)
+    n = {**n, "spec": {**n["spec"], "taints": []}}
+    cache.upsert_node(n)
+    assert cache.snapshot().nodes[0].taints == () and cache.taints("h0") == ()

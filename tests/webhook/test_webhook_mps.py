@@ -28,6 +28,9 @@ MPS_AND_TS = cluster(node("mps-0", "L40S", 2, "mps"), node("ts-0", "L40S", 2, "s
 MPS_ONLY = cluster(node("mps-0", "L40S", 1, "mps"))
 TS_ONLY = cluster(node("ts-0", "L40S", 2, "shared"))
 WITH_MIG = cluster(node("h100", mig={"1g.10gb": 1}), node("mps-0", "L40S", 1, "mps"))
+# The same in two zones: the pod's own zone terms below reach both nodes.
+ZONED = cluster(node("mps-0", "L40S", 2, "mps", labels={"zone": "b"}),
+                node("ts-0", "L40S", 2, "shared", labels={"zone": "a"}))
 
 
 def _ann(memory: str, isolation: str | None = None) -> dict[str, str]:
@@ -96,8 +99,8 @@ def test_mps_patch_is_valid_and_idempotent(spec: dict[str, Any],
                                            terms_after: list[list[tuple[str, str, list[str]]]]
                                            ) -> None:
     p = pod(annotations=_ann("8Gi"), spec=spec)
-    adm = admit(p, MPS_AND_TS, CFG)
-    assert adm.decision.kind is Kind.MPS
+    adm = admit(p, ZONED, CFG)
+    assert adm.decision.kind is Kind.MPS, adm.decision.reason
     out = jsonpatch.JsonPatch(list(adm.patch)).apply(p)
     assert out == adm.result
     assert out["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu.shared": "1"}
