@@ -508,10 +508,12 @@ def pending_claims(
     return out
 
 
-def _take(room: Mapping[tuple[int, int, int], int], memory_mib: int, compute_milli: int
-          ) -> Mapping[tuple[int, int, int], int] | None:
+def _take(room: Mapping[tuple[int, int, int], int], memory_mib: int, compute_milli: int,
+          *, memory_capped: bool = False) -> Mapping[tuple[int, int, int], int] | None:
     """``room`` after one share of (memory, compute) is taken from its tightest GPU (the
-    best fit, as the scheduler packs), or None when no GPU has room."""
+    best fit, as the scheduler packs), or None when no GPU has room. A time-sliced GPU
+    keeps the memory the share did not take; with ``memory_capped`` (an MPS replica) the
+    key's memory is the per-client cap, the same for every replica left."""
     fits = [k for k, n in room.items() if n > 0 and k[0] >= memory_mib and k[1] >= compute_milli]
     if not fits:
         return None
@@ -522,26 +524,7 @@ def _take(room: Mapping[tuple[int, int, int], int], memory_mib: int, compute_mil
         del out[key]
     left = key[2] - 1 if key[2] < UNLIMITED else UNLIMITED
     if left > 0:
-        after = (key[0] - memory_mib, key[1] - compute_milli, left)
-        out[after] = out.get(after, 0) + 1
-    return MappingProxyType(out)
-
-
-def _take_mps(room: Mapping[tuple[int, int, int], int], memory_mib: int, compute_milli: int
-              ) -> Mapping[tuple[int, int, int], int] | None:
-    """``room`` after one MPS replica holding (memory, compute) is taken (the smallest
-    client cap that holds it), or None."""
-    fits = [k for k, n in room.items() if n > 0 and k[0] >= memory_mib and k[1] >= compute_milli]
-    if not fits:
-        return None
-    key = min(fits)
-    out = dict(room)
-    out[key] -= 1
-    if not out[key]:
-        del out[key]
-    left = key[2] - 1 if key[2] < UNLIMITED else UNLIMITED
-    if left > 0:
-        after = (key[0], key[1] - compute_milli, left)
+        after = (key[0] if memory_capped else key[0] - memory_mib, key[1] - compute_milli, left)
         out[after] = out.get(after, 0) + 1
     return MappingProxyType(out)
 
@@ -569,7 +552,7 @@ def _claim_one(models: dict[str, ModelCapacity], c: Claim) -> None:
         return
     if c.kind in (ShareKind.MPS, ShareKind.SHARE):
         for m in names:
-            after = _take_mps(models[m].mps_room, c.memory_mib, c.compute_milli)
+            after = _take(models[m].mps_room, c.memory_mib, c.compute_milli, memory_capped=True)
             if after is not None:
                 models[m] = replace(models[m], mps_room=after)
                 return
