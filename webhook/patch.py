@@ -185,13 +185,11 @@ def _pins(term: Any, products: Sequence[str]) -> bool:
     return False
 
 
-def _affinity(b: _Builder, d: Decision) -> None:
-    if not d.products:
-        return  # nodes of these models carry no product label: nothing to pin on
-    selector = b.get(["spec", "nodeSelector", PRODUCT_KEY])
-    if isinstance(selector, str) and selector in d.products:
-        return  # the user pinned a product of this model already
-    expr = {"key": PRODUCT_KEY, "operator": "In", "values": list(d.products)}
+def _require(b: _Builder, expr: Mapping[str, Any], satisfied: Callable[[Any], bool]) -> None:
+    """Add the required node-affinity expression ``expr`` to every nodeSelectorTerm that
+    does not already satisfy it (``satisfied(term)``), or make it the only term. Terms are
+    ORed: every one must carry it. Adding a requirement to a term (ANDed with the user's)
+    narrows it without changing what the user wrote."""
     terms_path: list[str | int] = ["spec", "affinity", "nodeAffinity", _REQUIRED,
                                    "nodeSelectorTerms"]
     terms = b.get(terms_path)
@@ -201,16 +199,24 @@ def _affinity(b: _Builder, d: Decision) -> None:
         else:
             b.ensure(terms_path, [{"matchExpressions": [expr]}])
         return
-    # Terms are ORed: every one of them must pin the model. Adding a requirement to a
-    # term (ANDed with the user's) narrows it without changing what the user wrote.
     for i, term in enumerate(terms):
-        if _pins(term, d.products):
+        if satisfied(term):
             continue
         exprs_path = [*terms_path, i, "matchExpressions"]
         if isinstance(b.get(exprs_path), list):
             b.append(exprs_path, expr)
         else:
             b.ensure(exprs_path, [expr])
+
+
+def _affinity(b: _Builder, d: Decision) -> None:
+    if not d.products:
+        return  # nodes of these models carry no product label: nothing to pin on
+    selector = b.get(["spec", "nodeSelector", PRODUCT_KEY])
+    if isinstance(selector, str) and selector in d.products:
+        return  # the user pinned a product of this model already
+    expr = {"key": PRODUCT_KEY, "operator": "In", "values": list(d.products)}
+    _require(b, expr, lambda term: _pins(term, d.products))
 
 
 def _same_expr(e: Any, expr: Mapping[str, Any]) -> bool:
@@ -226,23 +232,8 @@ def _sharing(b: _Builder, d: Decision) -> None:
         return
     op, values = d.sharing
     expr = {"key": SHARING_KEY, "operator": op, "values": list(values)}
-    terms_path: list[str | int] = ["spec", "affinity", "nodeAffinity", _REQUIRED,
-                                   "nodeSelectorTerms"]
-    terms = b.get(terms_path)
-    if not isinstance(terms, list) or not terms:
-        if isinstance(terms, list):
-            b.append(terms_path, {"matchExpressions": [expr]})
-        else:
-            b.ensure(terms_path, [{"matchExpressions": [expr]}])
-        return
-    for i in range(len(terms)):
-        exprs_path = [*terms_path, i, "matchExpressions"]
-        exprs = b.get(exprs_path)
-        if isinstance(exprs, list):
-            if not any(_same_expr(e, expr) for e in exprs):
-                b.append(exprs_path, expr)
-        else:
-            b.ensure(exprs_path, [expr])
+    _require(b, expr, lambda term: isinstance(term, dict) and any(
+        _same_expr(e, expr) for e in term.get("matchExpressions") or []))
 
 
 def _arg_edits(b: _Builder, d: Decision) -> None:
