@@ -633,6 +633,7 @@ class Gpupack(ScoredPlacement):
         self.plan_s = 0.0
         self.plan_status: Counter[str] = Counter()
         self.results: Counter[str] = Counter()
+        self.layouts: Counter[str] = Counter()  # target layouts asked for
 
     def handle(self, ev: Event) -> None:
         if ev.kind == "tick":
@@ -727,6 +728,9 @@ class Gpupack(ScoredPlacement):
             self.labels[c.node] = (c.config, None)  # the label set, a stale state removed
             self.push(self.now + self.args.reconfig_delay, "done", (c.node, c.config))
             self.count_reconfig(len(c.targets))
+            for _, t in c.targets:
+                self.layouts[t if isinstance(t, str)
+                             else " ".join(f"{k}x{p}" for p, k in t)] += 1
         if d.starts or d.finishes:
             self.schedule()
 
@@ -774,38 +778,41 @@ class Gpupack(ScoredPlacement):
 
     def mig_manager(self, node: str, config: str) -> None:
         """After ``--reconfig-delay`` s: apply the node's mig-parted entry (a GPU whose
-        config already matches is left alone, as mig-parted does; a busy one would make
-        the real manager fail), then report ``success``."""
+        config already matches is left alone, as mig-parted does) and report ``success``;
+        a GPU to change that a pod uses makes the apply fail (state ``failed``, nothing
+        changed), as the real manager fails on a busy instance."""
         entry = self.entries.get(node)
         if entry is None or entry.config_name != config:
             return
+        todo: list[tuple[GpuState, dict[str, int] | None]] = []
         for dev in entry.devices:
             for i in dev.devices:
                 g = self.state.gpu(node, i)
-                have = (Counter(p for p, _ in g.instances.values())
+                have = ({p: k for p, k in Counter(p for p, _ in g.instances.values()).items()}
                         if g.info.mode is GpuMode.MIG else None)
                 want = dict(dev.mig_devices) if dev.mig_enabled else None
-                if (have is None and want is None) or (
-                        have is not None and want is not None
-                        and {p: k for p, k in have.items() if k} ==
-                        {p: k for p, k in want.items() if k}):
-                    continue
-                owners = {g.whole_owner} | {o for _, o in g.instances.values()}
-                if any(o is not None and not o.startswith(HOLD_PREFIX) for o in owners):
-                    self.invalid.append(f"gpupack: MIG manager met busy GPU {i} of {node}")
-                    continue
-                for k in [k for k, h in self.held.items() if h.node == node and h.gpu == i]:
-                    self.give_back(k)
-                if want is None:
-                    self.set_layout(node, g, GpuMode.WHOLE, ())
-                    continue
-                geom = get_model(g.info.model).mig
-                assert geom is not None
-                slots = layout_from_counts(geom, want)
-                if slots is None:
-                    self.invalid.append(f"gpupack: {node} GPU {i}: no layout for {want}")
-                    continue
-                self.set_layout(node, g, GpuMode.MIG, slots)
+                if have != want:
+                    todo.append((g, want))
+        for g, _ in todo:
+            owners = {g.whole_owner} | {o for _, o in g.instances.values()}
+            if any(o is not None and not o.startswith(HOLD_PREFIX) for o in owners):
+                self.invalid.append(f"gpupack: MIG manager met busy GPU {g.info.index} of "
+                                    f"{node}: {config} failed")
+                self.labels[node] = (config, "failed")
+                return
+        for g, want in todo:
+            for k in [k for k, h in self.held.items() if h.node == node and h.gpu == g.info.index]:
+                self.give_back(k)
+            if want is None:
+                self.set_layout(node, g, GpuMode.WHOLE, ())
+                continue
+            geom = get_model(g.info.model).mig
+            assert geom is not None
+            slots = layout_from_counts(geom, want)
+            if slots is None:
+                self.invalid.append(f"gpupack: {node} GPU {g.info.index}: no layout for {want}")
+                continue
+            self.set_layout(node, g, GpuMode.MIG, slots)
         self.labels[node] = (config, "success")
 
     def report(self, wall: float) -> dict[str, object]:
@@ -815,6 +822,7 @@ class Gpupack(ScoredPlacement):
         out["plan_s_mean"] = round(self.plan_s / self.plan_calls, 3) if self.plan_calls else 0
         out["plan_status"] = dict(sorted(self.plan_status.items()))
         out["changes_ended"] = dict(sorted(self.results.items()))
+        out["layouts_asked"] = dict(self.layouts.most_common(8))
         return out
 
 
