@@ -48,8 +48,8 @@ The forecast never converts a GPU by itself: it only shapes the layouts of GPUs 
 change for pods that wait (D outweighs E). A GPU that changes is then filled with
 instances of the profiles that pods wait for or the forecast expects on its model (G):
 once a pod runs on it, its layout cannot change until it is idle again, so room left
-without instances would be lost (bench/mig.py measures it: bench/README.md, "MIG partitioning
-policies"). Profiles nobody asks for are never created (F). Freed MIG
+without instances would be lost (measured by bench/mig.py: bench/README.md, "MIG
+partitioning policies"). Profiles nobody asks for are never created (F). Freed MIG
 instances that no pod waits for are not counted as a loss: a pod that could use them
 would not be waiting.
 
