@@ -33,17 +33,24 @@ Policies (each replays the same stream on its own copy of the cluster):
 - ``gpupack``: the code that ships. Pods are placed only on slices that exist (what
   kube-scheduler's resource fit allows) by the extender's scorer
   (``packing.policies.gpupack.make_gpupack_scorer``, refreshed from a snapshot every
-  ``--scorer-refresh`` s as the planner does); every ``--tick`` seconds the MIG layout
-  planner (``packing.mig_plan.plan_mig``, the product's default solver parameters) gets
-  the nodes (all opted in; a GPU with a pod or being changed is held), the MIG pods that
-  no free slice serves, the whole pods that wait, the models with a change in flight and
-  a forecast (arrivals per model and profile over the last ``--forecast-window`` s, less
-  the free slices of that profile), and its node changes are applied as the actuator
-  applies them: every changed GPU serves nothing for ``--reconfig-delay`` seconds, then
-  has its new layout (``packing.mig.layout_from_counts``, as the MIG manager places
-  mig-parted counts). The planner itself keeps the actuator's rules (only idle GPUs, one
-  node per model at a time, none while that model's change is in flight), and every plan
-  is checked with ``plan_errors``.
+  ``--scorer-refresh`` s as the planner does). Every ``--tick`` seconds (the extender's
+  poll) the MIG actuator's own decision, ``scheduler.mig_actuator.decide`` with the
+  shipped default ``Settings`` and the planner's default solver parameters, runs over an
+  ``ActuatorState`` built from the simulated cluster as ``scheduler/mig_loop.py`` builds
+  it from the cache (every node opted in; GPUs with their holders; the changes in flight;
+  pending MIG pods with their arrival, pending whole pods; back-off; when each MIG GPU
+  became idle; the arrivals its forecast decays), and the decision is applied as the
+  handler applies it: holds taken (a whole GPU whole, a MIG GPU's free instances) and
+  given back, the change kept in flight, the node's config label set and its state label
+  cleared. The MIG manager is modelled as ``tests/e2e/mig_manager_double.py``: after
+  ``--reconfig-delay`` seconds it applies the node's mig-parted entry (a GPU whose config
+  already matches is left alone; instances placed by ``packing.mig.layout_from_counts``)
+  and reports ``success``; the next decision ends the change (a Finish) and releases the
+  holds. Everything the actuator rules (settle time for bursts, min idle before a MIG GPU
+  changes, one node per model in flight, the reverse direction to whole GPUs) is its own;
+  the bench adds no forecast or rule of its own. A decision that would touch a busy GPU,
+  start a second change of a model in flight, or a change that ends otherwise than
+  ``success`` counts as ``invalid``.
 - ``gpupack-bestfit`` (diagnostic, not in the default list): the same planner, pods placed
   by plain best fit instead of the extender's scorer.
 
@@ -77,7 +84,7 @@ import math
 import random
 import sys
 import time
-from collections import Counter, defaultdict, deque
+from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -87,20 +94,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from packing.catalog import get_model
 from packing.cpsat import SolverParams
 from packing.mig import MigSlot, free_starts, layout_errors, layout_from_counts
-from packing.mig_plan import (
-    DEFAULT_PARAMS,
-    MigDemand,
-    MigGpu,
-    MigNode,
-    MigPlan,
-    WholeDemand,
-    plan_errors,
-    plan_mig,
-)
+from packing.mig_plan import DEFAULT_PARAMS, NodeChange
 from packing.model import (
     GpuInfo,
     GpuMode,
     MigInstance,
+    MigReconfigure,
     NodeInfo,
     Placement,
     PodRequest,
@@ -112,6 +111,19 @@ from packing.policies.greedy import Scorer, best_option
 from packing.policies.scores import bestfit
 from packing.state import _VERSIONS, ClusterState, GpuState, NodeState
 from packing.validate import validate
+from scheduler.mig_actuator import (
+    DEFAULT_SETTINGS,
+    HOLD_PREFIX,
+    ActuatorState,
+    Backoff,
+    Change,
+    GpuView,
+    Hold,
+    MigPod,
+    NodeView,
+    WholePod,
+    decide,
+)
 
 MODELS = ("H100-80GB", "A100-80GB")
 
@@ -131,7 +143,6 @@ CLASSES = (
     PodClass("whole", None, 0.05, 90.0),
 )
 ALL_BALANCED = (("1g.10gb", 2), ("2g.20gb", 1), ("3g.40gb", 1))  # mig-parted, 80GB parts
-RECONFIGURING = "~reconfiguring"  # the holder of a GPU the MIG manager is changing
 
 
 @dataclass
@@ -248,7 +259,6 @@ class Args:
     reconfig_delay: float
     create_delay: float
     tick: float
-    forecast_window: float
     scorer_refresh: float
     params: SolverParams
     validate_every: int = 1
@@ -354,8 +364,9 @@ class Sim:
                 if g.whole_owner is not None:
                     used += 1
                     continue
-                owned = [p for p, o in g.instances.values() if o is not None]
-                if owned:
+                owned = [p for p, o in g.instances.values()
+                         if o is not None and not o.startswith(HOLD_PREFIX)]
+                if any(o is not None for _, o in g.instances.values()):
                     used += 1
                     geom = get_model(g.info.model).mig
                     assert geom is not None
@@ -599,118 +610,219 @@ class FirstFit(Sim):
 
 
 class Gpupack(ScoredPlacement):
+    """What ships: pods on existing slices by the extender's scorer, and the MIG actuator's
+    own decision (``scheduler.mig_actuator.decide``, default ``Settings``) every ``--tick``
+    seconds over an ``ActuatorState`` built from the simulated cluster, applied as
+    ``scheduler/mig_loop.py`` applies it; the MIG manager modelled as the e2e double."""
+
     name = "gpupack"
 
     def setup(self) -> None:
         super().setup()
         self.push(0.0, "tick")
-        self.in_flight: dict[tuple[str, int], tuple[float, bool, tuple[tuple[str, int], ...]]] = {}
-        self.recent: deque[tuple[float, str, str]] = deque()  # (arrival, model, profile)
+        self.settings = DEFAULT_SETTINGS
+        self.changes: dict[str, Change] = {}  # node -> change in flight (the ConfigMap)
+        self.entries: dict[str, NodeChange] = {}  # node -> the mig-parted entry asked for
+        self.labels: dict[str, tuple[str | None, str | None]] = {}  # config, state labels
+        self.backoff: dict[str, Backoff] = {}
+        self.idle_since: dict[tuple[str, int], float] = {}
+        self.seen: dict[str, tuple[float, str, frozenset[str]]] = {}  # MIG arrivals
+        self.held: dict[str, Hold] = {}  # the actuator's holds in the cache
         self.plan_calls = 0
+        self.decide_calls = 0
         self.plan_s = 0.0
         self.plan_status: Counter[str] = Counter()
-
-    def arrive(self, pod: Pod) -> None:
-        super().arrive(pod)
-        if pod.profile is not None:
-            self.recent.append((pod.arrival, pod.model, pod.profile))
+        self.results: Counter[str] = Counter()
+        self.layouts: Counter[str] = Counter()  # target layouts asked for
 
     def handle(self, ev: Event) -> None:
         if ev.kind == "tick":
-            self.actuate()
+            self.step()
             self.push(self.now + self.args.tick, "tick")
         elif ev.kind == "done":
             assert isinstance(ev.data, tuple)
-            self.finish(ev.data)
+            self.mig_manager(*ev.data)
+            self.step()  # the actuator sees the new layout: the holds end
             self.schedule()  # the new slices (or whole GPU) appear in allocatable
         else:
             super().handle(ev)
 
-    def mig_nodes(self) -> list[MigNode]:
-        out = []
+    # -- the actuator's input, as scheduler/mig_loop.py gathers it from the cache ----------
+
+    def gather(self) -> ActuatorState:
+        nodes = []
         for name, node in self.state.nodes.items():
-            gpus = tuple(MigGpu(g.info.index, g.info.model, g.info.mode is GpuMode.MIG,
-                                tuple(sorted(g.mig_slots())) if g.info.mode is GpuMode.MIG
-                                else (), held=not g.idle)
-                         for g in node.gpus)
-            out.append(MigNode(name, gpus, opted_in=True))
-        return out
-
-    def forecast(self) -> dict[tuple[str, str], int]:
-        while self.recent and self.recent[0][0] < self.now - self.args.forecast_window:
-            self.recent.popleft()
-        want = Counter((m, p) for _, m, p in self.recent)
-        free: Counter[tuple[str, str]] = Counter()
-        for node in self.state.nodes.values():
+            gpus = []
             for g in node.gpus:
-                for prof, owner in g.instances.values():
-                    if owner is None:
-                        free[g.info.model, prof] += 1
-        return {k: n - free[k] for k, n in want.items() if n > free[k]}
-
-    def actuate(self) -> None:
-        waiting: Counter[tuple[str, str]] = Counter()
-        whole: list[WholeDemand] = []
+                holders: set[str] = set(g.shared_owners)
+                if g.whole_owner is not None:
+                    holders.add(g.whole_owner)
+                mig = g.info.mode is GpuMode.MIG
+                layout, free = [], []
+                for start, (profile, owner) in sorted(g.instances.items()):
+                    if mig:
+                        layout.append(MigSlot(profile, start))
+                        if owner is None:
+                            free.append(MigSlot(profile, start))
+                    if owner is not None:
+                        holders.add(owner)
+                gpus.append(GpuView(g.info.index, g.info.model, mig, tuple(layout),
+                                    tuple(free), frozenset(holders)))
+            config, state = self.labels.get(name, (None, None))
+            nodes.append(NodeView(name, MigReconfigure.ON, tuple(gpus), False, config, state))
+        mig_pods, whole = [], []
         for pod in self.pending.values():
             if pod.profile is None:
-                whole.append(WholeDemand(pod.req.key, pod.req.gpu_count,
-                                         frozenset({pod.model})))
-            else:
-                waiting[pod.model, pod.profile] += 1
-        in_flight = frozenset(self.state.gpu(n, i).info.model for n, i in self.in_flight)
-        if all(m in in_flight for m, _ in waiting) and all(q.models <= in_flight
-                                                           for q in whole):
-            return
-        nodes = self.mig_nodes()
-        demand = MigDemand(dict(waiting), self.forecast(), tuple(whole))
+                whole.append(WholePod(pod.req.key, pod.req.gpu_count, pod.req.gpu_models))
+                continue
+            # The extender wakes the actuator on every cache change (at most once a
+            # second): it sees a pod pending about when it arrives.
+            if pod.req.key not in self.seen:
+                self.seen[pod.req.key] = (pod.arrival, pod.profile, pod.req.gpu_models)
+            mig_pods.append(MigPod(pod.req.key, pod.profile, pod.req.gpu_models,
+                                   self.seen[pod.req.key][0]))
+        horizon = self.now - 4 * self.settings.half_life_s
+        self.seen = {k: a for k, a in self.seen.items() if a[0] >= horizon}
+        idle: dict[tuple[str, int], float] = {}
+        for n in nodes:
+            for gv in n.gpus:
+                if gv.mig_enabled and not gv.busy:
+                    idle[n.name, gv.index] = self.idle_since.get((n.name, gv.index), self.now)
+        self.idle_since = idle
+        return ActuatorState(tuple(nodes), dict(self.changes), tuple(mig_pods), tuple(whole),
+                             dict(self.backoff), dict(idle),
+                             tuple(sorted(self.seen.values(), key=lambda a: a[0])))
+
+    # -- one step: decide and apply (scheduler/mig_loop.py's MigActuator.apply) -----------
+
+    def step(self) -> None:
+        state = self.gather()
         t0 = time.monotonic()
-        plan = plan_mig(nodes, demand, in_flight=in_flight, params=self.args.params)
-        self.plan_s += time.monotonic() - t0
-        self.plan_calls += 1
-        self.plan_status[plan.status.split("/")[0]] += 1
-        self.invalid.extend(f"gpupack plan: {e}" for e in plan_errors(nodes, plan, in_flight))
-        self.apply(plan)
+        d = decide(state, self.now, self.settings, self.args.params)
+        self.decide_calls += 1
+        if d.plan_status not in ("not-run", "nothing-to-do", "settling", "no-candidate-gpu"):
+            self.plan_calls += 1
+            self.plan_s += time.monotonic() - t0
+            self.plan_status[d.plan_status.split("/")[0]] += 1
+        self.backoff = dict(d.backoff)
+        started = {s.change.node for s in d.starts}
+        self.sync_holds([h for h in d.holds if h.node not in started])
+        for f in d.finishes:
+            self.changes.pop(f.change.node, None)
+            self.entries.pop(f.change.node, None)
+            self.results[f.result] += 1
+            if f.result != "success":
+                self.invalid.append(f"gpupack: change on {f.change.node} ended "
+                                    f"{f.result}: {f.message}")
+        busy_models = {m for c in self.changes.values() for m in c.models}
+        for s in d.starts:
+            c = s.change
+            if c.node in self.changes or busy_models & set(c.models):
+                self.invalid.append(f"gpupack: a second change of {c.models} on {c.node} "
+                                    "while one is in flight")
+            busy_models.update(c.models)
+            for h in (h for h in d.holds if h.node == c.node):
+                self.take(h)
+            self.changes[c.node] = c
+            self.entries[c.node] = s.plan
+            self.labels[c.node] = (c.config, None)  # the label set, a stale state removed
+            self.push(self.now + self.args.reconfig_delay, "done", (c.node, c.config))
+            self.count_reconfig(len(c.targets))
+            for _, t in c.targets:
+                self.layouts[t if isinstance(t, str)
+                             else " ".join(f"{k}x{p}" for p, k in t)] += 1
+        if d.starts or d.finishes:
+            self.schedule()
 
-    def apply(self, plan: MigPlan) -> None:
-        """What the actuator does with a plan: each changed GPU is held (serves nothing)
-        until the MIG manager is done, then has its new layout."""
-        for ch in plan.changes:
-            config = {i: d for d in ch.devices for i in d.devices}
-            for i in ch.changed:
-                g = self.state.gpu(ch.node, i)
-                if not g.idle:
-                    self.invalid.append(f"gpupack: {ch.node} GPU {i} changed while held")
-                    continue
-                d = config[i]
-                self.set_layout(ch.node, g, GpuMode.WHOLE, ())
-                g.whole_owner = RECONFIGURING
-                until = self.now + self.args.reconfig_delay
-                self.in_flight[ch.node, i] = (until, d.mig_enabled, d.mig_devices)
-                self.push(until, "done", (ch.node, i))
-                self.count_reconfig()
+    def take(self, h: Hold) -> None:
+        """Hold a whole GPU or one free instance (under the cache lock in the product,
+        where a hold that cannot be had cancels the start: here nothing races, so it
+        would mean the decision touched a GPU someone holds)."""
+        g = self.state.gpu(h.node, h.gpu)
+        if h.key in self.held:
+            return
+        if h.start is None:
+            if not g.idle or g.info.mode is GpuMode.MIG:
+                self.invalid.append(f"gpupack: {h.key}: GPU not idle whole")
+                return
+            g.whole_owner = h.key
+        else:
+            inst = g.instances.get(h.start)
+            if inst is None or inst[1] is not None:
+                self.invalid.append(f"gpupack: {h.key}: instance not free")
+                return
+            g.instances[h.start] = (inst[0], h.key)
+        self.held[h.key] = h
+        self.state.nodes[h.node].version = next(_VERSIONS)
 
-    def finish(self, key: tuple[str, int]) -> None:
-        _, mig, counts = self.in_flight.pop(key)
-        node, i = key
-        g = self.state.gpu(node, i)
-        g.whole_owner = None
-        if not mig:
-            self.set_layout(node, g, GpuMode.WHOLE, ())
+    def give_back(self, key: str) -> None:
+        h = self.held.pop(key)
+        g = self.state.gpu(h.node, h.gpu)
+        if h.start is None:
+            if g.whole_owner == key:
+                g.whole_owner = None
+        else:
+            inst = g.instances.get(h.start)
+            if inst is not None and inst[1] == key:
+                g.instances[h.start] = (inst[0], None)
+        self.state.nodes[h.node].version = next(_VERSIONS)
+
+    def sync_holds(self, wanted: Sequence[Hold]) -> None:
+        want = {h.key: h for h in wanted}
+        for k in [k for k in self.held if k not in want]:
+            self.give_back(k)
+        for h in want.values():
+            self.take(h)
+
+    # -- the MIG manager (tests/e2e/mig_manager_double.py) ----------------------------------
+
+    def mig_manager(self, node: str, config: str) -> None:
+        """After ``--reconfig-delay`` s: apply the node's mig-parted entry (a GPU whose
+        config already matches is left alone, as mig-parted does) and report ``success``;
+        a GPU to change that a pod uses makes the apply fail (state ``failed``, nothing
+        changed), as the real manager fails on a busy instance."""
+        entry = self.entries.get(node)
+        if entry is None or entry.config_name != config:
             return
-        geom = get_model(g.info.model).mig
-        assert geom is not None
-        slots = layout_from_counts(geom, dict(counts))
-        if slots is None:
-            self.invalid.append(f"gpupack: {node} GPU {i}: no layout for {dict(counts)}")
-            self.set_layout(node, g, GpuMode.WHOLE, ())
-            return
-        self.set_layout(node, g, GpuMode.MIG, slots)
+        todo: list[tuple[GpuState, dict[str, int] | None]] = []
+        for dev in entry.devices:
+            for i in dev.devices:
+                g = self.state.gpu(node, i)
+                have = ({p: k for p, k in Counter(p for p, _ in g.instances.values()).items()}
+                        if g.info.mode is GpuMode.MIG else None)
+                want = dict(dev.mig_devices) if dev.mig_enabled else None
+                if have != want:
+                    todo.append((g, want))
+        for g, _ in todo:
+            owners = {g.whole_owner} | {o for _, o in g.instances.values()}
+            if any(o is not None and not o.startswith(HOLD_PREFIX) for o in owners):
+                self.invalid.append(f"gpupack: MIG manager met busy GPU {g.info.index} of "
+                                    f"{node}: {config} failed")
+                self.labels[node] = (config, "failed")
+                return
+        for g, want in todo:
+            for k in [k for k, h in self.held.items() if h.node == node and h.gpu == g.info.index]:
+                self.give_back(k)
+            if want is None:
+                self.set_layout(node, g, GpuMode.WHOLE, ())
+                continue
+            geom = get_model(g.info.model).mig
+            assert geom is not None
+            slots = layout_from_counts(geom, want)
+            if slots is None:
+                self.invalid.append(f"gpupack: {node} GPU {g.info.index}: no layout for {want}")
+                continue
+            self.set_layout(node, g, GpuMode.MIG, slots)
+        self.labels[node] = (config, "success")
 
     def report(self, wall: float) -> dict[str, object]:
         out = super().report(wall)
+        out["decide_calls"] = self.decide_calls
         out["plan_calls"] = self.plan_calls
         out["plan_s_mean"] = round(self.plan_s / self.plan_calls, 3) if self.plan_calls else 0
         out["plan_status"] = dict(sorted(self.plan_status.items()))
+        out["changes_ended"] = dict(sorted(self.results.items()))
+        out["layouts_asked"] = dict(self.layouts.most_common(8))
         return out
 
 
@@ -738,7 +850,7 @@ def run(ns: argparse.Namespace) -> dict[str, object]:
     pods = make_stream(nodes, ns.hours, ns.rate, ns.swing, period, ns.seed)
     args = Args(hours=ns.hours, warmup_h=min(ns.warmup_h, ns.hours / 2),
                 reconfig_delay=ns.reconfig_delay, create_delay=ns.create_delay, tick=ns.tick,
-                forecast_window=ns.forecast_window, scorer_refresh=ns.scorer_refresh,
+                scorer_refresh=ns.scorer_refresh,
                 params=replace(DEFAULT_PARAMS, max_time_s=ns.solver_time, seed=ns.seed))
     whole = static_whole_gpus(nodes, ns.rate, ns.swing)
     results: dict[str, dict[str, object]] = {}
@@ -755,7 +867,7 @@ def run(ns: argparse.Namespace) -> dict[str, object]:
                    "rate_per_h": ns.rate, "swing": ns.swing, "period_h": period,
                    "seed": ns.seed, "warmup_h": args.warmup_h,
                    "reconfig_delay_s": ns.reconfig_delay, "create_delay_s": ns.create_delay,
-                   "tick_s": ns.tick, "forecast_window_s": ns.forecast_window,
+                   "tick_s": ns.tick,
                    "solver_time_s": ns.solver_time, "arrivals": len(pods),
                    "static_whole_gpus": whole,
                    "mix": {c.name: {"profile": c.profile or "whole", "share": c.share,
@@ -831,9 +943,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="seconds a GPU the MIG manager changes serves nothing (gpupack)")
     ap.add_argument("--create-delay", type=float, default=5.0,
                     help="seconds DynamicMIG takes to create an instance (first-fit)")
-    ap.add_argument("--tick", type=float, default=10.0, help="actuator period, seconds")
-    ap.add_argument("--forecast-window", type=float, default=300.0,
-                    help="seconds of recent arrivals the forecast counts")
+    ap.add_argument("--tick", type=float, default=2.0,
+                    help="seconds between the MIG actuator's decisions (gpupack; the "
+                         "extender's poll)")
     ap.add_argument("--scorer-refresh", type=float, default=300.0)
     ap.add_argument("--solver-time", type=float, default=DEFAULT_PARAMS.max_time_s,
                     help="the planner's deterministic time limit (product default)")
@@ -850,9 +962,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.error("--nodes, --gpus-per-node, --hours and --rate must be positive")
     if ns.tick <= 0 or ns.solver_time <= 0 or ns.scorer_refresh <= 0:
         ap.error("--tick, --solver-time and --scorer-refresh must be positive")
-    if min(ns.reconfig_delay, ns.create_delay, ns.forecast_window, ns.warmup_h) < 0:
-        ap.error("--reconfig-delay, --create-delay, --forecast-window and --warmup-h "
-                 "must not be negative")
+    if min(ns.reconfig_delay, ns.create_delay, ns.warmup_h) < 0:
+        ap.error("--reconfig-delay, --create-delay and --warmup-h must not be negative")
     out = run(ns)
     print(json.dumps(out, indent=2) if ns.format == "json" else table(out))
     pol = out["policies"]

@@ -41,10 +41,17 @@ Objective (lexicographic through weights that cannot overflow into each other):
           - C * nodes not in MIG mode that enter it      (prefer nodes already in MIG mode)
           - D * GPUs changed                             (convert the fewest GPUs)
           + E * forecast instances made                  (on GPUs that change anyway)
+          + G * compute slices of the new layouts in demanded profiles  (fill the GPU)
           - F * instances created                        (no gratuitous slices)
+          - T * nodes changed that the greedy plan does not change  (ties, determinism)
 The forecast never converts a GPU by itself: it only shapes the layouts of GPUs that
-change for pods that wait (D outweighs E). Freed MIG instances that no pod waits for
-are not counted as a loss: a pod that could use them would not be waiting.
+change for pods that wait (D outweighs E). A GPU that changes is then filled with
+instances of the profiles that pods wait for or the forecast expects on its model (G):
+once a pod runs on it, its layout cannot change until it is idle again, so room left
+without instances would be lost (measured by bench/mig.py: bench/README.md, "MIG
+partitioning policies"). Profiles nobody asks for are never created (F). Freed MIG
+instances that no pod waits for are not counted as a loss: a pod that could use them
+would not be waiting.
 
 Solved with explicit limits, seed and workers; FEASIBLE is accepted; UNKNOWN, an invalid
 model or an invalid answer falls back to the greedy plan, which is also the hint. Whole
@@ -354,6 +361,29 @@ def _options(g: MigGpu) -> list[Counts | str]:
     return opts
 
 
+def _demanded(demand: MigDemand) -> frozenset[tuple[str, str]]:
+    """(model, profile) that pods wait for or the forecast expects."""
+    return frozenset(mp for mp, n in (*demand.waiting.items(), *demand.forecast.items())
+                     if n > 0)
+
+
+def _compute_slices(g: MigGpu) -> int:
+    geom = get_model(g.model).mig
+    return 0 if geom is None else geom.compute_slices
+
+
+def _fill(g: MigGpu, option: Counts | str, demanded: frozenset[tuple[str, str]]) -> int:
+    """Compute slices of the layout ``option`` in profiles that are demanded on g's model:
+    a GPU that changes is partitioned in full for what is asked, since once a pod runs on
+    it its layout can no longer change and room left without instances is lost."""
+    if option == WHOLE:
+        return 0
+    geom = get_model(g.model).mig
+    assert geom is not None and not isinstance(option, str)
+    return sum(k * geom.profile(p).compute_slices for p, k in option
+               if (g.model, p) in demanded)
+
+
 def _max_instances(g: MigGpu) -> int:
     geom = get_model(g.model).mig
     return 0 if geom is None else geom.memory_slices
@@ -393,7 +423,7 @@ def greedy_mig_plan(nodes: Sequence[MigNode], demand: MigDemand,
             picks: dict[int, Counts | str] = {}
             served = 0
             for g in gpus:
-                opt, n_w, _ = _best_option(g, left, left_f)
+                opt, n_w, _ = _best_option(g, left, left_f, _demanded(demand))
                 if opt is None or n_w == 0:
                     continue
                 picks[g.index] = opt
@@ -423,9 +453,10 @@ def _gpu(node: MigNode, index: int) -> MigGpu:
     return next(g for g in node.gpus if g.index == index)
 
 
-def _best_option(g: MigGpu, left: Mapping[str, int], left_f: Mapping[str, int]
+def _best_option(g: MigGpu, left: Mapping[str, int], left_f: Mapping[str, int],
+                 demanded: frozenset[tuple[str, str]] = frozenset()
                  ) -> tuple[Counts | str | None, int, int]:
-    best: tuple[tuple[int, int, int], Counts | str] | None = None
+    best: tuple[tuple[int, int, int, int], Counts | str] | None = None
     for o in _options(g):
         if o == WHOLE:
             continue
@@ -433,7 +464,7 @@ def _best_option(g: MigGpu, left: Mapping[str, int], left_f: Mapping[str, int]
         n_w = sum(min(k, left.get(p, 0)) for p, k in gain.items())
         n_f = sum(min(k - min(k, left.get(p, 0)), left_f.get(p, 0)) for p, k in gain.items())
         created = sum(gain.values())
-        key = (n_w, n_f, -created)
+        key = (n_w, n_f, _fill(g, o, demanded), -created)
         if best is None or key > best[0]:
             best = (key, o)
     if best is None:
@@ -522,6 +553,8 @@ def plan_mig(nodes: Sequence[MigNode], demand: MigDemand, *,
     changed: dict[tuple[str, int], cp_model.IntVar] = {}
     gain_terms: dict[tuple[str, str], list[tuple[int, cp_model.IntVar]]] = defaultdict(list)
     created_terms: list[tuple[int, cp_model.IntVar]] = []
+    fill_terms: list[tuple[int, cp_model.IntVar]] = []  # compute slices of demanded profiles
+    demanded = _demanded(demand)
     for n, g in cands:
         key = (n.name, g.index)
         opts[key] = _options(g)
@@ -531,6 +564,9 @@ def plan_mig(nodes: Sequence[MigNode], demand: MigDemand, *,
             for p, k in _gain(o, g.counts).items():
                 gain_terms[g.model, p].append((k, v))
                 created_terms.append((k, v))
+            filled = _fill(g, o, demanded)
+            if filled:
+                fill_terms.append((filled, v))
         c = model.new_bool_var(f"c[{n.name},{g.index}]")
         model.add(sum(y[n.name, g.index, j] for j in range(len(opts[key]))) == c)
         changed[key] = c
@@ -609,8 +645,14 @@ def plan_mig(nodes: Sequence[MigNode], demand: MigDemand, *,
     # at most a GPU's memory slices of instances per changed GPU.
     n_created = sum(_max_instances(g) for _, g in cands)
     n_fore = sum(max(0, n) for n in demand.forecast.values())
-    f_w = 1
-    e_w = f_w * (n_created + 1)
+    n_fill = sum(_compute_slices(g) for _, g in cands)
+    # Last, on a tie: the nodes the greedy plan (the hint) changes, so that symmetric
+    # nodes are chosen deterministically.
+    off_hint = [v for (name, _), v in k_vars.items() if name not in hinted_nodes]
+    t_w = 1
+    f_w = t_w * (len(off_hint) + 1)
+    g_w = f_w * (n_created + 1)
+    e_w = g_w * (n_fill + 1)
     d_w = e_w * (n_fore + 1)
     c_w = d_w * (len(changed) + 1)
     b_w = c_w * (len(entering) + 1)
@@ -621,7 +663,9 @@ def plan_mig(nodes: Sequence[MigNode], demand: MigDemand, *,
         - c_w * LE.sum(entering)
         - d_w * LE.sum(list(changed.values()))
         + e_w * LE.sum(list(sf.values()))
+        + g_w * LE.weighted_sum([v for _, v in fill_terms], [k for k, _ in fill_terms])
         - f_w * LE.weighted_sum([v for _, v in created_terms], [k for k, _ in created_terms])
+        - t_w * LE.sum(off_hint)
     )
 
     # ---- hint from the greedy plan -------------------------------------------------------------

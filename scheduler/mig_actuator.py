@@ -423,8 +423,14 @@ def holds_for(change: Change, node: NodeView | None) -> list[Hold]:
             continue
         if not g.mig_enabled:
             out.append(Hold(node.name, g.index, g.model))
-        else:
-            out += [Hold(node.name, g.index, g.model, s.profile, s.start) for s in g.free]
+            continue
+        # Each instance no one else holds: the free ones, and those this change holds
+        # already (a held instance is not free; dropping its hold on the next decision
+        # would free it for a pod while the MIG manager re-lays the GPU).
+        for s in g.layout:
+            h = Hold(node.name, g.index, g.model, s.profile, s.start)
+            if s in g.free or h.key in g.holders:
+                out.append(h)
     return out
 
 

@@ -103,8 +103,8 @@ def test_mig_bench_check_catches_an_overlapping_instance() -> None:
     from packing.model import GpuMode, Placement, PodRequest, RequestKind
 
     nodes = mod.make_nodes(1, 1)
-    args = mod.Args(hours=1, warmup_h=0, reconfig_delay=60, create_delay=5, tick=10,
-                    forecast_window=300, scorer_refresh=300, params=mod.DEFAULT_PARAMS)
+    args = mod.Args(hours=1, warmup_h=0, reconfig_delay=60, create_delay=5, tick=2,
+                    scorer_refresh=300, params=mod.DEFAULT_PARAMS)
     sim = mod.FirstFit(nodes, [], args)
     name = nodes[0].name
     g = sim.state.gpu(name, 0)

@@ -93,8 +93,10 @@ def gpupack_greedy(
        for a whole-GPU pod prefer nodes that are already in use;
     2. do not break a whole GPU (idle, not in MIG or time-sliced mode) for a small pod
        while a MIG, shared or used GPU can take it;
-    3. MIG: use an instance that already exists before creating one; create it where the
-       largest profile stays placeable, then where most starts stay free;
+    3. MIG: use an instance that already exists before creating one; use one on a GPU
+       that already hosts pods before one on an idle MIG GPU (an idle GPU is what the MIG
+       actuator may re-lay out or turn whole); create it where the largest profile stays
+       placeable, then where most starts stay free;
     4. least growth of fragmentation (``frag_delta``, the FGD gradient, when given);
     5. best fit: least free GPU capacity left on the GPU, then on the node;
     6. fewer idle GPUs left stranded on a partly used node (whole-GPU pods);
@@ -122,10 +124,12 @@ def gpupack_greedy(
     breaks_node = 1 if node_idle else 0
     breaks_gpu = 1 if g.whole_free else 0
     created = 0
+    opens_idle_mig = 0
     mig_keep: tuple[int, int] = (0, 0)
     if pod.kind is RequestKind.MIG and g.mode is GpuMode.MIG:
         assert option.mig_start is not None and option.mig_profile is not None
         created = 1 if option.mig_created else 0
+        opens_idle_mig = 1 if g.idle else 0
         if option.mig_created:
             largest, starts = _largest_placeable(g, option.mig_start, option.mig_profile)
             mig_keep = (-largest, -starts)
@@ -134,6 +138,7 @@ def gpupack_greedy(
         breaks_node,
         breaks_gpu,
         created,
+        opens_idle_mig,
         mig_keep,
         round(frag_delta, 6),
         gpu_after,

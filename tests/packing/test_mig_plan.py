@@ -130,6 +130,39 @@ def test_forecast_shapes_the_layout_but_converts_nothing_alone() -> None:
     assert plan.served == {(H, "1g.10gb"): 1}
 
 
+FILL_CASES = [
+    # (waiting, forecast, the changed GPU's new instance counts)
+    # One 1g waits and two more are expected: the GPU is filled with 1g slices (7), not
+    # left with 3 and four compute slices that no instance will ever take while it runs.
+    ({"1g.10gb": 1}, {"1g.10gb": 2}, {"1g.10gb": 7}),
+    # One 3g waits, nothing expected: a second 3g, the only profile anyone asked for.
+    ({"3g.40gb": 1}, {}, {"3g.40gb": 2}),
+    # 2g waits and 1g is expected: 3 x 2g + 1 x 1g uses all 7 compute slices.
+    ({"2g.20gb": 3}, {"1g.10gb": 1}, {"1g.10gb": 1, "2g.20gb": 3}),
+]
+
+
+@pytest.mark.parametrize(("wait", "fore", "expect"), FILL_CASES,
+                         ids=["1g-filled", "only-asked-profiles", "mixed-fill"])
+def test_a_gpu_that_changes_is_filled_with_demanded_profiles(
+        wait: dict[str, int], fore: dict[str, int], expect: dict[str, int]) -> None:
+    demand = MigDemand({(H, p): n for p, n in wait.items()},
+                       forecast={(H, p): n for p, n in fore.items()})
+    nodes = [whole("w")]
+    for plan in (plan_mig(nodes, demand, params=FAST), greedy_mig_plan(nodes, demand)):
+        assert plan_errors(nodes, plan) == []
+        (ch,) = plan.changes
+        assert len(ch.changed) == 1, plan.status
+        new = next(d for d in ch.devices if ch.changed[0] in d.devices)
+        assert dict(new.mig_devices) == expect, plan.status
+
+
+def test_symmetric_nodes_are_chosen_as_the_greedy_plan_does() -> None:
+    nodes = [whole("a"), whole("b")]
+    plan = plan_mig(nodes, waiting(**{"1g_10gb": 60}), params=FAST)
+    assert [c.node for c in plan.changes] == ["a"], plan.status
+
+
 def test_idle_mig_gpus_go_back_to_whole_for_a_waiting_llm() -> None:
     # An 8-GPU node all in MIG mode, idle; a 4-GPU pod waits: four GPUs turn whole.
     nodes = [mig("m")]

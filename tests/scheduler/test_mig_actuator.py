@@ -246,6 +246,21 @@ def test_mig_gpu_in_flight_holds_each_free_instance() -> None:
     assert hs[0].key == "gpupack-mig/a/0/0"
 
 
+def test_mig_gpu_in_flight_keeps_the_instances_it_holds_held() -> None:
+    # The decision after the start sees the instances held by the change, not free: they
+    # stay held (a hold dropped here would free them for pods while the MIG manager works),
+    # and an instance a pod took is never held.
+    g = mig(0, {0: ("3g.40gb", "gpupack-mig/a/0/0"), 4: ("3g.40gb", None)})
+    c = change("a", {0: SEVEN})
+    assert [(h.start, h.key) for h in holds_for(c, node("a", [g]))] == [
+        (0, "gpupack-mig/a/0/0"), (4, "gpupack-mig/a/0/4")]
+    d = decide(state([node("a", [g], config_label="gpupack-abc")], in_flight={"a": c}),
+               100.0, S, FAST)
+    assert sorted(h.key for h in d.holds) == ["gpupack-mig/a/0/0", "gpupack-mig/a/0/4"]
+    busy = mig(0, {0: ("3g.40gb", "ns/pod"), 4: ("3g.40gb", "gpupack-mig/a/0/4")})
+    assert [h.start for h in holds_for(c, node("a", [busy]))] == [4]
+
+
 def test_slices_being_created_serve_pods_no_second_change() -> None:
     c = change("b", {0: SEVEN}, started=90.0)
     nodes = [node("a"), node("b", config_label="gpupack-abc", state_label="pending"),

@@ -179,3 +179,27 @@ def test_the_reservation_book_leaves_mig_holds_alone_and_does_not_count_them() -
     book.step(force=True)
     assert mig_holds(cache) == held
     assert book.figures()[1] == 0  # gpupack_group_reserved_gpus counts groups' rooms only
+
+
+def test_a_mig_gpu_being_relaid_keeps_its_instances_held_across_steps() -> None:
+    # An idle MIG GPU (two free 3g slices) re-laid for waiting 1g pods: its free instances
+    # are held at the start and stay held on every later step until the new layout
+    # appears (they must not turn free for pods while the MIG manager works).
+    cache = make_cache([node("a", gpus=1, mig={"3g.40gb": 2})],
+                       [mig_pod(f"asr-{i}") for i in range(3)])
+    clock = FakeClock()
+    api = FakeApi()
+    act = MigActuator(cache, api, clock=clock, params=FAST,
+                      settings=Settings(settle_s=0, min_idle_s=0))
+    d = act.step()
+    assert d is not None and [s.change.node for s in d.starts] == ["a"]
+    # The informer brings the label back; the MIG manager has not reported yet.
+    cache.upsert_node(node("a", gpus=1, mig={"3g.40gb": 2},
+                           labels={"nvidia.com/mig.config": api.labels[0][1]}))
+    held = mig_holds(cache)
+    assert len(held) == 2 and all(k.startswith(f"{HOLD_PREFIX}a/0/") for k in held)
+    for _ in range(3):
+        clock.advance(2)
+        assert act.step() is not None
+        assert mig_holds(cache) == held
+        assert not cache.state.gpu("a", 0).idle
