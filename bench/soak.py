@@ -91,6 +91,40 @@ def memory_mib(pid: int) -> tuple[float, float, int]:
     return rss / 1024, pss / 1024, len(pids)
 
 
+def children(pid: int) -> list[int]:
+    out: list[int] = []
+    try:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            out += [int(k) for k in (task / "children").read_text().split()]
+    except OSError:
+        pass
+    return out
+
+
+def breakdown(pid: int) -> list[tuple[str, float, float]]:
+    """(role, RSS MiB, PSS MiB) of each process of the tree: the gunicorn master, its
+    worker, and the worker's children (solver, warm child, multiprocessing's resource
+    tracker), named by their place in the tree and their command line."""
+    out = []
+    worker = children(pid)
+    kids = [k for w in worker for k in children(w)]
+    for p in [pid, *worker, *kids]:
+        rss = pss = 0
+        try:
+            cmd = Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            for line in Path(f"/proc/{p}/smaps_rollup").read_text().splitlines():
+                if line.startswith("Rss:"):
+                    rss = int(line.split()[1])
+                elif line.startswith("Pss:"):
+                    pss = int(line.split()[1])
+        except OSError:
+            continue
+        what = ("master" if p == pid else "worker" if p in worker
+                else "resource tracker" if "resource_tracker" in cmd else "child (spawn)")
+        out.append((f"{what} {p}", rss / 1024, pss / 1024))
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--nodes", type=int, default=5000)
@@ -163,6 +197,9 @@ def main() -> int:
             rss, pss, procs = memory_mib(proc.pid)
             samples.append((time.monotonic() - t0, rss, pss, procs, requests))
             print(f"{samples[-1][0]:6.0f} {requests:9d} {rss:9.1f} {pss:9.1f} {procs:6d}")
+            print("per process at the end (RSS / PSS MiB):")
+            for what, prss, ppss in breakdown(proc.pid):
+                print(f"  {prss:8.1f} {ppss:8.1f}  {what}")
         finally:
             proc.terminate()
             proc.wait(30)

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping, Set
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Set
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
@@ -893,15 +893,17 @@ class ClusterCache:
         Assumptions survive: a bind may not be visible in the list yet.
         """
         with self.lock:
+            # A re-iterable collection is read twice rather than copied (a static source
+            # decodes its objects one at a time; see kube.source.Decoded).
             if nodes is not None:
-                node_list = list(nodes)
+                node_list = nodes if isinstance(nodes, Collection) else list(nodes)
                 names = {object_name(n) for n in node_list}
                 for gone in [n for n in self._infos if n not in names]:
                     self.delete_node(gone)
                 for n in node_list:
                     self.upsert_node(n)
             if pods is not None:
-                pod_list = list(pods)
+                pod_list = pods if isinstance(pods, Collection) else list(pods)
                 keys = {pod_key(p) for p in pod_list if isinstance(p, Mapping)}
                 for gone in [k for k in self._pods if k not in keys]:
                     self.delete_pod(gone)
