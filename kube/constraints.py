@@ -39,14 +39,14 @@ OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
 MAX_ITEMS = 64
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Requirement:
     key: str
     operator: str
     values: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Term:
     """One ``nodeSelectorTerm``: all of its requirements must hold."""
 
@@ -54,7 +54,7 @@ class Term:
     fields: tuple[Requirement, ...] = ()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Toleration:
     key: str = ""
     operator: str = "Equal"
@@ -62,14 +62,14 @@ class Toleration:
     effect: str = ""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Taint:
     key: str
     value: str = ""
     effect: str = "NoSchedule"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PodConstraints:
     scheduler_name: str = "default-scheduler"
     node_selector: tuple[tuple[str, str], ...] = ()

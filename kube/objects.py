@@ -495,6 +495,19 @@ def _container_resources(c: Mapping[str, Any], path: str, who: str) -> dict[str,
     return out
 
 
+# One object per distinct set of GPU models: every MIG pod of a profile names the same
+# models, and each frozenset costs ~200 bytes (an empty one is not shared either).
+NO_MODELS: frozenset[str] = frozenset()
+_MODEL_SETS: dict[frozenset[str], frozenset[str]] = {NO_MODELS: NO_MODELS}
+
+
+def shared_models(models: frozenset[str]) -> frozenset[str]:
+    """The one kept frozenset equal to ``models`` (the catalog's profiles are few)."""
+    if len(_MODEL_SETS) > 1024:
+        _MODEL_SETS.clear()
+    return _MODEL_SETS.setdefault(models, models)
+
+
 def pod_request(pod: Mapping[str, Any], strict: bool = True) -> PodRequest:
     """A PodRequest from a v1 Pod: effective CPU/memory, the GPU resource, group membership.
 
@@ -532,7 +545,7 @@ def pod_request(pod: Mapping[str, Any], strict: bool = True) -> PodRequest:
     mig_profile = None
     milli = 0
     gpu_mem = _annotation_mib(ann, who)
-    models: frozenset[str] = frozenset()
+    models: frozenset[str] = NO_MODELS
     # A limit of 0 asks for no device (as the device plugin reads it).
     mig_res = [(k, profile_from_resource(k)) for k, v in totals.items()
                if k.startswith(A.MIG_RESOURCE_PREFIX) and v]
@@ -555,7 +568,7 @@ def pod_request(pod: Mapping[str, Any], strict: bool = True) -> PodRequest:
             _one_device(totals[mig_res[0][0]], mig_res[0][0], "MIG slice", who)
         kind = RequestKind.MIG
         mig_profile = mig_res[0][1]
-        models = frozenset(m.name for m in models_with_profile(mig_profile or ""))
+        models = shared_models(frozenset(m.name for m in models_with_profile(mig_profile or "")))
         if not models:
             raise ObjectError(f"{who}: resources: {mig_res[0][0]}: no known GPU has that profile")
     spec = _map(pod, "spec", who)

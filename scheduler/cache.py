@@ -61,6 +61,7 @@ from packing.state import (
 
 log = logging.getLogger("gpupack.scheduler.cache")
 IGNORED_NOTES_CAP = 10_000  # distinct ignored placements remembered (see _note_ignored)
+CONSTRAINTS_CAP = 10_000  # distinct pod constraints shared (see _shared_constraints)
 
 # Label and annotation prefixes node_info reads to find a node's GPUs.
 _GPU_LABELS = ("nvidia.com/", "gpupack.io/")
@@ -111,7 +112,7 @@ def node_signature(n: NodeState) -> tuple[Any, ...]:
     )
 
 
-@dataclass
+@dataclass(slots=True)
 class PodEntry:
     """A pod as the watch last showed it."""
 
@@ -127,7 +128,7 @@ class PodEntry:
     constraints: PodConstraints | str | None = None
 
 
-@dataclass
+@dataclass(slots=True)
 class Assumption:
     req: PodRequest
     uid: str
@@ -179,6 +180,9 @@ class ClusterCache:
         self._taints: dict[str, tuple[Taint, ...]] = {}
         self._group_pods: dict[str, set[str]] = {}
         self._gpu_pods: dict[str, set[str]] = {}
+        # Equal constraints share one object: pods of one template read the same (a
+        # toleration tuple, selectors, affinity terms), 50,000 copies otherwise.
+        self._constraints: dict[PodConstraints, PodConstraints] = {}
         self._gone_hooks: list[Callable[[str], None]] = []  # see on_pod_gone
         # What each node's agent observed (kube.objects.NodeObservation), by node, with
         # the inventory text it was read from (read again only when that changes).
@@ -836,7 +840,7 @@ class ClusterCache:
         constraints: PodConstraints | str | None = None
         if req.group is not None or req.kind is not RequestKind.NONE:
             try:
-                constraints = pod_constraints(obj)
+                constraints = self._shared_constraints(pod_constraints(obj))
             except ObjectError as e:
                 constraints = str(e)
         entry = PodEntry(
@@ -866,6 +870,16 @@ class ClusterCache:
             self._account(req.key)
             self._changed()
         return True
+
+    def _shared_constraints(self, c: PodConstraints) -> PodConstraints:
+        """The one object equal to ``c`` (bounded: past the cap the table starts over)."""
+        with self.lock:
+            kept = self._constraints.get(c)
+            if kept is None:
+                if len(self._constraints) >= CONSTRAINTS_CAP:
+                    self._constraints.clear()
+                kept = self._constraints[c] = c
+            return kept
 
     def note_bad_object(self) -> None:
         """An object a source skipped before it reached the cache (a malformed watch

@@ -22,6 +22,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 from packing.catalog import get_model
 from packing.mig import MigSlot, free_starts
@@ -139,7 +140,7 @@ def cluster_fragmentation(state: ClusterState, shapes: Sequence[tuple[Shape, flo
 MEMO_LIMIT = 100_000
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class NodeFigures:
     """What F(N) is made of, kept per node state: each GPU's free milli and, per typical
     shape, whether each GPU serves it. An option changes only its own GPUs' entries."""
@@ -170,9 +171,21 @@ def _value(node: NodeState, shapes: Sequence[tuple[Shape, float]], free: Sequenc
     return out
 
 
+# Equal figure tuples share one object: a memo holds up to MEMO_LIMIT entries, and the
+# nodes' GPUs are in few distinct states (~1.5 kB an entry otherwise, ~100 B shared).
+_SHARED: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+
+
+def _shared(t: tuple[Any, ...]) -> Any:
+    if len(_SHARED) >= MEMO_LIMIT:
+        _SHARED.clear()
+    return _SHARED.setdefault(t, t)
+
+
 def node_figures(node: NodeState, shapes: Sequence[tuple[Shape, float]]) -> NodeFigures:
-    free = tuple(g.free_milli for g in node.gpus)
-    serving = tuple(tuple(gpu_serves(g, s) for g in node.gpus) for s, _ in shapes)
+    free: tuple[int, ...] = _shared(tuple(g.free_milli for g in node.gpus))
+    serving: tuple[tuple[bool, ...], ...] = _shared(
+        tuple(tuple(gpu_serves(g, s) for g in node.gpus) for s, _ in shapes))
     return NodeFigures(_value(node, shapes, free, serving), free, serving)
 
 
