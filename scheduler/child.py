@@ -15,6 +15,8 @@ gone. What the messages are is each user's own protocol.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import gc
 import multiprocessing as mp
 import os
 from collections.abc import Callable
@@ -33,9 +35,30 @@ def background() -> None:
             os.nice(NICE)
 
 
-def serve_messages(conn: Connection, handle: Callable[[Any], Any]) -> None:
+def give_back_memory() -> None:
+    """Return the C heap's free pages to the system (glibc ``malloc_trim``; nothing
+    elsewhere). A solve's OR-Tools model and search and its snapshot's larger Python
+    objects leave ~50 MiB (1,000 nodes) of freed memory in the process otherwise, which
+    counts in its RSS and PSS until the next solve reuses it."""
+    global _TRIM
+    if _TRIM is None:
+        try:
+            _TRIM = ctypes.CDLL(None).malloc_trim
+        except (OSError, AttributeError):
+            _TRIM = False
+    if _TRIM:
+        _TRIM(0)
+
+
+_TRIM: Any = None
+
+
+def serve_messages(conn: Connection, handle: Callable[[Any], Any],
+                   trim: bool = False) -> None:
     """The child's loop: each message in, ``("ok", handle(message))`` or ``("error",
-    "Type: text")`` out, until the pipe closes (the parent is gone)."""
+    "Type: text")`` out, until the pipe closes (the parent is gone). ``trim``: give
+    freed memory back (:func:`give_back_memory`) after each answer, for children whose
+    messages are few and large (the solver)."""
     while True:
         try:
             msg = conn.recv()
@@ -49,6 +72,10 @@ def serve_messages(conn: Connection, handle: Callable[[Any], Any]) -> None:
             conn.send(reply)
         except (EOFError, OSError):
             return
+        if trim:
+            del msg, reply
+            gc.collect()
+            give_back_memory()
 
 
 def start_child(ctx: Any, target: Callable[[Connection], None], name: str,

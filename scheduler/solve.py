@@ -186,7 +186,7 @@ def unpack(packed: tuple[Any, ...]) -> SolveJob:
 def solver_main(conn: Connection) -> None:
     """The child's loop: jobs in, ("ok", outcome) or ("error", text) out, until EOF."""
     background()
-    serve_messages(conn, lambda packed: solve(unpack(packed)))
+    serve_messages(conn, lambda packed: solve(unpack(packed)), trim=True)
 
 
 class SolverError(RuntimeError):
