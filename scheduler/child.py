@@ -19,7 +19,10 @@ import ctypes
 import gc
 import multiprocessing as mp
 import os
-from collections.abc import Callable
+import sys
+import threading
+import types
+from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -78,6 +81,25 @@ def serve_messages(conn: Connection, handle: Callable[[Any], Any],
             give_back_memory()
 
 
+_MAIN_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _bare_main() -> Iterator[None]:
+    """While a child is spawned, ``__main__`` is an empty module. ``spawn`` has a child
+    import the parent's main script first (as ``__mp_main__``): for ``gpupack serve``
+    run as a console script (or a benchmark's script) that is the whole CLI, every
+    subcommand and OR-Tools, numpy and pandas with it (~100 MiB a child). The targets
+    are functions of importable modules and need nothing of the main script."""
+    with _MAIN_LOCK:
+        real = sys.modules["__main__"]
+        sys.modules["__main__"] = types.ModuleType("__main__")
+        try:
+            yield
+        finally:
+            sys.modules["__main__"] = real
+
+
 def start_child(ctx: Any, target: Callable[[Connection], None], name: str,
                 error: type[Exception]) -> tuple[Any, Connection]:
     """Start ``target(conn)`` in a daemon child; the process and the parent's end of the
@@ -87,7 +109,8 @@ def start_child(ctx: Any, target: Callable[[Connection], None], name: str,
     parent, child = ctx.Pipe()
     proc = ctx.Process(target=target, args=(child,), daemon=True, name=name)
     try:
-        proc.start()
+        with _bare_main():
+            proc.start()
     except Exception as e:
         parent.close()
         raise error(f"{name} did not start: {e}") from None

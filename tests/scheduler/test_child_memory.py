@@ -68,3 +68,27 @@ def test_give_back_memory_returns_freed_heap_pages() -> None:
     """)
     before, after, _ = (float(x) for x in out.split())
     assert before - after > 100, (before, after)
+
+
+def test_a_spawned_child_does_not_import_the_parents_main_script(tmp_path: Path) -> None:
+    # The main script imports a module nothing else does; spawn would run the script
+    # again in the child (as __mp_main__) and import it there too.
+    script = tmp_path / "main_script.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys
+        sys.path[:0] = [{str(ROOT)!r}, {str(ROOT / "tests" / "scheduler")!r}]
+        import xml.dom.minidom  # only the main script imports this
+        from child_probe import report_modules
+        from scheduler.child import ChildProcess
+
+        if __name__ == "__main__":
+            child = ChildProcess(report_modules, "probe")
+            try:
+                print(child.request(["xml.dom.minidom", "child_probe"], 60))
+            finally:
+                child.close()
+    """))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "['child_probe']"
