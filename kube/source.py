@@ -358,6 +358,7 @@ class ApiSource:
         records_namespace: str | None = None,
         records_selector: str = "",
         watch_quotas: bool = False,
+        list_page: int = 500,
     ) -> None:
         from kubernetes import client
 
@@ -385,6 +386,7 @@ class ApiSource:
         self._watches: list[Any] = []  # open watch responses, closed by stop()
         self._records: RecordSink | None = None
         self._quotas: ObjectSink | None = None
+        self.list_page = list_page
 
     def start(self, sink: Sink, records: RecordSink | None = None,
               quotas: ObjectSink | None = None) -> None:
@@ -482,6 +484,8 @@ class ApiSource:
         return min(current * 2, self.backoff_max_s)
 
     def _list(self, kind: str, sink: Sink) -> str:
+        if kind in ("nodes", "pods"):
+            return self._list_paged(kind, sink)
         resp = self._list_fn(kind)(_preload_content=False, _request_timeout=60)
         body = _read_json(resp)
         items = body.get("items") or []
@@ -496,6 +500,45 @@ class ApiSource:
         else:
             sink.replace(None, items)
         return str((body.get("metadata") or {}).get("resourceVersion") or "")
+
+    def _list_paged(self, kind: str, sink: Sink) -> str:
+        """List nodes or pods ``list_page`` at a time (``limit``/``continue``, as
+        client-go's reflector pages), each page's objects kept encoded (:class:`Codec`),
+        then fed to the sink decoded one at a time. A 50,000-pod list was one response
+        body and every pod as dicts at once (hundreds of MiB, kept by the allocator after
+        it was freed); now it is one page of dicts at a time and ~10% of the JSON. An
+        expired continue token answers 410 Gone: the caller lists again."""
+        codec = Codec()
+        kept: list[bytes | dict[str, Any]] = []
+        token: str | None = None
+        rv = ""
+        while True:
+            kw: dict[str, Any] = {"limit": self.list_page}
+            if token:
+                kw["_continue"] = token
+            resp = self._list_fn(kind)(_preload_content=False, _request_timeout=60, **kw)
+            data = resp.data if hasattr(resp, "data") else resp.read()
+            try:
+                body = orjson.loads(data)
+            except orjson.JSONDecodeError:  # what orjson refuses (64-bit overflow): json
+                body = json.loads(data)
+            del data
+            if not isinstance(body, Mapping):
+                raise ValueError(f"{kind} list: not an object")
+            meta = body.get("metadata") or {}
+            for item in body.get("items") or []:
+                kept.append(codec.encode(item) if isinstance(item, Mapping) else item)
+            del body
+            rv = str(meta.get("resourceVersion") or rv)
+            token = meta.get("continue") or None
+            if not token:
+                break
+        objects = Decoded(kept, codec)
+        if kind == "nodes":
+            sink.replace(objects, None)
+        else:
+            sink.replace(None, objects)
+        return rv
 
     def _watch(self, kind: str, sink: Sink) -> None:
         """Stream events from the resume version until the server ends the watch.
