@@ -12,6 +12,7 @@ spec.containers[0].resources.limits.cpu: 'lots' is not a quantity ...")``.
 from __future__ import annotations
 
 import json
+import sys
 from collections import Counter, defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -114,7 +115,7 @@ def bound_node(pod: Mapping[str, Any]) -> str | None:
         return None
     if not isinstance(node, str):
         raise ObjectError(f"{_obj_name(pod, 'Pod')}: spec.nodeName: {node!r} is not a string")
-    return node
+    return sys.intern(node)  # one string per node, not one per pod bound to it
 
 
 # ---- nodes -------------------------------------------------------------------------------
@@ -498,6 +499,7 @@ def _container_resources(c: Mapping[str, Any], path: str, who: str) -> dict[str,
 # One object per distinct set of GPU models: every MIG pod of a profile names the same
 # models, and each frozenset costs ~200 bytes (an empty one is not shared either).
 NO_MODELS: frozenset[str] = frozenset()
+NO_SELECTOR: Mapping[str, str] = {}  # shared by every pod without a nodeSelector; read-only
 _MODEL_SETS: dict[frozenset[str], frozenset[str]] = {NO_MODELS: NO_MODELS}
 
 
@@ -590,11 +592,11 @@ def pod_request(pod: Mapping[str, Any], strict: bool = True) -> PodRequest:
         gpu_milli=milli,
         gpu_memory_mib=gpu_mem,
         gpu_models=models,
-        node_selector=_str_map(pod, "spec.nodeSelector", who),
+        node_selector=_str_map(pod, "spec.nodeSelector", who) or NO_SELECTOR,
         priority=prio,
         group=_group_of(meta.get("namespace") or "default", labels, ann, who, strict),
         uid=str(meta.get("uid", "")),
-        klass=klass,
+        klass=sys.intern(klass),
         admission=admission_id(ann),
     )
 

@@ -28,6 +28,7 @@ incrementally, only for the nodes an event touched, before the change is publish
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Set
 from contextlib import contextmanager
@@ -847,7 +848,7 @@ class ClusterCache:
             req=req,
             uid=req.uid,
             node=node,
-            scheduler=str(spec.get("schedulerName") or "default-scheduler"),
+            scheduler=sys.intern(str(spec.get("schedulerName") or "default-scheduler")),
             finished=is_finished(obj),
             recorded=recorded,
             constraints=constraints,
