@@ -7,12 +7,20 @@ same server with the benchmark's echo route) (static files; the in-cluster
 path is the same cache fed by a watch), and sends filter, prioritize, bind and echo
 requests at ``--rate`` per second for ``--minutes``. Every 10 s it samples RSS and PSS
 (``/proc/PID/smaps_rollup``) of the whole process tree (gunicorn master, worker, solver
-and warm children). Prints the samples, then PASS/FAIL on two criteria: the tree's PSS
-stays under ``--limit-mib`` (default 500), and it is flat: the last minute's mean is
-within ``--flat-pct`` (default 10%) of the mean of the minute after warm-up.
+and warm children). Prints the samples, each process's RSS and PSS at the end, then
+PASS/FAIL on two criteria: the tree's PSS stays under ``--limit-mib`` (default 500), and
+it is flat: the last minute's mean is within ``--flat-pct`` (default 10%) of the mean of
+the minute after warm-up.
+
+``--cluster``: in-cluster instead (the watch path). The real control plane of tests/e2e
+is started (``controlplane.up``; webhook, controller-manager and MIG manager stopped),
+the nodes and bound pods are created through the API, the extender (the chart's command
+line) is restarted so that it lists them, and kube-scheduler binds the pending pods the
+soak creates, one per cycle; the soak's own requests are filter and prioritize.
 
     python bench/soak.py                       # 10 minutes, 20 requests/s
     python bench/soak.py --minutes 2 --rate 40
+    python bench/soak.py --cluster --rate 40   # ~7 min of object creation first
 """
 
 from __future__ import annotations
