@@ -98,10 +98,19 @@ def _solve(job: SolveJob, nodes_all: tuple[NodeInfo, ...],
     for pod, placement in running():
         full.apply(pod, placement, allow_overcommit=True)
     unplaceable: set[str] = set()
+    keep: set[str] | None = None
+    if job.batch and job.per_class and not any(p.group for p in job.batch):
+        keep, unplaceable = candidates(full, job.batch, job.per_class)
+    # The fragmentation figure is taken before the plan (which never changes ``full``),
+    # so the whole cluster's state is gone while the plan builds its own; its time is
+    # not the solve's.
+    frag_started = time.monotonic()
+    frag = cluster_fragmentation(full, job.shapes) if job.shapes else 0.0
+    frag_s = time.monotonic() - frag_started
+    del full
     if job.batch:
         nodes = nodes_all
-        if job.per_class and not any(p.group for p in job.batch):
-            keep, unplaceable = candidates(full, job.batch, job.per_class)
+        if keep is not None:
             nodes = tuple(n for n in nodes_all if n.name in keep)
         names = {n.name for n in nodes}
         on_nodes = tuple(r for r in running() if r[1].node in names)
@@ -115,8 +124,7 @@ def _solve(job: SolveJob, nodes_all: tuple[NodeInfo, ...],
                                 result.policy, result.solver_status)
     else:
         result = PlanResult((), (), job.policy, solver_status="idle")
-    seconds = time.monotonic() - started
-    frag = cluster_fragmentation(full, job.shapes) if job.shapes else 0.0
+    seconds = time.monotonic() - started - frag_s
     return SolveOutcome(
         tuple(result.placements),
         tuple((u.pod, u.reason) for u in result.unschedulable),
