@@ -450,16 +450,9 @@ def run(args: argparse.Namespace, server: type[ExtenderServer] | None = None) ->
         if why is not None:
             print(f"gpupack serve: {why}", file=sys.stderr)
             return 2
-    if args.nodes is not None:
-        # Read the files once here so a bad file is reported before gunicorn starts.
-        from kube.objects import ObjectError
-        from kube.source import StaticSource
-
-        try:
-            StaticSource.from_files(args.nodes, args.pods)
-        except (ObjectError, OSError) as e:
-            print(f"gpupack serve: {e}", file=sys.stderr)
-            return 2
+    # Static files are read once, in the worker (ExtenderServer.load): a bad file is
+    # reported there and the server exits with status 2 (see below). Parsing them here
+    # as well would keep a second copy of the cluster in the gunicorn master.
     from serving.listener import bind_error
     from serving.tls import check_tls
 
@@ -481,7 +474,16 @@ def run(args: argparse.Namespace, server: type[ExtenderServer] | None = None) ->
     # process, the webhook's view rebuilds) is CPU-bound Python; a shorter GIL switch
     # interval (default 5 ms) keeps request threads from waiting behind it for long.
     sys.setswitchinterval(0.0005)
-    (server or ExtenderServer)(args).run()
+    from gunicorn.arbiter import Arbiter
+
+    master = os.getpid()
+    try:
+        (server or ExtenderServer)(args).run()
+    except SystemExit as e:
+        # The worker is a fork of this very call: its own exit passes through here too.
+        if e.code == Arbiter.APP_LOAD_ERROR and os.getpid() == master:
+            return 2  # the worker printed why (a static file it could not read)
+        raise
     return 0
 
 
@@ -523,7 +525,16 @@ class ExtenderServer(BaseApplication):
             self.cfg.set(key, value)
 
     def load(self) -> Any:
+        from gunicorn.errors import AppImportError
+
+        from kube.objects import ObjectError
+
         sys.setswitchinterval(0.0005)
-        parts = Components(self.args)
+        try:
+            parts = Components(self.args)
+        except (ObjectError, OSError) as e:
+            # A static file that cannot be read: gunicorn prints this line and halts
+            # (run() then exits with status 2).
+            raise AppImportError(f"gpupack serve: {e}") from None
         parts.start()
         return parts.app

@@ -71,7 +71,7 @@ __all__ = [
 MAX_ITEMS = 64
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PodConstraints:
     scheduler_name: str = "default-scheduler"
     node_selector: tuple[tuple[str, str], ...] = ()

@@ -5,7 +5,7 @@ controller recreates it once evicted (:class:`packing.defrag.Evictability`)."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 from kube.objects import ObjectError, pod_key
@@ -96,7 +96,8 @@ class PodOwners:
 
     def replace(self, nodes: Any, pods: Any) -> None:
         if pods is not None:
-            pods = list(pods)
+            if not isinstance(pods, Collection):  # read twice (kube.source.Decoded)
+                pods = list(pods)
             keys = {pod_key(p) for p in pods if isinstance(p, Mapping)}
             with self._lock:
                 for k in [k for k in (*self._recreated, *self._blocked) if k not in keys]:

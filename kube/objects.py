@@ -12,6 +12,7 @@ spec.containers[0].resources.limits.cpu: 'lots' is not a quantity ...")``.
 from __future__ import annotations
 
 import json
+import sys
 from collections import Counter, defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -115,7 +116,7 @@ def bound_node(pod: Mapping[str, Any]) -> str | None:
         return None
     if not isinstance(node, str):
         raise ObjectError(f"{_obj_name(pod, 'Pod')}: spec.nodeName: {node!r} is not a string")
-    return node
+    return sys.intern(node)  # one string per node, not one per pod bound to it
 
 
 # ---- nodes -------------------------------------------------------------------------------
@@ -512,6 +513,20 @@ def _container_resources(c: Mapping[str, Any], path: str, who: str) -> dict[str,
     return out
 
 
+# One object per distinct set of GPU models: every MIG pod of a profile names the same
+# models, and each frozenset costs ~200 bytes (an empty one is not shared either).
+NO_MODELS: frozenset[str] = frozenset()
+NO_SELECTOR: Mapping[str, str] = {}  # shared by every pod without a nodeSelector; read-only
+_MODEL_SETS: dict[frozenset[str], frozenset[str]] = {NO_MODELS: NO_MODELS}
+
+
+def shared_models(models: frozenset[str]) -> frozenset[str]:
+    """The one kept frozenset equal to ``models`` (the catalog's profiles are few)."""
+    if len(_MODEL_SETS) > 1024:
+        _MODEL_SETS.clear()
+    return _MODEL_SETS.setdefault(models, models)
+
+
 def pod_request(pod: Mapping[str, Any], strict: bool = True) -> PodRequest:
     """A PodRequest from a v1 Pod: effective CPU/memory, the GPU resource, group membership.
 
@@ -549,7 +564,7 @@ def pod_request(pod: Mapping[str, Any], strict: bool = True) -> PodRequest:
     mig_profile = None
     milli = 0
     gpu_mem = _annotation_mib(ann, who)
-    models: frozenset[str] = frozenset()
+    models: frozenset[str] = NO_MODELS
     # A limit of 0 asks for no device (as the device plugin reads it).
     mig_res = [(k, profile_from_resource(k)) for k, v in totals.items()
                if k.startswith(A.MIG_RESOURCE_PREFIX) and v]
@@ -572,7 +587,7 @@ def pod_request(pod: Mapping[str, Any], strict: bool = True) -> PodRequest:
             _one_device(totals[mig_res[0][0]], mig_res[0][0], "MIG slice", who)
         kind = RequestKind.MIG
         mig_profile = mig_res[0][1]
-        models = frozenset(m.name for m in models_with_profile(mig_profile or ""))
+        models = shared_models(frozenset(m.name for m in models_with_profile(mig_profile or "")))
         if not models:
             raise ObjectError(f"{who}: resources: {mig_res[0][0]}: no known GPU has that profile")
     spec = _map(pod, "spec", who)
@@ -594,11 +609,11 @@ def pod_request(pod: Mapping[str, Any], strict: bool = True) -> PodRequest:
         gpu_milli=milli,
         gpu_memory_mib=gpu_mem,
         gpu_models=models,
-        node_selector=_str_map(pod, "spec.nodeSelector", who),
+        node_selector=_str_map(pod, "spec.nodeSelector", who) or NO_SELECTOR,
         priority=prio,
         group=_group_of(meta.get("namespace") or "default", labels, ann, who, strict),
         uid=str(meta.get("uid", "")),
-        klass=klass,
+        klass=sys.intern(klass),
         admission=admission_id(ann),
     )
 

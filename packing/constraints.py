@@ -35,14 +35,14 @@ BLOCKING = ("NoSchedule", "NoExecute")
 OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Requirement:
     key: str
     operator: str
     values: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Term:
     """One ``nodeSelectorTerm``: all of its requirements must hold."""
 
@@ -50,7 +50,7 @@ class Term:
     fields: tuple[Requirement, ...] = ()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Toleration:
     key: str = ""
     operator: str = "Equal"
@@ -130,7 +130,7 @@ class _HasNodeLevel(Protocol):
     def tolerations(self) -> tuple[Toleration, ...]: ...
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class NodeLevel:
     """The constraints that decide which nodes a pod can reach (hashable: a signature)."""
 
@@ -143,7 +143,7 @@ class NodeLevel:
         return not self.node_selector and self.affinity is None and not self.tolerations
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Exclusion:
     """Why a node is out of a pod's reach: the pod's field (``field``) and kube-scheduler's
     words (``reason``)."""

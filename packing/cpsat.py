@@ -33,8 +33,13 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from ortools.sat.python import cp_model
+if TYPE_CHECKING:
+    from ortools.sat.python import cp_model
+# OR-Tools (with numpy and pandas, ~75 MiB per process) is imported where a model is
+# built or solved, not with this module: the warm child and the webhook read
+# SolverParams and the batch weights without ever solving.
 
 from packing.catalog import get_model
 from packing.mig import MigSlot, memory_range
@@ -65,6 +70,8 @@ class SolverParams:
         lockstep and the deterministic-time budget ends it at the same point on any
         machine. The wall-clock limit is by default only a safety net (3x) for a slow or
         loaded machine; see ``max_wall_s``."""
+        from ortools.sat.python import cp_model
+
         solver = cp_model.CpSolver()
         solver.parameters.max_deterministic_time = self.max_time_s
         solver.parameters.max_time_in_seconds = (
@@ -117,6 +124,8 @@ def build_batch_model(
     """The CP-SAT model of the batch on ``state``, every variable hinted from ``hint``;
     None when it would have more than ``params.max_variables`` variables."""
     # ---- data --------------------------------------------------------------------------
+    from ortools.sat.python import cp_model
+
     model = cp_model.CpModel()
     x: dict[tuple[str, int], cp_model.IntVar] = {}  # (pod, option index) -> var
     options: dict[str, list[Placement]] = {}
@@ -373,6 +382,8 @@ def solve_batch(
     taken_domains: frozenset[tuple[str, str]] = frozenset(),
 ) -> SolveResult:
     """Solve the batch on ``state`` (not mutated). Placements are not yet validated."""
+    from ortools.sat.python import cp_model
+
     built = build_batch_model(state, pods, hint, params, taken_domains)
     if built is None:
         return SolveResult((), "TOO_LARGE")

@@ -79,7 +79,7 @@ class RequestKind(StrEnum):
     SHARED = "shared"  # one share of one GPU: gpu_milli compute, gpu_memory_mib memory
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class MigInstance:
     """One GPU instance of a MIG layout; ``owner`` is the pod key using it, if any."""
 
@@ -88,7 +88,7 @@ class MigInstance:
     owner: str | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class GpuInfo:
     """One physical GPU of a node."""
 
@@ -109,7 +109,7 @@ class GpuInfo:
     memory_source: str = "catalog"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Taint:
     """A node taint (``spec.taints[]``): only NoSchedule and NoExecute keep pods off."""
 
@@ -118,7 +118,7 @@ class Taint:
     effect: str = "NoSchedule"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class NodeInfo:
     """A node as the packer sees it."""
 
@@ -160,7 +160,7 @@ def with_mig_actuator(nodes: Iterable[NodeInfo], on: bool) -> tuple[NodeInfo, ..
     return tuple(out)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class GroupRef:
     """Membership of a pod in an all-or-nothing group."""
 
@@ -171,7 +171,7 @@ class GroupRef:
     exclusive: bool = False  # one group per topology domain
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PodRequest:
     """What one pod needs."""
 
@@ -204,7 +204,7 @@ class PodRequest:
         return 0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Placement:
     """Where a pod goes (or already is): a node and the GPU resources it takes there."""
 
@@ -222,13 +222,13 @@ class Placement:
         return {"pod": self.pod, "node": self.node, "gpus": list(self.gpus), "mig": mig}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Unschedulable:
     pod: str
     reason: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Snapshot:
     """Nodes, the pods already on them (with their placements) and the pending pods."""
 
@@ -247,7 +247,7 @@ class Snapshot:
         return tuple(n.name for n in self.nodes)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PlanResult:
     """A solver's answer for the pending pods of a snapshot."""
 

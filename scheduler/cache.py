@@ -28,8 +28,9 @@ incrementally, only for the nodes an event touched, before the change is publish
 from __future__ import annotations
 
 import logging
+import sys
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping, Set
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Set
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
@@ -62,6 +63,7 @@ from packing.state import (
 
 log = logging.getLogger("gpupack.scheduler.cache")
 IGNORED_NOTES_CAP = 10_000  # distinct ignored placements remembered (see _note_ignored)
+CONSTRAINTS_CAP = 10_000  # distinct pod constraints shared (see _shared_constraints)
 
 # Label and annotation prefixes node_info reads to find a node's GPUs.
 _GPU_LABELS = ("nvidia.com/", "gpupack.io/")
@@ -112,7 +114,7 @@ def node_signature(n: NodeState) -> tuple[Any, ...]:
     )
 
 
-@dataclass
+@dataclass(slots=True)
 class PodEntry:
     """A pod as the watch last showed it."""
 
@@ -128,7 +130,7 @@ class PodEntry:
     constraints: PodConstraints | str | None = None
 
 
-@dataclass
+@dataclass(slots=True)
 class Assumption:
     req: PodRequest
     uid: str
@@ -180,6 +182,9 @@ class ClusterCache:
         self._taints: dict[str, tuple[Taint, ...]] = {}
         self._group_pods: dict[str, set[str]] = {}
         self._gpu_pods: dict[str, set[str]] = {}
+        # Equal constraints share one object: pods of one template read the same (a
+        # toleration tuple, selectors, affinity terms), 50,000 copies otherwise.
+        self._constraints: dict[PodConstraints, PodConstraints] = {}
         self._gone_hooks: list[Callable[[str], None]] = []  # see on_pod_gone
         # What each node's agent observed (kube.objects.NodeObservation), by node, with
         # the inventory text it was read from (read again only when that changes).
@@ -842,14 +847,14 @@ class ClusterCache:
         constraints: PodConstraints | str | None = None
         if req.group is not None or req.kind is not RequestKind.NONE:
             try:
-                constraints = pod_constraints(obj)
+                constraints = self._shared_constraints(pod_constraints(obj))
             except ObjectError as e:
                 constraints = str(e)
         entry = PodEntry(
             req=req,
             uid=req.uid,
             node=node,
-            scheduler=str(spec.get("schedulerName") or "default-scheduler"),
+            scheduler=sys.intern(str(spec.get("schedulerName") or "default-scheduler")),
             finished=is_finished(obj),
             recorded=recorded,
             constraints=constraints,
@@ -872,6 +877,16 @@ class ClusterCache:
             self._account(req.key)
             self._changed()
         return True
+
+    def _shared_constraints(self, c: PodConstraints) -> PodConstraints:
+        """The one object equal to ``c`` (bounded: past the cap the table starts over)."""
+        with self.lock:
+            kept = self._constraints.get(c)
+            if kept is None:
+                if len(self._constraints) >= CONSTRAINTS_CAP:
+                    self._constraints.clear()
+                kept = self._constraints[c] = c
+            return kept
 
     def note_bad_object(self) -> None:
         """An object a source skipped before it reached the cache (a malformed watch
@@ -899,15 +914,17 @@ class ClusterCache:
         Assumptions survive: a bind may not be visible in the list yet.
         """
         with self.lock:
+            # A re-iterable collection is read twice rather than copied (a static source
+            # decodes its objects one at a time; see kube.source.Decoded).
             if nodes is not None:
-                node_list = list(nodes)
+                node_list = nodes if isinstance(nodes, Collection) else list(nodes)
                 names = {object_name(n) for n in node_list}
                 for gone in [n for n in self._infos if n not in names]:
                     self.delete_node(gone)
                 for n in node_list:
                     self.upsert_node(n)
             if pods is not None:
-                pod_list = list(pods)
+                pod_list = pods if isinstance(pods, Collection) else list(pods)
                 keys = {pod_key(p) for p in pod_list if isinstance(p, Mapping)}
                 for gone in [k for k in self._pods if k not in keys]:
                     self.delete_pod(gone)

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from packing.cpsat import SolverParams
 from packing.model import Placement, Snapshot
-from packing.policies.fgd import Shape, typical_shapes, workload_of
+from packing.policies.fgd import Shape, shape_workload, typical_shapes, workload_of
 from packing.policies.greedy import order_pods
 from scheduler.cache import ClusterCache
 from scheduler.solve import SolveJob, SolveOutcome, SolverProcess, make_policy, solve
@@ -196,7 +196,7 @@ class Planner:
         self.scorer = ScorerRef(self.policy.make_scorer(snapshot), self._scorer_gen,
                                 name_sensitive=self.policy_name == "random",
                                 policy=self.policy_name,
-                                source=Snapshot((), snapshot.running, snapshot.pending))
+                                source=shape_workload(snapshot))
 
 
 def _close(a: list[tuple[Shape, float]], b: list[tuple[Shape, float]]) -> bool:

@@ -22,6 +22,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 from packing.catalog import get_model
 from packing.mig import MigSlot, free_starts
@@ -139,7 +140,7 @@ def cluster_fragmentation(state: ClusterState, shapes: Sequence[tuple[Shape, flo
 MEMO_LIMIT = 100_000
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class NodeFigures:
     """What F(N) is made of, kept per node state: each GPU's free milli and, per typical
     shape, whether each GPU serves it. An option changes only its own GPUs' entries."""
@@ -170,9 +171,21 @@ def _value(node: NodeState, shapes: Sequence[tuple[Shape, float]], free: Sequenc
     return out
 
 
+# Equal figure tuples share one object: a memo holds up to MEMO_LIMIT entries, and the
+# nodes' GPUs are in few distinct states (~1.5 kB an entry otherwise, ~100 B shared).
+_SHARED: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+
+
+def _shared(t: tuple[Any, ...]) -> Any:
+    if len(_SHARED) >= MEMO_LIMIT:
+        _SHARED.clear()
+    return _SHARED.setdefault(t, t)
+
+
 def node_figures(node: NodeState, shapes: Sequence[tuple[Shape, float]]) -> NodeFigures:
-    free = tuple(g.free_milli for g in node.gpus)
-    serving = tuple(tuple(gpu_serves(g, s) for g in node.gpus) for s, _ in shapes)
+    free: tuple[int, ...] = _shared(tuple(g.free_milli for g in node.gpus))
+    serving: tuple[tuple[bool, ...], ...] = _shared(
+        tuple(tuple(gpu_serves(g, s) for g in node.gpus) for s, _ in shapes))
     return NodeFigures(_value(node, shapes, free, serving), free, serving)
 
 
@@ -223,6 +236,27 @@ def fragmentation_delta(
 
 def workload_of(snapshot: Snapshot) -> list[PodRequest]:
     return [p for p, _ in snapshot.running] + list(snapshot.pending)
+
+
+def shape_workload(snapshot: Snapshot) -> Snapshot:
+    """A snapshot with the same workload as far as any scorer can tell: every pod stands
+    for its :class:`Shape` through one shared pod of that shape (and one shared
+    placement), so :func:`typical_shapes` counts exactly as on ``snapshot``, while the
+    whole thing pickles to a few kB for another process (50,000 running pods: ~10 MB)."""
+    reps: dict[Shape, PodRequest] = {}
+
+    def rep(p: PodRequest) -> PodRequest:
+        shape = Shape.of(p)
+        kept = reps.get(shape)
+        if kept is None:
+            kept = reps[shape] = PodRequest(
+                f"shape/{len(reps)}", p.cpu_milli, p.memory_mib, p.kind, p.gpu_count,
+                p.mig_profile, p.gpu_milli, p.gpu_memory_mib, p.gpu_models)
+        return kept
+
+    nowhere = Placement("shape/", "")
+    return Snapshot((), tuple((rep(p), nowhere) for p, _ in snapshot.running),
+                    tuple(rep(p) for p in snapshot.pending))
 
 
 def make_fgd_scorer(snapshot: Snapshot) -> Scorer:

@@ -2,7 +2,8 @@
 server: just enough to drive the real ``kubernetes`` client over real HTTP.
 
 Endpoints:
-- ``GET /api/v1/nodes`` and ``GET /api/v1/pods``: a List with ``metadata.resourceVersion``;
+- ``GET /api/v1/nodes`` and ``GET /api/v1/pods``: a List with ``metadata.resourceVersion``
+  (``limit`` pages it, ``continue`` naming the next page);
   with ``watch=true``, a chunked stream of JSON watch events after ``resourceVersion``
   (``BOOKMARK`` events when asked for and triggered), ended by ``timeoutSeconds``.
   A version older than the compaction point gets an ``ERROR`` event carrying a 410
@@ -205,9 +206,14 @@ def _handler(fake: FakeApiServer) -> type[BaseHTTPRequestHandler]:
                 items = [copy.deepcopy(o) for o in fake.objects[kind].values()
                          if _selected(o, q)]
                 rv = fake.rv
+            meta: dict[str, Any] = {"resourceVersion": str(rv)}
+            limit, start = int(q.get("limit") or 0), int(q.get("continue") or 0)
+            if limit:  # pages: the continue token is the offset of the next one
+                if start + limit < len(items):
+                    meta["continue"] = str(start + limit)
+                items = items[start:start + limit]
             self._send(200, {"kind": "NodeList" if kind == "nodes" else "PodList",
-                             "apiVersion": "v1", "metadata": {"resourceVersion": str(rv)},
-                             "items": items})
+                             "apiVersion": "v1", "metadata": meta, "items": items})
 
         def _chunk(self, obj: Any) -> None:
             data = (json.dumps(obj) + "\n").encode()

@@ -88,6 +88,26 @@ def test_list_then_watch_feeds_the_cache(fake: FakeApiServer,
     wait_for(lambda: not cache.has_node("gpu-b") and cache.pod_entry("default/p1") is None)
 
 
+def test_a_list_comes_in_pages_and_a_relist_drops_what_is_gone(
+        fake: FakeApiServer, api: Any) -> None:
+    for i in range(7):
+        fake.put("pods", whole_pod(f"q{i}", 1, uid=f"uid-q{i}"))
+    cache = ClusterCache("gpupack")
+    cache.upsert_pod(whole_pod("stale", 1, uid="uid-stale"))  # deleted while not watched
+    source = ApiSource(api, watch_timeout_s=2, backoff_initial_s=0.01, list_page=3)
+    source.start(cache)
+    try:
+        wait_for(lambda: cache.synced)
+        # 8 pods (p0 and q0-q6) at 3 a page: 3 requests, every pod fed once.
+        assert fake.list_requests.count("pods") == 3
+        assert all(cache.pending_pod(f"default/q{i}") is not None for i in range(7))
+        assert cache.pending_pod("default/p0") is not None
+        assert cache.pod_entry("default/stale") is None
+        assert cache.has_node("gpu-a") and cache.counts()["pods"] == 8
+    finally:
+        source.stop()
+
+
 def test_410_gone_relists(fake: FakeApiServer, running: tuple[ClusterCache, ApiSource]) -> None:
     cache, source = running
     fake.compact()

@@ -119,3 +119,29 @@ def test_same_seed_same_answer(ns: list[NodeInfo], pods: list[PodRequest]) -> No
     snap = Snapshot(tuple(ns), pending=tuple(pods))
     for name in ("gpupack", "fgd", "random"):
         assert _plan(name, snap).placements == _plan(name, snap).placements, name
+
+
+@SETTINGS
+@given(running=workloads(), pending=workloads(), nodes_=nodes())
+def test_a_shape_workload_makes_the_same_scorer(running: list[PodRequest],
+                                                pending: list[PodRequest],
+                                                nodes_: list[NodeInfo]) -> None:
+    """What the warm child gets instead of every pod (issue 17 item 6): the same typical
+    shapes, so every policy's scorer rates every option as the one made from the pods."""
+    import pickle
+
+    from packing.model import Placement
+    from packing.policies.fgd import shape_workload, typical_shapes, workload_of
+    from packing.state import ClusterState
+
+    full = Snapshot(tuple(nodes_), tuple((p, Placement(p.key, nodes_[0].name))
+                                         for p in running), tuple(pending))
+    small = pickle.loads(pickle.dumps(shape_workload(full)))
+    assert typical_shapes(workload_of(small)) == typical_shapes(workload_of(full))
+    state = ClusterState(Snapshot(tuple(nodes_)))
+    for name in ("gpupack-greedy", "fgd", "bestfit"):
+        a, b = get_policy(name).make_scorer(full), get_policy(name).make_scorer(small)
+        for pod in pending[:3]:
+            for n in nodes_:
+                for option in state.options(pod, n.name)[:4]:
+                    assert a(state, pod, option) == b(state, pod, option)
