@@ -40,8 +40,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from packing.catalog import get_model
 from packing.defrag import (
-    Budget,
     DefragParams,
+    DisruptionBudget,
     Evictability,
     eviction_cost,
     plan_defrag,
@@ -166,7 +166,7 @@ def fragmented(mix: str, n: int, clique: int, seed: int, trace: Path,
     snap = Snapshot(nodes, tuple(running.values()))
     keys = sorted(running)
     recreated = {k: "ReplicaSet/rs" for k in keys if rng.random() >= 0.08}
-    budgets = tuple(Budget(f"app{a:02d}/pdb", rng.randint(1, 3),
+    budgets = tuple(DisruptionBudget(f"app{a:02d}/pdb", rng.randint(1, 3),
                            frozenset(k for k in keys if k.startswith(f"app{a:02d}/")))
                     for a in range(APPS))
     return Cluster(snap, Evictability(recreated, budgets), events, used / total)

@@ -21,7 +21,7 @@ from kube.files import split_objects
 from kube.objects import ObjectError
 from kube.owners import RECREATING_KINDS
 from kube.snapshot import BuiltSnapshot, build_snapshot
-from packing.defrag import DefragParams, DefragPlan, InvalidPlan, plan_defrag
+from packing.defrag import DefragParams, DefragPlan, InvalidDefragPlan, plan_defrag
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
               else DefragParams(max_time_s=args.time_limit, seed=args.seed))
     try:
         plan = plan_defrag(built.snapshot, ev, params)
-    except InvalidPlan as e:  # a planner bug: say so rather than print a wrong plan
+    except InvalidDefragPlan as e:  # a planner bug: say so rather than print a wrong plan
         print(f"gpupack defrag: internal error: {e}", file=sys.stderr)
         return 3
     if args.format == "json":

@@ -27,7 +27,7 @@ import select
 import time
 from typing import Any
 
-from serving.gate import Budget, Gate, Ready, Wait
+from serving.gate import ByteBudget, Gate, Ready, Wait
 from serving.gunicorn_worker import GatedThreadWorker
 
 # How long a pool thread waits for the next request on the connection it just served.
@@ -78,7 +78,7 @@ class StickyThreadWorker(GatedThreadWorker):
         # This thread's own budget: the listener's is the main loop's alone (no lock).
         # One request's worth, which this thread holds anyway when it serves it.
         limits = self.limits
-        gate = Gate(sock, limits, Budget(limits.max_head + limits.max_body + 1), now,
+        gate = Gate(sock, limits, ByteBudget(limits.max_head + limits.max_body + 1), now,
                     idle=True, buffered=unreader.take_buffered(), oversize=self.oversize)
         until = now + self.sticky_s
         while True:

@@ -1,5 +1,5 @@
 """PodDisruptionBudgets (policy/v1) read into the budgets the defragmentation planner
-respects (:class:`packing.defrag.Budget`).
+respects (:class:`packing.defrag.DisruptionBudget`).
 
 How many disruptions a budget allows: ``status.disruptionsAllowed`` when the object has
 it (the disruption controller's own figure); otherwise computed as that controller does,
@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kube.objects import ObjectError, bound_node, is_finished, pod_key
-from packing.defrag import Budget
+from packing.defrag import DisruptionBudget
 
 _PERCENT = re.compile(r"^(\d{1,3})%$")
 _OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
@@ -145,7 +145,7 @@ def healthy(pod: Mapping[str, Any]) -> bool:
     return True
 
 
-def read_budget(obj: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> Budget:
+def read_budget(obj: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> DisruptionBudget:
     """The budget of one PodDisruptionBudget; ObjectError naming the field."""
     who = _who(obj)
     meta = _mapping(obj.get("metadata"), f"{who}: metadata")
@@ -167,7 +167,7 @@ def read_budget(obj: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> Bu
         if isinstance(allowed, bool) or not isinstance(allowed, int) or allowed < 0:
             raise ObjectError(f"{who}: status.disruptionsAllowed: {allowed!r} is not a "
                               f"non-negative integer")
-        return Budget(f"{ns}/{meta['name']}", allowed, keys)
+        return DisruptionBudget(f"{ns}/{meta['name']}", allowed, keys)
     n_healthy = sum(1 for p in chosen if healthy(p))
     expected = len(chosen)
     if max_un is not None:
@@ -179,4 +179,4 @@ def read_budget(obj: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> Bu
     else:
         desired, expected = 0, 0
     allowed = n_healthy - desired if expected > 0 else 0
-    return Budget(f"{ns}/{meta['name']}", max(0, allowed), keys)
+    return DisruptionBudget(f"{ns}/{meta['name']}", max(0, allowed), keys)

@@ -55,7 +55,7 @@ POD_COST = 1000  # every eviction costs at least this: fewer evictions come firs
 
 
 @dataclass(frozen=True)
-class Budget:
+class DisruptionBudget:
     """A PodDisruptionBudget as the planner needs it."""
 
     name: str  # "namespace/name"
@@ -68,7 +68,7 @@ class Evictability:
     """What the cluster says about evicting pods (read by the kube layer)."""
 
     recreated_by: Mapping[str, str] = field(default_factory=dict)  # pod -> "Kind/name"
-    budgets: tuple[Budget, ...] = ()
+    budgets: tuple[DisruptionBudget, ...] = ()
     blocked: Mapping[str, str] = field(default_factory=dict)  # pod -> why never
 
 
@@ -120,7 +120,7 @@ class Move:
 
 
 @dataclass(frozen=True)
-class Waiting:
+class WaitingGroup:
     group: str
     reason: str
 
@@ -131,14 +131,14 @@ class Waiting:
 @dataclass(frozen=True)
 class DefragPlan:
     moves: tuple[Move, ...]
-    waiting: tuple[Waiting, ...]
+    waiting: tuple[WaitingGroup, ...]
 
     def to_json(self) -> dict[str, object]:
         return {"moves": [m.to_json() for m in self.moves],
                 "waiting": [w.to_json() for w in self.waiting]}
 
 
-class InvalidPlan(AssertionError):
+class InvalidDefragPlan(AssertionError):
     """The validator rejected a plan: a bug in the planner, never an answer."""
 
 
@@ -413,11 +413,11 @@ def plan_defrag(snapshot: Snapshot, ev: Evictability,
         taken_domains=exclusive_domains_in_use(state, [p for p, _ in snap.running]),
     )
     moves: list[Move] = []
-    waiting: list[Waiting] = []
+    waiting: list[WaitingGroup] = []
     for key, members in _units(snap):
         got = _plan_unit(c, key, members, prm)
         if isinstance(got, str):
-            waiting.append(Waiting(key, got))
+            waiting.append(WaitingGroup(key, got))
             continue
         moves.append(got)
         _record(c, members, got)
@@ -444,7 +444,7 @@ def _record(c: _Cluster, members: Sequence[PodRequest], move: Move) -> None:
 
 def _check(snap: Snapshot, moves: Sequence[Move]) -> None:
     """Every move together: the evicted pods and the groups as pending pods placed where
-    the plan puts them, on the cluster without the evicted pods. Raises InvalidPlan."""
+    the plan puts them, on the cluster without the evicted pods. Raises InvalidDefragPlan."""
     if not moves:
         return
     evicted = {e.pod for m in moves for e in m.evictions}
@@ -458,5 +458,5 @@ def _check(snap: Snapshot, moves: Sequence[Move]) -> None:
     errors = validate(replace(snap, running=running, pending=tuple(pending)),
                       [*moved, *(p for m in moves for p in m.room)])
     if errors:
-        raise InvalidPlan("defragmentation plan failed validation: " + "; ".join(errors[:5]))
+        raise InvalidDefragPlan("defragmentation plan failed validation: " + "; ".join(errors[:5]))
 

@@ -41,7 +41,14 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from kube.defrag_inputs import PodOwners
 from kube.evictions import OUTCOMES, EventSink, Evictor, PodRef
-from packing.defrag import DefragParams, DefragPlan, Evictability, InvalidPlan, Move, plan_defrag
+from packing.defrag import (
+    DefragParams,
+    DefragPlan,
+    Evictability,
+    InvalidDefragPlan,
+    Move,
+    plan_defrag,
+)
 from packing.groups import is_reservation
 from packing.model import Placement, PodRequest, RequestKind, Snapshot
 from scheduler.cache import ClusterCache
@@ -426,7 +433,7 @@ class Defragmenter:
         t0 = time.monotonic()
         try:
             plan = self.planner(snap, self.owners.evictability(refused), self.params)
-        except InvalidPlan as e:  # a planner bug: never act on it
+        except InvalidDefragPlan as e:  # a planner bug: never act on it
             log.error("defragmentation plan rejected: %s", e)
             plan = DefragPlan((), ())
         self.last_plan, self.plan_version = now, version

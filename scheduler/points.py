@@ -52,7 +52,7 @@ log = logging.getLogger("gpupack.scheduler.app")
 
 
 @dataclass(frozen=True)
-class Claim:
+class BindClaim:
     """A bind's GPUs, reserved in the cache (or the group member's room): what the
     Binding is then written for. ``seen``: the pod as a filter request showed it, when
     no list has."""
@@ -118,7 +118,7 @@ class ExtensionPoints:
         self.binds.labels("conflict").inc()
         return BindingResult(why)
 
-    def claim(self, args: BindingArgs) -> Claim | BindingResult:
+    def claim(self, args: BindingArgs) -> BindClaim | BindingResult:
         """The pod's GPUs on ``args.node``, reserved (under the cache lock), or why not."""
         plan = self.planner.plan
         seen: RequestPod | None = None
@@ -156,9 +156,9 @@ class ExtensionPoints:
                     self.cache.assume(pod, uid, choice)
             except AssumeError as e:
                 return self.refuse(str(e), seen)
-        return Claim(pod, uid, choice, seen)
+        return BindClaim(pod, uid, choice, seen)
 
-    def write(self, args: BindingArgs, claim: Claim) -> BindingResult:
+    def write(self, args: BindingArgs, claim: BindClaim) -> BindingResult:
         """The Binding for a claim (outside the lock); a failed one frees the claim."""
         pod, seen = claim.pod, claim.seen
         try:

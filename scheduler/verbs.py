@@ -53,7 +53,7 @@ class VerbError(ValueError):
     """Arguments the verb cannot work with (a pod it cannot read): HTTP 400."""
 
 
-class ClusterView(Protocol):
+class CacheView(Protocol):
     """What the verbs read; :class:`scheduler.cache.ClusterCache` provides it."""
 
     state: ClusterState
@@ -349,7 +349,7 @@ def option_class(state: ClusterState, o: Placement, gpu_sigs: dict[int, tuple[An
     return (sig, o.mig_profile, o.mig_start if o.mig_created else None, o.mig_created)
 
 
-def best_option(
+def best_option_on(
     state: ClusterState, pod: PodRequest, node: str, scorer: Scorer
 ) -> Placement | None:
     found = scored(state, pod, node, scorer)
@@ -359,7 +359,7 @@ def best_option(
 # ---- filter --------------------------------------------------------------------------------
 
 
-def filter_nodes(args: ExtenderArgs, view: ClusterView, memo: Memo,
+def filter_nodes(args: ExtenderArgs, view: CacheView, memo: Memo,
                  best: BestCandidates | None = None) -> FilterResult:
     """Nodes that can take the pod now; the others with a reason, split by whether
     preemption could ever help (FailedNodes) or never (FailedAndUnresolvableNodes).
@@ -435,7 +435,7 @@ def preference(key: Score) -> Score:
     return key
 
 
-def preferences(names: Sequence[str], pod: PodRequest, view: ClusterView, memo: Memo,
+def preferences(names: Sequence[str], pod: PodRequest, view: CacheView, memo: Memo,
                 scorer: ScorerRef) -> dict[str, Score]:
     """The policy's preference (lower is better) for each known node of ``names`` that
     fits ``pod``, from the memo (filled on a miss)."""
@@ -512,7 +512,7 @@ class BestCandidates:
 
 
 def prioritize(
-    args: ExtenderArgs, view: ClusterView, memo: Memo, scorer: ScorerRef, plan: PlanView,
+    args: ExtenderArgs, view: CacheView, memo: Memo, scorer: ScorerRef, plan: PlanView,
 ) -> list[HostPriority]:
     """0..10 per node: the policy's preference for the node's best option, by rank among
     the nodes asked about; the planner's node for this pod gets 10 alone."""
@@ -550,7 +550,7 @@ def prioritize(
 
 
 def choose_placement(
-    view: ClusterView, pod: PodRequest, node: str, scorer: Scorer, plan: PlanView,
+    view: CacheView, pod: PodRequest, node: str, scorer: Scorer, plan: PlanView,
     memo: Memo | None = None, scorer_gen: int | None = None,
 ) -> Placement | str:
     """Which GPUs on ``node`` the pod gets: the plan's, while still free, else the
@@ -573,7 +573,7 @@ def choose_placement(
             p = Placement(pod.key, node, *ev.best_at)
             if view.state.check(pod, p) is None:
                 return p
-    best = best_option(view.state, pod, node, scorer)
+    best = best_option_on(view.state, pod, node, scorer)
     if best is None:
         return f"pod {pod.key} does not fit {node} now: {explain(view.state, pod, node)}"
     return best
@@ -633,7 +633,7 @@ def minimal_victims(state: ClusterState, pod: PodRequest, node: str,
     return tuple(chosen)
 
 
-def preempt(args: PreemptionArgs, view: ClusterView) -> PreemptionResult:
+def preempt(args: PreemptionArgs, view: CacheView) -> PreemptionResult:
     """For each node kube-scheduler proposes, the subset of its victims that really frees
     what the pod needs; nodes where evicting them all would not help are dropped."""
     pod = read_pod(args.pod)

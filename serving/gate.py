@@ -10,7 +10,7 @@ Deadlines (:class:`Limits`): a new connection has ``head_s`` for its TLS handsha
 request head together (a ClientHello that stops after three bytes is cut there); a kept-
 alive one may stay idle for ``idle_s``, then has ``head_s`` from its first byte; a body
 has ``body_s`` more from the end of the head. Bytes buffered by all the gates of one
-listener are bounded by a :class:`Budget`, so slow bodies cannot exhaust memory either.
+listener are bounded by a :class:`ByteBudget`, so slow bodies cannot exhaust memory either.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ class Limits:
                 raise ValueError(f"Limits.{name} must be at least 1, not {getattr(self, name)!r}")
 
 
-class Budget:
+class ByteBudget:
     """Bytes held by the unfinished requests of one listener (one event-loop thread uses
     it, so no lock)."""
 
@@ -107,7 +107,7 @@ _WOULD_BLOCK = (BlockingIOError, InterruptedError, ssl.SSLWantReadError)
 
 
 class Gate:
-    def __init__(self, sock: socket.socket, limits: Limits, budget: Budget, now: float, *,
+    def __init__(self, sock: socket.socket, limits: Limits, budget: ByteBudget, now: float, *,
                  handshake: bool = False, buffered: bytes = b"", idle: bool = False,
                  oversize: str = "refuse") -> None:
         """``sock``: non-blocking (an SSLSocket not yet handshaken when ``handshake``).

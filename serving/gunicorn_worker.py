@@ -34,7 +34,7 @@ from gunicorn.workers.gthread import TConn, ThreadWorker
 
 from serving.gate import (
     HEALTH_PATHS,
-    Budget,
+    ByteBudget,
     Closed,
     Gate,
     Limits,
@@ -75,7 +75,7 @@ class GatedThreadWorker(ThreadWorker):
         super().__init__(*args, **kwargs)
         # One more than the cap: accepting stays on, and accept() makes room instead.
         self.worker_connections = self.limits.max_connections + 1
-        self.budget = Budget(self.limits.buffer_budget)
+        self.budget = ByteBudget(self.limits.buffer_budget)
         self.gates: dict[TConn, Gate] = {}
         self.lingering: dict[TConn, float] = {}
         self.evicted = 0

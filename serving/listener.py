@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from serving.gate import (
     HEALTH_PATHS,
-    Budget,
+    ByteBudget,
     Closed,
     Gate,
     Limits,
@@ -73,7 +73,7 @@ class Listener:
         self.clock = clock
         self.sock = socket.create_server((host, port), backlog=1024)
         self.sock.setblocking(False)
-        self.budget = Budget(self.limits.buffer_budget)
+        self.budget = ByteBudget(self.limits.buffer_budget)
         self.conns: dict[socket.socket, _Conn] = {}
         self.evicted = 0  # connections closed to make room (for tests and logs)
         self.timed_out = 0  # connections cut at a deadline

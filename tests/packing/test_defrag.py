@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 from packing_builders import cpu_pod, group, node, whole
 
 from packing.defrag import (
-    Budget,
     DefragParams,
     DefragPlan,
+    DisruptionBudget,
     Evictability,
     eviction_cost,
     plan_defrag,
@@ -115,10 +115,12 @@ def test_who_may_be_evicted(case: str, pod: PodRequest, group_prio: int,
         (Evictability({}), "1 without a controller that recreates them"),
         (Evictability({"ml/a": "ReplicaSet/rs"}, blocked={"ml/a": "already terminating"}),
          "1 already terminating"),
-        (Evictability({"ml/a": "ReplicaSet/rs"}, (Budget("ml/pdb", 0, frozenset({"ml/a"})),)),
+        (Evictability({"ml/a": "ReplicaSet/rs"},
+                      (DisruptionBudget("ml/pdb", 0, frozenset({"ml/a"})),)),
          "1 at their PodDisruptionBudget's limit"),
-        (Evictability({"ml/a": "ReplicaSet/rs"}, (Budget("ml/p1", 5, frozenset({"ml/a"})),
-                                                  Budget("ml/p2", 5, frozenset({"ml/a"})))),
+        (Evictability({"ml/a": "ReplicaSet/rs"},
+                      (DisruptionBudget("ml/p1", 5, frozenset({"ml/a"})),
+                       DisruptionBudget("ml/p2", 5, frozenset({"ml/a"})))),
          "1 covered by more than one PodDisruptionBudget"),
     ],
 )
@@ -138,7 +140,7 @@ def test_budget_limits_disruptions_across_nodes() -> None:
     nodes = [node(f"n{i}", 8) for i in range(4)]
     run = [on(whole("web/a0"), "n0", [0]), on(whole("web/a1"), "n1", [0]),
            on(whole("api/b", 2), "n2", [0, 1]), on(whole("ml/full", 5), "n3", range(5))]
-    budget = Budget("web/pdb", 1, frozenset({"web/a0", "web/a1"}))
+    budget = DisruptionBudget("web/pdb", 1, frozenset({"web/a0", "web/a1"}))
     s = snap(nodes, run, group("llm/g", 2))
     plan = plan_defrag(s, Evictability(owned(*run), (budget,)))
     got = evicted(plan)
@@ -221,7 +223,7 @@ def test_several_groups_in_one_plan_share_no_pods_room_or_budget() -> None:
     g1 = [replace(m, priority=10) for m in group("llm/g1", 2)]
     g2 = group("llm/g2", 2)
     s = snap(nodes, run, [*g1, *g2])
-    budget = Budget("ml/pdb", 3, frozenset(f"ml/p{i}" for i in range(4)))
+    budget = DisruptionBudget("ml/pdb", 3, frozenset(f"ml/p{i}" for i in range(4)))
     plan = plan_defrag(s, Evictability(owned(*run), (budget,)))
     # g1 first (higher priority): n4 and one freed node; g2: two more freed nodes, its
     # evicted pods landing beside the pod g1 moved, which is never moved again.
@@ -232,7 +234,7 @@ def test_several_groups_in_one_plan_share_no_pods_room_or_budget() -> None:
     assert len(rooms) == len(set(rooms)) == 4
     check_landed(s, plan)
     # With two disruptions allowed, g1 uses one and g2 waits, saying why.
-    budget = Budget("ml/pdb", 2, frozenset(f"ml/p{i}" for i in range(4)))
+    budget = DisruptionBudget("ml/pdb", 2, frozenset(f"ml/p{i}" for i in range(4)))
     plan = plan_defrag(s, Evictability(owned(*run), (budget,)))
     assert [m.group for m in plan.moves] == ["llm/g1"]
     (w,) = plan.waiting
@@ -352,7 +354,7 @@ def small_cluster(draw: st.DrawFn) -> tuple[Snapshot, Evictability]:
     keys = [p.key for p, _ in run]
     if keys and draw(st.integers(0, 3)) > 0:
         covered = draw(st.sets(st.sampled_from(keys), min_size=1))
-        budgets.append(Budget("ml/pdb", draw(st.integers(0, 2)), frozenset(covered)))
+        budgets.append(DisruptionBudget("ml/pdb", draw(st.integers(0, 2)), frozenset(covered)))
     k = draw(st.sampled_from([g for g in (2, 4, gpus, gpus, gpus) if g <= gpus]))
     size = draw(st.integers(1, 2))
     members = [replace(m, priority=draw(st.integers(0, 2)))

@@ -12,7 +12,7 @@ from sched_builders import filter_args, make_cache, node, whole_pod
 from kube.source import BindError
 from scheduler.groups import ReservationBook
 from scheduler.planner import Planner
-from scheduler.points import Claim, ExtensionPoints
+from scheduler.points import BindClaim, ExtensionPoints
 from scheduler.request_pods import RequestPods
 from scheduler.verbs import Memo, VerbError
 from scheduler.warm import Warmer
@@ -78,7 +78,7 @@ def test_a_refused_binding_frees_the_claim_and_keeps_the_request_pod() -> None:
     pod = whole_pod("a", 2, namespace="x", uid="uid-a")
     p.prioritize(ExtenderArgs.decode(filter_args(pod, ["n1"])))
     claim = p.claim(bind_args("a"))
-    assert isinstance(claim, Claim) and claim.choice.gpus == (0, 1)
+    assert isinstance(claim, BindClaim) and claim.choice.gpus == (0, 1)
     assert p.cache.is_assumed("x/a")
     assert p.write(bind_args("a"), claim) == BindingResult("the API refused the Binding")
     assert not p.cache.is_assumed("x/a") and count(p, "api_error") == 1

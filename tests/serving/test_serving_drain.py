@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import socket
 
-from serving.gate import Budget, Gate, Limits, drain, late_answer
+from serving.gate import ByteBudget, Gate, Limits, drain, late_answer
 
 
 def pair() -> tuple[socket.socket, socket.socket]:
@@ -39,7 +39,7 @@ def test_drain_is_over_when_the_client_closes() -> None:
 def test_late_answer_is_408_once_the_request_began() -> None:
     server, client = pair()
     with server, client:
-        g = Gate(server, Limits(), Budget(1 << 20), 0.0)  # a new connection: begun
+        g = Gate(server, Limits(), ByteBudget(1 << 20), 0.0)  # a new connection: begun
         client.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n")  # head not finished
         g.step(0.0)
         answer = late_answer(g)
@@ -50,7 +50,7 @@ def test_late_answer_is_408_once_the_request_began() -> None:
 def test_late_answer_is_nothing_on_an_idle_kept_alive_connection() -> None:
     server, client = pair()
     with server, client:
-        g = Gate(server, Limits(), Budget(1 << 20), 0.0, idle=True)
+        g = Gate(server, Limits(), ByteBudget(1 << 20), 0.0, idle=True)
         g.step(0.0)
         assert late_answer(g) is None
         client.sendall(b"G")  # a first byte: the next request has begun
@@ -62,5 +62,5 @@ def test_late_answer_is_nothing_on_an_idle_kept_alive_connection() -> None:
 def test_late_answer_is_nothing_during_the_tls_handshake() -> None:
     server, client = pair()
     with server, client:
-        g = Gate(server, Limits(), Budget(1 << 20), 0.0, handshake=True)
+        g = Gate(server, Limits(), ByteBudget(1 << 20), 0.0, handshake=True)
         assert late_answer(g) is None
