@@ -40,8 +40,8 @@ from dataclasses import dataclass, field, replace
 from packing.catalog import get_model
 from packing.defrag_landing import land
 from packing.defrag_model import (
+    EvictablePod,
     Selection,
-    Victim,
     build_selection,
     candidates,
 )
@@ -266,13 +266,13 @@ def _room_elsewhere(state: ClusterState, pod: PodRequest, own: str,
 
 
 def _victims(c: _Cluster, names: Sequence[str], priority: int, screen: bool
-             ) -> tuple[dict[str, Victim], dict[str, int]]:
+             ) -> tuple[dict[str, EvictablePod], dict[str, int]]:
     """Pods on ``names`` that may be evicted, and counts of the kept ones by reason.
     ``screen``: also keep pods that fit no other node now. Such a pod could still land
     in room that other evictions free, so the exact search keeps them; but a model full
     of them spends its rounds on answers whose pods do not land (a spread cluster where
     no node has four idle GPUs for a 4-GPU pod)."""
-    out: dict[str, Victim] = {}
+    out: dict[str, EvictablePod] = {}
     kept: dict[str, int] = defaultdict(int)
     memo: dict[tuple[object, ...], tuple[str, ...]] = {}
     for n in names:
@@ -288,7 +288,7 @@ def _victims(c: _Cluster, names: Sequence[str], priority: int, screen: bool
                 if set(pl.gpus) & usable:
                     kept[why] += 1
                 continue
-            out[key] = Victim(key, n, tuple(g for g in pl.gpus if g in usable),
+            out[key] = EvictablePod(key, n, tuple(g for g in pl.gpus if g in usable),
                               pod.cpu_milli, pod.memory_mib,
                               eviction_cost(c.state, pod, pl, c.tiers.get(pod.priority, 0)),
                               tuple(covered))
@@ -312,7 +312,7 @@ def _waiting_reason(members: Sequence[PodRequest], topology: str | None,
     return f"no eviction set frees room for {what} in {where}{tail}"
 
 
-def _limits(c: _Cluster, victims: Mapping[str, Victim]) -> list[str]:
+def _limits(c: _Cluster, victims: Mapping[str, EvictablePod]) -> list[str]:
     """Budgets that allow fewer disruptions than the candidate pods they cover."""
     covered: dict[str, int] = defaultdict(int)
     for v in victims.values():

@@ -56,7 +56,7 @@ from packing.state import ClusterState, GpuState, NodeState
 
 
 @dataclass(frozen=True)
-class Victim:
+class EvictablePod:
     """A running pod that may be evicted for this group."""
 
     key: str
@@ -69,7 +69,7 @@ class Victim:
 
 
 @dataclass(frozen=True)
-class Candidate:
+class CandidateNode:
     """A node of a domain that could hold a member once some pods are evicted."""
 
     name: str
@@ -78,7 +78,7 @@ class Candidate:
     hold: Mapping[int, tuple[str, ...]]  # busy GPU -> its holders, all evictable
     cpu: int
     mem: int
-    victims: tuple[Victim, ...]
+    victims: tuple[EvictablePod, ...]
     cheapest: tuple[int | None, ...] = field(default=(), compare=False)  # cost for j GPUs
 
 
@@ -133,7 +133,7 @@ def _cheapest(free: int, items: Sequence[tuple[int, int]], most: int) -> tuple[i
 
 
 def candidate(state: ClusterState, name: str, domain: int, member: PodRequest,
-              victims: Mapping[str, Victim], most: int) -> Candidate | None:
+              victims: Mapping[str, EvictablePod], most: int) -> CandidateNode | None:
     """The node as the model sees it, or None when no eviction lets a member in."""
     node = state.nodes[name]
     if not node_rules_ok(member, node):
@@ -169,19 +169,19 @@ def candidate(state: ClusterState, name: str, domain: int, member: PodRequest,
         groups.append((gpus, pods))
     items = [(len(gs), sum(victims[k].cost for k in ps)) for gs, ps in groups]
     cheapest = _cheapest(len(free), items, most)
-    return Candidate(name, domain, tuple(free), hold, node.cpu_free, node.mem_free, mine,
+    return CandidateNode(name, domain, tuple(free), hold, node.cpu_free, node.mem_free, mine,
                      cheapest)
 
 
 def candidates(state: ClusterState, members: Sequence[PodRequest],
-               domains: Sequence[Sequence[str]], victims: Mapping[str, Victim],
-               screen: bool, max_domains: int, per_domain: int) -> list[Candidate]:
+               domains: Sequence[Sequence[str]], victims: Mapping[str, EvictablePod],
+               screen: bool, max_domains: int, per_domain: int) -> list[CandidateNode]:
     """Candidate nodes of the domains that could hold the whole group (see the module
     docstring for the reductions when ``screen``)."""
     small = min(members, key=lambda m: (m.gpu_count, m.cpu_milli, m.memory_mib))
     big = max(m.gpu_count for m in members)
     need = sum(m.gpu_count for m in members)
-    kept: list[tuple[tuple[float, int], list[Candidate]]] = []
+    kept: list[tuple[tuple[float, int], list[CandidateNode]]] = []
     for d, names in enumerate(domains):
         cands = [c for n in names
                  if (c := candidate(state, n, d, small, victims, need)) is not None]
@@ -191,7 +191,7 @@ def candidates(state: ClusterState, members: Sequence[PodRequest],
             kept.append(((0.0, d), cands))
             continue
 
-        def node_cost(c: Candidate) -> tuple[float, float, str]:
+        def node_cost(c: CandidateNode) -> tuple[float, float, str]:
             one = c.cheapest[min(big, need)]
             return (float("inf") if one is None else one,
                     float("inf") if c.cheapest[-1] is None else c.cheapest[-1], c.name)
@@ -212,7 +212,7 @@ class SelectionModel:
     :meth:`solve` may be called again after it."""
 
     members: Sequence[PodRequest]
-    cands: Sequence[Candidate]
+    cands: Sequence[CandidateNode]
     model: cp_model.CpModel
     x: dict[tuple[int, int], cp_model.IntVar]
     e: dict[str, cp_model.IntVar]
@@ -253,7 +253,7 @@ class SelectionModel:
         return Selection(tuple(nodes), evict, sum(self.cost[k] for k in evict), name)
 
 
-def build_selection(members: Sequence[PodRequest], cands: Sequence[Candidate],
+def build_selection(members: Sequence[PodRequest], cands: Sequence[CandidateNode],
                     budgets_left: Mapping[str, int]) -> SelectionModel:
     # ---- data
     model = cp_model.CpModel()

@@ -156,7 +156,7 @@ def _no_fit(ref: GroupRef, members: Sequence[PodRequest], domain: str | None, sk
 
 
 @dataclass(frozen=True)
-class Candidate:
+class EvictionCandidate:
     """A pod that could be evicted: its request and where it is counted."""
 
     uid: str
@@ -168,9 +168,9 @@ def group_victims(
     state: ClusterState,
     members: Sequence[PodRequest],
     scorer: Scorer,
-    candidates: Iterable[Candidate],
+    candidates: Iterable[EvictionCandidate],
     taken: set[tuple[str, str]],
-) -> list[Candidate] | None:
+) -> list[EvictionCandidate] | None:
     """The fewest lower-priority pods whose eviction lets the whole group fit in one
     domain (then the lowest total priority); None when no domain works. ``state`` is
     left exactly as it was."""
@@ -178,7 +178,7 @@ def group_victims(
     assert ref is not None
     prio = max(m.priority for m in members)
     usable = [c for c in candidates if c.req.priority < prio and not is_reservation(c.req.key)]
-    best: list[Candidate] | None = None
+    best: list[EvictionCandidate] | None = None
     for nodes in topology_domains(state, ref):
         value = domain_of(state, ref, nodes[0])
         if ref.exclusive and ref.topology_key is not None and (ref.topology_key, value) in taken:
@@ -201,9 +201,9 @@ def group_victims(
 
 def _victims_in(
     state: ClusterState, members: Sequence[PodRequest], scorer: Scorer,
-    taken: set[tuple[str, str]], domain: str | None, ordered: Sequence[Candidate],
-) -> list[Candidate] | None:
-    removed: list[Candidate] = []
+    taken: set[tuple[str, str]], domain: str | None, ordered: Sequence[EvictionCandidate],
+) -> list[EvictionCandidate] | None:
+    removed: list[EvictionCandidate] = []
     try:
         fits = not isinstance(place_members(state, members, scorer, taken, domain,
                                                 exact=False), str)

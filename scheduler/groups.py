@@ -60,7 +60,7 @@ from scheduler.cache import AssumeError, ClusterCache
 from scheduler.group_facts import RightsPass, judge
 from scheduler.group_placement import (
     WAIT_REASONS,
-    Candidate,
+    EvictionCandidate,
     group_victims,
     hold_key,
     looks_grouped,
@@ -541,7 +541,7 @@ class ReservationBook:
             taken = {(r.topology_key, r.domain) for r in self.records.values()
                      if r.exclusive and r.topology_key and r.domain is not None}
             cands = [
-                Candidate(req.uid, req, pl) for req, pl in self.cache.snapshot().running
+                EvictionCandidate(req.uid, req, pl) for req, pl in self.cache.snapshot().running
                 if req.uid and not is_reservation(req.key)
             ]
             allowed = None if rights is None or rights.allowed is None else rights.allowed

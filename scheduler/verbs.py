@@ -583,17 +583,17 @@ def choose_placement(
 
 
 @dataclass(frozen=True)
-class Victim:
+class PreemptionVictim:
     uid: str
     req: PodRequest
     placement: Placement
 
 
 def _fits_without(
-    state: ClusterState, pod: PodRequest, node: str, victims: Sequence[Victim]
+    state: ClusterState, pod: PodRequest, node: str, victims: Sequence[PreemptionVictim]
 ) -> bool:
     """Would the pod fit if ``victims`` were gone? The state is restored exactly."""
-    undone: list[Victim] = []
+    undone: list[PreemptionVictim] = []
     try:
         for v in victims:
             state.undo(v.req, v.placement)
@@ -605,7 +605,7 @@ def _fits_without(
 
 
 def minimal_victims(state: ClusterState, pod: PodRequest, node: str,
-                    candidates: Sequence[Victim]) -> tuple[Victim, ...] | None:
+                    candidates: Sequence[PreemptionVictim]) -> tuple[PreemptionVictim, ...] | None:
     """The fewest, then lowest-priority, victims whose eviction makes the pod fit;
     None when evicting all of them would not."""
     if _fits_without(state, pod, node, ()):
@@ -621,7 +621,7 @@ def minimal_victims(state: ClusterState, pod: PodRequest, node: str,
                 return tuple(s)
     # Too many for every subset: evict lowest priority first until it fits, then keep
     # back every victim whose eviction turns out unnecessary.
-    chosen: list[Victim] = []
+    chosen: list[PreemptionVictim] = []
     for v in ordered:
         chosen.append(v)
         if _fits_without(state, pod, node, chosen):
@@ -641,7 +641,7 @@ def preempt(args: PreemptionArgs, view: CacheView) -> PreemptionResult:
     for node, proposed in args.victims.items():
         if not view.has_node(node):
             continue
-        known: dict[str, Victim] = {}  # by pod key: one pod listed twice is one victim
+        known: dict[str, PreemptionVictim] = {}  # by pod key: one pod listed twice is one victim
         keys = [None] * len(proposed.uids) if args.meta else [
             _key_of(p) for p in proposed.pods
         ]
@@ -651,7 +651,7 @@ def preempt(args: PreemptionArgs, view: CacheView) -> PreemptionResult:
             item = view.counted(k) if k else None
             if item is None or item[1].node != node:
                 continue  # a pod gpupack does not count there frees nothing it sees
-            known.setdefault(item[0].key, Victim(uid or item[0].uid, item[0], item[1]))
+            known.setdefault(item[0].key, PreemptionVictim(uid or item[0].uid, item[0], item[1]))
         chosen = minimal_victims(view.state, pod, node, list(known.values()))
         if chosen is None:
             continue
