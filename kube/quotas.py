@@ -43,7 +43,7 @@ class Quota:
     scopes: tuple[ScopeRule, ...] = ()
 
 
-def is_gpu_resource(name: str) -> bool:
+def counts_against_gpu_quota(name: str) -> bool:
     return name in (A.GPU_RESOURCE, A.SHARED_RESOURCE) or name.startswith(
         A.MIG_RESOURCE_PREFIX)
 
@@ -80,7 +80,7 @@ def quota_of(obj: Mapping[str, Any]) -> Quota:
     hard: dict[str, int] = {}
     for key, value in raw.items():
         name = str(key).removeprefix("requests.").removeprefix("limits.")
-        if not is_gpu_resource(name):
+        if not counts_against_gpu_quota(name):
             continue
         try:
             n = count(value)

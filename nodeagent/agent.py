@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from nodeagent.cgroups import PodRef
+from nodeagent.cgroups import CgroupOwner
 from nodeagent.growth import GrowthParams
 from nodeagent.metrics import AgentMetrics
 from nodeagent.nvml import GpuReader
@@ -88,7 +88,7 @@ class TickResult:
 
 class Agent:
     def __init__(self, config: AgentConfig, gpus: GpuReader, podresources: PodResourcesSource,
-                 pod_of_pid: Callable[[int], PodRef | None], clock: Clock,
+                 pod_of_pid: Callable[[int], CgroupOwner | None], clock: Clock,
                  metrics: AgentMetrics | None = None, patch: PatchFn | None = None,
                  pod_names: Callable[[], Mapping[str, str]] | None = None,
                  growth: GrowthParams | None = None, monotonic: Clock | None = None) -> None:

@@ -37,7 +37,7 @@ _CONTAINER = re.compile(r"^(?:cri-containerd-|crio-|docker-|cri-dockerd-)?([0-9a
 
 
 @dataclass(frozen=True)
-class PodRef:
+class CgroupOwner:
     """A process's pod UID (with dashes, as in ``metadata.uid``) and container id (None
     for a pod-level process such as CRI-O's ``crio-conmon-`` monitor)."""
 
@@ -45,7 +45,7 @@ class PodRef:
     container_id: str | None
 
 
-def parse_cgroup_path(path: str) -> PodRef | None:
+def parse_cgroup_path(path: str) -> CgroupOwner | None:
     """The pod of one cgroup path, or None when it is not under a kubepods hierarchy."""
     pod_uid: str | None = None
     container: str | None = None
@@ -61,14 +61,14 @@ def parse_cgroup_path(path: str) -> PodRef | None:
                 container = c.group(1)
     if pod_uid is None:
         return None
-    return PodRef(pod_uid, container)
+    return CgroupOwner(pod_uid, container)
 
 
-def parse_cgroup_file(text: str) -> PodRef | None:
+def parse_cgroup_file(text: str) -> CgroupOwner | None:
     """The pod of a whole ``/proc/<pid>/cgroup`` file (v1: one line per hierarchy, v2:
     the single ``0::`` line). The first line naming a pod and a container wins; v1
     hierarchies all agree for kubelet-managed processes."""
-    fallback: PodRef | None = None
+    fallback: CgroupOwner | None = None
     for line in text.splitlines():
         # hierarchy-ID:controller-list:cgroup-path; the path itself may contain ':'.
         fields = line.split(":", 2)
@@ -83,7 +83,7 @@ def parse_cgroup_file(text: str) -> PodRef | None:
     return fallback
 
 
-def pod_of_pid(pid: int, proc_root: str | Path = "/proc") -> PodRef | None:
+def pod_of_pid(pid: int, proc_root: str | Path = "/proc") -> CgroupOwner | None:
     """Read and parse ``<proc_root>/<pid>/cgroup``; None when the process is gone or not
     in a pod (races with process exit are normal here)."""
     try:

@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from nodeagent.cgroups import PodRef
+from nodeagent.cgroups import CgroupOwner
 from nodeagent.growth import Growth, GrowthParams, Sample, analyze
 from nodeagent.nvml import MIB, GpuDevice, GpuProcess, GpuSnapshot
 from nodeagent.podresources import PodResourcesView
@@ -117,7 +117,7 @@ def usable(dev: GpuDevice) -> bool:
 
 
 def attribute_memory(snapshot: GpuSnapshot, view: PodResourcesView,
-                     pod_of_pid: Callable[[int], PodRef | None],
+                     pod_of_pid: Callable[[int], CgroupOwner | None],
                      pod_names: Mapping[str, str]) -> tuple[list[PoolUsage], set[str]]:
     """Per (pod, pool) memory, and the pod UIDs seen in cgroups but missing from
     ``pod_names`` (the caller refreshes its map when that set is not empty)."""

@@ -85,7 +85,7 @@ def defrag_hold_key(group: str, node: str) -> str:
     return f"{group}{HOLD_MARK}{node}"
 
 
-def hold_request(key: str, gpus: int) -> PodRequest:
+def room_hold_request(key: str, gpus: int) -> PodRequest:
     return PodRequest(key=key, kind=RequestKind.WHOLE, gpu_count=gpus, klass="whole")
 
 
@@ -338,7 +338,7 @@ class Defragmenter:
             if cur is not None and tuple(cur[1].gpus) == gpus:
                 continue
             self.cache.unhold(hk)
-            why = self.cache.hold(hold_request(hk, len(gpus)), Placement(hk, node, gpus))
+            why = self.cache.hold(room_hold_request(hk, len(gpus)), Placement(hk, node, gpus))
             if why is not None:
                 log.info("room of group %s on %s not held: %s", c.group, node, why)
 

@@ -159,7 +159,7 @@ class Views:
         return out
 
 
-def hold_request(h: Hold) -> tuple[PodRequest, Placement]:
+def mig_hold_request(h: Hold) -> tuple[PodRequest, Placement]:
     if h.profile is None:
         return (PodRequest(h.key, kind=RequestKind.WHOLE, gpu_count=1),
                 Placement(h.key, h.node, (h.gpu,)))
@@ -378,7 +378,7 @@ class MigActuator:
                 if h.key in current:
                     taken.append(h)
                     continue
-                req, p = hold_request(h)
+                req, p = mig_hold_request(h)
                 why = self.cache.hold(req, p)
                 if why is not None:
                     self._give_back(taken)
@@ -402,7 +402,7 @@ class MigActuator:
             for k, h in want.items():
                 if k in current:
                     continue
-                req, p = hold_request(h)
+                req, p = mig_hold_request(h)
                 why = self.cache.hold(req, p)
                 if why is not None:
                     # A pod took it (bound by someone else): the MIG manager will meet a
@@ -502,4 +502,4 @@ class SliceFigures:
         yield g
 
 
-__all__ = ["MigActuator", "MigMetrics", "hold_request"]
+__all__ = ["MigActuator", "MigMetrics", "mig_hold_request"]

@@ -183,7 +183,7 @@ class _Pod:
     containers: tuple[_Container, ...]
 
 
-def is_gpu_resource(name: str, config: WebhookConfig) -> bool:
+def names_gpu_resource(name: str, config: WebhookConfig) -> bool:
     return (
         name in (A.GPU_RESOURCE, A.SHARED_RESOURCE, config.shared_resource)
         or profile_from_resource(name) is not None
@@ -209,7 +209,7 @@ def _read_pod(pod: Any, config: WebhookConfig) -> _Pod:
         gpu: dict[str, Decimal] = {}
         for section in ("requests", "limits"):  # limits last: they win
             for k, v in _mapping(resources.get(section), f"{path}.resources.{section}").items():
-                if not is_gpu_resource(str(k), config):
+                if not names_gpu_resource(str(k), config):
                     continue
                 try:
                     gpu[str(k)] = parse_quantity(v)

@@ -25,7 +25,7 @@ from fake_nvml import L40S_UUID, MIB, MIG_1G_A, MIG_3G, mixed_node
 from prometheus_client import start_http_server
 
 from nodeagent.agent import Agent, AgentConfig
-from nodeagent.cgroups import PodRef
+from nodeagent.cgroups import CgroupOwner
 from nodeagent.metrics import AgentMetrics
 from nodeagent.nvml import NvmlAdapter
 from nodeagent.podresources import DeviceAssignment, PodResourcesView, parse_device_id
@@ -49,7 +49,8 @@ VIEW = PodResourcesView(
     shared_uuids=frozenset({L40S_UUID}),
     allocatable_known=True,
 )
-CGROUPS = {5101: PodRef("uid-a", "c1"), 5102: PodRef("uid-b", "c2"), 5103: PodRef("uid-c", "c3")}
+CGROUPS = {5101: CgroupOwner("uid-a", "c1"), 5102: CgroupOwner("uid-b", "c2"),
+           5103: CgroupOwner("uid-c", "c3")}
 NAMES = {"uid-a": "speech/tts-a", "uid-b": "speech/tts-b", "uid-c": "speech/tts-c"}
 
 

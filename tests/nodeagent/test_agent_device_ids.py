@@ -18,7 +18,7 @@ from fake_nvml import (
 from test_agent_loop import FakeClock, RecordingPatch, assign
 
 from nodeagent.agent import Agent, AgentConfig
-from nodeagent.cgroups import PodRef
+from nodeagent.cgroups import CgroupOwner
 from nodeagent.nvml import NvmlAdapter
 from nodeagent.podresources import PodResourcesView, unrecognised_ids
 from nodeagent.report import ambiguous_devices, index_ids
@@ -36,7 +36,7 @@ class _View:
 def _agent(fake: FakeNvml, view: PodResourcesView) -> Agent:
     return Agent(AgentConfig(node="n", min_patch_interval_s=30, mem_tolerance_mib=512),
                  gpus=NvmlAdapter(fake), podresources=_View(view),
-                 pod_of_pid={5101: PodRef("uid-a", "c")}.get, clock=FakeClock(),
+                 pod_of_pid={5101: CgroupOwner("uid-a", "c")}.get, clock=FakeClock(),
                  patch=RecordingPatch(), pod_names=lambda: {"uid-a": "tts/tts-a"})
 
 

@@ -25,7 +25,7 @@ import kube.nodes
 import nodeagent.nvml
 from gpupack import agent_cmd
 from nodeagent.agent import Agent, AgentConfig, PodNameCache
-from nodeagent.cgroups import PodRef
+from nodeagent.cgroups import CgroupOwner
 from nodeagent.nvml import NvmlAdapter
 from nodeagent.podresources import DeviceAssignment, PodResourcesView, parse_device_id
 from packing.inventory import INVENTORY_ANNOTATION, decode
@@ -74,7 +74,8 @@ VIEW = PodResourcesView(
     shared_uuids=frozenset({L40S_UUID}),
     allocatable_known=True,
 )
-CGROUPS = {5101: PodRef("uid-a", "c1"), 5102: PodRef("uid-b", "c2"), 5103: PodRef("uid-c", "c3")}
+CGROUPS = {5101: CgroupOwner("uid-a", "c1"), 5102: CgroupOwner("uid-b", "c2"),
+           5103: CgroupOwner("uid-c", "c3")}
 NAMES = {"uid-a": "tts/tts-a", "uid-b": "tts/tts-b", "uid-c": "tts/tts-c"}
 
 
