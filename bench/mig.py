@@ -84,6 +84,7 @@ import math
 import random
 import sys
 import time
+from abc import ABC, abstractmethod
 from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -282,7 +283,7 @@ class Event:
     data: object = field(compare=False, default=None)
 
 
-class Sim:
+class Sim(ABC):
     """The shared event loop; policies say where a pod goes and what happens around it."""
 
     name = "base"
@@ -332,7 +333,7 @@ class Sim:
         self.advance(self.horizon)
         return self.report(time.monotonic() - started)
 
-    def setup(self) -> None:
+    def setup(self) -> None:  # noqa: B027 (an optional hook: nothing by default)
         """Initial layouts and recurring events."""
 
     def handle(self, ev: Event) -> None:
@@ -390,7 +391,7 @@ class Sim:
         self.freed(pod)
         self.schedule()
 
-    def freed(self, pod: Pod) -> None:
+    def freed(self, pod: Pod) -> None:  # noqa: B027 (an optional hook: nothing by default)
         """After a pod's resources were given back."""
 
     def schedule(self, pods: Sequence[Pod] | None = None) -> None:
@@ -401,8 +402,9 @@ class Sim:
             if p is not None:
                 self.bind(pod, p, self.start_delay(p))
 
+    @abstractmethod
     def place(self, pod: Pod) -> Placement | None:
-        raise NotImplementedError
+        """Where the policy puts ``pod`` now (None: it waits)."""
 
     def start_delay(self, p: Placement) -> float:
         return 0.0
