@@ -22,7 +22,7 @@ from gpupack.metrics_auth import add_metrics_auth_argument, metrics_auth_error, 
 from gpupack.startup import announce, announce_when_synced, source_words, startup_line
 from kube.objects import ObjectError
 from packing.model import Snapshot
-from serving.https import serve
+from serving.https import HttpsServer
 from serving.tls import check_tls
 from webhook.app import REVIEW_LIMITS, create_app
 from webhook.config import Isolation, WebhookConfig
@@ -172,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
         return create_app(feed, CollectorRegistry(), config, ready=feed.ready,
                           metrics_guard=guard)
 
-    serve(app_factory, host=args.host, port=args.port, cert=args.tls_cert, key=args.tls_key,
-          limits=REVIEW_LIMITS, name="gpupack-webhook", threads=args.threads,
-          log_level=args.log_level)
+    HttpsServer(app_factory, host=args.host, port=args.port, cert=args.tls_cert,
+                key=args.tls_key, limits=REVIEW_LIMITS, name="gpupack-webhook",
+                threads=args.threads, log_level=args.log_level).run()
     return 0

@@ -37,7 +37,8 @@ log = logging.getLogger("gpupack.serving")
 
 
 class HttpsServer(BaseApplication):
-    """gunicorn in this process: a threaded worker serving the app over TLS."""
+    """gunicorn in this process: a threaded worker serving the app over TLS; ``run()``
+    serves until signalled (gunicorn handles SIGTERM/SIGINT)."""
 
     def __init__(
         self,
@@ -87,23 +88,6 @@ class HttpsServer(BaseApplication):
 
     def load(self) -> Flask:
         return self.app_factory()
-
-
-def serve(
-    app_factory: Callable[[], Flask],
-    *,
-    host: str,
-    port: int,
-    cert: Path,
-    key: Path,
-    limits: Limits,
-    name: str,
-    threads: int = 8,
-    log_level: str = "info",
-) -> None:
-    """Run until signalled (gunicorn handles SIGTERM/SIGINT)."""
-    HttpsServer(app_factory, host=host, port=port, cert=cert, key=key, limits=limits,
-                name=name, threads=threads, log_level=log_level).run()
 
 
 class HttpsListener:
