@@ -6,7 +6,7 @@ LLM group placed against the optimum and against a naive policy, and the time to
 Each cluster is N nodes of 8 GPUs in NVLink cliques of ``--clique`` nodes. It is made
 fragmented by replaying arrivals and departures of a workload mix, each arrival placed as
 kube-scheduler places it (the extender's greedy preference over a sample of nodes, as
-``percentageOfNodesToScore`` samples them; see PLACERS), until an LLM group of 2 x 8 GPUs (one
+``percentageOfNodesToScore`` samples them; see placer), until an LLM group of 2 x 8 GPUs (one
 clique) waits: no clique has two idle nodes. Mixes:
 - openb: pod shapes drawn from the openb trace (``--trace``; fractional GPU shares, 1-8
   whole GPUs, CPU-only pods) on 8-GPU nodes in the trace's fractional mode;
@@ -58,8 +58,9 @@ from packing.model import (
     RequestKind,
     Snapshot,
 )
+from packing.policies.gpupack import GpupackScorer
 from packing.policies.greedy import Scorer
-from packing.policies.scores import gpupack_greedy, spread
+from packing.policies.scores import spread
 from packing.state import ClusterState
 from packing.traces import parse_pods, to_pod_request
 
@@ -71,7 +72,9 @@ SAMPLE = 40  # nodes scored per arrival
 # How arrivals were placed: openb by gpupack's own greedy preference (the drift of online
 # packing after a day of churn); the speech era by kube-scheduler's default
 # LeastAllocated, which spreads pods (gpupack's preference keeps whole nodes free there).
-PLACERS: dict[str, Scorer] = {"openb": gpupack_greedy, "speech": spread}
+def placer(mix: str, shapes: list[PodRequest]) -> Scorer:
+    """openb: the extender's scorer over the trace's workload; speech: LeastAllocated."""
+    return GpupackScorer(shapes) if mix == "openb" else spread
 
 
 @dataclass(frozen=True)
@@ -132,6 +135,7 @@ def fragmented(mix: str, n: int, clique: int, seed: int, trace: Path,
     rng = random.Random(seed)
     nodes = nodes_of(mix, n, clique)
     shapes = shapes_of(mix, trace)
+    scorer = placer(mix, shapes)
     state = ClusterState(Snapshot(nodes))
     names = [x.name for x in nodes]
     total = 8 * n * 1000
@@ -147,7 +151,7 @@ def fragmented(mix: str, n: int, clique: int, seed: int, trace: Path,
             app = rng.randrange(APPS)
             prio = HIGH if rng.random() < 0.12 else 0
             pod = replace(shape, key=f"app{app:02d}/p{serial}", priority=prio)
-            p = _place(state, rng, names, pod, PLACERS[mix])
+            p = _place(state, rng, names, pod, scorer)
             if p is not None:
                 state.apply(pod, p)
                 running[pod.key] = (pod, p)

@@ -14,7 +14,8 @@ from collections.abc import Sequence
 
 from packing.cpsat import SolverParams, solve_batch
 from packing.model import Placement, PodRequest
-from packing.policies.scores import gpupack_greedy
+from packing.policies.gpupack import GpupackScorer
+from packing.policies.greedy import Scorer
 from packing.state import ClusterState, PlacementError
 
 
@@ -22,13 +23,14 @@ def _size(pod: PodRequest) -> tuple[int, int, int, str]:
     return (-pod.gpu_demand_milli, -pod.gpu_count, -pod.cpu_milli, pod.key)
 
 
-def _best(state: ClusterState, pod: PodRequest, old: Placement) -> Placement | None:
+def _best(state: ClusterState, pod: PodRequest, old: Placement, scorer: Scorer
+          ) -> Placement | None:
     best: tuple[tuple[object, ...], Placement] | None = None
     for name in state.nodes:
         for o in state.options(pod, name, dedupe=True):
             if o == old:
                 continue
-            key = gpupack_greedy(state, pod, o)
+            key = scorer(state, pod, o)
             if best is None or key < best[0]:
                 best = (key, o)
     return None if best is None else best[1]
@@ -39,8 +41,10 @@ def land_greedy(state: ClusterState,
     """Each victim applied where the greedy preference puts it; None (state unchanged)
     when one finds no room."""
     done: list[tuple[PodRequest, Placement]] = []
+    # The extender's scorer, with the evicted pods as the workload it keeps room for.
+    scorer = GpupackScorer(pod for pod, _ in victims)
     for pod, old in sorted(victims, key=lambda v: _size(v[0])):
-        p = _best(state, pod, old)
+        p = _best(state, pod, old, scorer)
         if p is None:
             for q, pl in reversed(done):
                 state.undo(q, pl)

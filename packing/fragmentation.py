@@ -1,7 +1,8 @@
 """FGD's GPU fragmentation measure (Weng et al., "Beware of Fragmentation", USENIX ATC'23).
 
 One definition, vectorized over any leading batch shape (nodes, or nodes x candidate GPUs),
-used by the openb replay (``packing.openb``).
+used by gpupack's placement score (``packing.policies.lookahead``: the extender's scorer
+and the openb replay) and the replay's FGD policy (``packing.openb``).
 
 The math, as the published simulator computes it (``kubernetes-scheduler-simulator``,
 ``pkg/utils/frag.go``: ``NodeGpuShareFragAmount``, ``GetTypicalPods``). Let the *typical
@@ -37,8 +38,8 @@ so that, with P = sum_m p_m,
 
 (Each GPU shape that fits turns its term p_m*T into p_m*small_j; CPU-only shapes keep
 p_m*T.) A candidate placement only changes one GPU and the node's CPU, so the after-state
-statistics are a cheap update of cached ones (see ``packing.openb.policies``); all of
-them end in :func:`fragmentation_from_stats`, the one place where F is defined.
+statistics are a cheap update of cached ones (:func:`fragment_delta`); all of them end in
+:func:`fragmentation_from_stats`, the one place where F is defined.
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
+
+from packing.model import GPU_MILLI
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -225,3 +228,79 @@ def node_fragmentation(
     total, cnt, small = gpu_stats(free_milli, shapes)
     weights = shape_weights(free_cpu, free_mem, model_ids, shapes)
     return fragmentation_from_stats(total, cnt, small, weights, shapes)
+
+
+@dataclass(frozen=True)
+class MilliRequest:
+    """A pod request in the units of this module: CPU milli, memory MiB, GPU count and
+    milli-GPU per GPU (1000 for whole GPUs), the models it may use, and an id that is the
+    same for equal requests (a cache key)."""
+
+    cpu: int
+    mem: int
+    num_gpu: int
+    milli: int  # per GPU; GPU_MILLI for whole GPUs
+    model_ok: BoolArray  # [n_models]
+    rid: int = 0
+
+    @property
+    def shared(self) -> bool:
+        return 0 < self.milli < GPU_MILLI
+
+    @property
+    def demand(self) -> int:
+        return self.num_gpu * self.milli
+
+
+@dataclass(frozen=True, eq=False)
+class FragmentStats:
+    """Per-node FGD statistics (rows aligned with the nodes): T, cnt_j, small_j, F."""
+
+    total: FloatArray  # [n]
+    cnt: IntArray  # [n, J]
+    small: FloatArray  # [n, J]
+    frag: FloatArray  # [n]
+
+
+def fragment_stats(free_milli: IntArray, free_cpu: IntArray, free_mem: IntArray,
+                   model_ids: IntArray, shapes: TypicalShapes) -> FragmentStats:
+    """The statistics of nodes ``[n]`` with per-GPU free milli ``[n, G]``."""
+    total, cnt, small = gpu_stats(free_milli, shapes)
+    weights = shape_weights(free_cpu, free_mem, model_ids, shapes)
+    return FragmentStats(total, cnt, small,
+                         fragmentation_from_stats(total, cnt, small, weights, shapes))
+
+
+def fragment_delta(stats: FragmentStats, free_milli: IntArray, free_cpu: IntArray,
+                   free_mem: IntArray, model_ids: IntArray, req: MilliRequest,
+                   shapes: TypicalShapes) -> FloatArray:
+    """Increase of F per candidate node: ``[n]`` for CPU-only/whole requests, ``[n, G]``
+    for fractional ones (one column per GPU; +inf where the GPU cannot take the share).
+
+    After-state statistics are updates of ``stats`` (the nodes' current ones): CPU and
+    memory drop by the request on every candidate; k whole GPUs go 1000 -> 0, so cnt_j
+    drops by k for every j with milli_j > 0 and small_j is unchanged (a 0-free GPU adds
+    0); a share d moves one GPU f -> f - d, so cnt_j changes by [f-d >= m_j] - [f >= m_j]
+    and small_j by the matching terms.
+    """
+    sh = shapes
+    weights = shape_weights(free_cpu - req.cpu, free_mem - req.mem, model_ids, sh)
+    before = stats.frag
+    total, cnt, small = stats.total, stats.cnt, stats.small
+    if req.num_gpu == 0:
+        return fragmentation_from_stats(total, cnt, small, weights, sh) - before
+    if not req.shared:
+        k = req.num_gpu
+        cnt2 = cnt - k * (sh.group_milli > 0)
+        after = fragmentation_from_stats(total - k * GPU_MILLI, cnt2, small, weights, sh)
+        return after - before
+    d = req.milli
+    f = free_milli[..., None]  # [n, G, 1]
+    f2 = f - d
+    gm = sh.group_milli
+    ge1, ge2 = f >= gm, f2 >= gm  # [n, G, J]
+    cnt2 = cnt[:, None, :] - ge1 + ge2
+    small2 = small[:, None, :] - np.where(ge1, 0, f) + np.where(ge2, 0, f2)
+    after = fragmentation_from_stats((total - d)[:, None], cnt2, small2, weights[:, None, :], sh)
+    out = after - before[:, None]
+    return np.asarray(np.where(f[..., 0] >= d, out, np.inf), dtype=np.float64)

@@ -24,6 +24,7 @@ import numpy.typing as npt
 
 from packing.fragmentation import (
     DEFAULT_COVERAGE,
+    MilliRequest,
     ShapeKey,
     TypicalShapes,
     node_fragmentation,
@@ -31,7 +32,7 @@ from packing.fragmentation import (
 )
 from packing.model import GPU_MILLI
 from packing.openb.cluster import ClusterState, Nodes, Pods
-from packing.openb.policies import Policy, Request
+from packing.openb.policies import Policy
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -153,7 +154,7 @@ class _Decider:
         self.gpu = np.full((n, n_requests), -1, dtype=np.int64)
         self.stamp = np.full((n, n_requests), -1, dtype=np.int64)
 
-    def decide(self, req: Request) -> tuple[int, tuple[int, ...]] | None:
+    def decide(self, req: MilliRequest) -> tuple[int, tuple[int, ...]] | None:
         """Place ``req``; its (node, GPUs), or None when no node can host it."""
         st = self.state
         idx = st.feasible(req.cpu, req.mem, req.num_gpu, req.milli, req.model_ok)
@@ -223,9 +224,9 @@ def simulate(
     demand = pods.demand_milli
     total_arrived = 0
 
-    def request(i: int) -> Request:
+    def request(i: int) -> MilliRequest:
         q = int(pods.request_id[i])
-        return Request(
+        return MilliRequest(
             cpu=int(pods.cpu_milli[i]),
             mem=int(pods.memory_mib[i]),
             num_gpu=int(pods.num_gpu[i]),

@@ -11,32 +11,173 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Iterable, Sequence
 
+import numpy as np
+
+from packing.catalog import CATALOG
 from packing.cpsat import SolverParams, priority_weights, solve_batch
-from packing.model import Placement, PlanResult, PodRequest, Snapshot, Unschedulable
-from packing.policies.base import checked
-from packing.policies.fgd import (
-    NodeFigures,
-    fragmentation_delta,
+from packing.fragmentation import (
+    MilliRequest,
+    ShapeKey,
+    TypicalShapes,
+    fragment_stats,
     typical_shapes,
-    workload_of,
 )
+from packing.model import (
+    GPU_MILLI,
+    Placement,
+    PlanResult,
+    PodRequest,
+    RequestKind,
+    Snapshot,
+    Unschedulable,
+)
+from packing.policies.base import checked
+from packing.policies.fgd import workload_of
 from packing.policies.greedy import Score, Scorer, exclusive_domains_in_use, greedy
-from packing.policies.scores import bestfit, gpupack_greedy
-from packing.state import ClusterState
+from packing.policies.lookahead import (
+    CapacityModel,
+    FloatArray,
+    GpupackWeights,
+    NodeArrays,
+    ranks,
+)
+from packing.policies.scores import bestfit, mig_preference, pod_milli_on
+from packing.state import ClusterState, NodeState
 from packing.validate import validate
 
+# A time-sliced share that declares GPU memory but no compute share counts, in the
+# workload's shapes, as that memory over an 80 GiB GPU (the common H100/A100 size; on a
+# node it counts against that node's own GPU memory).
+REFERENCE_GPU_MIB = 80 * 1024
+# Model id of GPU models no shape names (and of CPU-only nodes): shapes without a model
+# restriction may use them, restricted shapes may not.
+OTHER_MODEL = "*"
+# Memo entries kept by one scorer (node figures and evaluations, by node state version).
+MEMO_LIMIT = 100_000
 
-def make_gpupack_scorer(snapshot: Snapshot) -> Scorer:
-    shapes = typical_shapes(workload_of(snapshot))
-    memo: dict[int, NodeFigures] = {}  # by node state version (see fragmentation_delta)
 
-    def score(state: ClusterState, pod: PodRequest, option: Placement) -> Score:
-        delta = fragmentation_delta(state, pod, option, shapes, memo)
-        return gpupack_greedy(state, pod, option, delta)
+def mig_profile_milli(profile: str) -> int:
+    """A MIG profile's share of its GPU by memory slices (the first catalog model that
+    offers it; the profiles' names carry their size, so models agree closely)."""
+    for model in CATALOG.values():
+        if model.mig is not None and model.mig.has_profile(profile):
+            p = model.mig.profile(profile)
+            return p.memory_slices * GPU_MILLI // model.mig.memory_slices
+    return GPU_MILLI // 7
 
-    return score
+
+def _share_milli(pod: PodRequest, gpu_memory_mib: int) -> int:
+    """Compute share of a time-sliced pod: its own, else its memory over the GPU's."""
+    if pod.gpu_milli > 0:
+        return min(pod.gpu_milli, GPU_MILLI - 1)
+    if pod.gpu_memory_mib > 0 and gpu_memory_mib > 0:
+        return max(1, min(GPU_MILLI - 1, math.ceil(GPU_MILLI * pod.gpu_memory_mib
+                                                   / gpu_memory_mib)))
+    return 1
+
+
+def shape_key(pod: PodRequest) -> ShapeKey:
+    """A pod as FGD's typical shapes count it (CPU, GPUs, milli-GPU each, models)."""
+    if pod.kind is RequestKind.WHOLE:
+        return ShapeKey(pod.cpu_milli, pod.gpu_count, GPU_MILLI, pod.gpu_models)
+    if pod.kind is RequestKind.SHARED:
+        return ShapeKey(pod.cpu_milli, 1, _share_milli(pod, REFERENCE_GPU_MIB), pod.gpu_models)
+    if pod.kind is RequestKind.MIG:
+        assert pod.mig_profile is not None
+        return ShapeKey(pod.cpu_milli, 1, mig_profile_milli(pod.mig_profile), pod.gpu_models)
+    return ShapeKey(pod.cpu_milli, 0, 0, frozenset())
+
+
+def node_gpu_free(node: NodeState) -> list[int]:
+    """Each GPU's free milli as the placement score reads it: a GPU that cannot be taken
+    whole right now (MIG or time-sliced mode, or holding a pod) shows at most 999, so
+    that only GPUs a whole-GPU pod could take count as whole."""
+    return [g.free_milli if g.whole_free else min(g.free_milli, GPU_MILLI - 1)
+            for g in node.gpus]
+
+
+class GpupackScorer:
+    """The extender's scorer: :mod:`packing.policies.lookahead` on one node at a time.
+
+    The key of an option (lower wins): for MIG pods :func:`mig_preference` first; then
+    the negated rank value of the placement (FGD level and capacity loss, then best fit
+    on the GPU; the openb replay ranks by the same number); then node name, GPUs and MIG
+    start, for determinism (the replay: the lowest node index, the lowest GPU).
+
+    A node's arrays and FGD statistics are kept by its state version, and so is each
+    evaluation (one call ranks every GPU of the node for a share), so scanning a node's
+    options costs one evaluation.
+    """
+
+    def __init__(self, workload: Iterable[PodRequest],
+                 weights: GpupackWeights | None = None) -> None:
+        keys = [shape_key(p) for p in workload]
+        named = sorted({m for k in keys for m in k.gpu_spec})
+        self.models: tuple[str, ...] = (*named, OTHER_MODEL)
+        self._model_id = {m: i for i, m in enumerate(self.models)}
+        self.shapes: TypicalShapes = typical_shapes(keys, self.models)
+        self.cap = CapacityModel(self.shapes)
+        self.weights = weights or GpupackWeights()
+        self._nodes: dict[int, NodeArrays] = {}
+        # rank values by (node version, request): one per GPU for a share
+        self._evals: dict[tuple[int, int, int, int, int], FloatArray] = {}
+
+    def arrays(self, node: NodeState) -> NodeArrays:
+        found = self._nodes.get(node.version)
+        if found is None:
+            free = np.array([node_gpu_free(node)], dtype=np.int64)
+            model = node.gpus[0].info.model if node.gpus else OTHER_MODEL
+            mid = np.array([self._model_id.get(model, self._model_id[OTHER_MODEL])],
+                           dtype=np.int64)
+            cpu = np.array([node.cpu_free], dtype=np.int64)
+            mem = np.array([node.mem_free], dtype=np.int64)
+            found = NodeArrays(free, cpu, mem, mid,
+                               fragment_stats(free, cpu, mem, mid, self.shapes))
+            if len(self._nodes) >= MEMO_LIMIT:
+                self._nodes.clear()
+            self._nodes[node.version] = found
+        return found
+
+    def request(self, state: ClusterState, pod: PodRequest, option: Placement) -> MilliRequest:
+        """The pod as the score counts it on this option's node."""
+        any_model = np.ones(len(self.models), dtype=bool)
+        if pod.kind is RequestKind.WHOLE:
+            return MilliRequest(pod.cpu_milli, pod.memory_mib, pod.gpu_count, GPU_MILLI,
+                                any_model)
+        if pod.kind is RequestKind.SHARED:
+            g = state.gpu(option.node, option.gpus[0])
+            return MilliRequest(pod.cpu_milli, pod.memory_mib, 1,
+                                _share_milli(pod, g.info.memory_mib), any_model)
+        if pod.kind is RequestKind.MIG:
+            take = max(1, min(GPU_MILLI - 1, pod_milli_on(state, pod, option)))
+            return MilliRequest(pod.cpu_milli, pod.memory_mib, 1, take, any_model)
+        return MilliRequest(pod.cpu_milli, pod.memory_mib, 0, 0, any_model)
+
+    def rank(self, state: ClusterState, pod: PodRequest, option: Placement) -> float:
+        """The option's rank value (higher is better; -inf where it does not fit)."""
+        node = state.nodes[option.node]
+        req = self.request(state, pod, option)
+        key = (node.version, req.cpu, req.mem, req.num_gpu, req.milli)
+        found = self._evals.get(key)
+        if found is None:
+            found = ranks(self.arrays(node), req, self.shapes, self.cap, self.weights)[0]
+            if len(self._evals) >= MEMO_LIMIT:
+                self._evals.clear()
+            self._evals[key] = found
+        if not req.shared:
+            return float(found)
+        pos = next(i for i, g in enumerate(node.gpus) if g.info.index == option.gpus[0])
+        return float(found[pos])
+
+    def __call__(self, state: ClusterState, pod: PodRequest, option: Placement) -> Score:
+        rank = self.rank(state, pod, option)
+        tail = (option.node, option.gpus, option.mig_start or 0)
+        if pod.kind is RequestKind.MIG:
+            return (*mig_preference(state, pod, option), -rank, *tail)
+        return (-rank, *tail)
 
 
 def objective_key(snapshot: Snapshot, placements: Sequence[Placement]) -> tuple[int, ...]:
@@ -59,6 +200,12 @@ def objective_key(snapshot: Snapshot, placements: Sequence[Placement]) -> tuple[
         reused,
         -len(touched),
     )
+
+
+def make_gpupack_scorer(snapshot: Snapshot) -> Scorer:
+    """The extender's scorer for the workload of ``snapshot`` (its running and pending
+    pods; the nodes do not matter)."""
+    return GpupackScorer(workload_of(snapshot))
 
 
 class GpupackPolicy:

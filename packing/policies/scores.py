@@ -84,69 +84,30 @@ def _largest_placeable(g: GpuState, extra_start: int, extra_profile: str) -> tup
     return largest, starts
 
 
-def gpupack_greedy(
-    state: ClusterState, pod: PodRequest, option: Placement, frag_delta: float = 0.0
-) -> Score:
-    """gpupack's greedy preference, in priority order (lower wins):
+def mig_preference(state: ClusterState, pod: PodRequest, option: Placement) -> Score:
+    """gpupack's preference between MIG options, before its placement score (lower wins):
 
-    1. do not break a whole node (every GPU idle and usable whole) for a small pod, and
-       for a whole-GPU pod prefer nodes that are already in use;
-    2. do not break a whole GPU (idle, not in MIG or time-sliced mode) for a small pod
-       while a MIG, shared or used GPU can take it;
-    3. MIG: use an instance that already exists before creating one; use one on a GPU
-       that already hosts pods before one on an idle MIG GPU (an idle GPU is what the MIG
-       actuator may re-lay out or turn whole); create it where the largest profile stays
-       placeable, then where most starts stay free;
-    4. least growth of fragmentation (``frag_delta``, the FGD gradient, when given);
-    5. best fit: least free GPU capacity left on the GPU, then on the node;
-    6. fewer idle GPUs left stranded on a partly used node (whole-GPU pods);
-    7. node and GPU names, for determinism.
+    1. do not break a whole node (every GPU idle and usable whole) for a MIG pod, nor a
+       whole GPU (idle, not in MIG mode: one the MIG actuator would have to convert);
+    2. use an instance that already exists before creating one; use one on a GPU that
+       already hosts pods before one on an idle MIG GPU (an idle GPU is what the MIG
+       actuator may re-lay out or turn whole); create it where the largest profile
+       stays placeable, then where most starts stay free.
     """
     node = state.nodes[option.node]
-    take = pod_milli_on(state, pod, option)
-    node_idle = node.whole_free
-    idle_after = sum(1 for g in node.gpus if g.whole_free and g.info.index not in option.gpus)
-    if pod.kind is RequestKind.WHOLE:
-        # A whole-GPU pod that fills a node exactly is ideal; one that opens an idle node
-        # while partly used nodes could take it is not.
-        opens = 1 if node_idle and idle_after > 0 else 0
-        return (
-            opens,
-            idle_after,
-            frag_delta,
-            node_free_milli(node) - take,
-            option.node,
-            option.gpus,
-        )
-    if pod.kind is RequestKind.NONE:
-        return (1 if node_idle else 0, frag_delta, node.cpu_free - pod.cpu_milli, option.node)
     g = state.gpu(option.node, option.gpus[0])
-    breaks_node = 1 if node_idle else 0
-    breaks_gpu = 1 if g.whole_free else 0
     created = 0
     opens_idle_mig = 0
     mig_keep: tuple[int, int] = (0, 0)
-    if pod.kind is RequestKind.MIG and g.mode is GpuMode.MIG:
+    if g.mode is GpuMode.MIG:
         assert option.mig_start is not None and option.mig_profile is not None
         created = 1 if option.mig_created else 0
         opens_idle_mig = 1 if g.idle else 0
         if option.mig_created:
             largest, starts = _largest_placeable(g, option.mig_start, option.mig_profile)
             mig_keep = (-largest, -starts)
-    gpu_after = g.free_milli - take
-    return (
-        breaks_node,
-        breaks_gpu,
-        created,
-        opens_idle_mig,
-        mig_keep,
-        round(frag_delta, 6),
-        gpu_after,
-        node_free_milli(node) - take,
-        option.node,
-        option.gpus,
-        option.mig_start or 0,
-    )
+    return (1 if node.whole_free else 0, 1 if g.whole_free else 0, created, opens_idle_mig,
+            mig_keep)
 
 
 def random_scorer(state: ClusterState, pod: PodRequest, option: Placement) -> Score:

@@ -7,18 +7,23 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from packing.fragmentation import ShapeKey, make_shapes, node_fragmentation, typical_shapes
+from packing.fragmentation import (
+    MilliRequest,
+    ShapeKey,
+    make_shapes,
+    node_fragmentation,
+    typical_shapes,
+)
 from packing.model import GPU_MILLI
 from packing.openb.cluster import ClusterState, Nodes, Pods
 from packing.openb.policies import (
     POLICIES,
-    CapacityState,
     FragmentationState,
     GpupackPolicy,
-    Request,
     make,
 )
 from packing.openb.simulate import alloc_at, build_workload, simulate, workload_shapes
+from packing.policies.lookahead import CapacityModel, GpupackWeights
 from packing.traces import OpenbNode, OpenbPod
 
 MODELS = ("G2", "T4")
@@ -101,7 +106,7 @@ def test_fragmentation_state_delta_matches_recomputation() -> None:
     fs = FragmentationState(state, sh)
     idx = np.arange(nodes.size)
     for q, (cpu, mem, k, milli, _) in enumerate(pods.requests):
-        req = Request(cpu, mem, k, milli, pods.request_model_ok[q], q)
+        req = MilliRequest(cpu, mem, k, milli, pods.request_model_ok[q], q)
         delta = fs.delta(idx, req)
         for n in idx:
             base = node_fragmentation(
@@ -137,14 +142,16 @@ def test_capacity_value_hand_worked() -> None:
     nodes = _cluster([(2, "G2")], cpu=8000)
     state = ClusterState(nodes)
     state.place(0, 0, 0, 1, 400, (1,))
-    cap = CapacityState(state, make_shapes([(s1, 0.5), (s2, 0.3), (C, 0.2)], nodes.models))
+    cap = CapacityModel(make_shapes([(s1, 0.5), (s2, 0.3), (C, 0.2)], nodes.models))
     idx = np.array([0])
+    free, cpu, weight = state.free_gpu[idx], state.free_cpu[idx], cap.weights(nodes.model_id[idx])
     ok = np.ones(len(nodes.models), dtype=bool)
     # a 6000-CPU CPU-only pod leaves CPU for one S1 and no S2: V 1050 -> 250
-    assert cap.loss(idx, Request(6000, 0, 0, 0, ok, 0))[0] == pytest.approx(800.0)
+    cpu_pod = MilliRequest(6000, 0, 0, 0, ok, 0)
+    assert cap.loss(free, cpu, weight, cpu_pod)[0] == pytest.approx(800.0)
     # a 500 share: on GPU 0 (1000 -> 500) S1 keeps 1 + 1 = 2 shares and S2 loses its
     # GPU: V -> 500; on GPU 1 (600 -> 100) S1 keeps 2: V -> 800
-    loss = cap.loss(idx, Request(0, 0, 1, 500, ok, 1))[0]
+    loss = cap.loss(free, cpu, weight, MilliRequest(0, 0, 1, 500, ok, 1))[0]
     assert loss[:2] == pytest.approx([550.0, 250.0]) and np.isinf(loss[2:]).all()
 
 
@@ -156,7 +163,8 @@ def test_gpupack_score_is_fgd_level_minus_weighted_cost(
     levels: int | None, weight: float, fgd_weight: float
 ) -> None:
     # score = floor(levels * sigmoid(-dF / 1000)) - weight * (loss + fgd_weight * dF) per
-    # candidate (per GPU for shares, the best GPU's score less its free/1e9 tie term),
+    # candidate, rounded to 1e-6 (per GPU for shares, the best GPU's score less its
+    # free-after x 1e-10 tie term),
     # -(loss + fgd_weight * dF) without levels; dF and loss are checked against
     # recomputation above.
     nodes = _cluster([(8, "G2"), (2, "T4"), (4, "G2"), (8, "G2")])
@@ -170,14 +178,16 @@ def test_gpupack_score_is_fgd_level_minus_weighted_cost(
     state.place(0, 2000, 0, 1, 450, (2,))
     state.place(2, 16000, 0, 2, 1000, (0, 1))
     state.place(3, 90000, 0, 0, 0, ())
-    policy = GpupackPolicy(levels=levels, capacity_weight=weight, fgd_weight=fgd_weight)
+    policy = GpupackPolicy(GpupackWeights(levels, weight, fgd_weight))
     policy.reset(state, sh, sh)
-    fs, cap = FragmentationState(state, sh), CapacityState(state, sh)
+    fs, cap = FragmentationState(state, sh), CapacityModel(sh)
     for q, (cpu, mem, k, milli, _) in enumerate(pods.requests):
-        req = Request(cpu, mem, k, milli, pods.request_model_ok[q], q)
+        req = MilliRequest(cpu, mem, k, milli, pods.request_model_ok[q], q)
         ok = state.feasible(cpu, mem, k, milli, req.model_ok)
         score, gpu = policy.evaluate(ok, req)
-        d, loss = fs.delta(ok, req), cap.loss(ok, req)
+        d = fs.delta(ok, req)
+        loss = cap.loss(state.free_gpu[ok], state.free_cpu[ok],
+                        cap.weights(nodes.model_id[ok]), req)
 
         def want(dn: float, ln: float) -> float:
             if levels is None:
@@ -187,17 +197,17 @@ def test_gpupack_score_is_fgd_level_minus_weighted_cost(
 
         for row, n in enumerate(ok):
             if not req.shared:
-                assert score[row] == pytest.approx(want(d[row], loss[row]), abs=1e-9)
+                assert score[row] == pytest.approx(want(d[row], loss[row]), abs=1e-6)
                 continue
             # the chosen GPU fits and has the best score (less the free-compute tie term)
-            tie = 1e6 if levels is None else 1e9
             best = max(
-                want(d[row, g], loss[row, g]) - state.free_gpu[n, g] / tie
+                round(want(d[row, g], loss[row, g]), 6)
+                - (state.free_gpu[n, g] - milli) * 1e-10
                 for g in range(nodes.gpu_count[n])
                 if state.free_gpu[n, g] >= milli
             )
             assert state.free_gpu[n, gpu[row]] >= milli
-            assert score[row] == pytest.approx(best, abs=1e-9)
+            assert score[row] == pytest.approx(best, abs=1e-12)
 
 
 def test_gpupack_level_steps_and_weight() -> None:
@@ -207,9 +217,9 @@ def test_gpupack_level_steps_and_weight() -> None:
     assert np.floor(200 / (1.0 + np.exp(0.01))) == 99  # 99.50
     assert np.floor(200 / (1.0 + np.exp(0.03))) == 98  # 98.50
     with pytest.raises(ValueError, match="levels"):
-        GpupackPolicy(levels=0)
+        GpupackWeights(levels=0)
     with pytest.raises(ValueError, match="capacity_weight"):
-        GpupackPolicy(capacity_weight=0.0)
+        GpupackWeights(capacity_weight=0.0)
     assert make("gpupack").name == "gpupack"
     assert make("gpupack-capacity").name == "gpupack-capacity"
 

@@ -1,4 +1,4 @@
-"""The extender's scorer (packing/policies/scores.py gpupack_greedy) for MIG pods on
+"""The extender's scorer (packing/policies/gpupack.py GpupackScorer) for MIG pods on
 slices that exist: a free slice on a GPU that already hosts pods comes before one on an
 idle MIG GPU, so idle GPUs stay idle for the MIG actuator to re-lay out or turn whole."""
 
@@ -10,7 +10,6 @@ from packing_builders import mig, node
 from packing.model import GpuMode, MigReconfigure, Placement, Snapshot
 from packing.policies.gpupack import make_gpupack_scorer
 from packing.policies.greedy import best_option
-from packing.policies.scores import gpupack_greedy
 from packing.state import ClusterState
 
 SEVEN_1G = [("1g.10gb", s) for s in range(7)]
@@ -55,7 +54,7 @@ def test_mig_pod_goes_to_a_gpu_that_already_hosts_pods(
         expect: tuple[str, int]) -> None:
     snap = cluster(layouts, running)
     pod = mig("new/0", profile)
-    for scorer in (make_gpupack_scorer(snap), gpupack_greedy):
+    for scorer in (make_gpupack_scorer(snap), make_gpupack_scorer(Snapshot(nodes=()))):
         state = ClusterState(snap)  # the running pods applied
         best = best_option(state, pod, scorer)
         assert best is not None and (best.node, best.gpus[0]) == expect, name

@@ -8,7 +8,7 @@ from typing import Any
 
 from sched_builders import filter_args, make_cache, mig_pod, node, whole_pod
 
-from packing.model import Snapshot
+from packing.model import Placement, Snapshot
 from packing.policies.gpupack import make_gpupack_scorer
 from scheduler.verbs import (
     Memo,
@@ -64,13 +64,20 @@ def test_one_evaluation_serves_every_node_in_that_state() -> None:
 
 
 def test_prioritize_normalizes_over_the_request_nodes() -> None:
-    cache = make_cache(whole_nodes(), [whole_pod("r", 4, node="w0")])
-    args = ExtenderArgs.decode(filter_args(whole_pod("one", 1), NAMES))
-    scores = {h.host: h.score for h in prioritize(args, cache, Memo(), scorer(), NoPlan())}
-    # The used node is preferred (keeps idle nodes whole): it alone gets 10.
+    cache = make_cache(whole_nodes(), [whole_pod("r", 7, node="w0")])
+    one = whole_pod("one", 1)
+    # The scorer of a workload of 7-GPU and 1-GPU pods (the planner builds it from the
+    # cache's pods): the one GPU left on w0 serves no 7-GPU pod, so filling it lowers
+    # the fragment (FGD) while any idle node would lose room for one.
+    workload = Snapshot((), running=((read_pod(whole_pod("r", 7)), Placement("default/r", "w0")),),
+                        pending=(read_pod(one),))
+    ref = ScorerRef(make_gpupack_scorer(workload), 1)
+    args = ExtenderArgs.decode(filter_args(one, NAMES))
+    scores = {h.host: h.score for h in prioritize(args, cache, Memo(), ref, NoPlan())}
+    # It alone gets 10.
     assert scores["w0"] == 10 and all(scores[n] == 0 for n in NAMES[1:])
-    only_idle = ExtenderArgs.decode(filter_args(whole_pod("one", 1), NAMES[1:]))
-    scores = {h.host: h.score for h in prioritize(only_idle, cache, Memo(), scorer(), NoPlan())}
+    only_idle = ExtenderArgs.decode(filter_args(one, NAMES[1:]))
+    scores = {h.host: h.score for h in prioritize(only_idle, cache, Memo(), ref, NoPlan())}
     assert set(scores.values()) == {10}
 
 

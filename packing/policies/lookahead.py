@@ -1,0 +1,214 @@
+"""gpupack's placement score: FGD's gradient at a finer grid, then capacity lookahead.
+
+This is the product policy's ranking, written once over arrays so that the extender's
+scorer (:mod:`packing.policies.gpupack`, one node at a time) and the openb trace replay
+(:mod:`packing.openb.policies`, every candidate node at once) compute the same numbers
+with the same code. The callers only differ in how they read a node's state into arrays.
+
+Symbols, per candidate node (batched on leading dims):
+
+* ``free`` ``[..., G]``: each GPU's free compute in milli-GPUs (absent GPUs 0; an idle GPU
+  that cannot be taken whole, e.g. one in MIG or time-sliced mode, at most 999);
+* ``cpu``, ``mem``: the node's free CPU (milli) and memory (MiB); ``model``: its GPU
+  model id in the shapes' model list;
+* ``dF``: the FGD fragment increase of the placement (:mod:`packing.fragmentation`, the
+  one definition of F);
+* ``loss``: the drop of the demand the node can still serve (:class:`CapacityModel`).
+
+The score of a placement (higher is better) is::
+
+    level = floor(levels * sigmoid(-dF / 1000))        (FGD ranks by this at 100 levels)
+    score = level - capacity_weight * (loss + fgd_weight * dF)
+
+The level is the kube-scheduler score FGD ranks by, at ``levels`` steps instead of 100
+(200: one step is ~20 milli-GPU of fragment change near 0, the sigmoid's slope being 1/4
+per GPU). Where FGD is indifferent (same level) it falls back on an arbitrary node order;
+gpupack ranks those placements by how much of the workload's demand they take away from
+the node instead. ``capacity_weight`` (per milli-GPU) also lets a large capacity loss
+outweigh a level: at 0.003 a placement one level worse in fragment wins only if it keeps
+333 milli-GPU more servable demand. The level already ranks by dF, so inside the cost dF
+counts half (``fgd_weight`` 0.5). ``levels=None`` drops the level: score = -(loss +
+fgd_weight * dF), the continuous cost alone.
+
+Ties: :func:`rank_value` rounds the score to 1e-6 and then prefers the GPU left with the
+least free compute (best fit), so float noise never decides and both callers break ties
+alike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from packing.fragmentation import (
+    FragmentStats,
+    MilliRequest,
+    TypicalShapes,
+    fragment_delta,
+)
+from packing.model import GPU_MILLI
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+# A share that does not fit a GPU scores this (never chosen).
+INFEASIBLE = -np.inf
+
+
+@dataclass(frozen=True)
+class GpupackWeights:
+    """The policy's three numbers (see the module docstring)."""
+
+    levels: int | None = 200
+    capacity_weight: float = 0.003
+    fgd_weight: float = 0.5
+
+    def __post_init__(self) -> None:
+        if self.levels is not None and self.levels < 1:
+            raise ValueError(f"levels must be >= 1, got {self.levels}")
+        if not self.capacity_weight > 0:
+            raise ValueError(f"capacity_weight must be > 0, got {self.capacity_weight}")
+
+
+def _sigmoid(x: FloatArray) -> FloatArray:
+    return np.asarray(1.0 / (1.0 + np.exp(-x)), dtype=np.float64)
+
+
+def fgd_level(delta: npt.ArrayLike, levels: int = 100) -> FloatArray:
+    """FGD's kube-scheduler score of a fragment increase ``delta`` (milli-GPU):
+    ``floor(levels * sigmoid(-delta / 1000))``, an integer 0..levels (the published
+    simulator uses 100); +inf (does not fit) scores 0."""
+    with np.errstate(over="ignore"):
+        return np.floor(_sigmoid(-np.asarray(delta, dtype=np.float64) / 1000.0) * levels)
+
+
+class CapacityModel:
+    """How much GPU demand of the workload's shapes a node can still serve.
+
+    For a node with per-GPU free compute f_g, free CPU c and model mu, and every GPU
+    shape s of the workload (frequency p_s, GPU demand d_s = num_gpu_s x milli_s,
+    CPU cpu_s):
+
+        gpu_n_s = sum_g floor(f_g / milli_s)         (fractional s: shares that fit)
+                = floor(#{g : f_g = 1000} / num_gpu_s)            (whole-GPU s)
+        cpu_n_s = floor(c / cpu_s)                   (no CPU request: unbounded)
+        V(node) = sum_s p_s * d_s * [model ok] * min(gpu_n_s, cpu_n_s)
+
+    V is the expected GPU demand the node can still absorb if the next pods were all of
+    one shape drawn from the workload: a one-step lookahead that sees CPU and GPU
+    together, so a placement that leaves GPUs without the CPU to use them (or the
+    reverse) loses value, and a CPU-only pod costs nothing on a node whose GPUs are
+    already spoken for. The loss V_before - V_after of a placement is what gpupack
+    minimises. Memory plays no part (as in FGD).
+    """
+
+    def __init__(self, shapes: TypicalShapes) -> None:
+        keep = np.array([k.num_gpu > 0 for k in shapes.keys], dtype=bool)
+        self.gm = shapes.group_milli
+        self.gn = shapes.group_num_gpu
+        self.frac = (self.gm > 0) & (self.gm < GPU_MILLI)
+        self.whole = self.gm >= GPU_MILLI
+        self.shape_group = shapes.group[keep]
+        self.shape_cpu = shapes.cpu_milli[keep]
+        demand = np.array([k.num_gpu * k.gpu_milli for k in shapes.keys], dtype=np.float64)
+        self._model_ok = shapes.model_ok[keep]  # [S', n_models]
+        self._demand = (shapes.freq[keep] * demand[keep]) if keep.any() else np.zeros(0)
+
+    def weights(self, model_ids: npt.ArrayLike) -> FloatArray:
+        """p_s * d_s * [model ok] per node ``[..., S']`` for nodes of model ``model_ids``."""
+        mid = np.asarray(model_ids, dtype=np.int64)
+        ok = np.moveaxis(self._model_ok[:, mid], 0, -1)  # [..., S']
+        return np.asarray(self._demand * ok, dtype=np.float64)
+
+    def gpu_counts(self, free: IntArray) -> IntArray:
+        """gpu_n per shape group ``[..., J]`` of per-GPU free milli ``[..., G]``."""
+        f = free[..., None]
+        shares = np.where(self.frac, f // np.maximum(self.gm, 1), 0).sum(axis=-2)
+        full = (free == GPU_MILLI).sum(axis=-1)[..., None]
+        whole = np.where(self.whole, full // np.maximum(self.gn, 1), 0)
+        return np.asarray(np.where(self.frac, shares, whole), dtype=np.int64)
+
+    def value(self, gcnt: IntArray, cpu: IntArray, weight: FloatArray) -> FloatArray:
+        cpu_n = cpu[..., None] // np.maximum(self.shape_cpu, 1)
+        cpu_n = np.where(self.shape_cpu > 0, cpu_n, np.iinfo(np.int32).max)
+        n = np.minimum(gcnt[..., self.shape_group], cpu_n)
+        return np.asarray((weight * n).sum(axis=-1), dtype=np.float64)
+
+    def loss(self, free: IntArray, cpu: IntArray, weight: FloatArray,
+             req: MilliRequest) -> FloatArray:
+        """V_before - V_after per candidate: ``[n]``, or ``[n, G]`` for a share (+inf
+        where the GPU cannot take it). Whole GPUs: the first ``num_gpu`` fully free."""
+        before = self.value(self.gpu_counts(free), cpu, weight)
+        c2 = cpu - req.cpu
+        if req.num_gpu == 0:
+            return before - self.value(self.gpu_counts(free), c2, weight)
+        if not req.shared:
+            isfull = free == GPU_MILLI
+            taken = isfull & (np.cumsum(isfull, axis=-1) <= req.num_gpu)
+            f2 = np.where(taken, 0, free)
+            return before - self.value(self.gpu_counts(f2), c2, weight)
+        g = free.shape[-1]
+        eye = np.eye(g, dtype=np.int64) * req.milli
+        f2 = free[:, None, :] - eye[None, :, :]  # [n, candidate GPU, G]
+        after = self.value(self.gpu_counts(f2), c2[:, None], weight[:, None, :])
+        out = before[:, None] - after
+        return np.where(free >= req.milli, out, np.inf)
+
+
+def placement_score(delta: FloatArray, loss: FloatArray, weights: GpupackWeights) -> FloatArray:
+    """The score of the module docstring; INFEASIBLE where ``delta`` is +inf (no fit)."""
+    fits = np.isfinite(delta)
+    cost = loss + weights.fgd_weight * np.where(fits, delta, 0.0)
+    if weights.levels is None:
+        score = -cost
+    else:
+        score = fgd_level(delta, weights.levels) - weights.capacity_weight * cost
+    return np.asarray(np.where(fits, score, INFEASIBLE), dtype=np.float64)
+
+
+def rank_value(score: FloatArray, gpu_free_after: npt.ArrayLike = 0) -> FloatArray:
+    """The score as both callers rank it: rounded to 1e-6, then the least free compute
+    left on the GPU (at most 1000 milli, so the term stays under 1e-6)."""
+    return np.asarray(
+        np.round(score, 6) - np.asarray(gpu_free_after, dtype=np.float64) * 1e-10,
+        dtype=np.float64,
+    )
+
+
+@dataclass(frozen=True, eq=False)
+class NodeArrays:
+    """Candidate nodes read into arrays (see the module docstring), with their FGD
+    statistics (``stats``, rows aligned with the nodes)."""
+
+    free: IntArray  # [n, G]
+    cpu: IntArray  # [n]
+    mem: IntArray  # [n]
+    model: IntArray  # [n]
+    stats: FragmentStats
+
+
+def ranks(nodes: NodeArrays, req: MilliRequest, shapes: TypicalShapes, cap: CapacityModel,
+          weights: GpupackWeights) -> FloatArray:
+    """Rank values (higher better) of placing ``req`` on each node: ``[n]`` for
+    whole-GPU and CPU-only requests (they take the first fully free GPUs, or none),
+    ``[n, G]`` for a share (one per GPU). INFEASIBLE where the request does not fit."""
+    delta = fragment_delta(nodes.stats, nodes.free, nodes.cpu, nodes.mem, nodes.model, req,
+                           shapes)
+    loss = cap.loss(nodes.free, nodes.cpu, cap.weights(nodes.model), req)
+    score = placement_score(delta, loss, weights)
+    if not req.shared:
+        return rank_value(score)
+    return rank_value(score, nodes.free - req.milli)
+
+
+def evaluate(nodes: NodeArrays, req: MilliRequest, shapes: TypicalShapes, cap: CapacityModel,
+             weights: GpupackWeights) -> tuple[FloatArray, IntArray]:
+    """Each node's best rank value and the GPU a share takes there (the first on ties;
+    -1 for whole-GPU and CPU-only requests)."""
+    r = ranks(nodes, req, shapes, cap, weights)
+    if not req.shared:
+        return r, np.full(len(nodes.cpu), -1, dtype=np.int64)
+    gpu = np.asarray(r.argmax(axis=1), dtype=np.int64)
+    return r[np.arange(len(gpu)), gpu], gpu
