@@ -62,7 +62,7 @@ from packing.policies.gpupack import GpupackScorer
 from packing.policies.greedy import Scorer
 from packing.policies.scores import spread
 from packing.state import ClusterState
-from packing.traces import parse_pods, to_pod_request
+from sim.traces import parse_pods, to_pod_request
 
 CLIQUE = "nvidia.com/gpu.clique"
 TRACE = Path(__file__).resolve().parents[2] / "shared/traces/openb/openb_pod_list_default.csv"

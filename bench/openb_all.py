@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from gpupack.openb_cmd import find_trace_dir  # noqa: E402
-from packing.openb.simulate import PUBLISHED_SEEDS  # noqa: E402
+from sim.openb.replay import PUBLISHED_SEEDS  # noqa: E402
 
 PUBLISHED_FGD = "06-FGD"
 PREFIX = "openb_pod_list_"

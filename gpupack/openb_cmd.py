@@ -1,6 +1,6 @@
 """``gpupack simulate --trace openb``: replay the FGD paper's openb experiment.
 
-The I/O shell around ``packing.openb``: finds and reads the trace files, runs every
+The I/O shell around ``sim.openb``: finds and reads the trace files, runs every
 requested policy over the same seeds in this one process (so their speed ratios hold on
 a noisy machine), prints a markdown table or JSON, and writes a plot and the raw series.
 
@@ -20,19 +20,19 @@ from typing import TypeVar
 
 import numpy as np
 
-from packing.openb.cluster import Nodes, Pods
-from packing.openb.offline import offline_bound
-from packing.openb.policies import POLICIES, make
-from packing.openb.simulate import (
+from sim.openb.cluster import Nodes, Pods
+from sim.openb.offline import offline_bound
+from sim.openb.policies import POLICIES, make
+from sim.openb.replay import (
     DEFAULT_LOAD,
     KINDS,
     PUBLISHED_SEEDS,
     RunResult,
     build_workload,
-    simulate,
+    replay,
     trace_shapes,
 )
-from packing.traces import TraceError, parse_nodes, parse_pods
+from sim.traces import TraceError, parse_nodes, parse_pods
 
 DEFAULT_POLICIES = "random,bestfit,fgd,gpupack"
 DEFAULT_PODS = "openb_pod_list_default.csv"
@@ -164,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
         workload = build_workload(pods, nodes.gpu_capacity_milli, seed, args.load)
         for name in names:
             t0 = time.perf_counter()
-            r = simulate(
+            r = replay(
                 nodes,
                 pods,
                 workload,

@@ -2,7 +2,7 @@
 
 One definition, vectorized over any leading batch shape (nodes, or nodes x candidate GPUs),
 used by gpupack's placement score (``packing.policies.lookahead``: the extender's scorer
-and the openb replay) and the replay's FGD policy (``packing.openb``).
+and the openb replay) and the replay's FGD policy (``sim.openb``).
 
 The math, as the published simulator computes it (``kubernetes-scheduler-simulator``,
 ``pkg/utils/frag.go``: ``NodeGpuShareFragAmount``, ``GetTypicalPods``). Let the *typical
@@ -39,7 +39,7 @@ so that, with P = sum_m p_m,
 (Each GPU shape that fits turns its term p_m*T into p_m*small_j; CPU-only shapes keep
 p_m*T.) A candidate placement only changes one GPU and the node's CPU, so the after-state
 statistics are a cheap update of cached ones (:func:`fragment_delta`); all of them end in
-:func:`fragmentation_from_stats`, the one place where F is defined.
+:func:`fragment_value`, the one place where F is defined.
 """
 
 from __future__ import annotations
@@ -196,6 +196,27 @@ def shape_weights(
     return ok.astype(np.float64) @ shapes.group_onehot_p  # [..., J]
 
 
+def fragment_value(
+    total: npt.ArrayLike,
+    cnt: npt.ArrayLike,
+    small: npt.ArrayLike,
+    weights: npt.ArrayLike,
+    num_gpu: npt.ArrayLike,
+    total_freq: float,
+) -> FloatArray:
+    """F = P*T - sum_j B_j [cnt_j >= num_gpu_j] (T - small_j), broadcasting leading dims:
+    the one place where F is defined. ``j`` ranges over shape groups (here) or over single
+    shapes (``packing.policies.fgd``, whose per-GPU "serves" test also knows MIG layouts
+    and share memory)."""
+    t = np.asarray(total, dtype=np.float64)
+    fits = np.asarray(cnt) >= np.asarray(num_gpu)  # [..., J]
+    usable = (t[..., None] - np.asarray(small, dtype=np.float64)) * fits
+    return np.asarray(
+        total_freq * t - (usable * np.asarray(weights, dtype=np.float64)).sum(axis=-1),
+        dtype=np.float64,
+    )
+
+
 def fragmentation_from_stats(
     total: npt.ArrayLike,
     cnt: npt.ArrayLike,
@@ -203,14 +224,8 @@ def fragmentation_from_stats(
     weights: npt.ArrayLike,
     shapes: TypicalShapes,
 ) -> FloatArray:
-    """F = P*T - sum_j B_j [cnt_j >= num_gpu_j] (T - small_j), broadcasting leading dims."""
-    t = np.asarray(total, dtype=np.float64)
-    fits = np.asarray(cnt) >= shapes.group_num_gpu  # [..., J]
-    usable = (t[..., None] - np.asarray(small, dtype=np.float64)) * fits
-    return np.asarray(
-        shapes.total_freq * t - (usable * np.asarray(weights, dtype=np.float64)).sum(axis=-1),
-        dtype=np.float64,
-    )
+    """:func:`fragment_value` over the shape groups of ``shapes``."""
+    return fragment_value(total, cnt, small, weights, shapes.group_num_gpu, shapes.total_freq)
 
 
 def node_fragmentation(

@@ -4,7 +4,7 @@ A :class:`Snapshot` is what the scheduler knows at one instant: nodes with their
 what is already allocated and to whom, which pods are pending, and which groups those
 pods belong to. A :class:`Placement` says where one pending pod goes. Nothing here does
 I/O; builders from Kubernetes objects live in ``kube/`` and from traces in
-``packing.traces``.
+``sim.traces``.
 
 Units: CPU in millicores, memory in MiB, GPU compute in milli-GPUs (1000 = one GPU).
 """

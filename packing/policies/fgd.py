@@ -7,6 +7,7 @@ The workload is summarised by its *typical shapes* m (the most frequent pod shap
 cover 95% of pods) with frequencies p_m. For a node N and a shape m:
 
   fragment_m(N) = sum of free GPU milli on N            if N cannot host m at all
+                                                         (a CPU-only m: always)
                   sum of free milli of GPUs that cannot  otherwise
                   serve m (too little free, wrong model,
                   wrong mode, no placeable MIG slice)
@@ -14,6 +15,9 @@ cover 95% of pods) with frequencies p_m. For a node N and a shape m:
   F(N) = sum_m p_m * fragment_m(N)
 
 FGD puts each pod where F grows least: score(option) = F(N after) - F(N before).
+F itself is :func:`packing.fragmentation.fragment_value`, the formula the openb replay and
+gpupack's placement score use; this module decides, per GPU and shape, whether the GPU
+serves the shape (MIG layouts, time-sliced memory and replicas included).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from functools import lru_cache
 from typing import Any
 
 from packing.catalog import get_model
+from packing.fragmentation import fragment_value
 from packing.mig import MigSlot, free_starts
 from packing.model import GPU_MILLI, GpuMode, Placement, PodRequest, RequestKind, Snapshot
 from packing.policies.greedy import Score, Scorer
@@ -152,23 +157,20 @@ class NodeFigures:
 
 def _value(node: NodeState, shapes: Sequence[tuple[Shape, float]], free: Sequence[int],
            serving: Sequence[Sequence[bool]]) -> float:
-    """F(N) from per-GPU figures: the cases of fragment_m(N) in the module docstring."""
+    """F(N) from per-GPU figures, by :func:`packing.fragmentation.fragment_value` (the one
+    definition of F) with one group per shape: cnt_m = GPUs that serve m, small_m = free
+    milli of the GPUs that do not, B_m = p_m if m asks for GPUs and the node has its CPU
+    and memory (a CPU-only shape's term stays p_m * T, as in the published simulator)."""
     total = sum(free)
-    if total == 0:
+    if total == 0 or not shapes:
         return 0.0
-    out = 0.0
-    for (shape, p), serves in zip(shapes, serving, strict=True):
-        if node.cpu_free < shape.cpu_milli or node.mem_free < shape.memory_mib:
-            out += p * total
-        elif shape.kind is RequestKind.NONE:
-            continue
-        elif (shape.kind is RequestKind.WHOLE and sum(serves) < shape.gpu_count) or (
-            shape.kind in (RequestKind.SHARED, RequestKind.MIG) and not any(serves)
-        ):
-            out += p * total
-        else:
-            out += p * sum(f for f, ok in zip(free, serves, strict=True) if not ok)
-    return out
+    cnt = [sum(serves) for serves in serving]
+    small = [sum(f for f, ok in zip(free, serves, strict=True) if not ok) for serves in serving]
+    weights = [p if shape.kind is not RequestKind.NONE and node.cpu_free >= shape.cpu_milli
+               and node.mem_free >= shape.memory_mib else 0.0 for shape, p in shapes]
+    need = [max(1, shape.gpu_count) if shape.kind is RequestKind.WHOLE else 1
+            for shape, _ in shapes]
+    return float(fragment_value(total, cnt, small, weights, need, sum(p for _, p in shapes)))
 
 
 # Equal figure tuples share one object: a memo holds up to MEMO_LIMIT entries, and the

@@ -2,7 +2,7 @@
 
 This is the product policy's ranking, written once over arrays so that the extender's
 scorer (:mod:`packing.policies.gpupack`, one node at a time) and the openb trace replay
-(:mod:`packing.openb.policies`, every candidate node at once) compute the same numbers
+(:mod:`sim.openb.policies`, every candidate node at once) compute the same numbers
 with the same code. The callers only differ in how they read a node's state into arrays.
 
 Symbols, per candidate node (batched on leading dims):

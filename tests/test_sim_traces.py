@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from packing.model import GpuMode, RequestKind
-from packing.traces import (
+from sim.traces import (
     OpenbNode,
     OpenbPod,
     TraceError,

@@ -1,7 +1,7 @@
 """One gpupack policy (issue 16, item 1): the openb replay measures the scorer the
 extender ships.
 
-The same trace is replayed twice: by the replay (``packing.openb``: numpy arrays, every
+The same trace is replayed twice: by the replay (``sim.openb``: numpy arrays, every
 candidate node at once, a per-node score cache) and by the product path (the extender's
 :class:`GpupackScorer` over :class:`packing.state.ClusterState`, every option of every
 node, pod by pod, as kube-scheduler's filter + prioritize would ask it). Every decision
@@ -15,15 +15,23 @@ import random
 import numpy as np
 import pytest
 
-from packing.fragmentation import MilliRequest, ShapeKey, typical_shapes
+from packing.fragmentation import (
+    MilliRequest,
+    ShapeKey,
+    make_shapes,
+    node_fragmentation,
+    typical_shapes,
+)
 from packing.model import Snapshot
-from packing.openb.cluster import Nodes, Pods
-from packing.openb.policies import make
-from packing.openb.simulate import simulate
+from packing.policies.fgd import Shape
+from packing.policies.fgd import node_fragmentation as product_fragmentation
 from packing.policies.gpupack import GpupackScorer
 from packing.policies.greedy import best_option
 from packing.state import ClusterState
-from packing.traces import OpenbNode, OpenbPod, to_pod_request, to_snapshot_nodes
+from sim.openb.cluster import Nodes, Pods
+from sim.openb.policies import make
+from sim.openb.replay import replay
+from sim.traces import OpenbNode, OpenbPod, to_pod_request, to_snapshot_nodes
 
 # (cpu milli, num_gpu, gpu milli, spec): shares, whole GPUs, multi-GPU, model-bound, CPU-only
 SHAPES = (
@@ -63,8 +71,8 @@ def test_the_replay_and_the_extenders_scorer_make_the_same_decisions(seed: int) 
     pods = Pods.from_trace(trace, arrays.models)
     shapes = _shapes(trace, arrays.models)
     order = np.arange(len(trace), dtype=np.int64)
-    replay = simulate(arrays, pods, order, make("gpupack"), seed, shapes)
-    replayed = {i: (arrays.names[n], gpus) for i, n, gpus in replay.placements}
+    run = replay(arrays, pods, order, make("gpupack"), seed, shapes)
+    replayed = {i: (arrays.names[n], gpus) for i, n, gpus in run.placements}
 
     requests = [to_pod_request(p) for p in trace]
     state = ClusterState(Snapshot(to_snapshot_nodes(nodes)))
@@ -88,7 +96,7 @@ def test_each_node_is_ranked_alike() -> None:
     # Half the trace placed first, by the replay, so nodes are in mixed states.
     half = np.arange(60, dtype=np.int64)
     policy = make("gpupack")
-    run = simulate(arrays, pods, half, policy, 0, shapes)
+    run = replay(arrays, pods, half, policy, 0, shapes)
     state = ClusterState(Snapshot(to_snapshot_nodes(nodes)))
     requests = [to_pod_request(p) for p in trace]
     for i, n, gpus in run.placements:
@@ -109,3 +117,35 @@ def test_each_node_is_ranked_alike() -> None:
             assert -min(keys)[0] == pytest.approx(score, abs=1e-12)
             checked += 1
     assert checked > 100
+
+
+def test_one_fgd_definition() -> None:
+    # The product's FGD (packing.policies.fgd: per GPU "serves", MIG- and memory-aware)
+    # and the replay's (packing.fragmentation on milli arrays) give the same F on the
+    # replay's nodes, CPU-only shapes included (their term is p * T).
+    nodes, trace = _trace(11, n_nodes=12, n_pods=120)
+    arrays = Nodes.from_trace(nodes)
+    pods = Pods.from_trace(trace, arrays.models)
+    run = replay(arrays, pods, np.arange(60, dtype=np.int64), make("gpupack"), 0,
+                 _shapes(trace, arrays.models))
+    state = ClusterState(Snapshot(to_snapshot_nodes(nodes)))
+    requests = [to_pod_request(p) for p in trace]
+    for i, n, gpus in run.placements:
+        opts = [o for o in state.options(requests[i], arrays.names[n]) if o.gpus == gpus]
+        state.apply(requests[i], opts[0])
+    # One pod of each of six shapes (shares, whole, 2 and 4 GPUs, CPU-only), weighted.
+    weights = dict(zip((0, 1, 2, 4, 5, 7), (0.4, 0.2, 0.15, 0.1, 0.1, 0.05), strict=True))
+    chosen = [(next(requests[i] for i, p in enumerate(trace)
+                    if (p.cpu_milli, p.num_gpu, p.gpu_milli, p.gpu_spec) == SHAPES[k]), w)
+              for k, w in weights.items()]
+    product = [(Shape.of(p), w) for p, w in chosen]
+    table = make_shapes([(ShapeKey(*SHAPES[k], memory_mib=4096), w)
+                         for k, w in weights.items()], arrays.models)
+    free = np.array([[g.free_milli for g in state.nodes[name].gpus] + [0] * (8 - len(
+        state.nodes[name].gpus)) for name in arrays.names])
+    cpu = np.array([state.nodes[name].cpu_free for name in arrays.names])
+    mem = np.array([state.nodes[name].mem_free for name in arrays.names])
+    want = node_fragmentation(free, cpu, mem, arrays.model_id, table)
+    got = [product_fragmentation(state.nodes[name], product) for name in arrays.names]
+    assert got == pytest.approx(list(want))
+    assert any(f > 0 for f in got)

@@ -24,7 +24,6 @@ from packing.fragmentation import (
     fragment_stats,
 )
 from packing.model import GPU_MILLI
-from packing.openb.cluster import ClusterState
 from packing.policies.lookahead import (
     CapacityModel,
     GpupackWeights,
@@ -32,12 +31,13 @@ from packing.policies.lookahead import (
     evaluate,
     fgd_level,
 )
+from sim.openb.cluster import ReplayState
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 
-class Policy:
+class ReplayPolicy:
     """Base: subclasses implement :meth:`evaluate`."""
 
     name = "base"
@@ -46,7 +46,7 @@ class Policy:
 
     def reset(
         self,
-        state: ClusterState,
+        state: ReplayState,
         shapes: TypicalShapes,
         all_shapes: TypicalShapes | None = None,
         seed: int = 0,
@@ -76,7 +76,7 @@ def _no_gpu(idx: IntArray) -> IntArray:
     return np.full(len(idx), -1, dtype=np.int64)
 
 
-class RandomPolicy(Policy):
+class RandomPolicy(ReplayPolicy):
     """Uniformly random feasible node; fractional pods best-fit a GPU inside it."""
 
     name = "random"
@@ -86,7 +86,7 @@ class RandomPolicy(Policy):
         return np.zeros(len(idx)), gpu
 
 
-def _leftover(state: ClusterState, idx: IntArray, req: MilliRequest
+def _leftover(state: ReplayState, idx: IntArray, req: MilliRequest
               ) -> tuple[FloatArray, FloatArray]:
     """Fractions of the node's CPU and GPU capacity left after placing ``req``."""
     nodes = state.nodes
@@ -96,7 +96,7 @@ def _leftover(state: ClusterState, idx: IntArray, req: MilliRequest
     return cpu_left, gpu_left
 
 
-class BestFitPolicy(Policy):
+class BestFitPolicy(ReplayPolicy):
     """Least leftover: minimise the node's remaining CPU share + GPU share after placing."""
 
     name = "bestfit"
@@ -107,7 +107,7 @@ class BestFitPolicy(Policy):
         return -(cpu_left + gpu_left), gpu
 
 
-class DotProductPolicy(Policy):
+class DotProductPolicy(ReplayPolicy):
     """Tetris-style alignment: maximise <request, free> with both normalised by capacity."""
 
     name = "dotproduct"
@@ -123,7 +123,7 @@ class DotProductPolicy(Policy):
         return score, gpu
 
 
-class PackingPolicy(Policy):
+class PackingPolicy(ReplayPolicy):
     """GPU packing: fill partly used GPUs first, then partly used nodes, then idle nodes."""
 
     name = "packing"
@@ -145,7 +145,7 @@ class PackingPolicy(Policy):
 class FragmentationState:
     """Cached FGD statistics of every node, refreshed row by row as nodes change."""
 
-    def __init__(self, state: ClusterState, shapes: TypicalShapes) -> None:
+    def __init__(self, state: ReplayState, shapes: TypicalShapes) -> None:
         self.state = state
         self.shapes = shapes
         self.stats = self._stats(np.arange(state.nodes.size))
@@ -177,7 +177,7 @@ class FragmentationState:
                               s.free_mem[idx], s.nodes.model_id[idx], req, self.shapes)
 
 
-class FgdPolicy(Policy):
+class FgdPolicy(ReplayPolicy):
     """Fragmentation Gradient Descent, as in the published simulator.
 
     The simulator turns the fragment decrease into a kube-scheduler score
@@ -212,7 +212,7 @@ class FgdPolicy(Policy):
 
     def reset(
         self,
-        state: ClusterState,
+        state: ReplayState,
         shapes: TypicalShapes,
         all_shapes: TypicalShapes | None = None,
         seed: int = 0,
@@ -246,7 +246,7 @@ class FgdPolicy(Policy):
         return score, gpu
 
 
-class GpupackPolicy(Policy):
+class ProductPolicy(ReplayPolicy):
     """The product policy (:mod:`packing.policies.lookahead`: FGD's gradient at a finer
     grid, then capacity lookahead) over the replay's arrays.
 
@@ -269,7 +269,7 @@ class GpupackPolicy(Policy):
 
     def reset(
         self,
-        state: ClusterState,
+        state: ReplayState,
         shapes: TypicalShapes,
         all_shapes: TypicalShapes | None = None,
         seed: int = 0,
@@ -298,7 +298,7 @@ POLICIES = (
 )
 
 
-def make(name: str) -> Policy:
+def make(name: str) -> ReplayPolicy:
     """A fresh policy by name (see ``POLICIES``).
 
     ``fgd`` is the reproduction of the published FGD: integer kube-scheduler scores, ties
@@ -324,7 +324,7 @@ def make(name: str) -> Policy:
     if name == "fgd-exact":
         return FgdPolicy(exact=True, tie="order")
     if name == "gpupack":
-        return GpupackPolicy()
+        return ProductPolicy()
     if name == "gpupack-capacity":
-        return GpupackPolicy(GpupackWeights(levels=None, fgd_weight=1.0))
+        return ProductPolicy(GpupackWeights(levels=None, fgd_weight=1.0))
     raise KeyError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}, fgd-exact")

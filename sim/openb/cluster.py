@@ -16,7 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from packing.model import GPU_MILLI
-from packing.traces import OpenbNode, OpenbPod
+from sim.traces import OpenbNode, OpenbPod
 
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
@@ -102,7 +102,7 @@ class Pods:
         )
 
 
-class ClusterState:
+class ReplayState:
     """Mutable free resources; ``version[n]`` bumps whenever node n changes."""
 
     def __init__(self, nodes: Nodes) -> None:

@@ -19,7 +19,7 @@ import numpy.typing as npt
 from ortools.sat.python import cp_model
 
 from packing.model import GPU_MILLI
-from packing.openb.cluster import Nodes, Pods
+from sim.openb.cluster import Nodes, Pods
 
 IntArray = npt.NDArray[np.int64]
 

@@ -15,16 +15,16 @@ from packing.fragmentation import (
     typical_shapes,
 )
 from packing.model import GPU_MILLI
-from packing.openb.cluster import ClusterState, Nodes, Pods
-from packing.openb.policies import (
+from packing.policies.lookahead import CapacityModel, GpupackWeights
+from sim.openb.cluster import Nodes, Pods, ReplayState
+from sim.openb.policies import (
     POLICIES,
     FragmentationState,
-    GpupackPolicy,
+    ProductPolicy,
     make,
 )
-from packing.openb.simulate import alloc_at, build_workload, simulate, workload_shapes
-from packing.policies.lookahead import CapacityModel, GpupackWeights
-from packing.traces import OpenbNode, OpenbPod
+from sim.openb.replay import alloc_at, build_workload, replay, workload_shapes
+from sim.traces import OpenbNode, OpenbPod
 
 MODELS = ("G2", "T4")
 A = ShapeKey(cpu_milli=1000, num_gpu=1, gpu_milli=500, gpu_spec=frozenset())
@@ -100,7 +100,7 @@ def test_fragmentation_state_delta_matches_recomputation() -> None:
         nodes.models,
         coverage=1.0,
     )
-    state = ClusterState(nodes)
+    state = ReplayState(nodes)
     state.place(0, 1000, 0, 1, 700, (3,))
     state.place(2, 30000, 0, 1, 1000, (0,))
     fs = FragmentationState(state, sh)
@@ -140,7 +140,7 @@ def test_capacity_value_hand_worked() -> None:
     s1 = ShapeKey(cpu_milli=2000, num_gpu=1, gpu_milli=500, gpu_spec=frozenset())
     s2 = ShapeKey(cpu_milli=4000, num_gpu=1, gpu_milli=1000, gpu_spec=frozenset())
     nodes = _cluster([(2, "G2")], cpu=8000)
-    state = ClusterState(nodes)
+    state = ReplayState(nodes)
     state.place(0, 0, 0, 1, 400, (1,))
     cap = CapacityModel(make_shapes([(s1, 0.5), (s2, 0.3), (C, 0.2)], nodes.models))
     idx = np.array([0])
@@ -174,11 +174,11 @@ def test_gpupack_score_is_fgd_level_minus_weighted_cost(
         nodes.models,
         coverage=1.0,
     )
-    state = ClusterState(nodes)
+    state = ReplayState(nodes)
     state.place(0, 2000, 0, 1, 450, (2,))
     state.place(2, 16000, 0, 2, 1000, (0, 1))
     state.place(3, 90000, 0, 0, 0, ())
-    policy = GpupackPolicy(GpupackWeights(levels, weight, fgd_weight))
+    policy = ProductPolicy(GpupackWeights(levels, weight, fgd_weight))
     policy.reset(state, sh, sh)
     fs, cap = FragmentationState(state, sh), CapacityModel(sh)
     for q, (cpu, mem, k, milli, _) in enumerate(pods.requests):
@@ -290,7 +290,7 @@ def test_no_overcommit(
     pods = Pods.from_trace(pod_rows, nodes.models)
     w = np.arange(len(pod_rows), dtype=np.int64)
     sh = workload_shapes(pods, w, nodes.models)
-    r = simulate(
+    r = replay(
         nodes,
         pods,
         w,
@@ -301,7 +301,7 @@ def test_no_overcommit(
         window=window,
     )
     # replay the decisions on a fresh state, checking each one
-    state = ClusterState(nodes)
+    state = ReplayState(nodes)
     for i, n, g in r.placements:
         p = pods.pods[i]
         assert state.free_cpu[n] >= p.cpu_milli and state.free_mem[n] >= p.memory_mib
@@ -327,8 +327,8 @@ def test_deterministic_for_fixed_seed(policy: str) -> None:
     pods = Pods.from_trace(_trace_pods(), nodes.models)
     w = build_workload(pods, nodes.gpu_capacity_milli, seed=7)
     sh = workload_shapes(pods, w, nodes.models)
-    a = simulate(nodes, pods, w, make(policy), 7, sh)
-    b = simulate(nodes, pods, w, make(policy), 7, sh)
+    a = replay(nodes, pods, w, make(policy), 7, sh)
+    b = replay(nodes, pods, w, make(policy), 7, sh)
     assert a.placements == b.placements
     assert np.array_equal(a.allocated_milli, b.allocated_milli)
 
@@ -339,6 +339,6 @@ def test_cache_does_not_change_decisions() -> None:
     w = build_workload(pods, nodes.gpu_capacity_milli, seed=3)
     sh = workload_shapes(pods, w, nodes.models)
     for policy in ("fgd", "gpupack", "bestfit"):
-        a = simulate(nodes, pods, w, make(policy), 3, sh, cache=True)
-        b = simulate(nodes, pods, w, make(policy), 3, sh, cache=False)
+        a = replay(nodes, pods, w, make(policy), 3, sh, cache=True)
+        b = replay(nodes, pods, w, make(policy), 3, sh, cache=False)
         assert a.placements == b.placements

@@ -31,8 +31,8 @@ from packing.fragmentation import (
     typical_shapes,
 )
 from packing.model import GPU_MILLI
-from packing.openb.cluster import ClusterState, Nodes, Pods
-from packing.openb.policies import Policy
+from sim.openb.cluster import Nodes, Pods, ReplayState
+from sim.openb.policies import ReplayPolicy
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -143,7 +143,7 @@ class _Decider:
     """Places one request with a policy, with the per-(node, request) score cache."""
 
     def __init__(
-        self, state: ClusterState, policy: Policy, n_requests: int, seed: int, cache: bool
+        self, state: ReplayState, policy: ReplayPolicy, n_requests: int, seed: int, cache: bool
     ):
         self.state = state
         self.policy = policy
@@ -190,11 +190,11 @@ class _Decider:
         return node, gpu_ids
 
 
-def simulate(
+def replay(
     nodes: Nodes,
     pods: Pods,
     workload: IntArray,
-    policy: Policy,
+    policy: ReplayPolicy,
     seed: int,
     shapes: TypicalShapes,
     all_shapes: TypicalShapes | None = None,
@@ -207,7 +207,7 @@ def simulate(
     """Replay ``workload`` (indices into ``pods``) through ``policy``."""
     if mode not in ("online", "windowed"):
         raise ValueError(f"unknown mode {mode!r}")
-    state = ClusterState(nodes)
+    state = ReplayState(nodes)
     policy.reset(state, shapes, all_shapes, seed=seed)
     decider = _Decider(state, policy, len(pods.requests), seed, cache)
     cap = nodes.gpu_capacity_milli
@@ -280,7 +280,7 @@ def simulate(
     )
 
 
-def cluster_frag_rate(state: ClusterState, shapes: TypicalShapes) -> float:
+def cluster_frag_rate(state: ReplayState, shapes: TypicalShapes) -> float:
     """Cluster fragment as a percentage of idle GPU capacity (FGD's fragmentation rate)."""
     idle = float(state.free_gpu.sum())
     if idle <= 0:
