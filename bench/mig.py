@@ -34,7 +34,7 @@ Policies (each replays the same stream on its own copy of the cluster):
   kube-scheduler's resource fit allows) by the extender's scorer
   (``packing.policies.gpupack.make_gpupack_scorer``, refreshed from a snapshot every
   ``--scorer-refresh`` s as the planner does). Every ``--tick`` seconds (the extender's
-  poll) the MIG actuator's own decision, ``scheduler.mig_actuator.decide`` with the
+  poll) the MIG actuator's own decision, ``scheduler.mig_actuator.decide_mig`` with the
   shipped default ``Settings`` and the planner's default solver parameters, runs over an
   ``ActuatorState`` built from the simulated cluster as ``scheduler/mig_loop.py`` builds
   it from the cache (every node opted in; GPUs with their holders; the changes in flight;
@@ -123,7 +123,7 @@ from scheduler.mig_actuator import (
     MigPod,
     NodeView,
     WholePod,
-    decide,
+    decide_mig,
 )
 
 MODELS = ("H100-80GB", "A100-80GB")
@@ -613,7 +613,7 @@ class FirstFit(Sim):
 
 class Gpupack(ScoredPlacement):
     """What ships: pods on existing slices by the extender's scorer, and the MIG actuator's
-    own decision (``scheduler.mig_actuator.decide``, default ``Settings``) every ``--tick``
+    own decision (``scheduler.mig_actuator.decide_mig``, default ``Settings``) every ``--tick``
     seconds over an ``ActuatorState`` built from the simulated cluster, applied as
     ``scheduler/mig_loop.py`` applies it; the MIG manager modelled as the e2e double."""
 
@@ -695,12 +695,12 @@ class Gpupack(ScoredPlacement):
                              dict(self.backoff), dict(idle),
                              tuple(sorted(self.seen.values(), key=lambda a: a[0])))
 
-    # -- one step: decide and apply (scheduler/mig_loop.py's MigActuator.apply) -----------
+    # -- one step: decide_mig and apply (scheduler/mig_loop.py's MigActuator.apply) -----------
 
     def step(self) -> None:
         state = self.gather()
         t0 = time.monotonic()
-        d = decide(state, self.now, self.settings, self.args.params)
+        d = decide_mig(state, self.now, self.settings, self.args.params)
         self.decide_calls += 1
         if d.plan_status not in ("not-run", "nothing-to-do", "settling", "no-candidate-gpu"):
             self.plan_calls += 1

@@ -187,7 +187,7 @@ class Components:
             load_api_client,
         )
         from packing.cpsat import SolverParams
-        from scheduler.app import AppConfig, create_app
+        from scheduler.app import AppConfig, create_extender_app
         from scheduler.cache import ClusterCache
         from scheduler.groups import ReservationBook
         from scheduler.planner import Planner
@@ -252,7 +252,7 @@ class Components:
         mig_metrics = MigMetrics(self.registry, SliceFigures(self.cache, lambda: self.mig))
         if args.mig_actuator and (args.kubeconfig or args.in_cluster):
             from kube.mig import MigApi
-            from scheduler.mig_actuator import Settings as MigSettings
+            from scheduler.mig_actuator import MigSettings
 
             cm_ns, _, cm_name = args.mig_config_map.rpartition("/")
             self.mig = MigActuator(
@@ -269,10 +269,11 @@ class Components:
         self.defrag: Any = None
         if args.defrag != "off":
             self.defrag, self.tap = defragmenter(args, self, api)
-        self.app = create_app(self.cache, self.planner, self.binder, self.registry,
-                              AppConfig(max_body_bytes=args.max_body, policy=args.policy,
-                                        warm=not args.no_warm, filter_top=args.filter_top),
-                              groups=self.groups)
+        self.app = create_extender_app(self.cache, self.planner, self.binder, self.registry,
+                                       AppConfig(max_body_bytes=args.max_body,
+                                                 policy=args.policy, warm=not args.no_warm,
+                                                 filter_top=args.filter_top),
+                                       groups=self.groups)
         self.no_planner = bool(args.no_planner)
         self.metrics_port = int(args.metrics_port)
         self.host = str(args.host)
@@ -289,8 +290,7 @@ class Components:
             from gpupack.webhook_cmd import config_from_args
             from scheduler.webhook_host import SnapshotFeed
             from serving.https import HttpsListener
-            from webhook.app import REVIEW_LIMITS
-            from webhook.app import create_app as create_webhook_app
+            from webhook.app import REVIEW_LIMITS, create_webhook_app
 
             # Same registry: one scrape of /metrics has the extender and the webhook.
             hook = create_webhook_app(SnapshotFeed(self.cache), self.registry,
@@ -351,14 +351,14 @@ def defragmenter(args: argparse.Namespace, c: Components, api: Any) -> tuple[Any
     from kube.evictions import ApiEvents, ApiEvictor, EventSink, LogEvents
     from kube.reservations import ReservationTap
     from scheduler.defrag_act import Defragmenter
-    from scheduler.defrag_decide import Settings, parse_window
+    from scheduler.defrag_decide import DefragSettings, parse_window
 
     owners = PodOwners(c.cache)
     events: EventSink = LogEvents() if api is None else ApiEvents(api, args.leader_identity)
     d = Defragmenter(
         c.cache, c.groups, owners, args.defrag,
         ApiEvictor(api) if api is not None and args.defrag == "act" else None, events,
-        settings=Settings(evictions_per_minute=args.defrag_evictions_per_minute,
+        settings=DefragSettings(evictions_per_minute=args.defrag_evictions_per_minute,
                           plan_every_s=args.defrag_interval),
         metrics=c.defrag_metrics, is_leader=c.leader.is_leader,
         consolidate_window=parse_window(args.defrag_consolidate)

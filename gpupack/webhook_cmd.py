@@ -24,7 +24,7 @@ from kube.objects import ObjectError
 from packing.model import Snapshot
 from serving.https import HttpsServer
 from serving.tls import check_tls
-from webhook.app import REVIEW_LIMITS, create_app
+from webhook.app import REVIEW_LIMITS, create_webhook_app
 from webhook.config import Isolation, WebhookConfig
 from webhook.decide import STRICT
 
@@ -161,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
             announce(startup_line("webhook", source, {
                 "nodes": len(snapshot.nodes), "pods": len(snapshot.running)
                 + len(snapshot.pending), "pending": len(snapshot.pending)}, where))
-            return create_app(lambda: snapshot, CollectorRegistry(), config)
+            return create_webhook_app(lambda: snapshot, CollectorRegistry(), config)
         from kube.source import load_api_client
 
         feed = live_snapshots(args)
@@ -169,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
             "webhook", source, feed.cache.counts(), where))
         guard = metrics_guard(args.metrics_auth,
                               load_api_client(args.kubeconfig, args.in_cluster))
-        return create_app(feed, CollectorRegistry(), config, ready=feed.ready,
+        return create_webhook_app(feed, CollectorRegistry(), config, ready=feed.ready,
                           metrics_guard=guard)
 
     HttpsServer(app_factory, host=args.host, port=args.port, cert=args.tls_cert,

@@ -32,7 +32,7 @@ from packing.catalog import (
 )
 from packing.device_plugin import AllocationPolicy
 from packing.inventory import Inventory, InventoryError
-from packing.inventory import decode as decode_inventory
+from packing.inventory import decode_inventory as decode_inventory
 from packing.mig import MigSlot, layout_errors, layout_from_counts
 from packing.model import (
     GPU_MILLI,

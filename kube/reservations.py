@@ -18,7 +18,8 @@ Why a ConfigMap in gpupack's namespace (and no longer an annotation on the leade
   (complete, expired, released, or every pod of the group gone); a restart that finds
   one whose pods are gone deletes it.
 
-The record is compact JSON (``encode`` / ``decode``) under ``data.reservation``::
+The record is compact JSON (``encode_reservation`` / ``decode_reservation``) under
+``data.reservation``::
 
     {"v":1,"g":"llm/vllm/0","s":2,"pr":100,"t":"nvidia.com/gpu.clique","x":false,
      "d":"clique-a","at":1700000000.0,"exp":1700000600.0,"rev":3,
@@ -76,7 +77,7 @@ class ReservationRecord:
     pods: Mapping[int, str] = field(default_factory=dict)  # slot -> member pod key
 
 
-def encode(rec: ReservationRecord) -> str:
+def encode_reservation(rec: ReservationRecord) -> str:
     members: dict[str, dict[str, Any]] = {}
     for slot, p in sorted(rec.slots.items()):
         item: dict[str, Any] = {"n": p.node, "g": list(p.gpus)}
@@ -128,7 +129,7 @@ def _opt_str(obj: Mapping[str, Any], key: str) -> str | None:
     return v
 
 
-def decode(text: object) -> ReservationRecord:
+def decode_reservation(text: object) -> ReservationRecord:
     """A record from the annotation text; ReservationError saying what is wrong."""
     if not isinstance(text, str) or not text.strip():
         raise ReservationError(f"{RESERVATION}: empty or not a string")
@@ -235,7 +236,7 @@ def record_object(rec: ReservationRecord, namespace: str) -> dict[str, Any]:
         "metadata": {"name": record_name(rec.group), "namespace": namespace,
                      "labels": dict(RECORD_LABELS),
                      "annotations": {GROUP_ANNOTATION: rec.group}},
-        "data": {RECORD_KEY: encode(rec)},
+        "data": {RECORD_KEY: encode_reservation(rec)},
     }
 
 
@@ -252,7 +253,7 @@ def record_of(obj: object) -> ReservationRecord:
     data = obj.get("data") if isinstance(obj, Mapping) else None
     if not isinstance(data, Mapping):
         raise ReservationError(f"record {_show(meta.get('name'))}: no data")
-    rec = decode(data.get(RECORD_KEY))
+    rec = decode_reservation(data.get(RECORD_KEY))
     if meta.get("name") != record_name(rec.group):
         raise ReservationError(f"record {_show(meta.get('name'))}: group {rec.group!r} belongs "
                                f"at {record_name(rec.group)}")

@@ -26,7 +26,12 @@ from nodeagent.report import (
     build_inventory,
     index_ids,
 )
-from packing.inventory import INVENTORY_ANNOTATION, Inventory, encode, meaningfully_changed
+from packing.inventory import (
+    INVENTORY_ANNOTATION,
+    Inventory,
+    encode_inventory,
+    meaningfully_changed,
+)
 
 log = logging.getLogger(__name__)
 
@@ -149,7 +154,7 @@ class Agent:
             return TickResult(report, False, reason)
         self.last_patch_attempt = now
         try:
-            self.patch({INVENTORY_ANNOTATION: encode(report.inventory)})
+            self.patch({INVENTORY_ANNOTATION: encode_inventory(report.inventory)})
         except Exception as e:  # retried on a later tick, after the rate limit
             log.warning("patching node %s failed: %s", self.config.node, e)
             self.metrics.patches.labels(result="error").inc()

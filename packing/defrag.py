@@ -43,7 +43,7 @@ from packing.defrag_model import (
     EvictablePod,
     Selection,
     build_selection,
-    candidates,
+    defrag_candidates,
 )
 from packing.groups import members_by_group, with_reservations
 from packing.model import GPU_MILLI, GroupRef, Placement, PodRequest, RequestKind, Snapshot
@@ -370,7 +370,7 @@ def _plan_unit(c: _Cluster, key: str, members: list[PodRequest],
     names = [n for d in domains for n in d]
     victims, kept = _victims(c, names, priority, params.screen)
     per_domain = params.per_domain or 2 * len(members) + 4
-    cands = candidates(c.state, members, domains, victims, params.screen, params.max_domains,
+    cands = defrag_candidates(c.state, members, domains, victims, params.screen, params.max_domains,
                        per_domain)
     topology = members[0].group.topology_key if members[0].group else None
     limits = _limits(c, victims)

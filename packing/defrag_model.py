@@ -3,7 +3,7 @@
 Pure: a :class:`ClusterState` and facts about the pods in, a choice out; nothing here
 applies it (``packing.defrag`` does, and checks that the evicted pods land).
 
-Data (built by :func:`candidates`): the group's members (whole-GPU pods, k[m] GPUs each)
+Data (built by :func:`defrag_candidates`): the group's members (whole-GPU pods, k[m] GPUs each)
 and its topology domains. For every node n of a domain that could ever hold a member:
   free[n]      idle GPUs a member could take now (whole-capable, of an allowed model)
   hold[n, g]   the pods holding GPU g of n, for every whole-capable GPU g that is busy
@@ -173,7 +173,7 @@ def candidate(state: ClusterState, name: str, domain: int, member: PodRequest,
                      cheapest)
 
 
-def candidates(state: ClusterState, members: Sequence[PodRequest],
+def defrag_candidates(state: ClusterState, members: Sequence[PodRequest],
                domains: Sequence[Sequence[str]], victims: Mapping[str, EvictablePod],
                screen: bool, max_domains: int, per_domain: int) -> list[CandidateNode]:
     """Candidate nodes of the domains that could hold the whole group (see the module

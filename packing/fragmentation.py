@@ -122,7 +122,7 @@ def make_shapes(counts: Sequence[tuple[ShapeKey, float]], models: Sequence[str])
     )
 
 
-def typical_shapes(
+def typical_shape_table(
     pods: Iterable[ShapeKey],
     models: Sequence[str],
     coverage: float = DEFAULT_COVERAGE,
@@ -228,7 +228,7 @@ def fragmentation_from_stats(
     return fragment_value(total, cnt, small, weights, shapes.group_num_gpu, shapes.total_freq)
 
 
-def node_fragmentation(
+def fragmentation_of(
     free_milli: npt.ArrayLike,
     free_cpu: npt.ArrayLike,
     free_mem: npt.ArrayLike,

@@ -16,7 +16,7 @@ Wire format, version 1 (short keys because annotations count against the object 
 
 ``model`` is the product name as GPU Feature Discovery writes it in
 ``nvidia.com/gpu.product`` (spaces replaced by dashes), so the extender maps it to a
-catalog model the same way it maps the label. Unknown keys are ignored on decode so a
+catalog model the same way it maps the label. Unknown keys are ignored on decode_inventory so a
 newer agent can add fields without breaking an older extender; a change that older
 readers would misread must bump ``v``.
 
@@ -93,11 +93,11 @@ class Inventory:
         raise KeyError(index)
 
 
-# ----------------------------------------------------------------------------- encode
+# ----------------------------------------------------------------------------- encode_inventory
 
 
 def to_wire(inv: Inventory) -> dict[str, object]:
-    """The JSON-ready dict of ``inv`` (what :func:`encode` serialises)."""
+    """The JSON-ready dict of ``inv`` (what :func:`encode_inventory` serialises)."""
     return {
         "v": INVENTORY_VERSION,
         "node": inv.node,
@@ -119,12 +119,12 @@ def to_wire(inv: Inventory) -> dict[str, object]:
     }
 
 
-def encode(inv: Inventory) -> str:
+def encode_inventory(inv: Inventory) -> str:
     """Compact, deterministic JSON (no spaces, insertion-ordered keys)."""
     return json.dumps(to_wire(inv), separators=(",", ":"), ensure_ascii=False)
 
 
-# ----------------------------------------------------------------------------- decode
+# ----------------------------------------------------------------------------- decode_inventory
 
 
 def _field(obj: Mapping[str, object], key: str, path: str) -> object:
@@ -228,7 +228,7 @@ def from_wire(raw: object) -> Inventory:
                      errors=tuple(errors))
 
 
-def decode(text: str) -> Inventory:
+def decode_inventory(text: str) -> Inventory:
     """Parse the annotation value; raises :class:`InventoryError` on any bad input."""
     try:
         raw = json.loads(text)

@@ -179,7 +179,7 @@ def verb_route(verb: str, decode: Callable[[Any], A], call: Callable[[A], R],
     return view
 
 
-def create_app(
+def create_extender_app(
     cache: ClusterCache,
     planner: Planner,
     binder: Binder,

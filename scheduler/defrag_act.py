@@ -6,7 +6,7 @@ second: it gathers the facts under the cache lock (which groups wait for room, w
 running campaign's pods and room look like), plans with
 :func:`packing.defrag.plan_defrag` when :func:`scheduler.defrag_decide.wants_plan` says
 so (outside the lock, on a snapshot), takes the pure decision
-(:func:`scheduler.defrag_decide.decide`) and applies it:
+(:func:`scheduler.defrag_decide.decide_defrag`) and applies it:
 
 * holds: the room's GPUs, as they free, are counted in the cache under the key
   ``<group>#defrag-<node>`` (:meth:`ClusterCache.hold`), so filter, bind and the planner
@@ -58,17 +58,17 @@ from scheduler.defrag_decide import (
     Attempt,
     Campaign,
     Consolidation,
-    Decision,
+    DefragDecision,
+    DefragSettings,
     DefragState,
     Need,
-    Settings,
     Target,
     after_refusal,
     consolidating,
-    decide,
+    decide_defrag,
     in_window,
     is_consolidation,
-    wanted_holds,
+    wanted_room_holds,
     wants_plan,
 )
 from scheduler.groups import ReservationBook
@@ -161,7 +161,7 @@ class Defragmenter:
         evictor: Evictor | None,
         events: EventSink,
         *,
-        settings: Settings | None = None,
+        settings: DefragSettings | None = None,
         params: DefragParams | None = None,
         registry: CollectorRegistry | None = None,
         metrics: DefragMetrics | None = None,
@@ -184,7 +184,7 @@ class Defragmenter:
         self.mode = mode
         self.evictor = evictor
         self.events = events
-        self.cfg = settings or Settings()
+        self.cfg = settings or DefragSettings()
         self.params = params or DefragParams()
         self.metrics = metrics if metrics is not None else DefragMetrics(registry)
         self.is_leader = is_leader
@@ -332,7 +332,7 @@ class Defragmenter:
             return
         free, _ = self._room(c.room, c.group)
         holds = self.cache.holds()
-        for node, gpus in wanted_holds(c, free).items():
+        for node, gpus in wanted_room_holds(c, free).items():
             hk = defrag_hold_key(c.group, node)
             cur = holds.get(hk)
             if cur is not None and tuple(cur[1].gpus) == gpus:
@@ -369,7 +369,7 @@ class Defragmenter:
                          evicted=dict(self.evicted), attempts=dict(self.attempts),
                          recent=self.recent, cooldown=dict(self.cooldown),
                          consolidation=f.consolidation)
-        if decide(st, now, self.cfg).hand_over:
+        if decide_defrag(st, now, self.cfg).hand_over:
             self._handed = (c, self._give(c))
 
     def _give(self, c: Campaign) -> Handed:
@@ -418,7 +418,7 @@ class Defragmenter:
             announced=dict(self.announced), consolidation=f.consolidation)
         if wants_plan(state, now, self.last_plan, f.version != self.plan_version, self.cfg):
             state = self._plan(state, now, f.version)
-        self._apply(decide(state, now, self.cfg), state, now)
+        self._apply(decide_defrag(state, now, self.cfg), state, now)
 
     def _plan(self, state: DefragState, now: float, version: int) -> DefragState:
         snap = self.cache.snapshot()
@@ -471,7 +471,7 @@ class Defragmenter:
 
     # ---- applying a decision --------------------------------------------------------------
 
-    def _apply(self, d: Decision, state: DefragState, now: float) -> None:
+    def _apply(self, d: DefragDecision, state: DefragState, now: float) -> None:
         self.cooldown = dict(d.cooldown)
         if self.mode == "plan":
             self.announced = dict(d.announced)

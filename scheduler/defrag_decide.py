@@ -1,10 +1,10 @@
-"""What the defragmenter does now, as one pure function: ``decide(state, now)``.
+"""What the defragmenter does now, as one pure function: ``decide_defrag(state, now)``.
 
 The defragmenter (:mod:`scheduler.defrag_act`, on the active extender only) carries out
 one *campaign* at a time: the move :func:`packing.defrag.plan_defrag` found for one
 waiting group (its evictions, and the room the group takes afterwards, in one domain).
 Nothing here does I/O, takes a lock or reads a clock; the handler gathers the facts
-(:class:`DefragState`), applies the :class:`Decision` (evictions through the Eviction
+(:class:`DefragState`), applies the :class:`DefragDecision` (evictions through the Eviction
 API, holds in the cache, Events, metrics) and feeds the outcomes back.
 
 Rules:
@@ -57,7 +57,7 @@ WINDOW_S = 60.0
 
 
 @dataclass(frozen=True)
-class Settings:
+class DefragSettings:
     evictions_per_minute: int = 2
     retry_base_s: float = 2.0
     retry_max_s: float = 120.0
@@ -169,7 +169,7 @@ class DefragState:
 
 
 @dataclass(frozen=True)
-class Decision:
+class DefragDecision:
     start: Campaign | None = None
     evict: tuple[Target, ...] = ()
     hold: Mapping[str, tuple[int, ...]] = field(default_factory=dict)  # node -> GPUs held
@@ -189,12 +189,12 @@ def window(recent: Sequence[float], now: float) -> tuple[float, ...]:
     return tuple(t for t in recent if now - t < WINDOW_S)
 
 
-def backoff(refusals: int, cfg: Settings) -> float:
+def backoff(refusals: int, cfg: DefragSettings) -> float:
     return min(cfg.retry_max_s, cfg.retry_base_s * 2 ** max(0, refusals - 1))
 
 
 def wants_plan(state: DefragState, now: float, last_plan: float, changed: bool,
-               cfg: Settings) -> bool:
+               cfg: DefragSettings) -> bool:
     """Whether the handler should plan this pass: something waits that a plan could
     serve, no campaign runs, and the last plan is old (or the cluster changed since it,
     and it is not too recent)."""
@@ -225,7 +225,7 @@ def _eligible(group: str, need: Need, state: DefragState, now: float) -> bool:
     return need.room_short and not need.lone and now >= state.cooldown.get(group, 0.0)
 
 
-def wanted_holds(c: Campaign, room_free: Mapping[str, frozenset[int]]
+def wanted_room_holds(c: Campaign, room_free: Mapping[str, frozenset[int]]
                  ) -> dict[str, tuple[int, ...]]:
     """The room's GPUs to hold now: those free (or held already), per node."""
     out: dict[str, tuple[int, ...]] = {}
@@ -236,7 +236,7 @@ def wanted_holds(c: Campaign, room_free: Mapping[str, frozenset[int]]
     return out
 
 
-def decide(state: DefragState, now: float, cfg: Settings) -> Decision:
+def decide_defrag(state: DefragState, now: float, cfg: DefragSettings) -> DefragDecision:
     if state.mode == "plan":
         return _announce(state)
     if state.campaign is None:
@@ -244,7 +244,7 @@ def decide(state: DefragState, now: float, cfg: Settings) -> Decision:
     return _run(state.campaign, state, now, cfg)
 
 
-def _announce(state: DefragState) -> Decision:
+def _announce(state: DefragState) -> DefragDecision:
     """Plan mode: tell each move that differs from the last one told for its group."""
     told = {g: s for g, s in state.announced.items() if g in state.needs}
     new: list[Move] = []
@@ -256,10 +256,10 @@ def _announce(state: DefragState) -> Decision:
         if told.get(m.group) != sig:
             told[m.group] = sig
             new.append(m)
-    return Decision(announce=tuple(new), announced=told)
+    return DefragDecision(announce=tuple(new), announced=told)
 
 
-def _start(state: DefragState, now: float, cfg: Settings) -> Decision:
+def _start(state: DefragState, now: float, cfg: DefragSettings) -> DefragDecision:
     cooldown = {g: t for g, t in state.cooldown.items() if t > now}
     for m in state.plan or ():
         need = state.needs.get(m.group)
@@ -274,7 +274,8 @@ def _start(state: DefragState, now: float, cfg: Settings) -> Decision:
                           for e in m.evictions),
             room={n: tuple(g) for n, g in frees.items()}, started=now, busy_at_start=busy,
             cost=m.cost)
-        return Decision(start=c, hold=wanted_holds(c, state.room_free), cooldown=cooldown)
+        return DefragDecision(start=c, hold=wanted_room_holds(c, state.room_free),
+                              cooldown=cooldown)
     if consolidating(state) and not _group_waits(state, now):
         for m in state.plan or ():
             if not is_consolidation(m.group) or not \
@@ -289,9 +290,9 @@ def _start(state: DefragState, now: float, cfg: Settings) -> Decision:
                               for e in m.evictions),
                 room={n: tuple(g) for n, g in frees.items()}, started=now,
                 busy_at_start=busy, cost=m.cost)
-            return Decision(start=c, hold=wanted_holds(c, state.room_free),
+            return DefragDecision(start=c, hold=wanted_room_holds(c, state.room_free),
                             cooldown=cooldown)
-    return Decision(cooldown=cooldown)
+    return DefragDecision(cooldown=cooldown)
 
 
 def _gone(t: Target, present: Mapping[str, str]) -> bool:
@@ -299,13 +300,13 @@ def _gone(t: Target, present: Mapping[str, str]) -> bool:
     return uid is None or bool(t.uid and uid != t.uid)
 
 
-def _run(c: Campaign, state: DefragState, now: float, cfg: Settings) -> Decision:
+def _run(c: Campaign, state: DefragState, now: float, cfg: DefragSettings) -> DefragDecision:
     cooldown = {g: t for g, t in state.cooldown.items() if t > now}
 
-    def stop(reason: str, cool: bool = True) -> Decision:
+    def stop(reason: str, cool: bool = True) -> DefragDecision:
         if cool:
             cooldown[c.group] = now + cfg.cooldown_s
-        return Decision(stop=reason, cooldown=cooldown)
+        return DefragDecision(stop=reason, cooldown=cooldown)
 
     if is_consolidation(c.group):
         cons = state.consolidation
@@ -322,12 +323,12 @@ def _run(c: Campaign, state: DefragState, now: float, cfg: Settings) -> Decision
         return stop("forbidden")
     if now - c.started >= cfg.campaign_timeout_s:
         return stop("timeout")
-    hold = wanted_holds(c, state.room_free)
+    hold = wanted_room_holds(c, state.room_free)
     left = [t for t in c.targets if not _gone(t, state.present)]
     room_held = all(set(g) <= set(hold.get(n, ())) for n, g in c.room.items())
     if not left:
         if room_held:
-            return Decision(hold=hold, hand_over=True, cooldown=cooldown)
+            return DefragDecision(hold=hold, hand_over=True, cooldown=cooldown)
         return stop("room_lost")
     budget = cfg.evictions_per_minute - len(window(state.recent, now))
     evict: list[Target] = []
@@ -341,11 +342,11 @@ def _run(c: Campaign, state: DefragState, now: float, cfg: Settings) -> Decision
             continue
         evict.append(t)
         budget -= 1
-    return Decision(evict=tuple(evict), hold=hold, cooldown=cooldown)
+    return DefragDecision(evict=tuple(evict), hold=hold, cooldown=cooldown)
 
 
 def after_refusal(attempts: Mapping[str, Attempt], pod: str, outcome: str, now: float,
-                  cfg: Settings) -> dict[str, Attempt]:
+                  cfg: DefragSettings) -> dict[str, Attempt]:
     """The attempts book after the API refused evicting ``pod`` (``outcome`` in
     REFUSALS)."""
     out = dict(attempts)

@@ -4,7 +4,7 @@ Input (:class:`BookState`): the reservation records (what the API holds, plus th
 leader's own writes), every group's pods as the cache counts them (bound or assumed
 with their placement, or pending), the holds now counted for the records, the waiting
 groups, and the cluster (a :class:`~packing.state.ClusterState` with the holds counted,
-left exactly as it was). Output (:class:`Decision`): records to write, records to
+left exactly as it was). Output (:class:`GroupDecision`): records to write, records to
 release (delete) and why, the new waiting and first-seen books, and the groups that
 completed. A thin handler (:class:`scheduler.groups.ReservationBook`) applies it, on
 the leader only; nothing here does I/O, takes a lock or reads a clock.
@@ -80,7 +80,7 @@ class Member:
 
 
 @dataclass(frozen=True)
-class Settings:
+class GroupSettings:
     ttl: float = 600.0
     retry_s: float = 1.0
     cooldown_s: float = 30.0
@@ -120,7 +120,7 @@ class Release:
 
 
 @dataclass(frozen=True)
-class Decision:
+class GroupDecision:
     put: tuple[ReservationRecord, ...] = ()
     release: tuple[Release, ...] = ()
     waiting: Mapping[str, Waiting] = field(default_factory=dict)
@@ -174,7 +174,7 @@ def record_ref(rec: ReservationRecord, shape: PodRequest) -> GroupRef:
                    exclusive=rec.exclusive, index=0)
 
 
-def wanted_holds(rec: ReservationRecord, members: Sequence[Member]
+def wanted_group_holds(rec: ReservationRecord, members: Sequence[Member]
                  ) -> dict[str, tuple[PodRequest, Placement]]:
     """The holds a record asks for: one per slot whose member is not bound, shaped like
     its pending pod (else like the largest member), at the record's room."""
@@ -235,8 +235,8 @@ class Overlay:
 # ---- reconcile ------------------------------------------------------------------------------
 
 
-def reconcile(state: BookState, cluster: ClusterState, scorer: Scorer, settings: Settings,
-              now: float) -> Decision:
+def reconcile(state: BookState, cluster: ClusterState, scorer: Scorer, settings: GroupSettings,
+              now: float) -> GroupDecision:
     """What the leader does now; ``cluster`` is left as it was."""
     overlay = Overlay(cluster, state.holds)
     try:
@@ -246,7 +246,7 @@ def reconcile(state: BookState, cluster: ClusterState, scorer: Scorer, settings:
 
 
 class _Reconcile:
-    def __init__(self, state: BookState, overlay: Overlay, scorer: Scorer, settings: Settings,
+    def __init__(self, state: BookState, overlay: Overlay, scorer: Scorer, settings: GroupSettings,
                  now: float) -> None:
         self.s = state
         self.o = overlay
@@ -261,7 +261,7 @@ class _Reconcile:
         self.completed: list[tuple[str, float]] = []
         self.quota_left = dict(state.quota_left)
 
-    def run(self) -> Decision:
+    def run(self) -> GroupDecision:
         members = self.s.members
         pending = {g for g, ms in members.items() if any(not m.bound for m in ms)}
         for g in pending:
@@ -282,7 +282,7 @@ class _Reconcile:
             if w is not None and not w.due(self.now, self.s.version):
                 continue
             self._attempt(g, members[g])
-        return Decision(tuple(self.put.values()), tuple(self.release), self.waiting,
+        return GroupDecision(tuple(self.put.values()), tuple(self.release), self.waiting,
                         self.first_seen, tuple(self.completed))
 
     # ---- existing records ------------------------------------------------------------------
@@ -325,7 +325,7 @@ class _Reconcile:
         for slot, m in assigned.items():
             if m.placement is not None:  # bound members are the truth, wherever they are
                 slots[slot] = replace(m.placement, pod="")
-        wanted = wanted_holds(replace(rec, slots=slots), members)
+        wanted = wanted_group_holds(replace(rec, slots=slots), members)
         lost = [hk for hk, (req, p) in wanted.items() if not _counted_as(self.o.holds.get(hk),
                                                                           req, p)]
         if lost:
@@ -435,7 +435,7 @@ class _Reconcile:
             exclusive=ref.exclusive, domain=value, first_seen=self.first_seen.get(g, self.now),
             expires=self.now + self.cfg.ttl, rev=self.s.revs.get(g, 0) + 1,
             slots=room, pods={s: m.req.key for s, m in slots.items()})
-        for hk, (req, p) in wanted_holds(rec, members).items():
+        for hk, (req, p) in wanted_group_holds(rec, members).items():
             if not self.o.hold(req, p):  # cannot happen: placed on this very state just now
                 self.o.drop_group(g)
                 self.waiting[g] = Waiting(f"group {g} waits whole: room changed while "

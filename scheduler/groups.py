@@ -67,16 +67,16 @@ from scheduler.group_placement import (
 )
 from scheduler.group_reconcile import (
     BookState,
-    Decision,
+    GroupDecision,
+    GroupSettings,
     HiddenNodes,
     Member,
-    Settings,
     Waiting,
     group_slots,
     members_of,
     order_key,
     reconcile,
-    wanted_holds,
+    wanted_group_holds,
 )
 from scheduler.group_rights import RightsSettings
 from scheduler.verbs import read_pod
@@ -134,7 +134,7 @@ class ReservationBook:
         self.clock = clock
         self.writer = writer if writer is not None else NullWriter()
         self.scorer = scorer or (lambda: bestfit)
-        self.settings = Settings(ttl=ttl, retry_s=retry_s, cooldown_s=cooldown_s)
+        self.settings = GroupSettings(ttl=ttl, retry_s=retry_s, cooldown_s=cooldown_s)
         self.is_leader = is_leader
         self.namespace = namespace
         self.inputs = inputs if inputs is not None else GroupInputs(True, True)
@@ -272,7 +272,7 @@ class ReservationBook:
         members = self._members() if members is None else members
         wanted: dict[str, tuple[PodRequest, Placement]] = {}
         for rec in sorted(self.records.values(), key=order_key):
-            wanted.update(wanted_holds(rec, members.get(rec.group, [])))
+            wanted.update(wanted_group_holds(rec, members.get(rec.group, [])))
         for hk, (req, p) in self.cache.holds().items():
             if not is_reservation(hk):
                 continue  # another keeper's hold (the defragmenter's): not the book's
@@ -348,7 +348,7 @@ class ReservationBook:
                          sizes=rights.sizes(), quota_left=rights.quota_left,
                          claims=rights.claims())
 
-    def _apply(self, d: Decision) -> None:
+    def _apply(self, d: GroupDecision) -> None:
         for rel in d.release:
             rec = self.records.pop(rel.group, None)
             if rec is not None:

@@ -1,11 +1,11 @@
-"""The MIG actuator's decisions: one pure function, :func:`decide` (issue 19, item 2).
+"""The MIG actuator's decisions: one pure function, :func:`decide_mig` (issue 19, item 2).
 
 Input (:class:`ActuatorState`): every node with its GPUs as the extender's cache counts
 them (mode, instances, who holds each GPU), the node's opt-in/freeze, its
 ``nvidia.com/mig.config`` and ``nvidia.com/mig.config.state`` labels; the changes in
 flight (what this actuator asked the MIG manager for, mirrored in its ConfigMap); the
 pending MIG pods and whole-GPU pods; per-node back-off; when each idle MIG GPU became
-idle; recent MIG arrivals for the forecast. Output (:class:`Decision`): changes to
+idle; recent MIG arrivals for the forecast. Output (:class:`MigDecision`): changes to
 start, changes that ended (success, failed, timeout, superseded), the GPUs to hold now,
 the new back-off, and the figures the metrics show.
 
@@ -28,7 +28,7 @@ Rules (each has a table row in ``tests/scheduler/test_mig_actuator.py``):
   inventory), before the state label says ``success``.
 * **end of a change**: ``success`` once the state label is ``success`` and every target
   GPU reports its target layout; ``failed`` when the state label is ``failed``;
-  ``timeout`` after ``Settings.timeout_s``; ``superseded`` when someone else relabelled
+  ``timeout`` after ``MigSettings.timeout_s``; ``superseded`` when someone else relabelled
   the node or the node went. ``failed`` and ``timeout`` back the node off
   (``backoff_s`` doubling per failure up to ``backoff_max_s``); ``success`` clears it.
 * **a burst is planned as one**: nothing starts while MIG pods still arrive (the last
@@ -42,7 +42,7 @@ Rules (each has a table row in ``tests/scheduler/test_mig_actuator.py``):
   never changed. A pending whole-GPU pod waits when no node has that many
   whole GPUs free of a model it allows (node selectors are not judged here).
 * **forecast**: per (model, profile), the exponentially decayed count of MIG arrivals
-  (half-life ``Settings.half_life_s``): expected arrivals over the next half-life if the
+  (half-life ``MigSettings.half_life_s``): expected arrivals over the next half-life if the
   recent rate holds. The planner uses it only to shape layouts of GPUs that change for
   pods that wait; it never converts a GPU by itself.
 
@@ -82,7 +82,7 @@ Target = tuple[tuple[str, int], ...] | str  # instance counts per profile, or WH
 
 
 @dataclass(frozen=True)
-class Settings:
+class MigSettings:
     timeout_s: float = 900.0  # a change not done by then counts as failed
     backoff_s: float = 60.0  # first back-off of a node after a failure; doubles
     backoff_max_s: float = 3600.0
@@ -94,7 +94,7 @@ class Settings:
     max_settle_s: float = 10.0
 
 
-DEFAULT_SETTINGS = Settings()
+DEFAULT_SETTINGS = MigSettings()
 
 
 @dataclass(frozen=True)
@@ -260,7 +260,7 @@ class Finish:
 
 
 @dataclass(frozen=True)
-class Decision:
+class MigDecision:
     starts: tuple[Start, ...] = ()
     finishes: tuple[Finish, ...] = ()
     holds: tuple[Hold, ...] = ()  # every hold wanted now (in flight and started)
@@ -366,7 +366,7 @@ def _whole_waiting(state: ActuatorState) -> tuple[WholeDemand, ...]:
 # ---- the decision --------------------------------------------------------------------------
 
 
-def _finish(change: Change, node: NodeView | None, now: float, s: Settings) -> Finish | None:
+def _finish(change: Change, node: NodeView | None, now: float, s: MigSettings) -> Finish | None:
     if node is None:
         return Finish(change, "superseded", f"node {change.node} is gone")
     if node.config_label != change.config:
@@ -434,7 +434,7 @@ def holds_for(change: Change, node: NodeView | None) -> list[Hold]:
     return out
 
 
-def _planner_nodes(state: ActuatorState, now: float, s: Settings,
+def _planner_nodes(state: ActuatorState, now: float, s: MigSettings,
                    backoff: Mapping[str, Backoff]) -> list[MigNode]:
     out = []
     for n in state.nodes:
@@ -458,8 +458,8 @@ def _planner_nodes(state: ActuatorState, now: float, s: Settings,
     return out
 
 
-def decide(state: ActuatorState, now: float, settings: Settings = DEFAULT_SETTINGS,
-           params: SolverParams = DEFAULT_PARAMS) -> Decision:
+def decide_mig(state: ActuatorState, now: float, settings: MigSettings = DEFAULT_SETTINGS,
+           params: SolverParams = DEFAULT_PARAMS) -> MigDecision:
     """What the actuator does now; see the module docstring."""
     nodes = {n.name: n for n in state.nodes}
     backoff = {k: v for k, v in state.backoff.items()}
@@ -511,7 +511,7 @@ def decide(state: ActuatorState, now: float, settings: Settings = DEFAULT_SETTIN
                 why = _why(ch, plan.served, plan.whole_served)
                 starts.append(Start(change, ch, why))
                 holds += holds_for(change, nodes.get(ch.node))
-    return Decision(tuple(starts), tuple(finishes), tuple(holds), backoff, waiting, free,
+    return MigDecision(tuple(starts), tuple(finishes), tuple(holds), backoff, waiting, free,
                     fore, status)
 
 

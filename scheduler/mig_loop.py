@@ -1,5 +1,5 @@
 """The MIG actuator's thin handler: gathers :class:`scheduler.mig_actuator.ActuatorState`
-from the extender's cache, runs :func:`~scheduler.mig_actuator.decide`, and applies the
+from the extender's cache, runs :func:`~scheduler.mig_actuator.decide_mig`, and applies the
 decision: cache holds, the mig-parted ConfigMap and the Node label
 (:class:`kube.mig.MigApi`), Events and metrics.
 
@@ -43,16 +43,16 @@ from scheduler.mig_actuator import (
     ActuatorState,
     Backoff,
     Change,
-    Decision,
     GpuView,
     Hold,
+    MigDecision,
     MigPod,
+    MigSettings,
     NodeView,
-    Settings,
     WholePod,
     changes_from_json,
     changes_json,
-    decide,
+    decide_mig,
     waiting_demand,
 )
 
@@ -133,7 +133,7 @@ def _node_view(cache: ClusterCache, name: str) -> NodeView:
 
 
 class Views:
-    """Every node as :func:`decide` sees it, rebuilt only for the nodes whose generation
+    """Every node as :func:`decide_mig` sees it, rebuilt only for the nodes whose generation
     (anything on the node) or taints changed since the last call: a pass over a
     5,000-node cache is then a dictionary lookup per node, not 40,000 GPU views."""
 
@@ -173,7 +173,7 @@ class MigActuator:
     def __init__(self, cache: ClusterCache, api: MigWriter, *,
                  is_leader: Callable[[], bool] = lambda: True,
                  reserved: Callable[[], set[str]] = set,
-                 settings: Settings = DEFAULT_SETTINGS, params: SolverParams = DEFAULT_PARAMS,
+                 settings: MigSettings = DEFAULT_SETTINGS, params: SolverParams = DEFAULT_PARAMS,
                  clock: Clock = time.time, metrics: MigMetrics | None = None,
                  min_interval_s: float = 1.0) -> None:
         self.cache = cache
@@ -189,7 +189,7 @@ class MigActuator:
         self.backoff: dict[str, Backoff] = {}
         self.idle_since: dict[tuple[str, int], float] = {}
         self.arrivals: dict[str, tuple[float, str, frozenset[str]]] = {}
-        self.last: Decision | None = None
+        self.last: MigDecision | None = None
         self.views = Views(cache)
         self._was_leader = False
         self._wake = threading.Event()
@@ -230,8 +230,8 @@ class MigActuator:
 
     # ---- one step ----------------------------------------------------------------------------
 
-    def step(self) -> Decision | None:
-        """On the leader with a synced cache: decide and apply. None when it did not act."""
+    def step(self) -> MigDecision | None:
+        """On the leader with a synced cache: decide_mig and apply. None when it did not act."""
         leader = self.is_leader()
         if not leader:
             if self._was_leader:
@@ -256,12 +256,12 @@ class MigActuator:
             if self.changes:
                 log.info("leading: following %d MIG change(s) in flight: %s",
                          len(self.changes), ", ".join(sorted(self.changes)))
-        d = decide(self.gather(now), now, self.settings, self.params)
+        d = decide_mig(self.gather(now), now, self.settings, self.params)
         self.apply(d, now)
         self.last = d
         return d
 
-    def apply(self, d: Decision, now: float) -> None:
+    def apply(self, d: MigDecision, now: float) -> None:
         assert self.changes is not None
         self.backoff = dict(d.backoff)
         started_holds = {h.key for s in d.starts for h in d.holds if h.node == s.change.node}
@@ -358,7 +358,7 @@ class MigActuator:
         if self.metrics is not None:
             self.metrics.reconfigurations.labels(result).inc()
 
-    def _figures(self, d: Decision) -> None:
+    def _figures(self, d: MigDecision) -> None:
         if self.metrics is None:
             return
         m = self.metrics

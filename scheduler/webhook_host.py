@@ -1,6 +1,6 @@
 """The admission webhook's cluster view when the extender process serves it: the live cache.
 
-``gpupack serve --webhook-port`` runs the webhook app (:func:`webhook.app.create_app`)
+``gpupack serve --webhook-port`` runs the webhook app (:func:`webhook.app.create_extender_app`)
 next to the extender in the same gunicorn worker process, over HTTPS from a daemon
 thread (:class:`serving.https.HttpsListener`), so its snapshot provider is the
 extender's own :class:`~scheduler.cache.ClusterCache` (assumed binds included), with no

@@ -18,9 +18,9 @@ import pytest
 from packing.fragmentation import (
     MilliRequest,
     ShapeKey,
+    fragmentation_of,
     make_shapes,
-    node_fragmentation,
-    typical_shapes,
+    typical_shape_table,
 )
 from packing.model import Snapshot
 from packing.policies.fgd import Shape
@@ -60,7 +60,7 @@ def _trace(seed: int, n_nodes: int, n_pods: int) -> tuple[list[OpenbNode], list[
 
 
 def _shapes(pods: list[OpenbPod], models: tuple[str, ...]):  # type: ignore[no-untyped-def]
-    return typical_shapes([ShapeKey(p.cpu_milli, p.num_gpu, p.gpu_milli, p.gpu_spec)
+    return typical_shape_table([ShapeKey(p.cpu_milli, p.num_gpu, p.gpu_milli, p.gpu_spec)
                            for p in pods], models)
 
 
@@ -145,7 +145,7 @@ def test_one_fgd_definition() -> None:
         state.nodes[name].gpus)) for name in arrays.names])
     cpu = np.array([state.nodes[name].cpu_free for name in arrays.names])
     mem = np.array([state.nodes[name].mem_free for name in arrays.names])
-    want = node_fragmentation(free, cpu, mem, arrays.model_id, table)
+    want = fragmentation_of(free, cpu, mem, arrays.model_id, table)
     got = [product_fragmentation(state.nodes[name], product) for name in arrays.names]
     assert got == pytest.approx(list(want))
     assert any(f > 0 for f in got)

@@ -10,9 +10,9 @@ from hypothesis import strategies as st
 from packing.fragmentation import (
     MilliRequest,
     ShapeKey,
+    fragmentation_of,
     make_shapes,
-    node_fragmentation,
-    typical_shapes,
+    typical_shape_table,
 )
 from packing.model import GPU_MILLI
 from packing.policies.lookahead import CapacityModel, GpupackWeights
@@ -55,10 +55,10 @@ def test_node_fragmentation_hand_worked(
     shapes: list[tuple[ShapeKey, float]], cpu: int, expected: float
 ) -> None:
     sh = make_shapes(shapes, MODELS)
-    f = node_fragmentation(np.array([1000, 300, 600, 0]), cpu, 10**6, 0, sh)
+    f = fragmentation_of(np.array([1000, 300, 600, 0]), cpu, 10**6, 0, sh)
     assert float(f) == pytest.approx(expected)
     # batched over leading dims gives the same per node
-    many = node_fragmentation(
+    many = fragmentation_of(
         np.array([[1000, 300, 600, 0], [0, 0, 0, 0]]),
         np.array([cpu, cpu]),
         np.array([10**6, 10**6]),
@@ -70,16 +70,16 @@ def test_node_fragmentation_hand_worked(
 
 def test_typical_shapes_cover_95_percent() -> None:
     keys = [A] * 60 + [B] * 30 + [C] * 6 + [TWO] * 4
-    sh = typical_shapes(keys, MODELS)
+    sh = typical_shape_table(keys, MODELS)
     assert sh.keys == (A, B, C)  # 60 + 30 + 6 = 96% >= 95%
     # renormalised over the chosen shapes, as the published simulator does
     assert sh.freq.tolist() == pytest.approx([60 / 96, 30 / 96, 6 / 96])
-    raw = typical_shapes(keys, MODELS, renormalize=False)
+    raw = typical_shape_table(keys, MODELS, renormalize=False)
     assert raw.freq.tolist() == pytest.approx([0.6, 0.3, 0.06])
     # equal counts: descending by (cpu, milli, num_gpu), like the simulator's sort.Reverse
-    tie = typical_shapes([A] * 5 + [C] * 5, MODELS, coverage=0.5)
+    tie = typical_shape_table([A] * 5 + [C] * 5, MODELS, coverage=0.5)
     assert tie.keys == (C,)
-    assert typical_shapes(keys, MODELS, coverage=1.0).keys == (A, B, C, TWO)
+    assert typical_shape_table(keys, MODELS, coverage=1.0).keys == (A, B, C, TWO)
 
 
 def _cluster(gpus: list[tuple[int, str]], cpu: int = 32000, mem: int = 256000) -> Nodes:
@@ -95,7 +95,7 @@ def test_fragmentation_state_delta_matches_recomputation() -> None:
         OpenbPod("m", 4000, 1000, 2, 1000, frozenset({"G2"})),
     ]
     pods = Pods.from_trace(pod_rows, nodes.models)
-    sh = typical_shapes(
+    sh = typical_shape_table(
         [ShapeKey(p.cpu_milli, p.num_gpu, p.gpu_milli, p.gpu_spec) for p in pod_rows],
         nodes.models,
         coverage=1.0,
@@ -109,7 +109,7 @@ def test_fragmentation_state_delta_matches_recomputation() -> None:
         req = MilliRequest(cpu, mem, k, milli, pods.request_model_ok[q], q)
         delta = fs.delta(idx, req)
         for n in idx:
-            base = node_fragmentation(
+            base = fragmentation_of(
                 state.free_gpu[n], state.free_cpu[n], state.free_mem[n], nodes.model_id[n], sh
             )
             options = range(8) if req.shared else [None]
@@ -125,7 +125,7 @@ def test_fragmentation_state_delta_matches_recomputation() -> None:
                     if len(full) < k:
                         continue
                     f[full] = 0
-                after = node_fragmentation(
+                after = fragmentation_of(
                     f, state.free_cpu[n] - cpu, state.free_mem[n] - mem, nodes.model_id[n], sh
                 )
                 got = delta[n, g] if g is not None else delta[n]
@@ -169,7 +169,7 @@ def test_gpupack_score_is_fgd_level_minus_weighted_cost(
     # recomputation above.
     nodes = _cluster([(8, "G2"), (2, "T4"), (4, "G2"), (8, "G2")])
     pods = Pods.from_trace(_trace_pods(), nodes.models)
-    sh = typical_shapes(
+    sh = typical_shape_table(
         [ShapeKey(p.cpu_milli, p.num_gpu, p.gpu_milli, p.gpu_spec) for p in pods.pods],
         nodes.models,
         coverage=1.0,

@@ -12,13 +12,13 @@ from typing import Any
 from packing.model import Snapshot
 from webhook.capacity import ClusterView
 from webhook.config import WebhookConfig
-from webhook.decide import Decision, Kind, decide, deny
+from webhook.decide import AdmissionDecision, Kind, decide_admission, deny
 from webhook.patch import build_patch
 
 
 @dataclass(frozen=True)
 class Admission:
-    decision: Decision
+    decision: AdmissionDecision
     patch: tuple[dict[str, Any], ...]
     result: Mapping[str, Any]  # the pod as it will be stored (the input when denied)
 
@@ -44,8 +44,8 @@ def admit(
     admission_id: str = "",
 ) -> Admission:
     """``admission_id``: the review's uid, written into a new decision (see
-    :attr:`Decision.admission`); a decision the pod already carries keeps its own."""
-    decision = decide(pod, cluster, config, namespace_labels)
+    :attr:`AdmissionDecision.admission`); a decision the pod already carries keeps its own."""
+    decision = decide_admission(pod, cluster, config, namespace_labels)
     if not decision.allowed or decision.kind is Kind.SKIP:
         return Admission(decision, (), pod if isinstance(pod, Mapping) else {})
     if decision.small and not decision.reused and admission_id:

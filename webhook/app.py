@@ -1,6 +1,6 @@
 """The webhook's HTTP app: POST /mutate (AdmissionReview), GET /healthz, /readyz, /metrics.
 
-Built by :func:`create_app` from what the caller passes (no module globals), so the
+Built by :func:`create_webhook_app` from what the caller passes (no module globals), so the
 static CLI, the extender process and the tests each wire their own cluster view.
 Handlers translate wire JSON to plain values, call :func:`webhook.admit.admit` and
 translate back. Input from the API server never causes an HTTP 500: a review that
@@ -129,7 +129,7 @@ def _not_ready() -> Response:
     return resp
 
 
-def create_app(
+def create_webhook_app(
     snapshot_provider: Callable[[], Snapshot | None],
     registry: CollectorRegistry,
     config: WebhookConfig,

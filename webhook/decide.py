@@ -1,4 +1,4 @@
-"""What the webhook does with one pod: pure, pod dict + cluster view + config -> Decision.
+"""What the webhook does with one pod: pure, pod dict + cluster view + config -> AdmissionDecision.
 
 Classes of pods:
 - *whole*: a LeaderWorkerSet member, ``gpupack.io/class: whole`` (or ``llm``), or
@@ -62,7 +62,7 @@ class Kind(StrEnum):
 
 
 @dataclass(frozen=True)
-class Decision:
+class AdmissionDecision:
     kind: Kind
     klass: str  # asr | tts | small | whole | none | invalid (also the metrics label)
     reason: str
@@ -143,8 +143,8 @@ class _Conflict(ValueError):
         super().__init__(f"{field}{sep}{problem}")
 
 
-def deny(klass: str, code: int, message: str, warnings: Sequence[str] = ()) -> Decision:
-    return Decision(Kind.DENY, klass, message, status_code=code, warnings=tuple(warnings))
+def deny(klass: str, code: int, message: str, warnings: Sequence[str] = ()) -> AdmissionDecision:
+    return AdmissionDecision(Kind.DENY, klass, message, status_code=code, warnings=tuple(warnings))
 
 
 # ---- reading the pod -------------------------------------------------------------------------
@@ -392,7 +392,7 @@ def _products(caps: Sequence[ModelCapacity]) -> tuple[str, ...]:
 
 
 def _choose_mig(fits: list[_MigFit], ask: _Ask, only: str | None, need_free: bool
-                ) -> Decision | None:
+                ) -> AdmissionDecision | None:
     """Least waste, then most free slices. Every model whose smallest fitting slice has
     the chosen name is allowed (same resource, more room for the scheduler). None when
     nothing fits, or nothing is free and ``need_free``."""
@@ -414,7 +414,7 @@ def _choose_mig(fits: list[_MigFit], ask: _Ask, only: str | None, need_free: boo
         why = (f"smallest MIG slice holding {_gib(ask.memory_mib)}; none free now on "
                f"{'|'.join(models)}, the pod waits for one"
                + _wait_text([f.cap for f in same], name))
-    return Decision(
+    return AdmissionDecision(
         Kind.MIG,
         ask.klass,
         why,
@@ -490,7 +490,7 @@ def _no_mig_text(view: ClusterView) -> str:
 
 
 def _choose_shared(caps: list[ModelCapacity], ask: _Ask, config: WebhookConfig,
-                   need_free: bool, avoid_mps: bool = False) -> Decision | None:
+                   need_free: bool, avoid_mps: bool = False) -> AdmissionDecision | None:
     room = {c.model.name: c.shared_available(ask.memory_mib, ask.compute_milli) for c in caps}
     if need_free and not any(room.values()):
         return None
@@ -500,7 +500,7 @@ def _choose_shared(caps: list[ModelCapacity], ask: _Ask, config: WebhookConfig,
     free = sum(room.values())
     why = (f"time-sliced share of {'|'.join(models)} ({_gib(ask.memory_mib)} declared); "
            + (f"{free} GPU(s) with room now" if free else "no room now, the pod waits"))
-    return Decision(
+    return AdmissionDecision(
         Kind.SHARED,
         ask.klass,
         why,
@@ -515,7 +515,7 @@ def _choose_shared(caps: list[ModelCapacity], ask: _Ask, config: WebhookConfig,
 
 
 def _choose_mps(caps: list[ModelCapacity], ask: _Ask, config: WebhookConfig,
-                need_free: bool) -> Decision | None:
+                need_free: bool) -> AdmissionDecision | None:
     """An MPS replica: the device plugin caps each client at the GPU's memory / replicas,
     so a share that fits its cap cannot take its neighbours' memory."""
     room = {c.model.name: c.mps_available(ask.memory_mib, ask.compute_milli) for c in caps}
@@ -530,7 +530,7 @@ def _choose_mps(caps: list[ModelCapacity], ask: _Ask, config: WebhookConfig,
            f"capped per client: {caps_text}); "
            + (f"{free} GPU(s) with a free replica now" if free else "no replica free now, "
               "the pod waits"))
-    return Decision(
+    return AdmissionDecision(
         Kind.MPS,
         ask.klass,
         why,
@@ -544,7 +544,7 @@ def _choose_mps(caps: list[ModelCapacity], ask: _Ask, config: WebhookConfig,
     )
 
 
-def _no_fit(view: ClusterView, ask: _Ask) -> Decision:
+def _no_fit(view: ClusterView, ask: _Ask) -> AdmissionDecision:
     """The denial: what the nodes in the pod's reach offer, and which GPUs out of its
     reach could have held it (naming the pod's field or the taint that keeps each out)."""
     blocked = _blocked(view, ask)
@@ -620,13 +620,13 @@ def _no_fit(view: ClusterView, ask: _Ask) -> Decision:
 # ---- safety of time-sliced shares -------------------------------------------------------------
 
 
-def _gpu_mib(decision: Decision) -> int:
+def _gpu_mib(decision: AdmissionDecision) -> int:
     """Memory of the largest GPU the share may land on (0: none known)."""
     return max((CATALOG[m].memory_mib if m in CATALOG else 0 for m in decision.models),
                default=0)
 
 
-def _share_fraction(decision: Decision) -> str | None:
+def _share_fraction(decision: AdmissionDecision) -> str | None:
     """The memory fraction that keeps a server within its share on every GPU it may land
     on, two decimals rounded down ("0.25"); None when the share is the whole GPU (nothing
     to protect) or less than 1% of it."""
@@ -646,8 +646,8 @@ def _memory_fraction(p: _Pod) -> bool:
     return raw == "set"
 
 
-def _set_fraction(p: _Pod, target: _Container, decision: Decision
-                  ) -> tuple[Decision, Mapping[str, Any], list[str]]:
+def _set_fraction(p: _Pod, target: _Container, decision: AdmissionDecision
+                  ) -> tuple[AdmissionDecision, Mapping[str, Any], list[str]]:
     """(the decision with its flag edits, the container as it will run, what could not
     be set) for ``gpupack.io/memory-fraction: "set"`` on a time-sliced share."""
     fraction = _share_fraction(decision)
@@ -659,7 +659,7 @@ def _set_fraction(p: _Pod, target: _Container, decision: Decision
             [f"{who}: {x}" for x in problems])
 
 
-def _sizing_problems(container: _Container, decision: Decision,
+def _sizing_problems(container: _Container, decision: AdmissionDecision,
                      body: Mapping[str, Any] | None = None) -> tuple[list[str], list[str]]:
     """(over-share findings, unreadable values) for the container getting a share;
     ``body``: the container as it will run (after gpupack's own flag edits)."""
@@ -756,7 +756,8 @@ def _explicit(p: _Pod, target: _Container, ask: _Ask) -> tuple[str | None, bool]
     return None, True
 
 
-def _reuse(p: _Pod, target: _Container, ask: _Ask, config: WebhookConfig) -> Decision | None:
+def _reuse(p: _Pod, target: _Container, ask: _Ask, config: WebhookConfig
+           ) -> AdmissionDecision | None:
     """The pod's own gpupack.io/decision, when the pod still matches it (re-invocation).
 
     Deciding again could pick another slice (the cluster changed in between) and then
@@ -815,7 +816,7 @@ def _reuse(p: _Pod, target: _Container, ask: _Ask, config: WebhookConfig) -> Dec
         return None
     reason = doc.get("reason")
     admission = doc.get("id")
-    return Decision(
+    return AdmissionDecision(
         out_kind,
         ask.klass,
         reason if isinstance(reason, str) else "",
@@ -867,12 +868,12 @@ def classify(p: _Pod, config: WebhookConfig) -> tuple[Kind, str]:
     return Kind.SKIP, "none"
 
 
-def decide(
+def decide_admission(
     pod: Any,
     cluster: ClusterView | Snapshot,
     config: WebhookConfig,
     namespace_labels: Mapping[str, str] | None = None,
-) -> Decision:
+) -> AdmissionDecision:
     """The webhook's decision for one Pod CREATE. Never raises on bad input."""
     view = cluster if isinstance(cluster, ClusterView) else ClusterView.of(cluster)
     klass = "invalid"
@@ -886,8 +887,8 @@ def decide(
                 Kind.WHOLE: "whole-GPU pod: resources left as they are",
                 Kind.EXPLICIT: "asks for a MIG or time-sliced resource itself",
             }[kind]
-            return Decision(kind, klass, why, warnings=tuple(warnings) if kind is not Kind.SKIP
-                            else ())
+            return AdmissionDecision(kind, klass, why,
+                                     warnings=tuple(warnings) if kind is not Kind.SKIP else ())
         ask = _read_ask(p, klass, config)
         target = _target(p)
         strict = _strict(p, namespace_labels or {})
@@ -914,7 +915,7 @@ def decide(
 
 
 def _solve(p: _Pod, target: _Container, ask: _Ask, view: ClusterView,
-           config: WebhookConfig) -> Decision:
+           config: WebhookConfig) -> AdmissionDecision:
     explicit_profile, explicit_shared = _explicit(p, target, ask)
     # Only the nodes the pod can reach count (its node selector, required node
     # affinity, tolerations against taints); the same view when it sets none.
@@ -930,7 +931,7 @@ def _solve(p: _Pod, target: _Container, ask: _Ask, view: ClusterView,
 
 def _solve_in(p: _Pod, target: _Container, ask: _Ask, view: ClusterView,
               config: WebhookConfig, explicit_profile: str | None, explicit_shared: bool
-              ) -> Decision:
+              ) -> AdmissionDecision:
     mig, shared, mps = _fits(view, ask)
     avoid_mps = any(c.mps_gpus for c in view.models.values())
     if explicit_profile is not None:

@@ -18,7 +18,7 @@ from typing import Any
 from kube import annotations as A
 from packing.quantity import QuantityError, parse_quantity
 from webhook.config import WebhookConfig
-from webhook.decide import DEFAULT_SCHEDULER, PRODUCT_KEY, SHARING_KEY, Decision, Kind
+from webhook.decide import DEFAULT_SCHEDULER, PRODUCT_KEY, SHARING_KEY, AdmissionDecision, Kind
 
 Path = Sequence[str | int]
 _REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
@@ -159,7 +159,7 @@ def _scheduler(b: _Builder, config: WebhookConfig) -> None:
         b.ensure(["spec", "schedulerName"], config.scheduler_name, overwrite=True)
 
 
-def _resources(b: _Builder, d: Decision) -> None:
+def _resources(b: _Builder, d: AdmissionDecision) -> None:
     assert d.container is not None and d.resource is not None
     base: list[str | int] = ["spec", "containers", d.container, "resources"]
     if b.get(base) is None:  # one op for the whole map reads better than two
@@ -209,7 +209,7 @@ def _require(b: _Builder, expr: Mapping[str, Any], satisfied: Callable[[Any], bo
             b.ensure(exprs_path, [expr])
 
 
-def _affinity(b: _Builder, d: Decision) -> None:
+def _affinity(b: _Builder, d: AdmissionDecision) -> None:
     if not d.products:
         return  # nodes of these models carry no product label: nothing to pin on
     selector = b.get(["spec", "nodeSelector", PRODUCT_KEY])
@@ -225,7 +225,7 @@ def _same_expr(e: Any, expr: Mapping[str, Any]) -> bool:
             and sorted(e.get("values") or []) == sorted(expr["values"]))
 
 
-def _sharing(b: _Builder, d: Decision) -> None:
+def _sharing(b: _Builder, d: AdmissionDecision) -> None:
     """Pin the share's kind (MPS or time-sliced) on ``nvidia.com/gpu.sharing-strategy``
     in every required term: both kinds advertise the same resource."""
     if d.sharing is None:
@@ -236,7 +236,7 @@ def _sharing(b: _Builder, d: Decision) -> None:
         _same_expr(e, expr) for e in term.get("matchExpressions") or []))
 
 
-def _arg_edits(b: _Builder, d: Decision) -> None:
+def _arg_edits(b: _Builder, d: AdmissionDecision) -> None:
     """The server flags ``gpupack.io/memory-fraction: "set"`` writes (see
     :func:`webhook.sizing.fraction_edits`)."""
     if d.container is None:
@@ -253,7 +253,7 @@ def _arg_edits(b: _Builder, d: Decision) -> None:
             b.set_item([*path, e.index], e.value)
 
 
-def _annotations(b: _Builder, d: Decision) -> None:
+def _annotations(b: _Builder, d: AdmissionDecision) -> None:
     ann: list[str | int] = ["metadata", "annotations"]
     if b.get(ann) is None:
         whole = {A.DECISION: d.annotation(), A.CLASS: d.klass, **dict(sorted(d.defaults.items()))}
@@ -268,7 +268,8 @@ def _annotations(b: _Builder, d: Decision) -> None:
         b.ensure([*ann, key], value, same=_keep)
 
 
-def build_patch(pod: Mapping[str, Any], decision: Decision, config: WebhookConfig) -> PatchResult:
+def build_patch(pod: Mapping[str, Any], decision: AdmissionDecision, config: WebhookConfig
+                ) -> PatchResult:
     """The JSON Patch that carries out ``decision`` on ``pod``."""
     b = _Builder(pod)
     if decision.kind in (Kind.WHOLE, Kind.EXPLICIT, Kind.MIG, Kind.SHARED, Kind.MPS):

@@ -23,7 +23,7 @@ from packing.fragmentation import (
     ShapeKey,
     TypicalShapes,
     fragment_stats,
-    typical_shapes,
+    typical_shape_table,
 )
 from packing.model import (
     GPU_MILLI,
@@ -79,7 +79,7 @@ def _share_milli(pod: PodRequest, gpu_memory_mib: int) -> int:
     return 1
 
 
-def shape_key(pod: PodRequest) -> ShapeKey:
+def typical_shape_key(pod: PodRequest) -> ShapeKey:
     """A pod as FGD's typical shapes count it (CPU, GPUs, milli-GPU each, models)."""
     if pod.kind is RequestKind.WHOLE:
         return ShapeKey(pod.cpu_milli, pod.gpu_count, GPU_MILLI, pod.gpu_models)
@@ -114,11 +114,11 @@ class GpupackScorer:
 
     def __init__(self, workload: Iterable[PodRequest],
                  weights: GpupackWeights | None = None) -> None:
-        keys = [shape_key(p) for p in workload]
+        keys = [typical_shape_key(p) for p in workload]
         named = sorted({m for k in keys for m in k.gpu_spec})
         self.models: tuple[str, ...] = (*named, OTHER_MODEL)
         self._model_id = {m: i for i, m in enumerate(self.models)}
-        self.shapes: TypicalShapes = typical_shapes(keys, self.models)
+        self.shapes: TypicalShapes = typical_shape_table(keys, self.models)
         self.cap = CapacityModel(self.shapes)
         self.weights = weights or GpupackWeights()
         self._nodes: dict[int, NodeArrays] = {}

@@ -203,7 +203,7 @@ def ranks(nodes: NodeArrays, req: MilliRequest, shapes: TypicalShapes, cap: Capa
     return rank_value(score, nodes.free - req.milli)
 
 
-def evaluate(nodes: NodeArrays, req: MilliRequest, shapes: TypicalShapes, cap: CapacityModel,
+def best_on_nodes(nodes: NodeArrays, req: MilliRequest, shapes: TypicalShapes, cap: CapacityModel,
              weights: GpupackWeights) -> tuple[FloatArray, IntArray]:
     """Each node's best rank value and the GPU a share takes there (the first on ties;
     -1 for whole-GPU and CPU-only requests)."""

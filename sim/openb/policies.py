@@ -28,7 +28,7 @@ from packing.policies.lookahead import (
     CapacityModel,
     GpupackWeights,
     NodeArrays,
-    evaluate,
+    best_on_nodes,
     fgd_level,
 )
 from sim.openb.cluster import ReplayState
@@ -250,7 +250,7 @@ class ProductPolicy(ReplayPolicy):
     """The product policy (:mod:`packing.policies.lookahead`: FGD's gradient at a finer
     grid, then capacity lookahead) over the replay's arrays.
 
-    The extender ranks nodes with :func:`packing.policies.lookahead.evaluate` one node at
+    The extender ranks nodes with :func:`packing.policies.lookahead.best_on_nodes` one node at
     a time; this adapter calls the same function on every candidate node at once, with
     the FGD statistics kept per node between calls (refreshed as nodes change). Remaining
     node ties go to the lowest index (the extender: the node left with the least free
@@ -282,7 +282,7 @@ class ProductPolicy(ReplayPolicy):
         self.fs.refresh(node)
 
     def evaluate(self, idx: IntArray, req: MilliRequest) -> tuple[FloatArray, IntArray]:
-        return evaluate(self.fs.arrays(idx), req, self.shapes, self.cap, self.weights)
+        return best_on_nodes(self.fs.arrays(idx), req, self.shapes, self.cap, self.weights)
 
 
 POLICIES = (

@@ -27,8 +27,8 @@ from packing.fragmentation import (
     MilliRequest,
     ShapeKey,
     TypicalShapes,
-    node_fragmentation,
-    typical_shapes,
+    fragmentation_of,
+    typical_shape_table,
 )
 from packing.model import GPU_MILLI
 from sim.openb.cluster import Nodes, Pods, ReplayState
@@ -92,7 +92,7 @@ def workload_shapes(
         )
         for i in workload
     ]
-    return typical_shapes(keys, models, coverage)
+    return typical_shape_table(keys, models, coverage)
 
 
 def kind_of(num_gpu: int, milli: int) -> str:
@@ -285,7 +285,7 @@ def cluster_frag_rate(state: ReplayState, shapes: TypicalShapes) -> float:
     idle = float(state.free_gpu.sum())
     if idle <= 0:
         return 0.0
-    frag = node_fragmentation(
+    frag = fragmentation_of(
         state.free_gpu, state.free_cpu, state.free_mem, state.nodes.model_id, shapes
     )
     return float(100.0 * frag.sum() / idle)

@@ -43,7 +43,7 @@ from kubernetes import client, config  # noqa: E402
 from kubernetes.client.rest import ApiException  # noqa: E402
 
 from packing.catalog import match_product  # noqa: E402
-from packing.inventory import GpuInventory, Inventory, decode, encode  # noqa: E402
+from packing.inventory import GpuInventory, Inventory, decode_inventory, encode_inventory  # noqa: E402
 from packing.mig import layout_from_counts  # noqa: E402
 from packing.model import GpuMode, MigInstance  # noqa: E402
 
@@ -157,8 +157,8 @@ class Double:
                                if k.startswith("nvidia.com/mig-") and k.endswith(".count")}
         gfd.update({f"nvidia.com/mig-{p}.count": str(k) for p, k in counts.items()})
         inv = Inventory(name, int(time.time()), tuple(inventory))
-        self.core.patch_node(name, {"metadata": {"labels": gfd,
-                                                 "annotations": {INVENTORY: encode(inv)}}})
+        annotations = {INVENTORY: encode_inventory(inv)}
+        self.core.patch_node(name, {"metadata": {"labels": gfd, "annotations": annotations}})
         time.sleep(0.5)
         self.set_state(name, "success")
         self.applied += 1
@@ -170,7 +170,7 @@ def initial_layouts(ann: dict[str, str], gpus: int) -> Layouts:
     """The node's GPUs before the first change: the agent inventory's, else all whole."""
     out: Layouts = {i: None for i in range(gpus)}
     if INVENTORY in ann:
-        for g in decode(ann[INVENTORY]).gpus:
+        for g in decode_inventory(ann[INVENTORY]).gpus:
             if g.mode is GpuMode.MIG:
                 counts: dict[str, int] = {}
                 for m in g.mig:

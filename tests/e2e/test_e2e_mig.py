@@ -162,7 +162,7 @@ def test_frozen_node_is_left_alone(space: Space, core: Any) -> None:
 
 
 def test_idle_mig_gpus_turn_whole_for_a_waiting_whole_gpu_pod(space: Space, core: Any) -> None:
-    from packing.inventory import GpuInventory, Inventory, encode
+    from packing.inventory import GpuInventory, Inventory, encode_inventory
     from packing.model import GpuMode, MigInstance
 
     ns = space.namespace()
@@ -172,7 +172,8 @@ def test_idle_mig_gpus_turn_whole_for_a_waiting_whole_gpu_pod(space: Space, core
     seven = tuple(MigInstance("1g.10gb", s) for s in range(7))
     inv = Inventory(name, int(time.time()), tuple(
         GpuInventory(i, f"GPU-e2e-{i}", H100, 81559, 0, GpuMode.MIG, seven) for i in range(8)))
-    core.patch_node(name, {"metadata": {"annotations": {"gpupack.io/inventory": encode(inv)}}})
+    annotations = {"gpupack.io/inventory": encode_inventory(inv)}
+    core.patch_node(name, {"metadata": {"annotations": annotations}})
     create_pods(core, ns, [pod("llm", pool=pool, scheduler="gpupack", limits={GPU: "8"})])
     try:
         wait_for(lambda: bound(pods_in(core, ns)).get("llm") == name, 90,

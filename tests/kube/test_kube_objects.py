@@ -242,10 +242,10 @@ def test_load_objects_forms() -> None:
 
 
 def _inventory(node: str) -> str:
-    from packing.inventory import GpuInventory, Inventory, PodGpuUsage, encode
+    from packing.inventory import GpuInventory, Inventory, PodGpuUsage, encode_inventory
     from packing.model import MigInstance
 
-    return encode(
+    return encode_inventory(
         Inventory(
             node,
             1700000000,
@@ -328,10 +328,10 @@ def test_a_bound_pod_is_read_leniently_so_its_resources_still_count(
 
 
 def test_a_deeply_nested_inventory_annotation_falls_back_to_inference() -> None:
-    from packing.inventory import InventoryError, decode
+    from packing.inventory import InventoryError, decode_inventory
 
     with pytest.raises(InventoryError):
-        decode("[" * 5000)
+        decode_inventory("[" * 5000)
     labels = {"nvidia.com/gpu.count": "2", "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
     n = k8s_node("n", labels, {"nvidia.com/gpu": "2"})
     n["metadata"]["annotations"] = {"gpupack.io/inventory": "[" * 5000}

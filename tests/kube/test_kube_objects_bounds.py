@@ -20,7 +20,7 @@ from kube.objects import (
     pod_key,
 )
 from kube.snapshot import build_snapshot
-from packing.inventory import GpuInventory, Inventory, encode
+from packing.inventory import GpuInventory, Inventory, encode_inventory
 from packing.model import GpuMode, MigInstance, RequestKind
 
 H100 = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
@@ -79,7 +79,7 @@ def test_time_sliced_mig_resources_count_instances_not_replicas(resource: str) -
 
 def _inv(model: str, memory: int, mode: GpuMode, mig: tuple[MigInstance, ...]) -> str:
     gpu = GpuInventory(0, "GPU-a", model, memory, 0, mode, mig)
-    return encode(Inventory("n", 1700000000, (gpu,)))
+    return encode_inventory(Inventory("n", 1700000000, (gpu,)))
 
 
 @pytest.mark.parametrize(

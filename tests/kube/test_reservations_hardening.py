@@ -1,4 +1,4 @@
-"""kube/reservations.py ``decode`` against hostile or corrupt records, and the restore
+"""kube/reservations.py ``decode_reservation`` against hostile or corrupt records, and the restore
 of a record whose expiry lies further ahead than the TTL (scheduler/groups.py)."""
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from test_groups_builders import lws_pod, rig
 from kube.reservations import (
     ReservationError,
     ReservationRecord,
-    decode,
-    encode,
+    decode_reservation,
+    encode_reservation,
 )
 from packing.model import Placement
 
@@ -35,12 +35,12 @@ def record_body() -> dict[str, Any]:
         slots={0: Placement("", "n1", (0, 1)), 1: Placement("", "n2", (2,), "1g.10gb", 4, True)},
         pods={0: "llm/a-0"},
     )
-    body: dict[str, Any] = json.loads(encode(rec))
+    body: dict[str, Any] = json.loads(encode_reservation(rec))
     return body
 
 
 def test_the_valid_record_decodes() -> None:
-    rec = decode(json.dumps(record_body()))
+    rec = decode_reservation(json.dumps(record_body()))
     assert rec.expires == 1100.0 and rec.first_seen == 1000.0
     assert rec.slots[1] == Placement("", "n2", (2,), "1g.10gb", 4, True)
 
@@ -66,7 +66,7 @@ def test_non_finite_times_are_refused_naming_key_and_value(key: str, value: Any,
     body[key] = value
     text = json.dumps(body)  # NaN / Infinity / -Infinity: what json.loads accepts back
     with pytest.raises(ReservationError) as e:
-        decode(text)
+        decode_reservation(text)
     msg = str(e.value)
     assert repr(key) in msg and shown in msg, msg
 
@@ -75,10 +75,10 @@ def test_non_finite_times_are_refused_naming_key_and_value(key: str, value: Any,
     ("exp", 0), ("exp", 1e12), ("at", 0.5), ("at", -1.0), ("exp", 1e300),
 ])
 def test_finite_times_are_read(key: str, value: float) -> None:
-    # 1e300 is finite: decode keeps it, the restore caps it (test below).
+    # 1e300 is finite: decode_reservation keeps it, the restore caps it (test below).
     body = record_body()
     body[key] = value
-    rec = decode(json.dumps(body))
+    rec = decode_reservation(json.dumps(body))
     assert (rec.expires if key == "exp" else rec.first_seen) == value
 
 
@@ -125,7 +125,7 @@ def member(slot: str, **changes: Any) -> dict[str, Any]:
 def test_bad_members_are_refused_naming_field_and_value(body: dict[str, Any], field: str,
                                                         shown: str) -> None:
     with pytest.raises(ReservationError) as e:
-        decode(json.dumps(body))
+        decode_reservation(json.dumps(body))
     msg = str(e.value)
     assert field in msg and shown in msg, msg
 
@@ -137,12 +137,12 @@ def test_bad_members_are_refused_naming_field_and_value(body: dict[str, Any], fi
     member("0", n="node-with.dots-1"),
 ])
 def test_good_members_are_read(body: dict[str, Any]) -> None:
-    decode(json.dumps(body))
+    decode_reservation(json.dumps(body))
 
 
 def test_a_long_value_is_cut_short_in_the_message() -> None:
     with pytest.raises(ReservationError) as e:
-        decode(json.dumps(member("0", n=["x" * 5000])))
+        decode_reservation(json.dumps(member("0", n=["x" * 5000])))
     assert len(str(e.value)) < 300
 
 

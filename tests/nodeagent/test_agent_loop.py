@@ -28,7 +28,7 @@ from nodeagent.agent import Agent, AgentConfig, PodNameCache
 from nodeagent.cgroups import CgroupOwner
 from nodeagent.nvml import NvmlAdapter
 from nodeagent.podresources import DeviceAssignment, PodResourcesView, parse_device_id
-from packing.inventory import INVENTORY_ANNOTATION, decode
+from packing.inventory import INVENTORY_ANNOTATION, decode_inventory
 from packing.model import GpuMode, MigInstance
 
 
@@ -97,7 +97,7 @@ def test_inventory_content() -> None:
     agent, _, patch, _ = make_agent()
     result = agent.tick()
     assert result.patched and len(patch.calls) == 1
-    inv = decode(patch.calls[0][INVENTORY_ANNOTATION] or "")
+    inv = decode_inventory(patch.calls[0][INVENTORY_ANNOTATION] or "")
     assert inv == result.report.inventory
     assert inv.node == "gpu-node-1" and inv.ts == 1_700_000_000
     h100, l40s = inv.gpus  # the lost GPU is left out ...
@@ -126,7 +126,7 @@ def test_patch_only_when_changed_and_rate_limited() -> None:
     assert (r.patched, r.reason) == (False, "rate-limited")
     clock.t += 5  # 30 s
     assert agent.tick().patched
-    inv = decode(patch.calls[-1][INVENTORY_ANNOTATION] or "")
+    inv = decode_inventory(patch.calls[-1][INVENTORY_ANNOTATION] or "")
     assert [p.peak_mib for p in inv.gpus[1].pods] == [8192, 14336, 4096]
     # Jitter below the tolerance does not write.
     fake.gpus[1].processes[0] = FakeProcess(5101, 8 * GIB + 100 * 1024 * 1024)

@@ -173,10 +173,10 @@ def _raise(exc: BaseException) -> object:
 def _inventory_gpus(snap: object) -> list[str]:
     from nodeagent.podresources import PodResourcesView
     from nodeagent.report import build_inventory
-    from packing.inventory import decode, encode
+    from packing.inventory import decode_inventory, encode_inventory
 
     inv = build_inventory("n", 1, snap, PodResourcesView(), [], {})  # type: ignore[arg-type]
-    assert decode(encode(inv)) == inv  # always publishable
+    assert decode_inventory(encode_inventory(inv)) == inv  # always publishable
     return [g.uuid for g in inv.gpus]
 
 

@@ -15,8 +15,8 @@ from packing.inventory import (
     Inventory,
     InventoryError,
     PodGpuUsage,
-    decode,
-    encode,
+    decode_inventory,
+    encode_inventory,
     meaningfully_changed,
 )
 from packing.model import GpuMode, MigInstance
@@ -41,9 +41,9 @@ def example() -> Inventory:
 
 def test_round_trip_and_wire_shape() -> None:
     inv = example()
-    text = encode(inv)
+    text = encode_inventory(inv)
     assert " " not in text.replace("gpu 3: nvmlDeviceGetUUID: GpuIsLost", "")
-    assert decode(text) == inv
+    assert decode_inventory(text) == inv
     wire = json.loads(text)
     assert wire["v"] == 1 and wire["node"] == "gpu-node-1"
     assert wire["gpus"][0]["mig"][1] == {"p": "1g.10gb", "s": 2, "owner": "asr/w-1"}
@@ -56,7 +56,7 @@ def test_unknown_keys_and_missing_lists_are_tolerated() -> None:
     wire = {"v": 1, "node": "n", "ts": 0, "future": {"x": 1},
             "gpus": [{"i": 0, "uuid": "GPU-a", "model": "NVIDIA-L4", "mem": 22563, "used": 0,
                       "mode": "whole", "new": True}]}
-    inv = decode(json.dumps(wire))
+    inv = decode_inventory(json.dumps(wire))
     assert inv.gpus[0].mig == () and inv.gpus[0].pods == () and inv.errors == ()
 
 
@@ -87,11 +87,11 @@ def inventories(draw: st.DrawFn) -> Inventory:
 
 @given(inventories())
 def test_round_trip_property(inv: Inventory) -> None:
-    assert decode(encode(inv)) == inv
-    assert not meaningfully_changed(inv, decode(encode(inv)), 0)
+    assert decode_inventory(encode_inventory(inv)) == inv
+    assert not meaningfully_changed(inv, decode_inventory(encode_inventory(inv)), 0)
 
 
-BASE = json.loads(encode(example()))
+BASE = json.loads(encode_inventory(example()))
 
 
 def mutated(path: list[str | int], value: object) -> str:
@@ -136,7 +136,7 @@ def mutated(path: list[str | int], value: object) -> str:
 )
 def test_bad_inputs_name_field_and_value(text: str, field: str, shown: str) -> None:
     with pytest.raises(InventoryError) as info:
-        decode(text)
+        decode_inventory(text)
     assert info.value.field == field
     assert field in str(info.value) and shown in str(info.value)
 

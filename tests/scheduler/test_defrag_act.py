@@ -21,7 +21,7 @@ from packing.defrag import DefragParams
 from packing.model import Placement
 from scheduler.cache import AssumeError, ClusterCache
 from scheduler.defrag_act import Defragmenter, defrag_hold_key
-from scheduler.defrag_decide import Settings
+from scheduler.defrag_decide import DefragSettings
 from scheduler.groups import ReservationBook, hold_key
 
 GROUP = "llm/vllm/0"
@@ -93,7 +93,7 @@ def rig(pods: list[dict[str, Any]], mode: str = "act", answers: list[str] | None
     tap.mark_synced()
     ev, events, reg = FakeEvictor(list(answers or [])), FakeEvents(), CollectorRegistry()
     d = Defragmenter(cache, book, owners, mode, ev if mode == "act" else None, events,
-                     settings=Settings(evictions_per_minute=per_minute, retry_base_s=4.0,
+                     settings=DefragSettings(evictions_per_minute=per_minute, retry_base_s=4.0,
                                        plan_every_s=1.0, plan_min_s=0.0),
                      params=DefragParams(max_time_s=2.0), registry=reg,
                      is_leader=lambda: leader, clock=clock, consolidate_window=window)

@@ -15,21 +15,21 @@ from scheduler.defrag_decide import (
     Attempt,
     Campaign,
     Consolidation,
+    DefragSettings,
     DefragState,
     Need,
-    Settings,
     Target,
     after_refusal,
     backoff,
-    decide,
+    decide_defrag,
     in_window,
     parse_window,
-    wanted_holds,
+    wanted_room_holds,
     wants_plan,
 )
 
 G = "llm/vllm/0"
-CFG = Settings(evictions_per_minute=2, retry_base_s=2.0, retry_max_s=30.0,
+CFG = DefragSettings(evictions_per_minute=2, retry_base_s=2.0, retry_max_s=30.0,
                campaign_timeout_s=600.0, cooldown_s=60.0, plan_every_s=30.0, plan_min_s=5.0)
 NOW = 1000.0
 ROOM = {"a": (0, 1, 2, 3, 4, 5, 6, 7)}
@@ -77,7 +77,7 @@ def move(group: str = G, pods: tuple[str, ...] = ("ns/p1",), node: str = "a") ->
      ("ns/p2", "ns/p3")),
 ])
 def test_evictions(case: str, kw: dict[str, Any], want: tuple[str, ...]) -> None:
-    d = decide(state(**kw), NOW, CFG)
+    d = decide_defrag(state(**kw), NOW, CFG)
     assert d.stop is None and not d.hand_over, case
     assert tuple(t.pod for t in d.evict) == want, case
 
@@ -91,7 +91,7 @@ def test_rate_limit_k_per_minute_over_a_run() -> None:
     accepted: list[float] = []
     t = NOW
     while t < NOW + 300:
-        d = decide(replace(st, recent=tuple(accepted),
+        d = decide_defrag(replace(st, recent=tuple(accepted),
                            evicted={p: 0.0 for p in pods[:len(accepted)]}), t, cfg)
         accepted += [t for _ in d.evict]
         t += 7
@@ -123,7 +123,7 @@ def test_after_refusal_counts_and_schedules() -> None:
      NOW, "room_lost", True),
 ])
 def test_stops(case: str, kw: dict[str, Any], now: float, want: str, cools: bool) -> None:
-    d = decide(state(**kw), now, CFG)
+    d = decide_defrag(state(**kw), now, CFG)
     assert d.stop == want, case
     assert d.evict == () and not d.hand_over, case
     assert (G in d.cooldown) is cools, case
@@ -132,7 +132,7 @@ def test_stops(case: str, kw: dict[str, Any], now: float, want: str, cools: bool
 
 
 def test_a_refusal_by_a_budget_does_not_stop_the_campaign() -> None:
-    d = decide(state(attempts={"ns/p1": Attempt(4, NOW + 16, "pdb")}), NOW, CFG)
+    d = decide_defrag(state(attempts={"ns/p1": Attempt(4, NOW + 16, "pdb")}), NOW, CFG)
     assert d.stop is None
     assert [t.pod for t in d.evict] == ["ns/p2", "ns/p3"]
 
@@ -146,18 +146,18 @@ def test_a_refusal_by_a_budget_does_not_stop_the_campaign() -> None:
 ])
 def test_holds_follow_the_room_as_it_frees(case: str, free: dict[str, frozenset[int]],
                                            want: dict[str, tuple[int, ...]]) -> None:
-    d = decide(state(room_free=free), NOW, CFG)
+    d = decide_defrag(state(room_free=free), NOW, CFG)
     assert dict(d.hold) == want, case
-    assert wanted_holds(campaign(), free) == want, case
+    assert wanted_room_holds(campaign(), free) == want, case
 
 
 def test_hand_over_once_every_pod_is_gone_and_the_room_held() -> None:
     whole = {"a": frozenset(range(8))}
-    d = decide(state(present={}, room_free=whole), NOW, CFG)
+    d = decide_defrag(state(present={}, room_free=whole), NOW, CFG)
     assert d.hand_over and d.stop is None and d.evict == ()
     assert dict(d.hold) == {"a": tuple(range(8))}
     # One pod still terminating: no hand-over yet, nothing more to evict.
-    d = decide(state(present={"ns/p3": "uid-ns/p3"}, room_free=whole,
+    d = decide_defrag(state(present={"ns/p3": "uid-ns/p3"}, room_free=whole,
                      evicted={"ns/p3": NOW - 3}), NOW, CFG)
     assert not d.hand_over and d.evict == () and d.stop is None
 
@@ -171,7 +171,7 @@ def test_starts_the_first_eligible_move_and_only_one() -> None:
         other: Need("llm/other-0", NOW - 50, room_short=True)},
         plan=(move(G, ("ns/p1", "ns/p2")), move(other, ("ns/p3",), node="c")),
         room_free={"a": frozenset({0, 1, 2})}, uids={"ns/p1": "u1", "ns/p2": "u2"})
-    d = decide(st, NOW, CFG)
+    d = decide_defrag(st, NOW, CFG)
     assert d.start is not None and d.start.group == G
     assert [(t.pod, t.uid, t.to) for t in d.start.targets] == [("ns/p1", "u1", "b"),
                                                                 ("ns/p2", "u2", "b")]
@@ -194,7 +194,7 @@ def test_starts_the_first_eligible_move_and_only_one() -> None:
 ])
 def test_start_rules(case: str, need: Need, cooldown: dict[str, float],
                      plan: tuple[Move, ...] | None, started: bool) -> None:
-    d = decide(state(campaign=None, needs={G: need}, cooldown=cooldown, plan=plan), NOW, CFG)
+    d = decide_defrag(state(campaign=None, needs={G: need}, cooldown=cooldown, plan=plan), NOW, CFG)
     assert (d.start is not None) is started, case
 
 
@@ -215,20 +215,20 @@ def test_wants_plan(case: str, last: float, changed: bool, want: bool) -> None:
 
 def test_plan_mode_announces_each_new_move_once_and_never_evicts() -> None:
     st = state(mode="plan", campaign=None, plan=(move(),))
-    d = decide(st, NOW, CFG)
+    d = decide_defrag(st, NOW, CFG)
     assert [m.group for m in d.announce] == [G]
     assert d.start is None and d.evict == () and not d.hold
-    again = decide(replace(st, announced=d.announced), NOW + 30, CFG)
+    again = decide_defrag(replace(st, announced=d.announced), NOW + 30, CFG)
     assert again.announce == ()
-    changed = decide(replace(st, announced=d.announced, plan=(move(pods=("ns/p2",)),)),
+    changed = decide_defrag(replace(st, announced=d.announced, plan=(move(pods=("ns/p2",)),)),
                      NOW + 60, CFG)
     assert [m.group for m in changed.announce] == [G]
-    gone = decide(replace(st, announced=d.announced, needs={}, plan=()), NOW + 90, CFG)
+    gone = decide_defrag(replace(st, announced=d.announced, needs={}, plan=()), NOW + 90, CFG)
     assert dict(gone.announced) == {}
     # A group that waits for its rights, not for room, is not told a move.
-    rights = decide(replace(st, needs={G: Need("l", 0.0, room_short=False)}), NOW, CFG)
+    rights = decide_defrag(replace(st, needs={G: Need("l", 0.0, room_short=False)}), NOW, CFG)
     assert rights.announce == ()
-    lone = decide(replace(st, needs={G: Need("l", 0.0, room_short=False, lone=True)}), NOW,
+    lone = decide_defrag(replace(st, needs={G: Need("l", 0.0, room_short=False, lone=True)}), NOW,
                   CFG)
     assert [m.group for m in lone.announce] == [G]
 
@@ -255,7 +255,7 @@ OPEN = Consolidation(window_open=True, whole_free=0, wanted=2)
 def test_consolidation_start_rules(case: str, kw: dict[str, Any], plan: tuple[Move, ...],
                                    started: bool) -> None:
     base: dict[str, Any] = {"campaign": None, "needs": {}, "consolidation": OPEN, "plan": plan}
-    d = decide(state(**{**base, **kw}), NOW, CFG)
+    d = decide_defrag(state(**{**base, **kw}), NOW, CFG)
     assert (d.start is not None) is started, case
     if started:
         assert d.start is not None and d.start.group == K and d.start.leader == ""
@@ -269,7 +269,7 @@ def test_consolidation_start_rules(case: str, kw: dict[str, Any], plan: tuple[Mo
 def test_consolidation_stops(case: str, kw: dict[str, Any], want: str | None) -> None:
     base: dict[str, Any] = {"campaign": campaign(group=K, leader=""), "needs": {},
                             "consolidation": OPEN}
-    d = decide(state(**{**base, **kw}), NOW, CFG)
+    d = decide_defrag(state(**{**base, **kw}), NOW, CFG)
     assert d.stop == want, case
     if want is None:
         assert [t.pod for t in d.evict] == ["ns/p1", "ns/p2"]
@@ -278,7 +278,7 @@ def test_consolidation_stops(case: str, kw: dict[str, Any], want: str | None) ->
 def test_consolidation_hands_over_when_the_node_is_free() -> None:
     st = state(campaign=campaign(group=K, leader=""), needs={}, consolidation=OPEN,
                present={}, room_free={"a": frozenset(range(8))})
-    assert decide(st, NOW, CFG).hand_over
+    assert decide_defrag(st, NOW, CFG).hand_over
 
 
 def test_wants_plan_for_consolidation_only_when_it_is_wanted() -> None:

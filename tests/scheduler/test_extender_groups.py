@@ -20,7 +20,7 @@ from kube.reservations import (
 )
 from kube.source import StaticSource
 from packing.model import PodRequest
-from scheduler.app import AppConfig, create_app
+from scheduler.app import AppConfig, create_extender_app
 from scheduler.cache import ClusterCache
 from scheduler.groups import ReservationBook, hold_key
 from scheduler.metrics import ExtenderMetrics
@@ -165,7 +165,7 @@ def app_client(r: Any) -> Any:
             self.calls.append((f"{namespace}/{name}", node_name, dict(annotations)))
 
     binder = Binder()
-    app = create_app(r.cache, Planner(r.cache), binder, CollectorRegistry(),
+    app = create_extender_app(r.cache, Planner(r.cache), binder, CollectorRegistry(),
                      AppConfig(warm=False), groups=r.book)
     client = app.test_client()
     client.binder = binder

@@ -21,19 +21,19 @@ from scheduler.mig_actuator import (
     Change,
     GpuView,
     MigPod,
+    MigSettings,
     NodeView,
-    Settings,
     WholePod,
     changes_from_json,
     changes_json,
-    decide,
+    decide_mig,
     forecast,
     holds_for,
 )
 
 H100 = "H100-80GB"
 FAST = SolverParams(max_time_s=2.0, workers=1, seed=1)
-S = Settings(timeout_s=600, backoff_s=60, backoff_max_s=600, min_idle_s=60)
+S = MigSettings(timeout_s=600, backoff_s=60, backoff_max_s=600, min_idle_s=60)
 ON, FROZEN, OFF = MigReconfigure.ON, MigReconfigure.FROZEN, MigReconfigure.NOT_OPTED_IN
 
 
@@ -116,7 +116,7 @@ START_CASES = [
                          ids=[c[0] for c in START_CASES])
 def test_starts(name: str, nodes: list[NodeView], pods: tuple[MigPod, ...],
                 extra: dict[str, object], expected: list[str]) -> None:
-    d = decide(state(nodes, pods, **extra), 100.0, S, FAST)
+    d = decide_mig(state(nodes, pods, **extra), 100.0, S, FAST)
     assert sorted(s.change.node for s in d.starts) == expected, (name, d.plan_status)
     for s in d.starts:
         assert s.change.config.startswith(CONFIG_PREFIX)
@@ -127,7 +127,7 @@ def test_starts(name: str, nodes: list[NodeView], pods: tuple[MigPod, ...],
 
 
 def test_start_converts_the_fewest_gpus_for_the_waiting_pods() -> None:
-    d = decide(state([node("a")], asr(10)), 100.0, S, FAST)
+    d = decide_mig(state([node("a")], asr(10)), 100.0, S, FAST)
     (s,) = d.starts
     created = sum(n for _, t in s.change.targets if not isinstance(t, str) for p, n in t
                   if p == "1g.10gb")
@@ -138,7 +138,7 @@ def test_start_converts_the_fewest_gpus_for_the_waiting_pods() -> None:
 
 def test_busy_gpu_never_in_a_change() -> None:
     gpus = [whole(0, ("ns/llm",)), whole(1), mig(2, {0: ("1g.10gb", "ns/asr-x")})]
-    d = decide(state([node("a", gpus)], asr(20)), 100.0, S, FAST)
+    d = decide_mig(state([node("a", gpus)], asr(20)), 100.0, S, FAST)
     touched = {i for s in d.starts for i, _ in s.change.targets}
     assert touched and not touched & {0, 2}
 
@@ -146,15 +146,15 @@ def test_busy_gpu_never_in_a_change() -> None:
 def test_recently_idle_mig_gpu_left_alone() -> None:
     gpus = [mig(0, {0: ("7g.80gb", None)})]
     st_ = state([node("a", gpus)], asr(3), idle_since={("a", 0): 80.0})
-    assert decide(st_, 100.0, S, FAST).starts == ()
-    assert decide(replace(st_, idle_since={("a", 0): 0.0}), 100.0, S, FAST).starts
+    assert decide_mig(st_, 100.0, S, FAST).starts == ()
+    assert decide_mig(replace(st_, idle_since={("a", 0): 0.0}), 100.0, S, FAST).starts
 
 
 def test_reverse_direction_idle_mig_gpus_turn_whole_for_a_waiting_whole_pod() -> None:
     gpus = [mig(i, dict(MIG7)) for i in range(8)]
     st_ = state([node("a", gpus)], whole_pods=(WholePod("ns/llm-0", 8),),
                 idle_since={("a", i): 0.0 for i in range(8)})
-    (s,) = decide(st_, 100.0, S, FAST).starts
+    (s,) = decide_mig(st_, 100.0, S, FAST).starts
     assert {t for _, t in s.change.targets} == {WHOLE}
     assert len(s.change.targets) == 8
 
@@ -181,7 +181,7 @@ END_CASES = [
 @pytest.mark.parametrize("name,view,now,result", END_CASES, ids=[c[0] for c in END_CASES])
 def test_end_of_a_change(name: str, view: NodeView, now: float, result: str | None) -> None:
     c = change("a", {0: SEVEN}, started=50.0)
-    d = decide(state([view], in_flight={"a": c}), now, S, FAST)
+    d = decide_mig(state([view], in_flight={"a": c}), now, S, FAST)
     assert [f.result for f in d.finishes] == ([] if result is None else [result]), name
     held = {h.gpu for h in d.holds}
     if result is None and not view.gpus[0].matches(SEVEN):
@@ -203,18 +203,18 @@ def test_inferred_layout_recognised_by_its_multiset() -> None:
                        replace(mig(2, dict(MIG7)), inferred=True),
                        replace(mig(3, dict(MIG7)), inferred=True)],
                  config_label="gpupack-abc", state_label="success")
-    d = decide(state([after], in_flight={"a": c}), 100.0, S, FAST)
+    d = decide_mig(state([after], in_flight={"a": c}), 100.0, S, FAST)
     assert [f.result for f in d.finishes] == ["success"] and d.holds == ()
     pending = replace(after, state_label="pending")
-    d = decide(state([pending], asr(14), in_flight={"a": c}), 100.0, S, FAST)
+    d = decide_mig(state([pending], asr(14), in_flight={"a": c}), 100.0, S, FAST)
     assert d.finishes == () and d.holds == () and d.waiting == {}
-    d = decide(state([replace(before, config_label="gpupack-abc")], in_flight={"a": c}),
+    d = decide_mig(state([replace(before, config_label="gpupack-abc")], in_flight={"a": c}),
                100.0, S, FAST)
     assert {h.gpu for h in d.holds} == {0, 2}
 
 
 def test_a_start_records_the_expected_layouts() -> None:
-    d = decide(state([node("a", [whole(i) for i in range(3)])], asr(7)), 100.0, S, FAST)
+    d = decide_mig(state([node("a", [whole(i) for i in range(3)])], asr(7)), 100.0, S, FAST)
     (s,) = d.starts
     assert sorted(s.change.expected, key=str) == sorted([WHOLE, WHOLE, SEVEN], key=str)
 
@@ -222,18 +222,18 @@ def test_a_start_records_the_expected_layouts() -> None:
 def test_backoff_doubles_and_success_clears_it() -> None:
     c = change("a", {0: SEVEN}, started=50.0)
     failed = node("a", config_label="gpupack-abc", state_label="failed")
-    d = decide(state([failed], in_flight={"a": c}, backoff={"a": Backoff(0.0, 2)}), 100.0, S,
+    d = decide_mig(state([failed], in_flight={"a": c}, backoff={"a": Backoff(0.0, 2)}), 100.0, S,
                FAST)
     assert d.backoff["a"] == Backoff(100.0 + 240, 3)
     ok = node("a", [mig(0, dict(MIG7))], config_label="gpupack-abc", state_label="success")
-    d = decide(state([ok], in_flight={"a": c}, backoff={"a": Backoff(0.0, 2)}), 100.0, S, FAST)
+    d = decide_mig(state([ok], in_flight={"a": c}, backoff={"a": Backoff(0.0, 2)}), 100.0, S, FAST)
     assert "a" not in d.backoff
 
 
 def test_a_freeze_does_not_cancel_a_change_in_flight() -> None:
     c = change("a", {0: SEVEN}, started=50.0)
     frozen = node("a", reconf=FROZEN, config_label="gpupack-abc", state_label="pending")
-    d = decide(state([frozen], asr(50), in_flight={"a": c}), 100.0, S, FAST)
+    d = decide_mig(state([frozen], asr(50), in_flight={"a": c}), 100.0, S, FAST)
     assert d.finishes == () and d.starts == ()
     assert {h.gpu for h in d.holds} == {0}
 
@@ -254,7 +254,7 @@ def test_mig_gpu_in_flight_keeps_the_instances_it_holds_held() -> None:
     c = change("a", {0: SEVEN})
     assert [(h.start, h.key) for h in holds_for(c, node("a", [g]))] == [
         (0, "gpupack-mig/a/0/0"), (4, "gpupack-mig/a/0/4")]
-    d = decide(state([node("a", [g], config_label="gpupack-abc")], in_flight={"a": c}),
+    d = decide_mig(state([node("a", [g], config_label="gpupack-abc")], in_flight={"a": c}),
                100.0, S, FAST)
     assert sorted(h.key for h in d.holds) == ["gpupack-mig/a/0/0", "gpupack-mig/a/0/4"]
     busy = mig(0, {0: ("3g.40gb", "ns/pod"), 4: ("3g.40gb", "gpupack-mig/a/0/4")})
@@ -265,7 +265,7 @@ def test_slices_being_created_serve_pods_no_second_change() -> None:
     c = change("b", {0: SEVEN}, started=90.0)
     nodes = [node("a"), node("b", config_label="gpupack-abc", state_label="pending"),
              node("x", [whole(0)], reconf=OFF)]
-    d = decide(state(nodes, asr(7), in_flight={"b": c}), 100.0, S, FAST)
+    d = decide_mig(state(nodes, asr(7), in_flight={"b": c}), 100.0, S, FAST)
     assert d.waiting == {} and d.starts == ()
 
 
@@ -319,7 +319,7 @@ def clusters(draw: st.DrawFn) -> ActuatorState:
 @settings(max_examples=40, deadline=None)
 @given(clusters())
 def test_no_action_touches_a_gpu_a_pod_or_reservation_holds(s: ActuatorState) -> None:
-    d = decide(s, 1000.0, S, FAST)
+    d = decide_mig(s, 1000.0, S, FAST)
     views = {(n.name, g.index): (n, g) for n in s.nodes for g in n.gpus}
     models: list[str] = []
     for start in d.starts:

@@ -14,7 +14,7 @@ from sched_builders import FakeClock, make_cache, mig_pod, node
 
 from packing.cpsat import SolverParams
 from packing.model import Placement, PodRequest, RequestKind
-from scheduler.mig_actuator import HOLD_PREFIX, Settings, changes_json
+from scheduler.mig_actuator import HOLD_PREFIX, MigSettings, changes_json
 from scheduler.mig_loop import MigActuator, MigMetrics, SliceFigures
 
 FAST = SolverParams(max_time_s=2.0, workers=1, seed=1)
@@ -58,7 +58,7 @@ def setup(pods: int = 3, leader: bool = True) -> tuple[Any, FakeApi, MigActuator
     clock = FakeClock()
     registry = CollectorRegistry()
     act = MigActuator(cache, api, is_leader=lambda: leader, clock=clock, params=FAST,
-                      settings=Settings(backoff_s=60, settle_s=0), metrics=MigMetrics(registry))
+                      settings=MigSettings(backoff_s=60, settle_s=0), metrics=MigMetrics(registry))
     return cache, api, act, clock, registry
 
 
@@ -95,9 +95,9 @@ def test_start_holds_then_writes_entry_changes_and_label() -> None:
 def test_pod_on_the_gpu_since_the_decision_cancels_the_start() -> None:
     cache, api, act, clock, _ = setup()
     state = act.gather(clock())
-    from scheduler.mig_actuator import decide
+    from scheduler.mig_actuator import decide_mig
 
-    d = decide(state, clock(), act.settings, FAST)
+    d = decide_mig(state, clock(), act.settings, FAST)
     gpu = d.starts[0].change.targets[0][0]
     # A bind takes the GPU between the decision and the writes.
     req = PodRequest("default/llm", kind=RequestKind.WHOLE, gpu_count=1, uid="u1")
@@ -190,7 +190,7 @@ def test_a_mig_gpu_being_relaid_keeps_its_instances_held_across_steps() -> None:
     clock = FakeClock()
     api = FakeApi()
     act = MigActuator(cache, api, clock=clock, params=FAST,
-                      settings=Settings(settle_s=0, min_idle_s=0))
+                      settings=MigSettings(settle_s=0, min_idle_s=0))
     d = act.step()
     assert d is not None and [s.change.node for s in d.starts] == ["a"]
     # The informer brings the label back; the MIG manager has not reported yet.

@@ -10,7 +10,7 @@ import pytest
 from sched_builders import L40S, make_cache, node, pod, shared_pod
 
 from kube.objects import pod_request
-from packing.inventory import GpuInventory, Inventory, PodGpuUsage, encode
+from packing.inventory import GpuInventory, Inventory, PodGpuUsage, encode_inventory
 from packing.model import GpuMode, MigInstance, Placement, RequestKind
 from scheduler.cache import ClusterCache
 
@@ -26,7 +26,7 @@ def l40s(name: str = "n1", gpus: int = 2, replicas: int = 4,
 
 def with_inventory(obj: dict[str, Any], gpus: list[GpuInventory], ts: int = 1) -> dict[str, Any]:
     inv = Inventory(node=obj["metadata"]["name"], ts=ts, gpus=tuple(gpus))
-    obj["metadata"].setdefault("annotations", {})["gpupack.io/inventory"] = encode(inv)
+    obj["metadata"].setdefault("annotations", {})["gpupack.io/inventory"] = encode_inventory(inv)
     return obj
 
 

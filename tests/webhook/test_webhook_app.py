@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 from webhook_builders import dynamic, node, pod, review
 
 from packing.model import Snapshot
-from webhook.app import create_app
+from webhook.app import create_webhook_app
 from webhook.config import WebhookConfig
 from webhook.wire import AdmissionResponse, ReviewError, decode_review, encode_response
 
@@ -30,7 +30,7 @@ def registry() -> CollectorRegistry:
 def client(registry: CollectorRegistry) -> FlaskClient:
     cfg = WebhookConfig(namespace_labels=lambda ns: {"gpupack.io/strict": "true"}
                         if ns == "strict" else {})
-    return create_app(lambda: SNAP, registry, cfg).test_client()
+    return create_webhook_app(lambda: SNAP, registry, cfg).test_client()
 
 
 def _nested(depth: int) -> Any:
@@ -194,7 +194,7 @@ def test_provider_failure_is_a_denial_not_a_500(registry: CollectorRegistry) -> 
     def broken() -> Snapshot:
         raise RuntimeError("cache not synced")
 
-    client = create_app(broken, registry, WebhookConfig()).test_client()
+    client = create_webhook_app(broken, registry, WebhookConfig()).test_client()
     r = post(client, review(pod(annotations={"gpupack.io/gpu-memory": "5Gi"})))
     assert r.status_code == 200
     resp = r.get_json()["response"]

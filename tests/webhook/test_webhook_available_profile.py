@@ -13,7 +13,7 @@ import pytest
 from webhook_builders import OPT_IN, cluster, node, pod
 
 from webhook.config import WebhookConfig
-from webhook.decide import Kind, decide
+from webhook.decide import Kind, decide_admission
 
 FROZEN = {"gpupack.io/mig-reconfigure": "false"}
 MEM, ISO = "gpupack.io/gpu-memory", "gpupack.io/isolation"
@@ -44,7 +44,7 @@ def test_smallest_available_profile(slices: dict[str, int], held: list[str], ask
                                     profile: str, waits: bool) -> None:
     pods = [running(f"r{i}", p) for i, p in enumerate(held)]
     snap = cluster(node("h0", gpus=2, mig=slices, labels=FROZEN), pods=pods)
-    d = decide(pod(annotations={MEM: ask, ISO: "mig"}), snap, WebhookConfig())
+    d = decide_admission(pod(annotations={MEM: ask, ISO: "mig"}), snap, WebhookConfig())
     assert d.kind is Kind.MIG and d.profile == profile, d.reason
     assert ("waits" in d.reason) is waits, d.reason
     if waits:
@@ -69,6 +69,6 @@ def test_a_profile_nothing_has_or_makes_is_not_promised(
         labels: dict[str, str], actuator: bool, kind: Kind, needle: str) -> None:
     snap = cluster(node("h0", gpus=2, mig={"1g.10gb": 6}, labels=labels),
                    mig_actuator=actuator)
-    d = decide(pod(annotations={MEM: "16Gi", ISO: "mig"}), snap, WebhookConfig())
+    d = decide_admission(pod(annotations={MEM: "16Gi", ISO: "mig"}), snap, WebhookConfig())
     assert d.kind is kind, d.reason
     assert needle in d.reason, d.reason

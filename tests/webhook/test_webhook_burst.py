@@ -21,7 +21,7 @@ from webhook_builders import cluster, node, pod, review
 
 from kube.objects import admission_id, pod_request
 from packing.model import Snapshot
-from webhook.app import create_app
+from webhook.app import create_webhook_app
 from webhook.capacity import Claim, ClusterView, ShareKind
 from webhook.claims import ClaimBook
 from webhook.config import WebhookConfig
@@ -57,7 +57,7 @@ def _resource(p: dict[str, Any]) -> str:
 def _burst(snapshot: Callable[[], Snapshot], n: int, memory: str, book: ClaimBook,
            clock: Clock | None = None, step_s: float = 0.0) -> list[dict[str, Any]]:
     """``n`` pods through the real app, each pod as the API server would store it."""
-    client = create_app(snapshot, CollectorRegistry(), WebhookConfig(),
+    client = create_webhook_app(snapshot, CollectorRegistry(), WebhookConfig(),
                         claim_book=book).test_client()
     out = []
     for i in range(n):
@@ -130,7 +130,7 @@ def test_a_claim_ends_when_the_view_shows_the_pod() -> None:
     assert view.models["H100-80GB"].mig_free["3g.40gb"] == 1
     assert book.live(view.seen) == [] and len(book) == 0
     # The next pod sees the one slice left, then the share.
-    client = create_app(lambda: current["snap"], CollectorRegistry(), WebhookConfig(),
+    client = create_webhook_app(lambda: current["snap"], CollectorRegistry(), WebhookConfig(),
                         claim_book=book).test_client()
     got = []
     for i in (1, 2):
@@ -144,7 +144,7 @@ def test_a_claim_ends_when_the_view_shows_the_pod() -> None:
 def test_dry_run_and_reinvocation_claim_nothing() -> None:
     snap = cluster(node("h100", mig={"3g.40gb": 1}), node("l40s", "L40S", 1, "shared"))
     book = ClaimBook()
-    client = create_app(lambda: snap, CollectorRegistry(), WebhookConfig(),
+    client = create_webhook_app(lambda: snap, CollectorRegistry(), WebhookConfig(),
                         claim_book=book).test_client()
     p = pod(annotations={"gpupack.io/gpu-memory": "30Gi"})
     dry = review(p, uid="dry")
@@ -243,7 +243,8 @@ def test_concurrent_reviews_never_share_a_slice() -> None:
     from concurrent.futures import ThreadPoolExecutor
 
     snap = _mixed()
-    app = create_app(lambda: snap, CollectorRegistry(), WebhookConfig(), claim_book=ClaimBook())
+    app = create_webhook_app(lambda: snap, CollectorRegistry(), WebhookConfig(),
+                             claim_book=ClaimBook())
 
     def one(i: int) -> str:
         p = pod(f"asr-{i}", annotations={"gpupack.io/gpu-memory": "30Gi"})
@@ -270,7 +271,7 @@ def test_serve_shape_counts_claims_on_the_extenders_cache() -> None:
     cache.mark_synced()
     feed = SnapshotFeed(cache, min_interval_s=3600.0)  # the view never refreshes by time
     book = ClaimBook()
-    client = create_app(feed, CollectorRegistry(), WebhookConfig(), claim_book=book
+    client = create_webhook_app(feed, CollectorRegistry(), WebhookConfig(), claim_book=book
                         ).test_client()
     stored = []
     for i in range(3):

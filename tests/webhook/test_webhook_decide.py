@@ -10,7 +10,7 @@ from webhook_builders import cluster, dynamic, node, pod
 from webhook.admit import admit
 from webhook.capacity import ClusterView
 from webhook.config import ClassDefault, WebhookConfig
-from webhook.decide import Kind, decide
+from webhook.decide import Kind, decide_admission
 
 CFG = WebhookConfig()
 H100 = dynamic(node("h0"), node("h1"))
@@ -61,7 +61,7 @@ CLASS = "gpupack.io/class"
 )
 def test_small_pod_decisions(snap: Any, ann: dict[str, str], kind: Kind, resource: str,
                              models: tuple[str, ...]) -> None:
-    d = decide(pod(annotations=ann), snap, CFG)
+    d = decide_admission(pod(annotations=ann), snap, CFG)
     assert (d.kind, d.resource, d.models) == (kind, resource, models), d.reason
     assert d.products  # pinned to the product label values of those models
     assert d.container == 0
@@ -69,13 +69,13 @@ def test_small_pod_decisions(snap: Any, ann: dict[str, str], kind: Kind, resourc
 
 def test_product_pin_uses_the_node_label_values() -> None:
     snap = dynamic(node("h0"), node("h1", product="NVIDIA-H100-SXM5-80GB"))
-    d = decide(pod(annotations={MEM: "9Gi"}), snap, CFG)
+    d = decide_admission(pod(annotations={MEM: "9Gi"}), snap, CFG)
     assert d.models == ("H100-80GB",) and d.profile == "1g.10gb"
     assert d.products == ("NVIDIA-H100-80GB-HBM3", "NVIDIA-H100-SXM5-80GB")
     # A100-40GB's smallest fit for 9Gi is 1g.10gb too (1g double memory): same resource,
     # so both models are allowed.
     snap = dynamic(node("h0"), node("a0", "A100-40GB"))
-    d = decide(pod(annotations={MEM: "9Gi"}), snap, CFG)
+    d = decide_admission(pod(annotations={MEM: "9Gi"}), snap, CFG)
     assert d.models == ("A100-40GB", "H100-80GB")
     assert d.products == ("NVIDIA-A100-SXM4-40GB", "NVIDIA-H100-80GB-HBM3")
 
@@ -97,7 +97,7 @@ def test_product_pin_uses_the_node_label_values() -> None:
     ],
 )
 def test_denials_when_nothing_fits(snap: Any, ann: dict[str, str], needle: str) -> None:
-    d = decide(pod(annotations=ann), snap, CFG)
+    d = decide_admission(pod(annotations=ann), snap, CFG)
     assert d.kind is Kind.DENY and d.status_code == 403
     assert needle in d.reason
 
@@ -113,12 +113,12 @@ def test_busy_cluster_falls_back_then_waits() -> None:
         for i in range(4)
     ]
     snap = cluster(full_a30, node("l4", "L4", 1, "shared"), pods=running)
-    assert decide(pod(annotations={MEM: "5Gi"}), snap, CFG).kind is Kind.SHARED
+    assert decide_admission(pod(annotations={MEM: "5Gi"}), snap, CFG).kind is Kind.SHARED
     # isolation mig: no slice free now, but one exists: the pod waits for it.
-    d = decide(pod(annotations={MEM: "5Gi", ISO: "mig"}), snap, CFG)
+    d = decide_admission(pod(annotations={MEM: "5Gi", ISO: "mig"}), snap, CFG)
     assert d.kind is Kind.MIG and d.profile == "1g.6gb" and "waits" in d.reason
     # Without the shared node the MIG slice is still chosen (pending beats denial).
-    d = decide(pod(annotations={MEM: "5Gi"}), cluster(full_a30, pods=running), CFG)
+    d = decide_admission(pod(annotations={MEM: "5Gi"}), cluster(full_a30, pods=running), CFG)
     assert d.kind is Kind.MIG and "waits" in d.reason
 
 
@@ -126,7 +126,7 @@ def test_one_slice_name_on_several_models_pins_all_of_them() -> None:
     # 1g.10gb is the smallest fit for 9Gi on A100-80GB and on H100-80GB (9.75Gi): the
     # resource is the same, so both models are allowed; capacity is counted per model.
     snap = dynamic(node("a", "A100-80GB", 8), node("h", "H100-80GB", 1))
-    d = decide(pod(annotations={MEM: "9Gi"}), snap, CFG)
+    d = decide_admission(pod(annotations={MEM: "9Gi"}), snap, CFG)
     assert d.models == ("A100-80GB", "H100-80GB") and d.profile == "1g.10gb"
     view = ClusterView.of(snap)
     assert view.models["A100-80GB"].mig_available("1g.10gb") == 56
@@ -157,24 +157,24 @@ def test_cordoned_nodes_offer_nothing() -> None:
     ],
 )
 def test_classification(p: dict[str, Any], kind: Kind, klass: str) -> None:
-    d = decide(p, H100, CFG)
+    d = decide_admission(p, H100, CFG)
     assert (d.kind, d.klass) == (kind, klass)
 
 
 def test_small_pod_without_memory_takes_the_small_default() -> None:
-    d = decide(pod(annotations={ISO: "mig", COMPUTE: "0.5"}), H100, CFG)
+    d = decide_admission(pod(annotations={ISO: "mig", COMPUTE: "0.5"}), H100, CFG)
     assert d.profile == "4g.40gb" and d.defaults == {MEM: "4Gi"}
-    d = decide(pod(annotations={ISO: "mig"}), H100, WebhookConfig(class_defaults={}))
+    d = decide_admission(pod(annotations={ISO: "mig"}), H100, WebhookConfig(class_defaults={}))
     assert d.kind is Kind.DENY and d.status_code == 400
     assert "metadata.annotations.gpupack.io/gpu-memory: missing" in d.reason
 
 
 def test_class_defaults_come_from_config() -> None:
     cfg = WebhookConfig(class_defaults={"asr": ClassDefault(30 * 1024, 250)})
-    d = decide(pod(annotations={CLASS: "asr"}), H100, cfg)
+    d = decide_admission(pod(annotations={CLASS: "asr"}), H100, cfg)
     assert d.profile == "3g.40gb"
     assert d.defaults == {MEM: "30Gi", COMPUTE: "0.25"}
-    d = decide(pod(annotations={CLASS: "tts"}), H100, cfg)
+    d = decide_admission(pod(annotations={CLASS: "tts"}), H100, cfg)
     assert d.kind is Kind.DENY and d.status_code == 400 and "'tts' is not one of" in d.reason
 
 
@@ -197,7 +197,7 @@ def test_class_defaults_come_from_config() -> None:
 )
 def test_explicit_conflicts_are_denied(containers: list[dict[str, Any]], ann: dict[str, str],
                                        needle: str) -> None:
-    d = decide(pod(annotations=ann, containers=containers), H100, CFG)
+    d = decide_admission(pod(annotations=ann, containers=containers), H100, CFG)
     assert d.kind is Kind.DENY and d.status_code == 400
     assert needle in d.reason
 
@@ -224,23 +224,23 @@ def _product(op: str, *values: str) -> dict[str, Any]:
 
 def test_user_product_constraints_steer_the_choice() -> None:
     only_h100 = _affinity([_product("In", "NVIDIA-H100-80GB-HBM3")])
-    d = decide(pod(annotations={MEM: "5Gi"}, spec=only_h100), MIXED, CFG)
+    d = decide_admission(pod(annotations={MEM: "5Gi"}, spec=only_h100), MIXED, CFG)
     assert d.models == ("H100-80GB",) and d.profile == "1g.10gb"
     not_a100 = _affinity([_product("NotIn", "NVIDIA-A100-SXM4-40GB")])
-    d = decide(pod(annotations={MEM: "5Gi"}, spec=not_a100), MIXED, CFG)
+    d = decide_admission(pod(annotations={MEM: "5Gi"}, spec=not_a100), MIXED, CFG)
     assert d.models == ("H100-80GB",)
     sel = {"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-L40S"}}
-    d = decide(pod(annotations={MEM: "5Gi"}, spec=sel), MIXED, CFG)
+    d = decide_admission(pod(annotations={MEM: "5Gi"}, spec=sel), MIXED, CFG)
     assert d.kind is Kind.SHARED
 
 
 def test_conflicting_product_affinity_is_denied_by_name() -> None:
     spec = _affinity([_product("In", "NVIDIA-L40S")])
-    d = decide(pod(annotations={MEM: "5Gi"}, spec=spec), H100, CFG)
+    d = decide_admission(pod(annotations={MEM: "5Gi"}, spec=spec), H100, CFG)
     assert d.kind is Kind.DENY
     assert f"{AFF}.nodeSelectorTerms[0].matchExpressions[0] (nvidia.com/gpu.product In " \
            "[NVIDIA-L40S])" in d.reason
-    d = decide(pod(annotations={MEM: "5Gi"},
+    d = decide_admission(pod(annotations={MEM: "5Gi"},
                    spec={"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-A100"}}), H100, CFG)
     assert d.kind is Kind.DENY
     assert "spec.nodeSelector.nvidia.com/gpu.product=NVIDIA-A100" in d.reason

@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry
 from webhook_builders import dynamic, node, pod, review
 
 from serving.metrics_auth import ScrapeGuard
-from webhook.app import create_app
+from webhook.app import create_webhook_app
 from webhook.config import WebhookConfig
 
 SNAP = dynamic(node("h0"))
@@ -43,7 +43,7 @@ def authorize(who: Who, path: str, verb: str) -> bool:
     ({"Authorization": "Bearer prom"}, 200),
 ])
 def test_webhook_metrics_guarded(headers: dict[str, str], status: int) -> None:
-    app = create_app(lambda: SNAP, CollectorRegistry(), WebhookConfig(),
+    app = create_webhook_app(lambda: SNAP, CollectorRegistry(), WebhookConfig(),
                      metrics_guard=ScrapeGuard(authenticate, authorize))
     client = app.test_client()
     r = client.get("/metrics", headers=headers)
@@ -60,5 +60,5 @@ def test_webhook_metrics_guarded(headers: dict[str, str], status: int) -> None:
 
 
 def test_webhook_metrics_open_without_a_guard() -> None:
-    client = create_app(lambda: SNAP, CollectorRegistry(), WebhookConfig()).test_client()
+    client = create_webhook_app(lambda: SNAP, CollectorRegistry(), WebhookConfig()).test_client()
     assert client.get("/metrics").status_code == 200

@@ -15,7 +15,7 @@ from webhook_builders import OPT_IN, cluster, node, pod
 from packing.model import MigReconfigure
 from webhook.capacity import ClusterView
 from webhook.config import WebhookConfig
-from webhook.decide import Kind, decide
+from webhook.decide import Kind, decide_admission
 
 FROZEN = {"gpupack.io/mig-reconfigure": "false"}
 ASR = {"gpupack.io/class": "asr"}  # 8Gi by default
@@ -49,7 +49,7 @@ def _h100_and_l40s(labels: dict[str, str], actuator: bool) -> ClusterView:
 )
 def test_idle_whole_h100_beside_a_free_l40s(labels: dict[str, str], actuator: bool,
                                              resource: str, needle: str) -> None:
-    d = decide(pod(annotations=ASR), _h100_and_l40s(labels, actuator), WebhookConfig())
+    d = decide_admission(pod(annotations=ASR), _h100_and_l40s(labels, actuator), WebhookConfig())
     assert d.resource == resource, d.reason
     assert needle in d.reason, d.reason
 
@@ -79,7 +79,8 @@ def test_opted_in_whole_gpus_with_the_actuator_on_count_as_creatable_not_free() 
 
 def test_only_h100s_that_may_not_change_deny_a_mig_only_pod_naming_the_case() -> None:
     snap = cluster(node("h100", gpus=2, mode="whole", labels=OPT_IN))
-    d = decide(pod(annotations={**ASR, "gpupack.io/isolation": "mig"}), snap, WebhookConfig())
+    d = decide_admission(pod(annotations={**ASR, "gpupack.io/isolation": "mig"}), snap,
+                         WebhookConfig())
     assert d.kind is Kind.DENY and d.status_code == 403
     assert "no MIG slices [H100-80GB MIG off: 2 on nodes that opt in to MIG " \
            "reconfiguration while the MIG actuator is off]" in d.reason
@@ -90,7 +91,7 @@ def test_existing_slices_serve_whatever_the_case() -> None:
     for labels, actuator in (({}, False), (FROZEN, True), (OPT_IN, False), (OPT_IN, True)):
         snap = cluster(node("h0", gpus=1, mig={"1g.10gb": 7}, labels=labels),
                        mig_actuator=actuator)
-        d = decide(pod(annotations=ASR), snap, WebhookConfig())
+        d = decide_admission(pod(annotations=ASR), snap, WebhookConfig())
         assert d.resource == "nvidia.com/mig-1g.10gb" and "7 free on H100-80GB" in d.reason
 
 
@@ -99,7 +100,8 @@ def test_a_mig_node_coming_up_lets_the_pod_wait_for_its_slice() -> None:
     # is patched after it is created): the layout is unknown, not empty. Found on the
     # real control plane, whose nodes get their allocatable just after creation.
     snap = cluster(node("h0", gpus=8, labels=FROZEN))
-    d = decide(pod(annotations={**ASR, "gpupack.io/isolation": "mig"}), snap, WebhookConfig())
+    d = decide_admission(pod(annotations={**ASR, "gpupack.io/isolation": "mig"}), snap,
+                         WebhookConfig())
     assert d.resource == "nvidia.com/mig-1g.10gb", d.reason
     assert "8 GPU(s) report MIG on but no instance yet" in d.reason
 
@@ -109,6 +111,7 @@ def test_a_node_that_reports_its_layout_promises_nothing_else() -> None:
     snap = cluster(node("h0", gpus=8, mig={"1g.10gb": 7}, labels=FROZEN))
     view = ClusterView.of(snap)
     assert not view.models["H100-80GB"].mig_possible("2g.20gb")
-    d = decide(pod(annotations={"gpupack.io/gpu-memory": "16Gi", "gpupack.io/isolation": "mig"}),
-               view, WebhookConfig())
+    d = decide_admission(
+        pod(annotations={"gpupack.io/gpu-memory": "16Gi", "gpupack.io/isolation": "mig"}),
+        view, WebhookConfig())
     assert d.kind is Kind.DENY and "largest MIG slice 1g.10gb" in d.reason, d.reason

@@ -15,11 +15,11 @@ from webhook_builders import cluster, node, pod, review
 from kube.objects import node_info
 from packing.model import GpuMode, Snapshot
 from webhook.admit import admit
-from webhook.app import create_app
+from webhook.app import create_webhook_app
 from webhook.capacity import ClusterView
 from webhook.claims import ClaimBook
 from webhook.config import WebhookConfig
-from webhook.decide import Kind, decide
+from webhook.decide import Kind, decide_admission
 
 CFG = WebhookConfig()
 STRATEGY = "nvidia.com/gpu.sharing-strategy"
@@ -65,7 +65,7 @@ def _ann(memory: str, isolation: str | None = None) -> dict[str, str]:
 )
 def test_mps_decisions(snap: Snapshot, memory: str, isolation: str | None, kind: Kind,
                        sharing: tuple[str, tuple[str, ...]] | None, needle: str) -> None:
-    d = decide(pod(annotations=_ann(memory, isolation)), snap, CFG)
+    d = decide_admission(pod(annotations=_ann(memory, isolation)), snap, CFG)
     assert d.kind is kind, d.reason
     assert needle in d.reason, d.reason
     assert d.sharing == sharing
@@ -124,7 +124,7 @@ def test_burst_fills_mps_replicas_then_time_slices() -> None:
     """4 replicas per MPS GPU: a burst of 8Gi pods takes the 4 of the one MPS GPU, then
     time-sliced room (the claims count replicas, not only memory)."""
     snap = cluster(node("mps-0", "L40S", 1, "mps"), node("ts-0", "L40S", 1, "shared"))
-    client = create_app(lambda: snap, CollectorRegistry(), CFG,
+    client = create_webhook_app(lambda: snap, CollectorRegistry(), CFG,
                         claim_book=ClaimBook()).test_client()
     kinds = []
     for i in range(9):

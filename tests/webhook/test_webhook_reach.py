@@ -15,11 +15,11 @@ from webhook_builders import cluster, node, pod, review
 
 from kube.constraints import NodeLevel, node_level, spec_constraints
 from packing.model import Snapshot
-from webhook.app import create_app
+from webhook.app import create_webhook_app
 from webhook.capacity import SCOPES_KEPT, Claim, ClusterView, ShareKind
 from webhook.claims import ClaimBook, ClaimedView
 from webhook.config import WebhookConfig
-from webhook.decide import Kind, decide
+from webhook.decide import Kind, decide_admission
 
 CFG = WebhookConfig()
 MEM = "gpupack.io/gpu-memory"
@@ -103,7 +103,7 @@ def test_pool_pod_is_converted_by_its_pools_capacity_only() -> None:
     snap = cluster(node("in-mig", mig={"3g.40gb": 1}, labels={"pool": "p"}),
                    node("in-l40s", "L40S", 2, "shared", labels={"pool": "p"}),
                    node("outside", mig={"3g.40gb": 2}, labels={"pool": "other"}))
-    client = create_app(lambda: snap, CollectorRegistry(), CFG,
+    client = create_webhook_app(lambda: snap, CollectorRegistry(), CFG,
                         claim_book=ClaimBook()).test_client()
 
     def admit(name: str, spec: dict[str, Any]) -> dict[str, Any]:
@@ -140,7 +140,8 @@ POOL_B = _level({"nodeSelector": {"pool": "b"}})
 
 def test_a_claim_in_one_pool_leaves_the_other_alone() -> None:
     base = ClusterView.of(_two_pools())
-    d = decide(pod(annotations={MEM: "30Gi"}, spec={"nodeSelector": {"pool": "a"}}), base, CFG)
+    d = decide_admission(pod(annotations={MEM: "30Gi"}, spec={"nodeSelector": {"pool": "a"}}),
+                         base, CFG)
     assert d.kind is Kind.MIG and d.reach == {"a-0"}
     claim = d.claim()
     assert claim is not None and claim.reach == {"a-0"}
@@ -148,7 +149,7 @@ def test_a_claim_in_one_pool_leaves_the_other_alone() -> None:
     assert (_free(after), _free(after.scoped(POOL_A)), _free(after.scoped(POOL_B))) == (3, 1, 2)
     # A claim that may land in either pool (no constraints) is taken from both: the
     # pod may take either pool's slice.
-    anywhere = decide(pod(annotations={MEM: "30Gi"}), base, CFG).claim()
+    anywhere = decide_admission(pod(annotations={MEM: "30Gi"}), base, CFG).claim()
     assert anywhere is not None and anywhere.reach == {"a-0", "b-0"}
     both = after.with_claims([anywhere])
     assert (_free(both), _free(both.scoped(POOL_A)), _free(both.scoped(POOL_B))) == (2, 0, 1)
@@ -156,7 +157,7 @@ def test_a_claim_in_one_pool_leaves_the_other_alone() -> None:
 
 def test_a_burst_in_one_pool_through_the_app_leaves_the_other_pool_its_slices() -> None:
     snap = _two_pools()
-    client = create_app(lambda: snap, CollectorRegistry(), CFG,
+    client = create_webhook_app(lambda: snap, CollectorRegistry(), CFG,
                         claim_book=ClaimBook()).test_client()
 
     def reason(name: str, pool: str) -> str:
@@ -201,14 +202,14 @@ def test_pending_pods_count_only_in_their_pool() -> None:
 def test_reasons_and_denials_name_the_field(spec: dict[str, Any], kind: Kind,
                                             needle: str) -> None:
     snap = cluster(_taint(node("g", mig={"3g.40gb": 1}), "gpu", value="yes"))
-    d = decide(pod(annotations={MEM: "30Gi"}, spec=spec), snap, CFG)
+    d = decide_admission(pod(annotations={MEM: "30Gi"}, spec=spec), snap, CFG)
     assert d.kind is kind, d.reason
     assert needle in d.reason, d.reason
 
 
 def test_an_unreadable_constraint_is_a_400_naming_it() -> None:
     spec = _affinity(_expr("pool", "Near", "a"))
-    d = decide(pod(annotations={MEM: "30Gi"}, spec=spec), _two_pools(), CFG)
+    d = decide_admission(pod(annotations={MEM: "30Gi"}, spec=spec), _two_pools(), CFG)
     assert (d.kind, d.status_code) == (Kind.DENY, 400)
     assert f"{AFF}.nodeSelectorTerms[0].matchExpressions[0].operator" in d.reason
 
@@ -286,8 +287,8 @@ def test_serve_shape_scopes_on_the_extenders_cache() -> None:
               _taint(node("tainted", mig={"3g.40gb": 4}), "dedicated", value="llm")):
         assert cache.upsert_node(n)
     cache.mark_synced()
-    client = create_app(SnapshotFeed(cache, min_interval_s=3600.0), CollectorRegistry(), CFG,
-                        claim_book=ClaimBook()).test_client()
+    client = create_webhook_app(SnapshotFeed(cache, min_interval_s=3600.0),
+                                CollectorRegistry(), CFG, claim_book=ClaimBook()).test_client()
 
     def limit(name: str, spec: dict[str, Any]) -> str:
         p = pod(name, annotations={MEM: "30Gi"}, spec=spec)

@@ -9,7 +9,7 @@ from webhook_builders import cluster, dynamic, node, pod
 
 from webhook.admit import admit
 from webhook.config import WebhookConfig
-from webhook.decide import Kind, decide
+from webhook.decide import Kind, decide_admission
 from webhook.sizing import find_self_sizing
 
 CFG = WebhookConfig()
@@ -56,13 +56,13 @@ def test_flag_table_warns_on_shares(containers: list[dict[str, Any]], fraction: 
     found = [f.fraction for f in find_self_sizing(containers[0])]
     if fraction is not None:
         assert found == [fraction]
-    d = decide(pod(annotations=SHARE, containers=containers), L40S, CFG)
+    d = decide_admission(pod(annotations=SHARE, containers=containers), L40S, CFG)
     assert d.kind is Kind.SHARED
     over_share = [w for w in d.warnings if "12Gi share" in w and "OOM its neighbours" in w]
     assert bool(over_share) is over, d.warnings
     # Strict mode by pod annotation turns exactly those warnings into a denial.
     strict = dict(SHARE, **{"gpupack.io/strict": "true"})
-    s = decide(pod(annotations=strict, containers=containers), L40S, CFG)
+    s = decide_admission(pod(annotations=strict, containers=containers), L40S, CFG)
     assert (s.kind is Kind.DENY) is over
     if over:
         assert s.status_code == 403 and "strict mode" in s.reason
@@ -70,7 +70,7 @@ def test_flag_table_warns_on_shares(containers: list[dict[str, Any]], fraction: 
 
 def test_message_names_the_numbers() -> None:
     c = _c(args=["--gpu-memory-utilization", "0.9"])
-    d = decide(pod(annotations=SHARE, containers=c), L40S, CFG)
+    d = decide_admission(pod(annotations=SHARE, containers=c), L40S, CFG)
     assert d.warnings == (
         "container server: vLLM --gpu-memory-utilization 0.9 takes 43.2Gi of a time-sliced "
         "L40S (48Gi), more than its 12Gi share, and can OOM its neighbours; use <= 0.25 or "
@@ -82,17 +82,18 @@ def test_message_names_the_numbers() -> None:
 def test_namespace_label_opts_into_strict_mode() -> None:
     c = _c(args=["--gpu-memory-utilization", "0.9"])
     p = pod(annotations=SHARE, containers=c)
-    assert decide(p, L40S, CFG, {"gpupack.io/strict": "true"}).kind is Kind.DENY
-    assert decide(p, L40S, CFG, {"gpupack.io/strict": "false"}).kind is Kind.SHARED
+    assert decide_admission(p, L40S, CFG, {"gpupack.io/strict": "true"}).kind is Kind.DENY
+    assert decide_admission(p, L40S, CFG, {"gpupack.io/strict": "false"}).kind is Kind.SHARED
     # The pod's own "false" does not override a strict namespace.
     p2 = pod(annotations=dict(SHARE, **{"gpupack.io/strict": "false"}), containers=c)
-    assert decide(p2, L40S, CFG, {"gpupack.io/strict": "true"}).kind is Kind.DENY
+    assert decide_admission(p2, L40S, CFG, {"gpupack.io/strict": "true"}).kind is Kind.DENY
 
 
 def test_mig_slices_are_safe_for_self_sizing_servers() -> None:
     c = _c(args=["--gpu-memory-utilization", "0.95"])
-    d = decide(pod(annotations={"gpupack.io/gpu-memory": "12Gi", "gpupack.io/strict": "true"},
-                   containers=c), MIXED, CFG)
+    d = decide_admission(
+        pod(annotations={"gpupack.io/gpu-memory": "12Gi", "gpupack.io/strict": "true"},
+            containers=c), MIXED, CFG)
     assert d.kind is Kind.MIG and d.warnings == ()
 
 

@@ -17,7 +17,7 @@ from webhook_builders import dynamic, node, opted_in, pod, review
 from webhook_server import Cert, Server
 
 from packing.model import Snapshot
-from webhook.app import MAX_REVIEW_BYTES, create_app
+from webhook.app import MAX_REVIEW_BYTES, create_webhook_app
 from webhook.config import WebhookConfig
 
 SIZED = pod("asr", annotations={"gpupack.io/gpu-memory": "8Gi"})
@@ -43,7 +43,8 @@ class Feed:
 def test_before_the_first_list_nothing_is_decided_then_pods_are_sized(wire_ready: bool) -> None:
     feed = Feed()
     registry = CollectorRegistry()
-    app = create_app(feed, registry, WebhookConfig(), ready=feed.ready if wire_ready else None)
+    app = create_webhook_app(feed, registry, WebhookConfig(),
+                             ready=feed.ready if wire_ready else None)
     client = app.test_client()
     assert client.get("/readyz").status_code == 503
     assert client.get("/healthz").status_code == 200  # alive: no restart while it lists
@@ -65,7 +66,7 @@ def test_before_the_first_list_nothing_is_decided_then_pods_are_sized(wire_ready
 
 def test_a_provider_without_a_list_yet_is_not_ready_even_if_nobody_says_so() -> None:
     # No ready() anywhere: the provider's None still keeps the webhook from deciding.
-    app = create_app(lambda: None, CollectorRegistry(), WebhookConfig())
+    app = create_webhook_app(lambda: None, CollectorRegistry(), WebhookConfig())
     r = app.test_client().post("/mutate", json=review(SIZED))
     assert r.status_code == 503
 
@@ -77,7 +78,7 @@ def test_a_declared_body_over_3_mib_is_413_in_process() -> None:
         calls.append(1)
         return dynamic(node("h0"))
 
-    client = create_app(provider, CollectorRegistry(), WebhookConfig()).test_client()
+    client = create_webhook_app(provider, CollectorRegistry(), WebhookConfig()).test_client()
     big = json.dumps(review(SIZED)).encode() + b" " * MAX_REVIEW_BYTES
     r = client.post("/mutate", data=big, content_type="application/json")
     assert r.status_code == 413 and "over the API server's limit" in r.get_json()["error"]
@@ -164,7 +165,7 @@ def test_the_extenders_feed_gives_no_snapshot_until_the_cache_is_synced() -> Non
     cache = ClusterCache("gpupack", mig_actuator=True)
     cache.upsert_node(opted_in(node("h0")))  # no slices yet: made on demand
     feed = SnapshotFeed(cache)
-    client = create_app(feed, CollectorRegistry(), WebhookConfig()).test_client()
+    client = create_webhook_app(feed, CollectorRegistry(), WebhookConfig()).test_client()
     assert feed() is None and not feed.ready()
     assert client.get("/readyz").status_code == 503  # the feed's ready() is used
     assert client.post("/mutate", json=review(SIZED)).status_code == 503
