@@ -167,6 +167,7 @@ class Components:
     def __init__(self, args: argparse.Namespace) -> None:
         from prometheus_client import CollectorRegistry
 
+        from kube.cache import ClusterCache
         from kube.group_inputs import GroupInputs
         from kube.leader import AlwaysLeader, Leadership, LeaseWatcher
         from kube.lws import LwsPoller
@@ -188,7 +189,6 @@ class Components:
         )
         from packing.cpsat import SolverParams
         from scheduler.app import AppConfig, create_extender_app
-        from scheduler.cache import ClusterCache
         from scheduler.groups import ReservationBook
         from scheduler.planner import Planner
         from serving.metrics_auth import Guard

@@ -90,8 +90,8 @@ class LiveSnapshots:
     then decides nothing, see :mod:`webhook.app`)."""
 
     def __init__(self, args: argparse.Namespace) -> None:
+        from kube.cache import ClusterCache
         from kube.source import ApiSource, load_api_client
-        from scheduler.cache import ClusterCache
 
         self.cache = ClusterCache(args.scheduler_name, mig_actuator=args.mig_actuator)
         self.source = ApiSource(load_api_client(args.kubeconfig, args.in_cluster))

@@ -72,7 +72,7 @@ class Binder(Protocol):
 
 
 class Sink(Protocol):
-    """What a source feeds: :class:`scheduler.cache.ClusterCache` provides it."""
+    """What a source feeds: :class:`kube.cache.ClusterCache` provides it."""
 
     def upsert_node(self, obj: Mapping[str, Any]) -> bool: ...
 

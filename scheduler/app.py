@@ -23,8 +23,8 @@ from flask import Flask, Response, request
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 from werkzeug.exceptions import HTTPException
 
+from kube.cache import ClusterCache
 from kube.source import Binder
-from scheduler.cache import ClusterCache
 from scheduler.groups import ReservationBook
 from scheduler.metrics import ExtenderMetrics, GroupMetrics
 from scheduler.planner import Planner

@@ -39,6 +39,7 @@ from dataclasses import dataclass, replace
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from kube.cache import ClusterCache
 from kube.defrag_inputs import PodOwners
 from kube.evictions import OUTCOMES, EventSink, Evictor, PodRef
 from packing.defrag import (
@@ -51,7 +52,6 @@ from packing.defrag import (
 )
 from packing.groups import is_reservation
 from packing.model import Placement, PodRequest, RequestKind, Snapshot
-from scheduler.cache import ClusterCache
 from scheduler.defrag_decide import (
     CONSOLIDATE,
     STOP_REASONS,

@@ -12,12 +12,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
+from kube.cache import ClusterCache
 from kube.constraints import PodConstraints
 from kube.group_inputs import GroupInputs
 from kube.reservations import ReservationRecord
 from packing.groups import RESERVE_MARK
 from packing.model import PodRequest
-from scheduler.cache import ClusterCache
 from scheduler.group_rights import (
     GroupRights,
     MemberFacts,

@@ -43,6 +43,8 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 
+from kube.assumptions import AssumeError
+from kube.cache import ClusterCache
 from kube.group_inputs import GroupInputs
 from kube.reservations import (
     RecordWriter,
@@ -56,7 +58,6 @@ from packing.groups import is_reservation
 from packing.model import Placement, PodRequest, RequestKind
 from packing.policies.greedy import Scorer
 from packing.policies.scores import bestfit
-from scheduler.cache import AssumeError, ClusterCache
 from scheduler.group_facts import RightsPass, judge
 from scheduler.group_placement import (
     WAIT_REASONS,

@@ -37,10 +37,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from kube.cache import ClusterCache
 from packing.catalog import get_model
 from packing.model import GpuMode
 from packing.state import GpuState, NodeState
-from scheduler.cache import ClusterCache
 from scheduler.groups import WAIT_REASONS, ReservationBook
 from scheduler.planner import Planner
 

@@ -29,12 +29,12 @@ from typing import Any, Protocol
 
 from prometheus_client.core import GaugeMetricFamily
 
+from kube.cache import ClusterCache
 from kube.mig import merged_config
 from packing.cpsat import SolverParams
 from packing.mig import MigSlot
 from packing.mig_plan import DEFAULT_PARAMS, WHOLE
 from packing.model import GpuMode, Placement, PodRequest, RequestKind
-from scheduler.cache import ClusterCache
 from scheduler.mig_actuator import (
     CONFIG_LABEL,
     DEFAULT_SETTINGS,

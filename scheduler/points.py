@@ -20,10 +20,11 @@ from dataclasses import dataclass
 from prometheus_client import Counter
 
 from kube.annotations import placement_annotations
+from kube.assumptions import AssumeError
+from kube.cache import ClusterCache
 from kube.objects import pod_key
 from kube.source import Binder, BindError
 from packing.model import Placement, PodRequest
-from scheduler.cache import AssumeError, ClusterCache
 from scheduler.groups import ReservationBook
 from scheduler.planner import Planner
 from scheduler.request_pods import RequestPod, RequestPods

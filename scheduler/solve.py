@@ -138,12 +138,12 @@ def candidates(state: ClusterState, batch: Sequence[PodRequest], per_class: int
                ) -> tuple[set[str], set[str]]:
     """Nodes worth planning the batch over, and the batch pods that fit no node now.
 
-    Nodes in the same state (:func:`scheduler.cache.node_signature`) are interchangeable
+    Nodes in the same state (:func:`kube.signatures.node_signature`) are interchangeable
     to the policies; from each class of equal nodes that some batch pod fits, up to
     ``per_class`` nodes (at most one per pod that fits it) are kept, honouring selectors.
     The greedy passes and CP-SAT then work on hundreds of nodes instead of thousands.
     """
-    from scheduler.cache import node_signature
+    from kube.signatures import node_signature
     from scheduler.verbs import shape_key
 
     classes: dict[tuple[Any, ...], list[str]] = {}

@@ -8,7 +8,7 @@ Speed: kube-scheduler calls filter and prioritize for every pod with up to hundr
 node names, and pods of one Deployment have one shape. A node's answer for a shape (fits
 or why not; the scorer's preference) depends only on the node's state, not on its name:
 the cache names each node's state with a signature id (see
-:func:`scheduler.cache.node_signature`), equal for nodes in equal states, and answers are
+:func:`kube.signatures.node_signature`), equal for nodes in equal states, and answers are
 memoized per (shape, signature). A large cluster is a few node kinds in a few states,
 so a request costs two dict lookups per node, and a miss (a state never seen with this
 shape) evaluates one node for all nodes in that state. Node selectors are the one
@@ -54,7 +54,7 @@ class VerbError(ValueError):
 
 
 class CacheView(Protocol):
-    """What the verbs read; :class:`scheduler.cache.ClusterCache` provides it."""
+    """What the verbs read; :class:`kube.cache.ClusterCache` provides it."""
 
     state: ClusterState
 

@@ -38,11 +38,12 @@ from dataclasses import replace
 from multiprocessing.connection import Connection
 from typing import Any
 
+from kube.cache import ClusterCache
+from kube.signatures import node_signature
 from packing.cpsat import SolverParams
 from packing.model import Placement, PodRequest, Snapshot
 from packing.policies.greedy import Scorer
 from packing.state import ClusterState, GpuState, NodeState, PlacementError
-from scheduler.cache import ClusterCache, node_signature
 from scheduler.child import ChildGone, ChildProcess, ChildTimeout, background, serve_messages
 from scheduler.verbs import (
     Memo,

@@ -3,7 +3,7 @@
 ``gpupack serve --webhook-port`` runs the webhook app (:func:`webhook.app.create_extender_app`)
 next to the extender in the same gunicorn worker process, over HTTPS from a daemon
 thread (:class:`serving.https.HttpsListener`), so its snapshot provider is the
-extender's own :class:`~scheduler.cache.ClusterCache` (assumed binds included), with no
+extender's own :class:`~kube.cache.ClusterCache` (assumed binds included), with no
 second watch of the API server.
 
 Until the cache's first list is complete, :class:`SnapshotFeed` gives no snapshot and
@@ -21,8 +21,8 @@ import logging
 import threading
 import time
 
+from kube.cache import ClusterCache
 from packing.model import Snapshot
-from scheduler.cache import ClusterCache
 
 log = logging.getLogger("gpupack.scheduler.webhook")
 

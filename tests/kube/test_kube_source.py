@@ -16,8 +16,8 @@ from fake_apiserver import FakeApiServer
 sys.path.insert(0, str(Path(__file__).parent.parent / "scheduler"))
 from sched_builders import node, whole_pod
 
+from kube.cache import ClusterCache
 from kube.source import ApiBinder, ApiSource, BindError
-from scheduler.cache import ClusterCache
 
 
 def wait_for(cond: Callable[[], bool], timeout: float = 10.0,

@@ -16,8 +16,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent.parent / "scheduler"))
 from sched_builders import node, whole_pod
 
+from kube.cache import ClusterCache
 from kube.source import BindError, Codec, Decoded, PodStore, StaticSource
-from scheduler.cache import ClusterCache
 
 
 @pytest.mark.parametrize(("obj", "as_bytes"), [

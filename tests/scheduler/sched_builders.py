@@ -100,7 +100,7 @@ def make_cache(nodes: list[dict[str, Any]], pods: list[dict[str, Any]] | None = 
                clock: FakeClock | None = None) -> Any:
     """A synced cache of these objects (``clock`` is accepted for the callers that move
     time for other parts; the cache itself keeps no time)."""
-    from scheduler.cache import ClusterCache
+    from kube.cache import ClusterCache
 
     del clock
     cache = ClusterCache("gpupack", mig_actuator=True)

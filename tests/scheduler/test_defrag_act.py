@@ -13,13 +13,14 @@ from prometheus_client import CollectorRegistry
 from sched_builders import FakeClock, node, whole_pod
 from test_groups_builders import bound, lws_pod
 
+from kube.assumptions import AssumeError
+from kube.cache import ClusterCache
 from kube.defrag_inputs import PodOwners
 from kube.evictions import EvictionResult, PodRef
 from kube.objects import pod_request
 from kube.reservations import ReservationTap
 from packing.defrag import DefragParams
 from packing.model import Placement
-from scheduler.cache import AssumeError, ClusterCache
 from scheduler.defrag_act import Defragmenter, defrag_hold_key
 from scheduler.defrag_decide import DefragSettings
 from scheduler.groups import ReservationBook, hold_key

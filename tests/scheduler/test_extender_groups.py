@@ -11,6 +11,7 @@ from sched_builders import FakeClock, filter_args, mig_pod, node, whole_pod
 from test_groups_builders import RecordingWriter, bound, lws_pod, rig
 
 from kube.annotations import placement_annotations
+from kube.cache import ClusterCache
 from kube.reservations import (
     RecordWriter,
     StaticRecordStore,
@@ -21,7 +22,6 @@ from kube.reservations import (
 from kube.source import StaticSource
 from packing.model import PodRequest
 from scheduler.app import AppConfig, create_extender_app
-from scheduler.cache import ClusterCache
 from scheduler.groups import ReservationBook, hold_key
 from scheduler.metrics import ExtenderMetrics
 from scheduler.planner import Planner

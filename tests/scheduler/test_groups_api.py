@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).parent.parent / "kube"))
 from fake_apiserver import FakeApiServer
 
 from kube.annotations import placement_annotations
+from kube.cache import ClusterCache
 from kube.group_inputs import GroupInputs
 from kube.leader import LeaseWatcher
 from kube.lws import LwsPoller
@@ -32,7 +33,6 @@ from kube.reservations import (
     record_of,
 )
 from kube.source import ApiBinder, ApiSource
-from scheduler.cache import ClusterCache
 from scheduler.groups import ReservationBook
 
 A = "llm/a/0"

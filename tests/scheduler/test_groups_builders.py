@@ -8,8 +8,8 @@ from typing import Any
 
 from sched_builders import FakeClock, whole_pod
 
+from kube.cache import ClusterCache
 from kube.reservations import ReservationTap, record_name
-from scheduler.cache import ClusterCache
 from scheduler.groups import ReservationBook, hold_key
 
 LWS = "leaderworkerset.sigs.k8s.io/"

@@ -34,10 +34,10 @@ from sched_builders import FakeClock, node, pod, whole_pod
 from test_groups_builders import bound, lws_pod
 
 from kube.annotations import GPUS, placement_annotations
+from kube.cache import ClusterCache
 from kube.objects import pod_request
 from kube.reservations import RESERVATION, RecordWriter, ReservationTap, record_of
 from packing.groups import RESERVE_MARK
-from scheduler.cache import ClusterCache
 from scheduler.groups import ReservationBook, hold_key
 
 CLIQUE = "nvidia.com/gpu.clique"

@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 from sched_builders import FakeClock, make_cache, mig_pod, node, pod, whole_pod
 
+from kube.assumptions import AssumeError
 from packing.model import Placement
 from packing.validate import validate
-from scheduler.cache import AssumeError
 from scheduler.metrics import GpuRows, node_rows
 
 

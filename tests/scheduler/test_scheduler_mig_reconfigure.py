@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from sched_builders import filter_args, mig_pod, node
 
-from scheduler.cache import ClusterCache
+from kube.cache import ClusterCache
 from scheduler.verbs import Memo, filter_nodes
 from scheduler.wire import ExtenderArgs
 

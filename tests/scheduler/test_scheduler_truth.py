@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 from sched_builders import L40S, make_cache, node, pod, shared_pod
 
+from kube.cache import ClusterCache
 from kube.objects import pod_request
 from packing.inventory import GpuInventory, Inventory, PodGpuUsage, encode_inventory
 from packing.model import GpuMode, MigInstance, Placement, RequestKind
-from scheduler.cache import ClusterCache
 
 MIB = 1 << 20
 GFD_L40S_MIB = 46_068

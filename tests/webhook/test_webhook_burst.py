@@ -262,7 +262,7 @@ def test_serve_shape_counts_claims_on_the_extenders_cache() -> None:
     SnapshotFeed, which hands out a new snapshot at most once a second. A burst inside
     that second is spread by the claims; once the cache shows the converted pods
     (pending), their claims end and the pods are counted once."""
-    from scheduler.cache import ClusterCache
+    from kube.cache import ClusterCache
     from scheduler.webhook_host import SnapshotFeed
 
     cache = ClusterCache("gpupack")

@@ -278,7 +278,7 @@ def test_serve_shape_scopes_on_the_extenders_cache() -> None:
     """``gpupack serve --webhook-port``: nodes, labels and taints come from the
     extender's cache (SnapshotFeed); a pool pod and a pod that does not tolerate a
     taint are converted by what they can reach."""
-    from scheduler.cache import ClusterCache
+    from kube.cache import ClusterCache
     from scheduler.webhook_host import SnapshotFeed
 
     cache = ClusterCache("gpupack")

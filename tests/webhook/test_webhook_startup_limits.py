@@ -159,7 +159,7 @@ def _children(pid: int) -> list[int]:
 
 
 def test_the_extenders_feed_gives_no_snapshot_until_the_cache_is_synced() -> None:
-    from scheduler.cache import ClusterCache
+    from kube.cache import ClusterCache
     from scheduler.webhook_host import SnapshotFeed
 
     cache = ClusterCache("gpupack", mig_actuator=True)

@@ -1,28 +1,25 @@
-"""The extender's cluster cache: nodes and pods kept incrementally, plus assumed binds.
+"""The cluster cache: nodes and pods kept incrementally, plus assumed binds; the extender
+and the webhook (in its own process or inside ``gpupack serve``) both read it.
 
 Sources (the API watch, or static files) feed Node and Pod objects in as add/update/
 delete events; the cache keeps a :class:`~packing.state.ClusterState` that is updated in
 place, one placement or one node at a time, so no request ever rebuilds the cluster.
 
 *Assume*: a pod the extender has just bound is counted on its node at once, before the
-watch reports the binding, so the next filter cannot hand the same GPU to another pod.
-An assumption is confirmed when the watch shows the pod bound, and dropped when the bind
-fails, when the pod is deleted, or when the watch shows it bound elsewhere or recreated
-under another UID. It never expires, as in kube-scheduler (which dropped its 30 s
-assume expiry for the same reason): a watch stalled past any deadline would free GPUs
-the bound pod really holds, and the next bind would hand them out a second time.
+watch reports the binding (:mod:`kube.assumptions`: the book of assumptions, which never
+expire).
 
 Concurrency: one re-entrant lock guards everything. Verbs run under it; the reservation
 in :meth:`ClusterCache.assume` checks and takes the resources under it, so two racing
 binds can never both get the same GPU. Each node has a generation number that changes
 whenever anything on it changes.
 
-*Signatures*: each node also has a state signature, a small integer naming everything a
-verb's answer for the node can depend on except its name and labels (capacity, cordon,
-free CPU and memory, each GPU's mode, layout and use). Nodes in the same state share a
-signature, so the verbs memoize answers per (pod shape, signature): thousands of nodes
-of a few kinds in a few states cost a handful of evaluations. Signatures are recomputed
-incrementally, only for the nodes an event touched, before the change is published.
+*Signatures*: each node also has a state signature (:mod:`kube.signatures`), a small
+integer naming everything a verb's answer for the node can depend on except its name and
+labels. Nodes in the same state share a signature, so the verbs memoize answers per (pod
+shape, signature): thousands of nodes of a few kinds in a few states cost a handful of
+evaluations. Signatures are recomputed only for the nodes an event touched, before the
+change is published.
 """
 
 from __future__ import annotations
@@ -35,6 +32,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
+from kube.assumptions import AssumedBinds, AssumeError, Assumption
 from kube.constraints import PodConstraints, Taint, node_taints, pod_constraints
 from kube.objects import (
     NO_OBSERVATION,
@@ -51,27 +49,22 @@ from kube.objects import (
     pod_request,
     recorded_placement,
 )
+from kube.signatures import SignatureBook
 from kube.snapshot import observed_share, owned_instance, with_observed_peak
 from packing.model import NodeInfo, Placement, PodRequest, RequestKind, Snapshot
 from packing.state import (
     ClusterState,
-    NodeState,
     PlacementError,
     plugin_pick,
     share_is_a_guess,
 )
 
-log = logging.getLogger("gpupack.scheduler.cache")
+log = logging.getLogger("gpupack.kube.cache")
 IGNORED_NOTES_CAP = 10_000  # distinct ignored placements remembered (see _note_ignored)
 CONSTRAINTS_CAP = 10_000  # distinct pod constraints shared (see _shared_constraints)
 
 # Label and annotation prefixes node_info reads to find a node's GPUs.
 _GPU_LABELS = ("nvidia.com/", "gpupack.io/")
-
-# Signatures remembered for interning; past this the table is forgotten (ids are never
-# reused, so a forgotten state that comes back only costs a fresh id and memo miss).
-SIGNATURE_LIMIT = 100_000
-
 
 def as_counted(state: ClusterState, p: Placement) -> Placement:
     """``p`` as the cache counts it: a MIG slice the view's layout does not have yet is
@@ -86,32 +79,6 @@ def as_counted(state: ClusterState, p: Placement) -> Placement:
 def same_slot(a: Placement | None, b: Placement) -> bool:
     """Equal placements, whether or not the slice was counted as created."""
     return a is not None and replace(a, mig_created=False) == replace(b, mig_created=False)
-
-
-def node_signature(n: NodeState) -> tuple[Any, ...]:
-    """Everything about a node's state that fit, reasons and scores can depend on, except
-    the node's name and labels (node selectors are checked by the verbs themselves).
-
-    Pod identities are left out: which pod owns a GPU never changes what another pod can
-    get or how a scorer rates it; whether it is owned, and how much is used, does.
-    """
-    info = n.info
-    return (
-        info.cpu_milli, info.memory_mib, info.unschedulable, info.mig_reconfigure,
-        info.share_policy, info.gpus, n.cpu_free, n.mem_free,
-        tuple(
-            (
-                g.whole_owner is not None,
-                tuple(sorted((s, p, o is None) for s, (p, o) in g.instances.items()))
-                if g.instances else (),
-                tuple(sorted((m, mem, k in n.unsure) for k, (m, mem) in g.shared_owners.items()))
-                if g.shared_owners else (),
-                g.reconfigurable,
-                g.converted,
-            )
-            for g in n.gpus
-        ),
-    )
 
 
 @dataclass(slots=True)
@@ -130,17 +97,6 @@ class PodEntry:
     constraints: PodConstraints | str | None = None
 
 
-@dataclass(slots=True)
-class Assumption:
-    req: PodRequest
-    uid: str
-    placement: Placement
-
-
-class AssumeError(RuntimeError):
-    """A reservation that cannot be made (already bound, not pending, no longer fits)."""
-
-
 class ClusterCache:
     """Nodes, pods, assumed binds and the packing state derived from them."""
 
@@ -153,7 +109,7 @@ class ClusterCache:
         self.synced = False
         self._infos: dict[str, NodeInfo] = {}
         self._pods: dict[str, PodEntry] = {}
-        self._assumed: dict[str, Assumption] = {}
+        self._assumed = AssumedBinds()
         # Everything applied to ``state``: watch-bound pods and assumed ones.
         self._counted: dict[str, tuple[PodRequest, Placement]] = {}
         self._on_node: dict[str, set[str]] = {}
@@ -169,12 +125,7 @@ class ClusterCache:
         self._ignored_noted: set[tuple[str, str, str]] = set()
         self._listeners: list[Callable[[], None]] = []
         self._shapes: dict[str, NodeInfo] = {}  # node shape -> NodeInfo (see _node_info)
-        self._sig: dict[str, int] = {}  # node -> signature id (see node_signature)
-        self._sig_ids: dict[tuple[Any, ...], int] = {}
-        self._next_sig = 0
-        self._dirty: set[str] = set()  # nodes whose signature must be recomputed
-        # (node, new signature) since the last drain_signature_changes; None: too many
-        self._sig_changes: list[tuple[str, int]] | None = []
+        self._signatures = SignatureBook()
         self._holds: set[str] = set()  # keys hold() counted (some may be gone since)
         self._planned_elsewhere: list[Callable[[], Set[str]]] = []  # see add_pending_filter
         # For group rights (scheduler.group_rights): node taints, the pods of each group
@@ -211,56 +162,28 @@ class ClusterCache:
     def _touch(self, node: str) -> None:
         self._next_gen += 1
         self._gen[node] = self._next_gen
-        self._dirty.add(node)
+        self._signatures.touch(node)
 
     def _refresh_signatures(self) -> None:
-        """Recompute the signatures of the nodes touched since the last refresh."""
-        if not self._dirty:
-            return
-        nodes = self.state.nodes
-        for name in self._dirty:
-            n = nodes.get(name)
-            if n is None:
-                self._sig.pop(name, None)
-                continue
-            sid = self.intern_signature(node_signature(n))
-            if self._sig.get(name) != sid:
-                self._sig[name] = sid
-                if self._sig_changes is not None:
-                    self._sig_changes.append((name, sid))
-                    if len(self._sig_changes) > SIGNATURE_LIMIT:
-                        self._sig_changes = None
-        self._dirty.clear()
+        self._signatures.refresh(self.state.nodes)
 
     def drain_signature_changes(self) -> list[tuple[str, int]] | None:
         """(node, signature) of the nodes whose signature changed since the last call, or
         None when too many changed to list (look at :meth:`signatures` instead)."""
         with self.lock:
-            if self._dirty:
-                self._refresh_signatures()
-            out, self._sig_changes = self._sig_changes, []
-            return out
+            return self._signatures.drain(self.state.nodes)
 
     def signatures(self) -> Mapping[str, int]:
         """Node name -> state signature id, for every node in the cache (call under the
         lock). Equal ids mean equal states; an id is never reused for another state."""
-        if self._dirty:
-            self._refresh_signatures()
-        return self._sig
+        return self._signatures.current(self.state.nodes)
 
     def intern_signature(self, key: tuple[Any, ...]) -> int:
         """The id of a node state (:func:`node_signature`) before any node is in it: the
         warmer fills the memo for states a bind is about to create, and the node that
-        reaches such a state gets this id, so its answers are found. Also how every
-        node's own signature gets its id."""
+        reaches such a state gets this id, so its answers are found."""
         with self.lock:
-            sid = self._sig_ids.get(key)
-            if sid is None:
-                if len(self._sig_ids) >= SIGNATURE_LIMIT:
-                    self._sig_ids.clear()
-                self._next_sig += 1
-                sid = self._sig_ids[key] = self._next_sig
-            return sid
+            return self._signatures.intern(key)
 
     def signature_count(self) -> int:
         """Distinct signatures among the nodes now."""
@@ -354,7 +277,7 @@ class ClusterCache:
         return [self._counted[k] for k in self._on_node.get(node, ())]
 
     def assumed_keys(self) -> list[str]:
-        return list(self._assumed)
+        return self._assumed.keys()
 
     def is_assumed(self, key: str) -> bool:
         return key in self._assumed
@@ -568,7 +491,7 @@ class ClusterCache:
                 # Confirmed: the assumed placement is already applied; it becomes the
                 # pod's own accounting (annotations, when present, say the same), unless
                 # the node agent has already seen the pod elsewhere.
-                del self._assumed[key]
+                self._assumed.drop(key)
                 self._note_observation(entry, assumption.placement)
                 current = self._counted.get(key)
                 if current is not None and (current[0] != self._effective(entry).req
@@ -636,7 +559,7 @@ class ClusterCache:
                    for o in self.state.options(req, p.node, gpus_only=True))
 
     def _drop_assumption(self, key: str) -> None:
-        self._assumed.pop(key, None)
+        self._assumed.drop(key)
         self._unapply(key)
 
     # ---- nodes -----------------------------------------------------------------------------
@@ -800,9 +723,9 @@ class ClusterCache:
         for req, q in kept:
             self._record(req, q)
         for key, q in existing.items():
-            self._assumed[key] = replace(self._assumed[key], placement=q)
+            self._assumed.move(key, q)
         for key in redo:
-            self._assumed.pop(key, None)
+            self._assumed.drop(key)
             self._account(key)
         # Pods bound to this node before it was known are accounted now.
         for key, entry in self._pods.items():
@@ -815,7 +738,7 @@ class ClusterCache:
                 return
             keys = list(self._on_node.get(name, set()))
             for key in keys:
-                self._assumed.pop(key, None)
+                self._assumed.drop(key)
                 req, _ = self._counted.pop(key)
                 if req.uid and self._uid_key.get(req.uid) == key:
                     del self._uid_key[req.uid]
@@ -871,7 +794,7 @@ class ClusterCache:
                 # assumption made for it) are gone.
                 a = self._assumed.get(req.key)
                 if a is None or not a.uid or a.uid != entry.uid:
-                    self._assumed.pop(req.key, None)
+                    self._assumed.drop(req.key)
                     self._unapply(req.key)
             self._pods[req.key] = entry
             self._account(req.key)
@@ -899,7 +822,7 @@ class ClusterCache:
             self._index(key, self._pods.pop(key, None), add=False)
             self._seen_obs.pop(key, None)
             self._pending.pop(key, None)
-            self._assumed.pop(key, None)
+            self._assumed.drop(key)
             counted = key in self._counted
             self._unapply(key)
             if counted:
@@ -981,9 +904,10 @@ class ClusterCache:
         the second finds it taken.
         """
         with self.lock:
-            if req.key in self._assumed:
+            held = self._assumed.get(req.key)
+            if held is not None:
                 raise AssumeError(f"pod {req.key} is already being bound to "
-                                  f"{self._assumed[req.key].placement.node}")
+                                  f"{held.placement.node}")
             entry = self._pods.get(req.key)
             if entry is not None and entry.node is not None:
                 raise AssumeError(f"pod {req.key} is already bound to {entry.node}")
@@ -993,11 +917,11 @@ class ClusterCache:
             if why is not None:
                 raise AssumeError(f"pod {req.key}: {why}")
             self._pending.pop(req.key, None)
-            self._assumed[req.key] = Assumption(req, uid, placement)
+            self._assumed.add(Assumption(req, uid, placement))
             try:
                 self._apply(req, placement)
             except PlacementError as e:  # check passed, so this is a bug; undo the record
-                del self._assumed[req.key]
+                self._assumed.drop(req.key)
                 raise AssumeError(str(e)) from None
             self._changed()
 
