@@ -59,8 +59,8 @@ from packing.model import (
     Snapshot,
 )
 from packing.policies.gpupack import GpupackScorer
-from packing.policies.greedy import Scorer
 from packing.policies.scores import spread
+from packing.scoring import Scorer
 from packing.state import ClusterState
 from sim.traces import parse_pods, to_pod_request
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from packing.group_placement import place_members
 from packing.model import (
     GpuInfo,
     GpuMode,
@@ -32,7 +33,7 @@ from packing.model import (
 )
 from packing.policies import get_policy
 from packing.state import ClusterState
-from scheduler.group_placement import place_members
+from packing.status import Status
 
 CLIQUE = "nvidia.com/gpu.clique"
 
@@ -74,7 +75,7 @@ def main() -> int:
             t0 = time.perf_counter()
             got = place_members(state, members, scorer, set(), exact=exact)
             ms = (time.perf_counter() - t0) * 1e3
-            if isinstance(got, str):
+            if isinstance(got, Status):
                 print(f"{key or 'none':<22} {'cp-sat' if exact else 'greedy':<7} {ms:>8.1f} "
                       f"{got}")
                 continue

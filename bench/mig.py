@@ -108,8 +108,8 @@ from packing.model import (
     Snapshot,
 )
 from packing.policies.gpupack import make_gpupack_scorer
-from packing.policies.greedy import Scorer, best_option
 from packing.policies.scores import bestfit
+from packing.scoring import Scorer, best_option
 from packing.state import _VERSIONS, ClusterState, GpuState, NodeState
 from packing.validate import validate
 from scheduler.mig_actuator import (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from packing.groups import CLIQUE_LABEL
 from packing.model import Placement
 
 # The most pods one group may have: larger sizes come from a typo or a hostile object,
@@ -51,7 +52,7 @@ GPU_MEMORY_LABEL = NV + "gpu.memory"
 GPU_COUNT = NV + "gpu.count"
 GPU_REPLICAS = NV + "gpu.replicas"
 SHARING_STRATEGY = NV + "gpu.sharing-strategy"
-CLIQUE = NV + "gpu.clique"
+CLIQUE = CLIQUE_LABEL  # packing.group_placement keeps groups inside one clique
 ZONE = "topology.kubernetes.io/zone"
 
 

@@ -45,9 +45,10 @@ from packing.defrag_model import (
     build_selection,
     defrag_candidates,
 )
+from packing.group_placement import exclusive_domains_in_use
 from packing.groups import members_by_group, with_reservations
 from packing.model import GPU_MILLI, GroupRef, Placement, PodRequest, RequestKind, Snapshot
-from packing.policies.greedy import exclusive_domains_in_use, topology_domains
+from packing.scoring import topology_domains
 from packing.state import ClusterState, describe
 from packing.validate import validate
 

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from packing.cpsat import SolverParams, solve_batch
 from packing.model import Placement, PodRequest
 from packing.policies.gpupack import GpupackScorer
-from packing.policies.greedy import Scorer
+from packing.scoring import Scorer
 from packing.state import ClusterState, PlacementError
 
 

@@ -48,8 +48,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from ortools.sat.python import cp_model
+if TYPE_CHECKING:
+    from ortools.sat.python import cp_model
 
 from packing.model import GpuMode, Placement, PodRequest, RequestKind
 from packing.state import ClusterState, NodeState, fits_node
@@ -187,6 +189,10 @@ def solve_group(
     w_c = max(free.values()) + 1
     w_b = w_c * (n_cands + 1)
     w_a = w_b * (n_cands + 1)
+
+    # OR-Tools is imported where a model is built (as packing.cpsat does): the greedy
+    # engine imports this module, and the warm child must not pay ~75 MiB for it.
+    from ortools.sat.python import cp_model
 
     model = cp_model.CpModel()
     # ---- variables

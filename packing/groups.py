@@ -16,6 +16,10 @@ from dataclasses import dataclass, replace
 
 from packing.model import Placement, PlanResult, PodRequest, Snapshot
 
+# The NVLink clique label of GPU Feature Discovery: a group with no topology key of its
+# own is kept inside one clique when nodes carry it (packing.group_placement).
+CLIQUE_LABEL = "nvidia.com/gpu.clique"
+
 RESERVE_MARK = "#reserve-"
 
 

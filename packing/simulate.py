@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from packing.cpsat import SolverParams
 from packing.model import Placement, PodRequest, Snapshot
 from packing.policies import Policy, get_policy
+from packing.policies.engine import greedy
 from packing.policies.fgd import typical_shapes
 from packing.policies.gpupack import GpupackPolicy
-from packing.policies.greedy import greedy
 from packing.scenario import Scenario, arrival_pods
 from packing.state import ClusterState
 from packing.summary import Summary, summarize

@@ -41,17 +41,16 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from kube.reservations import ReservationRecord
+from packing.group_placement import GroupFit, domain_of, effective_ref, place_members
 from packing.groups import RESERVE_MARK, with_reservations
 from packing.model import GroupRef, Placement, PodRequest, Snapshot
-from packing.policies.greedy import Scorer
+from packing.scoring import Scorer
 from packing.state import ClusterState, NodeState
-from scheduler.group_placement import (
-    domain_of,
-    effective_ref,
-    hold_key,
-    place_members,
-    wait_category,
-)
+from packing.status import Status
+from scheduler.group_placement import hold_key, wait_category
+
+# Status.check of a room that changed under the reconciler while it placed a member.
+ROOM_CHANGED = "RoomChanged"
 
 
 @dataclass(frozen=True)
@@ -330,7 +329,7 @@ class _Reconcile:
                                                                           req, p)]
         if lost:
             placed = self._replace_rooms(rec, wanted, lost)
-            if isinstance(placed, str):
+            if isinstance(placed, Status):
                 self._drop(g, "room_lost")
                 self.waiting[g] = Waiting(f"group {g} waits whole, holding nothing: {placed}",
                                           wait_category(placed), self.now + self.cfg.retry_s)
@@ -343,7 +342,7 @@ class _Reconcile:
 
     def _replace_rooms(self, rec: ReservationRecord,
                        wanted: Mapping[str, tuple[PodRequest, Placement]], lost: Sequence[str]
-                       ) -> dict[int, Placement] | str:
+                       ) -> dict[int, Placement] | Status:
         """New rooms for the lost slots, inside the record's domain; the other holds stay."""
         # Holds of this group that are counted but no longer wanted as they are go first.
         for hk in lost:
@@ -360,14 +359,15 @@ class _Reconcile:
             got = place_members(self.o.state, reqs, self.scorer, taken, domain)
         finally:
             hidden.restore()
-        if isinstance(got, str):
+        if isinstance(got, Status):
             return got
         placements, _ = got
         out: dict[int, Placement] = {}
         for req, p in zip(reqs, placements, strict=True):
             assert req.group is not None
             if not self.o.hold(req, p):
-                return f"room for member {req.group.index} changed while placing it"
+                return Status.unschedulable(
+                    ROOM_CHANGED, f"room for member {req.group.index} changed while placing it")
             out[req.group.index] = replace(p, pod="")
         return out
 
@@ -411,11 +411,11 @@ class _Reconcile:
         try:
             got = place_members(self.o.state, to_place, self.scorer, taken, domain)
             displaced: list[str] = []
-            if isinstance(got, str):
+            if isinstance(got, Status):
                 displaced, got = self._displace(to_place, taken, domain, prio, got)
         finally:
             hidden.restore()
-        if isinstance(got, str):
+        if isinstance(got, Status):
             self.waiting[g] = Waiting(f"group {g} waits whole, holding nothing: {got}",
                                       wait_category(got), self.now + self.cfg.retry_s)
             return
@@ -462,8 +462,8 @@ class _Reconcile:
         return HiddenNodes(self.o.state, self.s.allowed, group)
 
     def _displace(self, members: Sequence[PodRequest], taken: set[tuple[str, str]],
-                  domain: str | None, prio: int, reason: str,
-                  ) -> tuple[list[str], tuple[list[Placement], str | None] | str]:
+                  domain: str | None, prio: int, reason: Status,
+                  ) -> tuple[list[str], GroupFit | Status]:
         """Lower-priority records with no member bound give way, lowest first."""
         cands = sorted(
             (r for r in self.records.values() if r.priority < prio and not any(
@@ -476,7 +476,7 @@ class _Reconcile:
                 scratch.drop_group(r.group)
                 used.append(r.group)
                 got = place_members(self.o.state, members, self.scorer, taken, domain)
-                if not isinstance(got, str):
+                if not isinstance(got, Status):
                     return used, got
         finally:
             scratch.restore()

@@ -54,18 +54,13 @@ from kube.reservations import (
     record_object,
     record_of,
 )
+from packing.group_placement import EvictionCandidate, group_victims
 from packing.groups import is_reservation
 from packing.model import Placement, PodRequest, RequestKind
-from packing.policies.greedy import Scorer
 from packing.policies.scores import bestfit
+from packing.scoring import Scorer
 from scheduler.group_facts import RightsPass, judge
-from scheduler.group_placement import (
-    WAIT_REASONS,
-    EvictionCandidate,
-    group_victims,
-    hold_key,
-    looks_grouped,
-)
+from scheduler.group_placement import WAIT_REASONS, hold_key, looks_grouped
 from scheduler.group_reconcile import (
     BookState,
     GroupDecision,

@@ -29,7 +29,7 @@ from kube.cache import ClusterCache
 from packing.cpsat import SolverParams
 from packing.model import Placement, Snapshot
 from packing.policies.fgd import Shape, shape_workload, typical_shapes, workload_of
-from packing.policies.greedy import order_pods
+from packing.scoring import order_pods
 from scheduler.solve import SolveJob, SolveOutcome, SolverProcess, make_policy, solve
 from scheduler.verbs import ScorerRef
 

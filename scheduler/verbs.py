@@ -28,7 +28,7 @@ from kube.objects import ObjectError, pod_request
 from packing.catalog import get_model
 from packing.mig import free_starts
 from packing.model import GpuMode, Placement, PodRequest, RequestKind, Snapshot
-from packing.policies.greedy import Score, Scorer
+from packing.scoring import Score, Scorer
 from packing.state import ClusterState
 from scheduler.wire import (
     MAX_PRIORITY,

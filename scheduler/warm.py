@@ -42,7 +42,7 @@ from kube.cache import ClusterCache
 from kube.signatures import node_signature
 from packing.cpsat import SolverParams
 from packing.model import Placement, PodRequest, Snapshot
-from packing.policies.greedy import Scorer
+from packing.scoring import Scorer
 from packing.state import ClusterState, GpuState, NodeState, PlacementError
 from scheduler.child import ChildGone, ChildProcess, ChildTimeout, background, serve_messages
 from scheduler.verbs import (

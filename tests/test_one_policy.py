@@ -26,7 +26,7 @@ from packing.model import Snapshot
 from packing.policies.fgd import Shape
 from packing.policies.fgd import node_fragmentation as product_fragmentation
 from packing.policies.gpupack import GpupackScorer
-from packing.policies.greedy import best_option
+from packing.scoring import best_option
 from packing.state import ClusterState
 from sim.openb.cluster import Nodes, Pods
 from sim.openb.policies import make

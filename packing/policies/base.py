@@ -6,7 +6,8 @@ from collections.abc import Callable
 from typing import Protocol
 
 from packing.model import PlanResult, Snapshot
-from packing.policies.greedy import Scorer, greedy
+from packing.policies.engine import greedy
+from packing.scoring import Scorer
 from packing.state import ClusterState
 from packing.validate import validate
 
@@ -44,7 +45,7 @@ def checked(snapshot: Snapshot, result: PlanResult) -> PlanResult:
 
 
 class GreedyPolicy:
-    """Place pods one by one with a scorer (see :mod:`packing.policies.greedy`)."""
+    """Place pods one by one with a scorer (see :mod:`packing.scoring`)."""
 
     def __init__(self, name: str, scorer_factory: ScorerFactory) -> None:
         self.name = name

@@ -32,8 +32,8 @@ from packing.catalog import get_model
 from packing.fragmentation import fragment_value
 from packing.mig import MigSlot, free_starts
 from packing.model import GPU_MILLI, GpuMode, Placement, PodRequest, RequestKind, Snapshot
-from packing.policies.greedy import Score, Scorer
 from packing.policies.scores import bestfit
+from packing.scoring import Score, Scorer
 from packing.state import ClusterState, GpuState, NodeState
 
 COVERAGE = 0.95

@@ -25,6 +25,7 @@ from packing.fragmentation import (
     fragment_stats,
     typical_shape_table,
 )
+from packing.group_placement import exclusive_domains_in_use
 from packing.model import (
     GPU_MILLI,
     Placement,
@@ -35,8 +36,8 @@ from packing.model import (
     Unschedulable,
 )
 from packing.policies.base import checked
+from packing.policies.engine import greedy
 from packing.policies.fgd import workload_of
-from packing.policies.greedy import Score, Scorer, exclusive_domains_in_use, greedy
 from packing.policies.lookahead import (
     CapacityModel,
     FloatArray,
@@ -45,6 +46,7 @@ from packing.policies.lookahead import (
     ranks,
 )
 from packing.policies.scores import bestfit, mig_preference, pod_milli_on
+from packing.scoring import Score, Scorer
 from packing.state import ClusterState, NodeState
 from packing.validate import validate
 

@@ -12,7 +12,7 @@ import zlib
 from packing.catalog import get_model
 from packing.mig import MigSlot, free_starts
 from packing.model import GPU_MILLI, GpuMode, Placement, PodRequest, RequestKind
-from packing.policies.greedy import Score
+from packing.scoring import Score
 from packing.state import ClusterState, GpuState, NodeState
 
 

@@ -23,7 +23,7 @@ from packing.defrag import (
     priority_tiers,
 )
 from packing.model import GroupRef, NodeInfo, Placement, PodRequest, Snapshot
-from packing.policies.greedy import topology_domains
+from packing.scoring import topology_domains
 from packing.state import ClusterState
 from packing.validate import validate
 

@@ -12,7 +12,7 @@ from packing_builders import group, mig, node, whole
 
 from packing.group_solver import applicable, solve_group
 from packing.model import GroupRef, NodeInfo, Placement, PodRequest, Snapshot
-from packing.policies.greedy import topology_domains
+from packing.scoring import topology_domains
 from packing.state import ClusterState
 from packing.validate import validate
 

@@ -9,7 +9,7 @@ from packing_builders import mig, node
 
 from packing.model import GpuMode, MigReconfigure, Placement, Snapshot
 from packing.policies.gpupack import make_gpupack_scorer
-from packing.policies.greedy import best_option
+from packing.scoring import best_option
 from packing.state import ClusterState
 
 SEVEN_1G = [("1g.10gb", s) for s in range(7)]

@@ -1,0 +1,64 @@
+"""Scorers and the option search every greedy placement shares.
+
+A policy is a *scorer*: for a pod and one concrete option (node, GPU, MIG start) it gives
+a sort key, lower is better. :func:`best_option` is the best option of a pod over some
+nodes; :func:`topology_domains` the node lists of a group's domains. The engine that
+walks the pending pods is :mod:`packing.policies.engine`; group placement is
+:mod:`packing.group_placement`.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from packing.model import GroupRef, Placement, PodRequest
+from packing.state import ClusterState
+
+Score = tuple[Any, ...]
+Scorer = Callable[[ClusterState, PodRequest, Placement], Score]
+
+
+def order_pods(pending: Sequence[PodRequest]) -> list[PodRequest]:
+    """Higher priority first; among equals, arrival order (the input order)."""
+    return sorted(pending, key=lambda p: -p.priority)
+
+
+def best_option(
+    state: ClusterState, pod: PodRequest, scorer: Scorer, nodes: Sequence[str] | None = None
+) -> Placement | None:
+    best: tuple[Score, Placement] | None = None
+    for name in nodes if nodes is not None else state.nodes:
+        for option in state.options(pod, name, dedupe=True):
+            key = scorer(state, pod, option)
+            if best is None or key < best[0]:
+                best = (key, option)
+    return None if best is None else best[1]
+
+
+def explain_unplaceable(state: ClusterState, pod: PodRequest) -> str:
+    """A person-readable reason: the most common per-node reasons, with counts.
+
+    A node that could never take the pod says why (too few GPUs of a usable kind); a
+    node that could, once emptied, says what is missing now.
+    """
+    reasons: dict[str, int] = defaultdict(int)
+    for name in state.nodes:
+        reasons[state.unresolvable(pod, name) or state.reason(pod, name)] += 1
+    if not reasons:
+        return "no nodes"
+    top = sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))[:2]
+    return "; ".join(f"{n} node(s): {r}" for r, n in top)
+
+
+def topology_domains(state: ClusterState, ref: GroupRef) -> list[list[str]]:
+    """Node lists of the group's topology domains, or one domain of every node."""
+    if ref.topology_key is None:
+        return [list(state.nodes)]
+    by_domain: dict[str, list[str]] = defaultdict(list)
+    for name, node in state.nodes.items():
+        value = node.info.labels.get(ref.topology_key)
+        if value is not None:
+            by_domain[value].append(name)
+    return [by_domain[d] for d in sorted(by_domain)]
