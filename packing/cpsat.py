@@ -4,7 +4,7 @@ Data: a :class:`ClusterState` (running pods applied) and the pending pods of the
 
 Variables (all Boolean):
   x[p, o]   pod p takes option o (a MIG instance, a GPU share, or CPU only on a node)
-  w[p, n]   whole-GPU pod p goes to node n (which idle GPUs it gets is read off after)
+  w[p][n]   whole-GPU pod p goes to node n (which idle GPUs it gets is read off after)
   s[g]      whole-free GPU g receives a small pod of the batch
   u[g]      whole-free GPU g is used by the batch (it stops being a whole free GPU)
   z[n]      node n, whole-free now, is used by the batch (it stops being a whole free node)
@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 from packing.catalog import get_model
 from packing.mig import MigSlot, memory_range
 from packing.model import GpuMode, Placement, PodRequest, RequestKind
-from packing.state import ClusterState
+from packing.state import ClusterState, GpuState
 
 # Models with more variables than this are solved without symmetry detection and probing.
 SYMMETRY_LIMIT = 10_000
@@ -108,10 +108,40 @@ class BatchModel:
     model: cp_model.CpModel
     x: Mapping[tuple[str, int], cp_model.IntVar]  # (small pod, option index) -> var
     options: Mapping[str, list[Placement]]  # small pod -> its options, by index
-    w: Mapping[tuple[str, str], cp_model.IntVar]  # (whole pod, node) -> var
+    w: Mapping[str, Mapping[str, cp_model.IntVar]]  # whole pod -> node -> var
     pods: Mapping[str, PodRequest]
     # node -> the GPUs the plugin hands its next shares to, in order
     sequences: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+
+
+@dataclass
+class _Batch:
+    """The model under construction: the data, then each section's variables."""
+
+    # data
+    state: ClusterState
+    pods: Sequence[PodRequest]
+    pods_by_key: dict[str, PodRequest]
+    sequences: dict[str, tuple[int, ...]]
+    model: cp_model.CpModel
+    # variables of the placements
+    x: dict[tuple[str, int], cp_model.IntVar] = field(default_factory=dict)
+    options: dict[str, list[Placement]] = field(default_factory=dict)
+    w: dict[str, dict[str, cp_model.IntVar]] = field(default_factory=dict)
+    # what each pod, node and GPU is offered (filled by _per_pod)
+    placed: dict[str, cp_model.LinearExprT] = field(default_factory=dict)
+    on_node: dict[str, list[tuple[PodRequest, cp_model.IntVar]]] = field(
+        default_factory=lambda: defaultdict(list))
+    on_gpu: dict[tuple[str, int], list[tuple[PodRequest, Placement, cp_model.IntVar]]] = (
+        field(default_factory=lambda: defaultdict(list)))
+    # indicator variables of the sections below
+    small: dict[tuple[str, int], cp_model.IntVar] = field(default_factory=dict)  # s[g]
+    u: dict[tuple[str, int], cp_model.IntVar] = field(default_factory=dict)  # u[g]
+    created: list[cp_model.IntVar] = field(default_factory=list)  # MIG instances created
+    taken_k: dict[tuple[str, int], cp_model.IntVar] = field(default_factory=dict)  # k[n, j]
+    groups: dict[str, list[PodRequest]] = field(default_factory=lambda: defaultdict(list))
+    domains: dict[str, dict[str, cp_model.IntVar]] = field(default_factory=dict)  # d[G, D]
+    t: dict[str, cp_model.IntVar] = field(default_factory=dict)  # t[n]
 
 
 def build_batch_model(
@@ -122,16 +152,27 @@ def build_batch_model(
     taken_domains: frozenset[tuple[str, str]] = frozenset(),
 ) -> BatchModel | None:
     """The CP-SAT model of the batch on ``state``, every variable hinted from ``hint``;
-    None when it would have more than ``params.max_variables`` variables."""
-    # ---- data --------------------------------------------------------------------------
+    None when it would have more than ``params.max_variables`` variables. The sections
+    (module docstring) in order: data, placement variables, each pod at most once, node
+    CPU and memory, GPUs, the device plugin's share order, whole GPUs, groups and
+    topology, objective, hint."""
     from ortools.sat.python import cp_model
 
-    model = cp_model.CpModel()
-    x: dict[tuple[str, int], cp_model.IntVar] = {}  # (pod, option index) -> var
-    options: dict[str, list[Placement]] = {}
-    w: dict[tuple[str, str], cp_model.IntVar] = {}  # (whole pod, node) -> var
-    pods_by_key = {p.key: p for p in pods}
-    n_vars = 0
+    b = _data(state, pods, cp_model.CpModel())
+    if not _placement_variables(b, params):
+        return None
+    _per_pod(b)
+    _node_capacity(b)
+    _gpus(b)
+    _plugin_order(b)
+    _whole_gpus(b)
+    _groups(b, taken_domains)
+    _objective(b)
+    _hint(b, hint)
+    return BatchModel(b.model, b.x, b.options, b.w, b.pods_by_key, b.sequences)
+
+
+def _data(state: ClusterState, pods: Sequence[PodRequest], model: cp_model.CpModel) -> _Batch:
     # Time-sliced GPUs: the device plugin, not gpupack, picks the GPU of each share, by
     # replica counts. However the batch's shares are bound, the k-th new share of a node
     # lands on the k-th GPU of the node's plugin sequence; so a node taking k shares has
@@ -139,98 +180,82 @@ def build_batch_model(
     n_shares = sum(1 for p in pods if p.kind is RequestKind.SHARED)
     sequences = {name: seq for name in state.nodes
                  if n_shares and (seq := state.share_sequence(name, n_shares))}
-    for pod in pods:
+    return _Batch(state, pods, {p.key: p for p in pods}, sequences, model)
+
+
+def _placement_variables(b: _Batch, params: SolverParams) -> bool:
+    """x[p, o] for each option of a small pod, w[p][n] for each node a whole-GPU pod fits;
+    False when there would be more than ``params.max_variables``."""
+    state, model = b.state, b.model
+    n_vars = 0
+    for pod in b.pods:
         if pod.kind is RequestKind.WHOLE:
+            row = b.w[pod.key] = {}
             for name in state.nodes:
                 if state.options(pod, name):
-                    w[pod.key, name] = model.new_bool_var(f"w[{pod.key},{name}]")
+                    row[name] = model.new_bool_var(f"w[{pod.key},{name}]")
                     n_vars += 1
             continue
         if pod.kind is RequestKind.SHARED:
             opts = [o for name in state.nodes for o in (
-                *state.share_options(pod, name, sequences.get(name, ())),
+                *state.share_options(pod, name, b.sequences.get(name, ())),
                 *(o for o in state.options(pod, name)
                   if state.gpu(name, o.gpus[0]).mode is GpuMode.FRACTIONAL))]
         else:
             opts = [o for name in state.nodes for o in state.options(pod, name)]
-        options[pod.key] = opts
+        b.options[pod.key] = opts
         for i, _ in enumerate(opts):
-            x[pod.key, i] = model.new_bool_var(f"x[{pod.key},{i}]")
+            b.x[pod.key, i] = model.new_bool_var(f"x[{pod.key},{i}]")
         n_vars += len(opts)
         if n_vars > params.max_variables:
-            return None
+            return False
+    return True
 
-    # ---- variables per pod, node and GPU -----------------------------------------------
-    placed: dict[str, cp_model.LinearExprT] = {}
-    on_node: dict[str, list[tuple[PodRequest, cp_model.IntVar]]] = defaultdict(list)
-    on_gpu: dict[tuple[str, int], list[tuple[PodRequest, Placement, cp_model.IntVar]]] = (
-        defaultdict(list)
-    )
-    for pod in pods:
+
+def _per_pod(b: _Batch) -> None:
+    """Each pod at most once; what each node and GPU is offered."""
+    for pod in b.pods:
         if pod.kind is RequestKind.WHOLE:
-            vars_ = [v for (k, _), v in w.items() if k == pod.key]
-            for (k, n), v in w.items():
-                if k == pod.key:
-                    on_node[n].append((pod, v))
+            vars_ = list(b.w[pod.key].values())
+            for n, v in b.w[pod.key].items():
+                b.on_node[n].append((pod, v))
         else:
             vars_ = []
-            for i, o in enumerate(options[pod.key]):
-                v = x[pod.key, i]
+            for i, o in enumerate(b.options[pod.key]):
+                v = b.x[pod.key, i]
                 vars_.append(v)
-                on_node[o.node].append((pod, v))
+                b.on_node[o.node].append((pod, v))
                 if o.gpus:
-                    on_gpu[o.node, o.gpus[0]].append((pod, o, v))
-        model.add(sum(vars_) <= 1)  # each pod at most once
-        placed[pod.key] = sum(vars_)
+                    b.on_gpu[o.node, o.gpus[0]].append((pod, o, v))
+        b.model.add(sum(vars_) <= 1)
+        b.placed[pod.key] = sum(vars_)
 
-    # ---- constraints: node CPU and memory ----------------------------------------------
-    for name, items in on_node.items():
-        node = state.nodes[name]
-        model.add(sum(p.cpu_milli * v for p, v in items) <= node.cpu_free)
-        model.add(sum(p.memory_mib * v for p, v in items) <= node.mem_free)
 
-    # ---- constraints: GPUs --------------------------------------------------------------
-    u: dict[tuple[str, int], cp_model.IntVar] = {}
-    small: dict[tuple[str, int], cp_model.IntVar] = {}
-    created_terms: list[cp_model.IntVar] = []
-    for (name, index), gpu_items in on_gpu.items():
-        g = state.gpu(name, index)
+def _node_capacity(b: _Batch) -> None:
+    """CPU and memory of each node."""
+    for name, items in b.on_node.items():
+        node = b.state.nodes[name]
+        b.model.add(sum(p.cpu_milli * v for p, v in items) <= node.cpu_free)
+        b.model.add(sum(p.memory_mib * v for p, v in items) <= node.mem_free)
+
+
+def _gpus(b: _Batch) -> None:
+    """s[g], u[g] on whole-free GPUs; MIG instances and slices; share milli, memory and
+    replicas."""
+    model = b.model
+    for (name, index), gpu_items in b.on_gpu.items():
+        g = b.state.gpu(name, index)
         if g.whole_free:
             # s[g] == 1 exactly when a small pod of the batch lands on this GPU.
             used = model.new_bool_var(f"s[{name},{index}]")
             for _, _, v in gpu_items:
                 model.add_implication(v, used)
             model.add(used <= sum(v for _, _, v in gpu_items))
-            small[name, index] = used
-            u[name, index] = model.new_bool_var(f"u[{name},{index}]")
-            model.add(u[name, index] >= used)
+            b.small[name, index] = used
+            b.u[name, index] = model.new_bool_var(f"u[{name},{index}]")
+            model.add(b.u[name, index] >= used)
         if g.mode is GpuMode.MIG or any(o.mig_profile for _, o, _ in gpu_items):
-            geom = get_model(g.info.model).mig
-            assert geom is not None
-            by_instance: dict[int, list[cp_model.IntVar]] = defaultdict(list)
-            by_slice: dict[int, list[cp_model.IntVar]] = defaultdict(list)
-            compute = []
-            media = []
-            for _, o, v in gpu_items:
-                assert o.mig_start is not None and o.mig_profile is not None
-                if not o.mig_created:
-                    by_instance[o.mig_start].append(v)
-                    continue
-                created_terms.append(v)
-                prof = geom.profile(o.mig_profile)
-                for s in memory_range(geom, MigSlot(o.mig_profile, o.mig_start)):
-                    by_slice[s].append(v)
-                compute.append(prof.compute_slices * v)
-                if prof.media_extensions:
-                    media.append(v)
-            for vs in by_instance.values():
-                model.add(sum(vs) <= 1)
-            for vs in by_slice.values():
-                model.add(sum(vs) <= 1)
-            used_c = sum(geom.profile(p).compute_slices for p, _ in g.instances.values())
-            model.add(sum(compute) <= geom.compute_slices - used_c)
-            has_me = any(geom.profile(p).media_extensions for p, _ in g.instances.values())
-            model.add(sum(media) <= (0 if has_me else 1))
+            _mig_gpu(b, g, gpu_items)
         else:  # SHARED / FRACTIONAL shares
             model.add(sum(p.gpu_milli * v for p, _, v in gpu_items) <= g.free_milli)
             if g.mode is GpuMode.SHARED:
@@ -241,86 +266,128 @@ def build_batch_model(
                         sum(v for _, _, v in gpu_items) <= g.info.replicas - len(g.shared_owners)
                     )
 
-    # Shares per time-sliced GPU follow the plugin's sequence: k[n] = j exactly when the
-    # node takes j new shares, and then GPU g takes as many as the first j picks hold.
-    taken_k: dict[tuple[str, int], cp_model.IntVar] = {}
-    for name, seq in sequences.items():
-        taken_k.update({(name, j): model.new_bool_var(f"k[{name},{j}]")
-                        for j in range(len(seq) + 1)})
-        model.add(sum(taken_k[name, j] for j in range(len(seq) + 1)) == 1)
+
+def _mig_gpu(b: _Batch, g: GpuState,
+             gpu_items: Sequence[tuple[PodRequest, Placement, cp_model.IntVar]]) -> None:
+    """Each existing instance to at most one pod; created instances on free memory
+    slices that do not overlap, within the compute slices left, at most one ``+me``."""
+    model = b.model
+    geom = get_model(g.info.model).mig
+    assert geom is not None
+    by_instance: dict[int, list[cp_model.IntVar]] = defaultdict(list)
+    by_slice: dict[int, list[cp_model.IntVar]] = defaultdict(list)
+    compute = []
+    media = []
+    for _, o, v in gpu_items:
+        assert o.mig_start is not None and o.mig_profile is not None
+        if not o.mig_created:
+            by_instance[o.mig_start].append(v)
+            continue
+        b.created.append(v)
+        prof = geom.profile(o.mig_profile)
+        for s in memory_range(geom, MigSlot(o.mig_profile, o.mig_start)):
+            by_slice[s].append(v)
+        compute.append(prof.compute_slices * v)
+        if prof.media_extensions:
+            media.append(v)
+    for vs in by_instance.values():
+        model.add(sum(vs) <= 1)
+    for vs in by_slice.values():
+        model.add(sum(vs) <= 1)
+    used_c = sum(geom.profile(p).compute_slices for p, _ in g.instances.values())
+    model.add(sum(compute) <= geom.compute_slices - used_c)
+    has_me = any(geom.profile(p).media_extensions for p, _ in g.instances.values())
+    model.add(sum(media) <= (0 if has_me else 1))
+
+
+def _plugin_order(b: _Batch) -> None:
+    """Shares per time-sliced GPU follow the plugin's sequence: k[n, j] = 1 exactly when
+    the node takes j new shares, and then GPU g takes as many as the first j picks hold."""
+    model = b.model
+    for name, seq in b.sequences.items():
+        b.taken_k.update({(name, j): model.new_bool_var(f"k[{name},{j}]")
+                          for j in range(len(seq) + 1)})
+        model.add(sum(b.taken_k[name, j] for j in range(len(seq) + 1)) == 1)
         for index in set(seq):
-            landing = on_gpu.get((name, index), [])
+            landing = b.on_gpu.get((name, index), [])
             model.add(sum(v for _, _, v in landing)
-                      == sum(seq[:j].count(index) * taken_k[name, j]
+                      == sum(seq[:j].count(index) * b.taken_k[name, j]
                              for j in range(len(seq) + 1)))
 
-    # Whole-GPU pods take idle whole-capable GPUs that small pods of the batch leave.
-    for name in state.nodes:
-        wholes = [(p, v) for p, v in on_node.get(name, []) if p.kind is RequestKind.WHOLE]
+
+def _whole_gpus(b: _Batch) -> None:
+    """Whole-GPU pods take idle whole-capable GPUs that small pods of the batch leave:
+      sum_p k_p w[p][n] + sum_g s[g] <= |capable|, and the GPUs counted as used,
+      sum_g u[g] >= sum_p k_p w[p][n] + sum_g s[g], so whole GPUs free stay exact."""
+    model = b.model
+    for name in b.state.nodes:
+        wholes = [(p, v) for p, v in b.on_node.get(name, []) if p.kind is RequestKind.WHOLE]
         if not wholes:
             continue
-        node = state.nodes[name]
+        node = b.state.nodes[name]
         capable = [g for g in node.gpus if g.whole_free]
-        # Whole pods get idle GPUs that no small pod of the batch takes:
-        #   sum_p k_p w[p,n] + sum_g s[g] <= |capable|, and the GPUs counted as used,
-        #   sum_g u[g] >= sum_p k_p w[p,n] + sum_g s[g], so whole GPUs free stay exact.
         demand = sum(p.gpu_count * v for p, v in wholes)
-        taken = [small[name, g.info.index] for g in capable if (name, g.info.index) in small]
+        taken = [b.small[name, g.info.index] for g in capable if (name, g.info.index) in b.small]
         model.add(demand + sum(taken) <= len(capable))
         for g in capable:
-            if (name, g.info.index) not in u:
-                u[name, g.info.index] = model.new_bool_var(f"u[{name},{g.info.index}]")
-        model.add(sum(u[name, g.info.index] for g in capable) >= demand + sum(taken))
+            if (name, g.info.index) not in b.u:
+                b.u[name, g.info.index] = model.new_bool_var(f"u[{name},{g.info.index}]")
+        model.add(sum(b.u[name, g.info.index] for g in capable) >= demand + sum(taken))
 
-    # ---- constraints: groups and topology ----------------------------------------------
-    groups: dict[str, list[PodRequest]] = defaultdict(list)
-    for pod in pods:
+
+def _groups(b: _Batch, taken_domains: frozenset[tuple[str, str]]) -> None:
+    """The members of a group all placed or none, in one domain d[G, D]; an exclusive
+    domain holds at most one group (none when one already runs there)."""
+    model = b.model
+    for pod in b.pods:
         if pod.group is not None:
-            groups[pod.group.key].append(pod)
+            b.groups[pod.group.key].append(pod)
     domain_use: dict[tuple[str, str], list[cp_model.IntVar]] = defaultdict(list)
-    model_domains: dict[str, dict[str, cp_model.IntVar]] = {}  # group -> domain -> d var
-    for key, members in groups.items():
-        first = placed[members[0].key]
+    for key, members in b.groups.items():
+        first = b.placed[members[0].key]
         for m in members[1:]:
-            model.add(placed[m.key] == first)  # all or nothing
+            model.add(b.placed[m.key] == first)  # all or nothing
         ref = members[0].group
         assert ref is not None
         if ref.topology_key is None:
             continue
         by_domain: dict[str, list[str]] = defaultdict(list)
-        for name, node in state.nodes.items():
+        for name, node in b.state.nodes.items():
             value = node.info.labels.get(ref.topology_key)
             if value is not None:
                 by_domain[value].append(name)
         d = {dom: model.new_bool_var(f"d[{key},{dom}]") for dom in by_domain}
-        model_domains[key] = d
+        b.domains[key] = d
         model.add(sum(d.values()) == first)
         for dom, var in d.items():
             if ref.exclusive:
                 domain_use[ref.topology_key, dom].append(var)
         node_domain = {n: dom for dom, ns in by_domain.items() for n in ns}
         for m in members:
-            for (k, n), v in w.items():
-                if k == m.key:
-                    _in_domain(model, v, d, node_domain.get(n))
-            for i, o in enumerate(options.get(m.key, [])):
-                _in_domain(model, x[m.key, i], d, node_domain.get(o.node))
+            for n, v in b.w.get(m.key, {}).items():
+                _in_domain(model, v, d, node_domain.get(n))
+            for i, o in enumerate(b.options.get(m.key, [])):
+                _in_domain(model, b.x[m.key, i], d, node_domain.get(o.node))
     for (tk, dom), vs in domain_use.items():
         model.add(sum(vs) <= (0 if (tk, dom) in taken_domains else 1))
 
-    # ---- objective ----------------------------------------------------------------------
+
+def _objective(b: _Batch) -> None:
+    """The lexicographic objective of the module docstring (t[n]; z[n] is t[n] on
+    nodes whole-free now)."""
+    from ortools.sat.python import cp_model
+
+    model = b.model
     z: dict[str, cp_model.IntVar] = {}
-    t: dict[str, cp_model.IntVar] = {}
-    for name, items in on_node.items():
-        t[name] = model.new_bool_var(f"t[{name}]")
+    for name, items in b.on_node.items():
+        b.t[name] = model.new_bool_var(f"t[{name}]")
         for _, v in items:
-            model.add_implication(v, t[name])
-        node = state.nodes[name]
-        if node.whole_free:
-            z[name] = t[name]
-    weights = priority_weights(pods)
-    n_pods = len(pods)
-    n_gpu = sum(p.gpu_count if p.kind is RequestKind.WHOLE else 1 for p in pods) + 1
+            model.add_implication(v, b.t[name])
+        if b.state.nodes[name].whole_free:
+            z[name] = b.t[name]
+    weights = priority_weights(b.pods)
+    n_pods = len(b.pods)
+    n_gpu = sum(p.gpu_count if p.kind is RequestKind.WHOLE else 1 for p in b.pods) + 1
     e_w = 1
     d_w = e_w * (n_pods + 1)
     c_w = d_w * (n_pods + 1)
@@ -328,50 +395,50 @@ def build_batch_model(
     a_w = b_w * (n_pods + 1)
     LE = cp_model.LinearExpr
     model.maximize(
-        a_w * LE.weighted_sum(list(placed.values()), [weights[k] for k in placed])
+        a_w * LE.weighted_sum(list(b.placed.values()), [weights[k] for k in b.placed])
         - b_w * LE.sum(list(z.values()))
-        - c_w * LE.sum(list(u.values()))
-        - d_w * LE.sum(created_terms)
-        - e_w * LE.sum(list(t.values()))
+        - c_w * LE.sum(list(b.u.values()))
+        - d_w * LE.sum(b.created)
+        - e_w * LE.sum(list(b.t.values()))
     )
 
-    # ---- hint from the greedy answer --------------------------------------------------
-    # Every variable is hinted (the placement ones and the s/u/t/d indicators they
-    # imply): CP-SAT takes a complete, feasible hint as its first solution, so even a
-    # solve that spends its budget in presolve answers FEASIBLE, as good as the hint.
+
+def _hint(b: _Batch, hint: Sequence[Placement]) -> None:
+    """Every variable hinted from the greedy answer (the placement ones and the s/u/t/k/d
+    indicators they imply): CP-SAT takes a complete, feasible hint as its first solution,
+    so even a solve that spends its budget in presolve answers FEASIBLE, as good as the
+    hint."""
+    model, state = b.model, b.state
     hinted = {h.pod: h for h in hint}
     hinted_on: list[cp_model.IntVar] = []  # the placement variables the hint sets to 1
-    for pod in pods:
+    for pod in b.pods:
         h = hinted.get(pod.key)
         if pod.kind is RequestKind.WHOLE:
-            for (k, n), v in w.items():
-                if k == pod.key:
-                    on = h is not None and h.node == n
-                    model.add_hint(v, 1 if on else 0)
-                    if on:
-                        hinted_on.append(v)
+            for n, v in b.w[pod.key].items():
+                on = h is not None and h.node == n
+                model.add_hint(v, 1 if on else 0)
+                if on:
+                    hinted_on.append(v)
         else:
-            for i, o in enumerate(options[pod.key]):
-                model.add_hint(x[pod.key, i], 1 if h == o else 0)
+            for i, o in enumerate(b.options[pod.key]):
+                model.add_hint(b.x[pod.key, i], 1 if h == o else 0)
                 if h == o:
-                    hinted_on.append(x[pod.key, i])
-    _hint_indicators(model, state, hinted_on, on_node, on_gpu, small, u, t, w, pods_by_key)
-    for name, seq in sequences.items():
-        n_hinted = sum(1 for h in hint if h.node == name and h.gpus and h.pod in pods_by_key
-                       and pods_by_key[h.pod].kind is RequestKind.SHARED
+                    hinted_on.append(b.x[pod.key, i])
+    _hint_indicators(b, hinted_on)
+    for name, seq in b.sequences.items():
+        n_hinted = sum(1 for h in hint if h.node == name and h.gpus and h.pod in b.pods_by_key
+                       and b.pods_by_key[h.pod].kind is RequestKind.SHARED
                        and state.gpu(name, h.gpus[0]).mode is GpuMode.SHARED)
         for j in range(len(seq) + 1):
-            model.add_hint(taken_k[name, j], 1 if j == n_hinted else 0)
-    for key, members in groups.items():
+            model.add_hint(b.taken_k[name, j], 1 if j == n_hinted else 0)
+    for key, members in b.groups.items():
         ref = members[0].group
         if ref is None or ref.topology_key is None:
             continue
         h = hinted.get(members[0].key)
         at = None if h is None else state.nodes[h.node].info.labels.get(ref.topology_key)
-        for value, var in model_domains[key].items():
+        for value, var in b.domains[key].items():
             model.add_hint(var, 1 if value == at else 0)
-
-    return BatchModel(model, x, options, w, pods_by_key, sequences)
 
 
 def solve_batch(
@@ -418,7 +485,7 @@ def solve_batch(
                     taken_by_small[o.node].add(o.gpus[0])
     out = in_plugin_order(out, built.sequences)
     given: dict[str, set[int]] = defaultdict(set)
-    for (key, n), v in sorted(w.items()):
+    for key, n, v in sorted((k, n, v) for k, row in w.items() for n, v in row.items()):
         if not solver.boolean_value(v):
             continue
         pod = pods_by_key[key]
@@ -458,40 +525,31 @@ def in_plugin_order(placements: Sequence[Placement],
     return out
 
 
-def _hint_indicators(
-    model: cp_model.CpModel,
-    state: ClusterState,
-    chosen: Sequence[cp_model.IntVar],
-    on_node: Mapping[str, list[tuple[PodRequest, cp_model.IntVar]]],
-    on_gpu: Mapping[tuple[str, int], list[tuple[PodRequest, Placement, cp_model.IntVar]]],
-    small: Mapping[tuple[str, int], cp_model.IntVar],
-    u: Mapping[tuple[str, int], cp_model.IntVar],
-    t: Mapping[str, cp_model.IntVar],
-    w: Mapping[tuple[str, str], cp_model.IntVar],
-    pods_by_key: Mapping[str, PodRequest],
-) -> None:
+def _hint_indicators(b: _Batch, chosen: Sequence[cp_model.IntVar]) -> None:
     """Hint s, u and t as the hinted placement variables ``chosen`` imply them: s[g] = 1
     where a hinted small pod lands, u[g] = 1 on those GPUs and on as many other idle
     capable GPUs as the node's hinted whole pods take, t[n] = 1 where any hinted pod is."""
+    model = b.model
     on = {v.index for v in chosen}
-    for name, items in on_node.items():
-        model.add_hint(t[name], 1 if any(v.index in on for _, v in items) else 0)
-    for key, var in small.items():
-        model.add_hint(var, 1 if any(v.index in on for _, _, v in on_gpu[key]) else 0)
+    for name, items in b.on_node.items():
+        model.add_hint(b.t[name], 1 if any(v.index in on for _, v in items) else 0)
+    for key, var in b.small.items():
+        model.add_hint(var, 1 if any(v.index in on for _, _, v in b.on_gpu[key]) else 0)
     demand: dict[str, int] = defaultdict(int)
-    for (pod, n), v in w.items():
-        if v.index in on:
-            demand[n] += pods_by_key[pod].gpu_count
-    for name in {n for n, _ in u}:
+    for pod, row in b.w.items():
+        for n, v in row.items():
+            if v.index in on:
+                demand[n] += b.pods_by_key[pod].gpu_count
+    for name in sorted({n for n, _ in b.u}):  # sorted: the same model in every process
         need = demand.get(name, 0)
-        for g in state.nodes[name].gpus:
+        for g in b.state.nodes[name].gpus:
             key = (name, g.info.index)
-            if key not in u:
+            if key not in b.u:
                 continue
-            used = key in small and any(v.index in on for _, _, v in on_gpu[key])
+            used = key in b.small and any(v.index in on for _, _, v in b.on_gpu[key])
             if not used and need > 0:
                 used, need = True, need - 1
-            model.add_hint(u[key], 1 if used else 0)
+            model.add_hint(b.u[key], 1 if used else 0)
 
 
 def _in_domain(

@@ -129,5 +129,5 @@ def test_the_greedy_hint_sets_every_variable_and_is_a_solution(policy: str) -> N
     solver.parameters.num_workers = 1
     assert solver.solve(built.model) in (cp_model.OPTIMAL, cp_model.FEASIBLE)
     chosen = {k for (k, i), v in built.x.items() if solver.boolean_value(v)}
-    chosen |= {k for (k, _), v in built.w.items() if solver.boolean_value(v)}
+    chosen |= {k for k, row in built.w.items() for v in row.values() if solver.boolean_value(v)}
     assert chosen == {p.pod for p in hint}
