@@ -1,4 +1,5 @@
-"""LLM leader/worker groups in the extender: the reservation book (a thin handler).
+"""LLM leader/worker groups in the extender: the reservation book (a thin handler). The
+verbs' answers for group members are :mod:`scheduler.group_verbs`.
 
 When the first pod of a group (LeaderWorkerSet, or ``gpupack.io/group`` +
 ``group-size``) is seen pending, the whole group is placed at once and its room
@@ -39,11 +40,10 @@ import logging
 import math
 import threading
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 
-from kube.assumptions import AssumeError
 from kube.cache import ClusterCache
 from kube.group_inputs import GroupInputs
 from kube.reservations import (
@@ -54,37 +54,24 @@ from kube.reservations import (
     record_object,
     record_of,
 )
-from packing.group_placement import EvictionCandidate, group_victims
 from packing.groups import is_reservation
 from packing.model import Placement, PodRequest, RequestKind
 from packing.policies.scores import bestfit
 from packing.scoring import Scorer
 from scheduler.group_facts import RightsPass, judge
-from scheduler.group_placement import WAIT_REASONS, hold_key, looks_grouped
+from scheduler.group_placement import WAIT_REASONS, hold_key
 from scheduler.group_reconcile import (
     BookState,
     GroupDecision,
     GroupSettings,
-    HiddenNodes,
     Member,
     Waiting,
-    group_slots,
     members_of,
     order_key,
     reconcile,
     wanted_group_holds,
 )
 from scheduler.group_rights import RightsSettings
-from scheduler.verbs import read_pod
-from scheduler.wire import (
-    MAX_PRIORITY,
-    ExtenderArgs,
-    FilterResult,
-    HostPriority,
-    MetaVictims,
-    PreemptionArgs,
-    PreemptionResult,
-)
 
 __all__ = ["DEFAULT_TTL", "WAIT_REASONS", "ReservationBook", "hold_key"]
 
@@ -255,7 +242,7 @@ class ReservationBook:
 
     # ---- the handler -----------------------------------------------------------------------
 
-    def _members(self) -> dict[str, list[Member]]:
+    def members(self) -> dict[str, list[Member]]:
         """Every group's pods: counted ones with where, pending ones."""
         pods: list[tuple[PodRequest, Placement | None]] = [
             (req, p) for req, p in self.cache.snapshot().running if req.group is not None]
@@ -265,7 +252,7 @@ class ReservationBook:
     def _apply_holds(self, members: Mapping[str, list[Member]] | None = None) -> None:
         """Hold what the records ask for (records in priority order; a room that is not
         free is left unheld, and the leader's reconcile places it again)."""
-        members = self._members() if members is None else members
+        members = self.members() if members is None else members
         wanted: dict[str, tuple[PodRequest, Placement]] = {}
         for rec in sorted(self.records.values(), key=order_key):
             wanted.update(wanted_group_holds(rec, members.get(rec.group, [])))
@@ -303,7 +290,7 @@ class ReservationBook:
             if leader and not self._was_leader:
                 log.info("leading: acting on %d records", len(self.records))
             self._was_leader = leader
-            members = self._members()
+            members = self.members()
             self._apply_holds(members)
             if leader:
                 decision = reconcile(self._state(members, now), self.cache.state,
@@ -407,95 +394,6 @@ class ReservationBook:
             except Exception:  # a bug must not stop the book: logged, tried again
                 log.exception("reservation book step failed")
 
-    # ---- verbs (on the leader: the app answers nothing before ready and leading) -----------
-
-    def status(self, pod: PodRequest) -> ReservationRecord | str:
-        """The group's record (the pod has a slot in it), or why it waits."""
-        assert pod.group is not None
-        key = pod.group.key
-        with self.cache.lock:
-            if not self.ready:
-                return f"group {key} waits: gpupack has not rebuilt its reservations yet"
-            self.step()
-            r = self.records.get(key)
-            if r is None:
-                w = self.waiting.get(key)
-                if w is not None:
-                    return w.reason
-                return f"group {key} waits: not placed yet"
-            if self.slot_of(r, pod.key) is None:
-                return f"group {key} already has all {r.size} members"
-            return r
-
-    def filter(self, args: ExtenderArgs) -> FilterResult | None:
-        """The answer for a group member (None for any other pod: the normal path)."""
-        if not looks_grouped(args.pod):
-            return None
-        pod = read_pod(args.pod)
-        if pod.group is None:
-            return None
-        names = args.candidate_names
-        got = self.status(pod)
-        keep: tuple[str, ...] = ()
-        if isinstance(got, str):
-            failed = {n: got for n in names}
-        else:
-            slot = self.slot_of(got, pod.key)
-            assert slot is not None
-            node = got.slots[slot].node
-            keep = (node,) if node in names else ()
-            why = f"group {got.group}: member {slot} has room reserved on {node}"
-            failed = {n: why for n in names if n != node}
-        if args.node_cache_capable:
-            return FilterResult(node_names=keep, failed=failed)
-        nodes = tuple(n for n in args.nodes or () if n["metadata"]["name"] in keep)
-        return FilterResult(nodes=nodes, failed=failed)
-
-    def prioritize(self, args: ExtenderArgs) -> list[HostPriority] | None:
-        if not looks_grouped(args.pod):
-            return None
-        pod = read_pod(args.pod)
-        if pod.group is None:
-            return None
-        with self.cache.lock:
-            r = self.records.get(pod.group.key)
-            slot = None if r is None else self.slot_of(r, pod.key)
-            if r is None or slot is None:
-                return None
-            node = r.slots[slot].node
-        return [HostPriority(n, MAX_PRIORITY if n == node else 0)
-                for n in args.candidate_names]
-
-    def bind_member(self, pod: PodRequest, uid: str, node: str) -> Placement | str | None:
-        """Bind path (under the cache lock): swap the member's hold for the pod at its
-        reserved GPUs and assume it. None: not a group member (bind as usual); a string:
-        why the bind is refused."""
-        if pod.group is None:
-            return None
-        with self.cache.lock:
-            got = self.status(pod)
-            if isinstance(got, str):
-                return got
-            slot = self.slot_of(got, pod.key)
-            assert slot is not None
-            reserved = got.slots[slot]
-            if reserved.node != node:
-                return (f"group {got.group}: member {slot} has room reserved on "
-                        f"{reserved.node}, not {node}")
-            if self.cache.counted(pod.key) is not None:
-                return f"pod {pod.key} is already counted on {self.cache.counted(pod.key)}"
-            hk = hold_key(got.group, slot)
-            held = self.cache.counted(hk)
-            placement = replace(held[1] if held is not None else reserved, pod=pod.key)
-            self.cache.unhold(hk)
-            try:
-                self.cache.assume(pod, uid, placement)
-            except AssumeError as e:
-                if held is not None:
-                    self.cache.hold(*held)
-                return f"group {got.group}: {e}"
-            return placement
-
     def forget(self, key: str) -> None:
         """The bind of ``key`` failed: drop its assumption and, for a group member, hold
         its room again at once (under the same lock, so no other pod takes it meanwhile;
@@ -504,63 +402,6 @@ class ReservationBook:
             self.cache.forget(key)
             if self._rebuilt and any(key in r.pods.values() for r in self.records.values()):
                 self._apply_holds()
-
-    def preempt(self, args: PreemptionArgs) -> PreemptionResult | None:
-        """For a group member: per proposed node, the proposed victims among the fewest
-        lower-priority pods that free room for the whole group in one domain.
-
-        kube-scheduler evicts the victims of one node per attempt, so a group spanning
-        several nodes frees its domain over successive attempts (its pods are retried
-        after each eviction)."""
-        if not looks_grouped(args.pod):
-            return None
-        pod = read_pod(args.pod)
-        if pod.group is None:
-            return None
-        key = pod.group.key
-        with self.cache.lock:
-            self.step()
-            if key in self.records:
-                return PreemptionResult({})  # it has room: nothing to evict
-            # Nothing is evicted for a group that may not be reserved, nor on nodes it
-            # may not use.
-            rights = judge(self.cache, self.inputs, self.rights, [key], self.records
-                           ).rights.get(key)
-            if rights is not None and rights.refused is not None:
-                return PreemptionResult({})
-            all_members = self._members()
-            members = list(all_members.get(key, []))
-            if all(m.req.key != pod.key for m in members):
-                members.append(Member(pod))
-            _, _, to_place, _ = group_slots(self.cache.state, key, members,
-                                            rights.size if rights is not None else None)
-            taken = {(r.topology_key, r.domain) for r in self.records.values()
-                     if r.exclusive and r.topology_key and r.domain is not None}
-            cands = [
-                EvictionCandidate(req.uid, req, pl) for req, pl in self.cache.snapshot().running
-                if req.uid and not is_reservation(req.key)
-            ]
-            allowed = None if rights is None or rights.allowed is None else rights.allowed
-            hidden = HiddenNodes(self.cache.state,
-                                 None if allowed is None else (lambda _g, n: n in allowed),
-                                 key)
-            try:
-                chosen = group_victims(
-                    self.cache.state, to_place, self.scorer(), cands,
-                    {(k, d) for k, d in taken if k is not None and d is not None})
-            finally:
-                hidden.restore()
-        if not chosen:
-            return PreemptionResult({})
-        by_node: dict[str, set[str]] = defaultdict(set)
-        for c in chosen:
-            by_node[c.placement.node].add(c.uid)
-        out: dict[str, MetaVictims] = {}
-        for node, proposed in args.victims.items():
-            mine = [u for u in proposed.uids if u in by_node.get(node, set())]
-            if mine:
-                out[node] = MetaVictims(tuple(mine), proposed.num_pdb_violations)
-        return PreemptionResult(out)
 
     # ---- figures ---------------------------------------------------------------------------
 

@@ -25,6 +25,7 @@ from kube.cache import ClusterCache
 from kube.objects import pod_key
 from kube.source import Binder, BindError
 from packing.model import Placement, PodRequest
+from scheduler.group_verbs import GroupVerbs
 from scheduler.groups import ReservationBook
 from scheduler.planner import Planner
 from scheduler.request_pods import RequestPod, RequestPods
@@ -81,6 +82,10 @@ class ExtensionPoints:
     policy: str
     filter_top: int = 0
 
+    @property
+    def group_verbs(self) -> GroupVerbs:
+        return GroupVerbs(self.book)
+
     def remember(self, args: ExtenderArgs) -> None:
         """A pod no list has shown: kept for its bind (the bind request names it only)."""
         key = pod_key(args.pod)
@@ -92,19 +97,19 @@ class ExtensionPoints:
         with self.cache.view() as view:
             best = (BestCandidates(self.filter_top, self.warmer.current(), self.planner.plan)
                     if self.filter_top > 0 else None)
-            return self.book.filter(args) or filter_nodes(args, view, self.memo, best)
+            return self.group_verbs.filter(args) or filter_nodes(args, view, self.memo, best)
 
     def prioritize(self, args: ExtenderArgs) -> list[HostPriority]:
         self.remember(args)
         plan = self.planner.plan
         with self.cache.view() as view:
-            return self.book.prioritize(args) or prioritize(
+            return self.group_verbs.prioritize(args) or prioritize(
                 args, view, self.memo, self.warmer.current(), plan)
 
     def preempt(self, args: PreemptionArgs) -> PreemptionResult:
         read_pod(args.pod)
         with self.cache.view() as view:
-            return self.book.preempt(args) or preempt(args, view)
+            return self.group_verbs.preempt(args) or preempt(args, view)
 
     def bind(self, args: BindingArgs) -> BindingResult:
         claim = self.claim(args)
@@ -146,7 +151,7 @@ class ExtensionPoints:
                                    f"{args.pod_uid}", seen)
             uid = args.pod_uid or pod.uid
             # A group member gets its reserved room, already assumed (or why not).
-            member = self.book.bind_member(pod, uid, args.node)
+            member = self.group_verbs.bind_member(pod, uid, args.node)
             ref = self.warmer.current()
             choice = member if member is not None else choose_placement(
                 view, pod, args.node, ref.scorer, plan, self.memo, ref.gen)

@@ -22,6 +22,7 @@ from kube.reservations import (
 from kube.source import StaticSource
 from packing.model import PodRequest
 from scheduler.app import AppConfig, create_extender_app
+from scheduler.group_verbs import GroupVerbs
 from scheduler.groups import ReservationBook, hold_key
 from scheduler.metrics import ExtenderMetrics
 from scheduler.planner import Planner
@@ -50,7 +51,7 @@ def req_of(r: Any, pod: dict[str, Any]) -> PodRequest:
 def bind(r: Any, pod: dict[str, Any], node_name: str) -> None:
     """Bind through the book (as the app's bind does) and confirm it through the watch."""
     req = req_of(r, pod)
-    placement = r.book.bind_member(req, req.uid, node_name)
+    placement = GroupVerbs(r.book).bind_member(req, req.uid, node_name)
     assert not isinstance(placement, str) and placement is not None, placement
     r.tap.upsert_pod(bound(pod, node_name, placement_annotations(placement, "gpupack")))
     r.sync()
@@ -65,14 +66,14 @@ def test_two_groups_that_together_do_not_fit_one_reserves_whole_other_waits_whol
     assert r.held(A) == [0, 1]  # the leader's room and the worker not created yet
     assert r.held(B) == []
     assert r.book.waiting[B].category == "no_room"
-    res = r.book.filter(fargs(lws_pod("b", 0, 2, 8), ["n1", "n2"]))
+    res = GroupVerbs(r.book).filter(fargs(lws_pod("b", 0, 2, 8), ["n1", "n2"]))
     assert res is not None and res.node_names == ()
     assert all("waits whole, holding nothing" in why for why in res.failed.values())
     # The worker of A comes later and is steered to the other node.
     r.tap.upsert_pod(lws_pod("a", 1, 2, 8))
     r.sync()
     leader_node = r.book.reservations[A].slots[0].node
-    worker = r.book.filter(fargs(lws_pod("a", 1, 2, 8), ["n1", "n2"]))
+    worker = GroupVerbs(r.book).filter(fargs(lws_pod("a", 1, 2, 8), ["n1", "n2"]))
     assert worker is not None and worker.node_names == tuple({"n1", "n2"} - {leader_node})
 
 
@@ -270,7 +271,7 @@ def test_bind_elsewhere_is_refused() -> None:
     r = rig(TWO, [lws_pod("a", 0, 2, 8)])
     reserved = r.book.reservations[A].slots[0].node
     other = "n2" if reserved == "n1" else "n1"
-    got = r.book.bind_member(req_of(r, lws_pod("a", 0, 2, 8)), "", other)
+    got = GroupVerbs(r.book).bind_member(req_of(r, lws_pod("a", 0, 2, 8)), "", other)
     assert isinstance(got, str) and "reserved on" in got
 
 
@@ -344,7 +345,7 @@ def test_group_preemption_proposes_the_fewest_lower_priority_victims() -> None:
                 for n, ps in (("n1", ["low-1"]), ("n2", ["low-2a", "low-2b"]),
                               ("n3", ["low-3"]))}
     args = PreemptionArgs.decode({"Pod": leader, "NodeNameToMetaVictims": proposed})
-    result = r.book.preempt(args)
+    result = GroupVerbs(r.book).preempt(args)
     assert result is not None
     got = {n: set(v.uids) for n, v in result.victims.items()}
     assert got == {"n1": {"uid-b-low-1"}, "n3": {"uid-b-low-3"}}
@@ -359,7 +360,7 @@ def test_group_preemption_never_picks_higher_priority_pods() -> None:
     r = rig(TWO, [*running, leader])
     args = PreemptionArgs.decode({"Pod": leader, "NodeNameToMetaVictims": {
         "n1": {"Pods": [{"UID": "uid-b-vip"}], "NumPDBViolations": 0}}})
-    result = r.book.preempt(args)
+    result = GroupVerbs(r.book).preempt(args)
     assert result is not None and result.victims == {}
 
 
@@ -388,7 +389,7 @@ def test_restart_mid_group_restores_the_reservation_without_double_booking() -> 
     leader_node, worker_node = res.slots[0].node, res.slots[1].node
     # The leader is bound, then the extender restarts.
     req = req_of(r1, lws_pod("a", 0, 2, 8))
-    placement = r1.book.bind_member(req, req.uid, leader_node)
+    placement = GroupVerbs(r1.book).bind_member(req, req.uid, leader_node)
     assert placement is not None and not isinstance(placement, str)
     source.binder().bind("llm", "a-0", req.uid, leader_node,
                          placement_annotations(placement, "gpupack"))
@@ -407,7 +408,7 @@ def test_restart_mid_group_restores_the_reservation_without_double_booking() -> 
     # Another 8-GPU pod finds no room anywhere.
     assert not any(r2.cache.state.options(pod_req(whole_pod("x", 8)), n) for n in ("n1", "n2"))
     # The worker is steered to its room and binds there.
-    res2 = r2.book.filter(fargs(lws_pod("a", 1, 2, 8), ["n1", "n2"]))
+    res2 = GroupVerbs(r2.book).filter(fargs(lws_pod("a", 1, 2, 8), ["n1", "n2"]))
     assert res2 is not None and res2.node_names == (worker_node,)
 
 
@@ -592,7 +593,7 @@ def test_a_member_whose_bind_fails_has_its_room_held_again_at_once() -> None:
     r = rig(TWO, [lws_pod("a", 0, 2, 8)])
     req = req_of(r, lws_pod("a", 0, 2, 8))
     node_name = r.book.reservations[A].slots[0].node
-    got = r.book.bind_member(req, req.uid, node_name)
+    got = GroupVerbs(r.book).bind_member(req, req.uid, node_name)
     assert got is not None and not isinstance(got, str)
     assert r.held(A) == [1]
     r.book.forget(req.key)  # what the app does when the Binding is refused

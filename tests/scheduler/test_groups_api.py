@@ -33,6 +33,7 @@ from kube.reservations import (
     record_of,
 )
 from kube.source import ApiBinder, ApiSource
+from scheduler.group_verbs import GroupVerbs
 from scheduler.groups import ReservationBook
 
 A = "llm/a/0"
@@ -130,7 +131,7 @@ def test_reservation_written_as_a_configmap_and_rebuilt_after_restart(
         with r1.cache.lock:
             req = r1.cache.pending_pod("llm/a-0")
             assert req is not None
-            placement = r1.book.bind_member(req, req.uid, leader_node)
+            placement = GroupVerbs(r1.book).bind_member(req, req.uid, leader_node)
             assert placement is not None and not isinstance(placement, str)
         ApiBinder(api(fake)).bind("llm", "a-0", req.uid, leader_node,
                                   placement_annotations(placement, "gpupack"))

@@ -13,6 +13,7 @@ from test_groups_builders import Rig, lws_pod, rig
 from kube.group_inputs import GroupInputs
 from kube.reservations import record_object
 from packing.groups import RESERVE_MARK
+from scheduler.group_verbs import GroupVerbs
 from scheduler.wire import ExtenderArgs, PreemptionArgs
 
 ZONE = "topology.kubernetes.io/zone"
@@ -42,7 +43,8 @@ def held_gpus(r: Rig) -> dict[str, int]:
 
 
 def reason(r: Rig, pod: dict[str, Any]) -> str:
-    res = r.book.filter(ExtenderArgs.decode(filter_args(pod, list(r.cache.node_names()))))
+    args = ExtenderArgs.decode(filter_args(pod, list(r.cache.node_names())))
+    res = GroupVerbs(r.book).filter(args)
     assert res is not None and res.node_names == ()
     reasons = set(res.failed.values())
     assert len(reasons) == 1
@@ -211,7 +213,7 @@ def test_no_victims_are_proposed_for_a_refused_group() -> None:
     uid = low["metadata"]["uid"]
     args = PreemptionArgs.decode({"Pod": p, "NodeNameToMetaVictims": {
         "n0": {"Pods": [{"UID": uid}], "NumPDBViolations": 0}}})
-    got = r.book.preempt(args)
+    got = GroupVerbs(r.book).preempt(args)
     assert got is not None and got.victims == {}
     # The same group allowed on n0 gets its victim.
     p2 = lws_pod("c", 0, 1, 8, priority=100)
@@ -219,5 +221,5 @@ def test_no_victims_are_proposed_for_a_refused_group() -> None:
     r.sync()
     args2 = PreemptionArgs.decode({"Pod": p2, "NodeNameToMetaVictims": {
         "n0": {"Pods": [{"UID": uid}], "NumPDBViolations": 0}}})
-    got2 = r.book.preempt(args2)
+    got2 = GroupVerbs(r.book).preempt(args2)
     assert got2 is not None and set(got2.victims) == {"n0"}

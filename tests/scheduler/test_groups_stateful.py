@@ -38,6 +38,7 @@ from kube.cache import ClusterCache
 from kube.objects import pod_request
 from kube.reservations import RESERVATION, RecordWriter, ReservationTap, record_of
 from packing.groups import RESERVE_MARK
+from scheduler.group_verbs import GroupVerbs
 from scheduler.groups import ReservationBook, hold_key
 
 CLIQUE = "nvidia.com/gpu.clique"
@@ -214,7 +215,8 @@ class Cluster(RuleBasedStateMachine):
         key, group, slot = ready[pick % len(ready)]
         req = r.cache.pending_pod(key)
         assert req is not None
-        got = r.book.bind_member(req, req.uid, r.book.reservations[group].slots[slot].node)
+        node = r.book.reservations[group].slots[slot].node
+        got = GroupVerbs(r.book).bind_member(req, req.uid, node)
         if got is not None and not isinstance(got, str):
             event("a member bound to its room")
             self._bind(r, key, got)

@@ -1,0 +1,188 @@
+"""The extender's answers for LLM group members: filter, prioritize, bind and preempt.
+
+Each verb asks :class:`~scheduler.groups.ReservationBook` for the member's group (running
+its reconcile first on the leader, so a new group's room exists before its first pod is
+answered) and steers the member to its reserved room: filter keeps only the reserved
+node, prioritize gives it 10, bind swaps the member's hold for the pod at the reserved
+GPUs, preempt proposes the fewest lower-priority pods that free room for the whole
+group in one domain. Each returns None for a pod that is not a group member (the normal
+path answers it). The app answers nothing before the book is ready and leading.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import replace
+
+from kube.assumptions import AssumeError
+from kube.reservations import ReservationRecord
+from packing.group_placement import EvictionCandidate, group_victims
+from packing.groups import is_reservation
+from packing.model import Placement, PodRequest
+from scheduler.group_facts import judge
+from scheduler.group_placement import hold_key, looks_grouped
+from scheduler.group_reconcile import HiddenNodes, Member, group_slots
+from scheduler.groups import ReservationBook
+from scheduler.verbs import read_pod
+from scheduler.wire import (
+    MAX_PRIORITY,
+    ExtenderArgs,
+    FilterResult,
+    HostPriority,
+    MetaVictims,
+    PreemptionArgs,
+    PreemptionResult,
+)
+
+
+class GroupVerbs:
+    """The four verbs for group members, over one reservation book."""
+
+    def __init__(self, book: ReservationBook) -> None:
+        self.book = book
+
+    def status(self, pod: PodRequest) -> ReservationRecord | str:
+        """The group's record (the pod has a slot in it), or why it waits."""
+        assert pod.group is not None
+        key = pod.group.key
+        with self.book.cache.lock:
+            if not self.book.ready:
+                return f"group {key} waits: gpupack has not rebuilt its reservations yet"
+            self.book.step()
+            r = self.book.records.get(key)
+            if r is None:
+                w = self.book.waiting.get(key)
+                if w is not None:
+                    return w.reason
+                return f"group {key} waits: not placed yet"
+            if self.book.slot_of(r, pod.key) is None:
+                return f"group {key} already has all {r.size} members"
+            return r
+
+    def filter(self, args: ExtenderArgs) -> FilterResult | None:
+        """The answer for a group member (None for any other pod: the normal path)."""
+        if not looks_grouped(args.pod):
+            return None
+        pod = read_pod(args.pod)
+        if pod.group is None:
+            return None
+        names = args.candidate_names
+        got = self.status(pod)
+        keep: tuple[str, ...] = ()
+        if isinstance(got, str):
+            failed = {n: got for n in names}
+        else:
+            slot = self.book.slot_of(got, pod.key)
+            assert slot is not None
+            node = got.slots[slot].node
+            keep = (node,) if node in names else ()
+            why = f"group {got.group}: member {slot} has room reserved on {node}"
+            failed = {n: why for n in names if n != node}
+        if args.node_cache_capable:
+            return FilterResult(node_names=keep, failed=failed)
+        nodes = tuple(n for n in args.nodes or () if n["metadata"]["name"] in keep)
+        return FilterResult(nodes=nodes, failed=failed)
+
+    def prioritize(self, args: ExtenderArgs) -> list[HostPriority] | None:
+        if not looks_grouped(args.pod):
+            return None
+        pod = read_pod(args.pod)
+        if pod.group is None:
+            return None
+        with self.book.cache.lock:
+            r = self.book.records.get(pod.group.key)
+            slot = None if r is None else self.book.slot_of(r, pod.key)
+            if r is None or slot is None:
+                return None
+            node = r.slots[slot].node
+        return [HostPriority(n, MAX_PRIORITY if n == node else 0)
+                for n in args.candidate_names]
+
+    def bind_member(self, pod: PodRequest, uid: str, node: str) -> Placement | str | None:
+        """Bind path (under the cache lock): swap the member's hold for the pod at its
+        reserved GPUs and assume it. None: not a group member (bind as usual); a string:
+        why the bind is refused."""
+        if pod.group is None:
+            return None
+        with self.book.cache.lock:
+            got = self.status(pod)
+            if isinstance(got, str):
+                return got
+            slot = self.book.slot_of(got, pod.key)
+            assert slot is not None
+            reserved = got.slots[slot]
+            if reserved.node != node:
+                return (f"group {got.group}: member {slot} has room reserved on "
+                        f"{reserved.node}, not {node}")
+            if self.book.cache.counted(pod.key) is not None:
+                return f"pod {pod.key} is already counted on {self.book.cache.counted(pod.key)}"
+            hk = hold_key(got.group, slot)
+            held = self.book.cache.counted(hk)
+            placement = replace(held[1] if held is not None else reserved, pod=pod.key)
+            self.book.cache.unhold(hk)
+            try:
+                self.book.cache.assume(pod, uid, placement)
+            except AssumeError as e:
+                if held is not None:
+                    self.book.cache.hold(*held)
+                return f"group {got.group}: {e}"
+            return placement
+
+    def preempt(self, args: PreemptionArgs) -> PreemptionResult | None:
+        """For a group member: per proposed node, the proposed victims among the fewest
+        lower-priority pods that free room for the whole group in one domain.
+
+        kube-scheduler evicts the victims of one node per attempt, so a group spanning
+        several nodes frees its domain over successive attempts (its pods are retried
+        after each eviction)."""
+        if not looks_grouped(args.pod):
+            return None
+        pod = read_pod(args.pod)
+        if pod.group is None:
+            return None
+        key = pod.group.key
+        with self.book.cache.lock:
+            self.book.step()
+            if key in self.book.records:
+                return PreemptionResult({})  # it has room: nothing to evict
+            # Nothing is evicted for a group that may not be reserved, nor on nodes it
+            # may not use.
+            book = self.book
+            rights = judge(book.cache, book.inputs, book.rights, [key], book.records
+                           ).rights.get(key)
+            if rights is not None and rights.refused is not None:
+                return PreemptionResult({})
+            all_members = self.book.members()
+            members = list(all_members.get(key, []))
+            if all(m.req.key != pod.key for m in members):
+                members.append(Member(pod))
+            _, _, to_place, _ = group_slots(self.book.cache.state, key, members,
+                                            rights.size if rights is not None else None)
+            taken = {(r.topology_key, r.domain) for r in self.book.records.values()
+                     if r.exclusive and r.topology_key and r.domain is not None}
+            cands = [
+                EvictionCandidate(req.uid, req, pl)
+                for req, pl in self.book.cache.snapshot().running
+                if req.uid and not is_reservation(req.key)
+            ]
+            allowed = None if rights is None or rights.allowed is None else rights.allowed
+            hidden = HiddenNodes(self.book.cache.state,
+                                 None if allowed is None else (lambda _g, n: n in allowed),
+                                 key)
+            try:
+                chosen = group_victims(
+                    self.book.cache.state, to_place, self.book.scorer(), cands,
+                    {(k, d) for k, d in taken if k is not None and d is not None})
+            finally:
+                hidden.restore()
+        if not chosen:
+            return PreemptionResult({})
+        by_node: dict[str, set[str]] = defaultdict(set)
+        for c in chosen:
+            by_node[c.placement.node].add(c.uid)
+        out: dict[str, MetaVictims] = {}
+        for node, proposed in args.victims.items():
+            mine = [u for u in proposed.uids if u in by_node.get(node, set())]
+            if mine:
+                out[node] = MetaVictims(tuple(mine), proposed.num_pdb_violations)
+        return PreemptionResult(out)
