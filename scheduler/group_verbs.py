@@ -19,6 +19,7 @@ from kube.reservations import ReservationRecord
 from packing.group_placement import EvictionCandidate, group_victims
 from packing.groups import is_reservation
 from packing.model import Placement, PodRequest
+from packing.status import Status
 from scheduler.group_facts import judge
 from scheduler.group_placement import hold_key, looks_grouped
 from scheduler.group_reconcile import HiddenNodes, Member, group_slots
@@ -34,6 +35,13 @@ from scheduler.wire import (
     PreemptionResult,
 )
 
+# Checks of a refused group member (Status.check).
+BOOK_READY = "ReservationsRebuilt"  # the book has not read its records back yet
+GROUP_WAITS = "GroupWaits"  # the group holds no room (the reason says why)
+GROUP_FULL = "GroupFull"  # every member slot of the group is taken
+RESERVED_NODE = "ReservedNode"  # the member's room is on another node
+ASSUME = "Assume"  # the room could not be assumed for the pod
+
 
 class GroupVerbs:
     """The four verbs for group members, over one reservation book."""
@@ -41,22 +49,25 @@ class GroupVerbs:
     def __init__(self, book: ReservationBook) -> None:
         self.book = book
 
-    def status(self, pod: PodRequest) -> ReservationRecord | str:
-        """The group's record (the pod has a slot in it), or why it waits."""
+    def status(self, pod: PodRequest) -> ReservationRecord | Status:
+        """The group's record (the pod has a slot in it), or why it waits (check
+        BOOK_READY, GROUP_WAITS, GROUP_FULL)."""
         assert pod.group is not None
         key = pod.group.key
         with self.book.cache.lock:
             if not self.book.ready:
-                return f"group {key} waits: gpupack has not rebuilt its reservations yet"
+                return Status.unschedulable(
+                    BOOK_READY,
+                    f"group {key} waits: gpupack has not rebuilt its reservations yet")
             self.book.step()
             r = self.book.records.get(key)
             if r is None:
                 w = self.book.waiting.get(key)
-                if w is not None:
-                    return w.reason
-                return f"group {key} waits: not placed yet"
+                why = w.reason if w is not None else f"group {key} waits: not placed yet"
+                return Status.unschedulable(GROUP_WAITS, why)
             if self.book.slot_of(r, pod.key) is None:
-                return f"group {key} already has all {r.size} members"
+                return Status.unresolvable(GROUP_FULL,
+                                           f"group {key} already has all {r.size} members")
             return r
 
     def filter(self, args: ExtenderArgs) -> FilterResult | None:
@@ -69,8 +80,8 @@ class GroupVerbs:
         names = args.candidate_names
         got = self.status(pod)
         keep: tuple[str, ...] = ()
-        if isinstance(got, str):
-            failed = {n: got for n in names}
+        if isinstance(got, Status):
+            failed = {n: got.message for n in names}
         else:
             slot = self.book.slot_of(got, pod.key)
             assert slot is not None
@@ -98,24 +109,27 @@ class GroupVerbs:
         return [HostPriority(n, MAX_PRIORITY if n == node else 0)
                 for n in args.candidate_names]
 
-    def bind_member(self, pod: PodRequest, uid: str, node: str) -> Placement | str | None:
+    def bind_member(self, pod: PodRequest, uid: str, node: str) -> Placement | Status | None:
         """Bind path (under the cache lock): swap the member's hold for the pod at its
-        reserved GPUs and assume it. None: not a group member (bind as usual); a string:
-        why the bind is refused."""
+        reserved GPUs and assume it. None: not a group member (bind as usual); a Status:
+        why the bind is refused (the status's checks, RESERVED_NODE, ASSUME)."""
         if pod.group is None:
             return None
         with self.book.cache.lock:
             got = self.status(pod)
-            if isinstance(got, str):
+            if isinstance(got, Status):
                 return got
             slot = self.book.slot_of(got, pod.key)
             assert slot is not None
             reserved = got.slots[slot]
             if reserved.node != node:
-                return (f"group {got.group}: member {slot} has room reserved on "
-                        f"{reserved.node}, not {node}")
-            if self.book.cache.counted(pod.key) is not None:
-                return f"pod {pod.key} is already counted on {self.book.cache.counted(pod.key)}"
+                return Status.unschedulable(
+                    RESERVED_NODE, f"group {got.group}: member {slot} has room reserved on "
+                    f"{reserved.node}, not {node}")
+            counted = self.book.cache.counted(pod.key)
+            if counted is not None:
+                return Status.unschedulable(
+                    ASSUME, f"pod {pod.key} is already counted on {counted}")
             hk = hold_key(got.group, slot)
             held = self.book.cache.counted(hk)
             placement = replace(held[1] if held is not None else reserved, pod=pod.key)
@@ -125,7 +139,7 @@ class GroupVerbs:
             except AssumeError as e:
                 if held is not None:
                     self.book.cache.hold(*held)
-                return f"group {got.group}: {e}"
+                return Status.unschedulable(ASSUME, f"group {got.group}: {e}")
             return placement
 
     def preempt(self, args: PreemptionArgs) -> PreemptionResult | None:

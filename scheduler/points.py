@@ -25,6 +25,7 @@ from kube.cache import ClusterCache
 from kube.objects import pod_key
 from kube.source import Binder, BindError
 from packing.model import Placement, PodRequest
+from packing.status import Status
 from scheduler.group_verbs import GroupVerbs
 from scheduler.groups import ReservationBook
 from scheduler.planner import Planner
@@ -155,8 +156,8 @@ class ExtensionPoints:
             ref = self.warmer.current()
             choice = member if member is not None else choose_placement(
                 view, pod, args.node, ref.scorer, plan, self.memo, ref.gen)
-            if isinstance(choice, str):
-                return self.refuse(choice, seen)
+            if isinstance(choice, Status):
+                return self.refuse(choice.message, seen)
             try:
                 if member is None:
                     self.cache.assume(pod, uid, choice)

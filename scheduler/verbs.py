@@ -30,6 +30,7 @@ from packing.mig import free_starts
 from packing.model import GpuMode, Placement, PodRequest, RequestKind, Snapshot
 from packing.scoring import Score, Scorer
 from packing.state import ClusterState
+from packing.status import Status
 from scheduler.wire import (
     MAX_PRIORITY,
     ExtenderArgs,
@@ -549,17 +550,23 @@ def prioritize(
 # ---- bind ----------------------------------------------------------------------------------
 
 
+# Checks of a refused bind (Status.check).
+NODE_KNOWN = "NodeKnown"  # the node is not in the cache
+NODE_FIT = "NodeFit"  # the pod does not fit the node now
+
+
 def choose_placement(
     view: CacheView, pod: PodRequest, node: str, scorer: Scorer, plan: PlanView,
     memo: Memo | None = None, scorer_gen: int | None = None,
-) -> Placement | str:
+) -> Placement | Status:
     """Which GPUs on ``node`` the pod gets: the plan's, while still free, else the
-    scorer's best option on that node; a reason string when none is free.
+    scorer's best option on that node; a Status when none is free (checks NODE_KNOWN,
+    NODE_FIT).
 
     With ``memo`` (and the scorer's generation), the best option memoized for the
     node's state is used when there is one; it is checked against the state first."""
     if not view.has_node(node):
-        return f"node {node} is not in gpupack's cache"
+        return Status.unresolvable(NODE_KNOWN, f"node {node} is not in gpupack's cache")
     planned = plan.placement_of(pod.key)
     if planned is not None and planned.node == node and view.state.check(pod, planned) is None:
         return planned
@@ -575,7 +582,8 @@ def choose_placement(
                 return p
     best = best_option_on(view.state, pod, node, scorer)
     if best is None:
-        return f"pod {pod.key} does not fit {node} now: {explain(view.state, pod, node)}"
+        return Status.unschedulable(
+            NODE_FIT, f"pod {pod.key} does not fit {node} now: {explain(view.state, pod, node)}")
     return best
 
 

@@ -21,8 +21,9 @@ from kube.reservations import (
 )
 from kube.source import StaticSource
 from packing.model import PodRequest
+from packing.status import Status
 from scheduler.app import AppConfig, create_extender_app
-from scheduler.group_verbs import GroupVerbs
+from scheduler.group_verbs import RESERVED_NODE, GroupVerbs
 from scheduler.groups import ReservationBook, hold_key
 from scheduler.metrics import ExtenderMetrics
 from scheduler.planner import Planner
@@ -52,7 +53,7 @@ def bind(r: Any, pod: dict[str, Any], node_name: str) -> None:
     """Bind through the book (as the app's bind does) and confirm it through the watch."""
     req = req_of(r, pod)
     placement = GroupVerbs(r.book).bind_member(req, req.uid, node_name)
-    assert not isinstance(placement, str) and placement is not None, placement
+    assert not isinstance(placement, Status) and placement is not None, placement
     r.tap.upsert_pod(bound(pod, node_name, placement_annotations(placement, "gpupack")))
     r.sync()
 
@@ -272,7 +273,7 @@ def test_bind_elsewhere_is_refused() -> None:
     reserved = r.book.reservations[A].slots[0].node
     other = "n2" if reserved == "n1" else "n1"
     got = GroupVerbs(r.book).bind_member(req_of(r, lws_pod("a", 0, 2, 8)), "", other)
-    assert isinstance(got, str) and "reserved on" in got
+    assert isinstance(got, Status) and got.check == RESERVED_NODE and "reserved on" in got.message
 
 
 # ---- topology --------------------------------------------------------------------------------
@@ -390,7 +391,7 @@ def test_restart_mid_group_restores_the_reservation_without_double_booking() -> 
     # The leader is bound, then the extender restarts.
     req = req_of(r1, lws_pod("a", 0, 2, 8))
     placement = GroupVerbs(r1.book).bind_member(req, req.uid, leader_node)
-    assert placement is not None and not isinstance(placement, str)
+    assert placement is not None and not isinstance(placement, Status)
     source.binder().bind("llm", "a-0", req.uid, leader_node,
                          placement_annotations(placement, "gpupack"))
     clock.advance(5)
@@ -594,7 +595,7 @@ def test_a_member_whose_bind_fails_has_its_room_held_again_at_once() -> None:
     req = req_of(r, lws_pod("a", 0, 2, 8))
     node_name = r.book.reservations[A].slots[0].node
     got = GroupVerbs(r.book).bind_member(req, req.uid, node_name)
-    assert got is not None and not isinstance(got, str)
+    assert got is not None and not isinstance(got, Status)
     assert r.held(A) == [1]
     r.book.forget(req.key)  # what the app does when the Binding is refused
     assert r.held(A) == [0, 1]

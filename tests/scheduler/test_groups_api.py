@@ -33,6 +33,7 @@ from kube.reservations import (
     record_of,
 )
 from kube.source import ApiBinder, ApiSource
+from packing.status import Status
 from scheduler.group_verbs import GroupVerbs
 from scheduler.groups import ReservationBook
 
@@ -132,7 +133,7 @@ def test_reservation_written_as_a_configmap_and_rebuilt_after_restart(
             req = r1.cache.pending_pod("llm/a-0")
             assert req is not None
             placement = GroupVerbs(r1.book).bind_member(req, req.uid, leader_node)
-            assert placement is not None and not isinstance(placement, str)
+            assert placement is not None and not isinstance(placement, Status)
         ApiBinder(api(fake)).bind("llm", "a-0", req.uid, leader_node,
                                   placement_annotations(placement, "gpupack"))
         wait_for(lambda: (e := r1.cache.pod_entry("llm/a-0")) is not None

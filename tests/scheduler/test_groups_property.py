@@ -14,6 +14,7 @@ from test_groups_builders import bound, lws_pod, rig
 
 from kube.annotations import placement_annotations
 from packing.groups import RESERVE_MARK
+from packing.status import Status
 from scheduler.group_verbs import GroupVerbs
 from scheduler.groups import hold_key
 
@@ -83,7 +84,7 @@ def test_every_group_is_whole_or_holds_nothing(steps: list[tuple[str, Any, int]]
             if req is not None and res is not None and slot is not None:
                 target = res.slots[slot].node
                 got = GroupVerbs(r.book).bind_member(req, req.uid, target)
-                if got is not None and not isinstance(got, str):
+                if got is not None and not isinstance(got, Status):
                     ann = placement_annotations(got, "gpupack")
                     world[key] = bound(world[key], target, ann)
                     r.tap.upsert_pod(world[key])

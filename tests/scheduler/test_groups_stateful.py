@@ -38,6 +38,7 @@ from kube.cache import ClusterCache
 from kube.objects import pod_request
 from kube.reservations import RESERVATION, RecordWriter, ReservationTap, record_of
 from packing.groups import RESERVE_MARK
+from packing.status import Status
 from scheduler.group_verbs import GroupVerbs
 from scheduler.groups import ReservationBook, hold_key
 
@@ -217,7 +218,7 @@ class Cluster(RuleBasedStateMachine):
         assert req is not None
         node = r.book.reservations[group].slots[slot].node
         got = GroupVerbs(r.book).bind_member(req, req.uid, node)
-        if got is not None and not isinstance(got, str):
+        if got is not None and not isinstance(got, Status):
             event("a member bound to its room")
             self._bind(r, key, got)
 

@@ -18,7 +18,10 @@ from sched_builders import (
 
 from packing.model import Placement, Snapshot
 from packing.policies.gpupack import make_gpupack_scorer
+from packing.status import Code, Status
 from scheduler.verbs import (
+    NODE_FIT,
+    NODE_KNOWN,
     UNKNOWN_NODE,
     Memo,
     NoPlan,
@@ -179,10 +182,12 @@ def test_choose_placement_uses_the_plan_while_free_else_the_scorer(cache: Any) -
     stale = Placement("llm/llm", "whole", (0, 1))  # held by "big"
     got = choose_placement(cache, req, "whole", scorer().scorer, FixedPlan(stale))
     assert isinstance(got, Placement) and got.gpus == (6, 7)
-    assert "does not fit" in str(choose_placement(cache, req, "mig-frozen", scorer().scorer,
-                                                  NoPlan()))
-    assert "not in gpupack's cache" in str(choose_placement(cache, req, "ghost",
-                                                            scorer().scorer, NoPlan()))
+    no_fit = choose_placement(cache, req, "mig-frozen", scorer().scorer, NoPlan())
+    assert isinstance(no_fit, Status) and no_fit.check == NODE_FIT
+    assert no_fit.code is Code.UNSCHEDULABLE and "does not fit" in no_fit.message
+    ghost = choose_placement(cache, req, "ghost", scorer().scorer, NoPlan())
+    assert isinstance(ghost, Status) and ghost.check == NODE_KNOWN
+    assert ghost.code is Code.UNRESOLVABLE and "not in gpupack's cache" in ghost.message
 
 
 # ---- preempt ---------------------------------------------------------------------------------
