@@ -45,14 +45,22 @@ from packing.defrag_model import (
     build_selection,
     defrag_candidates,
 )
-from packing.group_placement import exclusive_domains_in_use
+from packing.group_placement import EXCLUSIVE_DOMAIN, TOPOLOGY_LABEL, exclusive_domains_in_use
 from packing.groups import members_by_group, with_reservations
 from packing.model import GPU_MILLI, GroupRef, Placement, PodRequest, RequestKind, Snapshot
 from packing.scoring import topology_domains
 from packing.state import ClusterState, describe
+from packing.status import Status
 from packing.validate import validate
 
 POD_COST = 1000  # every eviction costs at least this: fewer evictions come first
+
+# Checks of a group no move is planned for (Status.check; EXCLUSIVE_DOMAIN and
+# TOPOLOGY_LABEL are packing.group_placement's).
+GROUP_KIND = "GroupKind"  # only whole-GPU groups of one GPU model set are planned
+RUNNING_DOMAIN = "RunningDomain"  # the domain its running members pin cannot be used
+NO_MOVE = "NoMove"  # no eviction set frees room (or none found in time)
+NO_LANDING = "NoLanding"  # eviction sets free room, but the evicted pods fit nowhere
 
 
 @dataclass(frozen=True)
@@ -124,9 +132,10 @@ class Move:
 class WaitingGroup:
     group: str
     reason: str
+    check: str = ""  # the Status.check that refused (see the constants above)
 
     def to_json(self) -> dict[str, object]:
-        return {"group": self.group, "reason": self.reason}
+        return {"group": self.group, "reason": self.reason, "check": self.check}
 
 
 @dataclass(frozen=True)
@@ -220,13 +229,14 @@ def _units(snapshot: Snapshot) -> list[tuple[str, list[PodRequest]]]:
                                         -sum(m.gpu_count for m in u[1]), u[0]))
 
 
-def _domains(c: _Cluster, members: Sequence[PodRequest]) -> list[list[str]] | str:
+def _domains(c: _Cluster, members: Sequence[PodRequest]) -> list[list[str]] | Status:
     ref = members[0].group or GroupRef(members[0].key, 1)
     domains = topology_domains(c.state, ref)
     if ref.topology_key is None:
         return domains
     if not domains:
-        return f"no node carries the topology label {ref.topology_key}"
+        return Status.unresolvable(
+            TOPOLOGY_LABEL, f"no node carries the topology label {ref.topology_key}")
     # Members already running pin the domain.
     placed = {c.state.nodes[pl.node].info.labels.get(ref.topology_key)
               for p, pl in c.running.values() if p.group is not None and p.group.key == ref.key}
@@ -239,9 +249,12 @@ def _domains(c: _Cluster, members: Sequence[PodRequest]) -> list[list[str]] | st
             continue
         out.append(names)
     if not out:
-        return (f"every {ref.topology_key} domain is held by another group"
-                if not placed else f"the domain of its running members ({sorted(map(str, placed))})"
-                " cannot be used")
+        if not placed:
+            return Status.unschedulable(
+                EXCLUSIVE_DOMAIN, f"every {ref.topology_key} domain is held by another group")
+        return Status.unschedulable(
+            RUNNING_DOMAIN, f"the domain of its running members ({sorted(map(str, placed))})"
+            " cannot be used")
     return out
 
 
@@ -298,19 +311,21 @@ def _victims(c: _Cluster, names: Sequence[str], priority: int, screen: bool
 
 def _waiting_reason(members: Sequence[PodRequest], topology: str | None,
                     kept: Mapping[str, int], limits: Sequence[str], rounds: int,
-                    status: str) -> str:
+                    status: str) -> Status:
     what = f"{len(members)} pod(s) of {describe(members[0])}"
     where = f"one {topology} domain" if topology else "the cluster"
     if rounds:
-        return (f"{rounds} eviction set(s) would free room for {what} in {where}, but the "
-                f"evicted pods would not all fit elsewhere")
+        return Status.unschedulable(
+            NO_LANDING, f"{rounds} eviction set(s) would free room for {what} in {where}, "
+            "but the evicted pods would not all fit elsewhere")
     if status not in ("INFEASIBLE", "NO_CANDIDATES"):
-        return f"no eviction set found in time for {what} in {where} (solver {status})"
+        return Status.unschedulable(
+            NO_MOVE, f"no eviction set found in time for {what} in {where} (solver {status})")
     held = ", ".join(f"{n} {why}" for why, n in sorted(kept.items(), key=lambda kv: -kv[1]))
     tail = f"; GPUs held by pods that may not be evicted: {held}" if held else ""
     if limits:
         tail += "; PodDisruptionBudgets allow only " + ", ".join(limits)
-    return f"no eviction set frees room for {what} in {where}{tail}"
+    return Status.unschedulable(NO_MOVE, f"no eviction set frees room for {what} in {where}{tail}")
 
 
 def _limits(c: _Cluster, victims: Mapping[str, EvictablePod]) -> list[str]:
@@ -360,19 +375,20 @@ def _try(c: _Cluster, members: Sequence[PodRequest], sel: Selection,
 
 
 def _plan_unit(c: _Cluster, key: str, members: list[PodRequest],
-               params: DefragParams) -> Move | str:
+               params: DefragParams) -> Move | Status:
     if not all(m.kind is RequestKind.WHOLE and m.gpu_models == members[0].gpu_models
                for m in members):
-        return "only groups of whole-GPU pods (of the same GPU models) are planned"
+        return Status.unresolvable(
+            GROUP_KIND, "only groups of whole-GPU pods (of the same GPU models) are planned")
     domains = _domains(c, members)
-    if isinstance(domains, str):
+    if isinstance(domains, Status):
         return domains
     priority = max(m.priority for m in members)
     names = [n for d in domains for n in d]
     victims, kept = _victims(c, names, priority, params.screen)
     per_domain = params.per_domain or 2 * len(members) + 4
-    cands = defrag_candidates(c.state, members, domains, victims, params.screen, params.max_domains,
-                       per_domain)
+    cands = defrag_candidates(c.state, members, domains, victims, params.screen,
+                              params.max_domains, per_domain)
     topology = members[0].group.topology_key if members[0].group else None
     limits = _limits(c, victims)
     if not cands:
@@ -417,8 +433,8 @@ def plan_defrag(snapshot: Snapshot, ev: Evictability,
     waiting: list[WaitingGroup] = []
     for key, members in _units(snap):
         got = _plan_unit(c, key, members, prm)
-        if isinstance(got, str):
-            waiting.append(WaitingGroup(key, got))
+        if isinstance(got, Status):
+            waiting.append(WaitingGroup(key, got.message, got.check))
             continue
         moves.append(got)
         _record(c, members, got)
