@@ -14,6 +14,9 @@ from hypothesis import strategies as st
 from packing_builders import cpu_pod, group, node, whole
 
 from packing.defrag import (
+    GROUP_KIND,
+    NO_LANDING,
+    NO_MOVE,
     DefragParams,
     DefragPlan,
     DisruptionBudget,
@@ -106,7 +109,7 @@ def test_who_may_be_evicted(case: str, pod: PodRequest, group_prio: int,
     assert (evicted(plan) == ["ml/a"]) is expect_evicted, case
     if not expect_evicted:
         (w,) = plan.waiting
-        assert "no eviction set" in w.reason
+        assert "no eviction set" in w.reason and w.check == NO_MOVE
 
 
 @pytest.mark.parametrize(
@@ -160,6 +163,7 @@ def test_evicted_pods_that_fit_nowhere_else_keep_the_group_waiting() -> None:
     plan = plan_defrag(s, Evictability(owned(*run)), DefragParams.exact())
     assert plan.moves == ()
     assert "would not all fit elsewhere" in plan.waiting[0].reason
+    assert plan.waiting[0].check == NO_LANDING
     plan = plan_defrag(s, Evictability(owned(*run)))
     assert plan.moves == ()
     assert "3 with no room on another node now" in plan.waiting[0].reason
@@ -247,6 +251,8 @@ def test_only_whole_gpu_groups_are_planned() -> None:
                replace(mig("s/m1"), group=GroupRef("s/g", 2, 1))]
     plan = plan_defrag(snap([node("n0", 2)], [], members), Evictability())
     assert plan.waiting[0].reason.startswith("only groups of whole-GPU pods")
+    assert plan.waiting[0].check == GROUP_KIND
+    assert plan.waiting[0].to_json()["check"] == GROUP_KIND
 
 
 def test_missing_workers_are_reserved_with_the_leader() -> None:
