@@ -37,6 +37,7 @@ from kube.constraints import PodConstraints, Taint, why_not
 from kube.lws import LwsShape
 from kube.quotas import Quota, covers, gpu_resources
 from packing.model import PodRequest, RequestKind
+from packing.status import Status
 
 QuotaKey = tuple[str, str]  # ("namespace/quota-name", GPU resource)
 
@@ -110,9 +111,14 @@ def group_size(key: str, members: Sequence[MemberFacts], lws: LwsShape | None
     return (sizes[0] if sizes else 1), False, None
 
 
+# Status.check of no node being one every member may run on (selectors, affinity, taints).
+NODE_RULES = "NodeRules"
+
+
 def allowed_nodes(constraints: Iterable[PodConstraints], nodes: Iterable[NodeFacts]
-                  ) -> frozenset[str] | str:
-    """The nodes every constraint set allows, or why none is (the first node's reason)."""
+                  ) -> frozenset[str] | Status:
+    """The nodes every constraint set allows, or why none is (check NODE_RULES, the first
+    node's reason)."""
     sets = sorted({_node_part(c) for c in constraints}, key=repr)
     if not sets:
         return frozenset(n.name for n in nodes)
@@ -125,7 +131,7 @@ def allowed_nodes(constraints: Iterable[PodConstraints], nodes: Iterable[NodeFac
         elif first is None:
             first = f"{n.name}: {why}"
     if not ok:
-        return first or "the cluster has no nodes"
+        return Status.unschedulable(NODE_RULES, first or "the cluster has no nodes")
     return frozenset(ok)
 
 
@@ -186,7 +192,7 @@ def group_rights(key: str, members: Sequence[MemberFacts], nodes: Sequence[NodeF
     if lws is not None:
         sets += list(lws.templates)
     allowed = allowed_nodes(sets, nodes)
-    if isinstance(allowed, str):
+    if isinstance(allowed, Status):
         return GroupRights(size, refused=(
             f"no node is one every member could run on ({allowed})"), claims=claims)
     everything = len(allowed) == len(nodes)
