@@ -13,6 +13,8 @@ published simulator does), so a policy only chooses the node for them.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 import numpy as np
 import numpy.typing as npt
 
@@ -37,7 +39,8 @@ FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 
-class ReplayPolicy:
+
+class ReplayPolicy(ABC):
     """Base: subclasses implement :meth:`evaluate`."""
 
     name = "base"
@@ -58,12 +61,29 @@ class ReplayPolicy:
         self.shapes = shapes
         self.all_shapes = all_shapes if all_shapes is not None else shapes
 
-    def placed(self, node: int) -> None:
-        """Node ``node`` changed (a pod was placed on it)."""
+    def placed(self, node: int) -> None:  # noqa: B027 (an optional hook, not abstract)
+        """Node ``node`` changed (a pod was placed on it); most policies keep nothing."""
 
+    @abstractmethod
     def evaluate(self, idx: IntArray, req: MilliRequest) -> tuple[FloatArray, IntArray]:
         """Scores (higher better) and chosen GPU (-1: n/a) for candidate nodes ``idx``."""
-        raise NotImplementedError
+
+
+class FragmentAware(ReplayPolicy, ABC):
+    """A policy that reads FGD's statistics (``self.fs``), kept per node as nodes change."""
+
+    def reset(
+        self,
+        state: ReplayState,
+        shapes: TypicalShapes,
+        all_shapes: TypicalShapes | None = None,
+        seed: int = 0,
+    ) -> None:
+        super().reset(state, shapes, all_shapes, seed)
+        self.fs = FragmentationState(state, shapes)
+
+    def placed(self, node: int) -> None:
+        self.fs.refresh(node)
 
 
 def best_fit_gpu(free: IntArray, milli: int) -> IntArray:
@@ -177,7 +197,7 @@ class FragmentationState:
                               s.free_mem[idx], s.nodes.model_id[idx], req, self.shapes)
 
 
-class FgdPolicy(ReplayPolicy):
+class FgdPolicy(FragmentAware):
     """Fragmentation Gradient Descent, as in the published simulator.
 
     The simulator turns the fragment decrease into a kube-scheduler score
@@ -218,14 +238,10 @@ class FgdPolicy(ReplayPolicy):
         seed: int = 0,
     ) -> None:
         super().reset(state, shapes, all_shapes, seed)
-        self.fs = FragmentationState(state, shapes)
         n = state.nodes.size
         # rank in the run's node order, scaled into [0, 1): breaks integer-score ties only
         perm = np.random.default_rng(seed + 104729).permutation(n)
         self.order_bonus = np.asarray((n - perm) / (n + 1.0), dtype=np.float64)
-
-    def placed(self, node: int) -> None:
-        self.fs.refresh(node)
 
     def _score(self, delta: FloatArray) -> FloatArray:
         return -delta if self.exact else fgd_level(delta)
@@ -246,7 +262,7 @@ class FgdPolicy(ReplayPolicy):
         return score, gpu
 
 
-class ProductPolicy(ReplayPolicy):
+class ProductPolicy(FragmentAware):
     """The product policy (:mod:`packing.policies.lookahead`: FGD's gradient at a finer
     grid, then capacity lookahead) over the replay's arrays.
 
@@ -276,10 +292,6 @@ class ProductPolicy(ReplayPolicy):
     ) -> None:
         super().reset(state, shapes, all_shapes, seed)
         self.cap = CapacityModel(self.all_shapes if self.coverage_all else shapes)
-        self.fs = FragmentationState(state, shapes)
-
-    def placed(self, node: int) -> None:
-        self.fs.refresh(node)
 
     def evaluate(self, idx: IntArray, req: MilliRequest) -> tuple[FloatArray, IntArray]:
         return best_on_nodes(self.fs.arrays(idx), req, self.shapes, self.cap, self.weights)
