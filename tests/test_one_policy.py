@@ -149,3 +149,26 @@ def test_one_fgd_definition() -> None:
     got = [product_fragmentation(state.nodes[name], product) for name in arrays.names]
     assert got == pytest.approx(list(want))
     assert any(f > 0 for f in got)
+
+
+@pytest.mark.parametrize("workload", ["none", "small pods only", "with 8-GPU pods"])
+def test_a_small_pod_fills_a_used_node_before_opening_an_idle_one(workload: str) -> None:
+    # The e2e mixed workload's case: rerankers (1 GPU) must not break the whole 8-GPU
+    # nodes an LLM group needs, whatever the scorer knows of the workload yet (at start
+    # it knows nothing: every rank ties, and the node tie-break decides).
+    from packing.model import GpuInfo, NodeInfo, Placement, PodRequest, RequestKind
+
+    def node(name: str, gpus: int) -> NodeInfo:
+        return NodeInfo(name, 128_000, 1_048_576,
+                        tuple(GpuInfo(i, "H100-80GB", 81920) for i in range(gpus)))
+
+    busy = PodRequest("x/busy", 1000, 1024, RequestKind.WHOLE, gpu_count=4)
+    snap = Snapshot((node("a-0", 8), node("a-1", 8), node("m-1", 8)),
+                    running=((busy, Placement("x/busy", "m-1", (0, 1, 2, 3))),))
+    rerank = PodRequest("x/rerank", 1000, 1024, RequestKind.WHOLE, gpu_count=1)
+    llm = PodRequest("x/llm", 1000, 1024, RequestKind.WHOLE, gpu_count=8)
+    known = {"none": [], "small pods only": [rerank] * 4,
+             "with 8-GPU pods": [rerank] * 4 + [llm] * 2}[workload]
+    state = ClusterState(snap)
+    got = best_option(state, rerank, GpupackScorer(known))
+    assert got is not None and got.node == "m-1", got

@@ -43,6 +43,7 @@ from packing.policies.lookahead import (
     FloatArray,
     GpupackWeights,
     NodeArrays,
+    node_free_after,
     ranks,
 )
 from packing.policies.scores import bestfit, mig_preference, pod_milli_on
@@ -106,8 +107,10 @@ class GpupackScorer:
 
     The key of an option (lower wins): for MIG pods :func:`mig_preference` first; then
     the negated rank value of the placement (FGD level and capacity loss, then best fit
-    on the GPU; the openb replay ranks by the same number); then node name, GPUs and MIG
-    start, for determinism (the replay: the lowest node index, the lowest GPU).
+    on the GPU; the openb replay ranks by the same number); then the GPU capacity the
+    node keeps (:func:`~packing.policies.lookahead.node_free_after`, as the replay breaks
+    node ties); then node name, GPUs and MIG start, for determinism (the replay: the
+    lowest node index, the lowest GPU).
 
     A node's arrays and FGD statistics are kept by its state version, and so is each
     evaluation (one call ranks every GPU of the node for a share), so scanning a node's
@@ -176,7 +179,9 @@ class GpupackScorer:
 
     def __call__(self, state: ClusterState, pod: PodRequest, option: Placement) -> Score:
         rank = self.rank(state, pod, option)
-        tail = (option.node, option.gpus, option.mig_start or 0)
+        node = state.nodes[option.node]
+        left = int(node_free_after(self.arrays(node).free, self.request(state, pod, option))[0])
+        tail = (left, option.node, option.gpus, option.mig_start or 0)
         if pod.kind is RequestKind.MIG:
             return (*mig_preference(state, pod, option), -rank, *tail)
         return (-rank, *tail)

@@ -31,8 +31,10 @@ counts half (``fgd_weight`` 0.5). ``levels=None`` drops the level: score = -(los
 fgd_weight * dF), the continuous cost alone.
 
 Ties: :func:`rank_value` rounds the score to 1e-6 and then prefers the GPU left with the
-least free compute (best fit), so float noise never decides and both callers break ties
-alike.
+least free compute (best fit), so float noise never decides; nodes of equal rank go to
+the one left with the least free GPU capacity (:func:`node_free_after`, best fit on the
+node: a pod that the workload's shapes are indifferent about fills a used node before it
+opens an idle one), then the first in the caller's order. Both callers break ties alike.
 """
 
 from __future__ import annotations
@@ -175,6 +177,11 @@ def rank_value(score: FloatArray, gpu_free_after: npt.ArrayLike = 0) -> FloatArr
         np.round(score, 6) - np.asarray(gpu_free_after, dtype=np.float64) * 1e-10,
         dtype=np.float64,
     )
+
+
+def node_free_after(free: IntArray, req: MilliRequest) -> IntArray:
+    """GPU capacity (milli) left on each node ``[n]`` after ``req``: the node tie-break."""
+    return np.asarray(free.sum(axis=-1) - req.demand, dtype=np.int64)
 
 
 @dataclass(frozen=True, eq=False)

@@ -32,6 +32,7 @@ from packing.policies.lookahead import (
     NodeArrays,
     best_on_nodes,
     fgd_level,
+    node_free_after,
 )
 from sim.openb.cluster import ReplayState
 
@@ -67,6 +68,12 @@ class ReplayPolicy(ABC):
     @abstractmethod
     def evaluate(self, idx: IntArray, req: MilliRequest) -> tuple[FloatArray, IntArray]:
         """Scores (higher better) and chosen GPU (-1: n/a) for candidate nodes ``idx``."""
+
+    def break_tie(self, tied: IntArray, req: MilliRequest) -> int:
+        """Position in ``tied`` (nodes of equal best score, in index order) of the node
+        to take when ties are not random: the first."""
+        del tied, req
+        return 0
 
 
 class FragmentAware(ReplayPolicy, ABC):
@@ -268,9 +275,9 @@ class ProductPolicy(FragmentAware):
 
     The extender ranks nodes with :func:`packing.policies.lookahead.best_on_nodes` one node at
     a time; this adapter calls the same function on every candidate node at once, with
-    the FGD statistics kept per node between calls (refreshed as nodes change). Remaining
-    node ties go to the lowest index (the extender: the node left with the least free
-    GPU, then the name).
+    the FGD statistics kept per node between calls (refreshed as nodes change). Node ties
+    go to the node left with the least free GPU capacity, then the lowest index (the
+    extender: then the name).
     """
 
     name = "gpupack"
@@ -295,6 +302,10 @@ class ProductPolicy(FragmentAware):
 
     def evaluate(self, idx: IntArray, req: MilliRequest) -> tuple[FloatArray, IntArray]:
         return best_on_nodes(self.fs.arrays(idx), req, self.shapes, self.cap, self.weights)
+
+    def break_tie(self, tied: IntArray, req: MilliRequest) -> int:
+        """The node left with the least free GPU capacity, then the lowest index."""
+        return int(node_free_after(self.state.free_gpu[tied], req).argmin())
 
 
 POLICIES = (

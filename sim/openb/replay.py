@@ -173,11 +173,12 @@ class _Decider:
             scores, gpus = self.policy.evaluate(idx, req)
         best = scores.max()
         ties = np.flatnonzero(scores == best)
-        pick = (
-            ties[self.rng.integers(len(ties))]
-            if self.policy.random_ties and len(ties) > 1
-            else ties[0]
-        )
+        if len(ties) == 1:
+            pick = ties[0]
+        elif self.policy.random_ties:
+            pick = ties[self.rng.integers(len(ties))]
+        else:
+            pick = ties[self.policy.break_tie(idx[ties], req)]
         node = int(idx[pick])
         if req.shared:
             gpu_ids: tuple[int, ...] = (int(gpus[pick]),)
