@@ -22,20 +22,93 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from packing.cpsat import SolverParams
-from packing.model import Placement, Snapshot
-from packing.policies.fgd import Shape, shape_workload, typical_shapes, workload_of
-from packing.policies.greedy import order_pods
+from packing.model import Placement, PodRequest, Snapshot
+from packing.policies.fgd import (
+    Shape,
+    node_fragmentation,
+    shape_workload,
+    typical_shapes,
+    workload_of,
+)
+from packing.policies.greedy import Score, order_pods
+from packing.state import ClusterState
 from scheduler.cache import ClusterCache
-from scheduler.solve import SolveJob, SolveOutcome, SolverProcess, make_policy, solve
-from scheduler.verbs import ScorerRef
+from scheduler.solve import (
+    SolveJob,
+    SolveOutcome,
+    SolverProcess,
+    compact_workload,
+    make_policy,
+    solve,
+)
+from scheduler.verbs import ScorerRef, best_key, shape_key
 
 log = logging.getLogger("gpupack.scheduler.planner")
 
 SHAPE_TOLERANCE = 0.05
+PLAN_NODES = 256  # default cap on the nodes one plan is made over (see pick_candidates)
+
+# (pod without its selector, representative node) -> the scorer's best key there, or
+# None where the pod does not fit.
+Rank = Callable[[PodRequest, int, str], Score | None]
+
+
+def pick_candidates(state: ClusterState, signatures: Mapping[str, int],
+                    batch: Sequence[PodRequest], per_class: int, max_nodes: int,
+                    rank: Rank) -> tuple[list[str], set[str]]:
+    """The nodes to plan ``batch`` over, best first, and the batch pods that fit no node.
+
+    Nodes with equal signatures (:func:`scheduler.cache.node_signature`) are
+    interchangeable to the policies but for their labels. For each shape of the batch the
+    classes of equal nodes it fits are ranked by ``rank`` (the policy's scorer on one
+    node of the class: the classes the greedy answer would pick come first); then, round
+    by round, each shape gets its next-best class: up to ``per_class`` of its nodes (at
+    most one per pod of the shape) that satisfy the shape's node selector, until
+    ``max_nodes`` (0: no cap) are picked. So a plan is made over at most ``max_nodes``
+    nodes however many nodes and classes the cluster has; every shape that fits
+    somewhere has at least its best class in it.
+    """
+    classes: dict[int, list[str]] = {}
+    for name, sid in signatures.items():
+        classes.setdefault(sid, []).append(name)
+    by_shape: dict[tuple[Any, ...], list[PodRequest]] = {}
+    for pod in order_pods(batch):
+        by_shape.setdefault(shape_key(pod), []).append(pod)
+    placeable: set[str] = set()
+    queues: list[tuple[int, list[list[str]]]] = []
+    for pods in by_shape.values():
+        pod = pods[0]
+        selector = tuple(pod.node_selector.items())
+        bare = replace(pod, node_selector={}) if selector else pod
+        ranked: list[tuple[Score, int, list[str]]] = []
+        for sid, members in classes.items():
+            key = rank(bare, sid, members[0])
+            if key is None:
+                continue
+            allowed = [m for m in members
+                       if all(state.nodes[m].info.labels.get(k) == v for k, v in selector)]
+            if allowed:
+                ranked.append((key, sid, allowed))
+        if ranked:
+            placeable.update(p.key for p in pods)
+            ranked.sort(key=lambda r: (r[0], r[1]))
+            queues.append((min(per_class, len(pods)), [r[2] for r in ranked]))
+    keep: dict[str, None] = {}
+    depth = max((len(q) for _, q in queues), default=0)
+    for r in range(depth):
+        for take, order in queues:
+            if r >= len(order):
+                continue
+            for m in order[r][:take]:
+                if max_nodes and len(keep) >= max_nodes:
+                    return list(keep), placeable
+                keep[m] = None
+    return list(keep), placeable
 
 
 @dataclass(frozen=True)
@@ -68,6 +141,7 @@ class Planner:
         max_batch: int = 64,
         in_process: bool = False,
         per_class: int = 16,
+        max_nodes: int = PLAN_NODES,
     ) -> None:
         self.cache = cache
         self.policy_name = policy
@@ -86,8 +160,19 @@ class Planner:
         self.solves = 0
         # in_process: solve in the calling thread (tests, tools); else in the child.
         self.in_process = in_process
-        # Plan over candidate nodes: up to this many per class of equal nodes (0: all).
+        # Plan over candidate nodes (pick_candidates): up to per_class nodes of a class
+        # of equal nodes, max_nodes in all (0: no cap); per_class 0: every node.
         self.per_class = per_class
+        self.max_nodes = max_nodes
+        # Memos by node signature (ids are never reused for another state), kept for the
+        # signatures some node has now: (shape, signature) -> the scorer's best key there
+        # (for the scorer of _rank_gen), signature -> (fragmentation, idle GPU milli)
+        # for the current shapes.
+        self._rank_memo: dict[tuple[tuple[Any, ...], int], Score | None] = {}
+        self._rank_gen = -1
+        self._frag_memo: dict[int, tuple[float, int]] = {}
+        self._workload: tuple[tuple[PodRequest, int, int], ...] = ()
+        self.last_job_nodes = 0  # nodes the latest job was planned over
         self._solver: SolverProcess | None = None
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -141,21 +226,90 @@ class Planner:
     # ---- one solve -------------------------------------------------------------------------
 
     def solve_once(self) -> Plan:
-        """Snapshot, refresh the scorer, solve, publish. Called by the thread and tests."""
-        version = self.cache.version
-        snapshot = self.cache.snapshot()
-        self._refresh_scorer(snapshot)
-        batch = snapshot.pending
-        if len(batch) > self.max_batch:
-            # A bounded batch keeps every solve bounded; pods beyond it, lower priority
-            # or newer, get the greedy answer until an earlier batch has been bound.
-            batch = tuple(order_pods(batch)[: self.max_batch])
-        job = SolveJob(self.policy_name, self.params, snapshot, tuple(batch),
-                       tuple(self._shapes), self.per_class)
+        """Snapshot, refresh the scorer, pick the nodes to plan over, solve, publish.
+        Called by the thread and tests."""
+        job, version, frag = self.make_job()
         started = time.monotonic()
         outcome = solve(job) if self.in_process else self._child().solve(job, self.timeout_s())
-        plan = self._publish(outcome, job, version, time.monotonic() - started)
+        plan = self._publish(outcome, job, version, frag, time.monotonic() - started)
         return plan
+
+    def make_job(self) -> tuple[SolveJob, int, float]:
+        """The job for the solver, the cache version it was taken at, and the cluster's
+        fragmentation figure (taken here, where every node's signature is known: one
+        evaluation per node state, not per node).
+
+        The job holds only what the plan is made over: for a batch without group members
+        the candidate nodes (:func:`pick_candidates`, at most ``max_nodes``) and the pods
+        on them, so the solver child's memory does not grow with the cluster. A batch with
+        group members is planned over every node: a group's topology domains and the
+        exclusive domains taken by running groups are read from all nodes and pods."""
+        cache = self.cache
+        with cache.lock:
+            version = cache.version
+            snapshot = cache.snapshot()
+            self._refresh_scorer(snapshot)
+            batch = snapshot.pending
+            if len(batch) > self.max_batch:
+                # A bounded batch keeps every solve bounded; pods beyond it, lower
+                # priority or newer, get the greedy answer until an earlier batch has
+                # been bound.
+                batch = tuple(order_pods(batch)[: self.max_batch])
+            state = cache.state
+            signatures = cache.signatures()
+            frag = self._fragmentation(state, signatures)
+            if batch and self.per_class and not any(p.group for p in batch):
+                names, placeable = pick_candidates(state, signatures, batch, self.per_class,
+                                                   self.max_nodes, self._rank)
+                nodes = tuple(state.nodes[n].info for n in names)
+                running = tuple(r for n in names for r in cache.pods_on(n))
+                job = SolveJob(self.policy_name, self.params, Snapshot(nodes, running, ()),
+                               tuple(batch), self._workload,
+                               frozenset(p.key for p in batch if p.key not in placeable))
+            else:
+                job = SolveJob(self.policy_name, self.params,
+                               Snapshot(snapshot.nodes, snapshot.running, ()), tuple(batch),
+                               self._workload)
+            self.last_job_nodes = len(job.snapshot.nodes)
+            return job, version, frag
+
+    def _rank(self, pod: PodRequest, sid: int, node: str) -> Score | None:
+        """The scorer's best key for ``pod`` on ``node`` (of signature ``sid``), memoized
+        per (shape, signature) for the current scorer (call under the cache lock, as
+        the verbs call the scorer)."""
+        if self._rank_gen != self.scorer.gen:
+            self._rank_memo.clear()
+            self._rank_gen = self.scorer.gen
+        k = (shape_key(pod), sid)
+        if k not in self._rank_memo:
+            self._rank_memo[k] = best_key(self.cache.state, pod, node, self.scorer.scorer)
+        return self._rank_memo[k]
+
+    def _fragmentation(self, state: ClusterState, signatures: Mapping[str, int]) -> float:
+        """:func:`packing.policies.fgd.cluster_fragmentation` of the cache's state: the
+        share of idle GPU capacity the typical shapes cannot use, each node state
+        evaluated once. Also drops the memos' entries of signatures no node has now."""
+        live: dict[int, str] = {}
+        for name, sid in signatures.items():
+            live.setdefault(sid, name)
+        self._rank_memo = {k: v for k, v in self._rank_memo.items() if k[1] in live}
+        if not self._shapes:
+            self._frag_memo = {}
+            return 0.0
+        memo: dict[int, tuple[float, int]] = {}
+        for sid, name in live.items():
+            figures = self._frag_memo.get(sid)
+            if figures is None:
+                n = state.nodes[name]
+                figures = (node_fragmentation(n, self._shapes), sum(g.free_milli for g in n.gpus))
+            memo[sid] = figures
+        self._frag_memo = memo
+        frag = idle = 0.0
+        for sid in signatures.values():
+            f, i = memo[sid]
+            frag += f
+            idle += i
+        return frag / idle if idle else 0.0
 
     def timeout_s(self) -> float:
         """How long to wait for the child: the time limit plus a generous margin (the
@@ -171,7 +325,8 @@ class Planner:
     def solver_pid(self) -> int | None:
         return None if self._solver is None else self._solver.pid
 
-    def _publish(self, outcome: SolveOutcome, job: SolveJob, version: int, wall: float) -> Plan:
+    def _publish(self, outcome: SolveOutcome, job: SolveJob, version: int, frag: float,
+                 wall: float) -> Plan:
         del wall  # the solve's own time (outcome.seconds) is what the metric reports
         plan = Plan(
             placements={p.pod: p for p in outcome.placements},
@@ -181,7 +336,7 @@ class Planner:
             solved_at=self.clock(),
             solve_seconds=outcome.seconds,
             cache_version=version,
-            fragmentation=outcome.fragmentation,
+            fragmentation=frag,
         )
         self.plan = plan
         self.solves += 1
@@ -192,11 +347,13 @@ class Planner:
         if _close(shapes, self._shapes):
             return
         self._shapes = shapes
+        self._frag_memo = {}
         self._scorer_gen += 1
+        source = shape_workload(snapshot)
+        self._workload = compact_workload(source)
         self.scorer = ScorerRef(self.policy.make_scorer(snapshot), self._scorer_gen,
                                 name_sensitive=self.policy_name == "random",
-                                policy=self.policy_name,
-                                source=shape_workload(snapshot))
+                                policy=self.policy_name, source=source)
 
 
 def _close(a: list[tuple[Shape, float]], b: list[tuple[Shape, float]]) -> bool:

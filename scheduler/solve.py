@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import pickle
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
@@ -31,9 +31,7 @@ from packing.cpsat import SolverParams
 from packing.model import NodeInfo, Placement, PlanResult, PodRequest, Snapshot
 from packing.policies import get_policy
 from packing.policies.base import Policy
-from packing.policies.fgd import Shape, cluster_fragmentation
 from packing.policies.gpupack import GpupackPolicy
-from packing.state import ClusterState
 from scheduler.child import ChildGone, ChildProcess, ChildTimeout, background, serve_messages
 
 log = logging.getLogger("gpupack.scheduler.solve")
@@ -49,14 +47,24 @@ def make_policy(name: str, params: SolverParams) -> Policy:
 
 @dataclass(frozen=True)
 class SolveJob:
-    """What one solve needs; picklable (frozen dataclasses and tuples only)."""
+    """What one solve needs; picklable (frozen dataclasses and tuples only).
+
+    ``snapshot`` holds the nodes to plan over and the pods running on them: the whole
+    cluster, or (``unplaceable`` not None) the candidate nodes the planner picked
+    (:func:`scheduler.planner.pick_candidates`), so the solver's memory does not grow
+    with the cluster. Its pending pods are not read: ``batch`` is what is planned."""
 
     policy: str
     params: SolverParams
-    snapshot: Snapshot  # the whole cluster (fragmentation is measured on it)
+    snapshot: Snapshot
     batch: tuple[PodRequest, ...]  # the pending pods to plan this time
-    shapes: tuple[tuple[Shape, float], ...]  # the typical shapes, for the fragmentation
-    per_class: int = 0  # candidate nodes per node-state class (see candidates); 0: all
+    # The cluster's workload by shape (:func:`compact_workload`), which the policy's
+    # scorer is built from (the scorer the verbs use); (): from ``snapshot`` itself.
+    workload: tuple[tuple[PodRequest, int, int], ...] = ()
+    # Planning over candidate nodes: the batch pods that fit no node of the cluster (the
+    # only ones reported unschedulable; a pod left out of such a plan gets the verbs'
+    # greedy answer). None: ``snapshot`` is the whole cluster.
+    unplaceable: frozenset[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -65,106 +73,70 @@ class SolveOutcome:
     unschedulable: tuple[tuple[str, str], ...]  # (pod key, reason)
     status: str
     seconds: float
-    fragmentation: float
+
+
+def compact_workload(source: Snapshot) -> tuple[tuple[PodRequest, int, int], ...]:
+    """A shape workload (:func:`packing.policies.fgd.shape_workload`: one shared pod per
+    shape) as (pod, running, pending) counts: a few hundred bytes for any cluster."""
+    counts: dict[int, list[Any]] = {}
+    for pod, _ in source.running:
+        counts.setdefault(id(pod), [pod, 0, 0])[1] += 1
+    for pod in source.pending:
+        counts.setdefault(id(pod), [pod, 0, 0])[2] += 1
+    return tuple((p, r, q) for p, r, q in counts.values())
+
+
+def expand_workload(workload: Sequence[tuple[PodRequest, int, int]]) -> Snapshot:
+    """The snapshot :func:`compact_workload` was taken from, as far as a scorer can tell
+    (every pod of a shape is the same object: a list of references, ~8 bytes a pod)."""
+    nowhere = Placement("shape/", "")
+    return Snapshot((), tuple((p, nowhere) for p, r, _ in workload for _ in range(r)),
+                    tuple(p for p, _, q in workload for _ in range(q)))
+
+
+def scored_by(policy: Policy, workload: Snapshot) -> Policy:
+    """``policy`` with its scorer made from ``workload`` whatever snapshot it plans: a
+    plan over a few candidate nodes then scores options with the whole cluster's typical
+    shapes, as the verbs do."""
+    make = policy.make_scorer
+    policy.__dict__["make_scorer"] = lambda _snapshot: make(workload)
+    return policy
 
 
 def solve(job: SolveJob) -> SolveOutcome:
     """Plan ``job.batch`` on ``job.snapshot`` with the named policy (any process)."""
     snap = job.snapshot
-    return _solve(job, snap.nodes, lambda: iter(snap.running))
+    return _solve(job, snap.nodes, snap.running)
 
 
 def solve_packed(packed: tuple[Any, ...]) -> SolveOutcome:
-    """:func:`solve` of a job as :class:`SnapshotPacker` sent it, reading the running pods
-    chunk by chunk as they are counted: the 50,000 running pods of a 5,000-node cluster
-    are never all unpickled at once (~25 MiB less at the solver child's peak); only the
-    candidate nodes' pods are read a second time. Same answer as ``solve(unpack(...))``."""
-    policy, params, nodes, running, pending, rest = packed
-    batch, shapes, per_class = pickle.loads(rest)
-    infos = tuple(pickle.loads(b) for b in nodes)
-    job = SolveJob(policy, params, Snapshot(infos, (), unpickle_chunks(pending)), batch,
-                   shapes, per_class)
-    return _solve(job, infos, lambda: (x for b in running for x in pickle.loads(b)))
+    """:func:`solve` of a job as :class:`SnapshotPacker` sent it."""
+    return solve(unpack(packed))
 
 
-def _solve(job: SolveJob, nodes_all: tuple[NodeInfo, ...],
-           running: Callable[[], Iterator[tuple[PodRequest, Placement]]]) -> SolveOutcome:
-    """The solve over the snapshot's nodes and the pods ``running()`` yields (called once
-    for the whole cluster, again for the pods of the nodes planned over)."""
+def _solve(job: SolveJob, nodes: tuple[NodeInfo, ...],
+           running: tuple[tuple[PodRequest, Placement], ...]) -> SolveOutcome:
     started = time.monotonic()
-    full = ClusterState(Snapshot(nodes_all))
-    # As ClusterState counts a snapshot's running pods (the owners recorded in MIG
-    # layouts are superseded by placements).
-    for pod, placement in running():
-        full.apply(pod, placement, allow_overcommit=True)
-    unplaceable: set[str] = set()
-    keep: set[str] | None = None
-    if job.batch and job.per_class and not any(p.group for p in job.batch):
-        keep, unplaceable = candidates(full, job.batch, job.per_class)
-    # The fragmentation figure is taken before the plan (which never changes ``full``),
-    # so the whole cluster's state is gone while the plan builds its own; its time is
-    # not the solve's.
-    frag_started = time.monotonic()
-    frag = cluster_fragmentation(full, job.shapes) if job.shapes else 0.0
-    frag_s = time.monotonic() - frag_started
-    del full
     if job.batch:
-        nodes = nodes_all
-        if keep is not None:
-            nodes = tuple(n for n in nodes_all if n.name in keep)
-        names = {n.name for n in nodes}
-        on_nodes = tuple(r for r in running() if r[1].node in names)
         policy = make_policy(job.policy, job.params)
-        result = policy.plan(Snapshot(nodes, on_nodes, job.batch))
-        if len(nodes) < len(nodes_all):
+        if job.workload:
+            policy = scored_by(policy, expand_workload(job.workload))
+        result = policy.plan(Snapshot(nodes, running, job.batch))
+        if job.unplaceable is not None:
             # A pod left out of a plan over candidate nodes may still fit elsewhere: only
             # pods that fit no node at all are reported unschedulable.
             result = PlanResult(result.placements,
-                                tuple(u for u in result.unschedulable if u.pod in unplaceable),
+                                tuple(u for u in result.unschedulable
+                                      if u.pod in job.unplaceable),
                                 result.policy, result.solver_status)
     else:
         result = PlanResult((), (), job.policy, solver_status="idle")
-    seconds = time.monotonic() - started - frag_s
     return SolveOutcome(
         tuple(result.placements),
         tuple((u.pod, u.reason) for u in result.unschedulable),
         result.solver_status,
-        seconds,
-        frag,
+        time.monotonic() - started,
     )
-
-
-def candidates(state: ClusterState, batch: Sequence[PodRequest], per_class: int
-               ) -> tuple[set[str], set[str]]:
-    """Nodes worth planning the batch over, and the batch pods that fit no node now.
-
-    Nodes in the same state (:func:`scheduler.cache.node_signature`) are interchangeable
-    to the policies; from each class of equal nodes that some batch pod fits, up to
-    ``per_class`` nodes (at most one per pod that fits it) are kept, honouring selectors.
-    The greedy passes and CP-SAT then work on hundreds of nodes instead of thousands.
-    """
-    from scheduler.cache import node_signature
-    from scheduler.verbs import shape_key
-
-    classes: dict[tuple[Any, ...], list[str]] = {}
-    for name, n in state.nodes.items():
-        classes.setdefault(node_signature(n), []).append(name)
-    keep: set[str] = set()
-    placeable: set[str] = set()
-    by_shape: dict[tuple[Any, ...], list[PodRequest]] = {}
-    for pod in batch:
-        by_shape.setdefault(shape_key(pod), []).append(pod)
-    for pods in by_shape.values():
-        pod = pods[0]
-        selector = tuple(pod.node_selector.items())
-        for members in classes.values():
-            allowed = [m for m in members
-                       if all(state.nodes[m].info.labels.get(k) == v for k, v in selector)]
-            if not allowed or not state.options(pod, allowed[0], dedupe=True):
-                continue
-            keep.update(allowed[: min(per_class, len(pods))])
-            placeable.update(p.key for p in pods)
-    return keep, {p.key for p in batch} - placeable
 
 
 # ---- transport -----------------------------------------------------------------------------
@@ -190,7 +162,8 @@ class SnapshotPacker:
         return (
             job.policy, job.params, tuple(pieces),
             pickle_chunks(snap.running), pickle_chunks(snap.pending),
-            pickle.dumps((job.batch, job.shapes, job.per_class), protocol=pickle.HIGHEST_PROTOCOL),
+            pickle.dumps((job.batch, job.workload, job.unplaceable),
+                         protocol=pickle.HIGHEST_PROTOCOL),
         )
 
 
@@ -206,13 +179,13 @@ def unpickle_chunks(chunks: Sequence[bytes]) -> tuple[Any, ...]:
 
 def unpack(packed: tuple[Any, ...]) -> SolveJob:
     policy, params, nodes, running, pending, rest = packed
-    batch, shapes, per_class = pickle.loads(rest)
+    batch, workload, unplaceable = pickle.loads(rest)
     snapshot = Snapshot(
         tuple(pickle.loads(b) for b in nodes),
         unpickle_chunks(running),
         unpickle_chunks(pending),
     )
-    return SolveJob(policy, params, snapshot, batch, shapes, per_class)
+    return SolveJob(policy, params, snapshot, batch, workload, unplaceable)
 
 
 def solver_main(conn: Connection) -> None:
