@@ -5,9 +5,13 @@ watch events becomes one solve), takes a snapshot and has it solved with the con
 policy (``gpupack``: greedy portfolio, then CP-SAT under an explicit time limit, worker
 count and seed). The solve runs in a separate solver process (:mod:`scheduler.solve`):
 at 1,000-5,000 nodes it is seconds of CPU-bound Python, which in this process would hold
-the GIL away from the request threads. The thread only packs the snapshot and waits for
-the answer. The verbs read the latest published :class:`Plan` without waiting; a pod
-the plan does not know yet gets the greedy answer from the scorer.
+the GIL away from the request threads. The thread picks the nodes to plan over (for a
+batch without group members: :func:`pick_candidates`, at most ``max_nodes``, the classes
+of equal nodes the scorer likes best for each shape of the batch first), packs them with
+their pods and waits for the answer; it also takes the cluster's fragmentation figure,
+one evaluation per node state, where every node's signature is already known. The verbs
+read the latest published :class:`Plan` without waiting; a pod the plan does not know
+yet gets the greedy answer from the scorer.
 
 The planner also publishes the policy's scorer for the verbs. The FGD-based scorers
 depend on the workload's typical shapes and their frequencies, which move a little with
@@ -51,7 +55,7 @@ from scheduler.verbs import ScorerRef, best_key, shape_key
 log = logging.getLogger("gpupack.scheduler.planner")
 
 SHAPE_TOLERANCE = 0.05
-PLAN_NODES = 256  # default cap on the nodes one plan is made over (see pick_candidates)
+PLAN_NODES = 64  # default cap on the nodes one plan is made over (see pick_candidates)
 
 # (pod without its selector, representative node) -> the scorer's best key there, or
 # None where the pod does not fit.
@@ -245,33 +249,35 @@ class Planner:
         group members is planned over every node: a group's topology domains and the
         exclusive domains taken by running groups are read from all nodes and pods."""
         cache = self.cache
+        version = cache.version
+        snapshot = cache.snapshot()
+        self._refresh_scorer(snapshot)  # outside the lock: it reads every pod's shape
+        batch = snapshot.pending
+        if len(batch) > self.max_batch:
+            # A bounded batch keeps every solve bounded; pods beyond it, lower priority
+            # or newer, get the greedy answer until an earlier batch has been bound.
+            batch = tuple(order_pods(batch)[: self.max_batch])
         with cache.lock:
-            version = cache.version
-            snapshot = cache.snapshot()
-            self._refresh_scorer(snapshot)
-            batch = snapshot.pending
-            if len(batch) > self.max_batch:
-                # A bounded batch keeps every solve bounded; pods beyond it, lower
-                # priority or newer, get the greedy answer until an earlier batch has
-                # been bound.
-                batch = tuple(order_pods(batch)[: self.max_batch])
             state = cache.state
             signatures = cache.signatures()
             frag = self._fragmentation(state, signatures)
             if batch and self.per_class and not any(p.group for p in batch):
+                # The nodes and pods are read now: pods bound since the snapshot are
+                # left out of the batch (they run on the nodes now).
+                batch = tuple(p for p in batch if cache.pending_pod(p.key) is not None)
                 names, placeable = pick_candidates(state, signatures, batch, self.per_class,
                                                    self.max_nodes, self._rank)
                 nodes = tuple(state.nodes[n].info for n in names)
                 running = tuple(r for n in names for r in cache.pods_on(n))
                 job = SolveJob(self.policy_name, self.params, Snapshot(nodes, running, ()),
-                               tuple(batch), self._workload,
+                               batch, self._workload,
                                frozenset(p.key for p in batch if p.key not in placeable))
             else:
                 job = SolveJob(self.policy_name, self.params,
                                Snapshot(snapshot.nodes, snapshot.running, ()), tuple(batch),
                                self._workload)
-            self.last_job_nodes = len(job.snapshot.nodes)
-            return job, version, frag
+        self.last_job_nodes = len(job.snapshot.nodes)
+        return job, version, frag
 
     def _rank(self, pod: PodRequest, sid: int, node: str) -> Score | None:
         """The scorer's best key for ``pod`` on ``node`` (of signature ``sid``), memoized
