@@ -351,10 +351,36 @@ def drive(a: argparse.Namespace, conn: Any, root: int, names: list[str],
         print(f"every {a.fine_s:g} s ({fine.count} samples): tree peak PSS {fine.peak:.1f} MiB "
               f"at {fine.peak_t:.0f} s, {fine.over} samples at or over {a.limit_mib:.0f}; "
               f"highest single process {fine.top:.1f} MiB ({fine.top_what})")
+        print("  each process's highest sample (PSS MiB): " + ", ".join(
+            f"{what} {p:.1f}" for what, p in fine.highest.items()))
     print("per process at the end (RSS / PSS MiB):")
     for what, prss, ppss in breakdown(root):
         print(f"  {prss:8.1f} {ppss:8.1f}  {what}")
+    # After the figures: a scrape renders the per-GPU lines (the worker grows by them).
+    print("planner at the end: " + plan_figures(conn))
     return samples
+
+
+def plan_figures(conn: Any) -> str:
+    """The planner's figures from the extender's /metrics (solves, the latest status,
+    solve seconds, fragmentation), or why they could not be read."""
+    try:
+        conn.c.request("GET", "/metrics")
+        r = conn.c.getresponse()
+        text = r.read().decode()
+    except (OSError, ValueError) as e:
+        return f"(/metrics: {e})"
+    if r.status != 200:
+        return f"(/metrics: HTTP {r.status})"
+    out = []
+    for line in text.splitlines():
+        if line.startswith(("gpupack_plan_solves ", "gpupack_plan_solve_seconds ",
+                            "gpupack_fragmentation_ratio ")):
+            name, value = line.rsplit(" ", 1)
+            out.append(f"{name.removeprefix('gpupack_')} {float(value):g}")
+        elif line.startswith("gpupack_plan_status{") and line.endswith(" 1.0"):
+            out.append(line.split(" ")[0].removeprefix("gpupack_"))
+    return ", ".join(out) or "(no planner figures)"
 
 
 class FineSampler:
@@ -366,6 +392,7 @@ class FineSampler:
         self.root, self.every_s, self.limit = root, every_s, limit_mib
         self.peak = self.peak_t = self.top = 0.0
         self.top_what = ""
+        self.highest: dict[str, float] = {}  # each process's highest PSS sample
         self.count = self.over = 0
         self._t0 = time.monotonic()
         self._done = threading.Event()
@@ -381,8 +408,10 @@ class FineSampler:
             if pss > self.peak:
                 self.peak, self.peak_t = pss, time.monotonic() - self._t0
             for what, _, p in parts:
+                name = what.strip()
+                self.highest[name] = max(self.highest.get(name, 0.0), p)
                 if p > self.top:
-                    self.top, self.top_what = p, what.strip()
+                    self.top, self.top_what = p, name
 
     def stop(self) -> None:
         self._done.set()
