@@ -234,7 +234,9 @@ class Planner:
         Called by the thread and tests."""
         job, version, frag = self.make_job()
         started = time.monotonic()
-        outcome = solve(job) if self.in_process else self._child().solve(job, self.timeout_s())
+        # Nothing to plan: answered here (an empty job), no child is started or woken.
+        outcome = (solve(job) if self.in_process or not job.batch
+                   else self._child().solve(job, self.timeout_s()))
         plan = self._publish(outcome, job, version, frag, time.monotonic() - started)
         return plan
 
@@ -247,7 +249,8 @@ class Planner:
         the candidate nodes (:func:`pick_candidates`, at most ``max_nodes``) and the pods
         on them, so the solver child's memory does not grow with the cluster. A batch with
         group members is planned over every node: a group's topology domains and the
-        exclusive domains taken by running groups are read from all nodes and pods."""
+        exclusive domains taken by running groups are read from all nodes and pods. An
+        empty batch holds no nodes."""
         cache = self.cache
         version = cache.version
         snapshot = cache.snapshot()
@@ -261,7 +264,9 @@ class Planner:
             state = cache.state
             signatures = cache.signatures()
             frag = self._fragmentation(state, signatures)
-            if batch and self.per_class and not any(p.group for p in batch):
+            if not batch:
+                job = SolveJob(self.policy_name, self.params, Snapshot(nodes=()), ())
+            elif self.per_class and not any(p.group for p in batch):
                 # The nodes and pods are read now: pods bound since the snapshot are
                 # left out of the batch (they run on the nodes now).
                 batch = tuple(p for p in batch if cache.pending_pod(p.key) is not None)

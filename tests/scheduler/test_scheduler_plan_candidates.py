@@ -190,3 +190,21 @@ def test_the_planners_cp_sat_search_is_not_interleaved() -> None:
     solver = params.solver()
     assert not solver.parameters.interleave_search
     assert solver.parameters.num_workers == 2
+
+
+def test_nothing_pending_sends_no_nodes_and_starts_no_child() -> None:
+    # Once every pending pod is bound the plan is idle: the job holds no nodes (it held
+    # the whole cluster: the solver child unpickled 5,000 nodes and 50,000 pods to say so).
+    nodes, running = diverse(12, used=3)
+    nodes += [node(f"m{i}", mig={"1g.10gb": 7}) for i in range(3)]
+    running += [mig_pod(f"s{i}", node=f"m{i % 3}") for i in range(5)]
+    cache = make_cache(nodes, running)
+    planner = Planner(cache, "gpupack", SolverParams(max_time_s=0.5, workers=1))
+    try:
+        job, _, _ = planner.make_job()
+        assert job.batch == () and job.snapshot.nodes == () and job.snapshot.running == ()
+        plan = planner.solve_once()
+        assert plan.status == "idle" and planner.solver_pid is None
+        assert plan.fragmentation > 0  # the figure is still the cluster's
+    finally:
+        planner.stop()
