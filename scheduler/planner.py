@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from packing.cpsat import SolverParams
-from packing.model import Placement, PodRequest, Snapshot
+from packing.model import NodeInfo, Placement, PodRequest, Snapshot
 from packing.policies.fgd import (
     Shape,
     node_fragmentation,
@@ -57,9 +57,34 @@ log = logging.getLogger("gpupack.scheduler.planner")
 SHAPE_TOLERANCE = 0.05
 PLAN_NODES = 64  # default cap on the nodes one plan is made over (see pick_candidates)
 
-# (pod without its selector, representative node) -> the scorer's best key there, or
-# None where the pod does not fit.
-Rank = Callable[[PodRequest, int, str], Score | None]
+CAPACITY_LIMIT = 8  # pods of one shape counted on one node (see node_capacity)
+
+# (pod without its selector, its node's signature, a node of that signature) -> the
+# scorer's best key there and how many pods of the shape the node takes (at most
+# CAPACITY_LIMIT), or None where the pod does not fit.
+Rank = Callable[[PodRequest, int, str], tuple[Score, int] | None]
+
+
+def node_capacity(info: NodeInfo, running: Sequence[tuple[PodRequest, Placement]],
+                  pod: PodRequest, limit: int = CAPACITY_LIMIT) -> int:
+    """How many pods like ``pod`` fit on the node one after another (each on the first
+    option left), up to ``limit``: on a copy of the node alone."""
+    state = ClusterState(Snapshot((info,), tuple(running)))
+    for i in range(limit):
+        copy = replace(pod, key=f"{pod.key}#{i}")
+        options = state.options(copy, info.name, dedupe=True)
+        if not options:
+            return i
+        state.apply(copy, options[0])
+    return limit
+
+
+@dataclass
+class _Shape:
+    need: int  # pods of the shape in the batch
+    classes: list[tuple[list[str], int]]  # (nodes allowed, pods one of them takes), best first
+    covered: int = 0  # pods the nodes picked for it could take
+    next: int = 0  # the next class to take nodes from
 
 
 def pick_candidates(state: ClusterState, signatures: Mapping[str, int],
@@ -70,12 +95,15 @@ def pick_candidates(state: ClusterState, signatures: Mapping[str, int],
     Nodes with equal signatures (:func:`scheduler.cache.node_signature`) are
     interchangeable to the policies but for their labels. For each shape of the batch the
     classes of equal nodes it fits are ranked by ``rank`` (the policy's scorer on one
-    node of the class: the classes the greedy answer would pick come first); then, round
-    by round, each shape gets its next-best class: up to ``per_class`` of its nodes (at
-    most one per pod of the shape) that satisfy the shape's node selector, until
-    ``max_nodes`` (0: no cap) are picked. So a plan is made over at most ``max_nodes``
-    nodes however many nodes and classes the cluster has; every shape that fits
-    somewhere has at least its best class in it.
+    node of the class: the classes the greedy answer would pick come first). Then, round
+    by round and higher priority first, each shape whose pods the nodes picked so far
+    could not all take gets nodes of its next-best class: as many as its pods still need
+    (by how many one node takes), at most ``per_class``, that satisfy the shape's node
+    selector. Once every shape is covered, more rounds give each shape its next class
+    (up to ``per_class`` nodes, at most one per pod of the shape) for the plan to choose
+    from, until ``max_nodes`` (0: no cap) are picked. So a plan is made over at most
+    ``max_nodes`` nodes however many nodes and classes the cluster has. Pods of several
+    shapes may be counted on the same node: the plan, not this, decides who gets it.
     """
     classes: dict[int, list[str]] = {}
     for name, sid in signatures.items():
@@ -84,34 +112,52 @@ def pick_candidates(state: ClusterState, signatures: Mapping[str, int],
     for pod in order_pods(batch):
         by_shape.setdefault(shape_key(pod), []).append(pod)
     placeable: set[str] = set()
-    queues: list[tuple[int, list[list[str]]]] = []
+    shapes: list[_Shape] = []
     for pods in by_shape.values():
         pod = pods[0]
         selector = tuple(pod.node_selector.items())
         bare = replace(pod, node_selector={}) if selector else pod
-        ranked: list[tuple[Score, int, list[str]]] = []
+        ranked: list[tuple[Score, int, list[str], int]] = []
         for sid, members in classes.items():
-            key = rank(bare, sid, members[0])
-            if key is None:
+            found = rank(bare, sid, members[0])
+            if found is None:
                 continue
             allowed = [m for m in members
                        if all(state.nodes[m].info.labels.get(k) == v for k, v in selector)]
             if allowed:
-                ranked.append((key, sid, allowed))
+                ranked.append((found[0], sid, allowed, max(1, found[1])))
         if ranked:
             placeable.update(p.key for p in pods)
             ranked.sort(key=lambda r: (r[0], r[1]))
-            queues.append((min(per_class, len(pods)), [r[2] for r in ranked]))
+            shapes.append(_Shape(len(pods), [(r[2], r[3]) for r in ranked]))
     keep: dict[str, None] = {}
-    depth = max((len(q) for _, q in queues), default=0)
-    for r in range(depth):
-        for take, order in queues:
-            if r >= len(order):
-                continue
-            for m in order[r][:take]:
-                if max_nodes and len(keep) >= max_nodes:
-                    return list(keep), placeable
-                keep[m] = None
+
+    def full() -> bool:
+        return bool(max_nodes) and len(keep) >= max_nodes
+
+    def take(shape: _Shape, count: int) -> None:
+        members, capacity = shape.classes[shape.next]
+        shape.next += 1
+        for m in members[:count]:
+            if full():
+                return
+            keep[m] = None
+            shape.covered += capacity
+
+    # Cover every shape's pods first, then more choice, round by round.
+    while not full():
+        short = [x for x in shapes if x.covered < x.need and x.next < len(x.classes)]
+        if not short:
+            break
+        for x in short:
+            members, capacity = x.classes[x.next]
+            take(x, min(per_class, -(-(x.need - x.covered) // capacity)))
+    while not full():
+        left = [x for x in shapes if x.next < len(x.classes)]
+        if not left:
+            break
+        for x in left:
+            take(x, min(per_class, x.need))
     return list(keep), placeable
 
 
@@ -170,9 +216,9 @@ class Planner:
         self.max_nodes = max_nodes
         # Memos by node signature (ids are never reused for another state), kept for the
         # signatures some node has now: (shape, signature) -> the scorer's best key there
-        # (for the scorer of _rank_gen), signature -> (fragmentation, idle GPU milli)
-        # for the current shapes.
-        self._rank_memo: dict[tuple[tuple[Any, ...], int], Score | None] = {}
+        # and the node's capacity for the shape (for the scorer of _rank_gen), signature
+        # -> (fragmentation, idle GPU milli) for the current shapes.
+        self._rank_memo: dict[tuple[tuple[Any, ...], int], tuple[Score, int] | None] = {}
         self._rank_gen = -1
         self._frag_memo: dict[int, tuple[float, int]] = {}
         self._workload: tuple[tuple[PodRequest, int, int], ...] = ()
@@ -284,16 +330,20 @@ class Planner:
         self.last_job_nodes = len(job.snapshot.nodes)
         return job, version, frag
 
-    def _rank(self, pod: PodRequest, sid: int, node: str) -> Score | None:
-        """The scorer's best key for ``pod`` on ``node`` (of signature ``sid``), memoized
-        per (shape, signature) for the current scorer (call under the cache lock, as
-        the verbs call the scorer)."""
+    def _rank(self, pod: PodRequest, sid: int, node: str) -> tuple[Score, int] | None:
+        """The scorer's best key for ``pod`` on ``node`` (of signature ``sid``) and how
+        many such pods the node takes (:func:`node_capacity`), memoized per (shape,
+        signature) for the current scorer (call under the cache lock, as the verbs call
+        the scorer)."""
         if self._rank_gen != self.scorer.gen:
             self._rank_memo.clear()
             self._rank_gen = self.scorer.gen
         k = (shape_key(pod), sid)
         if k not in self._rank_memo:
-            self._rank_memo[k] = best_key(self.cache.state, pod, node, self.scorer.scorer)
+            state = self.cache.state
+            key = best_key(state, pod, node, self.scorer.scorer)
+            self._rank_memo[k] = None if key is None else (
+                key, node_capacity(state.nodes[node].info, self.cache.pods_on(node), pod))
         return self._rank_memo[k]
 
     def _fragmentation(self, state: ClusterState, signatures: Mapping[str, int]) -> float:

@@ -120,7 +120,7 @@ def test_every_shape_gets_its_best_class_before_any_shape_gets_a_second() -> Non
     state = cache.state
     picked, placeable = pick_candidates(
         state, cache.signatures(), cache.snapshot().pending, per_class=16, max_nodes=2,
-        rank=lambda p, _sid, n: (0,) if state.options(p, n, dedupe=True) else None)
+        rank=lambda p, _sid, n: ((0,), 8) if state.options(p, n, dedupe=True) else None)
     assert "m" in picked and len(picked) == 2
     assert placeable == {f"default/p{i}" for i in range(8)} | {"default/s"}
 
@@ -208,3 +208,35 @@ def test_nothing_pending_sends_no_nodes_and_starts_no_child() -> None:
         assert plan.fragmentation > 0  # the figure is still the cluster's
     finally:
         planner.stop()
+
+
+def test_a_shape_gets_nodes_for_all_its_pods_before_others_get_more_choice() -> None:
+    # Three 2-GPU pods, and six nodes with room for one each, every one a class of its
+    # own; one 1g pod, ten MIG nodes in states of their own. Four nodes may be picked:
+    # three for the 2-GPU pods (one each) and one MIG node, not two and two.
+    nodes = [node(f"a{i}", gpus=8, reconfigurable=False, cpu="256") for i in range(6)]
+    running = [whole_pod(f"r{i}", 6, node=f"a{i}", cpu=str(i + 1)) for i in range(6)]
+    nodes += [node(f"m{i}", mig={"1g.10gb": 7}) for i in range(10)]
+    running += [mig_pod(f"s{i}-{j}", node=f"m{i}") for i in range(10) for j in range(i)]
+    pending = [whole_pod(f"p{i}", 2) for i in range(3)] + [mig_pod("q")]
+    cache = make_cache(nodes, running + pending)
+    planner = Planner(cache, "gpupack", SolverParams(max_time_s=0.5, workers=1),
+                      in_process=True, max_nodes=4)
+    job, _, _ = planner.make_job()
+    picked = [n.name for n in job.snapshot.nodes]
+    assert sorted(n[0] for n in picked) == ["a", "a", "a", "m"], picked
+    plan = planner.solve_once()
+    assert set(plan.placements) == {"default/p0", "default/p1", "default/p2", "default/q"}
+    assert validate(cache.snapshot(), plan.placements.values()) == []
+
+
+def test_node_capacity_counts_pods_one_after_another() -> None:
+    from scheduler.planner import node_capacity
+
+    cache = make_cache([node("w", gpus=8, reconfigurable=False)],
+                       [whole_pod("six", 5, node="w"), whole_pod("p", 1)])
+    info = cache.state.nodes["w"].info
+    pod = cache.pending()[0]
+    assert node_capacity(info, cache.pods_on("w"), pod) == 3
+    assert node_capacity(info, cache.pods_on("w"), pod, limit=2) == 2
+    assert node_capacity(info, (), pod) == 8
