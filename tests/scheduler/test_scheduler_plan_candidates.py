@@ -190,6 +190,9 @@ def test_the_planners_cp_sat_search_is_not_interleaved() -> None:
     solver = params.solver()
     assert not solver.parameters.interleave_search
     assert solver.parameters.num_workers == 2
+    # Presolve lean at every size (else it ate the budget of ~6,700-variable models).
+    assert (solver.parameters.symmetry_level, solver.parameters.cp_model_probing_level,
+            solver.parameters.max_presolve_iterations) == (0, 0, 1)
 
 
 def test_nothing_pending_sends_no_nodes_and_starts_no_child() -> None:
