@@ -87,7 +87,7 @@ class _Shape:
     next: int = 0  # the next class to take nodes from
 
 
-def pick_candidates(state: ClusterState, signatures: Mapping[str, int],
+def pick_candidates(labels: Callable[[str], Mapping[str, str]], signatures: Mapping[str, int],
                     batch: Sequence[PodRequest], per_class: int, max_nodes: int,
                     rank: Rank) -> tuple[list[str], set[str]]:
     """The nodes to plan ``batch`` over, best first, and the batch pods that fit no node.
@@ -123,7 +123,7 @@ def pick_candidates(state: ClusterState, signatures: Mapping[str, int],
             if found is None:
                 continue
             allowed = [m for m in members
-                       if all(state.nodes[m].info.labels.get(k) == v for k, v in selector)]
+                       if all(labels(m).get(k) == v for k, v in selector)]
             if allowed:
                 ranked.append((found[0], sid, allowed, max(1, found[1])))
         if ranked:
@@ -159,6 +159,17 @@ def pick_candidates(state: ClusterState, signatures: Mapping[str, int],
         for x in left:
             take(x, min(per_class, x.need))
     return list(keep), placeable
+
+
+def _bare_shapes(batch: Sequence[PodRequest]) -> dict[tuple[Any, ...], PodRequest]:
+    """One pod of each shape of ``batch`` without its node selector (selectors are checked
+    per node by :func:`pick_candidates`; a node state's memo entries hold for any), by
+    :func:`scheduler.verbs.shape_key`."""
+    out: dict[tuple[Any, ...], PodRequest] = {}
+    for pod in batch:
+        bare = replace(pod, node_selector={}) if pod.node_selector else pod
+        out.setdefault(shape_key(bare), bare)
+    return out
 
 
 @dataclass(frozen=True)
@@ -220,6 +231,7 @@ class Planner:
         # -> (fragmentation, idle GPU milli) for the current shapes.
         self._rank_memo: dict[tuple[tuple[Any, ...], int], tuple[Score, int] | None] = {}
         self._rank_gen = -1
+        self._rank_scorer = self.scorer.scorer
         self._frag_memo: dict[int, tuple[float, int]] = {}
         self._workload: tuple[tuple[PodRequest, int, int], ...] = ()
         self.last_job_nodes = 0  # nodes the latest job was planned over
@@ -306,68 +318,85 @@ class Planner:
             # A bounded batch keeps every solve bounded; pods beyond it, lower priority
             # or newer, get the greedy answer until an earlier batch has been bound.
             batch = tuple(order_pods(batch)[: self.max_batch])
+        capped = bool(batch) and bool(self.per_class) and not any(p.group for p in batch)
+        shapes = _bare_shapes(batch) if capped else {}
+        if self._rank_gen != self.scorer.gen:
+            # A scorer of the planner's own (the verbs' one keeps a memo by node state
+            # version that copies must not touch), rebuilt from the same workload.
+            self._rank_memo.clear()
+            self._rank_gen = self.scorer.gen
+            self._rank_scorer = self.policy.make_scorer(
+                self.scorer.source or Snapshot(nodes=()))
         with cache.lock:
-            state = cache.state
-            signatures = cache.signatures()
-            frag = self._fragmentation(state, signatures)
-            if not batch:
-                job = SolveJob(self.policy_name, self.params, Snapshot(nodes=()), ())
-            elif self.per_class and not any(p.group for p in batch):
-                # The nodes and pods are read now: pods bound since the snapshot are
+            # Under the lock only reads: the signatures, the (immutable) NodeInfos, and a
+            # node's pods for each node state not evaluated yet; the evaluations run on
+            # copies after it (a first solve evaluates every state: ~0.2 s at 5,000 nodes).
+            signatures = dict(cache.signatures())
+            infos = {name: n.info for name, n in cache.state.nodes.items()}
+            new: dict[int, tuple[NodeInfo, tuple[tuple[PodRequest, Placement], ...]]] = {}
+            for name, sid in signatures.items():
+                if sid not in new and (
+                        sid not in self._frag_memo
+                        or any((k, sid) not in self._rank_memo for k in shapes)):
+                    new[sid] = (infos[name], tuple(cache.pods_on(name)))
+        self._evaluate(new, shapes)
+        frag = self._fragmentation(signatures)
+        if not batch:
+            job = SolveJob(self.policy_name, self.params, Snapshot(nodes=()), ())
+        elif capped:
+            names, placeable = pick_candidates(
+                lambda m: infos[m].labels, signatures, batch, self.per_class, self.max_nodes,
+                lambda pod, sid, _node: self._rank_memo[shape_key(pod), sid])
+            with cache.lock:
+                # The nodes and pods as they are now: pods bound since the snapshot are
                 # left out of the batch (they run on the nodes now).
                 batch = tuple(p for p in batch if cache.pending_pod(p.key) is not None)
-                names, placeable = pick_candidates(state, signatures, batch, self.per_class,
-                                                   self.max_nodes, self._rank)
-                nodes = tuple(state.nodes[n].info for n in names)
+                names = [n for n in names if n in cache.state.nodes]
+                nodes = tuple(cache.state.nodes[n].info for n in names)
                 running = tuple(r for n in names for r in cache.pods_on(n))
-                job = SolveJob(self.policy_name, self.params, Snapshot(nodes, running, ()),
-                               batch, self._workload,
-                               frozenset(p.key for p in batch if p.key not in placeable))
-            else:
-                job = SolveJob(self.policy_name, self.params,
-                               Snapshot(snapshot.nodes, snapshot.running, ()), tuple(batch),
-                               self._workload)
+            job = SolveJob(self.policy_name, self.params, Snapshot(nodes, running, ()),
+                           batch, self._workload,
+                           frozenset(p.key for p in batch if p.key not in placeable))
+        else:
+            job = SolveJob(self.policy_name, self.params,
+                           Snapshot(snapshot.nodes, snapshot.running, ()), tuple(batch),
+                           self._workload)
         self.last_job_nodes = len(job.snapshot.nodes)
         return job, version, frag
 
-    def _rank(self, pod: PodRequest, sid: int, node: str) -> tuple[Score, int] | None:
-        """The scorer's best key for ``pod`` on ``node`` (of signature ``sid``) and how
-        many such pods the node takes (:func:`node_capacity`), memoized per (shape,
-        signature) for the current scorer (call under the cache lock, as the verbs call
-        the scorer)."""
-        if self._rank_gen != self.scorer.gen:
-            self._rank_memo.clear()
-            self._rank_gen = self.scorer.gen
-        k = (shape_key(pod), sid)
-        if k not in self._rank_memo:
-            state = self.cache.state
-            key = best_key(state, pod, node, self.scorer.scorer)
-            self._rank_memo[k] = None if key is None else (
-                key, node_capacity(state.nodes[node].info, self.cache.pods_on(node), pod))
-        return self._rank_memo[k]
+    def _evaluate(self, new: Mapping[int, tuple[NodeInfo, Sequence[tuple[PodRequest,
+                                                                             Placement]]]],
+                  shapes: Mapping[tuple[Any, ...], PodRequest]) -> None:
+        """Fill the memos for node states not evaluated yet, each on a copy of one node
+        in that state (its NodeInfo and pods): its fragmentation figures, and per batch
+        shape the planner's scorer's best key there and how many pods of the shape the
+        node takes (:func:`node_capacity`), None where the shape does not fit."""
+        for sid, (info, pods) in new.items():
+            copy = ClusterState(Snapshot((info,), tuple(pods)))
+            n = copy.nodes[info.name]
+            if sid not in self._frag_memo:
+                self._frag_memo[sid] = (
+                    node_fragmentation(n, self._shapes) if self._shapes else 0.0,
+                    sum(g.free_milli for g in n.gpus))
+            for k, pod in shapes.items():
+                if (k, sid) in self._rank_memo:
+                    continue
+                key = best_key(copy, pod, info.name, self._rank_scorer)
+                self._rank_memo[k, sid] = None if key is None else (
+                    key, node_capacity(info, pods, pod))
 
-    def _fragmentation(self, state: ClusterState, signatures: Mapping[str, int]) -> float:
+    def _fragmentation(self, signatures: Mapping[str, int]) -> float:
         """:func:`packing.policies.fgd.cluster_fragmentation` of the cache's state: the
-        share of idle GPU capacity the typical shapes cannot use, each node state
-        evaluated once. Also drops the memos' entries of signatures no node has now."""
-        live: dict[int, str] = {}
-        for name, sid in signatures.items():
-            live.setdefault(sid, name)
+        share of idle GPU capacity the typical shapes cannot use, from each node state's
+        memoized figures. Also drops the memos' entries of signatures no node has now."""
+        live = set(signatures.values())
         self._rank_memo = {k: v for k, v in self._rank_memo.items() if k[1] in live}
+        self._frag_memo = {k: v for k, v in self._frag_memo.items() if k in live}
         if not self._shapes:
-            self._frag_memo = {}
             return 0.0
-        memo: dict[int, tuple[float, int]] = {}
-        for sid, name in live.items():
-            figures = self._frag_memo.get(sid)
-            if figures is None:
-                n = state.nodes[name]
-                figures = (node_fragmentation(n, self._shapes), sum(g.free_milli for g in n.gpus))
-            memo[sid] = figures
-        self._frag_memo = memo
         frag = idle = 0.0
         for sid in signatures.values():
-            f, i = memo[sid]
+            f, i = self._frag_memo[sid]
             frag += f
             idle += i
         return frag / idle if idle else 0.0

@@ -119,7 +119,8 @@ def test_every_shape_gets_its_best_class_before_any_shape_gets_a_second() -> Non
     cache = make_cache(nodes, running + pending)
     state = cache.state
     picked, placeable = pick_candidates(
-        state, cache.signatures(), cache.snapshot().pending, per_class=16, max_nodes=2,
+        lambda m: state.nodes[m].info.labels, cache.signatures(), cache.snapshot().pending,
+        per_class=16, max_nodes=2,
         rank=lambda p, _sid, n: ((0,), 8) if state.options(p, n, dedupe=True) else None)
     assert "m" in picked and len(picked) == 2
     assert placeable == {f"default/p{i}" for i in range(8)} | {"default/s"}
