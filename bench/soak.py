@@ -33,6 +33,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -212,6 +213,9 @@ def main() -> int:
     ap.add_argument("--limit-mib", type=float, default=500.0)
     ap.add_argument("--flat-pct", type=float, default=10.0)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--fine-s", type=float, default=0.5, metavar="S",
+                    help="also sample the tree every S seconds in a thread and print the "
+                         "highest sample (0: off; the verdict uses the 10 s samples)")
     ap.add_argument("--serve-arg", action="append", default=[], metavar="ARG")
     ap.add_argument("--cluster", action="store_true",
                     help="in-cluster: the real API server of tests/e2e holds the cluster and "
@@ -301,6 +305,7 @@ def drive(a: argparse.Namespace, conn: Any, root: int, names: list[str],
     print(f"{a.rate:.0f} requests/s for {a.minutes:g} min", flush=True)
     print("   t_s  requests   rss_mib   pss_mib  procs", flush=True)
     samples: list[tuple[float, float, float, int, int]] = []
+    fine = FineSampler(root, a.fine_s, a.limit_mib) if a.fine_s > 0 else None
     t0 = time.monotonic()
     next_sample = t0
     requests = 0
@@ -341,10 +346,76 @@ def drive(a: argparse.Namespace, conn: Any, root: int, names: list[str],
     rss, pss, procs = memory_mib(root)
     samples.append((time.monotonic() - t0, rss, pss, procs, requests))
     print(f"{samples[-1][0]:6.0f} {requests:9d} {rss:9.1f} {pss:9.1f} {procs:6d}")
+    if fine is not None:
+        fine.stop()
+        print(f"every {a.fine_s:g} s ({fine.count} samples): tree peak PSS {fine.peak:.1f} MiB "
+              f"at {fine.peak_t:.0f} s, {fine.over} samples at or over {a.limit_mib:.0f}; "
+              f"highest single process {fine.top:.1f} MiB ({fine.top_what})")
+        print("  each process's highest sample (PSS MiB): " + ", ".join(
+            f"{what} {p:.1f}" for what, p in fine.highest.items()))
     print("per process at the end (RSS / PSS MiB):")
     for what, prss, ppss in breakdown(root):
         print(f"  {prss:8.1f} {ppss:8.1f}  {what}")
+    # After the figures: a scrape renders the per-GPU lines (the worker grows by them).
+    print("planner at the end: " + plan_figures(conn))
     return samples
+
+
+def plan_figures(conn: Any) -> str:
+    """The planner's figures from the extender's /metrics (solves, the latest status,
+    solve seconds, fragmentation), or why they could not be read."""
+    try:
+        conn.c.request("GET", "/metrics")
+        r = conn.c.getresponse()
+        text = r.read().decode()
+    except (OSError, ValueError) as e:
+        return f"(/metrics: {e})"
+    if r.status != 200:
+        return f"(/metrics: HTTP {r.status})"
+    out = []
+    for line in text.splitlines():
+        if line.startswith(("gpupack_plan_solves ", "gpupack_plan_solve_seconds ",
+                            "gpupack_fragmentation_ratio ")):
+            name, value = line.rsplit(" ", 1)
+            out.append(f"{name.removeprefix('gpupack_')} {float(value):g}")
+        elif line.startswith("gpupack_plan_status{") and line.endswith(" 1.0"):
+            out.append(line.split(" ")[0].removeprefix("gpupack_"))
+    return ", ".join(out) or "(no planner figures)"
+
+
+class FineSampler:
+    """The tree's PSS every ``every_s`` seconds in a thread of its own: the 10 s samples
+    can miss a solve; this one sees the transient (reading smaps_rollup of five
+    processes takes a few ms)."""
+
+    def __init__(self, root: int, every_s: float, limit_mib: float = 500.0) -> None:
+        self.root, self.every_s, self.limit = root, every_s, limit_mib
+        self.peak = self.peak_t = self.top = 0.0
+        self.top_what = ""
+        self.highest: dict[str, float] = {}  # each process's highest PSS sample
+        self.count = self.over = 0
+        self._t0 = time.monotonic()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._done.wait(self.every_s):
+            parts = breakdown(self.root)
+            pss = sum(p for _, _, p in parts)
+            self.count += 1
+            self.over += pss >= self.limit
+            if pss > self.peak:
+                self.peak, self.peak_t = pss, time.monotonic() - self._t0
+            for what, _, p in parts:
+                name = what.strip()
+                self.highest[name] = max(self.highest.get(name, 0.0), p)
+                if p > self.top:
+                    self.top, self.top_what = p, name
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join()
 
 
 def verdict(a: argparse.Namespace, samples: list[tuple[float, float, float, int, int]]) -> int:

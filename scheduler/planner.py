@@ -5,9 +5,13 @@ watch events becomes one solve), takes a snapshot and has it solved with the con
 policy (``gpupack``: greedy portfolio, then CP-SAT under an explicit time limit, worker
 count and seed). The solve runs in a separate solver process (:mod:`scheduler.solve`):
 at 1,000-5,000 nodes it is seconds of CPU-bound Python, which in this process would hold
-the GIL away from the request threads. The thread only packs the snapshot and waits for
-the answer. The verbs read the latest published :class:`Plan` without waiting; a pod
-the plan does not know yet gets the greedy answer from the scorer.
+the GIL away from the request threads. The thread picks the nodes to plan over (for a
+batch without group members: :func:`pick_candidates`, at most ``max_nodes``, the classes
+of equal nodes the scorer likes best for each shape of the batch first), packs them with
+their pods and waits for the answer; it also takes the cluster's fragmentation figure,
+one evaluation per node state, where every node's signature is already known. The verbs
+read the latest published :class:`Plan` without waiting; a pod the plan does not know
+yet gets the greedy answer from the scorer.
 
 The planner also publishes the policy's scorer for the verbs. The FGD-based scorers
 depend on the workload's typical shapes and their frequencies, which move a little with
@@ -22,20 +26,150 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from kube.cache import ClusterCache
 from packing.cpsat import SolverParams
-from packing.model import Placement, Snapshot
-from packing.policies.fgd import Shape, shape_workload, typical_shapes, workload_of
-from packing.scoring import order_pods
-from scheduler.solve import SolveJob, SolveOutcome, SolverProcess, make_policy, solve
-from scheduler.verbs import ScorerRef
+from packing.model import NodeInfo, Placement, PodRequest, Snapshot
+from packing.policies.fgd import (
+    Shape,
+    node_fragmentation,
+    shape_workload,
+    typical_shapes,
+    workload_of,
+)
+from packing.scoring import Score, order_pods
+from packing.state import ClusterState
+from scheduler.solve import (
+    SolveJob,
+    SolveOutcome,
+    SolverProcess,
+    compact_workload,
+    make_policy,
+    solve,
+)
+from scheduler.verbs import ScorerRef, best_key, shape_key
 
 log = logging.getLogger("gpupack.scheduler.planner")
 
 SHAPE_TOLERANCE = 0.05
+PLAN_NODES = 64  # default cap on the nodes one plan is made over (see pick_candidates)
+
+CAPACITY_LIMIT = 8  # pods of one shape counted on one node (see node_capacity)
+
+# (pod without its selector, its node's signature, a node of that signature) -> the
+# scorer's best key there and how many pods of the shape the node takes (at most
+# CAPACITY_LIMIT), or None where the pod does not fit.
+Rank = Callable[[PodRequest, int, str], tuple[Score, int] | None]
+
+
+def node_capacity(info: NodeInfo, running: Sequence[tuple[PodRequest, Placement]],
+                  pod: PodRequest, limit: int = CAPACITY_LIMIT) -> int:
+    """How many pods like ``pod`` fit on the node one after another (each on the first
+    option left), up to ``limit``: on a copy of the node alone."""
+    state = ClusterState(Snapshot((info,), tuple(running)))
+    for i in range(limit):
+        copy = replace(pod, key=f"{pod.key}#{i}")
+        options = state.options(copy, info.name, dedupe=True)
+        if not options:
+            return i
+        state.apply(copy, options[0])
+    return limit
+
+
+@dataclass
+class _Shape:
+    need: int  # pods of the shape in the batch
+    classes: list[tuple[list[str], int]]  # (nodes allowed, pods one of them takes), best first
+    covered: int = 0  # pods the nodes picked for it could take
+    next: int = 0  # the next class to take nodes from
+
+
+def pick_candidates(labels: Callable[[str], Mapping[str, str]], signatures: Mapping[str, int],
+                    batch: Sequence[PodRequest], per_class: int, max_nodes: int,
+                    rank: Rank) -> tuple[list[str], set[str]]:
+    """The nodes to plan ``batch`` over, best first, and the batch pods that fit no node.
+
+    Nodes with equal signatures (:func:`kube.signatures.node_signature`) are
+    interchangeable to the policies but for their labels. For each shape of the batch the
+    classes of equal nodes it fits are ranked by ``rank`` (the policy's scorer on one
+    node of the class: the classes the greedy answer would pick come first). Then, round
+    by round and higher priority first, each shape whose pods the nodes picked so far
+    could not all take gets nodes of its next-best class: as many as its pods still need
+    (by how many one node takes), at most ``per_class``, that satisfy the shape's node
+    selector. Once every shape is covered, more rounds give each shape its next class
+    (up to ``per_class`` nodes, at most one per pod of the shape) for the plan to choose
+    from, until ``max_nodes`` (0: no cap) are picked. So a plan is made over at most
+    ``max_nodes`` nodes however many nodes and classes the cluster has. Pods of several
+    shapes may be counted on the same node: the plan, not this, decides who gets it.
+    """
+    classes: dict[int, list[str]] = {}
+    for name, sid in signatures.items():
+        classes.setdefault(sid, []).append(name)
+    by_shape: dict[tuple[Any, ...], list[PodRequest]] = {}
+    for pod in order_pods(batch):
+        by_shape.setdefault(shape_key(pod), []).append(pod)
+    placeable: set[str] = set()
+    shapes: list[_Shape] = []
+    for pods in by_shape.values():
+        pod = pods[0]
+        selector = tuple(pod.node_selector.items())
+        bare = replace(pod, node_selector={}) if selector else pod
+        ranked: list[tuple[Score, int, list[str], int]] = []
+        for sid, members in classes.items():
+            found = rank(bare, sid, members[0])
+            if found is None:
+                continue
+            allowed = [m for m in members
+                       if all(labels(m).get(k) == v for k, v in selector)]
+            if allowed:
+                ranked.append((found[0], sid, allowed, max(1, found[1])))
+        if ranked:
+            placeable.update(p.key for p in pods)
+            ranked.sort(key=lambda r: (r[0], r[1]))
+            shapes.append(_Shape(len(pods), [(r[2], r[3]) for r in ranked]))
+    keep: dict[str, None] = {}
+
+    def full() -> bool:
+        return bool(max_nodes) and len(keep) >= max_nodes
+
+    def take(shape: _Shape, count: int) -> None:
+        members, capacity = shape.classes[shape.next]
+        shape.next += 1
+        for m in members[:count]:
+            if full():
+                return
+            keep[m] = None
+            shape.covered += capacity
+
+    # Cover every shape's pods first, then more choice, round by round.
+    while not full():
+        short = [x for x in shapes if x.covered < x.need and x.next < len(x.classes)]
+        if not short:
+            break
+        for x in short:
+            members, capacity = x.classes[x.next]
+            take(x, min(per_class, -(-(x.need - x.covered) // capacity)))
+    while not full():
+        left = [x for x in shapes if x.next < len(x.classes)]
+        if not left:
+            break
+        for x in left:
+            take(x, min(per_class, x.need))
+    return list(keep), placeable
+
+
+def _bare_shapes(batch: Sequence[PodRequest]) -> dict[tuple[Any, ...], PodRequest]:
+    """One pod of each shape of ``batch`` without its node selector (selectors are checked
+    per node by :func:`pick_candidates`; a node state's memo entries hold for any), by
+    :func:`scheduler.verbs.shape_key`."""
+    out: dict[tuple[Any, ...], PodRequest] = {}
+    for pod in batch:
+        bare = replace(pod, node_selector={}) if pod.node_selector else pod
+        out.setdefault(shape_key(bare), bare)
+    return out
 
 
 @dataclass(frozen=True)
@@ -68,6 +202,7 @@ class Planner:
         max_batch: int = 64,
         in_process: bool = False,
         per_class: int = 16,
+        max_nodes: int = PLAN_NODES,
     ) -> None:
         self.cache = cache
         self.policy_name = policy
@@ -86,8 +221,20 @@ class Planner:
         self.solves = 0
         # in_process: solve in the calling thread (tests, tools); else in the child.
         self.in_process = in_process
-        # Plan over candidate nodes: up to this many per class of equal nodes (0: all).
+        # Plan over candidate nodes (pick_candidates): up to per_class nodes of a class
+        # of equal nodes, max_nodes in all (0: no cap); per_class 0: every node.
         self.per_class = per_class
+        self.max_nodes = max_nodes
+        # Memos by node signature (ids are never reused for another state), kept for the
+        # signatures some node has now: (shape, signature) -> the scorer's best key there
+        # and the node's capacity for the shape (for the scorer of _rank_gen), signature
+        # -> (fragmentation, idle GPU milli) for the current shapes.
+        self._rank_memo: dict[tuple[tuple[Any, ...], int], tuple[Score, int] | None] = {}
+        self._rank_gen = -1
+        self._rank_scorer = self.scorer.scorer
+        self._frag_memo: dict[int, tuple[float, int]] = {}
+        self._workload: tuple[tuple[PodRequest, int, int], ...] = ()
+        self.last_job_nodes = 0  # nodes the latest job was planned over
         self._solver: SolverProcess | None = None
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -117,6 +264,7 @@ class Planner:
 
     def _loop(self) -> None:
         last = 0.0
+        failures = 0
         while not self._stop.is_set():
             self._wake.wait()
             if self._stop.is_set():
@@ -133,29 +281,132 @@ class Planner:
             last = time.monotonic()
             try:
                 self.solve_once()
+                failures = 0
             except Exception as e:  # a planner bug must not kill the extender: log, retry
                 log.exception("planning failed")
                 self.plan = Plan(status="error", solved_at=self.clock(), error=str(e),
                                  cache_version=self.cache.version)
+                # Try again without waiting for the next cache change (a dead solver
+                # child is restarted by the next solve), backing off 1, 2, 4 .. 60 s.
+                failures += 1
+                if not self._stop.wait(min(60.0, 2.0 ** (failures - 1))):
+                    self._wake.set()
 
     # ---- one solve -------------------------------------------------------------------------
 
     def solve_once(self) -> Plan:
-        """Snapshot, refresh the scorer, solve, publish. Called by the thread and tests."""
-        version = self.cache.version
-        snapshot = self.cache.snapshot()
-        self._refresh_scorer(snapshot)
+        """Snapshot, refresh the scorer, pick the nodes to plan over, solve, publish.
+        Called by the thread and tests."""
+        job, version, frag = self.make_job()
+        started = time.monotonic()
+        # Nothing to plan: answered here (an empty job), no child is started or woken.
+        outcome = (solve(job) if self.in_process or not job.batch
+                   else self._child().solve(job, self.timeout_s()))
+        plan = self._publish(outcome, job, version, frag, time.monotonic() - started)
+        return plan
+
+    def make_job(self) -> tuple[SolveJob, int, float]:
+        """The job for the solver, the cache version it was taken at, and the cluster's
+        fragmentation figure (taken here, where every node's signature is known: one
+        evaluation per node state, not per node).
+
+        The job holds only what the plan is made over: for a batch without group members
+        the candidate nodes (:func:`pick_candidates`, at most ``max_nodes``) and the pods
+        on them, so the solver child's memory does not grow with the cluster. A batch with
+        group members is planned over every node: a group's topology domains and the
+        exclusive domains taken by running groups are read from all nodes and pods. An
+        empty batch holds no nodes."""
+        cache = self.cache
+        version = cache.version
+        snapshot = cache.snapshot()
+        self._refresh_scorer(snapshot)  # outside the lock: it reads every pod's shape
         batch = snapshot.pending
         if len(batch) > self.max_batch:
             # A bounded batch keeps every solve bounded; pods beyond it, lower priority
             # or newer, get the greedy answer until an earlier batch has been bound.
             batch = tuple(order_pods(batch)[: self.max_batch])
-        job = SolveJob(self.policy_name, self.params, snapshot, tuple(batch),
-                       tuple(self._shapes), self.per_class)
-        started = time.monotonic()
-        outcome = solve(job) if self.in_process else self._child().solve(job, self.timeout_s())
-        plan = self._publish(outcome, job, version, time.monotonic() - started)
-        return plan
+        capped = bool(batch) and bool(self.per_class) and not any(p.group for p in batch)
+        shapes = _bare_shapes(batch) if capped else {}
+        if self._rank_gen != self.scorer.gen:
+            # A scorer of the planner's own (the verbs' one keeps a memo by node state
+            # version that copies must not touch), rebuilt from the same workload.
+            self._rank_memo.clear()
+            self._rank_gen = self.scorer.gen
+            self._rank_scorer = self.policy.make_scorer(
+                self.scorer.source or Snapshot(nodes=()))
+        with cache.lock:
+            # Under the lock only reads: the signatures, the (immutable) NodeInfos, and a
+            # node's pods for each node state not evaluated yet; the evaluations run on
+            # copies after it (a first solve evaluates every state: ~0.2 s at 5,000 nodes).
+            signatures = dict(cache.signatures())
+            infos = {name: n.info for name, n in cache.state.nodes.items()}
+            new: dict[int, tuple[NodeInfo, tuple[tuple[PodRequest, Placement], ...]]] = {}
+            for name, sid in signatures.items():
+                if sid not in new and (
+                        sid not in self._frag_memo
+                        or any((k, sid) not in self._rank_memo for k in shapes)):
+                    new[sid] = (infos[name], tuple(cache.pods_on(name)))
+        self._evaluate(new, shapes)
+        frag = self._fragmentation(signatures)
+        if not batch:
+            job = SolveJob(self.policy_name, self.params, Snapshot(nodes=()), ())
+        elif capped:
+            names, placeable = pick_candidates(
+                lambda m: infos[m].labels, signatures, batch, self.per_class, self.max_nodes,
+                lambda pod, sid, _node: self._rank_memo[shape_key(pod), sid])
+            with cache.lock:
+                # The nodes and pods as they are now: pods bound since the snapshot are
+                # left out of the batch (they run on the nodes now).
+                batch = tuple(p for p in batch if cache.pending_pod(p.key) is not None)
+                names = [n for n in names if n in cache.state.nodes]
+                nodes = tuple(cache.state.nodes[n].info for n in names)
+                running = tuple(r for n in names for r in cache.pods_on(n))
+            job = SolveJob(self.policy_name, self.params, Snapshot(nodes, running, ()),
+                           batch, self._workload,
+                           frozenset(p.key for p in batch if p.key not in placeable))
+        else:
+            job = SolveJob(self.policy_name, self.params,
+                           Snapshot(snapshot.nodes, snapshot.running, ()), tuple(batch),
+                           self._workload)
+        self.last_job_nodes = len(job.snapshot.nodes)
+        return job, version, frag
+
+    def _evaluate(self, new: Mapping[int, tuple[NodeInfo, Sequence[tuple[PodRequest,
+                                                                             Placement]]]],
+                  shapes: Mapping[tuple[Any, ...], PodRequest]) -> None:
+        """Fill the memos for node states not evaluated yet, each on a copy of one node
+        in that state (its NodeInfo and pods): its fragmentation figures, and per batch
+        shape the planner's scorer's best key there and how many pods of the shape the
+        node takes (:func:`node_capacity`), None where the shape does not fit."""
+        for sid, (info, pods) in new.items():
+            copy = ClusterState(Snapshot((info,), tuple(pods)))
+            n = copy.nodes[info.name]
+            if sid not in self._frag_memo:
+                self._frag_memo[sid] = (
+                    node_fragmentation(n, self._shapes) if self._shapes else 0.0,
+                    sum(g.free_milli for g in n.gpus))
+            for k, pod in shapes.items():
+                if (k, sid) in self._rank_memo:
+                    continue
+                key = best_key(copy, pod, info.name, self._rank_scorer)
+                self._rank_memo[k, sid] = None if key is None else (
+                    key, node_capacity(info, pods, pod))
+
+    def _fragmentation(self, signatures: Mapping[str, int]) -> float:
+        """:func:`packing.policies.fgd.cluster_fragmentation` of the cache's state: the
+        share of idle GPU capacity the typical shapes cannot use, from each node state's
+        memoized figures. Also drops the memos' entries of signatures no node has now."""
+        live = set(signatures.values())
+        self._rank_memo = {k: v for k, v in self._rank_memo.items() if k[1] in live}
+        self._frag_memo = {k: v for k, v in self._frag_memo.items() if k in live}
+        if not self._shapes:
+            return 0.0
+        frag = idle = 0.0
+        for sid in signatures.values():
+            f, i = self._frag_memo[sid]
+            frag += f
+            idle += i
+        return frag / idle if idle else 0.0
 
     def timeout_s(self) -> float:
         """How long to wait for the child: the time limit plus a generous margin (the
@@ -171,7 +422,8 @@ class Planner:
     def solver_pid(self) -> int | None:
         return None if self._solver is None else self._solver.pid
 
-    def _publish(self, outcome: SolveOutcome, job: SolveJob, version: int, wall: float) -> Plan:
+    def _publish(self, outcome: SolveOutcome, job: SolveJob, version: int, frag: float,
+                 wall: float) -> Plan:
         del wall  # the solve's own time (outcome.seconds) is what the metric reports
         plan = Plan(
             placements={p.pod: p for p in outcome.placements},
@@ -181,7 +433,7 @@ class Planner:
             solved_at=self.clock(),
             solve_seconds=outcome.seconds,
             cache_version=version,
-            fragmentation=outcome.fragmentation,
+            fragmentation=frag,
         )
         self.plan = plan
         self.solves += 1
@@ -192,11 +444,13 @@ class Planner:
         if _close(shapes, self._shapes):
             return
         self._shapes = shapes
+        self._frag_memo = {}
         self._scorer_gen += 1
+        source = shape_workload(snapshot)
+        self._workload = compact_workload(source)
         self.scorer = ScorerRef(self.policy.make_scorer(snapshot), self._scorer_gen,
                                 name_sensitive=self.policy_name == "random",
-                                policy=self.policy_name,
-                                source=shape_workload(snapshot))
+                                policy=self.policy_name, source=source)
 
 
 def _close(a: list[tuple[Shape, float]], b: list[tuple[Shape, float]]) -> bool:

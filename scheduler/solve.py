@@ -3,9 +3,14 @@ process that answers kube-scheduler.
 
 :class:`SolverProcess` starts one child with the ``spawn`` context (a fresh interpreter:
 nothing of the request process's threads or locks is inherited) and keeps it for every
-solve. A job is the snapshot, sent as pickled pieces; the answer is the placements.
+solve. A job is what the plan is made over, sent as pickled pieces: normally the
+candidate nodes the planner picked (at most a few hundred, see
+:func:`scheduler.planner.pick_candidates`) and the pods on them, for a batch with group
+members the whole cluster; the answer is the placements. The child never holds more of
+the cluster than the job, so its memory does not grow with the cluster's nodes or the
+classes of equal nodes (the fragmentation figure is the planner's, in the parent).
 
-Sending a 5,000-node snapshot as one ``pickle.dumps`` holds the GIL for ~70 ms, a
+A 5,000-node snapshot pickled as one ``pickle.dumps`` holds the GIL for ~70 ms, a
 latency spike for any request in flight. :class:`SnapshotPacker` instead pickles each
 node once (NodeInfo objects are immutable and the cache keeps the same object while a
 node is unchanged, so steady state re-pickles only changed nodes) and the pods in small
@@ -22,23 +27,56 @@ from __future__ import annotations
 import logging
 import pickle
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from packing.cpsat import SolverParams
 from packing.model import NodeInfo, Placement, PlanResult, PodRequest, Snapshot
 from packing.policies import get_policy
 from packing.policies.base import Policy
-from packing.policies.fgd import Shape, cluster_fragmentation
 from packing.policies.gpupack import GpupackPolicy
-from packing.state import ClusterState
 from scheduler.child import ChildGone, ChildProcess, ChildTimeout, background, serve_messages
+
+if TYPE_CHECKING:
+    from ortools.sat.python import cp_model
 
 log = logging.getLogger("gpupack.scheduler.solve")
 
 CHUNK = 128  # items per pickle call: ~1-2 ms of GIL at most
+
+
+@dataclass(frozen=True)
+class PlannerParams(SolverParams):
+    """The extender planner's CP-SAT settings: ``SolverParams`` with parallel search not
+    interleaved. Interleaved search (``SolverParams``' choice for ``workers > 1``, for
+    answers reproducible on any machine) keeps every subsolver of the portfolio with its
+    own copy of the model at once: at 64 candidate nodes and a 64-pod batch the solver
+    peaked ~90 MiB higher with it (~175 MiB over its idle size, ~80 without), ~125 MiB at
+    233 nodes. The planner gives up reproducibility anyway (its wall-clock cap is the
+    time limit, ``max_wall_s``), and the plans were as good (same objective key on the
+    measured jobs but for one node more or less touched).
+
+    Presolve is also kept lean at every model size, as :func:`packing.cpsat.solve_batch`
+    does only above ``SYMMETRY_LIMIT`` variables: the planner's models are now that small
+    (64 candidate nodes, a 64-pod batch: ~6,700 variables on the soak's cluster), and
+    there symmetry detection and probing took the whole budget: "stopped after presolve",
+    UNKNOWN after 4.7 s of wall against a 2 s limit, the greedy answer kept. Lean, the
+    complete hint is the first solution at once and the search has the rest of the 2 s
+    (FEASIBLE in 2.0 s)."""
+
+    def solver(self) -> cp_model.CpSolver:
+        solver = super().solver()
+        solver.parameters.interleave_search = False
+        solver.parameters.symmetry_level = 0
+        solver.parameters.cp_model_probing_level = 0
+        solver.parameters.max_presolve_iterations = 1
+        return solver
+
+
+def planner_params(params: SolverParams) -> PlannerParams:
+    return PlannerParams(**{f.name: getattr(params, f.name) for f in fields(params)})
 
 
 def make_policy(name: str, params: SolverParams) -> Policy:
@@ -49,14 +87,24 @@ def make_policy(name: str, params: SolverParams) -> Policy:
 
 @dataclass(frozen=True)
 class SolveJob:
-    """What one solve needs; picklable (frozen dataclasses and tuples only)."""
+    """What one solve needs; picklable (frozen dataclasses and tuples only).
+
+    ``snapshot`` holds the nodes to plan over and the pods running on them: the whole
+    cluster, or (``unplaceable`` not None) the candidate nodes the planner picked
+    (:func:`scheduler.planner.pick_candidates`), so the solver's memory does not grow
+    with the cluster. Its pending pods are not read: ``batch`` is what is planned."""
 
     policy: str
     params: SolverParams
-    snapshot: Snapshot  # the whole cluster (fragmentation is measured on it)
+    snapshot: Snapshot
     batch: tuple[PodRequest, ...]  # the pending pods to plan this time
-    shapes: tuple[tuple[Shape, float], ...]  # the typical shapes, for the fragmentation
-    per_class: int = 0  # candidate nodes per node-state class (see candidates); 0: all
+    # The cluster's workload by shape (:func:`compact_workload`), which the policy's
+    # scorer is built from (the scorer the verbs use); (): from ``snapshot`` itself.
+    workload: tuple[tuple[PodRequest, int, int], ...] = ()
+    # Planning over candidate nodes: the batch pods that fit no node of the cluster (the
+    # only ones reported unschedulable; a pod left out of such a plan gets the verbs'
+    # greedy answer). None: ``snapshot`` is the whole cluster.
+    unplaceable: frozenset[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -65,106 +113,70 @@ class SolveOutcome:
     unschedulable: tuple[tuple[str, str], ...]  # (pod key, reason)
     status: str
     seconds: float
-    fragmentation: float
+
+
+def compact_workload(source: Snapshot) -> tuple[tuple[PodRequest, int, int], ...]:
+    """A shape workload (:func:`packing.policies.fgd.shape_workload`: one shared pod per
+    shape) as (pod, running, pending) counts: a few hundred bytes for any cluster."""
+    counts: dict[int, list[Any]] = {}
+    for pod, _ in source.running:
+        counts.setdefault(id(pod), [pod, 0, 0])[1] += 1
+    for pod in source.pending:
+        counts.setdefault(id(pod), [pod, 0, 0])[2] += 1
+    return tuple((p, r, q) for p, r, q in counts.values())
+
+
+def expand_workload(workload: Sequence[tuple[PodRequest, int, int]]) -> Snapshot:
+    """The snapshot :func:`compact_workload` was taken from, as far as a scorer can tell
+    (every pod of a shape is the same object: a list of references, ~8 bytes a pod)."""
+    nowhere = Placement("shape/", "")
+    return Snapshot((), tuple((p, nowhere) for p, r, _ in workload for _ in range(r)),
+                    tuple(p for p, _, q in workload for _ in range(q)))
+
+
+def scored_by(policy: Policy, workload: Snapshot) -> Policy:
+    """``policy`` with its scorer made from ``workload`` whatever snapshot it plans: a
+    plan over a few candidate nodes then scores options with the whole cluster's typical
+    shapes, as the verbs do."""
+    make = policy.make_scorer
+    policy.__dict__["make_scorer"] = lambda _snapshot: make(workload)
+    return policy
 
 
 def solve(job: SolveJob) -> SolveOutcome:
     """Plan ``job.batch`` on ``job.snapshot`` with the named policy (any process)."""
     snap = job.snapshot
-    return _solve(job, snap.nodes, lambda: iter(snap.running))
+    return _solve(job, snap.nodes, snap.running)
 
 
 def solve_packed(packed: tuple[Any, ...]) -> SolveOutcome:
-    """:func:`solve` of a job as :class:`SnapshotPacker` sent it, reading the running pods
-    chunk by chunk as they are counted: the 50,000 running pods of a 5,000-node cluster
-    are never all unpickled at once (~25 MiB less at the solver child's peak); only the
-    candidate nodes' pods are read a second time. Same answer as ``solve(unpack(...))``."""
-    policy, params, nodes, running, pending, rest = packed
-    batch, shapes, per_class = pickle.loads(rest)
-    infos = tuple(pickle.loads(b) for b in nodes)
-    job = SolveJob(policy, params, Snapshot(infos, (), unpickle_chunks(pending)), batch,
-                   shapes, per_class)
-    return _solve(job, infos, lambda: (x for b in running for x in pickle.loads(b)))
+    """:func:`solve` of a job as :class:`SnapshotPacker` sent it."""
+    return solve(unpack(packed))
 
 
-def _solve(job: SolveJob, nodes_all: tuple[NodeInfo, ...],
-           running: Callable[[], Iterator[tuple[PodRequest, Placement]]]) -> SolveOutcome:
-    """The solve over the snapshot's nodes and the pods ``running()`` yields (called once
-    for the whole cluster, again for the pods of the nodes planned over)."""
+def _solve(job: SolveJob, nodes: tuple[NodeInfo, ...],
+           running: tuple[tuple[PodRequest, Placement], ...]) -> SolveOutcome:
     started = time.monotonic()
-    full = ClusterState(Snapshot(nodes_all))
-    # As ClusterState counts a snapshot's running pods (the owners recorded in MIG
-    # layouts are superseded by placements).
-    for pod, placement in running():
-        full.apply(pod, placement, allow_overcommit=True)
-    unplaceable: set[str] = set()
-    keep: set[str] | None = None
-    if job.batch and job.per_class and not any(p.group for p in job.batch):
-        keep, unplaceable = candidates(full, job.batch, job.per_class)
-    # The fragmentation figure is taken before the plan (which never changes ``full``),
-    # so the whole cluster's state is gone while the plan builds its own; its time is
-    # not the solve's.
-    frag_started = time.monotonic()
-    frag = cluster_fragmentation(full, job.shapes) if job.shapes else 0.0
-    frag_s = time.monotonic() - frag_started
-    del full
     if job.batch:
-        nodes = nodes_all
-        if keep is not None:
-            nodes = tuple(n for n in nodes_all if n.name in keep)
-        names = {n.name for n in nodes}
-        on_nodes = tuple(r for r in running() if r[1].node in names)
-        policy = make_policy(job.policy, job.params)
-        result = policy.plan(Snapshot(nodes, on_nodes, job.batch))
-        if len(nodes) < len(nodes_all):
+        policy = make_policy(job.policy, planner_params(job.params))
+        if job.workload:
+            policy = scored_by(policy, expand_workload(job.workload))
+        result = policy.plan(Snapshot(nodes, running, job.batch))
+        if job.unplaceable is not None:
             # A pod left out of a plan over candidate nodes may still fit elsewhere: only
             # pods that fit no node at all are reported unschedulable.
             result = PlanResult(result.placements,
-                                tuple(u for u in result.unschedulable if u.pod in unplaceable),
+                                tuple(u for u in result.unschedulable
+                                      if u.pod in job.unplaceable),
                                 result.policy, result.solver_status)
     else:
         result = PlanResult((), (), job.policy, solver_status="idle")
-    seconds = time.monotonic() - started - frag_s
     return SolveOutcome(
         tuple(result.placements),
         tuple((u.pod, u.reason) for u in result.unschedulable),
         result.solver_status,
-        seconds,
-        frag,
+        time.monotonic() - started,
     )
-
-
-def candidates(state: ClusterState, batch: Sequence[PodRequest], per_class: int
-               ) -> tuple[set[str], set[str]]:
-    """Nodes worth planning the batch over, and the batch pods that fit no node now.
-
-    Nodes in the same state (:func:`kube.signatures.node_signature`) are interchangeable
-    to the policies; from each class of equal nodes that some batch pod fits, up to
-    ``per_class`` nodes (at most one per pod that fits it) are kept, honouring selectors.
-    The greedy passes and CP-SAT then work on hundreds of nodes instead of thousands.
-    """
-    from kube.signatures import node_signature
-    from scheduler.verbs import shape_key
-
-    classes: dict[tuple[Any, ...], list[str]] = {}
-    for name, n in state.nodes.items():
-        classes.setdefault(node_signature(n), []).append(name)
-    keep: set[str] = set()
-    placeable: set[str] = set()
-    by_shape: dict[tuple[Any, ...], list[PodRequest]] = {}
-    for pod in batch:
-        by_shape.setdefault(shape_key(pod), []).append(pod)
-    for pods in by_shape.values():
-        pod = pods[0]
-        selector = tuple(pod.node_selector.items())
-        for members in classes.values():
-            allowed = [m for m in members
-                       if all(state.nodes[m].info.labels.get(k) == v for k, v in selector)]
-            if not allowed or not state.options(pod, allowed[0], dedupe=True):
-                continue
-            keep.update(allowed[: min(per_class, len(pods))])
-            placeable.update(p.key for p in pods)
-    return keep, {p.key for p in batch} - placeable
 
 
 # ---- transport -----------------------------------------------------------------------------
@@ -190,7 +202,8 @@ class SnapshotPacker:
         return (
             job.policy, job.params, tuple(pieces),
             pickle_chunks(snap.running), pickle_chunks(snap.pending),
-            pickle.dumps((job.batch, job.shapes, job.per_class), protocol=pickle.HIGHEST_PROTOCOL),
+            pickle.dumps((job.batch, job.workload, job.unplaceable),
+                         protocol=pickle.HIGHEST_PROTOCOL),
         )
 
 
@@ -206,13 +219,13 @@ def unpickle_chunks(chunks: Sequence[bytes]) -> tuple[Any, ...]:
 
 def unpack(packed: tuple[Any, ...]) -> SolveJob:
     policy, params, nodes, running, pending, rest = packed
-    batch, shapes, per_class = pickle.loads(rest)
+    batch, workload, unplaceable = pickle.loads(rest)
     snapshot = Snapshot(
         tuple(pickle.loads(b) for b in nodes),
         unpickle_chunks(running),
         unpickle_chunks(pending),
     )
-    return SolveJob(policy, params, snapshot, batch, shapes, per_class)
+    return SolveJob(policy, params, snapshot, batch, workload, unplaceable)
 
 
 def solver_main(conn: Connection) -> None:

@@ -10,7 +10,6 @@ import pytest
 from sched_builders import FakeClock, make_cache, mig_pod, node, whole_pod
 
 from packing.cpsat import SolverParams
-from packing.policies.fgd import typical_shapes, workload_of
 from packing.validate import validate
 from scheduler.planner import Planner
 from scheduler.solve import SnapshotPacker, SolveJob, solve, solve_packed, unpack
@@ -80,35 +79,34 @@ def test_snapshot_travels_in_pieces_and_unchanged_nodes_are_not_repickled() -> N
     cache = make_cache([node("m", mig={"1g.10gb": 7}), node("w", gpus=8, reconfigurable=False)],
                        [mig_pod("a"), whole_pod("r", 2, node="w")])
     snap = cache.snapshot()
-    job = SolveJob("gpupack-greedy", SolverParams(), snap, snap.pending, (), 7)
+    job = SolveJob("gpupack-greedy", SolverParams(), snap, snap.pending)
     packer = SnapshotPacker()
     first = packer.pack(job)
     assert unpack(first) == job
     cache.upsert_pod(whole_pod("r2", 1, node="w"))  # pods change, nodes do not
     snap2 = cache.snapshot()
-    second = packer.pack(SolveJob("gpupack-greedy", SolverParams(), snap2, (), ()))
+    second = packer.pack(SolveJob("gpupack-greedy", SolverParams(), snap2, ()))
     assert all(a is b for a, b in zip(first[2], second[2], strict=True))
     assert unpack(second).snapshot == snap2
 
 
 @pytest.mark.parametrize("per_class", [0, 1])
 def test_a_packed_job_solves_as_the_job_itself(per_class: int) -> None:
-    # The solver child reads the running pods chunk by chunk (solve_packed): the answer
-    # is the one solve() gives on the whole snapshot, candidate nodes or not.
+    # The solver child gets the job in pickled pieces (solve_packed): the answer is the
+    # one solve() gives, candidate nodes or the whole cluster.
     nodes = [node(f"w{i}", gpus=8, reconfigurable=False) for i in range(6)]
     nodes += [node(f"m{i}", mig={"1g.10gb": 7}) for i in range(4)]
     running = [whole_pod(f"r{i}", 1 + i % 3, node=f"w{i % 6}") for i in range(300)]
     running += [mig_pod(f"s{i}", node=f"m{i % 4}") for i in range(20)]
     pending = [whole_pod(f"p{i}", 1 + i % 2) for i in range(5)] + [mig_pod("q")]
     cache = make_cache(nodes, running + pending)
-    snap = cache.snapshot()
-    assert len(snap.running) > 128  # more than one pickled chunk
-    shapes = tuple(typical_shapes(workload_of(snap)))
-    job = SolveJob("gpupack-greedy", SolverParams(), snap, snap.pending, shapes, per_class)
+    planner = Planner(cache, "gpupack-greedy", in_process=True, per_class=per_class)
+    job, _, _ = planner.make_job()
+    assert len(job.snapshot.running) > 128 or per_class  # more than one pickled chunk
+    assert job.workload  # the cluster's shapes travel for the scorer
     direct, packed = solve(job), solve_packed(SnapshotPacker().pack(job))
     assert direct.placements and packed.placements == direct.placements
     assert (packed.unschedulable, packed.status) == (direct.unschedulable, direct.status)
-    assert packed.fragmentation == direct.fragmentation
 
 
 def test_solves_run_in_a_child_process_that_is_restarted_when_it_dies() -> None:
