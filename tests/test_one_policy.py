@@ -172,3 +172,21 @@ def test_a_small_pod_fills_a_used_node_before_opening_an_idle_one(workload: str)
     state = ClusterState(snap)
     got = best_option(state, rerank, GpupackScorer(known))
     assert got is not None and got.node == "m-1", got
+
+
+def test_the_scorers_memo_is_bounded_by_the_nodes() -> None:
+    # Every apply and undo gives a node a new state version; the memo keeps each node's
+    # latest state only, so a long-lived scorer does not grow with the states it saw.
+    nodes, trace = _trace(5, n_nodes=6, n_pods=80)
+    requests = [to_pod_request(p) for p in trace]
+    state = ClusterState(Snapshot(to_snapshot_nodes(nodes)))
+    scorer = GpupackScorer(requests)
+    for pod in requests:
+        for _ in range(3):
+            got = best_option(state, pod, scorer)
+            if got is None:
+                break
+            state.apply(pod, got)
+            state.undo(pod, got)
+    assert len(scorer._nodes) <= len(nodes)
+    assert all(len(evals) <= 64 for _, _, evals in scorer._nodes.values())

@@ -58,8 +58,8 @@ REFERENCE_GPU_MIB = 80 * 1024
 # Model id of GPU models no shape names (and of CPU-only nodes): shapes without a model
 # restriction may use them, restricted shapes may not.
 OTHER_MODEL = "*"
-# Memo entries kept by one scorer (node figures and evaluations, by node state version).
-MEMO_LIMIT = 100_000
+# Evaluations one node's memo keeps for its current state (distinct pod requests).
+EVALS_PER_NODE = 64
 
 
 def mig_profile_milli(profile: str) -> int:
@@ -112,9 +112,9 @@ class GpupackScorer:
     node ties); then node name, GPUs and MIG start, for determinism (the replay: the
     lowest node index, the lowest GPU).
 
-    A node's arrays and FGD statistics are kept by its state version, and so is each
-    evaluation (one call ranks every GPU of the node for a share), so scanning a node's
-    options costs one evaluation.
+    A node's arrays and FGD statistics are kept for its latest state (by version), and so
+    is each evaluation (one call ranks every GPU of the node for a share), so scanning a
+    node's options costs one evaluation, and the memo is bounded by the nodes.
     """
 
     def __init__(self, workload: Iterable[PodRequest],
@@ -126,25 +126,29 @@ class GpupackScorer:
         self.shapes: TypicalShapes = typical_shape_table(keys, self.models)
         self.cap = CapacityModel(self.shapes)
         self.weights = weights or GpupackWeights()
-        self._nodes: dict[int, NodeArrays] = {}
-        # rank values by (node version, request): one per GPU for a share
-        self._evals: dict[tuple[int, int, int, int, int], FloatArray] = {}
+        # Per node name, its latest state only: (version, arrays, rank values by request,
+        # one per GPU for a share). Bounded by the nodes (~1.5 kB each), never by how
+        # many states they went through.
+        self._nodes: dict[str, tuple[int, NodeArrays, dict[tuple[int, int, int, int],
+                                                          FloatArray]]] = {}
 
-    def arrays(self, node: NodeState) -> NodeArrays:
-        found = self._nodes.get(node.version)
-        if found is None:
+    def _entry(self, node: NodeState) -> tuple[int, NodeArrays,
+                                               dict[tuple[int, int, int, int], FloatArray]]:
+        found = self._nodes.get(node.info.name)
+        if found is None or found[0] != node.version:
             free = np.array([node_gpu_free(node)], dtype=np.int64)
             model = node.gpus[0].info.model if node.gpus else OTHER_MODEL
             mid = np.array([self._model_id.get(model, self._model_id[OTHER_MODEL])],
                            dtype=np.int64)
             cpu = np.array([node.cpu_free], dtype=np.int64)
             mem = np.array([node.mem_free], dtype=np.int64)
-            found = NodeArrays(free, cpu, mem, mid,
-                               fragment_stats(free, cpu, mem, mid, self.shapes))
-            if len(self._nodes) >= MEMO_LIMIT:
-                self._nodes.clear()
-            self._nodes[node.version] = found
+            arrays = NodeArrays(free, cpu, mem, mid,
+                                fragment_stats(free, cpu, mem, mid, self.shapes))
+            found = self._nodes[node.info.name] = (node.version, arrays, {})
         return found
+
+    def arrays(self, node: NodeState) -> NodeArrays:
+        return self._entry(node)[1]
 
     def request(self, state: ClusterState, pod: PodRequest, option: Placement) -> MilliRequest:
         """The pod as the score counts it on this option's node."""
@@ -165,13 +169,14 @@ class GpupackScorer:
         """The option's rank value (higher is better; -inf where it does not fit)."""
         node = state.nodes[option.node]
         req = self.request(state, pod, option)
-        key = (node.version, req.cpu, req.mem, req.num_gpu, req.milli)
-        found = self._evals.get(key)
+        _, arrays, evals = self._entry(node)
+        key = (req.cpu, req.mem, req.num_gpu, req.milli)
+        found = evals.get(key)
         if found is None:
-            found = ranks(self.arrays(node), req, self.shapes, self.cap, self.weights)[0]
-            if len(self._evals) >= MEMO_LIMIT:
-                self._evals.clear()
-            self._evals[key] = found
+            found = ranks(arrays, req, self.shapes, self.cap, self.weights)[0]
+            if len(evals) >= EVALS_PER_NODE:
+                evals.clear()
+            evals[key] = found
         if not req.shared:
             return float(found)
         pos = next(i for i, g in enumerate(node.gpus) if g.info.index == option.gpus[0])
