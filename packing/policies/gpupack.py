@@ -126,6 +126,8 @@ class GpupackScorer:
         self.shapes: TypicalShapes = typical_shape_table(keys, self.models)
         self.cap = CapacityModel(self.shapes)
         self.weights = weights or GpupackWeights()
+        # MilliRequest.model_ok: the score never reads it (the verbs filter by model).
+        self._any_model = np.ones(len(self.models), dtype=bool)
         # Per node name, its latest state only: (version, arrays, rank values by request,
         # one per GPU for a share). Bounded by the nodes (~1.5 kB each), never by how
         # many states they went through.
@@ -152,7 +154,7 @@ class GpupackScorer:
 
     def request(self, state: ClusterState, pod: PodRequest, option: Placement) -> MilliRequest:
         """The pod as the score counts it on this option's node."""
-        any_model = np.ones(len(self.models), dtype=bool)
+        any_model = self._any_model
         if pod.kind is RequestKind.WHOLE:
             return MilliRequest(pod.cpu_milli, pod.memory_mib, pod.gpu_count, GPU_MILLI,
                                 any_model)
@@ -165,10 +167,13 @@ class GpupackScorer:
             return MilliRequest(pod.cpu_milli, pod.memory_mib, 1, take, any_model)
         return MilliRequest(pod.cpu_milli, pod.memory_mib, 0, 0, any_model)
 
-    def rank(self, state: ClusterState, pod: PodRequest, option: Placement) -> float:
-        """The option's rank value (higher is better; -inf where it does not fit)."""
+    def rank(self, state: ClusterState, pod: PodRequest, option: Placement,
+             req: MilliRequest | None = None) -> float:
+        """The option's rank value (higher is better; -inf where it does not fit);
+        ``req``: :meth:`request` of the option, when the caller has it already."""
         node = state.nodes[option.node]
-        req = self.request(state, pod, option)
+        if req is None:
+            req = self.request(state, pod, option)
         _, arrays, evals = self._entry(node)
         key = (req.cpu, req.mem, req.num_gpu, req.milli)
         found = evals.get(key)
@@ -183,9 +188,9 @@ class GpupackScorer:
         return float(found[pos])
 
     def __call__(self, state: ClusterState, pod: PodRequest, option: Placement) -> Score:
-        rank = self.rank(state, pod, option)
-        node = state.nodes[option.node]
-        left = int(node_free_after(self.arrays(node).free, self.request(state, pod, option))[0])
+        req = self.request(state, pod, option)
+        rank = self.rank(state, pod, option, req)
+        left = int(node_free_after(self.arrays(state.nodes[option.node]).free, req)[0])
         tail = (left, option.node, option.gpus, option.mig_start or 0)
         if pod.kind is RequestKind.MIG:
             return (*mig_preference(state, pod, option), -rank, *tail)
