@@ -125,6 +125,14 @@ from scheduler.mig_actuator import (
     WholePod,
     decide_mig,
 )
+from scheduler.mig_compact import (
+    DEFAULT_COMPACT,
+    DRAIN_PREFIX,
+    CompactState,
+    Drain,
+    Tenant,
+    decide_compaction,
+)
 
 MODELS = ("H100-80GB", "A100-80GB")
 
@@ -155,6 +163,7 @@ class Pod:
     duration: float
     start: float | None = None
     placement: Placement | None = None
+    evicted: bool = False  # moved by compaction: its replacement runs the rest
 
     @property
     def profile(self) -> str | None:
@@ -262,6 +271,7 @@ class Args:
     tick: float
     scorer_refresh: float
     params: SolverParams
+    evict_grace: float = 10.0
     validate_every: int = 1
 
 
@@ -384,6 +394,8 @@ class Sim(ABC):
         self.schedule([pod])
 
     def depart(self, pod: Pod) -> None:
+        if pod.evicted:
+            return  # its "gone" event ended it; the replacement runs the rest
         assert pod.placement is not None
         self.state.undo(pod.req, pod.placement)
         del self.running[pod.req.key]
@@ -733,8 +745,13 @@ class Gpupack(ScoredPlacement):
             for _, t in c.targets:
                 self.layouts[t if isinstance(t, str)
                              else " ".join(f"{k}x{p}" for p, k in t)] += 1
-        if d.starts or d.finishes:
+        moved = self.compact(state)
+        if d.starts or d.finishes or moved:
             self.schedule()
+
+    def compact(self, state: ActuatorState) -> bool:
+        """Compaction's step (``--mig-compact``; off in the product's default)."""
+        return False
 
     def take(self, h: Hold) -> None:
         """Hold a whole GPU or one free instance (under the cache lock in the product,
@@ -769,9 +786,11 @@ class Gpupack(ScoredPlacement):
                 g.instances[h.start] = (inst[0], None)
         self.state.nodes[h.node].version = next(_VERSIONS)
 
-    def sync_holds(self, wanted: Sequence[Hold]) -> None:
+    def sync_holds(self, wanted: Sequence[Hold], prefix: str = HOLD_PREFIX) -> None:
+        """Hold exactly ``wanted`` among the holds whose keys start with ``prefix`` (the
+        actuator's changes and compaction's drains keep theirs apart)."""
         want = {h.key: h for h in wanted}
-        for k in [k for k in self.held if k not in want]:
+        for k in [k for k in self.held if k.startswith(prefix) and k not in want]:
             self.give_back(k)
         for h in want.values():
             self.take(h)
@@ -828,6 +847,101 @@ class Gpupack(ScoredPlacement):
         return out
 
 
+class GpupackCompact(Gpupack):
+    """gpupack with ``--mig-compact``: after the actuator's decision, compaction's own
+    (``scheduler.mig_compact.decide_compaction``, default ``CompactSettings``) over the same
+    gathered nodes, applied as ``scheduler/mig_loop.py`` applies it: drain holds taken and
+    given back, evictions accepted (no PodDisruptionBudget here), the evicted pod gone
+    ``--evict-grace`` s later (its instance held for the drain in the same step, the
+    cache's on_pod_gone), its replacement pending from the eviction (a Deployment makes it
+    at once) with the rest of the run time."""
+
+    name = "gpupack-compact"
+
+    def setup(self) -> None:
+        super().setup()
+        self.compact_settings = DEFAULT_COMPACT
+        self.drains: dict[tuple[str, int], Drain] = {}
+        self.evicted_at: list[float] = []
+        self.cooldown: dict[tuple[str, int], float] = {}
+        self.drain_results: Counter[str] = Counter()
+        self.moves: list[tuple[float, Pod]] = []  # (original gone at, replacement)
+        self.gone_at: dict[str, float] = {}  # replacement key -> when its original went
+
+    def compact(self, state: ActuatorState) -> bool:
+        tenants = {}
+        for pod in self.running.values():
+            p = pod.placement
+            if p is None or p.mig_profile is None or pod.evicted:
+                continue
+            assert pod.start is not None
+            tenants[pod.req.key] = Tenant(pod.req.key, p.node, p.gpus[0], p.mig_profile,
+                                          pod.start, True)
+        cs = CompactState(state.nodes, tenants, tuple(self.drains.values()),
+                          state.mig_pods, frozenset(self.changes),
+                          tuple(t for t in self.evicted_at if self.now - t < 3600),
+                          dict(self.cooldown))
+        d = decide_compaction(cs, self.now, self.compact_settings)
+        self.cooldown = dict(d.cooldown)
+        for e in d.ends:
+            self.drains.pop(e.drain.gpu_key, None)
+            self.drain_results[e.result] += 1
+        for dr in d.starts:
+            self.drains[dr.gpu_key] = dr
+        self.sync_holds(d.holds, DRAIN_PREFIX)
+        for dr, key in d.evict:
+            self.evict(self.drains[dr.gpu_key], key)
+        return bool(d.ends or d.evict)
+
+    def evict(self, dr: Drain, key: str) -> None:
+        old = self.running[key]
+        assert old.start is not None
+        self.drains[dr.gpu_key] = replace(dr, evicted=dr.evicted | {key})
+        self.evicted_at.append(self.now)
+        old.evicted = True
+        if self.now >= self.warmup:
+            self.moved_in_window += 1
+        rest = max(0.0, old.start + old.duration - self.now)
+        new = Pod(replace(old.req, key=f"{key}~{len(self.moves) + 1}"), old.model, old.cls,
+                  self.now, rest)
+        self.by_key[new.req.key] = new
+        self.pending[new.req.key] = new
+        self._count(self.wait_slices, new, +1)
+        self.push(self.now + self.args.evict_grace, "gone", (old, new))
+
+    def handle(self, ev: Event) -> None:
+        if ev.kind != "gone":
+            super().handle(ev)
+            return
+        assert isinstance(ev.data, tuple)
+        old, new = ev.data
+        p = old.placement
+        assert p is not None
+        self.state.undo(old.req, p)
+        del self.running[old.req.key]
+        self._count(self.run_slices, old, -1)
+        self.moves.append((self.now, new))
+        # The cache's on_pod_gone: the drain holds the freed instance at once.
+        dr = self.drains.get((p.node, p.gpus[0]))
+        if dr is not None and p.mig_start is not None:
+            self.take(Hold(p.node, p.gpus[0], old.model, p.mig_profile, p.mig_start,
+                           DRAIN_PREFIX))
+        self.schedule()
+
+    def report(self, wall: float) -> dict[str, object]:
+        out = super().report(wall)
+        hours = max(self.horizon - self.warmup, 1.0) / 3600
+        gaps = [max(0.0, (new.start if new.start is not None else self.horizon) - gone)
+                for gone, new in self.moves if gone >= self.warmup]
+        out["evictions_per_h"] = round(self.moved_in_window / hours, 1)
+        out["move_gap_p50_s"] = round(percentile(gaps, 50), 1)
+        out["move_gap_p99_s"] = round(percentile(gaps, 99), 1)
+        out["drains_ended"] = dict(sorted(self.drain_results.items()))
+        return out
+
+    moved_in_window = 0
+
+
 class GpupackBestfit(Gpupack):
     """A diagnostic, not the product: gpupack's planner with pods placed by plain best fit
     (``packing.policies.scores.bestfit``) instead of the extender's scorer."""
@@ -843,7 +957,7 @@ class GpupackBestfit(Gpupack):
 
 POLICIES: dict[str, Callable[..., Sim]] = {
     "static": Static, "first-fit": FirstFit, "gpupack": Gpupack,
-    "gpupack-bestfit": GpupackBestfit}
+    "gpupack-compact": GpupackCompact, "gpupack-bestfit": GpupackBestfit}
 
 
 def run(ns: argparse.Namespace) -> dict[str, object]:
@@ -852,7 +966,7 @@ def run(ns: argparse.Namespace) -> dict[str, object]:
     pods = make_stream(nodes, ns.hours, ns.rate, ns.swing, period, ns.seed)
     args = Args(hours=ns.hours, warmup_h=min(ns.warmup_h, ns.hours / 2),
                 reconfig_delay=ns.reconfig_delay, create_delay=ns.create_delay, tick=ns.tick,
-                scorer_refresh=ns.scorer_refresh,
+                scorer_refresh=ns.scorer_refresh, evict_grace=ns.evict_grace,
                 params=replace(DEFAULT_PARAMS, max_time_s=ns.solver_time, seed=ns.seed))
     whole = static_whole_gpus(nodes, ns.rate, ns.swing)
     results: dict[str, dict[str, object]] = {}
@@ -949,6 +1063,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="seconds between the MIG actuator's decisions (gpupack; the "
                          "extender's poll)")
     ap.add_argument("--scorer-refresh", type=float, default=300.0)
+    ap.add_argument("--evict-grace", type=float, default=10.0,
+                    help="seconds an evicted pod keeps its slice (gpupack-compact)")
     ap.add_argument("--solver-time", type=float, default=DEFAULT_PARAMS.max_time_s,
                     help="the planner's deterministic time limit (product default)")
     ap.add_argument("--policies", default="static,first-fit,gpupack")

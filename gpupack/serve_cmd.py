@@ -145,6 +145,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mig-min-idle", type=float, default=60.0,
                    help="MIG actuator: seconds a MIG GPU must have been idle before its "
                         "layout changes (no flapping while pods come and go; default 60)")
+    p.add_argument("--mig-compact", action="store_true",
+                   help="MIG actuator: also empty MIG GPUs whose few pods fit in free slices "
+                        "of GPUs in use, by evicting them (PodDisruptionBudgets honoured; "
+                        "pods a controller recreates only; docs/mig.md)")
+    p.add_argument("--mig-compact-evictions-per-hour", type=int, default=120,
+                   help="MIG compaction: accepted evictions in any hour (default 120)")
+    p.add_argument("--mig-compact-min-age", type=float, default=300.0,
+                   help="MIG compaction: seconds a pod must have run on its slice before it "
+                        "is moved (default 300)")
+    p.add_argument("--mig-compact-max-pods", type=int, default=3,
+                   help="MIG compaction: most pods evicted to empty one GPU (default 3)")
+    p.add_argument("--mig-compact-min-excess", type=int, default=2,
+                   help="MIG compaction: act on a GPU model only while its MIG GPUs in use "
+                        "exceed the slice bound of their pods by this many (default 2)")
     p.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     # Defragmentation (docs/defrag.md): on the active extender only.
     p.add_argument("--defrag", default="off", choices=["off", "plan", "act"],
@@ -244,19 +258,45 @@ class Components:
                                       is_leader=self.leader.is_leader, namespace=args.namespace,
                                       inputs=self.inputs, max_group_gpus=args.max_group_gpus)
         self.tap = ReservationTap(self.cache, self.groups)
+        # Who recreates each pod (kube.owners): what defragmentation and MIG compaction
+        # may evict. Fed by the source in front of the cache.
+        from kube.defrag_inputs import PodOwners
+
+        self.owners: PodOwners | None = None
+        if args.defrag != "off" or (args.mig_compact and api is not None):
+            self.owners = PodOwners(self.cache)
+            self.tap = ReservationTap(self.owners, self.groups)
         # The MIG actuator (docs/mig.md): on the leader only, against a cluster only. Its
         # metrics exist on every extender (zero when it is off).
         from scheduler.mig_loop import MigActuator, MigMetrics, SliceFigures
 
         self.mig: MigActuator | None = None
         mig_metrics = MigMetrics(self.registry, SliceFigures(self.cache, lambda: self.mig))
+        from scheduler.mig_compact_act import CompactMetrics, Compactor
+
+        compact_metrics = CompactMetrics(self.registry)
         if args.mig_actuator and (args.kubeconfig or args.in_cluster):
             from kube.mig import MigApi
             from scheduler.mig_actuator import MigSettings
 
             cm_ns, _, cm_name = args.mig_config_map.rpartition("/")
+            mig_api = MigApi(api, cm_ns or args.namespace, cm_name)
+            compactor = None
+            if args.mig_compact and self.owners is not None:
+                from kube.evictions import ApiEvents, ApiEvictor
+                from scheduler.mig_compact import CompactSettings
+
+                compactor = Compactor(
+                    self.cache, self.owners, ApiEvictor(api),
+                    ApiEvents(api, args.leader_identity, component="gpupack-mig"), mig_api,
+                    settings=CompactSettings(
+                        min_pod_age_s=args.mig_compact_min_age,
+                        max_pods=args.mig_compact_max_pods,
+                        evictions_per_hour=args.mig_compact_evictions_per_hour,
+                        min_excess=args.mig_compact_min_excess),
+                    metrics=compact_metrics)
             self.mig = MigActuator(
-                self.cache, MigApi(api, cm_ns or args.namespace, cm_name),
+                self.cache, mig_api, compactor=compactor,
                 is_leader=self.leader.is_leader, reserved=self.groups.held_members,
                 settings=MigSettings(timeout_s=args.mig_timeout, backoff_s=args.mig_backoff,
                                      min_idle_s=args.mig_min_idle),
@@ -268,7 +308,7 @@ class Components:
         self.defrag_metrics = DefragMetrics(self.registry)
         self.defrag: Any = None
         if args.defrag != "off":
-            self.defrag, self.tap = defragmenter(args, self, api)
+            self.defrag = defragmenter(args, self, api)
         self.app = create_extender_app(self.cache, self.planner, self.binder, self.registry,
                                        AppConfig(max_body_bytes=args.max_body,
                                                  policy=args.policy, warm=not args.no_warm,
@@ -345,15 +385,14 @@ class Components:
         gc.freeze()
 
 
-def defragmenter(args: argparse.Namespace, c: Components, api: Any) -> tuple[Any, Any]:
-    """The defragmenter and the tap that feeds it pod owners (``--defrag`` not off)."""
-    from kube.defrag_inputs import PodOwners
+def defragmenter(args: argparse.Namespace, c: Components, api: Any) -> Any:
+    """The defragmenter (``--defrag`` not off), fed pod owners by ``c.owners``."""
     from kube.evictions import ApiEvents, ApiEvictor, EventSink, LogEvents
-    from kube.reservations import ReservationTap
     from scheduler.defrag_act import Defragmenter
     from scheduler.defrag_decide import DefragSettings, parse_window
 
-    owners = PodOwners(c.cache)
+    owners = c.owners
+    assert owners is not None
     events: EventSink = LogEvents() if api is None else ApiEvents(api, args.leader_identity)
     d = Defragmenter(
         c.cache, c.groups, owners, args.defrag,
@@ -363,7 +402,7 @@ def defragmenter(args: argparse.Namespace, c: Components, api: Any) -> tuple[Any
         metrics=c.defrag_metrics, is_leader=c.leader.is_leader,
         consolidate_window=parse_window(args.defrag_consolidate)
         if args.defrag_consolidate else None)
-    return d, ReservationTap(owners, c.groups)
+    return d
 
 
 def check_args(args: argparse.Namespace) -> str | None:
@@ -388,6 +427,18 @@ def check_args(args: argparse.Namespace) -> str | None:
         return "--mig-timeout and --mig-backoff must be positive"
     if args.mig_min_idle < 0:
         return "--mig-min-idle must be 0 or positive"
+    if args.mig_compact and not args.mig_actuator:
+        return "--mig-compact needs --mig-actuator (compaction runs in the actuator's step)"
+    if args.mig_compact and not (args.kubeconfig or args.in_cluster):
+        return "--mig-compact needs a cluster (--kubeconfig or --in-cluster) to evict through"
+    for flag, value in (("--mig-compact-evictions-per-hour",
+                         args.mig_compact_evictions_per_hour),
+                        ("--mig-compact-max-pods", args.mig_compact_max_pods),
+                        ("--mig-compact-min-excess", args.mig_compact_min_excess)):
+        if value < 1:
+            return f"{flag} {value}: must be at least 1"
+    if args.mig_compact_min_age < 0:
+        return f"--mig-compact-min-age {args.mig_compact_min_age}: must be 0 or positive"
     ns, _, name = str(args.mig_config_map).rpartition("/")
     if not name or "/" in ns or (str(args.mig_config_map).startswith("/")):
         return (f"--mig-config-map {args.mig_config_map!r}: expected NAME or "

@@ -70,6 +70,11 @@ class PodOwners:
             self._recreated.pop(key, None)
             self._blocked.pop(key, None)
 
+    def movable(self, keys: Collection[str]) -> set[str]:
+        """Those of ``keys`` a controller recreates once evicted and not terminating."""
+        with self._lock:
+            return {k for k in keys if k in self._recreated and k not in self._blocked}
+
     def evictability(self, refused: Mapping[str, str] | None = None) -> Evictability:
         with self._lock:
             blocked = dict(self._blocked)

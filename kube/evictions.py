@@ -127,8 +127,8 @@ def _now_rfc3339() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def event_object(pod: PodRef, reason: str, message: str, warning: bool, host: str
-                 ) -> dict[str, Any]:
+def event_object(pod: PodRef, reason: str, message: str, warning: bool, host: str,
+                 component: str = COMPONENT) -> dict[str, Any]:
     """A core/v1 Event about ``pod`` (the name is unique: the pod's, a time and a nonce)."""
     now = _now_rfc3339()
     return {
@@ -139,18 +139,20 @@ def event_object(pod: PodRef, reason: str, message: str, warning: bool, host: st
                            "namespace": pod.namespace, **({"uid": pod.uid} if pod.uid else {})},
         "reason": reason, "message": message[:1000],
         "type": "Warning" if warning else "Normal",
-        "source": {"component": COMPONENT, "host": host},
-        "reportingComponent": COMPONENT, "reportingInstance": host,
+        "source": {"component": component, "host": host},
+        "reportingComponent": component, "reportingInstance": host,
         "firstTimestamp": now, "lastTimestamp": now, "count": 1,
     }
 
 
 class ApiEvents:
-    def __init__(self, api_client: Any, host: str = "", timeout_s: float = 5.0) -> None:
+    def __init__(self, api_client: Any, host: str = "", timeout_s: float = 5.0,
+                 component: str = COMPONENT) -> None:
         from kubernetes import client
 
         self.core = client.CoreV1Api(api_client)
         self.host = host
+        self.component = component
         self.timeout_s = timeout_s
 
     def emit(self, pod: PodRef, reason: str, message: str, warning: bool = False) -> None:
@@ -162,7 +164,8 @@ class ApiEvents:
         try:
             self.core.create_namespaced_event(
                 pod.namespace, _model(client.CoreV1Event.from_dict(
-                    event_object(pod, reason, message, warning, self.host))),
+                    event_object(pod, reason, message, warning, self.host,
+                                 self.component))),
                 _preload_content=False, _request_timeout=self.timeout_s)
         except ApiException as e:
             log.warning("event %s on %s not recorded: HTTP %s %s", reason, pod.key, e.status,

@@ -238,11 +238,12 @@ class Hold:
     model: str
     profile: str | None = None
     start: int | None = None
+    prefix: str = HOLD_PREFIX  # whose hold: a change's, or a drain's (mig_compact)
 
     @property
     def key(self) -> str:
         tail = "" if self.start is None else f"/{self.start}"
-        return f"{HOLD_PREFIX}{self.node}/{self.gpu}{tail}"
+        return f"{self.prefix}{self.node}/{self.gpu}{tail}"
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from kube.mig import merged_config
 from packing.cpsat import SolverParams
 from packing.mig import MigSlot
 from packing.mig_plan import DEFAULT_PARAMS, WHOLE
-from packing.model import GpuMode, Placement, PodRequest, RequestKind
+from packing.model import GpuMode, RequestKind
 from scheduler.mig_actuator import (
     CONFIG_LABEL,
     DEFAULT_SETTINGS,
@@ -55,6 +55,8 @@ from scheduler.mig_actuator import (
     decide_mig,
     waiting_demand,
 )
+from scheduler.mig_compact_act import Compactor
+from scheduler.mig_holds import mig_hold_request, sync_holds
 
 log = logging.getLogger("gpupack.scheduler.mig")
 
@@ -159,14 +161,6 @@ class Views:
         return out
 
 
-def mig_hold_request(h: Hold) -> tuple[PodRequest, Placement]:
-    if h.profile is None:
-        return (PodRequest(h.key, kind=RequestKind.WHOLE, gpu_count=1),
-                Placement(h.key, h.node, (h.gpu,)))
-    return (PodRequest(h.key, kind=RequestKind.MIG, mig_profile=h.profile),
-            Placement(h.key, h.node, (h.gpu,), mig_profile=h.profile, mig_start=h.start))
-
-
 class MigActuator:
     """See the module docstring."""
 
@@ -175,7 +169,7 @@ class MigActuator:
                  reserved: Callable[[], set[str]] = set,
                  settings: MigSettings = DEFAULT_SETTINGS, params: SolverParams = DEFAULT_PARAMS,
                  clock: Clock = time.time, metrics: MigMetrics | None = None,
-                 min_interval_s: float = 1.0) -> None:
+                 min_interval_s: float = 1.0, compactor: Compactor | None = None) -> None:
         self.cache = cache
         self.api = api
         self.is_leader = is_leader
@@ -185,6 +179,7 @@ class MigActuator:
         self.clock = clock
         self.metrics = metrics
         self.min_interval_s = min_interval_s
+        self.compactor = compactor  # --mig-compact: drains MIG GPUs in the same step
         self.changes: dict[str, Change] | None = None  # None: not read back yet
         self.backoff: dict[str, Backoff] = {}
         self.idle_since: dict[tuple[str, int], float] = {}
@@ -237,6 +232,8 @@ class MigActuator:
             if self._was_leader:
                 log.info("no longer leading: MIG holds given back")
                 self._sync_holds(())
+                if self.compactor is not None:
+                    self.compactor.release()
                 self.changes = None
             self._was_leader = False
             return None
@@ -256,9 +253,12 @@ class MigActuator:
             if self.changes:
                 log.info("leading: following %d MIG change(s) in flight: %s",
                          len(self.changes), ", ".join(sorted(self.changes)))
-        d = decide_mig(self.gather(now), now, self.settings, self.params)
+        state = self.gather(now)
+        d = decide_mig(state, now, self.settings, self.params)
         self.apply(d, now)
         self.last = d
+        if self.compactor is not None:
+            self.compactor.step(state, now, set(self.changes))
         return d
 
     def apply(self, d: MigDecision, now: float) -> None:
@@ -392,22 +392,9 @@ class MigActuator:
 
     def _sync_holds(self, wanted: tuple[Hold, ...],
                     keep: frozenset[str] | set[str] = frozenset()) -> None:
-        """Hold exactly ``wanted`` (and leave ``keep`` alone) among this actuator's holds."""
-        want = {h.key: h for h in wanted}
-        with self.cache.lock:
-            for k in [k for k in self.cache.holds() if k.startswith(HOLD_PREFIX)]:
-                if k not in want and k not in keep:
-                    self.cache.unhold(k)
-            current = self.cache.holds()
-            for k, h in want.items():
-                if k in current:
-                    continue
-                req, p = mig_hold_request(h)
-                why = self.cache.hold(req, p)
-                if why is not None:
-                    # A pod took it (bound by someone else): the MIG manager will meet a
-                    # busy GPU and fail; the change ends as failed and backs off.
-                    log.warning("MIG hold %s not taken: %s", k, why)
+        # A hold a pod took (bound by someone else) is not had: the MIG manager will meet
+        # a busy GPU and fail; the change ends as failed and backs off.
+        sync_holds(self.cache, wanted, HOLD_PREFIX, keep)
 
     # ---- the thread ------------------------------------------------------------------------
 

@@ -251,6 +251,20 @@ def _mig_config_map_namespace(objs: list[Obj]) -> None:
     assert binding["subjects"][0]["name"] == "gp-prod-scheduler"
 
 
+def _mig_compact(objs: list[Obj]) -> None:
+    # With defragmentation off, only compaction asks for the Eviction API.
+    assert "--mig-compact" in containers(objs)["extender"]["command"]
+    assert "--mig-compact" not in containers(objs)["webhook"]["command"]
+    rules = find(objs, "ClusterRole", "gp-prod-extender")["rules"]
+    assert {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]} in rules
+
+
+def _mig_compact_flag(flag: str, want: str) -> Callable[[list[Obj]], None]:
+    def check(objs: list[Obj]) -> None:
+        assert arg(containers(objs)["extender"], flag) == want
+    return check
+
+
 def _policy(objs: list[Obj]) -> None:
     assert arg(containers(objs)["extender"], "--policy") == "bestfit"
 
@@ -439,6 +453,14 @@ CASES: dict[str, tuple[dict[str, Any] | None, Callable[[list[Obj]], None]]] = {
     "migActuator.enabled": (None, _mig_actuator),
     "migActuator.configMap": (None, _mig_config_map),
     "migActuator.configMapNamespace": (None, _mig_config_map_namespace),
+    "migActuator.compact.enabled": (None, _mig_compact),
+    "migActuator.compact.evictionsPerHour": (
+        None, _mig_compact_flag("--mig-compact-evictions-per-hour", "60")),
+    "migActuator.compact.minAgeSeconds": (None, _mig_compact_flag("--mig-compact-min-age",
+                                                                  "600")),
+    "migActuator.compact.maxPods": (None, _mig_compact_flag("--mig-compact-max-pods", "2")),
+    "migActuator.compact.minExcess": (None, _mig_compact_flag("--mig-compact-min-excess",
+                                                              "1")),
     "policy": (None, _policy),
     "defrag.mode": (None, _defrag_mode),
     "defrag.evictionsPerMinute": (None, _defrag_rate),
@@ -487,13 +509,27 @@ def test_value_reaches_the_objects(path: str, render_helm: Render) -> None:
     check(render_helm(FULL if values is None else values))
 
 
+def test_mig_compact_alone_grants_evictions(render_helm: Render) -> None:
+    # Defragmentation off: compaction is what asks for the Eviction API; without it, none.
+    objs = render_helm({**FULL, "defrag": {**FULL["defrag"], "mode": "off"}})
+    _mig_compact(objs)
+    mig = FULL["migActuator"]
+    objs = render_helm({**FULL, "defrag": {**FULL["defrag"], "mode": "off"},
+                        "migActuator": {**mig, "compact": {**mig["compact"], "enabled": False}}})
+    assert "--mig-compact" not in containers(objs)["extender"]["command"]
+    rules = find(objs, "ClusterRole", "gp-prod-extender")["rules"]
+    assert not any("pods/eviction" in r["resources"] for r in rules)
+
+
 def test_cert_manager_names_follow_the_release(helm_dir: Path) -> None:
     objs, _ = helm_template(None, helm_dir, release="prod")
     EXTRA_CASES["tls.source=certManager"][1](objs)
 
 
 def test_defrag_plan_grants_events_only(render_helm: Render) -> None:
-    objs = render_helm({**FULL, "defrag": {**FULL["defrag"], "mode": "plan"}})
+    mig = FULL["migActuator"]  # compaction off: it would ask for evictions too
+    objs = render_helm({**FULL, "defrag": {**FULL["defrag"], "mode": "plan"},
+                        "migActuator": {**mig, "compact": {**mig["compact"], "enabled": False}}})
     _defrag_plan_mode(objs)
     assert "--defrag-consolidate" not in containers(objs)["extender"]["command"]
 

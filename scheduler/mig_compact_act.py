@@ -1,0 +1,247 @@
+"""MIG compaction's thin handler (``gpupack serve --mig-actuator --mig-compact``).
+
+Called by the MIG actuator (:class:`scheduler.mig_loop.MigActuator`) in the same step,
+on the leader only, over the nodes it just gathered: it adds what the pure decision
+(:func:`scheduler.mig_compact.decide_compaction`) needs of the cache and of the pods'
+owners (:class:`Tenant`: which pods sit on which slice since when, and whether a
+controller recreates them), and applies the :class:`CompactDecision`:
+
+* holds: the drained GPUs' free instances, in the cache, under ``DRAIN_PREFIX`` keys; a
+  drained pod that goes is seen under the cache lock (``on_pod_gone``) and its instance
+  is held in the same step, before any other pod (its replacement included) is answered;
+* evictions: through the Eviction API (:mod:`kube.evictions`; PodDisruptionBudgets are
+  the API server's to enforce), outside the cache lock; an accepted eviction is
+  remembered in the drain, a refusal (429, 403, an error) marks the drain, which then
+  ends as ``refused`` and cools the GPU down;
+* an Event per drain started and ended (on the node) and per eviction (on the pod), a
+  log line, and the ``gpupack_mig_drains`` / ``gpupack_mig_compaction_evictions`` metrics.
+
+Drains are not written anywhere: a new leader starts with none (evictions already
+accepted stand; the replacements are placed like any pod), as a standby holds nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection
+from dataclasses import replace
+from typing import Any, Protocol
+
+from kube.cache import ClusterCache
+from kube.evictions import EventSink, EvictionResult, Evictor, PodRef
+from scheduler.mig_actuator import HOLD_PREFIX, ActuatorState, Hold
+from scheduler.mig_compact import (
+    DEFAULT_COMPACT,
+    DRAIN_PREFIX,
+    CompactDecision,
+    CompactSettings,
+    CompactState,
+    Drain,
+    Tenant,
+    decide_compaction,
+)
+from scheduler.mig_holds import mig_hold_request, sync_holds
+
+log = logging.getLogger("gpupack.scheduler.mig")
+
+
+class Owners(Protocol):
+    """Which pods a controller recreates (kube.defrag_inputs.PodOwners)."""
+
+    def movable(self, keys: Collection[str]) -> set[str]: ...
+
+
+class NodeEvents(Protocol):
+    def event(self, node: str, reason: str, message: str, warning: bool = False) -> None: ...
+
+
+class CompactMetrics:
+    """``gpupack_mig_drains{result}``, ``gpupack_mig_compaction_evictions{outcome}`` and
+    ``gpupack_mig_drains_in_flight`` (registered by every extender: zero when off)."""
+
+    def __init__(self, registry: Any) -> None:
+        from prometheus_client import Counter, Gauge
+
+        from kube.evictions import OUTCOMES
+        from scheduler.mig_compact import RESULTS
+
+        self.drains = Counter("gpupack_mig_drains", "MIG GPUs drained by compaction, by "
+                              "result (started, emptied, refilled, refused, timeout, gone)",
+                              ["result"], registry=registry)
+        for r in ("started", *RESULTS):
+            self.drains.labels(r)
+        self.evictions = Counter("gpupack_mig_compaction_evictions",
+                                 "Evictions asked by MIG compaction, by outcome",
+                                 ["outcome"], registry=registry)
+        for o in OUTCOMES:
+            self.evictions.labels(o)
+        self.in_flight = Gauge("gpupack_mig_drains_in_flight",
+                               "MIG GPUs being drained by compaction", registry=registry)
+
+
+class Compactor:
+    """See the module docstring."""
+
+    def __init__(self, cache: ClusterCache, owners: Owners, evictor: Evictor,
+                 events: EventSink, node_events: NodeEvents, *,
+                 settings: CompactSettings = DEFAULT_COMPACT,
+                 metrics: CompactMetrics | None = None) -> None:
+        self.cache = cache
+        self.owners = owners
+        self.evictor = evictor
+        self.events = events
+        self.node_events = node_events
+        self.settings = settings
+        self.metrics = metrics
+        self.drains: dict[tuple[str, int], Drain] = {}
+        self.since: dict[str, float] = {}  # pod -> when first seen on its slice
+        self.evicted_at: list[float] = []
+        self.cooldown: dict[tuple[str, int], float] = {}
+        self.slots: dict[str, Hold] = {}  # drained pod -> the hold its slice takes once gone
+        self.last: CompactDecision | None = None
+        cache.on_pod_gone(self._on_gone)
+
+    # ---- gathering ---------------------------------------------------------------------------
+
+    def tenants(self, state: ActuatorState, now: float) -> dict[str, Tenant]:
+        """Pods on MIG slices of opted-in nodes (what compaction may move or count)."""
+        found: dict[str, tuple[str, int, str]] = {}
+        with self.cache.lock:
+            for n in state.nodes:
+                for g in n.gpus:
+                    if not g.mig_enabled:
+                        continue
+                    for h in g.holders:
+                        if h.startswith((HOLD_PREFIX, DRAIN_PREFIX)):
+                            continue
+                        counted = self.cache.counted(h)
+                        if counted is None or self.cache.is_assumed(h):
+                            continue
+                        p = counted[1]
+                        if p.mig_profile is not None:
+                            found[h] = (n.name, g.index, p.mig_profile)
+        movable = self.owners.movable(found.keys())
+        self.since = {k: self.since.get(k, now) for k in found}
+        return {k: Tenant(k, node, gpu, profile, self.since[k], k in movable)
+                for k, (node, gpu, profile) in found.items()}
+
+    # ---- one step ----------------------------------------------------------------------------
+
+    def step(self, state: ActuatorState, now: float, changing: Collection[str]
+             ) -> CompactDecision:
+        hour = [t for t in self.evicted_at if now - t < 3600]
+        self.evicted_at = hour
+        cs = CompactState(state.nodes, self.tenants(state, now), tuple(self.drains.values()),
+                          state.mig_pods, frozenset(changing), tuple(hour),
+                          dict(self.cooldown))
+        d = decide_compaction(cs, now, self.settings)
+        self.apply(d, now)
+        self.last = d
+        return d
+
+    def apply(self, d: CompactDecision, now: float) -> None:
+        self.cooldown = dict(d.cooldown)
+        for e in d.ends:
+            self.drains.pop(e.drain.gpu_key, None)
+            for p in e.drain.pods:
+                self.slots.pop(p, None)
+            (log.info if e.result == "emptied" else log.warning)(
+                "MIG drain of GPU %d on %s: %s (%s)", e.drain.gpu, e.drain.node, e.result,
+                e.message)
+            self.node_events.event(e.drain.node, "MigDrained" if e.result == "emptied"
+                                   else "MigDrainStopped", e.message,
+                                   warning=e.result != "emptied")
+            self._count(e.result)
+        started = {dr.gpu_key for dr in d.starts}
+        kept = [h for h in d.holds if (h.node, h.gpu) not in started]
+        sync_holds(self.cache, kept, DRAIN_PREFIX,
+                   keep={h.key for h in d.holds if (h.node, h.gpu) in started})
+        for dr in d.starts:
+            why = self._take([h for h in d.holds if (h.node, h.gpu) == dr.gpu_key], dr)
+            if why is not None:
+                log.info("MIG drain of GPU %d on %s not started: %s", dr.gpu, dr.node, why)
+                continue
+            self.drains[dr.gpu_key] = dr
+            reason = d.why.get(dr.gpu_key, "")
+            log.info("MIG drain of GPU %d on %s: %s", dr.gpu, dr.node, reason)
+            self.node_events.event(dr.node, "MigDrainStarted",
+                                   f"{reason}; evicting {len(dr.pods)} pod(s) so the GPU "
+                                   "can be re-partitioned or turned whole")
+            self._count("started")
+        for dr, key in d.evict:
+            if dr.gpu_key in self.drains:
+                self._evict(self.drains[dr.gpu_key], key, now)
+        if self.metrics is not None:
+            self.metrics.in_flight.set(len(self.drains))
+
+    def release(self) -> None:
+        """Leadership lost: drain holds given back, drains forgotten."""
+        sync_holds(self.cache, [], DRAIN_PREFIX)
+        self.drains.clear()
+        self.slots.clear()
+        if self.metrics is not None:
+            self.metrics.in_flight.set(0)
+
+    # ---- pieces --------------------------------------------------------------------------------
+
+    def _take(self, holds: list[Hold], dr: Drain) -> str | None:
+        """Hold the drain's free instances, and remember each pod's slot (held once the
+        pod goes); give back and say why on the first that cannot be had."""
+        taken: list[str] = []
+        with self.cache.lock:
+            for key in dr.pods:
+                counted = self.cache.counted(key)
+                if counted is None or counted[1].mig_start is None:
+                    return f"{key} is no longer on the GPU"
+                p = counted[1]
+                self.slots[key] = Hold(dr.node, dr.gpu, dr.model, p.mig_profile,
+                                       p.mig_start, DRAIN_PREFIX)
+            for h in holds:
+                req, p = mig_hold_request(h)
+                why = self.cache.hold(req, p)
+                if why is not None:
+                    for k in taken:
+                        self.cache.unhold(k)
+                    for key in dr.pods:
+                        self.slots.pop(key, None)
+                    return f"instance {h.profile}@{h.start}: {why}"
+                taken.append(h.key)
+        return None
+
+    def _on_gone(self, key: str) -> None:
+        """Under the cache lock: a drained pod's slot is held before anyone is answered."""
+        h = self.slots.pop(key, None)
+        if h is None:
+            return
+        req, p = mig_hold_request(h)
+        why = self.cache.hold(req, p)
+        if why is not None:
+            log.info("MIG drain hold %s not taken: %s", h.key, why)
+
+    def _evict(self, dr: Drain, key: str, now: float) -> None:
+        entry = self.cache.pod_entry(key)
+        ref = PodRef(key, entry.uid if entry is not None else "")
+        try:
+            res = self.evictor.evict(ref)
+        except Exception as e:  # a client bug must not stop the actuator
+            res = EvictionResult("error", str(e))
+        if self.metrics is not None:
+            self.metrics.evictions.labels(res.outcome).inc()
+        if res.outcome in ("evicted", "gone"):
+            self.drains[dr.gpu_key] = replace(dr, evicted=dr.evicted | {key})
+            self.evicted_at.append(now)
+            self.events.emit(ref, "MigCompactionEvicted",
+                             f"evicted to empty MIG GPU {dr.gpu} of {dr.node}: a free "
+                             f"slice of its profile on another GPU in use takes its "
+                             "replacement")
+            return
+        why = {"pdb": "a PodDisruptionBudget does not allow it now (429)",
+               "forbidden": "forbidden (403)"}.get(res.outcome, res.outcome)
+        self.drains[dr.gpu_key] = replace(dr, refused=f"{key}: {why}: {res.message}")
+        log.info("MIG compaction: eviction of %s refused: %s %s", key, why, res.message)
+
+    def _count(self, result: str) -> None:
+        if self.metrics is not None:
+            self.metrics.drains.labels(result).inc()
+
+__all__ = ["CompactMetrics", "Compactor", "Owners"]
