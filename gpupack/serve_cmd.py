@@ -288,7 +288,7 @@ class Components:
 
                 compactor = Compactor(
                     self.cache, self.owners, ApiEvictor(api),
-                    ApiEvents(api, args.leader_identity, component="gpupack-mig"), mig_api,
+                    ApiEvents(api, args.leader_identity, component="gpupack-mig-actuator"), mig_api,
                     settings=CompactSettings(
                         min_pod_age_s=args.mig_compact_min_age,
                         max_pods=args.mig_compact_max_pods,

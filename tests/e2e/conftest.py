@@ -89,6 +89,14 @@ class Space:
                 self.core.delete_node(node)
 
 
+@pytest.fixture(scope="module")
+def kcm(stack: controlplane.Stack) -> Iterator[None]:
+    """kube-controller-manager's ReplicaSet, Deployment and disruption controllers, for a
+    module's tests (Deployments whose evicted pods come back)."""
+    with controlplane.controllers(stack):
+        yield
+
+
 @pytest.fixture
 def space(core: Any, admin: Any, request: pytest.FixtureRequest) -> Iterator[Space]:
     name = f"e2e{next(_counter)}-{request.node.name.split('[')[0][5:][:30]}".lower()

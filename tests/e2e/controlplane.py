@@ -73,18 +73,22 @@ COMPONENTS = ("etcd", "apiserver", "webhook", "extender", "scheduler", "extender
 # Chart values of the stack. The extender acts on waiting groups (docs/defrag.md), so its
 # grants (events, pods/eviction) are applied and audited like the others; it evicts only
 # pods a controller recreates: the tests' bare pods are never touched. The MIG actuator is
-# on (its RBAC rendered and applied, and --mig-actuator on the extender and the webhook);
+# on (its RBAC rendered and applied, and --mig-actuator on the extender and the webhook),
+# with compaction (--mig-compact: it evicts only pods a controller recreates);
 # it acts only on nodes labelled gpupack.io/mig-reconfigure: "true", which only
-# tests/e2e/test_e2e_mig.py creates.
-CHART_VALUES = ("--set", "defrag.mode=act", "--set", "migActuator.enabled=true")
+# tests/e2e/test_e2e_mig*.py create.
+CHART_VALUES = ("--set", "defrag.mode=act", "--set", "migActuator.enabled=true",
+                "--set", "migActuator.compact.enabled=true")
 # The controllers a test may need (kube-controller-manager's names): ReplicaSets and
 # Deployments recreate evicted pods, the disruption controller keeps PodDisruptionBudget
 # status. Not the node lifecycle controller: the nodes here have no kubelet, and it
 # would taint and evict them.
 CONTROLLERS = ("replicaset-controller", "deployment-controller", "disruption-controller")
 MIG_CONFIG_MAP = "gpupack-mig-parted-config"
-# The extender's MIG settings for tests: an idle MIG GPU may change after 2 s (not 60).
-E2E_EXTENDER_ARGS = ("--mig-min-idle", "2")
+# The extender's MIG settings for tests: an idle MIG GPU may change after 2 s (not 60);
+# compaction moves pods of any age and acts from one GPU over the slice bound.
+E2E_EXTENDER_ARGS = ("--mig-min-idle", "2", "--mig-compact-min-age", "0",
+                     "--mig-compact-min-excess", "1")
 # Kinds of the chart applied to the API server. Workloads (Deployments, the DaemonSet),
 # Services and monitoring objects are not: their processes run here directly.
 APPLIED_KINDS = ("Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role",

@@ -1,0 +1,162 @@
+"""MIG compaction end to end (``--mig-compact``, the chart's ``migActuator.compact``): on an
+opted-in node of two MIG GPUs, a Deployment's lone ASR pod on GPU 1 while GPU 0 has free
+1g slices is evicted through the Eviction API; the ReplicaSet's replacement lands on GPU
+0 (GPU 1's slices are held while it drains), GPU 1 ends empty, and the node has the
+``MigDrainStarted`` / ``MigDrained`` Events. A bare pod (no controller recreates it) in
+the same place is never moved.
+
+Real components: etcd, kube-apiserver, kube-scheduler with the extender (compaction in
+the MIG actuator's step on the leader), kube-controller-manager's ReplicaSet and
+Deployment controllers; ``kubelet_double`` confirms the deletion of the evicted pod.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from cluster import (
+    H100,
+    POOL,
+    NodeSpec,
+    create_nodes,
+    create_pods,
+    overcommits,
+    pending_report,
+    pod,
+    pods_in,
+    wait_for,
+)
+from conftest import Space
+from kubelet_double import workloads
+from kubernetes import client
+
+from kube.annotations import GPUS, MIG, NODE
+
+SLICE = "nvidia.com/mig-1g.10gb"
+
+
+def two_mig_gpus(name: str, pool: str) -> NodeSpec:
+    """An opted-in H100 node of two GPUs, each laid out 7 x 1g.10gb."""
+    labels = {"nvidia.com/gpu.product": H100, "nvidia.com/gpu.count": "2",
+              "nvidia.com/gpu.memory": "81559", "nvidia.com/mig.capable": "true",
+              "nvidia.com/mig.strategy": "mixed", "nvidia.com/gpu.replicas": "1",
+              "nvidia.com/gpu.sharing-strategy": "none", "gpupack.io/mig-reconfigure": "true",
+              POOL: pool}
+    return NodeSpec(name, labels, {SLICE: "14"})
+
+
+def report_layout(core: Any, name: str) -> None:
+    """What the node agent would report: both GPUs in MIG mode, 7 x 1g.10gb each."""
+    from packing.inventory import GpuInventory, Inventory, encode_inventory
+    from packing.model import GpuMode, MigInstance
+
+    seven = tuple(MigInstance("1g.10gb", s) for s in range(7))
+    inv = Inventory(name, int(time.time()), tuple(
+        GpuInventory(i, f"GPU-e2e-{name}-{i}", H100, 81559, 0, GpuMode.MIG, seven)
+        for i in range(2)))
+    core.patch_node(name, {"metadata": {"annotations": {
+        "gpupack.io/inventory": encode_inventory(inv)}}})
+
+
+def deployment(apps: Any, ns: str, name: str, replicas: int, pool: str) -> None:
+    template = pod(name, pool=pool, scheduler="gpupack", limits={SLICE: "1"},
+                   labels={"app": name})
+    apps.create_namespaced_deployment(ns, {
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name},
+        "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}},
+                 "template": {"metadata": {"labels": {"app": name}},
+                              "spec": template["spec"]}}})
+
+
+def live(core: Any, ns: str, app: str | None = None) -> list[dict[str, Any]]:
+    return [p for p in pods_in(core, ns) if not p["metadata"].get("deletionTimestamp")
+            and (app is None or p["metadata"].get("labels", {}).get("app") == app)]
+
+
+def gpu_of(p: dict[str, Any]) -> int | None:
+    ann = p["metadata"].get("annotations") or {}
+    return int(ann[GPUS]) if GPUS in ann and MIG in ann else None
+
+
+def bound_on(core: Any, ns: str, app: str, n: int) -> list[dict[str, Any]] | None:
+    got = [p for p in live(core, ns, app) if p["spec"].get("nodeName") and gpu_of(p) is not None]
+    return got if len(got) == n else None
+
+
+def node_events(core: Any, node: str) -> list[str]:
+    items = core.list_namespaced_event("default",
+                                       field_selector=f"involvedObject.name={node}").items
+    return [e.reason for e in items
+            if e.source and e.source.component == "gpupack-mig-actuator"]
+
+
+def test_a_lone_pod_moves_to_free_slices_and_its_gpu_empties(
+        space: Space, core: Any, admin: Any, kcm: None) -> None:
+    ns = space.namespace()
+    pool = space.name
+    (name,) = create_nodes(core, [two_mig_gpus(f"{pool}-0", pool)])
+    space.nodes.append(name)
+    report_layout(core, name)
+    apps = client.AppsV1Api(admin)
+    with workloads(core, admin, ns):
+        # Seven pods fill one GPU (the extender prefers GPUs in use); the eighth, of
+        # another Deployment, opens the other GPU.
+        deployment(apps, ns, "fill", 7, pool)
+        try:
+            fill = wait_for(lambda: bound_on(core, ns, "fill", 7), 60, "7 fill pods bound")
+        except AssertionError:
+            raise AssertionError(pending_report(core, ns)) from None
+        (full,) = {gpu_of(p) for p in fill}
+        deployment(apps, ns, "lone", 1, pool)
+        (lone,) = wait_for(lambda: bound_on(core, ns, "lone", 1), 60, "the lone pod bound")
+        assert gpu_of(lone) != full
+        # Three fill pods go: the full GPU has three free slices, the lone pod fits there.
+        apps.patch_namespaced_deployment_scale("fill", ns, {"spec": {"replicas": 4}})
+
+        def moved() -> dict[str, Any] | None:
+            got = bound_on(core, ns, "lone", 1)
+            if not got or got[0]["metadata"]["name"] == lone["metadata"]["name"]:
+                return None
+            return got[0]
+
+        try:
+            new = wait_for(moved, 90, "the lone pod's replacement bound elsewhere")
+        except AssertionError:
+            raise AssertionError(f"events {node_events(core, name)}\n"
+                                 + pending_report(core, ns)) from None
+        assert gpu_of(new) == full, (gpu_of(new), full)
+        wait_for(lambda: "MigDrained" in node_events(core, name), 30, "the MigDrained Event")
+        reasons = node_events(core, name)
+        assert reasons.count("MigDrainStarted") == 1, reasons
+        assert "MigDrainStopped" not in reasons, reasons
+        on = {gpu_of(p) for p in live(core, ns) if p["spec"].get("nodeName")}
+        assert on == {full}, on  # the other GPU is empty
+        assert overcommits(core, live(core, ns)) == []
+        pod_events = [e.reason for e in core.list_namespaced_event(ns).items
+                      if e.involved_object.name == lone["metadata"]["name"]]
+        assert "MigCompactionEvicted" in pod_events, pod_events
+
+
+def test_a_bare_pod_is_never_moved(space: Space, core: Any, admin: Any, kcm: None) -> None:
+    ns = space.namespace()
+    pool = space.name
+    (name,) = create_nodes(core, [two_mig_gpus(f"{pool}-0", pool)])
+    space.nodes.append(name)
+    report_layout(core, name)
+    apps = client.AppsV1Api(admin)
+    with workloads(core, admin, ns):
+        deployment(apps, ns, "fill", 4, pool)
+        fill = wait_for(lambda: bound_on(core, ns, "fill", 4), 60, "4 fill pods bound")
+        (full,) = {gpu_of(p) for p in fill}
+        # A bare pod, placed on the other GPU by hand (as gpupack would record it).
+        other = 1 - int(full or 0)
+        bare = pod("bare", pool=pool, scheduler="gpupack", limits={SLICE: "1"},
+                   annotations={GPUS: str(other), MIG: "1g.10gb@0",
+                                NODE: name})
+        bare["spec"]["nodeName"] = name
+        create_pods(core, ns, [bare])
+        time.sleep(8.0)
+        assert [p["metadata"]["name"] for p in live(core, ns)
+                if p["metadata"]["name"] == "bare"] == ["bare"]
+        assert "MigDrainStarted" not in node_events(core, name)
