@@ -51,8 +51,17 @@ Policies (each replays the same stream on its own copy of the cluster):
   the bench adds no forecast or rule of its own. A decision that would touch a busy GPU,
   start a second change of a model in flight, or a change that ends otherwise than
   ``success`` counts as ``invalid``.
-- ``gpupack-bestfit`` (diagnostic, not in the default list): the same planner, pods placed
-  by plain best fit instead of the extender's scorer.
+- ``gpupack-compact``: the same, with ``--mig-compact`` (off in the product's default):
+  after the actuator's decision, compaction's own
+  (``scheduler.mig_compact.decide_compaction``, the shipped default ``CompactSettings`` or
+  the ``--compact-*`` flags, which are the extender's ``--mig-compact-*``) over the same
+  gathered nodes, applied as ``scheduler/mig_compact_act.py`` applies it: drain holds
+  taken and given back, evictions accepted (no PodDisruptionBudget here), the evicted pod
+  gone ``--evict-grace`` s later (its slice held for the drain in the same step), its
+  replacement pending from the eviction (a Deployment makes it at once) with the rest of
+  the run time, placed like any pod.
+- ``gpupack-bestfit`` (diagnostic, not in the default list): the gpupack planner, pods
+  placed by plain best fit instead of the extender's scorer.
 
 Every placement any policy makes is checked with ``packing.validate.validate`` on the
 node it lands on (the node's MIG layouts and running pods replayed, then the new one),
@@ -73,6 +82,9 @@ Figures, time-averaged after ``--warmup-h`` (the cluster starts empty), to the e
                    (gpupack), an instance created or destroyed (first-fit)
   naive_gpus       GPUs a naive placement of the same running pods takes (one whole GPU
                    per pod); naive_ratio = naive_gpus / gpus_used
+  evictions_per_h  (gpupack-compact) pods moved per hour; move_gap_p99_s: from an evicted
+                   pod gone to its replacement started (0: the replacement was placed while
+                   the pod terminated)
 """
 
 from __future__ import annotations
@@ -128,6 +140,7 @@ from scheduler.mig_actuator import (
 from scheduler.mig_compact import (
     DEFAULT_COMPACT,
     DRAIN_PREFIX,
+    CompactSettings,
     CompactState,
     Drain,
     Tenant,
@@ -272,6 +285,7 @@ class Args:
     scorer_refresh: float
     params: SolverParams
     evict_grace: float = 10.0
+    compact: CompactSettings = DEFAULT_COMPACT
     validate_every: int = 1
 
 
@@ -860,9 +874,10 @@ class GpupackCompact(Gpupack):
 
     def setup(self) -> None:
         super().setup()
-        self.compact_settings = DEFAULT_COMPACT
+        self.compact_settings = self.args.compact
         self.drains: dict[tuple[str, int], Drain] = {}
-        self.evicted_at: list[float] = []
+        self.evicted_at: list[float] = []  # the last hour's (pruned as the handler does)
+        self.evicted_at_all: list[float] = []
         self.cooldown: dict[tuple[str, int], float] = {}
         self.drain_results: Counter[str] = Counter()
         self.moves: list[tuple[float, Pod]] = []  # (original gone at, replacement)
@@ -877,9 +892,9 @@ class GpupackCompact(Gpupack):
             assert pod.start is not None
             tenants[pod.req.key] = Tenant(pod.req.key, p.node, p.gpus[0], p.mig_profile,
                                           pod.start, True)
+        self.evicted_at = [t for t in self.evicted_at if self.now - t < 3600]
         cs = CompactState(state.nodes, tenants, tuple(self.drains.values()),
-                          state.mig_pods, frozenset(self.changes),
-                          tuple(t for t in self.evicted_at if self.now - t < 3600),
+                          state.mig_pods, frozenset(self.changes), tuple(self.evicted_at),
                           dict(self.cooldown))
         d = decide_compaction(cs, self.now, self.compact_settings)
         self.cooldown = dict(d.cooldown)
@@ -898,6 +913,7 @@ class GpupackCompact(Gpupack):
         assert old.start is not None
         self.drains[dr.gpu_key] = replace(dr, evicted=dr.evicted | {key})
         self.evicted_at.append(self.now)
+        self.evicted_at_all.append(self.now)
         old.evicted = True
         if self.now >= self.warmup:
             self.moved_in_window += 1
@@ -933,6 +949,7 @@ class GpupackCompact(Gpupack):
         hours = max(self.horizon - self.warmup, 1.0) / 3600
         gaps = [max(0.0, (new.start if new.start is not None else self.horizon) - gone)
                 for gone, new in self.moves if gone >= self.warmup]
+        out["evictions"] = len(self.evicted_at_all)
         out["evictions_per_h"] = round(self.moved_in_window / hours, 1)
         out["move_gap_p50_s"] = round(percentile(gaps, 50), 1)
         out["move_gap_p99_s"] = round(percentile(gaps, 99), 1)
@@ -967,6 +984,10 @@ def run(ns: argparse.Namespace) -> dict[str, object]:
     args = Args(hours=ns.hours, warmup_h=min(ns.warmup_h, ns.hours / 2),
                 reconfig_delay=ns.reconfig_delay, create_delay=ns.create_delay, tick=ns.tick,
                 scorer_refresh=ns.scorer_refresh, evict_grace=ns.evict_grace,
+                compact=CompactSettings(min_pod_age_s=ns.compact_min_age,
+                                        max_pods=ns.compact_max_pods,
+                                        evictions_per_hour=ns.compact_evictions_per_hour,
+                                        min_excess=ns.compact_min_excess),
                 params=replace(DEFAULT_PARAMS, max_time_s=ns.solver_time, seed=ns.seed))
     whole = static_whole_gpus(nodes, ns.rate, ns.swing)
     results: dict[str, dict[str, object]] = {}
@@ -985,6 +1006,11 @@ def run(ns: argparse.Namespace) -> dict[str, object]:
                    "reconfig_delay_s": ns.reconfig_delay, "create_delay_s": ns.create_delay,
                    "tick_s": ns.tick,
                    "solver_time_s": ns.solver_time, "arrivals": len(pods),
+                   "compact": {"evictions_per_hour": ns.compact_evictions_per_hour,
+                               "min_age_s": ns.compact_min_age,
+                               "max_pods": ns.compact_max_pods,
+                               "min_excess": ns.compact_min_excess,
+                               "evict_grace_s": ns.evict_grace},
                    "static_whole_gpus": whole,
                    "mix": {c.name: {"profile": c.profile or "whole", "share": c.share,
                                     "mean_min": c.mean_min} for c in CLASSES}},
@@ -995,9 +1021,20 @@ def run(ns: argparse.Namespace) -> dict[str, object]:
 
 
 def goals(results: dict[str, dict[str, object]]) -> dict[str, object]:
-    g = results.get("gpupack")
-    if g is None:
-        return {}
+    """The issue's goals for gpupack (the actuator alone) and gpupack-compact, each."""
+    out: dict[str, object] = {}
+    for name in ("gpupack", "gpupack-compact"):
+        g = results.get(name)
+        if g is not None:
+            out[name] = goals_of(g, results)
+    if out:
+        # GPU counts compare only between policies that serve the stream alike.
+        out["pods_waiting"] = {name: r["pods_waiting"] for name, r in results.items()}
+    return out
+
+
+def goals_of(g: dict[str, object], results: dict[str, dict[str, object]]
+             ) -> dict[str, object]:
     out: dict[str, object] = {}
     ratio = g["ratio_to_bound"]
     if isinstance(ratio, float):
@@ -1014,16 +1051,14 @@ def goals(results: dict[str, dict[str, object]]) -> dict[str, object]:
         assert isinstance(g["pods_waiting"], float) and isinstance(f["pods_waiting"], float)
         out["fewer_waiting_than_first_fit"] = g["pods_waiting"] < f["pods_waiting"]
     out["naive_ratio"] = g["naive_ratio"]
-    # GPU counts compare only between policies that serve the stream alike.
-    out["pods_waiting"] = {name: r["pods_waiting"] for name, r in results.items()}
     return out
 
 
 COLUMNS = (("gpus_used", "GPUs"), ("lower_bound", "bound"), ("ratio_to_bound", "x bound"),
            ("idle_slices_on_used", "idle sl."), ("pods_waiting", "waiting"),
            ("pods_waiting_end", "wait@end"), ("wait_p50_s", "p50 s"), ("wait_p99_s", "p99 s"),
-           ("reconfigs_per_h", "reconf/h"), ("naive_ratio", "naive x"), ("invalid", "invalid"),
-           ("wall_s", "wall s"))
+           ("reconfigs_per_h", "reconf/h"), ("evictions_per_h", "evict/h"),
+           ("naive_ratio", "naive x"), ("invalid", "invalid"), ("wall_s", "wall s"))
 
 
 def table(out: dict[str, object]) -> str:
@@ -1036,7 +1071,7 @@ def table(out: dict[str, object]) -> str:
     pol = out["policies"]
     assert isinstance(pol, dict)
     for name, r in pol.items():
-        lines.append(f"{name:<16}" + "".join(f"{r[k]!s:>10}" for k, _ in COLUMNS))
+        lines.append(f"{name:<16}" + "".join(f"{r.get(k, '-')!s:>10}" for k, _ in COLUMNS))
     g = out.get("goals")
     if g:
         lines.append("goals: " + json.dumps(g))
@@ -1067,7 +1102,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="seconds an evicted pod keeps its slice (gpupack-compact)")
     ap.add_argument("--solver-time", type=float, default=DEFAULT_PARAMS.max_time_s,
                     help="the planner's deterministic time limit (product default)")
-    ap.add_argument("--policies", default="static,first-fit,gpupack")
+    d = DEFAULT_COMPACT
+    ap.add_argument("--compact-evictions-per-hour", type=int, default=d.evictions_per_hour,
+                    help="gpupack-compact: the extender's --mig-compact-evictions-per-hour")
+    ap.add_argument("--compact-min-age", type=float, default=d.min_pod_age_s,
+                    help="gpupack-compact: --mig-compact-min-age")
+    ap.add_argument("--compact-max-pods", type=int, default=d.max_pods,
+                    help="gpupack-compact: --mig-compact-max-pods")
+    ap.add_argument("--compact-min-excess", type=int, default=d.min_excess,
+                    help="gpupack-compact: --mig-compact-min-excess")
+    ap.add_argument("--policies", default="static,first-fit,gpupack,gpupack-compact")
     ap.add_argument("--format", choices=("table", "json"), default="table")
     ns = ap.parse_args(argv)
     ns.policies = [p.strip() for p in ns.policies.split(",") if p.strip()]
@@ -1080,8 +1124,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.error("--nodes, --gpus-per-node, --hours and --rate must be positive")
     if ns.tick <= 0 or ns.solver_time <= 0 or ns.scorer_refresh <= 0:
         ap.error("--tick, --solver-time and --scorer-refresh must be positive")
-    if min(ns.reconfig_delay, ns.create_delay, ns.warmup_h) < 0:
-        ap.error("--reconfig-delay, --create-delay and --warmup-h must not be negative")
+    if min(ns.compact_evictions_per_hour, ns.compact_max_pods, ns.compact_min_excess) < 1:
+        ap.error("--compact-evictions-per-hour, --compact-max-pods and --compact-min-excess "
+                 "must be at least 1")
+    if min(ns.reconfig_delay, ns.create_delay, ns.warmup_h, ns.compact_min_age) < 0:
+        ap.error("--reconfig-delay, --create-delay, --warmup-h and --compact-min-age must "
+                 "not be negative")
     out = run(ns)
     print(json.dumps(out, indent=2) if ns.format == "json" else table(out))
     pol = out["policies"]

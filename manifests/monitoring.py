@@ -16,7 +16,10 @@ Metric sources (see the code for their definitions):
   ``gpupack_plan_status{status}``; MIG actuator, ``scheduler/mig_loop.py``:
   ``gpupack_mig_slices{profile,state}``, ``gpupack_mig_reconfigurations_total{result}``,
   ``gpupack_mig_reconfigurations_in_flight``, ``gpupack_mig_gpus_converted_total{to}``,
-  ``gpupack_mig_gpus_held``, ``gpupack_mig_nodes_backed_off``; defragmentation,
+  ``gpupack_mig_gpus_held``, ``gpupack_mig_nodes_backed_off``; MIG compaction,
+  ``scheduler/mig_compact_act.py``: ``gpupack_mig_drains_total{result}``,
+  ``gpupack_mig_compaction_evictions_total{outcome}``, ``gpupack_mig_drains_in_flight``;
+  defragmentation,
   ``scheduler/defrag_act.py``: ``gpupack_defrag_moves_planned_total``,
   ``gpupack_defrag_evictions_total{outcome}``, ``gpupack_defrag_gpus_freed_total``,
   ``gpupack_defrag_campaigns_stopped_total{reason}``, ``gpupack_defrag_active``,
@@ -45,6 +48,7 @@ EXHAUSTION_HORIZON_S = 3600
 LLM_WAIT_MINUTES = 10
 FRAGMENTATION_THRESHOLD = 0.5
 DEFRAG_REFUSALS_30M = 10  # refused evictions in 30 minutes before the alert fires
+MIG_DRAINS_STOPPED_1H = 5  # MIG drains that did not empty their GPU in an hour
 EXTENDER_P99_SECONDS = 1.0  # a third of the scheduler's httpTimeout (3s)
 EXTENDER_ERROR_RATIO = 0.05
 
@@ -171,6 +175,16 @@ CLUSTER = Dashboard(
             Q("gpupack_mig_gpus_held", "GPUs held for changes in flight"),), width=12,
             description="GPUs whose layout a successful change set (to MIG, back to "
                         "whole), and GPUs held while a change runs."),
+        Panel("MIG compaction: GPUs drained and pods moved", (
+            Q("sum by (result) (increase(gpupack_mig_drains_total[$__rate_interval]))",
+              "drain {{result}}"),
+            Q("sum by (outcome) (increase(gpupack_mig_compaction_evictions_total"
+              "[$__rate_interval]))", "eviction {{outcome}}"),
+            Q("gpupack_mig_drains_in_flight", "draining"),), width=12,
+            description="MIG compaction (--mig-compact): GPUs drained (started; emptied, or "
+                        "stopped: refilled, refused, timeout, gone) and the evictions it "
+                        "asked of the Eviction API by outcome. Alert "
+                        "GpupackMigDrainsStopped when drains keep stopping."),
         Panel("Defragmentation: evictions for waiting groups", (
             Q("sum by (outcome) (increase(gpupack_defrag_evictions_total"
               "[$__rate_interval]))", "{{outcome}}"),
@@ -416,6 +430,15 @@ RULE_GROUPS: list[dict[str, Any]] = [
                    "handed to the MIG manager in the last 30 minutes; the GPUs were given "
                    "back and the nodes backed off. See the node's Events "
                    "(MigReconfigureFailed) and nvidia.com/mig.config.state."),
+            _alert("GpupackMigDrainsStopped",
+                   "sum(increase(gpupack_mig_drains_total"
+                   '{result=~"refilled|refused|timeout"}[1h]))',
+                   ">", str(MIG_DRAINS_STOPPED_1H), "0m", "info",
+                   "MIG compaction keeps stopping before a GPU is empty",
+                   "{{ $value }} MIG drains stopped in the last hour without emptying "
+                   "their GPU (PodDisruptionBudgets refusing evictions, pods landing on "
+                   "the drained GPU, or pods not going); each GPU cools down 30 minutes. "
+                   "See the nodes' MigDrainStopped Events."),
             _alert("GpupackDefragEvictionsRefused",
                    "sum(increase(gpupack_defrag_evictions_total"
                    '{outcome=~"pdb|forbidden|error"}[30m]))',
