@@ -1,6 +1,7 @@
 """The extender's scorer (packing/policies/gpupack.py GpupackScorer) for MIG pods on
 slices that exist: a free slice on a GPU that already hosts pods comes before one on an
-idle MIG GPU, so idle GPUs stay idle for the MIG actuator to re-lay out or turn whole."""
+idle MIG GPU, so idle GPUs stay idle for the MIG actuator to re-lay out or turn whole;
+of GPUs in use, the fullest (fewest free memory slices) first."""
 
 from __future__ import annotations
 
@@ -43,6 +44,23 @@ CASES = [
     ("balanced layouts: the 2g on the GPU that hosts a 1g",
      {"a": {0: BALANCED, 1: BALANCED}}, [("r/0", "a", 1, "1g.10gb", 0)], "2g.20gb",
      ("a", 1)),
+    # Best fit by GPU: of two GPUs in use, the one with fewer free memory slices, on the
+    # same node and across nodes (the emptier GPU is left to empty).
+    ("two GPUs in use: the fuller one",
+     {"a": {0: SEVEN_1G, 1: SEVEN_1G}},
+     [("r/0", "a", 0, "1g.10gb", 0), ("r/1", "a", 1, "1g.10gb", 0),
+      ("r/2", "a", 1, "1g.10gb", 1), ("r/3", "a", 1, "1g.10gb", 2)], "1g.10gb", ("a", 1)),
+    ("two GPUs in use on two nodes: the fuller one",
+     {"a": {0: SEVEN_1G}, "b": {0: SEVEN_1G}},
+     [("r/0", "a", 0, "1g.10gb", 0), ("r/1", "a", 0, "1g.10gb", 1),
+      ("r/2", "b", 0, "1g.10gb", 0), ("r/3", "b", 0, "1g.10gb", 1),
+      ("r/4", "b", 0, "1g.10gb", 2)], "1g.10gb", ("b", 0)),
+    # The placement score alone picks b's GPU 1 (5 free slices, 2 pods); best fit by GPU
+    # takes a's balanced GPU, whose 3g pod leaves 4 free slices.
+    ("the fuller GPU though it has fewer pods",
+     {"a": {0: BALANCED}, "b": {0: SEVEN_1G, 1: SEVEN_1G}},
+     [("r/0", "a", 0, "3g.40gb", 4), ("r/1", "b", 1, "1g.10gb", 0),
+      ("r/2", "b", 1, "1g.10gb", 6)], "1g.10gb", ("a", 0)),
 ]
 
 
