@@ -29,6 +29,7 @@ from typing import Any, Protocol
 
 from kube.cache import ClusterCache
 from kube.evictions import EventSink, EvictionResult, Evictor, PodRef
+from packing.model import MigReconfigure
 from scheduler.mig_actuator import HOLD_PREFIX, ActuatorState, Hold
 from scheduler.mig_compact import (
     DEFAULT_COMPACT,
@@ -104,10 +105,14 @@ class Compactor:
     # ---- gathering ---------------------------------------------------------------------------
 
     def tenants(self, state: ActuatorState, now: float) -> dict[str, Tenant]:
-        """Pods on MIG slices of opted-in nodes (what compaction may move or count)."""
+        """Pods on MIG slices of opted-in nodes (what compaction may move or count). A
+        pod's age counts from when this handler first saw it on its slice (a new leader
+        starts the clocks again: it moves nothing younger than the minimum age)."""
         found: dict[str, tuple[str, int, str]] = {}
         with self.cache.lock:
             for n in state.nodes:
+                if n.reconfigure is not MigReconfigure.ON:
+                    continue  # compaction neither moves nor counts pods there
                 for g in n.gpus:
                     if not g.mig_enabled:
                         continue
