@@ -149,16 +149,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="MIG actuator: also empty MIG GPUs whose few pods fit in free slices "
                         "of GPUs in use, by evicting them (PodDisruptionBudgets honoured; "
                         "pods a controller recreates only; docs/mig.md)")
-    p.add_argument("--mig-compact-evictions-per-hour", type=int, default=120,
-                   help="MIG compaction: accepted evictions in any hour (default 120)")
-    p.add_argument("--mig-compact-min-age", type=float, default=300.0,
+    from scheduler.mig_compact import DEFAULT_COMPACT as dc
+
+    p.add_argument("--mig-compact-evictions-per-hour", type=int,
+                   default=dc.evictions_per_hour,
+                   help="MIG compaction: accepted evictions in any hour (default "
+                        f"{dc.evictions_per_hour})")
+    p.add_argument("--mig-compact-min-age", type=float, default=dc.min_pod_age_s,
                    help="MIG compaction: seconds a pod must have run on its slice before it "
-                        "is moved (default 300)")
-    p.add_argument("--mig-compact-max-pods", type=int, default=3,
-                   help="MIG compaction: most pods evicted to empty one GPU (default 3)")
-    p.add_argument("--mig-compact-min-excess", type=int, default=2,
+                        f"is moved (default {dc.min_pod_age_s:g})")
+    p.add_argument("--mig-compact-max-pods", type=int, default=dc.max_pods,
+                   help=f"MIG compaction: most pods evicted to empty one GPU (default "
+                        f"{dc.max_pods})")
+    p.add_argument("--mig-compact-min-excess", type=int, default=dc.min_excess,
                    help="MIG compaction: act on a GPU model only while its MIG GPUs in use "
-                        "exceed the slice bound of their pods by this many (default 2)")
+                        f"exceed the slice bound of their pods by this many (default "
+                        f"{dc.min_excess})")
     p.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     # Defragmentation (docs/defrag.md): on the active extender only.
     p.add_argument("--defrag", default="off", choices=["off", "plan", "act"],

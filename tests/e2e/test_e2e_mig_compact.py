@@ -91,13 +91,19 @@ def node_events(core: Any, node: str) -> list[str]:
             if e.source and e.source.component == "gpupack-mig-actuator"]
 
 
-def test_a_lone_pod_moves_to_free_slices_and_its_gpu_empties(
-        space: Space, core: Any, admin: Any, kcm: None) -> None:
+def mig_node(space: Space, core: Any) -> tuple[str, str, str]:
+    """(namespace, pool, node): a fresh namespace and an opted-in two-GPU MIG node."""
     ns = space.namespace()
     pool = space.name
     (name,) = create_nodes(core, [two_mig_gpus(f"{pool}-0", pool)])
     space.nodes.append(name)
     report_layout(core, name)
+    return ns, pool, name
+
+
+def test_a_lone_pod_moves_to_free_slices_and_its_gpu_empties(
+        space: Space, core: Any, admin: Any, kcm: None) -> None:
+    ns, pool, name = mig_node(space, core)
     apps = client.AppsV1Api(admin)
     with workloads(core, admin, ns):
         # Seven pods fill one GPU (the extender prefers GPUs in use); the eighth, of
@@ -139,11 +145,7 @@ def test_a_lone_pod_moves_to_free_slices_and_its_gpu_empties(
 
 
 def test_a_bare_pod_is_never_moved(space: Space, core: Any, admin: Any, kcm: None) -> None:
-    ns = space.namespace()
-    pool = space.name
-    (name,) = create_nodes(core, [two_mig_gpus(f"{pool}-0", pool)])
-    space.nodes.append(name)
-    report_layout(core, name)
+    ns, pool, name = mig_node(space, core)
     apps = client.AppsV1Api(admin)
     with workloads(core, admin, ns):
         deployment(apps, ns, "fill", 4, pool)
