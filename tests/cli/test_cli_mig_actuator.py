@@ -86,3 +86,20 @@ def test_serve_refuses_bad_mig_actuator_settings(flags: list[str], says: str) ->
 def test_serve_refuses_a_malformed_mig_config_map() -> None:
     out = gpupack("serve", "--mig-actuator", "--mig-config-map", "a/b/c")
     assert out.returncode == 2 and "--mig-config-map 'a/b/c'" in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize(("flags", "says"), [
+    (["--mig-compact"], "--mig-compact needs --mig-actuator"),
+    (["--mig-actuator", "--mig-compact"], "--mig-compact needs a cluster"),
+    (["--mig-actuator", "--mig-compact-max-pods", "0"],
+     "--mig-compact-max-pods 0: must be at least 1"),
+    (["--mig-actuator", "--mig-compact-evictions-per-hour", "-3"],
+     "--mig-compact-evictions-per-hour -3: must be at least 1"),
+    (["--mig-actuator", "--mig-compact-min-excess", "0"],
+     "--mig-compact-min-excess 0: must be at least 1"),
+    (["--mig-actuator", "--mig-compact-min-age", "-1"],
+     "--mig-compact-min-age -1.0: must be 0 or positive"),
+])
+def test_serve_refuses_bad_mig_compaction_settings(flags: list[str], says: str) -> None:
+    out = gpupack("serve", *flags)
+    assert out.returncode == 2 and says in out.stderr, out.stderr
