@@ -41,7 +41,7 @@ from scheduler.mig_compact import (
     Tenant,
     decide_compaction,
 )
-from scheduler.mig_holds import mig_hold_request, sync_holds
+from scheduler.mig_holds import mig_hold_request
 
 log = logging.getLogger("gpupack.scheduler.mig")
 
@@ -146,10 +146,16 @@ class Compactor:
 
     def apply(self, d: CompactDecision, now: float) -> None:
         self.cooldown = dict(d.cooldown)
+        # Under the cache lock, as the on_pod_gone hook runs: a drained pod that went
+        # since the decision had its slot held by the hook, and that hold must stay.
+        with self.cache.lock:
+            for e in d.ends:
+                self.drains.pop(e.drain.gpu_key, None)
+                for p in e.drain.pods:
+                    self.slots.pop(p, None)
+            live = set(self.drains)
+            self._sync_holds([h for h in d.holds if (h.node, h.gpu) in live], live)
         for e in d.ends:
-            self.drains.pop(e.drain.gpu_key, None)
-            for p in e.drain.pods:
-                self.slots.pop(p, None)
             (log.info if e.result == "emptied" else log.warning)(
                 "MIG drain of GPU %d on %s: %s (%s)", e.drain.gpu, e.drain.node, e.result,
                 e.message)
@@ -157,10 +163,6 @@ class Compactor:
                                    else "MigDrainStopped", e.message,
                                    warning=e.result != "emptied")
             self._count(e.result)
-        started = {dr.gpu_key for dr in d.starts}
-        kept = [h for h in d.holds if (h.node, h.gpu) not in started]
-        sync_holds(self.cache, kept, DRAIN_PREFIX,
-                   keep={h.key for h in d.holds if (h.node, h.gpu) in started})
         for dr in d.starts:
             why = self._take([h for h in d.holds if (h.node, h.gpu) == dr.gpu_key], dr)
             if why is not None:
@@ -181,13 +183,30 @@ class Compactor:
 
     def release(self) -> None:
         """Leadership lost: drain holds given back, drains forgotten."""
-        sync_holds(self.cache, [], DRAIN_PREFIX)
-        self.drains.clear()
-        self.slots.clear()
+        with self.cache.lock:
+            self.drains.clear()
+            self.slots.clear()
+            self._sync_holds([], set())
         if self.metrics is not None:
             self.metrics.in_flight.set(0)
 
     # ---- pieces --------------------------------------------------------------------------------
+
+    def _sync_holds(self, wanted: list[Hold], live: set[tuple[str, int]]) -> None:
+        """Under the cache lock: give back the drain holds of GPUs not being drained, and
+        take the wanted ones (a drain's holds are never given back while it runs)."""
+        for k in [k for k in self.cache.holds() if k.startswith(DRAIN_PREFIX)]:
+            node, _, rest = k[len(DRAIN_PREFIX):].partition("/")
+            gpu = rest.partition("/")[0]
+            if not gpu.isdigit() or (node, int(gpu)) not in live:
+                self.cache.unhold(k)
+        current = self.cache.holds()
+        for h in wanted:
+            if h.key not in current:
+                req, p = mig_hold_request(h)
+                why = self.cache.hold(req, p)
+                if why is not None:
+                    log.info("MIG drain hold %s not taken: %s", h.key, why)
 
     def _take(self, holds: list[Hold], dr: Drain) -> str | None:
         """Hold the drain's free instances, and remember each pod's slot (held once the

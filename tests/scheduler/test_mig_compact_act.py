@@ -135,3 +135,20 @@ def test_a_standby_drains_nothing_and_a_lost_leadership_gives_the_holds_back() -
     clock.advance(1)
     act.step()
     assert drain_holds(cache) == set()
+
+
+def test_a_slot_held_as_its_pod_went_during_a_step_stays_held() -> None:
+    # The decision is taken on nodes gathered before the drained pod went; the hook held
+    # its slot meanwhile. Applying that decision must not give the hold back (the slot
+    # would be free for a pod until the next step).
+    cache, act, evictor, _, _, clock, _ = setup()
+    act.step()
+    assert evictor.asked == ["default/lone"]
+    clock.advance(1)
+    state = act.gather(clock())
+    cache.delete_pod("default/lone")
+    assert f"{DRAIN_PREFIX}a/0/0" in drain_holds(cache)
+    assert act.compactor is not None
+    act.compactor.step(state, clock(), set())
+    assert f"{DRAIN_PREFIX}a/0/0" in drain_holds(cache)
+    assert cache.state.gpu("a", 0).instances[0][1] == f"{DRAIN_PREFIX}a/0/0"
