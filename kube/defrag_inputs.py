@@ -70,10 +70,13 @@ class PodOwners:
             self._recreated.pop(key, None)
             self._blocked.pop(key, None)
 
-    def movable(self, keys: Collection[str]) -> set[str]:
-        """Those of ``keys`` a controller recreates once evicted and not terminating."""
+    def movable(self, keys: Collection[str], kinds: Collection[str] | None = None
+                ) -> set[str]:
+        """Those of ``keys`` a controller recreates once evicted (of one of ``kinds``, when
+        given) and not terminating."""
         with self._lock:
-            return {k for k in keys if k in self._recreated and k not in self._blocked}
+            return {k for k in keys if k in self._recreated and k not in self._blocked
+                    and (kinds is None or self._recreated[k].partition("/")[0] in kinds)}
 
     def evictability(self, refused: Mapping[str, str] | None = None) -> Evictability:
         with self._lock:

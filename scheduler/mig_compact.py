@@ -23,14 +23,17 @@ Rules (each has a row in ``tests/scheduler/test_mig_compact.py``):
 * **where**: nodes opted in to MIG reconfiguration (``MigReconfigure.ON``), schedulable,
   without a NoSchedule/NoExecute taint, with no MIG change in flight.
 * **source GPU**: MIG on; every holder is a pod on one of its slices that a controller
-  recreates, started at least ``min_pod_age_s`` ago; at most ``max_pods`` of them (each
-  is a restart); not cooling down.
+  recreates (the handler: a ReplicaSet, ReplicationController or StatefulSet; not Jobs,
+  whose progress an eviction loses), started at least ``min_pod_age_s`` ago; at most
+  ``max_pods`` of them (each is a restart); not cooling down.
 * **destinations**: the source's pods, by profile, fit in free instances of the same GPU
   model on *other GPUs in use* (a pod there already: moving onto an idle GPU would only
-  move the use) on eligible nodes, not being drained, after the pending MIG pods took
-  theirs (in arrival order: they are served first). The replacements are placed by the
-  extender like any pod, which prefers instances on GPUs in use
-  (``scores.mig_preference``).
+  move the use) on schedulable, untainted nodes without a MIG change in flight, opted in
+  or not (a replacement is placed like any pod, anywhere), not being drained, after the
+  pending MIG pods took theirs (in arrival order: they are served first). The
+  extender prefers instances on GPUs in use (``scores.mig_preference``).
+* **only when it pays**: the model's MIG GPUs in use on opted-in nodes exceed the slice
+  bound of their pods by at least ``min_excess`` GPUs.
 * **pace**: one drain per GPU model at a time; a drain starts only when its evictions fit
   in ``evictions_per_hour`` (accepted evictions in the last hour plus those of drains in
   flight not yet done).
@@ -237,7 +240,7 @@ def decide_compaction(state: CompactState, now: float,
         free = _free_on_used(state.nodes, state.changing, draining)
         models = {k: gpus[k].model for k in free}
         left = _after_pending(free, models, state.pending)
-        excess = _excess(state, cooldown)
+        excess = _excess(state)
         for cand in _candidates(state, now, s, cooldown, draining, busy_models):
             node, g, pods = cand
             if (g.model in busy_models or len(pods) > budget
@@ -263,7 +266,7 @@ def decide_compaction(state: CompactState, now: float,
                            why)
 
 
-def _excess(state: CompactState, cooldown: Mapping[GpuKey, float]) -> dict[str, int]:
+def _excess(state: CompactState) -> dict[str, int]:
     """Per GPU model: MIG GPUs holding a pod minus the slice bound of those pods,
     ``max(ceil(compute slices / C), ceil(memory slices / M))`` on the model's C/M-slice
     geometry: how many GPUs perfect packing would free."""

@@ -46,10 +46,18 @@ from scheduler.mig_holds import mig_hold_request
 log = logging.getLogger("gpupack.scheduler.mig")
 
 
+# Controllers whose pods compaction moves: servers that a replacement serves as well.
+# Not Jobs (an evicted Job pod loses its progress and counts against backoffLimit), nor
+# LeaderWorkerSets (their groups are placed whole, never on MIG slices).
+MOVABLE_KINDS = frozenset({"ReplicaSet", "ReplicationController", "StatefulSet"})
+EVICTED_MEMORY_S = 3600.0  # a pod whose eviction was accepted is not asked again
+
+
 class Owners(Protocol):
     """Which pods a controller recreates (kube.defrag_inputs.PodOwners)."""
 
-    def movable(self, keys: Collection[str]) -> set[str]: ...
+    def movable(self, keys: Collection[str], kinds: Collection[str] | None = None
+                ) -> set[str]: ...
 
 
 class NodeEvents(Protocol):
@@ -95,7 +103,8 @@ class Compactor:
         self.settings = settings
         self.metrics = metrics
         self.drains: dict[tuple[str, int], Drain] = {}
-        self.since: dict[str, float] = {}  # pod -> when first seen on its slice
+        self.since: dict[tuple[str, str], float] = {}  # (pod, uid) -> first seen on a slice
+        self.evicted: dict[tuple[str, str], float] = {}  # (pod, uid) -> accepted at
         self.evicted_at: list[float] = []
         self.cooldown: dict[tuple[str, int], float] = {}
         self.slots: dict[str, Hold] = {}  # drained pod -> the hold its slice takes once gone
@@ -108,7 +117,7 @@ class Compactor:
         """Pods on MIG slices of opted-in nodes (what compaction may move or count). A
         pod's age counts from when this handler first saw it on its slice (a new leader
         starts the clocks again: it moves nothing younger than the minimum age)."""
-        found: dict[str, tuple[str, int, str]] = {}
+        found: dict[str, tuple[str, int, str, str]] = {}
         with self.cache.lock:
             for n in state.nodes:
                 if n.reconfigure is not MigReconfigure.ON:
@@ -123,12 +132,16 @@ class Compactor:
                         if counted is None or self.cache.is_assumed(h):
                             continue
                         p = counted[1]
-                        if p.mig_profile is not None:
-                            found[h] = (n.name, g.index, p.mig_profile)
-        movable = self.owners.movable(found.keys())
-        self.since = {k: self.since.get(k, now) for k in found}
-        return {k: Tenant(k, node, gpu, profile, self.since[k], k in movable)
-                for k, (node, gpu, profile) in found.items()}
+                        entry = self.cache.pod_entry(h)
+                        if p.mig_profile is not None and entry is not None:
+                            found[h] = (n.name, g.index, p.mig_profile, entry.uid)
+        movable = self.owners.movable(found.keys(), MOVABLE_KINDS)
+        # By (name, uid): a StatefulSet's replacement keeps the name, not the age.
+        self.since = {(k, f[3]): self.since.get((k, f[3]), now) for k, f in found.items()}
+        self.evicted = {k: t for k, t in self.evicted.items() if now - t < EVICTED_MEMORY_S}
+        return {k: Tenant(k, node, gpu, profile, self.since[k, uid],
+                          k in movable and (k, uid) not in self.evicted)
+                for k, (node, gpu, profile, uid) in found.items()}
 
     # ---- one step ----------------------------------------------------------------------------
 
@@ -176,8 +189,10 @@ class Compactor:
                                    "can be re-partitioned or turned whole")
             self._count("started")
         for dr, key in d.evict:
-            if dr.gpu_key in self.drains:
-                self._evict(self.drains[dr.gpu_key], key, now)
+            # A refusal ends the drain: its other pods are not restarted for nothing.
+            live_drain = self.drains.get(dr.gpu_key)
+            if live_drain is not None and live_drain.refused is None:
+                self._evict(live_drain, key, now)
         if self.metrics is not None:
             self.metrics.in_flight.set(len(self.drains))
 
@@ -216,6 +231,8 @@ class Compactor:
             for key in dr.pods:
                 counted = self.cache.counted(key)
                 if counted is None or counted[1].mig_start is None:
+                    for k in dr.pods:
+                        self.slots.pop(k, None)
                     return f"{key} is no longer on the GPU"
                 p = counted[1]
                 self.slots[key] = Hold(dr.node, dr.gpu, dr.model, p.mig_profile,
@@ -254,6 +271,7 @@ class Compactor:
         if res.outcome in ("evicted", "gone"):
             self.drains[dr.gpu_key] = replace(dr, evicted=dr.evicted | {key})
             self.evicted_at.append(now)
+            self.evicted[key, ref.uid] = now
             self.events.emit(ref, "MigCompactionEvicted",
                              f"evicted to empty MIG GPU {dr.gpu} of {dr.node}: a free "
                              f"slice of its profile on another GPU in use takes its "

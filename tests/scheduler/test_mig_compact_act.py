@@ -25,13 +25,14 @@ OWNED = [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "asr", "uid": "
           "controller": True}]
 
 
-def asr_on(name: str, gpu: int, start: int, owned: bool = True) -> dict[str, Any]:
+def asr_on(name: str, gpu: int, start: int, owned: bool = True, kind: str = "ReplicaSet",
+           uid: str | None = None) -> dict[str, Any]:
     key = f"default/{name}"
-    p = pod(name, {"nvidia.com/mig-1g.10gb": "1"}, node="a",
+    p = pod(name, {"nvidia.com/mig-1g.10gb": "1"}, node="a", uid=uid,
             annotations=placement_annotations(
                 Placement(key, "a", (gpu,), "1g.10gb", start), "gpupack"))
     if owned:
-        p["metadata"]["ownerReferences"] = OWNED
+        p["metadata"]["ownerReferences"] = [{**OWNED[0], "kind": kind}]
     return p
 
 
@@ -53,11 +54,13 @@ class FakeEvents:
         self.emitted.append((pod.key, reason))
 
 
-def setup(outcome: str = "evicted", leader: list[bool] | None = None, lone_owned: bool = True
+def setup(outcome: str = "evicted", leader: list[bool] | None = None, lone_owned: bool = True,
+          on_gpu0: list[dict[str, Any]] | None = None, min_age: float = 0
           ) -> tuple[Any, MigActuator, FakeEvictor, FakeApi, FakeEvents, FakeClock,
                      CollectorRegistry]:
-    # GPU 0 holds one ASR pod; GPU 1 holds three and has four free 1g slices.
-    pods = [asr_on("lone", 0, 0, lone_owned)] + [asr_on(f"p{i}", 1, i) for i in range(3)]
+    # GPU 0 holds one ASR pod (or on_gpu0); GPU 1 holds three and has four free 1g slices.
+    first = on_gpu0 if on_gpu0 is not None else [asr_on("lone", 0, 0, lone_owned)]
+    pods = first + [asr_on(f"p{i}", 1, i) for i in range(3)]
     cache = make_cache([node("a", gpus=2, mig={"1g.10gb": 14})], [])
     owners = PodOwners(cache)
     owners.replace(None, pods)
@@ -65,7 +68,8 @@ def setup(outcome: str = "evicted", leader: list[bool] | None = None, lone_owned
     api, events, evictor = FakeApi(), FakeEvents(), FakeEvictor(outcome)
     registry = CollectorRegistry()
     compactor = Compactor(cache, owners, evictor, events, api,
-                          settings=CompactSettings(min_pod_age_s=0, max_pods=2, min_excess=1),
+                          settings=CompactSettings(min_pod_age_s=min_age, max_pods=2,
+                                                   min_excess=1),
                           metrics=CompactMetrics(registry))
     lead = leader if leader is not None else [True]
     act = MigActuator(cache, api, is_leader=lambda: lead[0], clock=clock, params=FAST,
@@ -152,3 +156,50 @@ def test_a_slot_held_as_its_pod_went_during_a_step_stays_held() -> None:
     act.compactor.step(state, clock(), set())
     assert f"{DRAIN_PREFIX}a/0/0" in drain_holds(cache)
     assert cache.state.gpu("a", 0).instances[0][1] == f"{DRAIN_PREFIX}a/0/0"
+
+
+class OnceRefused(FakeEvictor):
+    """Refuses the first eviction (a PodDisruptionBudget), accepts the others."""
+
+    def evict(self, ref: PodRef) -> EvictionResult:
+        self.asked.append(ref.key)
+        if len(self.asked) == 1:
+            return EvictionResult("pdb", "budget")
+        return EvictionResult("evicted")
+
+
+def test_a_refusal_stops_the_drain_before_its_other_pods_are_evicted() -> None:
+    two = [asr_on("x1", 0, 0), asr_on("x2", 0, 1)]
+    cache, act, _, _, _, clock, _ = setup(on_gpu0=two)
+    assert act.compactor is not None
+    act.compactor.evictor = evictor = OnceRefused()
+    act.step()
+    assert evictor.asked == ["default/x1"]  # x2 is not restarted for nothing
+    clock.advance(1)
+    act.step()
+    assert drain_holds(cache) == set() and act.compactor.drains == {}
+
+
+def test_job_pods_are_not_moved() -> None:
+    cache, act, evictor, _, _, _, _ = setup(on_gpu0=[asr_on("batch", 0, 0, kind="Job")])
+    act.step()
+    assert evictor.asked == [] and drain_holds(cache) == set()
+
+
+def test_age_counts_per_pod_uid_not_per_name() -> None:
+    # A StatefulSet's replacement keeps its pod's name: it starts young again.
+    cache, act, evictor, _, _, clock, _ = setup(
+        on_gpu0=[asr_on("web-0", 0, 0, kind="StatefulSet", uid="u1")], min_age=300)
+    owners = act.compactor.owners if act.compactor is not None else None
+    assert isinstance(owners, PodOwners)
+    act.step()
+    clock.advance(200)
+    owners.delete_pod("default/web-0")
+    owners.upsert_pod(asr_on("web-0", 0, 0, kind="StatefulSet", uid="u2"))
+    act.step()
+    clock.advance(200)  # 400 s after the name was first seen, 200 s after this uid was
+    act.step()
+    assert evictor.asked == []
+    clock.advance(150)
+    act.step()
+    assert evictor.asked == ["default/web-0"]

@@ -128,10 +128,24 @@ class Compaction(RuleBasedStateMachine):
             assert key not in self.evicted, f"{key} evicted twice"
             if not refuse:
                 self.evicted.append(key)
+                self._terminating(key)
         for e in d.ends:
             held = {k for k in self.cache.holds()
                     if k.startswith(f"{DRAIN_PREFIX}{e.drain.node}/{e.drain.gpu}/")}
             assert not held, f"drain of {e.drain.gpu_key} ended {e.result}, holds kept"
+
+    def _terminating(self, key: str) -> None:
+        """The API server's side of an accepted eviction: the pod is marked for deletion
+        (it goes when the kubelet confirms: evicted_pod_goes_and_is_replaced)."""
+        counted = self.cache.counted(key)
+        assert counted is not None
+        p = counted[1]
+        name = key.partition("/")[2]
+        obj = pod(name, {"nvidia.com/mig-1g.10gb": "1"}, node="a",
+                  annotations=placement_annotations(p, "gpupack"))
+        obj["metadata"]["ownerReferences"] = OWNED
+        obj["metadata"]["deletionTimestamp"] = "2026-12-01T00:00:00Z"
+        self.owners.upsert_pod(obj)
 
     def _pods(self) -> set[str]:
         return {k for k in (self.cache.pod_entry(f"default/p{i}") and f"default/p{i}"
