@@ -188,7 +188,7 @@ def test_job_pods_are_not_moved() -> None:
 
 def test_age_counts_per_pod_uid_not_per_name() -> None:
     # A StatefulSet's replacement keeps its pod's name: it starts young again.
-    cache, act, evictor, _, _, clock, _ = setup(
+    _, act, evictor, _, _, clock, _ = setup(
         on_gpu0=[asr_on("web-0", 0, 0, kind="StatefulSet", uid="u1")], min_age=300)
     owners = act.compactor.owners if act.compactor is not None else None
     assert isinstance(owners, PodOwners)
