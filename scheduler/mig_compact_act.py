@@ -41,7 +41,7 @@ from scheduler.mig_compact import (
     Tenant,
     decide_compaction,
 )
-from scheduler.mig_holds import mig_hold_request
+from scheduler.mig_holds import hold_one, sync_holds, take_holds
 
 log = logging.getLogger("gpupack.scheduler.mig")
 
@@ -208,25 +208,20 @@ class Compactor:
     # ---- pieces --------------------------------------------------------------------------------
 
     def _sync_holds(self, wanted: list[Hold], live: set[tuple[str, int]]) -> None:
-        """Under the cache lock: give back the drain holds of GPUs not being drained, and
-        take the wanted ones (a drain's holds are never given back while it runs)."""
-        for k in [k for k in self.cache.holds() if k.startswith(DRAIN_PREFIX)]:
-            node, _, rest = k[len(DRAIN_PREFIX):].partition("/")
+        """Give back the drain holds of GPUs not being drained and take the wanted ones;
+        a running drain's holds are never given back (one the on_pod_gone hook took
+        since the decision is not among ``wanted``)."""
+
+        def of_live_drain(key: str) -> bool:
+            node, _, rest = key[len(DRAIN_PREFIX):].partition("/")
             gpu = rest.partition("/")[0]
-            if not gpu.isdigit() or (node, int(gpu)) not in live:
-                self.cache.unhold(k)
-        current = self.cache.holds()
-        for h in wanted:
-            if h.key not in current:
-                req, p = mig_hold_request(h)
-                why = self.cache.hold(req, p)
-                if why is not None:
-                    log.info("MIG drain hold %s not taken: %s", h.key, why)
+            return gpu.isdigit() and (node, int(gpu)) in live
+
+        sync_holds(self.cache, wanted, DRAIN_PREFIX, of_live_drain)
 
     def _take(self, holds: list[Hold], dr: Drain) -> str | None:
         """Hold the drain's free instances, and remember each pod's slot (held once the
         pod goes); give back and say why on the first that cannot be had."""
-        taken: list[str] = []
         with self.cache.lock:
             for key in dr.pods:
                 counted = self.cache.counted(key)
@@ -237,27 +232,17 @@ class Compactor:
                 p = counted[1]
                 self.slots[key] = Hold(dr.node, dr.gpu, dr.model, p.mig_profile,
                                        p.mig_start, DRAIN_PREFIX)
-            for h in holds:
-                req, p = mig_hold_request(h)
-                why = self.cache.hold(req, p)
-                if why is not None:
-                    for k in taken:
-                        self.cache.unhold(k)
-                    for key in dr.pods:
-                        self.slots.pop(key, None)
-                    return f"instance {h.profile}@{h.start}: {why}"
-                taken.append(h.key)
-        return None
+            why = take_holds(self.cache, holds)
+            if why is not None:
+                for key in dr.pods:
+                    self.slots.pop(key, None)
+            return why
 
     def _on_gone(self, key: str) -> None:
         """Under the cache lock: a drained pod's slot is held before anyone is answered."""
         h = self.slots.pop(key, None)
-        if h is None:
-            return
-        req, p = mig_hold_request(h)
-        why = self.cache.hold(req, p)
-        if why is not None:
-            log.info("MIG drain hold %s not taken: %s", h.key, why)
+        if h is not None:
+            hold_one(self.cache, h)
 
     def _evict(self, dr: Drain, key: str, now: float) -> None:
         entry = self.cache.pod_entry(key)

@@ -56,7 +56,7 @@ from scheduler.mig_actuator import (
     waiting_demand,
 )
 from scheduler.mig_compact_act import Compactor
-from scheduler.mig_holds import mig_hold_request, sync_holds
+from scheduler.mig_holds import mig_hold_request, sync_holds, take_holds
 
 log = logging.getLogger("gpupack.scheduler.mig")
 
@@ -275,7 +275,7 @@ class MigActuator:
             self._write_changes()
         for s in d.starts:
             mine = [h for h in d.holds if h.node == s.change.node]
-            why = self._take(mine)
+            why = take_holds(self.cache, mine)
             if why is not None:
                 log.info("MIG change on %s not started: %s", s.change.node, why)
                 self._count("superseded")
@@ -368,24 +368,6 @@ class MigActuator:
             m.held.set(len({k.rsplit("/", 1)[0] if k.count("/") > 2 else k
                             for k in self.cache.holds() if k.startswith(HOLD_PREFIX)}))
 
-    def _take(self, holds: list[Hold]) -> str | None:
-        """Hold each of ``holds`` (under the cache lock); on the first that cannot be had,
-        give back what was taken and say why."""
-        taken: list[Hold] = []
-        with self.cache.lock:
-            current = self.cache.holds()
-            for h in holds:
-                if h.key in current:
-                    taken.append(h)
-                    continue
-                req, p = mig_hold_request(h)
-                why = self.cache.hold(req, p)
-                if why is not None:
-                    self._give_back(taken)
-                    return f"GPU {h.gpu} of {h.node}: {why}"
-                taken.append(h)
-        return None
-
     def _give_back(self, holds: list[Hold]) -> None:
         for h in holds:
             self.cache.unhold(h.key)
@@ -394,7 +376,7 @@ class MigActuator:
                     keep: frozenset[str] | set[str] = frozenset()) -> None:
         # A hold a pod took (bound by someone else) is not had: the MIG manager will meet
         # a busy GPU and fail; the change ends as failed and backs off.
-        sync_holds(self.cache, wanted, HOLD_PREFIX, keep)
+        sync_holds(self.cache, wanted, HOLD_PREFIX, keep.__contains__)
 
     # ---- the thread ------------------------------------------------------------------------
 
