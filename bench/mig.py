@@ -106,7 +106,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from packing.catalog import get_model
 from packing.cpsat import SolverParams
-from packing.mig import MigSlot, free_starts, layout_errors, layout_from_counts
+from packing.mig import MigSlot, free_starts, layout_errors, layout_from_counts, slice_bound
 from packing.mig_plan import DEFAULT_PARAMS, NodeChange
 from packing.model import (
     GpuInfo,
@@ -260,7 +260,7 @@ def bound(slices: dict[str, list[int]]) -> int:
     for m, (c, mem) in slices.items():
         geom = get_model(m).mig
         assert geom is not None
-        out += max(math.ceil(c / geom.compute_slices), math.ceil(mem / geom.memory_slices))
+        out += slice_bound(geom, c, mem)
     return out
 
 

@@ -128,6 +128,12 @@ def used_slices(geometry: MigGeometry, slots: Iterable[SlotLike]) -> tuple[int, 
     return compute, memory
 
 
+def slice_bound(geometry: MigGeometry, compute: int, memory: int) -> int:
+    """The fewest GPUs that hold ``compute`` and ``memory`` slices, layout rules aside:
+    ``max(ceil(compute / C), ceil(memory / M))`` on the C/M-slice geometry."""
+    return max(-(-compute // geometry.compute_slices), -(-memory // geometry.memory_slices))
+
+
 def free_starts(geometry: MigGeometry, slots: Iterable[SlotLike], profile: str) -> tuple[int, ...]:
     """Starts at which one more ``profile`` instance keeps the layout valid, ascending.
 

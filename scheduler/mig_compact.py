@@ -58,6 +58,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from packing.catalog import get_model
+from packing.mig import slice_bound
 from packing.model import MigReconfigure
 from scheduler.mig_actuator import GpuView, Hold, MigPod, NodeView
 
@@ -136,11 +137,6 @@ class CompactDecision:
     holds: tuple[Hold, ...] = ()  # every drain hold wanted now
     cooldown: Mapping[GpuKey, float] = field(default_factory=dict)
     why: Mapping[GpuKey, str] = field(default_factory=dict)  # per started drain
-
-
-def _memory_slices(model: str, profile: str) -> int:
-    geom = get_model(model).mig
-    return geom.profile(profile).memory_slices if geom is not None else 0
 
 
 def _eligible(n: NodeView, changing: frozenset[str]) -> bool:
@@ -240,8 +236,11 @@ def decide_compaction(state: CompactState, now: float,
         free = _free_on_used(state.nodes, state.changing, draining)
         models = {k: gpus[k].model for k in free}
         left = _after_pending(free, models, state.pending)
-        excess = _excess(state)
-        for cand in _candidates(state, now, s, cooldown, draining, busy_models):
+        by_gpu: dict[GpuKey, list[Tenant]] = defaultdict(list)
+        for t in state.tenants.values():
+            by_gpu[t.node, t.gpu].append(t)
+        excess = _excess(state.nodes, by_gpu)
+        for cand in _candidates(state, by_gpu, now, s, cooldown, draining, busy_models):
             node, g, pods = cand
             if (g.model in busy_models or len(pods) > budget
                     or excess.get(g.model, 0) < s.min_excess):
@@ -266,22 +265,17 @@ def decide_compaction(state: CompactState, now: float,
                            why)
 
 
-def _excess(state: CompactState) -> dict[str, int]:
-    """Per GPU model: MIG GPUs holding a pod minus the slice bound of those pods,
-    ``max(ceil(compute slices / C), ceil(memory slices / M))`` on the model's C/M-slice
-    geometry: how many GPUs perfect packing would free."""
+def _excess(nodes: Sequence[NodeView], by_gpu: Mapping[GpuKey, list[Tenant]]
+            ) -> dict[str, int]:
+    """Per GPU model: MIG GPUs holding a pod minus the slice bound of those pods
+    (:func:`packing.mig.slice_bound`): how many GPUs perfect packing would free."""
     used: Counter[str] = Counter()
     slices: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-    by_gpu: dict[GpuKey, list[Tenant]] = defaultdict(list)
-    for t in state.tenants.values():
-        by_gpu[t.node, t.gpu].append(t)
-    for n in state.nodes:
+    for n in nodes:
         for g in n.gpus:
             pods = by_gpu.get((n.name, g.index))
-            if not g.mig_enabled or not pods:
-                continue
-            geom = get_model(g.model).mig
-            if geom is None:
+            geom = get_model(g.model).mig if g.mig_enabled and pods else None
+            if geom is None or not pods:
                 continue
             used[g.model] += 1
             for t in pods:
@@ -292,19 +286,15 @@ def _excess(state: CompactState) -> dict[str, int]:
     for m, k in used.items():
         geom = get_model(m).mig
         assert geom is not None
-        c, mem = slices[m]
-        out[m] = k - max(-(-c // geom.compute_slices), -(-mem // geom.memory_slices))
+        out[m] = k - slice_bound(geom, *slices[m])
     return out
 
 
-def _candidates(state: CompactState, now: float, s: CompactSettings,
-                cooldown: Mapping[GpuKey, float], draining: set[GpuKey],
+def _candidates(state: CompactState, by_gpu: Mapping[GpuKey, list[Tenant]], now: float,
+                s: CompactSettings, cooldown: Mapping[GpuKey, float], draining: set[GpuKey],
                 busy_models: set[str]) -> list[tuple[str, GpuView, list[Tenant]]]:
     """Source GPUs, best first (fewest pods, fewest memory slices in use, name, index)."""
     out: list[tuple[tuple[int, int, str, int], str, GpuView, list[Tenant]]] = []
-    by_gpu: dict[GpuKey, list[Tenant]] = defaultdict(list)
-    for t in state.tenants.values():
-        by_gpu[t.node, t.gpu].append(t)
     for n in state.nodes:
         if not _eligible(n, state.changing):
             continue
@@ -317,7 +307,9 @@ def _candidates(state: CompactState, now: float, s: CompactSettings,
             if (not pods or len(pods) > s.max_pods or set(g.holders) != {t.key for t in pods}
                     or any(not t.movable or now - t.since < s.min_pod_age_s for t in pods)):
                 continue
-            used = sum(_memory_slices(g.model, t.profile) for t in pods)
+            geom = get_model(g.model).mig
+            used = (sum(geom.profile(t.profile).memory_slices for t in pods)
+                    if geom is not None else 0)
             out.append(((len(pods), used, n.name, g.index), n.name, g, pods))
     out.sort(key=lambda c: c[0])
     return [(node, g, pods) for _, node, g, pods in out]

@@ -17,6 +17,7 @@ from packing.mig import (
     layout_from_counts,
     maximal_layouts,
     memory_range,
+    slice_bound,
     used_slices,
 )
 from packing.model import MigInstance
@@ -431,3 +432,12 @@ def test_validity_agrees_with_the_rules(data: st.DataObject, name: str) -> None:
         return sum(p.compute_slices for p in profiles) <= geometry.compute_slices
 
     assert (layout_errors(geometry, layout) == []) == valid()
+
+
+@pytest.mark.parametrize(("compute", "memory", "gpus"), [
+    (0, 0, 0), (7, 7, 1), (7, 8, 1), (8, 1, 2), (1, 9, 2), (21, 24, 3), (22, 24, 4),
+])
+def test_slice_bound_is_the_larger_of_compute_and_memory(compute: int, memory: int,
+                                                         gpus: int) -> None:
+    # H100/A100: 7 compute and 8 memory slices per GPU.
+    assert slice_bound(geometry_of("H100-80GB"), compute, memory) == gpus
