@@ -45,15 +45,14 @@ import numpy as np
 import numpy.typing as npt
 
 from packing.fragmentation import (
+    FloatArray,
     FragmentStats,
+    IntArray,
     MilliRequest,
     TypicalShapes,
     fragment_delta,
 )
 from packing.model import GPU_MILLI
-
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
 
 # A share that does not fit a GPU scores this (never chosen).
 INFEASIBLE = -np.inf

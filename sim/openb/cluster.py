@@ -13,13 +13,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import numpy.typing as npt
 
+from packing.fragmentation import BoolArray, IntArray
 from packing.model import GPU_MILLI
 from sim.traces import OpenbNode, OpenbPod
-
-IntArray = npt.NDArray[np.int64]
-BoolArray = npt.NDArray[np.bool_]
 
 MAX_GPUS = 8
 

@@ -14,14 +14,11 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-import numpy as np
-import numpy.typing as npt
 from ortools.sat.python import cp_model
 
+from packing.fragmentation import IntArray
 from packing.model import GPU_MILLI
 from sim.openb.cluster import Nodes, Pods
-
-IntArray = npt.NDArray[np.int64]
 
 
 @dataclass(frozen=True)

@@ -16,10 +16,11 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 
 import numpy as np
-import numpy.typing as npt
 
 from packing.fragmentation import (
+    FloatArray,
     FragmentStats,
+    IntArray,
     MilliRequest,
     TypicalShapes,
     fragment_delta,
@@ -35,10 +36,6 @@ from packing.policies.lookahead import (
     node_free_after,
 )
 from sim.openb.cluster import ReplayState
-
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
-BoolArray = npt.NDArray[np.bool_]
 
 
 class ReplayPolicy(ABC):

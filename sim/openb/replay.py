@@ -20,10 +20,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
-import numpy.typing as npt
 
 from packing.fragmentation import (
     DEFAULT_COVERAGE,
+    FloatArray,
+    IntArray,
     MilliRequest,
     ShapeKey,
     TypicalShapes,
@@ -33,9 +34,6 @@ from packing.fragmentation import (
 from packing.model import GPU_MILLI
 from sim.openb.cluster import Nodes, Pods, ReplayState
 from sim.openb.policies import ReplayPolicy
-
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
 
 DEFAULT_LOAD = 1.3
 PUBLISHED_SEEDS = tuple(range(42, 52))
