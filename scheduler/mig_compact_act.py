@@ -30,7 +30,7 @@ from typing import Any, Protocol
 from kube.cache import ClusterCache
 from kube.evictions import EventSink, EvictionResult, Evictor, PodRef
 from packing.model import MigReconfigure
-from scheduler.mig_actuator import HOLD_PREFIX, ActuatorState, Hold
+from scheduler.mig_actuator import HOLD_PREFIX, ActuatorState, Hold, NodeView
 from scheduler.mig_compact import (
     DEFAULT_COMPACT,
     DRAIN_PREFIX,
@@ -103,6 +103,9 @@ class Compactor:
         self.settings = settings
         self.metrics = metrics
         self.drains: dict[tuple[str, int], Drain] = {}
+        # Per opted-in node: the view last read and the pods found on its MIG slices.
+        self._pods_on: dict[str, tuple[NodeView, dict[str, tuple[str, int, str, str]],
+                                       bool]] = {}
         self.since: dict[tuple[str, str], float] = {}  # (pod, uid) -> first seen on a slice
         self.evicted: dict[tuple[str, str], float] = {}  # (pod, uid) -> accepted at
         self.evicted_at: list[float] = []
@@ -118,23 +121,23 @@ class Compactor:
         pod's age counts from when this handler first saw it on its slice (a new leader
         starts the clocks again: it moves nothing younger than the minimum age)."""
         found: dict[str, tuple[str, int, str, str]] = {}
+        memo: dict[str, tuple[NodeView, dict[str, tuple[str, int, str, str]], bool]] = {}
         with self.cache.lock:
             for n in state.nodes:
                 if n.reconfigure is not MigReconfigure.ON:
                     continue  # compaction neither moves nor counts pods there
-                for g in n.gpus:
-                    if not g.mig_enabled:
-                        continue
-                    for h in g.holders:
-                        if h.startswith((HOLD_PREFIX, DRAIN_PREFIX)):
-                            continue
-                        counted = self.cache.counted(h)
-                        if counted is None or self.cache.is_assumed(h):
-                            continue
-                        p = counted[1]
-                        entry = self.cache.pod_entry(h)
-                        if p.mig_profile is not None and entry is not None:
-                            found[h] = (n.name, g.index, p.mig_profile, entry.uid)
+                # The actuator's views are rebuilt only for nodes that changed (Views):
+                # the same view object means the same pods on the same slices. Not
+                # reused while an assumed bind was there: its confirmation leaves the
+                # node's generation (and so its view) as it was.
+                hit = self._pods_on.get(n.name)
+                if hit is not None and hit[0] is n and hit[2]:
+                    on_node, settled = hit[1], True
+                else:
+                    on_node, settled = self._read(n)
+                memo[n.name] = (n, on_node, settled)
+                found.update(on_node)
+        self._pods_on = memo
         movable = self.owners.movable(found.keys(), MOVABLE_KINDS)
         # By (name, uid): a StatefulSet's replacement keeps the name, not the age.
         self.since = {(k, f[3]): self.since.get((k, f[3]), now) for k, f in found.items()}
@@ -142,6 +145,29 @@ class Compactor:
         return {k: Tenant(k, node, gpu, profile, self.since[k, uid],
                           k in movable and (k, uid) not in self.evicted)
                 for k, (node, gpu, profile, uid) in found.items()}
+
+    def _read(self, n: NodeView) -> tuple[dict[str, tuple[str, int, str, str]], bool]:
+        """Under the cache lock: the pods on the node's MIG slices (node, GPU, profile,
+        uid), assumed binds left out; and whether there was none."""
+        out = {}
+        settled = True
+        for g in n.gpus:
+            if not g.mig_enabled:
+                continue
+            for h in g.holders:
+                if h.startswith((HOLD_PREFIX, DRAIN_PREFIX)):
+                    continue
+                counted = self.cache.counted(h)
+                if counted is None:
+                    continue
+                if self.cache.is_assumed(h):
+                    settled = False
+                    continue
+                p = counted[1]
+                entry = self.cache.pod_entry(h)
+                if p.mig_profile is not None and entry is not None:
+                    out[h] = (n.name, g.index, p.mig_profile, entry.uid)
+        return out, settled
 
     # ---- one step ----------------------------------------------------------------------------
 

@@ -203,3 +203,24 @@ def test_age_counts_per_pod_uid_not_per_name() -> None:
     clock.advance(150)
     act.step()
     assert evictor.asked == ["default/web-0"]
+
+
+def test_a_bind_confirmed_after_it_was_assumed_makes_its_pod_movable() -> None:
+    # The confirmation of an assumed bind leaves the node's generation alone: the
+    # compactor must not keep what it read while the bind was only assumed.
+    cache, act, evictor, _, _, clock, _ = setup(on_gpu0=[])
+    owners = act.compactor.owners if act.compactor is not None else None
+    assert isinstance(owners, PodOwners)
+    pending = pod("lone", {"nvidia.com/mig-1g.10gb": "1"}, uid="u-lone")
+    pending["metadata"]["ownerReferences"] = OWNED
+    owners.upsert_pod(pending)
+    req = cache.pending_pod("default/lone")  # what the extender's bind assumes
+    assert req is not None
+    cache.assume(req, "u-lone", Placement("default/lone", "a", (0,), "1g.10gb", 0))
+    act.step()
+    assert evictor.asked == []  # only assumed: not moved
+    owners.upsert_pod(asr_on("lone", 0, 0, uid="u-lone"))  # seen bound where assumed
+    assert not cache.is_assumed("default/lone")
+    clock.advance(1)
+    act.step()
+    assert evictor.asked == ["default/lone"]
