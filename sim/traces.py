@@ -16,6 +16,7 @@ import csv
 import io
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from functools import partial
 
 from packing.model import (
     GPU_MILLI,
@@ -179,31 +180,12 @@ def to_snapshot_nodes(nodes: Iterable[OpenbNode]) -> tuple[NodeInfo, ...]:
 
 def to_pod_request(pod: OpenbPod, namespace: str = "openb") -> PodRequest:
     """An openb pod as a packer request: WHOLE, SHARED (by gpu_milli) or NONE."""
-    key = f"{namespace}/{pod.name}"
+    request = partial(PodRequest, key=f"{namespace}/{pod.name}", cpu_milli=pod.cpu_milli,
+                      memory_mib=pod.memory_mib)
     if pod.num_gpu >= 1 and pod.gpu_milli == GPU_MILLI:
-        return PodRequest(
-            key=key,
-            cpu_milli=pod.cpu_milli,
-            memory_mib=pod.memory_mib,
-            kind=RequestKind.WHOLE,
-            gpu_count=pod.num_gpu,
-            gpu_models=pod.gpu_spec,
-            klass="whole",
-        )
+        return request(kind=RequestKind.WHOLE, gpu_count=pod.num_gpu,
+                       gpu_models=pod.gpu_spec, klass="whole")
     if pod.num_gpu >= 1:
-        return PodRequest(
-            key=key,
-            cpu_milli=pod.cpu_milli,
-            memory_mib=pod.memory_mib,
-            kind=RequestKind.SHARED,
-            gpu_milli=pod.gpu_milli,
-            gpu_models=pod.gpu_spec,
-            klass="small",
-        )
-    return PodRequest(
-        key=key,
-        cpu_milli=pod.cpu_milli,
-        memory_mib=pod.memory_mib,
-        kind=RequestKind.NONE,
-        klass="cpu",
-    )
+        return request(kind=RequestKind.SHARED, gpu_milli=pod.gpu_milli,
+                       gpu_models=pod.gpu_spec, klass="small")
+    return request(kind=RequestKind.NONE, klass="cpu")
