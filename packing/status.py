@@ -16,6 +16,10 @@ class Code(StrEnum):
     UNSCHEDULABLE = "Unschedulable"
     # Cannot fit whatever other pods do (no node of the kind, no domain at all).
     UNRESOLVABLE = "UnschedulableAndUnresolvable"
+    # Not judged: the answer depends on something gpupack has not seen yet (its watch is
+    # behind kube-scheduler's informer). Not a verdict on the pod: kube-scheduler retries
+    # it after its backoff, as it does for any scheduling error.
+    ERROR = "Error"
 
 
 @dataclass(frozen=True)
@@ -31,6 +35,10 @@ class Status:
     @staticmethod
     def unresolvable(check: str, *reasons: str) -> Status:
         return Status(Code.UNRESOLVABLE, check, reasons)
+
+    @staticmethod
+    def error(check: str, *reasons: str) -> Status:
+        return Status(Code.ERROR, check, reasons)
 
     @property
     def message(self) -> str:

@@ -19,7 +19,7 @@ from kube.reservations import ReservationRecord
 from packing.group_placement import EvictionCandidate, group_victims
 from packing.groups import is_reservation
 from packing.model import Placement, PodRequest
-from packing.status import Status
+from packing.status import Code, Status
 from scheduler.group_facts import judge
 from scheduler.group_placement import hold_key, looks_grouped
 from scheduler.group_reconcile import HiddenNodes, Member, group_slots
@@ -41,6 +41,7 @@ GROUP_WAITS = "GroupWaits"  # the group holds no room (the reason says why)
 GROUP_FULL = "GroupFull"  # every member slot of the group is taken
 RESERVED_NODE = "ReservedNode"  # the member's room is on another node
 ASSUME = "Assume"  # the room could not be assumed for the pod
+POD_UNSEEN = "PodNotSeen"  # the watch has not shown this pod (this uid) yet: an error
 
 
 class GroupVerbs:
@@ -51,7 +52,15 @@ class GroupVerbs:
 
     def status(self, pod: PodRequest) -> ReservationRecord | Status:
         """The group's record (the pod has a slot in it), or why it waits (check
-        BOOK_READY, GROUP_WAITS, GROUP_FULL)."""
+        BOOK_READY, GROUP_WAITS, GROUP_FULL), or the error POD_UNSEEN.
+
+        The book knows a group's members from the cache's watch, which may lag
+        kube-scheduler's informer by the very pod asked about. Judging such a pod
+        (no slot of the record names it, or its group not tried yet) would reject it as
+        unschedulable, and kube-scheduler would then park it until some later cluster
+        event, up to its five-minute flush when the pod was the last one created. An
+        error instead makes kube-scheduler try it again after its backoff, by when the
+        watch has shown it."""
         assert pod.group is not None
         key = pod.group.key
         with self.book.cache.lock:
@@ -59,6 +68,11 @@ class GroupVerbs:
                 return Status.unschedulable(
                     BOOK_READY,
                     f"group {key} waits: gpupack has not rebuilt its reservations yet")
+            seen = self.book.cache.pod_entry(pod.key)
+            if seen is None or (pod.uid and seen.uid and seen.uid != pod.uid):
+                return Status.error(
+                    POD_UNSEEN, f"group {key}: gpupack's watch has not shown pod {pod.key} "
+                    f"(uid {pod.uid or 'unknown'}) yet; try again")
             self.book.step()
             r = self.book.records.get(key)
             if r is None:
@@ -80,6 +94,8 @@ class GroupVerbs:
         names = args.candidate_names
         got = self.status(pod)
         keep: tuple[str, ...] = ()
+        if isinstance(got, Status) and got.code is Code.ERROR:
+            return FilterResult(error=got.message)
         if isinstance(got, Status):
             failed = {n: got.message for n in names}
         else:

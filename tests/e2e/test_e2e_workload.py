@@ -23,6 +23,7 @@ from typing import Any
 
 from cluster import (
     GPU,
+    bound,
     create_nodes,
     create_pods,
     group_outcomes,
@@ -31,6 +32,7 @@ from cluster import (
     l40s_shared,
     lws_member,
     overcommits,
+    pending_report,
     pod,
     pods_in,
     wait_for_webhook,
@@ -146,7 +148,8 @@ def test_mixed_workload_gpupack_and_plain(space: Space, core: Any,
         print(f"\n  e2e mixed workload: {ours}\n  e2e mixed workload: {theirs}")
 
     unbound = [p["metadata"]["name"] for p in placed if not p["spec"].get("nodeName")]
-    assert not unbound, f"gpupack left pods pending: {unbound}"
+    assert not unbound, (f"gpupack left pods pending: {unbound}; "
+                         f"{pending_report(core, ns)}; bound: {bound(placed)}")
     groups = group_outcomes(core, placed)
     assert len(groups) == 3
     for g in groups.values():

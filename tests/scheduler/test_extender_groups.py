@@ -157,6 +157,37 @@ def test_small_pods_are_refused_through_the_http_filter() -> None:
     assert 'gpupack_groups_waiting{reason="no_room"} 0.0' in metrics
 
 
+def test_a_member_the_watch_has_not_shown_is_an_error_kube_scheduler_retries() -> None:
+    """kube-scheduler's informer may show a member before gpupack's watch does. Judged
+    then, the worker would be refused as unschedulable (no slot names it): kube-scheduler
+    parks such a pod until some later cluster event, for good when it was the last pod
+    created. The answer is an error (retried after backoff), and once the watch shows the
+    pod, its reserved node."""
+    r = rig(TWO, [lws_pod("a", 0, 2, 8)])
+    client = app_client(r)
+    worker = lws_pod("a", 1, 2, 8)
+    status, body = post(client, "/filter", filter_args(worker, ["n1", "n2"]))
+    assert status == 200
+    assert "llm/a-0-1" in body["Error"] and "not shown" in body["Error"], body
+    assert body["FailedNodes"] == {} and body["FailedAndUnresolvableNodes"] == {}
+    status, bound_body = post(client, "/bind", {"PodName": "a-0-1", "PodNamespace": "llm",
+                                                "PodUID": "uid-llm-a-0-1", "Node": "n1"})
+    assert bound_body["Error"] and client.binder.calls == []
+    r.tap.upsert_pod(worker)
+    r.sync()
+    status, body = post(client, "/filter", filter_args(worker, ["n1", "n2"]))
+    assert body["Error"] == "" and body["NodeNames"] == [r.book.reservations[A].slots[1].node]
+
+
+def test_a_member_recreated_under_the_same_name_is_unseen_until_the_watch_shows_it() -> None:
+    r = rig(TWO, [lws_pod("a", 0, 2, 8)])
+    again = lws_pod("a", 0, 2, 8, uid="uid-second")
+    got = GroupVerbs(r.book).filter(fargs(again, ["n1", "n2"]))
+    assert got is not None and "uid-second" in got.error and not got.node_names
+    first = GroupVerbs(r.book).filter(fargs(lws_pod("a", 0, 2, 8), ["n1", "n2"]))
+    assert first is not None and first.error == "" and len(first.node_names or ()) == 1
+
+
 def app_client(r: Any) -> Any:
     class Binder:
         def __init__(self) -> None:
