@@ -141,6 +141,9 @@ class ClusterCache:
         # the inventory text it was read from (read again only when that changes).
         self._obs: dict[str, NodeObservation] = {}
         self._obs_text: dict[str, str | None] = {}
+        # Nodes the watch showed whose objects could not be read, never read before: not
+        # "unseen" (see unreadable_node), so a filter does not wait for them.
+        self._unreadable: set[str] = set()
         # The observed placement of each pod last compared with gpupack's, and the
         # disagreements found (by kind: shared, mig): the device plugin or the node
         # put a pod elsewhere than gpupack predicted or recorded.
@@ -219,6 +222,11 @@ class ClusterCache:
 
     def node_names(self) -> list[str]:
         return list(self.state.nodes)
+
+    def unreadable_node(self, name: str) -> bool:
+        """The watch showed ``name`` but its object could not be read (and never could):
+        absent from the cache for good, unlike a node the watch has not shown yet."""
+        return name in self._unreadable
 
     def taints(self, node: str) -> tuple[Taint, ...]:
         return self._taints.get(node, ())
@@ -607,8 +615,12 @@ class ClusterCache:
             info = self._node_info(obj)
         except ObjectError as e:
             log.warning("skipping node: %s", e)
+            meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+            name = meta.get("name") if isinstance(meta, Mapping) else None
             with self.lock:
                 self.bad_objects += 1
+                if isinstance(name, str) and name not in self._infos:
+                    self._unreadable.add(name)
             return False
         try:
             taints = node_taints(obj)
@@ -620,6 +632,7 @@ class ClusterCache:
         info = replace(info, taints=taints)  # the shapes cache shares NodeInfos by shape
         text = inventory_text(obj)
         with self.lock:
+            self._unreadable.discard(info.name)
             seen = self._obs_text.get(info.name, None) == text and info.name in self._obs_text
             if not seen:
                 self._obs_text[info.name] = text
@@ -734,6 +747,7 @@ class ClusterCache:
 
     def delete_node(self, name: str) -> None:
         with self.lock:
+            self._unreadable.discard(name)
             if name not in self._infos:
                 return
             keys = list(self._on_node.get(name, set()))
@@ -844,6 +858,7 @@ class ClusterCache:
                 names = {object_name(n) for n in node_list}
                 for gone in [n for n in self._infos if n not in names]:
                     self.delete_node(gone)
+                self._unreadable &= names
                 for n in node_list:
                     self.upsert_node(n)
             if pods is not None:

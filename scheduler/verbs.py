@@ -42,6 +42,7 @@ from scheduler.wire import (
 )
 
 UNKNOWN_NODE = "node not in gpupack's cache (not seen by its watch yet)"
+UNREADABLE_NODE = "node object unreadable by gpupack (see its log); no GPU pod is placed there"
 # Unknown names listed in a filter answer (FailedNodes), at most. The watch lags the
 # scheduler by a few events, so a real request names a few; a request naming many more
 # gets the rest left out (kube-scheduler drops a node missing from NodeNames whether or
@@ -62,6 +63,8 @@ class CacheView(Protocol):
     def signatures(self) -> Mapping[str, int]: ...
 
     def has_node(self, name: str) -> bool: ...
+
+    def unreadable_node(self, name: str) -> bool: ...
 
     def counted(self, key: str) -> tuple[PodRequest, Placement] | None: ...
 
@@ -382,12 +385,17 @@ def filter_nodes(args: ExtenderArgs, view: CacheView, memo: Memo,
     names = tuple(dict.fromkeys(args.candidate_names))  # a name twice is answered once
     memo.lookups += len(names)
     unknown = 0
+    first_unknown = ""
     for name in names:
         sig = sigs.get(name)
+        if sig is None and view.unreadable_node(name):
+            never[name] = UNREADABLE_NODE
+            continue
         if sig is None:
             # The scheduler's node list can be a few events ahead of our watch; failing
             # just this node lets the pod land elsewhere instead of failing the attempt.
             unknown += 1
+            first_unknown = first_unknown or name
             if unknown <= UNKNOWN_LISTED:
                 failed[name] = UNKNOWN_NODE
             memo.lookups -= 1
@@ -408,6 +416,14 @@ def filter_nodes(args: ExtenderArgs, view: CacheView, memo: Memo,
             never[name] = ev.reason
         else:
             failed[name] = ev.reason
+    if not keep and unknown:
+        # Refusing would park the pod in kube-scheduler until some later cluster event:
+        # the event that brought a new node (an autoscaler's, say) was the last one, and
+        # the retry it caused came before our watch showed the node. An error is retried
+        # after kube-scheduler's backoff instead.
+        return FilterResult(error=(
+            f"no candidate node fits in gpupack's view, and {unknown} of them (such as "
+            f"{first_unknown}) its watch has not shown yet; try again"))
     if choose and best is not None and best.top < len(keep):
         keep = best.select(keep, fit_evals, base, pod.key, state)
     if args.node_cache_capable:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import pytest
@@ -23,6 +24,7 @@ from scheduler.verbs import (
     NODE_FIT,
     NODE_KNOWN,
     UNKNOWN_NODE,
+    UNREADABLE_NODE,
     Memo,
     NoPlan,
     ScorerRef,
@@ -100,6 +102,46 @@ def test_filter(cache: Any, p: dict[str, Any], names: list[str], kept: list[str]
     for name, text in never.items():
         assert text in result.unresolvable[name]
     assert set(kept) | set(failed) | set(never) == set(names)
+
+
+# (pod, candidate names, the error says) when nothing fits and a candidate is not seen yet.
+UNSEEN_CASES = [
+    (mig_pod("asr"), ["ghost"], "1 of them (such as ghost)"),
+    (whole_pod("llm3", 3), ["whole", "ghost", "ghost-2"], "2 of them (such as ghost)"),
+]
+
+
+@pytest.mark.parametrize(("p", "names", "says"), UNSEEN_CASES)
+def test_filter_with_nothing_fitting_and_a_node_not_seen_yet_is_an_error(
+        cache: Any, p: dict[str, Any], names: list[str], says: str) -> None:
+    """A refusal would park the pod in kube-scheduler until a later cluster event; the
+    node kube-scheduler already knows may be the one that fits once the watch shows it."""
+    result = filter_nodes(ExtenderArgs.decode(filter_args(p, names)), cache, Memo())
+    assert says in result.error and "try again" in result.error
+    assert not result.node_names
+
+
+def test_a_node_whose_object_cannot_be_read_is_refused_for_good_not_waited_for(
+        cache: Any) -> None:
+    broken = {"metadata": {"name": "broken", "labels": {"nvidia.com/gpu.count": "lots"}},
+              "status": {"allocatable": {"nvidia.com/gpu": "x"}}}
+    assert cache.upsert_node(broken) is False
+    assert cache.unreadable_node("broken")
+    args = ExtenderArgs.decode(filter_args(whole_pod("llm3", 3), ["whole", "broken"]))
+    result = filter_nodes(args, cache, Memo())
+    assert result.error == "" and result.unresolvable["broken"] == UNREADABLE_NODE
+    # Readable again: an ordinary node; deleted or relisted without it: unseen again.
+    readable = copy.deepcopy(next(n for n in NODES if n["metadata"]["name"] == "whole"))
+    readable["metadata"]["name"] = "broken"
+    assert cache.upsert_node(readable)
+    assert not cache.unreadable_node("broken")
+    cache.upsert_node(broken)
+    assert not cache.unreadable_node("broken")  # it was read once: its last state stays
+    cache.delete_node("broken")
+    cache.upsert_node(broken)
+    assert cache.unreadable_node("broken")
+    cache.replace(NODES, None)
+    assert not cache.unreadable_node("broken")
 
 
 def test_filter_full_nodes_mode_returns_node_objects(cache: Any) -> None:
