@@ -191,6 +191,7 @@ class Components:
         from kube.group_inputs import GroupInputs
         from kube.leader import AlwaysLeader, Leadership, LeaseWatcher
         from kube.lws import LwsPoller
+        from kube.pod_conditions import ApiPodStatusStore
         from kube.reservations import (
             RECORD_SELECTOR,
             ApiRecordStore,
@@ -245,6 +246,7 @@ class Components:
             self.inputs.on_unknown_lws = self.lws.nudge
             self.binder = ApiBinder(api)
             store = ApiRecordStore(api, args.namespace)
+            requeue_store: RecordStore | None = ApiPodStatusStore(api)
             if args.leader_lease:
                 ns, _, name = args.leader_lease.partition("/")
                 self.lease = LeaseWatcher(api, ns, name, args.leader_identity)
@@ -258,11 +260,16 @@ class Components:
             self.binder = static.binder()
             self.static_records = StaticRecordStore()
             store = self.static_records
+            requeue_store = None  # no kube-scheduler parks pods here
         self.group_writer = RecordWriter(store, is_leader=self.leader.is_leader)
+        # Status patches that requeue refused members once their room is reserved.
+        self.requeue_writer = (None if requeue_store is None else RecordWriter(
+            requeue_store, is_leader=self.leader.is_leader, what="pod condition"))
         self.groups = ReservationBook(self.cache, ttl=args.group_ttl, writer=self.group_writer,
                                       scorer=lambda: self.planner.scorer.scorer,
                                       is_leader=self.leader.is_leader, namespace=args.namespace,
-                                      inputs=self.inputs, max_group_gpus=args.max_group_gpus)
+                                      inputs=self.inputs, max_group_gpus=args.max_group_gpus,
+                                      requeue=self.requeue_writer)
         self.tap = ReservationTap(self.cache, self.groups)
         # Who recreates each pod (kube.owners): what defragmentation and MIG compaction
         # may evict. Fed by the source in front of the cache.
@@ -350,6 +357,8 @@ class Components:
 
     def start(self) -> None:
         self.group_writer.start()
+        if self.requeue_writer is not None:
+            self.requeue_writer.start()
         if self.lease is not None:
             self.lease.poll()  # know who leads before the first answer
             self.lease.start()

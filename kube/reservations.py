@@ -349,8 +349,10 @@ class RecordWriter:
     def __init__(
         self, store: RecordStore, is_leader: Callable[[], bool] = lambda: True,
         retries: int = 3, backoff_s: float = 0.5, sleep: Callable[[float], None] = time.sleep,
+        what: str = "record",
     ) -> None:
         self.store = store
+        self.what = what  # what is written, for the log and the thread's name
         self.is_leader = is_leader
         self.retries = retries
         self.backoff_s = backoff_s
@@ -376,7 +378,7 @@ class RecordWriter:
     def start(self) -> None:
         if self._thread is None:
             self._thread = threading.Thread(target=self._loop, daemon=True,
-                                            name="gpupack-record-writer")
+                                            name=f"gpupack-{self.what}-writer")
             self._thread.start()
 
     def stop(self) -> None:
@@ -403,7 +405,7 @@ class RecordWriter:
             for attempt in range(self.retries + 1):
                 if not self.is_leader():
                     self.dropped += 1
-                    log.info("not the leader: record %s not written", name)
+                    log.info("not the leader: %s %s not written", self.what, name)
                     break
                 try:
                     if obj is None:
@@ -416,7 +418,7 @@ class RecordWriter:
                 except Exception as e:  # API errors, timeouts: retry, then give up loudly
                     if attempt == self.retries:
                         self.failures += 1
-                        log.warning("could not write record %s: %s", name, e)
+                        log.warning("could not write %s %s: %s", self.what, name, e)
                         break
                     self.sleep(self.backoff_s * (attempt + 1))
         return done

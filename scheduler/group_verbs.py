@@ -65,7 +65,9 @@ class GroupVerbs:
         key = pod.group.key
         with self.book.cache.lock:
             if not self.book.ready:
-                return Status.unschedulable(
+                # Not synced: an error, retried (the app answers 503 before this point;
+                # a book becoming ready is no event kube-scheduler would see).
+                return Status.error(
                     BOOK_READY,
                     f"group {key} waits: gpupack has not rebuilt its reservations yet")
             seen = self.book.cache.pod_entry(pod.key)
@@ -78,8 +80,10 @@ class GroupVerbs:
             if r is None:
                 w = self.book.waiting.get(key)
                 why = w.reason if w is not None else f"group {key} waits: not placed yet"
+                self.book.note_refused(pod.key)
                 return Status.unschedulable(GROUP_WAITS, why)
             if self.book.slot_of(r, pod.key) is None:
+                self.book.note_refused(pod.key)
                 return Status.unresolvable(GROUP_FULL,
                                            f"group {key} already has all {r.size} members")
             return r

@@ -36,6 +36,7 @@ survive a restart).
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import math
 import threading
@@ -46,6 +47,7 @@ from dataclasses import replace
 
 from kube.cache import ClusterCache
 from kube.group_inputs import GroupInputs
+from kube.pod_conditions import room_reserved
 from kube.reservations import (
     RecordWriter,
     ReservationError,
@@ -106,16 +108,24 @@ class ReservationBook:
         records_listed: bool = False,
         inputs: GroupInputs | None = None,
         max_group_gpus: int = 64,
+        requeue: RecordWriter | NullWriter | None = None,
     ) -> None:
         """``records_listed``: no source of records will report (a book without an API,
         whose records start empty): ready as soon as the cache is synced. ``inputs``:
         the ResourceQuotas and LeaderWorkerSets groups are bound by (default: none, and
         nothing will report any); ``max_group_gpus``: the most GPUs a group sized by its
-        pods' labels may reserve (:mod:`scheduler.group_rights`)."""
+        pods' labels may reserve (:mod:`scheduler.group_rights`). ``requeue``: where the
+        leader queues the status patches that wake members it refused once their room is
+        reserved (:mod:`kube.pod_conditions`; default: nowhere)."""
         self.cache = cache
         self.ttl = ttl
         self.clock = clock
         self.writer = writer if writer is not None else NullWriter()
+        self.requeue = requeue if requeue is not None else NullWriter()
+        # Members a verb refused (kube-scheduler has parked them): woken when a record
+        # gives them a room (see _wake_refused).
+        self.refused: set[str] = set()
+        self.woken = 0
         self.scorer = scorer or (lambda: bestfit)
         self.settings = GroupSettings(ttl=ttl, retry_s=retry_s, cooldown_s=cooldown_s)
         self.is_leader = is_leader
@@ -298,6 +308,9 @@ class ReservationBook:
                 self._apply(decision)
                 if decision.put or decision.release:
                     self._apply_holds()
+            if self.refused and leader:
+                self.refused = {k for k in self.refused
+                                if self.cache.pending_pod(k) is not None}
             self._seen_version = self._version()
             self.waiting = {g: (replace(w, seen=self._seen_version) if w.seen == -1 else w)
                             for g, w in self.waiting.items()}
@@ -347,11 +360,33 @@ class ReservationBook:
             self._revs[rec.group] = max(self._revs.get(rec.group, 0), rec.rev)
             self._own_revs[rec.group] = max(self._own_revs.get(rec.group, 0), rec.rev)
             self.writer.submit(record_name(rec.group), record_object(rec, self.namespace))
+        if self.refused:
+            self._wake_refused(d.put)
         self.waiting = dict(d.waiting)
         self.first_seen = dict(d.first_seen)
         for _, seconds in d.completed:
             if self.on_complete is not None:
                 self.on_complete(seconds)
+
+    def note_refused(self, key: str) -> None:
+        """A verb refused member ``key`` (under the lock): kube-scheduler parks it until an
+        event, which a reservation made later on gpupack's own clock is not."""
+        self.refused.add(key)
+
+    def _wake_refused(self, put: Iterable[ReservationRecord]) -> None:
+        """Queue the status patch that requeues each refused member a record now names
+        (one write per member and refusal; kube.pod_conditions says why)."""
+        for rec in put:
+            for slot, key in rec.pods.items():
+                if key not in self.refused or self.cache.pending_pod(key) is None:
+                    continue
+                self.refused.discard(key)
+                namespace, _, name = key.partition("/")
+                node = rec.slots[slot].node if slot in rec.slots else "?"
+                self.requeue.submit(key, room_reserved(
+                    namespace, name, rec.group, slot, node,
+                    dt.datetime.fromtimestamp(self.clock(), dt.UTC)))
+                self.woken += 1
 
     def _due(self) -> float:
         times = [r.expires for r in self.records.values()]

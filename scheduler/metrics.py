@@ -531,7 +531,7 @@ class GroupCollector(Collector):
     def __init__(self, book: ReservationBook) -> None:
         self.book = book
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[Metric]:
         if not self.book.is_leader():
             return  # a standby: the leader's figures are the cluster's (see ExtenderMetrics)
         active, gpus, waiting = self.book.figures()
@@ -549,3 +549,9 @@ class GroupCollector(Collector):
         for reason in WAIT_REASONS:
             fam.add_metric([reason], waiting.get(reason, 0))
         yield fam
+        c = CounterMetricFamily(
+            "gpupack_group_members_requeued",
+            "Refused group members given a status condition when their room was reserved, "
+            "so kube-scheduler tries them again (kube/pod_conditions.py)")
+        c.add_metric([], self.book.woken)
+        yield c

@@ -1,6 +1,7 @@
-"""LLM groups within their rights, on the real control plane: a reservation uses only
-nodes every member could run on, and a group its namespace's ResourceQuota cannot hold
-is refused and holds nothing."""
+"""LLM groups on the real control plane: a reservation uses only nodes every member could
+run on, a group its namespace's ResourceQuota cannot hold is refused and holds nothing,
+and a group refused while another held the room binds as soon as that room is reserved
+for it, though no cluster event told kube-scheduler (an expiry)."""
 
 from __future__ import annotations
 
@@ -20,8 +21,10 @@ from cluster import (
     wait_for,
 )
 from conftest import Space
-from controlplane import NAMESPACE
+from controlplane import E2E_GROUP_TTL_S, NAMESPACE
 from kubernetes.client.rest import ApiException
+
+from kube.pod_conditions import ROOM_RESERVED
 
 RECORDS = "app.kubernetes.io/managed-by=gpupack,app.kubernetes.io/component=group-reservation"
 ZONE = "topology.kubernetes.io/zone"
@@ -103,3 +106,38 @@ def _created(core: Any, ns: str, body: dict[str, Any]) -> bool:
             return False  # the quota's status is not seen by admission yet
         raise
     return True
+
+
+def _room_condition(core: Any, ns: str, name: str) -> Any:
+    p = core.read_namespaced_pod(name, ns)
+    return next((c for c in p.status.conditions or [] if c.type == ROOM_RESERVED), None)
+
+
+def test_a_refused_group_binds_when_an_expiry_frees_its_room(space: Space, core: Any) -> None:
+    """Group a holds room for a worker that never comes; group b, refused meanwhile, is
+    parked by kube-scheduler. When a's reservation expires (gpupack's clock, no cluster
+    event) b is reserved there, and the status condition gpupack writes on b's refused
+    members requeues them: they bind at once, not at kube-scheduler's five-minute flush."""
+    ns = space.namespace()
+    p = space.name
+    space.nodes += create_nodes(core, [h100_whole(f"{p}-a-{i}", p, clique=f"{p}-a")
+                                       for i in range(3)])
+    create_pods(core, ns, [lws_member("llm-a", 0, 2, 8, p)])
+    wait_for(lambda: "llm-a-0" in bound(pods_in(core, ns)), 30, "group a's leader to bind")
+    start = time.monotonic()
+    b = [lws_member("llm-b", w, 2, 8, p) for w in range(2)]
+    create_pods(core, ns, b)
+    wait_for(lambda: "waits whole" in pending_report(core, ns), 30,
+             "kube-scheduler to refuse group b (a holds the room)")
+    got = wait_for(lambda: {"llm-b-0", "llm-b-0-1"} <= set(bound(pods_in(core, ns))),
+                   E2E_GROUP_TTL_S + 30, "group b to bind after a's reservation expired")
+    assert got
+    # Woken by gpupack, not by some other event: the refused members carry its condition.
+    woken = [n for n in ("llm-b-0", "llm-b-0-1") if _room_condition(core, ns, n) is not None]
+    assert woken, "no refused member of b got the RoomReserved condition"
+    cond = _room_condition(core, ns, woken[0])
+    assert cond.status == "True" and "group " in cond.message
+    # a's leader stayed where it was; b took the rest of the clique, after the expiry.
+    placed = bound(pods_in(core, ns))
+    assert len({placed["llm-a-0"], placed["llm-b-0"], placed["llm-b-0-1"]}) == 3
+    assert time.monotonic() - start >= E2E_GROUP_TTL_S - 10

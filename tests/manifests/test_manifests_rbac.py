@@ -66,12 +66,13 @@ def test_least_privilege(which: str, request: pytest.FixtureRequest) -> None:
     leases = {("gpupack", "coordination.k8s.io", "leases", v)
               for v in ("get", "create", "update")}
     # Informers only list and watch; Bindings are posted to the namespaced bindings
-    # resource and carry the annotations (no pod patch); group records only in gpupack's
+    # resource and carry the annotations (no pod patch; a pod's status only, for the
+    # condition that requeues a refused group member); group records only in gpupack's
     # own namespace.
     # Group rights: ResourceQuotas by an informer, LeaderWorkerSets by a periodic list.
     assert own["gpupack-scheduler"] == (
         core("*", "nodes", "list", "watch")
-        | core("*", "pods", "list", "watch")
+        | core("*", "pods", "list", "watch") | core("*", "pods/status", "patch")
         | core("*", "bindings", "create") | leases
         | core("gpupack", "configmaps", "get", "list", "watch", "create", "update", "delete")
         | core("*", "resourcequotas", "list", "watch")

@@ -12,6 +12,7 @@ from test_groups_builders import RecordingWriter, bound, lws_pod, rig
 
 from kube.annotations import placement_annotations
 from kube.cache import ClusterCache
+from kube.pod_conditions import ROOM_RESERVED
 from kube.reservations import (
     RecordWriter,
     StaticRecordStore,
@@ -186,6 +187,43 @@ def test_a_member_recreated_under_the_same_name_is_unseen_until_the_watch_shows_
     assert got is not None and "uid-second" in got.error and not got.node_names
     first = GroupVerbs(r.book).filter(fargs(lws_pod("a", 0, 2, 8), ["n1", "n2"]))
     assert first is not None and first.error == "" and len(first.node_names or ()) == 1
+
+
+def test_a_refused_member_is_woken_when_its_room_is_reserved_on_a_timer() -> None:
+    """B waits while A holds the room; A's reservation expires (no cluster event
+    kube-scheduler sees), B is reserved, and B's refused leader gets the status condition
+    that requeues it. A member never refused, and a refused pod that went, get none."""
+    r = rig(TWO, [lws_pod("a", 0, 2, 8), lws_pod("b", 0, 2, 8), lws_pod("b", 1, 2, 8),
+                  whole_pod("gone", 8, namespace="llm")])
+    verbs = GroupVerbs(r.book)
+    refused = verbs.filter(fargs(lws_pod("b", 0, 2, 8), ["n1", "n2"]))
+    assert refused is not None and refused.node_names == () and refused.error == ""
+    r.book.note_refused("llm/gone")  # refused once, then deleted
+    r.tap.delete_pod("llm/gone")
+    assert r.requeue.writes == []
+    r.clock.advance(101)  # past A's ttl
+    r.sync()
+    assert set(r.book.reservations) == {B}
+    rec = r.book.reservations[B]
+    assert [name for name, _ in r.requeue.writes] == ["llm/b-0"]
+    patch = r.requeue.writes[0][1]
+    assert patch["metadata"] == {"namespace": "llm", "name": "b-0"}
+    (cond,) = patch["status"]["conditions"]
+    assert cond["type"] == ROOM_RESERVED and cond["status"] == "True"
+    slot = next(s for s, k in rec.pods.items() if k == "llm/b-0")
+    assert f"member {slot} of group {B} on node {rec.slots[slot].node}" in cond["message"]
+    r.clock.advance(1)
+    r.sync()
+    assert len(r.requeue.writes) == 1  # once per refusal
+    assert r.book.refused == set()
+    assert "gpupack_group_members_requeued_total 1.0" in app_client(r).get("/metrics").text
+
+
+def test_a_book_that_is_not_ready_answers_an_error_not_a_refusal() -> None:
+    r = rig(TWO, [lws_pod("a", 0, 2, 8)])
+    r.book.ready = False
+    got = GroupVerbs(r.book).filter(fargs(lws_pod("a", 0, 2, 8), ["n1", "n2"]))
+    assert got is not None and "not rebuilt" in got.error and r.book.refused == set()
 
 
 def app_client(r: Any) -> Any:

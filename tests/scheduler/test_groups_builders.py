@@ -59,6 +59,7 @@ class Rig:
     tap: ReservationTap
     clock: FakeClock
     writer: Any
+    requeue: Any = None  # the status patches that wake refused members (a RecordingWriter)
 
     def sync(self) -> None:
         """What the background keeper does after a change: one step of the book."""
@@ -81,13 +82,14 @@ def rig(nodes: list[dict[str, Any]], pods: list[dict[str, Any]] | None = None,
     book = ReservationBook(cache, ttl=ttl, clock=clock, writer=writer or RecordingWriter(),
                            retry_s=0.0, cooldown_s=10.0,
                            is_leader=leader if leader is not None else (lambda: True),
-                           inputs=inputs, max_group_gpus=max_group_gpus)
+                           inputs=inputs, max_group_gpus=max_group_gpus,
+                           requeue=RecordingWriter())
     tap = ReservationTap(cache, book)
     if records is not None:
         tap.replace_records(records)
     tap.replace(nodes, pods or [])
     tap.mark_synced()
-    r = Rig(cache, book, tap, clock, book.writer)
+    r = Rig(cache, book, tap, clock, book.writer, book.requeue)
     if sync:
         r.sync()
     return r
