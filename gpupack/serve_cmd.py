@@ -313,7 +313,7 @@ class Components:
                 is_leader=self.leader.is_leader, reserved=self.groups.held_members,
                 settings=MigSettings(timeout_s=args.mig_timeout, backoff_s=args.mig_backoff,
                                      min_idle_s=args.mig_min_idle),
-                metrics=mig_metrics)
+                metrics=mig_metrics, requeue=self.requeue_writer)
         # Defragmentation (docs/defrag.md): its metrics exist on every extender (zero
         # when it is off), so the dashboards and alerts always have their series.
         from scheduler.defrag_act import DefragMetrics

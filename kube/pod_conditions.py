@@ -1,13 +1,16 @@
-"""A condition gpupack writes on a waiting group member's status: it tells people where
-the group's room is, and it makes kube-scheduler try the pod again.
+"""Conditions gpupack writes on a waiting pod's status: they tell people what gpupack
+did for the pod, and make kube-scheduler try it again.
 
 Why a write is needed: kube-scheduler parks a pod an extender refused until a cluster
 event (in v1.37 any event, for such a pod: the refusal's ``Extender`` rejector matches
-every event), or at most its five-minute flush of unschedulable pods. Some of gpupack's
-decisions are no such event: the reservation book reserves a waiting group's room when
-another group's reservation expires (a timer), after a ResourceQuota change
-(kube-scheduler does not watch quotas) or when its cool-down ends. An update of the
-pod itself is an event for that pod: its status, with this condition, requeues it.
+every event), or at most its five-minute flush of unschedulable pods. Some of what
+gpupack does is no such event, or one kube-scheduler may act on before gpupack's watch
+has shown it: the reservation book reserves a waiting group's room when another group's
+reservation expires (a timer), after a ResourceQuota change (kube-scheduler does not
+watch quotas) or when a cool-down ends (``ROOM_RESERVED``); a MIG change ends with new
+allocatable that kube-scheduler may have retried the pod on before gpupack's cache had
+it (``SLICES_CREATED``). An update of the pod itself is an event for that pod: its
+status, with one of these conditions, requeues it.
 
 Only ``pods/status`` is patched (kube-scheduler's own grant, on the ServiceAccount the
 extender shares with it), never the pod's spec or metadata; the condition is merged by
@@ -22,21 +25,40 @@ from typing import Any
 
 ROOM_RESERVED = "gpupack.io/RoomReserved"  # the condition's type
 REASON = "GroupRoomReserved"
+# A pod waiting for a MIG profile (or whole GPUs) the MIG actuator has just created: the
+# new allocatable was an event, but kube-scheduler may have retried the pod before
+# gpupack's watch showed it, and parked it again on gpupack's older view.
+SLICES_CREATED = "gpupack.io/MigSlicesCreated"
+SLICES_REASON = "MigReconfigured"
 
 
-def room_reserved(namespace: str, name: str, group: str, slot: int, node: str,
-                  now: dt.datetime) -> dict[str, Any]:
-    """The status patch for member ``slot`` of ``group`` whose room is on ``node``, in
+def _patch(key: str, kind: str, reason: str, message: str, now: dt.datetime
+           ) -> dict[str, Any]:
+    """A status patch of pod ``key`` ("namespace/name") setting one True condition, in
     the shape :class:`kube.reservations.RecordWriter` queues (metadata names the pod)."""
+    namespace, _, name = key.partition("/")
     return {
         "metadata": {"namespace": namespace, "name": name},
         "status": {"conditions": [{
-            "type": ROOM_RESERVED, "status": "True", "reason": REASON,
-            "message": f"gpupack reserved room for member {slot} of group {group} on "
-                       f"node {node}",
+            "type": kind, "status": "True", "reason": reason, "message": message,
             "lastTransitionTime": now.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         }]},
     }
+
+
+def room_reserved(key: str, group: str, slot: int, node: str, now: dt.datetime
+                  ) -> dict[str, Any]:
+    """Member ``slot`` of ``group`` (pod ``key``) has its room on ``node``."""
+    return _patch(key, ROOM_RESERVED, REASON,
+                  f"gpupack reserved room for member {slot} of group {group} on node {node}",
+                  now)
+
+
+def slices_created(key: str, node: str, config: str, what: str, now: dt.datetime
+                   ) -> dict[str, Any]:
+    """Pod ``key`` waited for what the MIG change ``config`` on ``node`` made."""
+    return _patch(key, SLICES_CREATED, SLICES_REASON,
+                  f"gpupack's MIG change {config} on node {node} is done: {what}", now)
 
 
 class ApiPodStatusStore:

@@ -381,11 +381,9 @@ class ReservationBook:
                 if key not in self.refused or self.cache.pending_pod(key) is None:
                     continue
                 self.refused.discard(key)
-                namespace, _, name = key.partition("/")
                 node = rec.slots[slot].node if slot in rec.slots else "?"
                 self.requeue.submit(key, room_reserved(
-                    namespace, name, rec.group, slot, node,
-                    dt.datetime.fromtimestamp(self.clock(), dt.UTC)))
+                    key, rec.group, slot, node, dt.datetime.fromtimestamp(self.clock(), dt.UTC)))
                 self.woken += 1
 
     def _due(self) -> float:

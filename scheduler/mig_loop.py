@@ -20,6 +20,7 @@ changes' start times are written to the ConfigMap and must survive a failover).
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import math
 import threading
@@ -31,6 +32,7 @@ from prometheus_client.core import GaugeMetricFamily
 
 from kube.cache import ClusterCache
 from kube.mig import merged_config
+from kube.pod_conditions import slices_created
 from packing.cpsat import SolverParams
 from packing.mig import MigSlot
 from packing.mig_plan import DEFAULT_PARAMS, WHOLE
@@ -79,6 +81,12 @@ class MigWriter(Protocol):
     def event(self, node: str, reason: str, message: str, warning: bool = False) -> None: ...
 
 
+class Submitter(Protocol):
+    """A queue of writes keyed by name (kube.reservations.RecordWriter)."""
+
+    def submit(self, name: str, obj: Mapping[str, Any]) -> None: ...
+
+
 class MigMetrics:
     """``gpupack_mig_*`` on the extender's registry: registered by every extender (zero
     when the actuator is off), so the dashboards and alerts have series everywhere.
@@ -108,6 +116,10 @@ class MigMetrics:
                              registry=registry)
         self.held = Gauge("gpupack_mig_gpus_held",
                           "GPUs held for MIG changes in flight", registry=registry)
+        self.requeued = Counter(
+            "gpupack_mig_pods_requeued", "Pending pods given a status condition when a MIG "
+            "change made what they wait for, so kube-scheduler tries them again",
+            registry=registry)
 
 
 def _node_view(cache: ClusterCache, name: str) -> NodeView:
@@ -169,8 +181,13 @@ class MigActuator:
                  reserved: Callable[[], set[str]] = set,
                  settings: MigSettings = DEFAULT_SETTINGS, params: SolverParams = DEFAULT_PARAMS,
                  clock: Clock = time.time, metrics: MigMetrics | None = None,
-                 min_interval_s: float = 1.0, compactor: Compactor | None = None) -> None:
+                 min_interval_s: float = 1.0, compactor: Compactor | None = None,
+                 requeue: Submitter | None = None) -> None:
         self.cache = cache
+        # Where the status patches go that requeue pods waiting for what a change made
+        # (kube.pod_conditions; None: nowhere).
+        self.requeue = requeue
+        self.woken = 0
         self.api = api
         self.is_leader = is_leader
         self.reserved = reserved  # pending group members whose room is reserved
@@ -353,6 +370,40 @@ class MigActuator:
         if result == "success" and self.metrics is not None:
             for _, t in c.targets:
                 self.metrics.converted.labels("whole" if t == WHOLE else "mig").inc()
+        if result == "success":
+            self._wake_waiting(c)
+
+    def _wake_waiting(self, c: Change) -> None:
+        """Requeue the pods that wait for what ``c`` made, oldest first, as many as it
+        made room for: kube-scheduler retried them on the node's new allocatable, maybe
+        before the cache (which has it now: the change was recognised there) showed it,
+        and parked them again."""
+        if self.requeue is None:
+            return
+        made: dict[str, int] = {}
+        whole = 0
+        for _, t in c.targets:
+            if isinstance(t, str):  # WHOLE
+                whole += 1
+            else:
+                for profile, n in t:
+                    made[profile] = made.get(profile, 0) + n
+        with self.cache.lock:
+            pending = self.cache.pending()
+        now = dt.datetime.fromtimestamp(self.clock(), dt.UTC)
+        for p in pending:
+            if p.kind is RequestKind.MIG and made.get(p.mig_profile or "", 0) > 0:
+                made[p.mig_profile or ""] -= 1
+                what = f"new {p.mig_profile} slices"
+            elif p.kind is RequestKind.WHOLE and 0 < p.gpu_count <= whole:
+                whole -= p.gpu_count
+                what = "GPUs turned whole"
+            else:
+                continue
+            self.requeue.submit(p.key, slices_created(p.key, c.node, c.config, what, now))
+            self.woken += 1
+            if self.metrics is not None:
+                self.metrics.requeued.inc()
 
     def _count(self, result: str) -> None:
         if self.metrics is not None:

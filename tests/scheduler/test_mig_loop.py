@@ -12,6 +12,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 from sched_builders import FakeClock, make_cache, mig_pod, node
 
+from kube.pod_conditions import SLICES_CREATED
 from packing.cpsat import SolverParams
 from packing.model import Placement, PodRequest, RequestKind
 from scheduler.mig_actuator import HOLD_PREFIX, MigSettings, changes_json
@@ -127,6 +128,44 @@ def test_failure_gives_back_backs_off_and_warns() -> None:
     assert act.step() is not None and api.labels == [("a", config)]  # no second try yet
     assert registry.get_sample_value("gpupack_mig_reconfigurations_total",
                                      {"result": "failed"}) == 1
+
+
+class Queue:
+    def __init__(self) -> None:
+        self.writes: list[tuple[str, Any]] = []
+
+    def submit(self, name: str, obj: Any) -> None:
+        self.writes.append((name, obj))
+
+
+def test_success_requeues_the_pods_waiting_for_the_new_slices_oldest_first() -> None:
+    """kube-scheduler retried them on the new allocatable, maybe before the cache showed
+    it, and parked them again: once the change is recognised they get a condition (an
+    update, which requeues them), at most as many as slices were made."""
+    cache = make_cache([node("a", gpus=1)], [mig_pod(f"asr-{i}") for i in range(9)]
+                       + [mig_pod("tts", "2g.20gb")])
+    clock, api, queue = FakeClock(), FakeApi(), Queue()
+    act = MigActuator(cache, api, clock=clock, params=FAST, requeue=queue,
+                      settings=MigSettings(settle_s=0, min_idle_s=0))
+    d = act.step()
+    assert d is not None and len(d.starts) == 1 and queue.writes == []
+    ((_, target),) = d.starts[0].change.targets
+    made = dict(target)
+    assert made.get("1g.10gb", 0) >= 1
+    config = api.labels[0][1]
+    cache.upsert_node(node("a", gpus=1, mig=made, labels={
+        "nvidia.com/mig.config": config, "nvidia.com/mig.config.state": "success"}))
+    clock.advance(3)
+    d = act.step()
+    assert d is not None and [f.result for f in d.finishes] == ["success"]
+    woken = [name for name, _ in queue.writes]
+    expected = [f"default/asr-{i}" for i in range(min(9, made["1g.10gb"]))]
+    if made.get("2g.20gb", 0):
+        expected.append("default/tts")
+    assert woken == expected and act.woken == len(expected)
+    cond = queue.writes[0][1]["status"]["conditions"][0]
+    assert cond["type"] == SLICES_CREATED and f"{config} on node a is done" in cond["message"]
+    assert queue.writes[0][1]["metadata"] == {"namespace": "default", "name": "asr-0"}
 
 
 def test_write_refused_gives_back_and_backs_off() -> None:
