@@ -12,6 +12,10 @@ allocatable that kube-scheduler may have retried the pod on before gpupack's cac
 it (``SLICES_CREATED``). An update of the pod itself is an event for that pod: its
 status, with one of these conditions, requeues it.
 
+A condition says what gpupack last did and when (``lastTransitionTime``), not what holds
+now: it is not taken back when a reservation ends. A wake whose write fails (after the
+writer's retries) is not tried again; the pod then waits for the next cluster event.
+
 Only ``pods/status`` is patched (kube-scheduler's own grant, on the ServiceAccount the
 extender shares with it), never the pod's spec or metadata; the condition is merged by
 its type (a strategic merge patch), so other conditions stay as they are.
@@ -30,6 +34,7 @@ REASON = "GroupRoomReserved"
 # gpupack's watch showed it, and parked it again on gpupack's older view.
 SLICES_CREATED = "gpupack.io/MigSlicesCreated"
 SLICES_REASON = "MigReconfigured"
+REQUEST_TIMEOUT_S = 10  # one patch; the writer retries a few times, then gives up
 
 
 def _patch(key: str, kind: str, reason: str, message: str, now: dt.datetime
@@ -46,12 +51,14 @@ def _patch(key: str, kind: str, reason: str, message: str, now: dt.datetime
     }
 
 
-def room_reserved(key: str, group: str, slot: int, node: str, now: dt.datetime
+def room_reserved(key: str, group: str, slot: int, node: str, rev: int, now: dt.datetime
                   ) -> dict[str, Any]:
-    """Member ``slot`` of ``group`` (pod ``key``) has its room on ``node``."""
+    """Member ``slot`` of ``group`` (pod ``key``) has its room on ``node``, in revision
+    ``rev`` of the group's record (a second wake within the same second differs from
+    the first, so it is an update too)."""
     return _patch(key, ROOM_RESERVED, REASON,
-                  f"gpupack reserved room for member {slot} of group {group} on node {node}",
-                  now)
+                  f"gpupack reserved room for member {slot} of group {group} on node {node} "
+                  f"(reservation revision {rev})", now)
 
 
 def slices_created(key: str, node: str, config: str, what: str, now: dt.datetime
@@ -70,10 +77,18 @@ class ApiPodStatusStore:
         self.core = client.CoreV1Api(api_client)
 
     def put(self, obj: Mapping[str, Any]) -> None:
+        """Patch the pod's status; a pod gone meanwhile (404) needs no waking: done."""
+        from kubernetes.client.rest import ApiException
+
         meta = obj["metadata"]
-        self.core.patch_namespaced_pod_status(
-            meta["name"], meta["namespace"], {"status": obj["status"]},
-            _content_type="application/strategic-merge-patch+json")
+        try:
+            self.core.patch_namespaced_pod_status(
+                meta["name"], meta["namespace"], {"status": obj["status"]},
+                _content_type="application/strategic-merge-patch+json",
+                _request_timeout=REQUEST_TIMEOUT_S)
+        except ApiException as e:
+            if e.status != 404:
+                raise
 
     def delete(self, name: str) -> None:
         """Nothing to delete: a condition goes with its pod."""

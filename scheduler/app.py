@@ -31,6 +31,7 @@ from scheduler.planner import Planner
 from scheduler.points import ExtensionPoints
 from scheduler.request_pods import RequestPods
 from scheduler.verbs import Memo, VerbError
+from scheduler.view_lag import ViewLag
 from scheduler.warm import Warmer
 from scheduler.wire import (
     BindingArgs,
@@ -210,7 +211,8 @@ def create_extender_app(
     app.extensions["gpupack.request_pods"] = request_pods
     GroupMetrics(registry, book)
     points = ExtensionPoints(cache, planner, binder, book, memo, warmer, request_pods,
-                             metrics.binds, cfg.policy, cfg.filter_top)
+                             metrics.binds, cfg.policy, cfg.filter_top,
+                             ViewLag(answered=metrics.view_behind))
     common: dict[str, Any] = {"gate": lambda: check_serving(book),
                               "max_body": cfg.max_body_bytes, "metrics": metrics}
     routes: tuple[tuple[str, Callable[[], Response]], ...] = (

@@ -25,6 +25,7 @@ from scheduler.group_placement import hold_key, looks_grouped
 from scheduler.group_reconcile import HiddenNodes, Member, group_slots
 from scheduler.groups import ReservationBook
 from scheduler.verbs import read_pod
+from scheduler.view_lag import ViewLag
 from scheduler.wire import (
     MAX_PRIORITY,
     ExtenderArgs,
@@ -47,8 +48,9 @@ POD_UNSEEN = "PodNotSeen"  # the watch has not shown this pod (this uid) yet: an
 class GroupVerbs:
     """The four verbs for group members, over one reservation book."""
 
-    def __init__(self, book: ReservationBook) -> None:
+    def __init__(self, book: ReservationBook, lag: ViewLag | None = None) -> None:
         self.book = book
+        self.lag = lag  # how long an unseen member is an error (None: unbounded)
 
     def status(self, pod: PodRequest) -> ReservationRecord | Status:
         """The group's record (the pod has a slot in it), or why it waits (check
@@ -71,7 +73,9 @@ class GroupVerbs:
                     BOOK_READY,
                     f"group {key} waits: gpupack has not rebuilt its reservations yet")
             seen = self.book.cache.pod_entry(pod.key)
-            if seen is None or (pod.uid and seen.uid and seen.uid != pod.uid):
+            unseen = seen is None or bool(pod.uid and seen.uid and seen.uid != pod.uid)
+            if unseen and (self.lag is None
+                           or self.lag.behind(f"pod/{pod.key}/{pod.uid}", "pod")):
                 return Status.error(
                     POD_UNSEEN, f"group {key}: gpupack's watch has not shown pod {pod.key} "
                     f"(uid {pod.uid or 'unknown'}) yet; try again")
@@ -109,6 +113,9 @@ class GroupVerbs:
             keep = (node,) if node in names else ()
             why = f"group {got.group}: member {slot} has room reserved on {node}"
             failed = {n: why for n in names if n != node}
+            if not keep:  # kube-scheduler ruled the room's node out: refused, woken if moved
+                with self.book.cache.lock:
+                    self.book.note_refused(pod.key)
         if args.node_cache_capable:
             return FilterResult(node_names=keep, failed=failed)
         nodes = tuple(n for n in args.nodes or () if n["metadata"]["name"] in keep)

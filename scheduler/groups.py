@@ -382,8 +382,8 @@ class ReservationBook:
                     continue
                 self.refused.discard(key)
                 node = rec.slots[slot].node if slot in rec.slots else "?"
-                self.requeue.submit(key, room_reserved(
-                    key, rec.group, slot, node, dt.datetime.fromtimestamp(self.clock(), dt.UTC)))
+                now = dt.datetime.fromtimestamp(self.clock(), dt.UTC)
+                self.requeue.submit(key, room_reserved(key, rec.group, slot, node, rec.rev, now))
                 self.woken += 1
 
     def _due(self) -> float:

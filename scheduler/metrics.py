@@ -108,6 +108,14 @@ class ExtenderMetrics:
             "gpupack_binds_total", "Bind attempts by result (ok, conflict, api_error)",
             ["result"], registry=registry,
         )
+        self.view_behind = Counter(
+            "gpupack_extender_view_behind_total",
+            "Filter answers that were an error because gpupack's view was behind "
+            "kube-scheduler's (a node or group member not seen yet), by what",
+            ["what"], registry=registry,
+        )
+        for what in ("node", "pod"):
+            self.view_behind.labels(what)
         self.annotate_failures = Counter(
             "gpupack_annotate_failures_total",
             "Pods bound whose placement annotations could not be written", registry=registry,

@@ -374,10 +374,11 @@ class MigActuator:
             self._wake_waiting(c)
 
     def _wake_waiting(self, c: Change) -> None:
-        """Requeue the pods that wait for what ``c`` made, oldest first, as many as it
-        made room for: kube-scheduler retried them on the node's new allocatable, maybe
-        before the cache (which has it now: the change was recognised there) showed it,
-        and parked them again."""
+        """Requeue pending pods that ask for what ``c`` made (in the cache's order, at
+        most as many per profile as the changed GPUs' instances of it, and whole-GPU pods
+        up to the GPUs turned whole): kube-scheduler retried them on the node's new
+        allocatable, maybe before the cache (which has it now: the change was recognised
+        there) showed it, and parked them again."""
         if self.requeue is None:
             return
         made: dict[str, int] = {}

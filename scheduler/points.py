@@ -40,6 +40,7 @@ from scheduler.verbs import (
     prioritize,
     read_pod,
 )
+from scheduler.view_lag import ViewLag
 from scheduler.warm import Warmer
 from scheduler.wire import (
     BindingArgs,
@@ -82,10 +83,11 @@ class ExtensionPoints:
     binds: Counter
     policy: str
     filter_top: int = 0
+    lag: ViewLag | None = None  # how long "the view is behind" is an error (view_lag)
 
     @property
     def group_verbs(self) -> GroupVerbs:
-        return GroupVerbs(self.book)
+        return GroupVerbs(self.book, self.lag)
 
     def remember(self, args: ExtenderArgs) -> None:
         """A pod no list has shown: kept for its bind (the bind request names it only)."""
@@ -98,7 +100,8 @@ class ExtensionPoints:
         with self.cache.view() as view:
             best = (BestCandidates(self.filter_top, self.warmer.current(), self.planner.plan)
                     if self.filter_top > 0 else None)
-            return self.group_verbs.filter(args) or filter_nodes(args, view, self.memo, best)
+            return self.group_verbs.filter(args) or filter_nodes(args, view, self.memo, best,
+                                                                 self.lag)
 
     def prioritize(self, args: ExtenderArgs) -> list[HostPriority]:
         self.remember(args)

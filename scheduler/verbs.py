@@ -31,6 +31,7 @@ from packing.model import GpuMode, Placement, PodRequest, RequestKind, Snapshot
 from packing.scoring import Score, Scorer
 from packing.state import ClusterState
 from packing.status import Status
+from scheduler.view_lag import ViewLag
 from scheduler.wire import (
     MAX_PRIORITY,
     ExtenderArgs,
@@ -130,6 +131,9 @@ class NodeEval:
     # it, or the previous one after a switch (score_gen, best, pref, best_at).
     other: tuple[int, Score | None, Score | None,
                  tuple[tuple[int, ...], str | None, int | None, bool] | None] | None = None
+    # Not fitting, and fewer devices of the pod's kind than it asks (capacity_behind):
+    # gpupack's view of the node is behind the one kube-scheduler offered it from.
+    behind: bool = False
 
     def knows(self, gen: int) -> bool:
         return self.score_gen == gen or (self.other is not None and self.other[0] == gen)
@@ -238,10 +242,11 @@ def node_rule_miss(state: ClusterState, node: str, selector: Sequence[tuple[str,
 def evaluate_fit(state: ClusterState, pod: PodRequest, node: str) -> NodeEval:
     if state.options(pod, node, dedupe=True):
         return NodeEval(True)
+    behind = capacity_behind(state, node, pod)
     never = unresolvable(state, pod, node)
     if never is not None:
-        return NodeEval(False, never, True)
-    return NodeEval(False, explain(state, pod, node))
+        return NodeEval(False, never, True, behind=behind)
+    return NodeEval(False, explain(state, pod, node), behind=behind)
 
 
 def unresolvable(state: ClusterState, pod: PodRequest, node: str) -> str | None:
@@ -363,13 +368,36 @@ def best_option_on(
 # ---- filter --------------------------------------------------------------------------------
 
 
+def capacity_behind(state: ClusterState, node: str, pod: PodRequest) -> bool:
+    """Whether gpupack's view of ``node`` has fewer devices of the kind ``pod`` asks for
+    than the pod asks, whatever their use: no instance of its MIG profile, fewer whole
+    GPUs than it needs. kube-scheduler only offers a node whose allocatable covers the
+    request (its NodeResourcesFit checks the GPU resources too), so such a view is
+    behind the node's (new slices the watch has not shown yet)."""
+    gpus = state.nodes[node].gpus
+    if pod.kind is RequestKind.MIG:
+        return not any(p == pod.mig_profile for g in gpus for p, _ in g.instances.values())
+    if pod.kind is RequestKind.WHOLE:
+        return sum(1 for g in gpus if g.info.mode is GpuMode.WHOLE) < pod.gpu_count
+    return False
+
+
 def filter_nodes(args: ExtenderArgs, view: CacheView, memo: Memo,
-                 best: BestCandidates | None = None) -> FilterResult:
+                 best: BestCandidates | None = None, lag: ViewLag | None = None
+                 ) -> FilterResult:
     """Nodes that can take the pod now; the others with a reason, split by whether
     preemption could ever help (FailedNodes) or never (FailedAndUnresolvableNodes).
 
     With ``best``, at most ``best.top`` of the fitting nodes are handed back: the ones the
-    policy prefers (see :class:`BestCandidates`)."""
+    policy prefers (see :class:`BestCandidates`).
+
+    When none fits and gpupack's view of some candidate is behind kube-scheduler's (a
+    node its watch has not shown, or one with fewer devices than kube-scheduler's fit
+    implies, see :func:`capacity_behind`), the answer is an error, retried after
+    kube-scheduler's backoff: a refusal would park the pod until some later cluster
+    event, and the event that brought the node (an autoscaler's, a MIG change's new
+    allocatable) was the last one. ``lag`` bounds that to a grace per node and version
+    of the view (:mod:`scheduler.view_lag`; None: no bound)."""
     pod = read_pod(args.pod)
     base = selector_free(pod)
     selector = tuple(pod.node_selector.items())
@@ -385,7 +413,8 @@ def filter_nodes(args: ExtenderArgs, view: CacheView, memo: Memo,
     names = tuple(dict.fromkeys(args.candidate_names))  # a name twice is answered once
     memo.lookups += len(names)
     unknown = 0
-    first_unknown = ""
+    # Candidates gpupack's view is behind on: (name, version of the view).
+    lagging: list[tuple[str, str]] = []
     for name in names:
         sig = sigs.get(name)
         if sig is None and view.unreadable_node(name):
@@ -395,7 +424,8 @@ def filter_nodes(args: ExtenderArgs, view: CacheView, memo: Memo,
             # The scheduler's node list can be a few events ahead of our watch; failing
             # just this node lets the pod land elsewhere instead of failing the attempt.
             unknown += 1
-            first_unknown = first_unknown or name
+            if len(lagging) < UNKNOWN_LISTED:
+                lagging.append((name, "unseen"))
             if unknown <= UNKNOWN_LISTED:
                 failed[name] = UNKNOWN_NODE
             memo.lookups -= 1
@@ -412,18 +442,20 @@ def filter_nodes(args: ExtenderArgs, view: CacheView, memo: Memo,
             keep.append(name)
             if choose:
                 fit_evals.append(ev)
-        elif ev.unresolvable:
-            never[name] = ev.reason
         else:
-            failed[name] = ev.reason
-    if not keep and unknown:
-        # Refusing would park the pod in kube-scheduler until some later cluster event:
-        # the event that brought a new node (an autoscaler's, say) was the last one, and
-        # the retry it caused came before our watch showed the node. An error is retried
-        # after kube-scheduler's backoff instead.
-        return FilterResult(error=(
-            f"no candidate node fits in gpupack's view, and {unknown} of them (such as "
-            f"{first_unknown}) its watch has not shown yet; try again"))
+            if ev.unresolvable:
+                never[name] = ev.reason
+            else:
+                failed[name] = ev.reason
+            if ev.behind and len(lagging) < UNKNOWN_LISTED:
+                lagging.append((name, str(sig)))
+    if not keep and lagging:
+        fresh = [n for n, v in lagging if lag is None or lag.behind(f"node/{n}/{v}", "node")]
+        if fresh:
+            return FilterResult(error=(
+                f"no candidate node fits in gpupack's view, which is behind on "
+                f"{len(fresh)} of them (such as {fresh[0]}: not seen yet, or fewer devices "
+                f"than kube-scheduler counts); try again"))
     if choose and best is not None and best.top < len(keep):
         keep = best.select(keep, fit_evals, base, pod.key, state)
     if args.node_cache_capable:

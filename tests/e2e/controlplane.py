@@ -87,9 +87,10 @@ CONTROLLERS = ("replicaset-controller", "deployment-controller", "disruption-con
 MIG_CONFIG_MAP = "gpupack-mig-parted-config"
 # The extender's MIG settings for tests: an idle MIG GPU may change after 2 s (not 60);
 # compaction moves pods of any age and acts from one GPU over the slice bound.
-# A group reservation expires after 40 s (not 600): long enough for a member's bind
-# across an extender restart or failover, short enough to test what follows an expiry.
-E2E_GROUP_TTL_S = 40
+# A group reservation expires after 60 s (not 600): long enough for a member's bind
+# across an extender restart or a failover (a 15 s lease), short enough to test what
+# follows an expiry.
+E2E_GROUP_TTL_S = 60
 E2E_EXTENDER_ARGS = ("--mig-min-idle", "2", "--mig-compact-min-age", "0",
                      "--mig-compact-min-excess", "1", "--group-ttl", str(E2E_GROUP_TTL_S))
 # Kinds of the chart applied to the API server. Workloads (Deployments, the DaemonSet),
