@@ -297,10 +297,14 @@ class ReservationBook:
             if (not force and leader == self._was_leader and self._version() ==
                     self._seen_version and now < self._next_due):
                 return
+            members = self.members()
             if leader and not self._was_leader:
                 log.info("leading: acting on %d records", len(self.records))
+                # The last leader may have refused any pending member (kube-scheduler
+                # parked it): each is woken when a record of this leader names it.
+                self.refused |= {m.req.key for ms in members.values() for m in ms
+                                 if not m.bound}
             self._was_leader = leader
-            members = self.members()
             self._apply_holds(members)
             if leader:
                 decision = reconcile(self._state(members, now), self.cache.state,

@@ -195,6 +195,11 @@ def test_a_refused_member_is_woken_when_its_room_is_reserved_on_a_timer() -> Non
     that requeues it. A member never refused, and a refused pod that went, get none."""
     r = rig(TWO, [lws_pod("a", 0, 2, 8), lws_pod("b", 0, 2, 8), lws_pod("b", 1, 2, 8),
                   whole_pod("gone", 8, namespace="llm")])
+    # Its first step as the leader woke the pending members its record names (a's);
+    # since then it knows exactly whom it refused.
+    assert [name for name, _ in r.requeue.writes] == ["llm/a-0"]
+    r.requeue.writes.clear()
+    r.book.refused.clear()
     verbs = GroupVerbs(r.book)
     refused = verbs.filter(fargs(lws_pod("b", 0, 2, 8), ["n1", "n2"]))
     assert refused is not None and refused.node_names == () and refused.error == ""
@@ -216,7 +221,21 @@ def test_a_refused_member_is_woken_when_its_room_is_reserved_on_a_timer() -> Non
     r.sync()
     assert len(r.requeue.writes) == 1  # once per refusal
     assert r.book.refused == set()
-    assert "gpupack_group_members_requeued_total 1.0" in app_client(r).get("/metrics").text
+    # Two in all: a's leader at the first step, b's now.
+    assert "gpupack_group_members_requeued_total 2.0" in app_client(r).get("/metrics").text
+
+
+def test_a_new_leader_wakes_the_pending_members_its_records_name() -> None:
+    """The last leader may have refused them (parked in kube-scheduler); the new one
+    cannot know which, so each pending member named by one of its records is woken."""
+    leading = [False]
+    r = rig(TWO, [lws_pod("a", 0, 2, 8), lws_pod("a", 1, 2, 8)],
+            leader=lambda: leading[0])
+    assert r.book.reservations == {} and r.requeue.writes == []
+    leading[0] = True
+    r.book.step(force=True)
+    assert set(r.book.reservations) == {A}
+    assert sorted(name for name, _ in r.requeue.writes) == ["llm/a-0", "llm/a-0-1"]
 
 
 def test_a_book_that_is_not_ready_answers_an_error_not_a_refusal() -> None:
