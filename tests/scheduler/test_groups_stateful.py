@@ -12,7 +12,11 @@ After every step:
   either its member, bound, or a room held; a group without a record holds nothing;
   the bound members of a group are in one NVLink clique;
 * **one writer**: every record write reached the API from the replica leading then;
-* a forged annotation changes no replica's records.
+* a forged annotation changes no replica's records;
+* **no member parked for nothing**: kube-scheduler parks a member the leader's filter
+  refused until an event it sees (any pod change, here); a pending member a leader's
+  record names is not parked, or the leader has its waking status patch queued
+  (records, the clock and failovers are no events kube-scheduler sees).
 
 The pieces are the real ones (cache, reservation book, tap, record writer) fed as the
 API source feeds them; the API is a dict. One modelling assumption: at a failover the
@@ -41,6 +45,7 @@ from packing.groups import RESERVE_MARK
 from packing.status import Status
 from scheduler.group_verbs import GroupVerbs
 from scheduler.groups import ReservationBook, hold_key
+from scheduler.wire import ExtenderArgs
 
 CLIQUE = "nvidia.com/gpu.clique"
 NODES = [node(f"n{i}", gpus=4, reconfigurable=False,
@@ -65,6 +70,9 @@ class World:
         self.clock = FakeClock()
         self.queues: dict[int, list[tuple[str, Any]]] = {}
         self.bad_writes: list[str] = []
+        # Members kube-scheduler parked after a refusal; any pod event requeues them all
+        # (the refusal's "Extender" rejector matches every event), a status patch its pod.
+        self.parked: set[str] = set()
 
     def emit(self, event: tuple[str, Any]) -> None:
         for q in self.queues.values():
@@ -74,10 +82,12 @@ class World:
         key = f"{obj['metadata']['namespace']}/{obj['metadata']['name']}"
         self.pods[key] = obj
         self.emit(("pod", copy.deepcopy(obj)))
+        self.parked.clear()
 
     def delete_pod(self, key: str) -> None:
         if self.pods.pop(key, None) is not None:
             self.emit(("pod-", key))
+            self.parked.clear()
 
 
 class Store:
@@ -102,6 +112,21 @@ class Store:
             self.world.emit(("record-", name))
 
 
+class StatusStore:
+    """The leader's pod status patches (kube.pod_conditions): an update of the pod, which
+    requeues it in kube-scheduler (and is no event for the others)."""
+
+    def __init__(self, world: World) -> None:
+        self.world = world
+
+    def put(self, obj: Any) -> None:
+        meta = obj["metadata"]
+        self.world.parked.discard(f"{meta['namespace']}/{meta['name']}")
+
+    def delete(self, name: str) -> None:
+        del name
+
+
 class Replica:
     """One extender process, started fresh from a full list of the world."""
 
@@ -115,9 +140,11 @@ class Replica:
 
         self.cache = ClusterCache("gpupack")
         self.writer = RecordWriter(Store(world, rid), is_leader=leads, retries=0)
+        self.requeue = RecordWriter(StatusStore(world), is_leader=leads, retries=0,
+                                    what="pod condition")
         self.book = ReservationBook(self.cache, ttl=60, clock=world.clock, writer=self.writer,
                                     retry_s=0, cooldown_s=10, is_leader=leads,
-                                    max_group_gpus=MAX_GROUP_GPUS)
+                                    max_group_gpus=MAX_GROUP_GPUS, requeue=self.requeue)
         self.tap = ReservationTap(self.cache, self.book)
         self.tap.replace_records(copy.deepcopy(list(world.records.values())))
         self.tap.replace(NODES, copy.deepcopy(list(world.pods.values())))
@@ -142,6 +169,7 @@ class Replica:
     def step(self) -> None:
         self.book.step()
         self.writer.drain()
+        self.requeue.drain()
 
 
 class Cluster(RuleBasedStateMachine):
@@ -221,6 +249,24 @@ class Cluster(RuleBasedStateMachine):
         if got is not None and not isinstance(got, Status):
             event("a member bound to its room")
             self._bind(r, key, got)
+
+    @rule(pick=st.integers(0, 7))
+    def member_filtered(self, pick: int) -> None:
+        """kube-scheduler tries a pending member: the leader's filter keeps its room's node,
+        refuses it (parked), or answers an error (retried after backoff: not parked)."""
+        r = self.leader
+        pending = sorted(k for k, p in self.world.pods.items()
+                         if k.startswith("llm/") and not p["spec"].get("nodeName"))
+        if not pending:
+            return
+        key = pending[pick % len(pending)]
+        args = ExtenderArgs.decode({"Pod": copy.deepcopy(self.world.pods[key]), "Nodes": None,
+                                    "NodeNames": [n["metadata"]["name"] for n in NODES]})
+        got = GroupVerbs(r.book).filter(args)
+        assert got is not None
+        if not got.error and not got.node_names:
+            event("a member refused and parked")
+            self.world.parked.add(key)
 
     @rule(gpus=st.integers(1, 2))
     def filler_bound(self, gpus: int) -> None:
@@ -357,6 +403,18 @@ class Cluster(RuleBasedStateMachine):
             cliques = {CLIQUE_OF[p["spec"]["nodeName"]] for k, p in self.world.pods.items()
                        if k.startswith(f"llm/{g}-0") and p["spec"].get("nodeName")}
             assert len(cliques) <= 1, f"group {g} split across cliques {cliques}"
+
+    @invariant()
+    def no_member_parked_for_nothing(self) -> None:
+        r = self.leader
+        queued = set(r.requeue.pending())
+        for rec in r.book.reservations.values():
+            for key in rec.pods.values():
+                p = self.world.pods.get(key)
+                if p is None or p["spec"].get("nodeName") or r.cache.pending_pod(key) is None:
+                    continue
+                assert key not in self.world.parked or key in queued, (
+                    f"{key} parked though record {rec.group} names it")
 
     @invariant()
     def a_group_over_the_cap_holds_nothing(self) -> None:
