@@ -21,8 +21,9 @@ After every step:
 The pieces are the real ones (cache, reservation book, tap, record writer) fed as the
 API source feeds them; the API is a dict. One modelling assumption: at a failover the
 new leader's watch has delivered what the API had (a Lease lasts seconds, a watch lags
-milliseconds: kube-scheduler's own failover makes the same one); stalls within a term,
-on the leader or the standby, are arbitrary.
+milliseconds: kube-scheduler's own failover makes the same one), and the old leader's
+keeper has stepped once since it lost the Lease (it steps at least every second; a
+Lease lasts 15 s); stalls within a term, on the leader or the standby, are arbitrary.
 """
 
 from __future__ import annotations
@@ -319,6 +320,7 @@ class Cluster(RuleBasedStateMachine):
         new = 1 - self.world.leader
         self.replicas[new].deliver()  # see the module docstring
         self.world.leader = new
+        self.replicas[1 - new].step()  # the old leader's keeper sees it lost the Lease
         self.replicas[new].step()
 
     # ---- forgery ------------------------------------------------------------------------------
