@@ -262,6 +262,7 @@ class Components:
             store = self.static_records
             requeue_store = None  # no kube-scheduler parks pods here
         self.group_writer = RecordWriter(store, is_leader=self.leader.is_leader)
+        self.compaction_writer: RecordWriter | None = None  # set below with compaction
         # Status patches that requeue refused members once their room is reserved.
         self.requeue_writer = (None if requeue_store is None else RecordWriter(
             requeue_store, is_leader=self.leader.is_leader, what="pod condition"))
@@ -296,9 +297,14 @@ class Components:
             mig_api = MigApi(api, cm_ns or args.namespace, cm_name)
             compactor = None
             if args.mig_compact and self.owners is not None:
+                from kube.compaction_memory import ApiMemoryReader
                 from kube.evictions import ApiEvents, ApiEvictor
                 from scheduler.mig_compact import CompactSettings
 
+                # The budget and cool-downs outlive a leader (kube.compaction_memory).
+                self.compaction_writer = RecordWriter(
+                    ApiRecordStore(api, args.namespace), is_leader=self.leader.is_leader,
+                    what="compaction memory")
                 compactor = Compactor(
                     self.cache, self.owners, ApiEvictor(api),
                     ApiEvents(api, args.leader_identity, component="gpupack-mig-actuator"), mig_api,
@@ -307,7 +313,9 @@ class Components:
                         max_pods=args.mig_compact_max_pods,
                         evictions_per_hour=args.mig_compact_evictions_per_hour,
                         min_excess=args.mig_compact_min_excess),
-                    metrics=compact_metrics)
+                    metrics=compact_metrics,
+                    memory=(ApiMemoryReader(api, args.namespace), self.compaction_writer,
+                            args.namespace))
             self.mig = MigActuator(
                 self.cache, mig_api, compactor=compactor,
                 is_leader=self.leader.is_leader, reserved=self.groups.held_members,
@@ -359,6 +367,8 @@ class Components:
         self.group_writer.start()
         if self.requeue_writer is not None:
             self.requeue_writer.start()
+        if self.compaction_writer is not None:
+            self.compaction_writer.start()
         if self.lease is not None:
             self.lease.poll()  # know who leads before the first answer
             self.lease.start()

@@ -18,16 +18,20 @@ controller recreates them), and applies the :class:`CompactDecision`:
 
 Drains are not written anywhere: a new leader starts with none (evictions already
 accepted stand; the replacements are placed like any pod), as a standby holds nothing.
+The evictions of the last hour and the cool-downs are (:mod:`kube.compaction_memory`):
+a new leader reads them back before it moves anything, so the hourly budget and the
+cool-downs are the cluster's, not a leader term's.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import replace
 from typing import Any, Protocol
 
 from kube.cache import ClusterCache
+from kube.compaction_memory import NAME, CompactionMemory, memory_object
 from kube.evictions import EventSink, EvictionResult, Evictor, PodRef
 from packing.model import MigReconfigure
 from scheduler.mig_actuator import HOLD_PREFIX, ActuatorState, Hold, NodeView
@@ -64,6 +68,14 @@ class NodeEvents(Protocol):
     def event(self, node: str, reason: str, message: str, warning: bool = False) -> None: ...
 
 
+class MemoryReader(Protocol):
+    def read(self) -> CompactionMemory: ...
+
+
+class Submitter(Protocol):
+    def submit(self, name: str, obj: Mapping[str, Any] | None) -> None: ...
+
+
 class CompactMetrics:
     """``gpupack_mig_drains{result}``, ``gpupack_mig_compaction_evictions{outcome}`` and
     ``gpupack_mig_drains_in_flight`` (registered by every extender: zero when off)."""
@@ -94,8 +106,15 @@ class Compactor:
     def __init__(self, cache: ClusterCache, owners: Owners, evictor: Evictor,
                  events: EventSink, node_events: NodeEvents, *,
                  settings: CompactSettings = DEFAULT_COMPACT,
-                 metrics: CompactMetrics | None = None) -> None:
+                 metrics: CompactMetrics | None = None,
+                 memory: tuple[MemoryReader, Submitter, str] | None = None) -> None:
+        """``memory``: where the evictions of the last hour and the cool-downs are kept
+        across leaders (:mod:`kube.compaction_memory`): a reader, a writer and the
+        namespace of the ConfigMap; None: nowhere (a new leader starts with none)."""
         self.cache = cache
+        self.memory = memory
+        # What this leader last read or wrote of the memory (None: not read back yet).
+        self._remembered: CompactionMemory | None = None
         self.owners = owners
         self.evictor = evictor
         self.events = events
@@ -173,6 +192,8 @@ class Compactor:
 
     def step(self, state: ActuatorState, now: float, changing: Collection[str]
              ) -> CompactDecision:
+        if not self._recall(now):
+            return CompactDecision()  # the budget is unknown: nothing is moved yet
         hour = [t for t in self.evicted_at if now - t < 3600]
         self.evicted_at = hour
         cs = CompactState(state.nodes, self.tenants(state, now), tuple(self.drains.values()),
@@ -180,8 +201,39 @@ class Compactor:
                           dict(self.cooldown))
         d = decide_compaction(cs, now, self.settings)
         self.apply(d, now)
+        self._remember(now)
         self.last = d
         return d
+
+    def _recall(self, now: float) -> bool:
+        """On the first step as the leader: the last leaders' evictions and cool-downs,
+        added to this one's. False while the memory cannot be read."""
+        if self.memory is None or self._remembered is not None:
+            return True
+        try:
+            mem = self.memory[0].read().within(now)
+        except Exception as e:  # unreadable or unreachable: no eviction until it is known
+            log.warning("MIG compaction memory not read back: %s; moving nothing yet", e)
+            return False
+        self.evicted_at = sorted(set(self.evicted_at) | set(mem.evictions))
+        self.cooldown = {**mem.cooldown, **self.cooldown}
+        self._remembered = mem
+        if mem.evictions or mem.cooldown:
+            log.info("MIG compaction: %d eviction(s) of the last hour and %d GPU(s) "
+                     "cooling down remembered from the last leader", len(mem.evictions),
+                     len(mem.cooldown))
+        return True
+
+    def _remember(self, now: float) -> None:
+        """Write the memory when what it keeps changed (the leader only: its writer)."""
+        if self.memory is None:
+            return
+        mem = CompactionMemory(tuple(t for t in self.evicted_at if now - t < 3600),
+                               {k: t for k, t in self.cooldown.items() if t > now})
+        if self._remembered is not None and mem.within(now) == self._remembered.within(now):
+            return
+        self._remembered = mem
+        self.memory[1].submit(NAME, memory_object(mem, self.memory[2]))
 
     def apply(self, d: CompactDecision, now: float) -> None:
         self.cooldown = dict(d.cooldown)
@@ -223,7 +275,9 @@ class Compactor:
             self.metrics.in_flight.set(len(self.drains))
 
     def release(self) -> None:
-        """Leadership lost: drain holds given back, drains forgotten."""
+        """Leadership lost: drain holds given back, drains forgotten; the memory is read
+        again when this replica leads again."""
+        self._remembered = None
         with self.cache.lock:
             self.drains.clear()
             self.slots.clear()

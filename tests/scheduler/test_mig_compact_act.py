@@ -55,7 +55,8 @@ class FakeEvents:
 
 
 def setup(outcome: str = "evicted", leader: list[bool] | None = None, lone_owned: bool = True,
-          on_gpu0: list[dict[str, Any]] | None = None, min_age: float = 0
+          on_gpu0: list[dict[str, Any]] | None = None, min_age: float = 0,
+          memory: Any = None, per_hour: int = 120
           ) -> tuple[Any, MigActuator, FakeEvictor, FakeApi, FakeEvents, FakeClock,
                      CollectorRegistry]:
     # GPU 0 holds one ASR pod (or on_gpu0); GPU 1 holds three and has four free 1g slices.
@@ -69,8 +70,8 @@ def setup(outcome: str = "evicted", leader: list[bool] | None = None, lone_owned
     registry = CollectorRegistry()
     compactor = Compactor(cache, owners, evictor, events, api,
                           settings=CompactSettings(min_pod_age_s=min_age, max_pods=2,
-                                                   min_excess=1),
-                          metrics=CompactMetrics(registry))
+                                                   min_excess=1, evictions_per_hour=per_hour),
+                          metrics=CompactMetrics(registry), memory=memory)
     lead = leader if leader is not None else [True]
     act = MigActuator(cache, api, is_leader=lambda: lead[0], clock=clock, params=FAST,
                       settings=MigSettings(settle_s=0), compactor=compactor)
