@@ -2,8 +2,9 @@
 opted-in node of two MIG GPUs, a Deployment's lone ASR pod on GPU 1 while GPU 0 has free
 1g slices is evicted through the Eviction API; the ReplicaSet's replacement lands on GPU
 0 (GPU 1's slices are held while it drains), GPU 1 ends empty, and the node has the
-``MigDrainStarted`` / ``MigDrained`` Events. A bare pod (no controller recreates it) in
-the same place is never moved.
+``MigDrainStarted`` / ``MigDrained`` Events; the eviction is kept in compaction's memory
+across leaders, which a restarted extender reads back. A bare pod (no controller
+recreates it) in the same place is never moved.
 
 Real components: etcd, kube-apiserver, kube-scheduler with the extender (compaction in
 the MIG actuator's step on the leader), kube-controller-manager's ReplicaSet and
@@ -28,10 +29,14 @@ from cluster import (
     wait_for,
 )
 from conftest import Space
+from controlplane import NAMESPACE, Stack
 from kubelet_double import workloads
 from kubernetes import client
+from kubernetes.client.rest import ApiException
 
 from kube.annotations import GPUS, MIG, NODE
+from kube.compaction_memory import KEY, CompactionMemory, decode
+from kube.compaction_memory import NAME as MEMORY
 
 SLICE = "nvidia.com/mig-1g.10gb"
 
@@ -101,8 +106,18 @@ def mig_node(space: Space, core: Any) -> tuple[str, str, str]:
     return ns, pool, name
 
 
+def remembered(core: Any) -> CompactionMemory | None:
+    """Compaction's memory across leaders, once it holds an eviction."""
+    try:
+        cm = core.read_namespaced_config_map(MEMORY, NAMESPACE)
+    except ApiException:
+        return None
+    mem = decode((cm.data or {}).get(KEY))
+    return mem if mem.evictions else None
+
+
 def test_a_lone_pod_moves_to_free_slices_and_its_gpu_empties(
-        space: Space, core: Any, admin: Any, kcm: None) -> None:
+        space: Space, core: Any, admin: Any, kcm: None, stack: Stack) -> None:
     ns, pool, name = mig_node(space, core)
     apps = client.AppsV1Api(admin)
     with workloads(core, admin, ns):
@@ -142,6 +157,15 @@ def test_a_lone_pod_moves_to_free_slices_and_its_gpu_empties(
         pod_events = [e.reason for e in core.list_namespaced_event(ns).items
                       if e.involved_object.name == lone["metadata"]["name"]]
         assert "MigCompactionEvicted" in pod_events, pod_events
+    # The hourly budget outlives the leader: the eviction is in compaction's memory, and
+    # a restarted extender reads it back before it moves anything.
+    mem = wait_for(lambda: remembered(core), 15, "the eviction in gpupack-mig-compaction")
+    assert all(time.time() - t < 600 for t in mem.evictions), mem
+    log = stack.log_file("extender")
+    before = log.read_text(errors="replace").count("remembered from the last leader")
+    stack.restart("extender")
+    wait_for(lambda: log.read_text(errors="replace").count(
+        "remembered from the last leader") > before, 30, "the restarted extender to read it")
 
 
 def test_a_bare_pod_is_never_moved(space: Space, core: Any, admin: Any, kcm: None) -> None:
