@@ -29,7 +29,7 @@ from cluster import (
     wait_for,
 )
 from conftest import Space
-from controlplane import NAMESPACE, Stack
+from controlplane import NAMESPACE, Stack, active_replica
 from kubelet_double import workloads
 from kubernetes import client
 from kubernetes.client.rest import ApiException
@@ -161,9 +161,10 @@ def test_a_lone_pod_moves_to_free_slices_and_its_gpu_empties(
     # a restarted extender reads it back before it moves anything.
     mem = wait_for(lambda: remembered(core), 15, "the eviction in gpupack-mig-compaction")
     assert all(time.time() - t < 600 for t in mem.evictions), mem
-    log = stack.log_file("extender")
+    extender = f"extender{active_replica(stack, admin)}"  # the leader (after a failover: b)
+    log = stack.log_file(extender)
     before = log.read_text(errors="replace").count("remembered from the last leader")
-    stack.restart("extender")
+    stack.restart(extender)
     wait_for(lambda: log.read_text(errors="replace").count(
         "remembered from the last leader") > before, 30, "the restarted extender to read it")
 
