@@ -214,6 +214,19 @@ CLUSTER = Dashboard(
             Q("histogram_quantile(0.9, sum by (le) "
               "(rate(gpupack_group_complete_seconds_bucket[$__rate_interval])))", "p90"),),
             unit="s", width=12),
+        Panel("kube-scheduler's queue: pods woken, answers on a view behind", (
+            Q("sum(increase(gpupack_group_members_requeued_total[$__rate_interval]))",
+              "group members woken"),
+            Q("sum(increase(gpupack_mig_pods_requeued_total[$__rate_interval]))",
+              "pods woken by a MIG change"),
+            Q("sum by (what) (increase(gpupack_extender_view_behind_total"
+              "[$__rate_interval]))", "view behind: {{what}}"),), width=12,
+            description="Pods gpupack woke with a status condition (RoomReserved, "
+                        "MigSlicesCreated) after deciding something kube-scheduler saw no "
+                        "event for; filter answers that were an error because gpupack's "
+                        "watch was behind kube-scheduler's (a node or group member not "
+                        "seen yet). A lasting stream of the latter means a slow or stalled "
+                        "watch. docs/groups.md, docs/install.md."),
     ),
 )
 
