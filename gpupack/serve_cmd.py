@@ -330,11 +330,18 @@ class Components:
         self.defrag: Any = None
         if args.defrag != "off":
             self.defrag = defragmenter(args, self, api)
+        # Pods refused just before a node changed in the cache are woken (scheduler/
+        # refusals.py): kube-scheduler retried them on that change before we saw it.
+        from scheduler.refusals import RecentRefusals
+
+        self.refusals = RecentRefusals()
+        if self.requeue_writer is not None:
+            self.cache.on_node_changed(self._wake_refused_on)
         self.app = create_extender_app(self.cache, self.planner, self.binder, self.registry,
                                        AppConfig(max_body_bytes=args.max_body,
                                                  policy=args.policy, warm=not args.no_warm,
                                                  filter_top=args.filter_top),
-                                       groups=self.groups)
+                                       groups=self.groups, refusals=self.refusals)
         self.no_planner = bool(args.no_planner)
         self.metrics_port = int(args.metrics_port)
         self.host = str(args.host)
@@ -362,6 +369,19 @@ class Components:
                                          args.tls_cert, args.tls_key, limits=REVIEW_LIMITS,
                                          name="gpupack-webhook", what="admission webhook",
                                          path="/mutate")
+
+    def _wake_refused_on(self, node: str) -> None:
+        """Under the cache lock: queue the status patch of each pod refused with ``node``
+        among its candidates just before this change of it (non-blocking)."""
+        import datetime as dt
+
+        from kube.pod_conditions import node_changed
+
+        if self.requeue_writer is None:
+            return
+        now = dt.datetime.now(dt.UTC)
+        for key in self.refusals.stale(node):
+            self.requeue_writer.submit(key, node_changed(key, node, now))
 
     def start(self) -> None:
         self.group_writer.start()

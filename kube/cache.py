@@ -137,6 +137,7 @@ class ClusterCache:
         # toleration tuple, selectors, affinity terms), 50,000 copies otherwise.
         self._constraints: dict[PodConstraints, PodConstraints] = {}
         self._gone_hooks: list[Callable[[str], None]] = []  # see on_pod_gone
+        self._node_hooks: list[Callable[[str], None]] = []  # see on_node_changed
         # What each node's agent observed (kube.objects.NodeObservation), by node, with
         # the inventory text it was read from (read again only when that changes).
         self._obs: dict[str, NodeObservation] = {}
@@ -203,6 +204,12 @@ class ClusterCache:
         room was kept for (a group's reservation) can take it back at once, before any
         other pod is answered."""
         self._gone_hooks.append(fn)
+
+    def on_node_changed(self, fn: Callable[[str], None]) -> None:
+        """``fn(name)`` is called (under the lock) when a Node object brings something the
+        packer sees (its GPUs, labels, allocatable, taints), not on heartbeats; also for
+        a node added."""
+        self._node_hooks.append(fn)
 
     def add_pending_filter(self, fn: Callable[[], Set[str]]) -> None:
         """Pending pods whose keys ``fn`` returns (under the lock) are left out of
@@ -649,6 +656,8 @@ class ClusterCache:
                     if not seen:
                         self._observed_changed(info.name)
                     self._changed()
+                    for fn in self._node_hooks:
+                        fn(info.name)
                     return True
             if self._infos.get(info.name) == info:
                 if not seen:  # the agent saw something new: pods, peaks, memory in use
@@ -658,6 +667,8 @@ class ClusterCache:
             self._rebuild_node(info)
             self._reaccount_node(info.name)
             self._changed()
+            for fn in self._node_hooks:
+                fn(info.name)
         return True
 
     def _observed_changed(self, name: str) -> None:

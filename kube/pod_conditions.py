@@ -34,6 +34,10 @@ REASON = "GroupRoomReserved"
 # gpupack's watch showed it, and parked it again on gpupack's older view.
 SLICES_CREATED = "gpupack.io/MigSlicesCreated"
 SLICES_REASON = "MigReconfigured"
+# A pod refused on a node whose change gpupack's watch showed just after (the retry that
+# kube-scheduler made on that change came first): scheduler/refusals.py.
+NODE_CHANGED = "gpupack.io/NodeChanged"
+NODE_REASON = "ViewCaughtUp"
 REQUEST_TIMEOUT_S = 10  # one patch; the writer retries a few times, then gives up
 
 
@@ -93,3 +97,10 @@ class ApiPodStatusStore:
     def delete(self, name: str) -> None:
         """Nothing to delete: a condition goes with its pod."""
         del name
+
+
+def node_changed(key: str, node: str, now: dt.datetime) -> dict[str, Any]:
+    """Pod ``key`` was refused just before gpupack's view of ``node`` changed."""
+    return _patch(key, NODE_CHANGED, NODE_REASON,
+                  f"gpupack refused this pod on an older view of node {node}, which has "
+                  "changed since; try again", now)

@@ -29,6 +29,7 @@ from scheduler.groups import ReservationBook
 from scheduler.metrics import ExtenderMetrics, GroupMetrics
 from scheduler.planner import Planner
 from scheduler.points import ExtensionPoints
+from scheduler.refusals import RecentRefusals
 from scheduler.request_pods import RequestPods
 from scheduler.verbs import Memo, VerbError
 from scheduler.view_lag import ViewLag
@@ -187,6 +188,7 @@ def create_extender_app(
     registry: CollectorRegistry,
     config: AppConfig | None = None,
     groups: ReservationBook | None = None,
+    refusals: RecentRefusals | None = None,
 ) -> Flask:
     cfg = config or AppConfig()
     app = Flask("gpupack.scheduler")
@@ -212,7 +214,7 @@ def create_extender_app(
     GroupMetrics(registry, book)
     points = ExtensionPoints(cache, planner, binder, book, memo, warmer, request_pods,
                              metrics.binds, cfg.policy, cfg.filter_top,
-                             ViewLag(answered=metrics.view_behind))
+                             ViewLag(answered=metrics.view_behind), refusals)
     common: dict[str, Any] = {"gate": lambda: check_serving(book),
                               "max_body": cfg.max_body_bytes, "metrics": metrics}
     routes: tuple[tuple[str, Callable[[], Response]], ...] = (

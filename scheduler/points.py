@@ -29,6 +29,7 @@ from packing.status import Status
 from scheduler.group_verbs import GroupVerbs
 from scheduler.groups import ReservationBook
 from scheduler.planner import Planner
+from scheduler.refusals import RecentRefusals
 from scheduler.request_pods import RequestPod, RequestPods
 from scheduler.verbs import (
     BestCandidates,
@@ -84,6 +85,7 @@ class ExtensionPoints:
     policy: str
     filter_top: int = 0
     lag: ViewLag | None = None  # how long "the view is behind" is an error (view_lag)
+    refusals: RecentRefusals | None = None  # full refusals, for scheduler/refusals.py
 
     @property
     def group_verbs(self) -> GroupVerbs:
@@ -100,8 +102,12 @@ class ExtensionPoints:
         with self.cache.view() as view:
             best = (BestCandidates(self.filter_top, self.warmer.current(), self.planner.plan)
                     if self.filter_top > 0 else None)
-            return self.group_verbs.filter(args) or filter_nodes(args, view, self.memo, best,
-                                                                 self.lag)
+            got = self.group_verbs.filter(args) or filter_nodes(args, view, self.memo, best,
+                                                                self.lag)
+        if (self.refusals is not None and not got.error and not got.node_names
+                and not got.nodes and args.candidate_names):
+            self.refusals.refused(pod_key(args.pod), args.candidate_names)
+        return got
 
     def prioritize(self, args: ExtenderArgs) -> list[HostPriority]:
         self.remember(args)

@@ -1,0 +1,51 @@
+"""Recent refusals, and the node changes that may have made them stale.
+
+kube-scheduler retries a parked pod on a Node event (new allocatable, a label), often
+before gpupack's watch has shown that event: the filter then refuses the pod on the
+node's older state, and kube-scheduler parks it again with no event left to come. So
+each full refusal (no candidate kept) is remembered for ``window_s`` with its candidate
+nodes; when the cache then takes a change of one of those nodes (a Node object, not a
+heartbeat), the refusal was made on a view that is now older, and the pod is woken with
+a status condition (:func:`kube.pod_conditions.node_changed`), which requeues it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+
+DEFAULT_WINDOW_S = 10.0
+
+
+class RecentRefusals:
+    def __init__(self, clock: Callable[[], float] = time.monotonic,
+                 window_s: float = DEFAULT_WINDOW_S, limit: int = 256) -> None:
+        self.clock = clock
+        self.window_s = window_s
+        self._seen: deque[tuple[float, str, tuple[str, ...]]] = deque(maxlen=limit)
+        self._lock = threading.Lock()
+
+    def refused(self, key: str, candidates: Iterable[str]) -> None:
+        """Pod ``key`` was refused on every one of ``candidates``."""
+        with self._lock:
+            self._seen.append((self.clock(), key, tuple(candidates)))
+
+    def stale(self, node: str) -> list[str]:
+        """The pods refused within the window with ``node`` among their candidates (each
+        once: they are forgotten)."""
+        now = self.clock()
+        with self._lock:
+            keep: deque[tuple[float, str, tuple[str, ...]]] = deque(maxlen=self._seen.maxlen)
+            out: list[str] = []
+            for t, key, nodes in self._seen:
+                if now - t >= self.window_s:
+                    continue
+                if node in nodes:
+                    if key not in out:
+                        out.append(key)
+                else:
+                    keep.append((t, key, nodes))
+            self._seen = keep
+        return out
