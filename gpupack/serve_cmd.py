@@ -336,7 +336,7 @@ class Components:
 
         self.refusals = RecentRefusals()
         if self.requeue_writer is not None:
-            self.cache.on_node_changed(self._wake_refused_on)
+            self.cache.on_node_changed(self.refusals.waker(self.requeue_writer))
         self.app = create_extender_app(self.cache, self.planner, self.binder, self.registry,
                                        AppConfig(max_body_bytes=args.max_body,
                                                  policy=args.policy, warm=not args.no_warm,
@@ -369,19 +369,6 @@ class Components:
                                          args.tls_cert, args.tls_key, limits=REVIEW_LIMITS,
                                          name="gpupack-webhook", what="admission webhook",
                                          path="/mutate")
-
-    def _wake_refused_on(self, node: str) -> None:
-        """Under the cache lock: queue the status patch of each pod refused with ``node``
-        among its candidates just before this change of it (non-blocking)."""
-        import datetime as dt
-
-        from kube.pod_conditions import node_changed
-
-        if self.requeue_writer is None:
-            return
-        now = dt.datetime.now(dt.UTC)
-        for key in self.refusals.stale(node):
-            self.requeue_writer.submit(key, node_changed(key, node, now))
 
     def start(self) -> None:
         self.group_writer.start()

@@ -335,6 +335,12 @@ class StaticRecordStore:
             self.sink.delete_record(name)
 
 
+class Submitter(Protocol):
+    """A queue of writes keyed by name: :class:`RecordWriter` (and fakes in tests)."""
+
+    def submit(self, name: str, obj: Mapping[str, Any] | None) -> None: ...
+
+
 class RecordWriter:
     """Writes records outside the request path, and only while this replica leads.
 

@@ -52,6 +52,7 @@ from kube.reservations import (
     RecordWriter,
     ReservationError,
     ReservationRecord,
+    Submitter,
     record_name,
     record_object,
     record_of,
@@ -108,7 +109,7 @@ class ReservationBook:
         records_listed: bool = False,
         inputs: GroupInputs | None = None,
         max_group_gpus: int = 64,
-        requeue: RecordWriter | NullWriter | None = None,
+        requeue: Submitter | None = None,
     ) -> None:
         """``records_listed``: no source of records will report (a book without an API,
         whose records start empty): ready as soon as the cache is synced. ``inputs``:
@@ -121,7 +122,7 @@ class ReservationBook:
         self.ttl = ttl
         self.clock = clock
         self.writer = writer if writer is not None else NullWriter()
-        self.requeue = requeue if requeue is not None else NullWriter()
+        self.requeue: Submitter = requeue if requeue is not None else NullWriter()
         # Members a verb refused (kube-scheduler has parked them): woken when a record
         # gives them a room (see _wake_refused).
         self.refused: set[str] = set()

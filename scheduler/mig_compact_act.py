@@ -26,13 +26,14 @@ cool-downs are the cluster's, not a leader term's.
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Mapping
+from collections.abc import Collection
 from dataclasses import replace
 from typing import Any, Protocol
 
 from kube.cache import ClusterCache
 from kube.compaction_memory import NAME, CompactionMemory, memory_object
 from kube.evictions import EventSink, EvictionResult, Evictor, PodRef
+from kube.reservations import Submitter
 from packing.model import MigReconfigure
 from scheduler.mig_actuator import HOLD_PREFIX, ActuatorState, Hold, NodeView
 from scheduler.mig_compact import (
@@ -70,10 +71,6 @@ class NodeEvents(Protocol):
 
 class MemoryReader(Protocol):
     def read(self) -> CompactionMemory: ...
-
-
-class Submitter(Protocol):
-    def submit(self, name: str, obj: Mapping[str, Any] | None) -> None: ...
 
 
 class CompactMetrics:

@@ -33,6 +33,7 @@ from prometheus_client.core import GaugeMetricFamily
 from kube.cache import ClusterCache
 from kube.mig import merged_config
 from kube.pod_conditions import slices_created
+from kube.reservations import Submitter
 from packing.cpsat import SolverParams
 from packing.mig import MigSlot
 from packing.mig_plan import DEFAULT_PARAMS, WHOLE
@@ -79,12 +80,6 @@ class MigWriter(Protocol):
     def note_node(self, node: str, text: str) -> None: ...
 
     def event(self, node: str, reason: str, message: str, warning: bool = False) -> None: ...
-
-
-class Submitter(Protocol):
-    """A queue of writes keyed by name (kube.reservations.RecordWriter)."""
-
-    def submit(self, name: str, obj: Mapping[str, Any]) -> None: ...
 
 
 class MigMetrics:

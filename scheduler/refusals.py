@@ -11,10 +11,14 @@ a status condition (:func:`kube.pod_conditions.node_changed`), which requeues it
 
 from __future__ import annotations
 
+import datetime as dt
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
+
+from kube.pod_conditions import node_changed
+from kube.reservations import Submitter
 
 DEFAULT_WINDOW_S = 10.0
 
@@ -49,3 +53,15 @@ class RecentRefusals:
                     keep.append((t, key, nodes))
             self._seen = keep
         return out
+
+    def waker(self, requeue: Submitter) -> Callable[[str], None]:
+        """The hook for :meth:`kube.cache.ClusterCache.on_node_changed`: queue the status
+        patch of each pod :meth:`stale` names for the node (non-blocking: it runs under
+        the cache lock)."""
+
+        def wake(node: str) -> None:
+            now = dt.datetime.now(dt.UTC)
+            for key in self.stale(node):
+                requeue.submit(key, node_changed(key, node, now))
+
+        return wake
