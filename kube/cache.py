@@ -48,6 +48,7 @@ from kube.objects import (
     pod_key,
     pod_request,
     recorded_placement,
+    started_at,
 )
 from kube.signatures import SignatureBook
 from kube.snapshot import observed_share, owned_instance, with_observed_peak
@@ -95,6 +96,7 @@ class PodEntry:
     # pods and group members only (what a group's rights depend on); a string says why
     # it could not be read.
     constraints: PodConstraints | str | None = None
+    started: float | None = None  # status.startTime (kube.objects.started_at)
 
 
 class ClusterCache:
@@ -806,6 +808,7 @@ class ClusterCache:
             finished=is_finished(obj),
             recorded=recorded,
             constraints=constraints,
+            started=started_at(obj),
         )
         with self.lock:
             old = self._pods.get(req.key)

@@ -8,16 +8,25 @@ What a new leader must not forget, or it would break a promise the last one kept
 * the GPUs cooling down after a drain that did not end ``emptied`` (refused, refilled,
   timed out): forgotten, the new leader would drain the same GPU again at once.
 
-Drains in flight are not kept (a new leader starts with none: evictions already accepted
-stand, and the replacements are placed like any pod); neither are pod ages (a new leader
-starts the clocks again and moves nothing younger than the minimum age).
+* the drains in flight: which GPU, which pods must leave it, which evictions the API
+  accepted. Forgotten, the GPU's free slices would no longer be held, so replacements
+  could land back on the GPU being emptied, its remaining pods would stay, and the
+  evictions already made would have been restarts for nothing. A new leader takes the
+  drains up where the last one left them (holds, the pods not yet evicted, the end).
+
+Pod ages need no memory: they count from the pods' ``status.startTime``.
 
 Written by the leader only (through :class:`kube.reservations.RecordWriter`, latest
 wins), read once when it starts leading. Times are wall-clock seconds. The ConfigMap's
 ``data["memory.json"]``::
 
     {"v": 1, "evictions": [1700000000.0, ...],
-     "cooldown": [{"node": "gpu-1", "gpu": 3, "until": 1700001800.0}, ...]}
+     "cooldown": [{"node": "gpu-1", "gpu": 3, "until": 1700001800.0}, ...],
+     "drains": [{"node": "gpu-2", "gpu": 0, "model": "H100-80GB", "pods": ["ns/a", "ns/b"],
+                 "started": 1700000100.0, "evicted": ["ns/a"], "refused": null}, ...]}
+
+``drains`` was added without a new version: a reader that does not know it ignores it
+(so a rollback reads the memory, without the drains, rather than stopping compaction).
 """
 
 from __future__ import annotations
@@ -38,22 +47,77 @@ class CompactionMemoryError(ValueError):
 
 
 @dataclass(frozen=True)
+class DrainRecord:
+    """A drain in flight, as kept (``scheduler.mig_compact.Drain``'s fields)."""
+
+    node: str
+    gpu: int
+    model: str
+    pods: tuple[str, ...]  # what must leave the GPU
+    started: float
+    evicted: frozenset[str] = frozenset()  # evictions the API accepted
+    refused: str | None = None  # why the API refused an eviction
+
+
+@dataclass(frozen=True)
 class CompactionMemory:
     evictions: tuple[float, ...] = ()  # when accepted evictions happened
     cooldown: Mapping[tuple[str, int], float] = field(default_factory=dict)  # GPU -> until
+    drains: tuple[DrainRecord, ...] = ()  # in flight, by (node, GPU)
 
     def within(self, now: float, hour: float = 3600.0) -> CompactionMemory:
         """Only what still matters at ``now``: evictions of the last hour, cool-downs not
-        over."""
+        over, the drains (each ends by its own rules)."""
         return CompactionMemory(tuple(t for t in self.evictions if now - t < hour),
-                                {k: t for k, t in self.cooldown.items() if t > now})
+                                {k: t for k, t in self.cooldown.items() if t > now},
+                                tuple(sorted(self.drains, key=lambda d: (d.node, d.gpu))))
 
 
 def encode(mem: CompactionMemory) -> str:
     return json.dumps({
         "v": VERSION, "evictions": sorted(mem.evictions),
         "cooldown": [{"node": n, "gpu": g, "until": t}
-                     for (n, g), t in sorted(mem.cooldown.items())]}, sort_keys=True)
+                     for (n, g), t in sorted(mem.cooldown.items())],
+        "drains": [{"node": d.node, "gpu": d.gpu, "model": d.model, "pods": list(d.pods),
+                    "started": d.started, "evicted": sorted(d.evicted), "refused": d.refused}
+                   for d in sorted(mem.drains, key=lambda d: (d.node, d.gpu))]},
+        sort_keys=True)
+
+
+def _node_gpu(c: Mapping[str, Any], where: str) -> tuple[str, int]:
+    node, gpu = c.get("node"), c.get("gpu")
+    if not isinstance(node, str) or not node:
+        raise CompactionMemoryError(f"{where}.node: {node!r} is not a node name")
+    if isinstance(gpu, bool) or not isinstance(gpu, int) or gpu < 0:
+        raise CompactionMemoryError(f"{where}.gpu: {gpu!r} is not a GPU index")
+    return node, gpu
+
+
+def _keys(v: object, where: str) -> tuple[str, ...]:
+    if not isinstance(v, list) or not all(isinstance(k, str) and "/" in k for k in v):
+        raise CompactionMemoryError(f"{where}: {v!r} is not a list of namespace/name keys")
+    return tuple(v)
+
+
+def _drain(c: object, where: str) -> DrainRecord:
+    if not isinstance(c, Mapping):
+        raise CompactionMemoryError(f"{where}: not an object")
+    node, gpu = _node_gpu(c, where)
+    model = c.get("model")
+    if not isinstance(model, str) or not model:
+        raise CompactionMemoryError(f"{where}.model: {model!r} is not a GPU model")
+    pods = _keys(c.get("pods"), f"{where}.pods")
+    if not pods:
+        raise CompactionMemoryError(f"{where}.pods: empty (a drain moves at least one pod)")
+    evicted = frozenset(_keys(c.get("evicted", []), f"{where}.evicted"))
+    if not evicted <= set(pods):
+        raise CompactionMemoryError(f"{where}.evicted: {sorted(evicted - set(pods))} not "
+                                    "among the drain's pods")
+    refused = c.get("refused")
+    if refused is not None and not isinstance(refused, str):
+        raise CompactionMemoryError(f"{where}.refused: {refused!r} is not text")
+    return DrainRecord(node, gpu, model, pods, _time(c.get("started"), f"{where}.started"),
+                       evicted, refused)
 
 
 def _time(v: object, where: str) -> float:
@@ -85,15 +149,20 @@ def decode(text: object) -> CompactionMemory:
         where = f"data.{KEY}.cooldown[{i}]"
         if not isinstance(c, Mapping):
             raise CompactionMemoryError(f"{where}: not an object")
-        node, gpu = c.get("node"), c.get("gpu")
-        if not isinstance(node, str) or not node:
-            raise CompactionMemoryError(f"{where}.node: {node!r} is not a node name")
-        if isinstance(gpu, bool) or not isinstance(gpu, int) or gpu < 0:
-            raise CompactionMemoryError(f"{where}.gpu: {gpu!r} is not a GPU index")
-        cooldown[node, gpu] = _time(c.get("until"), f"{where}.until")
+        cooldown[_node_gpu(c, where)] = _time(c.get("until"), f"{where}.until")
+    raw_drains = raw.get("drains", [])
+    if not isinstance(raw_drains, list):
+        raise CompactionMemoryError(f"data.{KEY}.drains: not a list")
+    drains: dict[tuple[str, int], DrainRecord] = {}
+    for i, c in enumerate(raw_drains):
+        d = _drain(c, f"data.{KEY}.drains[{i}]")
+        if (d.node, d.gpu) in drains:
+            raise CompactionMemoryError(f"data.{KEY}.drains[{i}]: a second drain of GPU "
+                                        f"{d.gpu} of {d.node}")
+        drains[d.node, d.gpu] = d
     return CompactionMemory(
         tuple(_time(t, f"data.{KEY}.evictions[{i}]") for i, t in enumerate(evictions)),
-        cooldown)
+        cooldown, tuple(drains.values()))
 
 
 def memory_object(mem: CompactionMemory, namespace: str) -> dict[str, Any]:

@@ -23,8 +23,9 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from datetime import datetime
 from typing import Any, Protocol
+
+from kube.objects import parse_time
 
 log = logging.getLogger("gpupack.kube.leader")
 
@@ -33,16 +34,6 @@ Clock = Callable[[], float]
 
 class Leadership(Protocol):
     def is_leader(self) -> bool: ...
-
-
-def parse_time(value: object) -> float | None:
-    """An RFC 3339 time (MicroTime: ``2026-01-01T00:00:00.123456Z``) as epoch seconds."""
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
 
 
 def holds_lease(lease: Mapping[str, Any] | None, identity: str, now: float) -> bool:

@@ -17,6 +17,7 @@ from collections import Counter, defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from dataclasses import field as dc_field
+from datetime import datetime
 from decimal import Decimal
 from functools import lru_cache
 from typing import Any
@@ -742,6 +743,24 @@ def recorded_placement(pod: Mapping[str, Any], node: str) -> Placement | None:
     if mig is None:
         return Placement(key, node, gpus)
     return Placement(key, node, gpus, mig[0], mig[1], False)
+
+
+def parse_time(value: object) -> float | None:
+    """An RFC 3339 time (a Time or MicroTime: ``2026-01-01T00:00:00.123456Z``) as epoch
+    seconds; None when it is absent or not one."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def started_at(pod: Mapping[str, Any]) -> float | None:
+    """When the kubelet acknowledged the pod (``status.startTime``, the node's clock) as
+    epoch seconds; None before it did, or when the field is not a time."""
+    status = pod.get("status")
+    return parse_time(status.get("startTime")) if isinstance(status, Mapping) else None
 
 
 def is_finished(pod: Mapping[str, Any]) -> bool:

@@ -341,6 +341,12 @@ class Submitter(Protocol):
     def submit(self, name: str, obj: Mapping[str, Any] | None) -> None: ...
 
 
+# API answers that the same write will get again, however long one waits: the object is
+# malformed (400) or invalid (422). Anything else (a timeout, 5xx, 429, a 403 an
+# operator may yet fix in RBAC) may pass later.
+PERMANENT = frozenset({400, 422})
+
+
 class RecordWriter:
     """Writes records outside the request path, and only while this replica leads.
 
@@ -348,14 +354,18 @@ class RecordWriter:
     scheduler's lock; a daemon thread (``start``) or ``drain`` makes the API calls, each
     after checking ``is_leader`` (a replica that lost the lease writes nothing, not even
     what it queued before). A failed write is retried up to ``retries`` times with a
-    short backoff, then logged and dropped: the leader's next change writes the record
-    again.
+    short backoff; if it still fails it is tried again ``later_s`` seconds on (doubling
+    up to ``later_max_s``) until it passes, a newer object for the same name replaces it,
+    this replica stops leading, or the API answers that it never will (``PERMANENT``:
+    then it is logged and dropped). Nothing else would write it again: a wake patched on
+    a pod, or the last change of a record, has no later change behind it.
     """
 
     def __init__(
         self, store: RecordStore, is_leader: Callable[[], bool] = lambda: True,
         retries: int = 3, backoff_s: float = 0.5, sleep: Callable[[float], None] = time.sleep,
-        what: str = "record",
+        what: str = "record", later_s: float = 5.0, later_max_s: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.store = store
         self.what = what  # what is written, for the log and the thread's name
@@ -363,23 +373,35 @@ class RecordWriter:
         self.retries = retries
         self.backoff_s = backoff_s
         self.sleep = sleep
+        self.later_s = later_s
+        self.later_max_s = later_max_s
+        self.clock = clock
         self._queue: dict[str, Mapping[str, Any] | None] = {}
+        # Writes that failed: name -> (when to try again, the object, the next delay).
+        self._later: dict[str, tuple[float, Mapping[str, Any] | None, float]] = {}
         self._cond = threading.Condition()
         self._stop = False
         self._thread: threading.Thread | None = None
         self.writes = 0
-        self.failures = 0
+        self.failures = 0  # writes that failed all their retries (tried again later)
         self.dropped = 0  # queued writes dropped because this replica no longer leads
+        self.given_up = 0  # writes the API will never take (PERMANENT)
 
     def submit(self, name: str, obj: Mapping[str, Any] | None) -> None:
         """Queue the record ``name``: ``obj`` to write it, None to delete it."""
         with self._cond:
             self._queue[name] = obj
+            self._later.pop(name, None)  # the newer object wins
             self._cond.notify()
 
     def pending(self) -> dict[str, Mapping[str, Any] | None]:
         with self._cond:
             return dict(self._queue)
+
+    def later(self) -> dict[str, Mapping[str, Any] | None]:
+        """Writes that failed and wait to be tried again."""
+        with self._cond:
+            return {k: v[1] for k, v in self._later.items()}
 
     def start(self) -> None:
         if self._thread is None:
@@ -396,18 +418,27 @@ class RecordWriter:
         while True:
             with self._cond:
                 while not self._queue and not self._stop:
-                    self._cond.wait()
+                    due = min((v[0] for v in self._later.values()), default=None)
+                    if due is not None and due <= self.clock():
+                        break
+                    self._cond.wait(None if due is None else due - self.clock())
                 if self._stop:
                     return
             self.drain()
 
     def drain(self) -> int:
-        """Write everything queued now; returns how many writes succeeded."""
+        """Write everything queued now, and the failed writes whose time has come;
+        returns how many writes succeeded."""
+        now = self.clock()
         with self._cond:
-            items = list(self._queue.items())
+            items = [(k, v, self.later_s) for k, v in self._queue.items()]
             self._queue.clear()
+            for k, (due, obj, delay) in list(self._later.items()):
+                if due <= now:
+                    items.append((k, obj, delay))
+                    del self._later[k]
         done = 0
-        for name, obj in items:
+        for name, obj, delay in items:
             for attempt in range(self.retries + 1):
                 if not self.is_leader():
                     self.dropped += 1
@@ -421,13 +452,29 @@ class RecordWriter:
                     done += 1
                     self.writes += 1
                     break
-                except Exception as e:  # API errors, timeouts: retry, then give up loudly
+                except Exception as e:  # API errors, timeouts: retry, then later
+                    status = getattr(e, "status", None)
+                    if status in PERMANENT:
+                        self.given_up += 1
+                        log.warning("could not write %s %s, and never will (%s): %s",
+                                    self.what, name, status, e)
+                        break
                     if attempt == self.retries:
                         self.failures += 1
-                        log.warning("could not write %s %s: %s", self.what, name, e)
+                        self._again(name, obj, delay, e)
                         break
                     self.sleep(self.backoff_s * (attempt + 1))
         return done
+
+    def _again(self, name: str, obj: Mapping[str, Any] | None, delay: float,
+               e: Exception) -> None:
+        with self._cond:
+            if name in self._queue:
+                return  # a newer object was submitted meanwhile: it is written instead
+            self._later[name] = (self.clock() + delay, obj, min(delay * 2, self.later_max_s))
+            self._cond.notify()
+        log.warning("could not write %s %s: %s; trying again in %.0f s", self.what, name,
+                    e, delay)
 
 
 # ---- reading ---------------------------------------------------------------------------------

@@ -16,11 +16,11 @@ controller recreates them), and applies the :class:`CompactDecision`:
 * an Event per drain started and ended (on the node) and per eviction (on the pod), a
   log line, and the ``gpupack_mig_drains`` / ``gpupack_mig_compaction_evictions`` metrics.
 
-Drains are not written anywhere: a new leader starts with none (evictions already
-accepted stand; the replacements are placed like any pod), as a standby holds nothing.
-The evictions of the last hour and the cool-downs are (:mod:`kube.compaction_memory`):
-a new leader reads them back before it moves anything, so the hourly budget and the
-cool-downs are the cluster's, not a leader term's.
+A standby holds nothing. The evictions of the last hour, the cool-downs and the drains
+in flight are kept in :mod:`kube.compaction_memory`: a new leader reads them back before
+it moves anything, so the hourly budget and the cool-downs are the cluster's, not a
+leader term's, and a drain the last leader started goes on (its GPU's free slices held
+again, its pods not yet evicted evicted, each slice held as its pod goes).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from dataclasses import replace
 from typing import Any, Protocol
 
 from kube.cache import ClusterCache
-from kube.compaction_memory import NAME, CompactionMemory, memory_object
+from kube.compaction_memory import NAME, CompactionMemory, DrainRecord, memory_object
 from kube.evictions import EventSink, EvictionResult, Evictor, PodRef
 from kube.reservations import Submitter
 from packing.model import MigReconfigure
@@ -120,8 +120,8 @@ class Compactor:
         self.metrics = metrics
         self.drains: dict[tuple[str, int], Drain] = {}
         # Per opted-in node: the view last read and the pods found on its MIG slices.
-        self._pods_on: dict[str, tuple[NodeView, dict[str, tuple[str, int, str, str]],
-                                       bool]] = {}
+        self._pods_on: dict[str, tuple[NodeView, dict[str, tuple[str, int, str, str,
+                                                                  float | None]], bool]] = {}
         self.since: dict[tuple[str, str], float] = {}  # (pod, uid) -> first seen on a slice
         self.evicted: dict[tuple[str, str], float] = {}  # (pod, uid) -> accepted at
         self.evicted_at: list[float] = []
@@ -134,10 +134,13 @@ class Compactor:
 
     def tenants(self, state: ActuatorState, now: float) -> dict[str, Tenant]:
         """Pods on MIG slices of opted-in nodes (what compaction may move or count). A
-        pod's age counts from when this handler first saw it on its slice (a new leader
-        starts the clocks again: it moves nothing younger than the minimum age)."""
-        found: dict[str, tuple[str, int, str, str]] = {}
-        memo: dict[str, tuple[NodeView, dict[str, tuple[str, int, str, str]], bool]] = {}
+        pod's age counts from its ``status.startTime`` (the kubelet's clock: it survives
+        a failover), or from when this handler first saw it on its slice if that is
+        earlier or the start time is not known (a pod the kubelet has not acknowledged,
+        a node clock ahead of this one's)."""
+        found: dict[str, tuple[str, int, str, str, float | None]] = {}
+        memo: dict[str, tuple[NodeView, dict[str, tuple[str, int, str, str, float | None]],
+                              bool]] = {}
         with self.cache.lock:
             for n in state.nodes:
                 if n.reconfigure is not MigReconfigure.ON:
@@ -156,15 +159,18 @@ class Compactor:
         self._pods_on = memo
         movable = self.owners.movable(found.keys(), MOVABLE_KINDS)
         # By (name, uid): a StatefulSet's replacement keeps the name, not the age.
-        self.since = {(k, f[3]): self.since.get((k, f[3]), now) for k, f in found.items()}
+        self.since = {(k, f[3]): min(self.since.get((k, f[3]), now),
+                                     now if f[4] is None else f[4])
+                      for k, f in found.items()}
         self.evicted = {k: t for k, t in self.evicted.items() if now - t < EVICTED_MEMORY_S}
         return {k: Tenant(k, node, gpu, profile, self.since[k, uid],
                           k in movable and (k, uid) not in self.evicted)
-                for k, (node, gpu, profile, uid) in found.items()}
+                for k, (node, gpu, profile, uid, _) in found.items()}
 
-    def _read(self, n: NodeView) -> tuple[dict[str, tuple[str, int, str, str]], bool]:
+    def _read(self, n: NodeView
+              ) -> tuple[dict[str, tuple[str, int, str, str, float | None]], bool]:
         """Under the cache lock: the pods on the node's MIG slices (node, GPU, profile,
-        uid), assumed binds left out; and whether there was none."""
+        uid, start time), assumed binds left out; and whether there was none."""
         out = {}
         settled = True
         for g in n.gpus:
@@ -182,7 +188,7 @@ class Compactor:
                 p = counted[1]
                 entry = self.cache.pod_entry(h)
                 if p.mig_profile is not None and entry is not None:
-                    out[h] = (n.name, g.index, p.mig_profile, entry.uid)
+                    out[h] = (n.name, g.index, p.mig_profile, entry.uid, entry.started)
         return out, settled
 
     # ---- one step ----------------------------------------------------------------------------
@@ -214,19 +220,43 @@ class Compactor:
             return False
         self.evicted_at = sorted(set(self.evicted_at) | set(mem.evictions))
         self.cooldown = {**mem.cooldown, **self.cooldown}
+        for rec in mem.drains:
+            if (rec.node, rec.gpu) not in self.drains:
+                self._resume(_drain_of(rec), now)
         self._remembered = mem
-        if mem.evictions or mem.cooldown:
-            log.info("MIG compaction: %d eviction(s) of the last hour and %d GPU(s) "
-                     "cooling down remembered from the last leader", len(mem.evictions),
-                     len(mem.cooldown))
+        if mem.evictions or mem.cooldown or mem.drains:
+            log.info("MIG compaction: %d eviction(s) of the last hour, %d GPU(s) cooling "
+                     "down and %d drain(s) in flight remembered from the last leader",
+                     len(mem.evictions), len(mem.cooldown), len(mem.drains))
         return True
+
+    def _resume(self, dr: Drain, now: float) -> None:
+        """Take up a drain the last leader started: its pods still on the GPU have their
+        slots held once they go, and those it evicted are not asked again. The GPU's free
+        instances are held by this step's decision, or the drain ends there."""
+        self.drains[dr.gpu_key] = dr
+        with self.cache.lock:
+            for key in dr.pods:
+                counted = self.cache.counted(key)
+                entry = self.cache.pod_entry(key)
+                if key in dr.evicted and entry is not None:
+                    self.evicted[key, entry.uid] = now
+                if counted is None:
+                    continue
+                p = counted[1]
+                if (p.node, p.gpus[:1], p.mig_start is not None) == (dr.node, (dr.gpu,), True):
+                    self.slots[key] = Hold(dr.node, dr.gpu, dr.model, p.mig_profile,
+                                           p.mig_start, DRAIN_PREFIX)
+        log.info("MIG drain of GPU %d on %s taken up from the last leader (%d of %d pod(s) "
+                 "evicted)", dr.gpu, dr.node, len(dr.evicted), len(dr.pods))
 
     def _remember(self, now: float) -> None:
         """Write the memory when what it keeps changed (the leader only: its writer)."""
         if self.memory is None:
             return
         mem = CompactionMemory(tuple(t for t in self.evicted_at if now - t < 3600),
-                               {k: t for k, t in self.cooldown.items() if t > now})
+                               {k: t for k, t in self.cooldown.items() if t > now},
+                               tuple(_record_of(d) for d in self.drains.values()))
         if self._remembered is not None and mem.within(now) == self._remembered.within(now):
             return
         self._remembered = mem
@@ -347,5 +377,13 @@ class Compactor:
     def _count(self, result: str) -> None:
         if self.metrics is not None:
             self.metrics.drains.labels(result).inc()
+
+def _record_of(d: Drain) -> DrainRecord:
+    return DrainRecord(d.node, d.gpu, d.model, d.pods, d.started, d.evicted, d.refused)
+
+
+def _drain_of(r: DrainRecord) -> Drain:
+    return Drain(r.node, r.gpu, r.model, r.pods, r.started, r.evicted, r.refused)
+
 
 __all__ = ["CompactMetrics", "Compactor", "Owners"]

@@ -9,24 +9,37 @@ from typing import Any
 
 import pytest
 from test_groups_builders import RecordingWriter
-from test_mig_compact_act import setup
+from test_mig_compact_act import drain_holds, setup
 
 from kube.compaction_memory import (
     NAME,
     CompactionMemory,
     CompactionMemoryError,
+    DrainRecord,
     decode,
     encode,
     memory_object,
 )
+from scheduler.mig_compact import DRAIN_PREFIX
+
+DRAIN = DrainRecord("a", 0, "H100-80GB", ("default/lone", "default/two"), 900.0,
+                    frozenset({"default/lone"}))
 
 
 def test_round_trip_and_what_still_matters() -> None:
-    mem = CompactionMemory((100.0, 3000.0), {("a", 0): 5000.0, ("b", 3): 900.0})
-    assert decode(encode(mem)) == mem
-    assert mem.within(3750.0) == CompactionMemory((3000.0,), {("a", 0): 5000.0})
+    mem = CompactionMemory((100.0, 3000.0), {("a", 0): 5000.0, ("b", 3): 900.0},
+                           (DRAIN, DrainRecord("b", 1, "A100-80GB", ("x/y",), 950.0,
+                                               refused="x/y: 429")))
+    assert decode(encode(mem)).within(0) == mem.within(0)
+    assert mem.within(3750.0) == CompactionMemory((3000.0,), {("a", 0): 5000.0},
+                                                  mem.within(0).drains)
     obj = memory_object(mem, "gpupack")
-    assert obj["metadata"]["name"] == NAME and decode(obj["data"]["memory.json"]) == mem
+    assert obj["metadata"]["name"] == NAME
+    assert decode(obj["data"]["memory.json"]).within(0) == mem.within(0)
+
+
+def test_a_memory_written_before_drains_were_kept_reads_without_them() -> None:
+    assert decode('{"v": 1, "evictions": [5.0]}') == CompactionMemory((5.0,))
 
 
 BAD = [
@@ -44,6 +57,26 @@ BAD = [
      "data.memory.json.cooldown[0].gpu: -1 is not a GPU index"),
     ('{"v": 1, "cooldown": [{"node": "a", "gpu": 0, "until": "soon"}]}',
      "data.memory.json.cooldown[0].until: 'soon' is not a time"),
+    ('{"v": 1, "drains": {}}', "data.memory.json.drains: not a list"),
+    ('{"v": 1, "drains": [7]}', "data.memory.json.drains[0]: not an object"),
+    ('{"v": 1, "drains": [{"node": "a", "gpu": "0"}]}',
+     "data.memory.json.drains[0].gpu: '0' is not a GPU index"),
+    ('{"v": 1, "drains": [{"node": "a", "gpu": 0, "model": 3}]}',
+     "data.memory.json.drains[0].model: 3 is not a GPU model"),
+    ('{"v": 1, "drains": [{"node": "a", "gpu": 0, "model": "H100-80GB", "pods": ["p"]}]}',
+     "data.memory.json.drains[0].pods: ['p'] is not a list of namespace/name keys"),
+    ('{"v": 1, "drains": [{"node": "a", "gpu": 0, "model": "H100-80GB", "pods": []}]}',
+     "data.memory.json.drains[0].pods: empty"),
+    ('{"v": 1, "drains": [{"node": "a", "gpu": 0, "model": "H100-80GB", "pods": ["n/p"], '
+     '"evicted": ["n/q"], "started": 1}]}',
+     "data.memory.json.drains[0].evicted: ['n/q'] not among the drain's pods"),
+    ('{"v": 1, "drains": [{"node": "a", "gpu": 0, "model": "H100-80GB", "pods": ["n/p"], '
+     '"started": null}]}', "data.memory.json.drains[0].started: None is not a time"),
+    ('{"v": 1, "drains": [{"node": "a", "gpu": 0, "model": "H100-80GB", "pods": ["n/p"], '
+     '"started": 1, "refused": 429}]}', "data.memory.json.drains[0].refused: 429 is not text"),
+    ('{"v": 1, "drains": [{"node": "a", "gpu": 0, "model": "H100-80GB", "pods": ["n/p"], '
+     '"started": 1}, {"node": "a", "gpu": 0, "model": "H100-80GB", "pods": ["n/q"], '
+     '"started": 2}]}', "data.memory.json.drains[1]: a second drain of GPU 0 of a"),
 ]
 
 
@@ -116,3 +149,42 @@ def test_leading_again_reads_the_memory_again() -> None:
     lead[0] = True
     act.step()
     assert reader.reads == 2
+
+
+def test_a_new_leader_takes_up_the_last_leaders_drain() -> None:
+    # Leader 1 started draining GPU 0 and its eviction of the lone pod was accepted; the
+    # pod still terminates when leader 1 goes. The memory it wrote is what leader 2
+    # (another replica: another cache, another handler) reads.
+    writer = RecordingWriter()
+    lead = [True]
+    _, act1, evictor1, *_ = setup(memory=(Reader(CompactionMemory()), writer, "gpupack"),
+                                  leader=lead)
+    act1.step()
+    assert evictor1.asked == ["default/lone"]
+    written = decode(writer.writes[-1][1]["data"]["memory.json"])
+    (rec,) = written.drains
+    assert (rec.node, rec.gpu, rec.pods, rec.evicted) == ("a", 0, ("default/lone",),
+                                                          frozenset({"default/lone"}))
+    lead[0] = False
+    act1.step()
+    writer2 = RecordingWriter()
+    cache, act2, evictor2, api2, _, clock, _ = setup(memory=(Reader(written), writer2,
+                                                             "gpupack"))
+    act2.step()
+    # Not evicted again, and the GPU's free slices are held at once: nothing lands there.
+    assert evictor2.asked == []
+    assert drain_holds(cache) == {f"{DRAIN_PREFIX}a/0/{s}" for s in range(1, 7)}
+    cache.delete_pod("default/lone")  # the pod goes: its slice is held in the same step
+    assert cache.state.gpu("a", 0).instances[0][1] == f"{DRAIN_PREFIX}a/0/0"
+    clock.advance(1)
+    act2.step()
+    assert drain_holds(cache) == set() and ("a", "MigDrained", False) in api2.events
+    assert decode(writer2.writes[-1][1]["data"]["memory.json"]).drains == ()
+
+
+def test_a_remembered_drain_whose_pods_were_not_evicted_yet_evicts_them() -> None:
+    rec = DrainRecord("a", 0, "H100-80GB", ("default/lone",), 990.0)
+    _, act, evictor, *_ = setup(memory=(Reader(CompactionMemory((), {}, (rec,))),
+                                        RecordingWriter(), "gpupack"), min_age=300)
+    act.step()  # the pod is young to this handler: only the remembered drain moves it
+    assert evictor.asked == ["default/lone"]

@@ -6,8 +6,10 @@ cools the GPU down, a standby holds nothing; Events and metrics."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
+import pytest
 from prometheus_client import CollectorRegistry
 from sched_builders import FakeClock, make_cache, node, pod
 from test_mig_loop import FAST, FakeApi
@@ -204,6 +206,35 @@ def test_age_counts_per_pod_uid_not_per_name() -> None:
     clock.advance(150)
     act.step()
     assert evictor.asked == ["default/web-0"]
+
+
+def started(p: dict[str, Any], at: float) -> dict[str, Any]:
+    """``p`` with the kubelet's ``status.startTime`` at epoch second ``at``."""
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))
+    return {**p, "status": {**p["status"], "startTime": stamp}}
+
+
+@pytest.mark.parametrize(("start", "moved_after"), [
+    (600.0, 0),  # started 400 s before a new leader's first step: old enough already
+    (900.0, 200),  # started 100 s before: 200 s more
+    (1600.0, 300),  # a node clock ahead of the leader's: from when it was first seen
+    (None, 300),  # the kubelet has not acknowledged it: from when it was first seen
+])
+def test_age_counts_from_the_kubelets_start_time(start: float | None,
+                                                 moved_after: int) -> None:
+    # A new leader (a fresh handler) knows how long a pod has run from its start time,
+    # not only from when it first saw the pod (the clock reads 1000 at the first step).
+    lone = asr_on("lone", 0, 0)
+    _, act, evictor, _, _, clock, _ = setup(
+        on_gpu0=[lone if start is None else started(lone, start)], min_age=300)
+    waited = 0
+    while True:
+        act.step()
+        if evictor.asked or waited > 400:
+            break
+        clock.advance(50)
+        waited += 50
+    assert evictor.asked == ["default/lone"] and waited == moved_after
 
 
 def test_a_bind_confirmed_after_it_was_assumed_makes_its_pod_movable() -> None:

@@ -1,0 +1,135 @@
+"""The background writer of records, wakes and memories (kube.reservations.RecordWriter):
+a write that fails all its quick retries is tried again later, with a doubling delay,
+until it passes, a newer object replaces it, the replica stops leading, or the API says
+it never will."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+
+from kube.reservations import RecordWriter
+
+
+class ApiError(Exception):
+    def __init__(self, status: int) -> None:
+        super().__init__(f"({status})")
+        self.status = status
+
+
+class FlakyStore:
+    """Fails the next ``fail`` calls with ``status``, then writes."""
+
+    def __init__(self, fail: int = 0, status: int = 503) -> None:
+        self.fail = fail
+        self.status = status
+        self.calls = 0
+        self.objects: dict[str, Mapping[str, Any]] = {}
+        self.written = threading.Event()
+
+    def put(self, obj: Mapping[str, Any]) -> None:
+        self.calls += 1
+        if self.fail > 0:
+            self.fail -= 1
+            raise ApiError(self.status)
+        self.objects[obj["metadata"]["name"]] = obj
+        self.written.set()
+
+    def delete(self, name: str) -> None:
+        self.put({"metadata": {"name": name}, "deleted": True})
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def obj(name: str, v: int = 1) -> dict[str, Any]:
+    return {"metadata": {"name": name}, "v": v}
+
+
+def writer(store: FlakyStore, clock: Clock, leader: list[bool] | None = None
+           ) -> RecordWriter:
+    lead = leader if leader is not None else [True]
+    return RecordWriter(store, is_leader=lambda: lead[0], retries=1, sleep=lambda s: None,
+                        later_s=5.0, later_max_s=12.0, clock=clock)
+
+
+def test_a_write_that_keeps_failing_is_tried_again_later_until_it_passes() -> None:
+    store, clock = FlakyStore(fail=4), Clock()
+    w = writer(store, clock)
+    w.submit("r", obj("r"))
+    assert w.drain() == 0 and store.calls == 2 and "r" in w.later()
+    clock.now = 4.9
+    assert w.drain() == 0 and store.calls == 2  # not due yet
+    clock.now = 5.0
+    assert w.drain() == 0 and store.calls == 4  # failed again: 10 s on now
+    clock.now = 14.9
+    assert w.drain() == 0 and store.calls == 4
+    clock.now = 15.0
+    assert w.drain() == 1 and store.objects["r"] == obj("r") and w.later() == {}
+    assert w.failures == 2 and w.writes == 1
+
+
+def test_the_delay_doubles_up_to_its_cap() -> None:
+    store, clock = FlakyStore(fail=100), Clock()
+    w = writer(store, clock)
+    w.submit("r", obj("r"))
+    tries = []
+    for _ in range(60):
+        before = store.calls
+        w.drain()
+        if store.calls > before:
+            tries.append(clock.now)
+        clock.now += 1
+    assert tries[:5] == [0.0, 5.0, 15.0, 27.0, 39.0]  # 5, 10, then 12 (the cap)
+
+
+def test_a_newer_object_replaces_the_failed_one() -> None:
+    store, clock = FlakyStore(fail=2), Clock()
+    w = writer(store, clock)
+    w.submit("r", obj("r", 1))
+    w.drain()
+    w.submit("r", obj("r", 2))
+    assert w.later() == {}
+    assert w.drain() == 1 and store.objects["r"]["v"] == 2
+    clock.now = 100
+    assert w.drain() == 0 and store.calls == 3  # the old one is never written
+
+
+@pytest.mark.parametrize("status", [400, 422])
+def test_what_the_api_will_never_take_is_dropped(status: int) -> None:
+    store, clock = FlakyStore(fail=1, status=status), Clock()
+    w = writer(store, clock)
+    w.submit("r", obj("r"))
+    assert w.drain() == 0 and store.calls == 1 and w.later() == {} and w.given_up == 1
+
+
+def test_a_replica_that_stopped_leading_does_not_write_what_failed_before() -> None:
+    store, clock, lead = FlakyStore(fail=2), Clock(), [True]
+    w = writer(store, clock, lead)
+    w.submit("r", obj("r"))
+    w.drain()
+    lead[0] = False
+    clock.now = 5
+    assert w.drain() == 0 and w.dropped == 1 and w.later() == {} and store.calls == 2
+
+
+def test_the_writer_thread_wakes_for_a_write_tried_again_later() -> None:
+    store = FlakyStore(fail=1)
+    w = RecordWriter(store, retries=0, later_s=0.05)
+    w.start()
+    try:
+        w.submit("r", obj("r"))
+        assert store.written.wait(5.0), "the failed write was not tried again"
+        assert store.calls == 2
+    finally:
+        w.stop()
+        time.sleep(0)
