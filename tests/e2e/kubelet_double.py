@@ -23,6 +23,9 @@ class KubeletDouble(threading.Thread):
         super().__init__(daemon=True, name=f"kubelet-double-{namespace}")
         self.core, self.ns = core, namespace
         self.halt = threading.Event()
+        # Name prefixes of pods whose deletion is not confirmed while they are here (a
+        # pod that takes long to stop: its preStop hook, its grace period).
+        self.lingering: set[str] = set()
 
     def run(self) -> None:
         while not self.halt.wait(0.2):
@@ -33,6 +36,8 @@ class KubeletDouble(threading.Thread):
         for p in self.core.list_namespaced_pod(self.ns).items:
             name = p.metadata.name
             if p.metadata.deletion_timestamp is not None:
+                if any(name.startswith(k) for k in set(self.lingering)):
+                    continue
                 with contextlib.suppress(ApiException):
                     self.core.delete_namespaced_pod(name, self.ns, grace_period_seconds=0)
                 continue
@@ -47,7 +52,7 @@ class KubeletDouble(threading.Thread):
 
 
 @contextlib.contextmanager
-def workloads(core: Any, admin: Any, ns: str) -> Iterator[None]:
+def workloads(core: Any, admin: Any, ns: str) -> Iterator[KubeletDouble]:
     """The kubelet double runs for ``ns`` inside the block; afterwards the namespace's
     Deployments, ReplicaSets (no garbage collector runs: a ReplicaSet left behind would
     recreate the pods the cleanup deletes) and PodDisruptionBudgets go."""
@@ -55,8 +60,9 @@ def workloads(core: Any, admin: Any, ns: str) -> Iterator[None]:
     kubelet = KubeletDouble(core, ns)
     kubelet.start()
     try:
-        yield
+        yield kubelet
     finally:
+        kubelet.lingering.clear()
         kubelet.halt.set()
         for delete in (apps.delete_collection_namespaced_deployment,
                        apps.delete_collection_namespaced_replica_set,

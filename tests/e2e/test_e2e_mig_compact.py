@@ -3,8 +3,10 @@ opted-in node of two MIG GPUs, a Deployment's lone ASR pod on GPU 1 while GPU 0 
 1g slices is evicted through the Eviction API; the ReplicaSet's replacement lands on GPU
 0 (GPU 1's slices are held while it drains), GPU 1 ends empty, and the node has the
 ``MigDrainStarted`` / ``MigDrained`` Events; the eviction is kept in compaction's memory
-across leaders, which a restarted extender reads back. A bare pod (no controller
-recreates it) in the same place is never moved.
+across leaders, which a restarted extender reads back. A drain in flight when the
+leading extender restarts (the evicted pod slow to stop) is taken up by the new process
+from that memory and ends there. A bare pod (no controller recreates it) in the same
+place is never moved.
 
 Real components: etcd, kube-apiserver, kube-scheduler with the extender (compaction in
 the MIG actuator's step on the leader), kube-controller-manager's ReplicaSet and
@@ -116,24 +118,30 @@ def remembered(core: Any) -> CompactionMemory | None:
     return mem if mem.evictions else None
 
 
+def lone_beside_free_slices(apps: Any, core: Any, ns: str, pool: str
+                            ) -> tuple[int | None, dict[str, Any]]:
+    """Seven pods fill one GPU (the extender prefers GPUs in use); the eighth, of another
+    Deployment, opens the other GPU; then three fill pods go, and the lone pod fits in
+    the full GPU's three free slices. (The full GPU, the lone pod.)"""
+    deployment(apps, ns, "fill", 7, pool)
+    try:
+        fill = wait_for(lambda: bound_on(core, ns, "fill", 7), 60, "7 fill pods bound")
+    except AssertionError:
+        raise AssertionError(pending_report(core, ns)) from None
+    (full,) = {gpu_of(p) for p in fill}
+    deployment(apps, ns, "lone", 1, pool)
+    (lone,) = wait_for(lambda: bound_on(core, ns, "lone", 1), 60, "the lone pod bound")
+    assert gpu_of(lone) != full
+    apps.patch_namespaced_deployment_scale("fill", ns, {"spec": {"replicas": 4}})
+    return full, lone
+
+
 def test_a_lone_pod_moves_to_free_slices_and_its_gpu_empties(
         space: Space, core: Any, admin: Any, kcm: None, stack: Stack) -> None:
     ns, pool, name = mig_node(space, core)
     apps = client.AppsV1Api(admin)
     with workloads(core, admin, ns):
-        # Seven pods fill one GPU (the extender prefers GPUs in use); the eighth, of
-        # another Deployment, opens the other GPU.
-        deployment(apps, ns, "fill", 7, pool)
-        try:
-            fill = wait_for(lambda: bound_on(core, ns, "fill", 7), 60, "7 fill pods bound")
-        except AssertionError:
-            raise AssertionError(pending_report(core, ns)) from None
-        (full,) = {gpu_of(p) for p in fill}
-        deployment(apps, ns, "lone", 1, pool)
-        (lone,) = wait_for(lambda: bound_on(core, ns, "lone", 1), 60, "the lone pod bound")
-        assert gpu_of(lone) != full
-        # Three fill pods go: the full GPU has three free slices, the lone pod fits there.
-        apps.patch_namespaced_deployment_scale("fill", ns, {"spec": {"replicas": 4}})
+        full, lone = lone_beside_free_slices(apps, core, ns, pool)
 
         def moved() -> dict[str, Any] | None:
             got = bound_on(core, ns, "lone", 1)
@@ -167,6 +175,52 @@ def test_a_lone_pod_moves_to_free_slices_and_its_gpu_empties(
     stack.restart(extender)
     wait_for(lambda: log.read_text(errors="replace").count(
         "remembered from the last leader") > before, 30, "the restarted extender to read it")
+
+
+def drain_remembered(core: Any) -> CompactionMemory | None:
+    """Compaction's memory, once it holds a drain whose eviction the API accepted."""
+    mem = remembered(core)
+    return mem if mem is not None and any(d.evicted for d in mem.drains) else None
+
+
+def test_a_drain_goes_on_across_a_restart_of_its_leader(
+        space: Space, core: Any, admin: Any, kcm: None, stack: Stack) -> None:
+    # The lone pod takes long to stop (the kubelet double does not confirm its
+    # deletion): the drain is in flight when the leading extender restarts. The new
+    # process reads the drain back from compaction's memory and ends it (MigDrained)
+    # once the pod is gone; forgotten, the drain would never end and the GPU's slices
+    # would not be held meanwhile.
+    ns, pool, name = mig_node(space, core)
+    apps = client.AppsV1Api(admin)
+    with workloads(core, admin, ns) as kubelet:
+        kubelet.lingering.add("lone-")
+        full, lone = lone_beside_free_slices(apps, core, ns, pool)
+        mem = wait_for(lambda: drain_remembered(core), 90, "the drain in gpupack-mig-compaction")
+        (drain,) = mem.drains
+        assert drain.pods == (f"{ns}/{lone['metadata']['name']}",), drain
+        assert "MigDrained" not in node_events(core, name)
+        extender = f"extender{active_replica(stack, admin)}"
+        log = stack.log_file(extender)
+        before = log.read_text(errors="replace").count("taken up from the last leader")
+        stack.restart(extender)
+        wait_for(lambda: log.read_text(errors="replace").count(
+            "taken up from the last leader") > before, 30, "the restarted extender to take "
+            "the drain up")
+        kubelet.lingering.clear()  # the pod stops
+        try:
+            wait_for(lambda: "MigDrained" in node_events(core, name), 60,
+                     "the MigDrained Event from the restarted extender")
+        except AssertionError:
+            raise AssertionError(f"events {node_events(core, name)}\n"
+                                 + stack.log_tail(extender)) from None
+        reasons = node_events(core, name)
+        assert reasons.count("MigDrainStarted") == 1, reasons
+        assert "MigDrainStopped" not in reasons, reasons
+        new = wait_for(lambda: bound_on(core, ns, "lone", 1), 60, "the replacement bound")
+        assert gpu_of(new[0]) == full
+        assert overcommits(core, live(core, ns)) == []
+        wait_for(lambda: (remembered(core) or CompactionMemory()).drains == (), 15,
+                 "the ended drain gone from the memory")
 
 
 def test_a_bare_pod_is_never_moved(space: Space, core: Any, admin: Any, kcm: None) -> None:
