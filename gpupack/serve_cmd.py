@@ -261,11 +261,16 @@ class Components:
             self.static_records = StaticRecordStore()
             store = self.static_records
             requeue_store = None  # no kube-scheduler parks pods here
-        self.group_writer = RecordWriter(store, is_leader=self.leader.is_leader)
+        self.group_writer = RecordWriter(store, is_leader=self.leader.is_leader,
+                                         what="group record")
         self.compaction_writer: RecordWriter | None = None  # set below with compaction
         # Status patches that requeue refused members once their room is reserved.
         self.requeue_writer = (None if requeue_store is None else RecordWriter(
             requeue_store, is_leader=self.leader.is_leader, what="pod condition"))
+        from kube.writer_metrics import register_writers
+
+        register_writers(self.registry, lambda: (self.group_writer, self.requeue_writer,
+                                                 self.compaction_writer))
         self.groups = ReservationBook(self.cache, ttl=args.group_ttl, writer=self.group_writer,
                                       scorer=lambda: self.planner.scorer.scorer,
                                       is_leader=self.leader.is_leader, namespace=args.namespace,

@@ -406,7 +406,7 @@ class RecordWriter:
     def start(self) -> None:
         if self._thread is None:
             self._thread = threading.Thread(target=self._loop, daemon=True,
-                                            name=f"gpupack-{self.what}-writer")
+                                            name=f"gpupack-{self.what.replace(' ', '-')}-writer")
             self._thread.start()
 
     def stop(self) -> None:

@@ -498,6 +498,16 @@ RULE_GROUPS: list[dict[str, Any]] = [
                    "gpupack webhook fails reviews",
                    "{{ $value | humanizePercentage }} of AdmissionReviews failed in the last "
                    "5 minutes; with failurePolicy Ignore those pods were admitted unsized."),
+            _alert("GpupackRecordWritesFailing",
+                   "sum by (what) (increase(gpupack_record_writes_total"
+                   '{outcome=~"retried_later|given_up"}[15m]))',
+                   ">", "0", "10m", "warning",
+                   "gpupack cannot write its {{ $labels.what }}s",
+                   "{{ $value }} write(s) of gpupack's {{ $labels.what }}s failed in the "
+                   "last 15 minutes and keep failing; the leader tries each again, the "
+                   "delay doubling to a minute. Until they pass, a failover loses them "
+                   "(group reservations, the compaction budget) or parked pods wait for "
+                   "kube-scheduler's next event (pod conditions)."),
             _alert("GpupackNodeAgentStale",
                    "time() - max by (node) (gpupack_agent_last_success_timestamp_seconds)",
                    ">", "300", "5m", "warning",

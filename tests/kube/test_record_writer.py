@@ -133,3 +133,33 @@ def test_the_writer_thread_wakes_for_a_write_tried_again_later() -> None:
     finally:
         w.stop()
         time.sleep(0)
+
+
+def test_the_writers_counts_are_metrics() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from kube.writer_metrics import register_writers
+
+    store, clock, lead = FlakyStore(fail=2), Clock(), [True]
+    w = writer(store, clock, lead)
+    w.what = "group record"
+    registry = CollectorRegistry()
+    register_writers(registry, lambda: (w, None))
+
+    def sample(name: str, **labels: str) -> float | None:
+        return registry.get_sample_value(name, {"what": "group record", **labels})
+
+    assert sample("gpupack_record_writes_total", outcome="written") == 0
+    w.submit("r", obj("r"))
+    w.drain()
+    assert sample("gpupack_record_writes_total", outcome="retried_later") == 1
+    assert sample("gpupack_record_writes_waiting") == 1
+    clock.now = 5
+    w.drain()
+    assert sample("gpupack_record_writes_total", outcome="written") == 1
+    assert sample("gpupack_record_writes_waiting") == 0
+    lead[0] = False
+    w.submit("s", obj("s"))
+    w.drain()
+    assert sample("gpupack_record_writes_total", outcome="dropped") == 1
+    assert sample("gpupack_record_writes_total", outcome="given_up") == 0
