@@ -57,6 +57,7 @@ from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from kube.compaction_memory import DrainRecord
 from packing.catalog import get_model
 from packing.mig import slice_bound
 from packing.model import MigReconfigure
@@ -97,14 +98,10 @@ class Tenant:
 
 
 @dataclass(frozen=True)
-class Drain:
-    node: str
-    gpu: int
-    model: str
-    pods: tuple[str, ...]  # what must leave the GPU
-    started: float
-    evicted: frozenset[str] = frozenset()  # evictions the API accepted
-    refused: str | None = None  # why the API refused an eviction (set by the handler)
+class Drain(DrainRecord):
+    """A drain in flight: the fields compaction's memory keeps across leaders (node,
+    GPU, model, the pods that must leave, when it started, the evictions the API
+    accepted, why one was refused), and where it is."""
 
     @property
     def gpu_key(self) -> GpuKey:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection
-from dataclasses import replace
+from dataclasses import fields, replace
 from typing import Any, Protocol
 
 from kube.cache import ClusterCache
@@ -378,12 +378,13 @@ class Compactor:
         if self.metrics is not None:
             self.metrics.drains.labels(result).inc()
 
-def _record_of(d: Drain) -> DrainRecord:
-    return DrainRecord(d.node, d.gpu, d.model, d.pods, d.started, d.evicted, d.refused)
+def _record_of(d: DrainRecord) -> DrainRecord:
+    """The record as the memory keeps it (a Drain compares unequal to its record)."""
+    return DrainRecord(**{f.name: getattr(d, f.name) for f in fields(DrainRecord)})
 
 
 def _drain_of(r: DrainRecord) -> Drain:
-    return Drain(r.node, r.gpu, r.model, r.pods, r.started, r.evicted, r.refused)
+    return Drain(**{f.name: getattr(r, f.name) for f in fields(DrainRecord)})
 
 
 __all__ = ["CompactMetrics", "Compactor", "Owners"]
