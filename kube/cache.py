@@ -237,6 +237,10 @@ class ClusterCache:
         absent from the cache for good, unlike a node the watch has not shown yet."""
         return name in self._unreadable
 
+    def unreadable_nodes(self) -> frozenset[str]:
+        """Every node :meth:`unreadable_node` says so of."""
+        return frozenset(self._unreadable)
+
     def taints(self, node: str) -> tuple[Taint, ...]:
         return self._taints.get(node, ())
 
