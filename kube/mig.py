@@ -62,15 +62,20 @@ def parse_config(text: str | None) -> dict[str, Any]:
             raise MigConfigError(f"data[{CONFIG_KEY!r}]: not YAML or JSON ({e})") from None
     if not isinstance(raw, Mapping) or not isinstance(raw.get("mig-configs", {}), Mapping):
         raise MigConfigError(f"data[{CONFIG_KEY!r}]: expected an object with mig-configs")
+    odd = [k for k in (raw.get("mig-configs") or {}) if not isinstance(k, str)]
+    if odd:
+        raise MigConfigError(f"data[{CONFIG_KEY!r}].mig-configs: entry name {odd[0]!r} is "
+                             "not text")
     return {"version": raw.get("version", "v1"), "mig-configs": dict(raw.get("mig-configs") or {})}
 
 
 def merged_config(current: Mapping[str, Any], add: Mapping[str, Any],
-                  referenced: set[str]) -> dict[str, Any]:
+                  referenced: set[str] | None) -> dict[str, Any]:
     """``current`` with the entries of ``add`` put in, and gpupack's own entries that no
-    node label (``referenced``) names and ``add`` does not bring dropped."""
+    node label (``referenced``) names and ``add`` does not bring dropped (None: none
+    dropped, some node's label is not known)."""
     configs = {k: v for k, v in dict(current.get("mig-configs") or {}).items()
-               if not str(k).startswith(OWN_PREFIX) or k in referenced}
+               if not str(k).startswith(OWN_PREFIX) or referenced is None or k in referenced}
     configs.update(add)
     return {"version": "v1", "mig-configs": dict(sorted(configs.items()))}
 
@@ -87,8 +92,10 @@ class MigApi:
         self.name = name
         self.clock = clock
 
-    def read(self) -> tuple[dict[str, Any], str, str | None]:
-        """(mig-parted config, in-flight changes text, resourceVersion or None if absent)."""
+    def read(self) -> tuple[dict[str, Any] | MigConfigError, str, str | None]:
+        """(mig-parted config, or why it cannot be read; in-flight changes text;
+        resourceVersion or None if absent). A config that cannot be read does not hide
+        the changes in flight: a new leader still follows them."""
         from kubernetes.client.exceptions import ApiException
 
         try:
@@ -100,7 +107,12 @@ class MigApi:
             raise
         data = cm.data or {}
         rv = cm.metadata.resource_version if cm.metadata is not None else None
-        return parse_config(data.get(CONFIG_KEY)), data.get(CHANGES_KEY, ""), rv
+        config: dict[str, Any] | MigConfigError
+        try:
+            config = parse_config(data.get(CONFIG_KEY))
+        except MigConfigError as e:
+            config = e
+        return config, data.get(CHANGES_KEY, ""), rv
 
     def write(self, update: Callable[[dict[str, Any], str], tuple[dict[str, Any], str]]
               ) -> None:
@@ -109,14 +121,18 @@ class MigApi:
         from kubernetes.client.exceptions import ApiException
 
         for attempt in range(3):
-            config, changes, rv = self.read()
-            config, changes = update(config, changes)
+            read, changes, rv = self.read()
+            if isinstance(read, MigConfigError):
+                raise read  # never overwrite entries someone else wrote and we cannot read
+            config, changes = update(read, changes)
             body: Any = {
                 "apiVersion": "v1", "kind": "ConfigMap",
                 "metadata": {"name": self.name, "namespace": self.namespace,
                              "labels": {"app.kubernetes.io/managed-by": "gpupack",
                                         "app.kubernetes.io/component": "mig-actuator"}},
-                "data": {CONFIG_KEY: json.dumps(config, indent=1, sort_keys=True) + "\n",
+                # default=str: a value YAML read as a date is written back as text.
+                "data": {CONFIG_KEY: json.dumps(config, indent=1, sort_keys=True,
+                                                default=str) + "\n",
                          CHANGES_KEY: changes}}
             try:
                 if rv is None:

@@ -15,6 +15,14 @@ Rules (each has a table row in ``tests/scheduler/test_mig_actuator.py``):
   with the actuator on (``MigReconfigure.ON``) are candidates; ``"false"`` (freeze) or
   no label: nothing is started there. A freeze does not cancel a change already handed
   to the MIG manager (it cannot be called back); it is followed to its end.
+* **the MIG manager at work**: a node whose ``nvidia.com/mig.config.state`` is
+  ``pending`` or ``rebooting`` (someone else's change, or one of ours that timed out)
+  is not a candidate: a new label would redirect the manager mid-change.
+* **GPU indices must be known**: on a node without the node agent's inventory the
+  extender infers per-GPU detail from allocatable counts, at indices of its own choosing
+  (MIG GPUs last), and does not know which physical GPU a pod uses. Such a node is a
+  candidate only while nothing on it is held: a mig-parted entry names devices by index,
+  and on an idle node a wrong index changes only idle GPUs.
 * **busy GPUs are never touched**: a GPU any pod, assumed bind or reservation (other
   than this actuator's own hold) uses is ``held`` for the planner, which never changes
   a held GPU; the handler re-checks by taking the holds under the cache lock before it
@@ -29,8 +37,15 @@ Rules (each has a table row in ``tests/scheduler/test_mig_actuator.py``):
 * **end of a change**: ``success`` once the state label is ``success`` and every target
   GPU reports its target layout; ``failed`` when the state label is ``failed``;
   ``timeout`` after ``MigSettings.timeout_s``; ``superseded`` when someone else relabelled
-  the node or the node went. ``failed`` and ``timeout`` back the node off
-  (``backoff_s`` doubling per failure up to ``backoff_max_s``); ``success`` clears it.
+  the node or the node went. The node's label is judged only ``label_grace_s`` after the
+  change started: before that the cache may not show the label this actuator wrote (the
+  watch lags, or the patch's answer was lost); a node whose object cannot be read is
+  not "gone" (its change is followed, unheld, to its end or its timeout). ``failed``
+  and ``timeout`` back the node off (``backoff_s`` doubling per failure up to
+  ``backoff_max_s``); ``success`` clears it.
+* **a new label value per attempt**: the MIG manager acts when the label's value
+  changes, so a change whose entry has the name the node's label already carries (the
+  same layouts asked again after a failure) gets the entry under another name.
 * **a burst is planned as one**: nothing starts while MIG pods still arrive (the last
   one less than ``settle_s`` ago), unless the oldest has waited ``max_settle_s``.
 * **MIG GPUs idle for less than ``min_idle_s``** are left alone (no flapping between
@@ -56,7 +71,7 @@ import json
 import math
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from packing.catalog import get_model
 from packing.cpsat import SolverParams
@@ -92,6 +107,9 @@ class MigSettings:
     # settle_s, unless the oldest waiting one has waited max_settle_s.
     settle_s: float = 2.0
     max_settle_s: float = 10.0
+    # The node's label is not judged before this long after a change started (the
+    # watch may not have shown the label this actuator wrote yet).
+    label_grace_s: float = 30.0
 
 
 DEFAULT_SETTINGS = MigSettings()
@@ -136,6 +154,8 @@ class Change:
             raise ValueError(f"change: missing or malformed field {e}") from None
         if not node or not config.startswith(CONFIG_PREFIX):
             raise ValueError(f"change: node {node!r} / config {config!r} not gpupack's")
+        if not math.isfinite(started):
+            raise ValueError(f"change: started {raw['started']!r} is not a time")
         return cls(node, config, tuple(targets), models, started, expected)
 
 
@@ -227,6 +247,7 @@ class ActuatorState:
     backoff: Mapping[str, Backoff] = field(default_factory=dict)
     idle_since: Mapping[tuple[str, int], float] = field(default_factory=dict)
     arrivals: tuple[tuple[float, str, frozenset[str]], ...] = ()  # (time, profile, models)
+    unreadable: frozenset[str] = frozenset()  # nodes whose object cannot be read
 
 
 @dataclass(frozen=True)
@@ -367,9 +388,20 @@ def _whole_waiting(state: ActuatorState) -> tuple[WholeDemand, ...]:
 # ---- the decision --------------------------------------------------------------------------
 
 
-def _finish(change: Change, node: NodeView | None, now: float, s: MigSettings) -> Finish | None:
+BUSY_STATES = frozenset({"pending", "rebooting"})  # the MIG manager at work
+
+
+def _finish(change: Change, node: NodeView | None, now: float, s: MigSettings,
+            unreadable: frozenset[str] = frozenset()) -> Finish | None:
+    if node is None and change.node in unreadable:
+        if now - change.started > s.timeout_s:
+            return Finish(change, "timeout", f"node {change.node} cannot be read; "
+                          f"{change.config} not seen applied after {s.timeout_s:.0f} s")
+        return None
     if node is None:
         return Finish(change, "superseded", f"node {change.node} is gone")
+    if node.config_label != change.config and now - change.started < s.label_grace_s:
+        return None  # our own label may not be in the cache yet
     if node.config_label != change.config:
         return Finish(change, "superseded",
                       f"{CONFIG_LABEL} is {node.config_label!r}, not {change.config!r}: "
@@ -386,6 +418,15 @@ def _finish(change: Change, node: NodeView | None, now: float, s: MigSettings) -
                       f"{change.config} not applied after {s.timeout_s:.0f} s (state "
                       f"{node.state_label!r}, layouts {'' if done else 'not '}as asked)")
     return None
+
+
+def _another_name(name: str) -> str:
+    """The entry's other name: ``<name>-again``, and back (two suffice to change the
+    label's value whenever the same layouts are asked twice in a row)."""
+    return name.removesuffix(AGAIN) if name.endswith(AGAIN) else name + AGAIN
+
+
+AGAIN = "-again"
 
 
 def _words(t: Target) -> str:
@@ -451,9 +492,11 @@ def _planner_nodes(state: ActuatorState, now: float, s: MigSettings,
             gpus.append(MigGpu(g.index, g.model, g.mig_enabled, g.layout,
                                held=bool(g.holders) or recently_idle))
         b = backoff.get(n.name)
+        guessed = any(g.inferred for g in n.gpus)
         opted = (n.reconfigure is MigReconfigure.ON and not n.unschedulable
                  and not n.tainted and n.name not in state.in_flight
-                 and (b is None or b.until <= now))
+                 and (b is None or b.until <= now) and n.state_label not in BUSY_STATES
+                 and not (guessed and any(g.holders for g in n.gpus)))
         if gpus:
             out.append(MigNode(n.name, tuple(gpus), opted_in=opted))
     return out
@@ -467,7 +510,7 @@ def decide_mig(state: ActuatorState, now: float, settings: MigSettings = DEFAULT
     finishes: list[Finish] = []
     in_flight: dict[str, Change] = {}
     for name, change in sorted(state.in_flight.items()):
-        f = _finish(change, nodes.get(name), now, settings)
+        f = _finish(change, nodes.get(name), now, settings, state.unreadable)
         if f is None:
             in_flight[name] = change
             continue
@@ -479,7 +522,7 @@ def decide_mig(state: ActuatorState, now: float, settings: MigSettings = DEFAULT
         elif f.result == "success":
             backoff.pop(name, None)
     live = ActuatorState(state.nodes, in_flight, state.mig_pods, state.whole_pods, backoff,
-                         state.idle_since, state.arrivals)
+                         state.idle_since, state.arrivals, state.unreadable)
     waiting, free = waiting_demand(live)
     present = sorted({g.model for n in state.nodes for g in n.gpus})
     fore = forecast(state.arrivals, now, settings.half_life_s, present)
@@ -503,6 +546,9 @@ def decide_mig(state: ActuatorState, now: float, settings: MigSettings = DEFAULT
                             params=params)
             status = plan.status
             for ch in plan.changes:
+                if ch.config_name == nodes[ch.node].config_label:
+                    # The same entry again (after a failure): the label must change.
+                    ch = replace(ch, config_name=_another_name(ch.config_name))
                 config = {i: d for d in ch.devices for i in d.devices}
                 targets = tuple((i, WHOLE if not config[i].mig_enabled
                                  else tuple(config[i].mig_devices)) for i in ch.changed)

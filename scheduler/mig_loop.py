@@ -70,7 +70,7 @@ RESULTS = ("started", "success", "failed", "timeout", "superseded", "error")
 class MigWriter(Protocol):
     """What the handler needs of the API (kube.mig.MigApi; a fake in unit tests)."""
 
-    def read(self) -> tuple[dict[str, Any], str, str | None]: ...
+    def read(self) -> tuple[dict[str, Any] | Exception, str, str | None]: ...
 
     def write(self, update: Callable[[dict[str, Any], str], tuple[dict[str, Any], str]]
               ) -> None: ...
@@ -212,6 +212,7 @@ class MigActuator:
             nodes = self.views.all()
             pending = self.cache.pending()
             reserved = self.reserved()
+            unreadable = self.cache.unreadable_nodes()
         mig_pods, whole = [], []
         seen: set[str] = set()
         for p in pending:
@@ -233,7 +234,8 @@ class MigActuator:
         self.idle_since = idle
         return ActuatorState(tuple(nodes), dict(self.changes or {}), tuple(mig_pods),
                              tuple(whole), dict(self.backoff), dict(idle),
-                             tuple(sorted(self.arrivals.values(), key=lambda a: a[0])))
+                             tuple(sorted(self.arrivals.values(), key=lambda a: a[0])),
+                             unreadable)
 
     # ---- one step ----------------------------------------------------------------------------
 
@@ -255,10 +257,14 @@ class MigActuator:
         now = self.clock()
         if self.changes is None:
             try:
-                _, text, _ = self.api.read()
+                config, text, _ = self.api.read()
             except Exception as e:
                 log.warning("MIG changes in flight not read back: %s; acting later", e)
                 return None
+            if isinstance(config, Exception):
+                # The changes in flight are still followed; new ones cannot be written
+                # (each start fails, with an Event) until the config is mended.
+                log.warning("MIG: %s; no change can be started until it is mended", config)
             self.changes, problems = changes_from_json(text)
             for p in problems:
                 log.warning("%s; ignored", p)
@@ -288,9 +294,8 @@ class MigActuator:
         for s in d.starts:
             mine = [h for h in d.holds if h.node == s.change.node]
             why = take_holds(self.cache, mine)
-            if why is not None:
+            if why is not None:  # a pod took a GPU since the decision: not started at all
                 log.info("MIG change on %s not started: %s", s.change.node, why)
-                self._count("superseded")
                 continue
             try:
                 entry = {s.plan.config_name: [dev.to_json() for dev in s.plan.devices]}
@@ -298,15 +303,18 @@ class MigActuator:
                 referenced = self._referenced(changes)
 
                 def update(cfg: dict[str, Any], _old: str, e: dict[str, Any] = entry,
-                           c: dict[str, Change] = changes, r: set[str] = referenced
+                           c: dict[str, Change] = changes, r: set[str] | None = referenced
                            ) -> tuple[dict[str, Any], str]:
                     return _merge(cfg, e, r), changes_json(c)
 
                 self.api.write(update)
                 self.changes[s.change.node] = s.change
-                self.api.label_node(s.change.node, s.change.config)
+                self._label(s.change)
             except Exception as e:
                 log.warning("MIG change on %s not handed over: %s", s.change.node, e)
+                self.api.event(s.change.node, "MigReconfigureNotStarted",
+                               f"{s.why}; but {s.change.config} could not be handed to the "
+                               f"MIG manager: {e}", warning=True)
                 self._give_back(mine)
                 if s.change.node in self.changes:
                     self.changes.pop(s.change.node)
@@ -327,8 +335,26 @@ class MigActuator:
 
     # ---- pieces --------------------------------------------------------------------------------
 
-    def _referenced(self, changes: Mapping[str, Change]) -> set[str]:
+    def _label(self, c: Change) -> None:
+        """Set the node's config label. An answer that says the patch was refused (4xx
+        but 408/429) raises; any other failure (a timeout, 5xx, a lost connection) may
+        have set the label anyway, so the change stays in flight and holds its GPUs: the
+        label is judged ``label_grace_s`` after the start (superseded if it never came)."""
+        try:
+            self.api.label_node(c.node, c.config)
+        except Exception as e:
+            status = getattr(e, "status", None)
+            if isinstance(status, int) and 400 <= status < 500 and status not in (408, 429):
+                raise
+            log.warning("MIG change %s on %s: label write outcome unknown (%s); followed "
+                        "as if it was set", c.config, c.node, e)
+
+    def _referenced(self, changes: Mapping[str, Change]) -> set[str] | None:
+        """The entries some node's label or a change in flight names; None (keep every
+        entry) while a node cannot be read: its label is not known."""
         with self.cache.lock:
+            if self.cache.unreadable_nodes():
+                return None
             names = {v for n in self.cache.state.nodes.values()
                      if (v := n.info.labels.get(CONFIG_LABEL)) is not None}
         return names | {c.config for c in changes.values()}
@@ -454,7 +480,7 @@ class MigActuator:
                 log.exception("MIG actuator step failed")
 
 
-def _merge(cfg: dict[str, Any], add: Mapping[str, Any], referenced: set[str]
+def _merge(cfg: dict[str, Any], add: Mapping[str, Any], referenced: set[str] | None
            ) -> dict[str, Any]:
     return merged_config(cfg, add, referenced)
 

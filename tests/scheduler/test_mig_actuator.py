@@ -106,6 +106,17 @@ START_CASES = [
      tuple(replace(p, arrived=97.0) for p in asr(5)), {}, ["a"]),
     ("oldest waited long enough: acts despite new arrivals", [node("a")],
      (replace(asr(1)[0], arrived=85.0), replace(asr(1, 1)[0], arrived=99.5)), {}, ["a"]),
+    ("the MIG manager at work on another config: nothing",
+     [node("a", config_label="all-balanced", state_label="pending")], asr(3), {}, []),
+    ("the MIG manager rebooting the node: nothing",
+     [node("a", config_label="all-balanced", state_label="rebooting")], asr(3), {}, []),
+    ("another config applied: acts",
+     [node("a", config_label="all-balanced", state_label="success")], asr(3), {}, ["a"]),
+    ("no node agent and a GPU in use: nothing (which GPU is not known)",
+     [node("a", [replace(whole(0, ("ns/p",)), inferred=True)]
+           + [replace(whole(i), inferred=True) for i in range(1, 8)])], asr(3), {}, []),
+    ("no node agent, nothing in use: acts",
+     [node("a", [replace(whole(i), inferred=True) for i in range(8)])], asr(3), {}, ["a"]),
     ("node in MIG mode preferred",
      [node("a"), node("m", [mig(0, {0: ("7g.80gb", "ns/big")}), whole(1)])],
      asr(3), {}, ["m"]),
@@ -175,6 +186,10 @@ END_CASES = [
      "timeout"),
     ("relabelled by someone else",
      node("a", config_label="all-disabled", state_label="success"), 100.0, "superseded"),
+    ("our label not in the cache yet (an old failure shown): in flight",
+     node("a", config_label="all-disabled", state_label="failed"), 70.0, None),
+    ("our label never came: superseded once the grace is over",
+     node("a", config_label="all-disabled", state_label="failed"), 81.0, "superseded"),
 ]
 
 
@@ -190,6 +205,31 @@ def test_end_of_a_change(name: str, view: NodeView, now: float, result: str | No
         assert held == set()  # released: success, failed, timeout, superseded
     if result in ("failed", "timeout"):
         assert d.backoff["a"] == Backoff(now + 60, 1)
+
+
+def test_a_node_that_cannot_be_read_is_followed_not_gone() -> None:
+    # A new leader whose watch could not read the node: its change is still the MIG
+    # manager's, its model still busy; it ends only by its timeout.
+    c = change("a", {0: SEVEN}, started=50.0)
+    unreadable = state([node("b")], asr(5), in_flight={"a": c}, unreadable=frozenset({"a"}))
+    d = decide_mig(unreadable, 100.0, S, FAST)
+    assert d.finishes == () and d.starts == ()  # b is of a's model: one node per model
+    d = decide_mig(unreadable, 50.0 + S.timeout_s + 1, S, FAST)
+    assert [f.result for f in d.finishes] == ["timeout"]
+    gone = decide_mig(state([node("b")], in_flight={"a": c}), 100.0, S, FAST)
+    assert [f.result for f in gone.finishes] == ["superseded"]
+
+
+def test_the_same_layouts_asked_again_get_a_new_label_value() -> None:
+    # The MIG manager acts on a change of the label's value: after a failure, the same
+    # entry must come under another name, and back.
+    first = decide_mig(state([node("a")], asr(3)), 100.0, S, FAST).starts[0].change.config
+    again = decide_mig(state([node("a", config_label=first, state_label="failed")], asr(3)),
+                       100.0, S, FAST).starts[0]
+    assert again.change.config == first + "-again" == again.plan.config_name
+    back = decide_mig(state([node("a", config_label=again.change.config,
+                                  state_label="failed")], asr(3)), 100.0, S, FAST).starts[0]
+    assert back.change.config == first
 
 
 def test_inferred_layout_recognised_by_its_multiset() -> None:
@@ -285,6 +325,10 @@ def test_changes_round_trip_and_bad_entries_named() -> None:
     assert back == {} and len(problems) == 2
     assert "not gpupack's" in problems[1]
     assert changes_from_json("{")[1][0].startswith("in-flight changes: not JSON")
+    nan = ('[{"node": "a", "config": "gpupack-x", "started": NaN, "models": [], '
+           '"targets": []}]')
+    assert changes_from_json(nan) == ({}, ["in-flight changes[0]: change: started nan is "
+                                           "not a time"])
 
 
 # ---- property -----------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 from prometheus_client import CollectorRegistry
 from sched_builders import FakeClock, make_cache, mig_pod, node
 
@@ -176,6 +177,56 @@ def test_write_refused_gives_back_and_backs_off() -> None:
     assert act.backoff["a"].failures == 1
     assert registry.get_sample_value("gpupack_mig_reconfigurations_total",
                                      {"result": "error"}) == 1
+
+
+class ApiError(Exception):
+    def __init__(self, status: int | None) -> None:
+        super().__init__(f"status {status}")
+        self.status = status
+
+
+def test_the_next_step_before_the_watch_shows_our_label_keeps_the_change() -> None:
+    # The fake API never puts the label into the cache: as a watch that lags.
+    cache, api, act, clock, _ = setup()
+    act.step()
+    held = mig_holds(cache)
+    clock.advance(1)
+    d = act.step()
+    assert d is not None and d.finishes == () and d.starts == ()
+    assert mig_holds(cache) == held and len(api.labels) == 1
+
+
+@pytest.mark.parametrize(("error", "in_flight"), [
+    (TimeoutError("read timed out"), True),  # the label may be set: followed
+    (ApiError(503), True),
+    (ApiError(403), False),  # refused: nothing was set
+    (ApiError(422), False),
+])
+def test_a_label_write_whose_outcome_is_unknown_is_followed(error: Exception,
+                                                             in_flight: bool) -> None:
+    cache, api, act, _, registry = setup()
+
+    def label_node(node: str, config: str) -> None:
+        raise error
+
+    api.label_node = label_node  # type: ignore[method-assign]
+    act.step()
+    assert bool(act.changes) is in_flight and bool(mig_holds(cache)) is in_flight
+    assert ("a" in act.backoff) is not in_flight
+    assert (("a", "MigReconfigureNotStarted", True) in api.events) is not in_flight
+    assert registry.get_sample_value("gpupack_mig_reconfigurations_total",
+                                     {"result": "started" if in_flight else "error"}) == 1
+
+
+def test_gpupacks_entries_are_kept_while_a_node_cannot_be_read() -> None:
+    cache, api, act, _, _ = setup()
+    api.config["mig-configs"]["gpupack-0123456789abcdef"] = [{"devices": "all",
+                                                              "mig-enabled": False}]
+    cache.upsert_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "odd"},
+                       "status": {"allocatable": {"nvidia.com/gpu": "many"}}})
+    assert cache.unreadable_nodes() == {"odd"}
+    act.step()  # writes its own entry; the unknown one may be on odd's label
+    assert "gpupack-0123456789abcdef" in api.config["mig-configs"]
 
 
 def test_new_leader_follows_changes_in_flight_and_holds_their_gpus() -> None:
