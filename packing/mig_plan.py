@@ -641,22 +641,37 @@ def plan_mig(nodes: Sequence[MigNode], demand: MigDemand, *,
         if not node.in_mig_mode:
             entering.append(b)
     LE = cp_model.LinearExpr
-    # Each weight exceeds the largest total of every term below it: a solution creates
-    # at most a GPU's memory slices of instances per changed GPU.
-    n_created = sum(_max_instances(g) for _, g in cands)
-    n_fore = sum(max(0, n) for n in demand.forecast.values())
-    n_fill = sum(_compute_slices(g) for _, g in cands)
+    # Each weight exceeds the largest total of every term below it. Those totals are
+    # bounded by what one plan can change, not by the candidates: one node per model
+    # changes, so at most most[m] GPUs of model m (the most candidates of m on one node),
+    # each creating at most its memory slices of instances and filling at most its
+    # compute slices; and at most one node per model changes, enters MIG mode, breaks a
+    # whole-free node or is off the hint. (Summed over every candidate instead, the
+    # product of the weights passes 2^63 on a few hundred nodes of many models, and the
+    # model is invalid.)
+    per_node: dict[tuple[str, str], list[MigGpu]] = defaultdict(list)
+    for n, g in cands:
+        per_node[n.name, g.model].append(g)
+    most: dict[str, list[MigGpu]] = {}
+    for (_, m), gs in per_node.items():
+        if len(gs) > len(most.get(m, ())):
+            most[m] = gs
+    n_models = len(most)
+    n_changed = sum(len(gs) for gs in most.values())
+    n_created = sum(_max_instances(g) for gs in most.values() for g in gs)
+    n_fore = min(n_created, sum(max(0, n) for n in demand.forecast.values()))
+    n_fill = sum(_compute_slices(g) for gs in most.values() for g in gs)
     # Last, on a tie: the nodes the greedy plan (the hint) changes, so that symmetric
     # nodes are chosen deterministically.
     off_hint = [v for (name, _), v in k_vars.items() if name not in hinted_nodes]
     t_w = 1
-    f_w = t_w * (len(off_hint) + 1)
+    f_w = t_w * (min(len(off_hint), n_models) + 1)
     g_w = f_w * (n_created + 1)
     e_w = g_w * (n_fill + 1)
     d_w = e_w * (n_fore + 1)
-    c_w = d_w * (len(changed) + 1)
-    b_w = c_w * (len(entering) + 1)
-    a_w = b_w * (len(broken) + 1)
+    c_w = d_w * (n_changed + 1)
+    b_w = c_w * (min(len(entering), n_models) + 1)
+    a_w = b_w * (min(len(broken), n_models) + 1)
     model.maximize(
         a_w * (LE.sum(list(sw.values())) + LE.sum(list(v_q.values())))
         - b_w * LE.sum(broken)

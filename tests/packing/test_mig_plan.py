@@ -325,3 +325,24 @@ def test_demand_one_node_can_serve_is_served(n_gpus: int, profile: str,
     for plan in (plan_mig(nodes, demand, params=FAST), greedy_mig_plan(nodes, demand)):
         assert plan_errors(nodes, plan) == []
         assert plan.served == {(H, profile): count}, plan
+
+
+def test_many_models_keep_the_objective_within_cp_sats_integers() -> None:
+    # Nine MIG-capable models, four opted-in nodes of eight whole GPUs each: the weights
+    # of the lexicographic objective were once bounded by every candidate's terms, and
+    # their product passed 2^63 (MODEL_INVALID, the greedy plan every time).
+    from packing.catalog import CATALOG
+
+    models = [m for m in CATALOG.values() if m.mig is not None]
+    nodes, waiting, fore = [], {}, {}
+    for m in models:
+        assert m.mig is not None
+        profile = m.mig.classic[0].name
+        nodes += [MigNode(f"{m.name}-{i}", tuple(MigGpu(j, m.name, False) for j in range(8)),
+                          opted_in=True) for i in range(4)]
+        waiting[m.name, profile] = 50
+        fore[m.name, profile] = 400
+    plan = plan_mig(nodes, MigDemand(waiting, fore, (WholeDemand("w", 8),)),
+                    params=SolverParams(max_time_s=0.2, workers=1, seed=1))
+    assert not plan.status.startswith("MODEL_INVALID"), plan.status
+    assert plan_errors(nodes, plan) == []
