@@ -792,12 +792,12 @@ class ClusterCache:
             node = bound_node(obj)
             req = pod_request(obj, strict=node is None)
             spec = obj.get("spec") or {}
-            recorded = recorded_placement(obj, node) if node else None
         except (ObjectError, AttributeError) as e:
             log.warning("skipping pod %s: %s", pod_key(obj), e)
             with self.lock:
                 self.bad_objects += 1
             return False
+        recorded = self._recorded(obj, req.key, node)
         constraints: PodConstraints | str | None = None
         if req.group is not None or req.kind is not RequestKind.NONE:
             try:
@@ -818,20 +818,72 @@ class ClusterCache:
             old = self._pods.get(req.key)
             if old == entry:
                 return True
-            self._index(req.key, old, add=False)
-            self._index(req.key, entry, add=True)
-            if old is not None and old.uid != entry.uid and req.key in self._counted:
-                # Same name, another UID. The bind in flight was for this very pod only if
-                # it named this UID; otherwise the old pod's resources (and any
-                # assumption made for it) are gone.
-                a = self._assumed.get(req.key)
-                if a is None or not a.uid or a.uid != entry.uid:
-                    self._assumed.drop(req.key)
-                    self._unapply(req.key)
-            self._pods[req.key] = entry
-            self._account(req.key)
+            try:
+                self._store(req.key, old, entry)
+            except Exception:
+                # A bug in the accounting must neither kill the watch nor leave the pod
+                # stored but uncounted: a relist would find the entry unchanged and skip
+                # it for ever, its GPUs free for the next pod.
+                log.exception("pod %s: counting the update failed; kept as it was", req.key)
+                self.bad_objects += 1
+                self._restore(req.key, old, entry)
+                self._changed()
+                return False
             self._changed()
         return True
+
+    @staticmethod
+    def _recorded(obj: Mapping[str, Any], key: str, node: str | None) -> Placement | None:
+        """The placement recorded on bound pod ``obj``; None when unbound or when the
+        record cannot be read (logged). A bound pod holds what it holds whatever its
+        annotations say: skipping it would free its GPUs for the next pod, so it is
+        counted where the node agent saw it or where it fits instead."""
+        if not node:
+            return None
+        try:
+            return recorded_placement(obj, node)
+        except (ObjectError, AttributeError) as e:
+            log.warning("%s; pod %s counted without its recorded placement", e, key)
+            return None
+
+    def _store(self, key: str, old: PodEntry | None, entry: PodEntry) -> None:
+        """Replace pod ``key``'s entry ``old`` with ``entry`` and count it anew."""
+        self._index(key, old, add=False)
+        self._index(key, entry, add=True)
+        if old is not None and old.uid != entry.uid and key in self._counted:
+            # Same name, another UID. The bind in flight was for this very pod only if
+            # it named this UID; otherwise the old pod's resources (and any
+            # assumption made for it) are gone.
+            a = self._assumed.get(key)
+            if a is None or not a.uid or a.uid != entry.uid:
+                self._assumed.drop(key)
+                self._unapply(key)
+        self._pods[key] = entry
+        self._account(key)
+
+    def _restore(self, key: str, old: PodEntry | None, entry: PodEntry) -> None:
+        """After :meth:`_store` failed midway: ``old`` stored and counted again (it was
+        counted before), else no entry at all, so the next event or relist for the pod
+        is read afresh rather than found unchanged."""
+        self._index(key, entry, add=False)
+        self._pods.pop(key, None)
+        if old is not None:
+            self._index(key, old, add=True)
+            self._pods[key] = old
+            try:
+                self._account(key)
+                return
+            except Exception:
+                log.exception("pod %s: counting it as it was failed too; dropped until "
+                              "the next event or relist", key)
+                self._index(key, old, add=False)
+                self._pods.pop(key, None)
+        self._pending.pop(key, None)
+        if key not in self._assumed:  # an assumption keeps its count until bind or forget
+            try:
+                self._unapply(key)
+            except Exception:  # the state is what the next rebuild of the node repairs
+                log.exception("pod %s: its count could not be taken back", key)
 
     def _shared_constraints(self, c: PodConstraints) -> PodConstraints:
         """The one object equal to ``c`` (bounded: past the cap the table starts over)."""

@@ -34,12 +34,15 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 NAME = "gpupack-mig-compaction"
 KEY = "memory.json"
 VERSION = 1
+# How long a GPU cools down after a failed drain: scheduler.mig_compact.CompactSettings'
+# default (kube does not import the scheduler), the bound ``within`` puts on a stored one.
+DEFAULT_COOLDOWN_S = 1800.0
 
 
 class CompactionMemoryError(ValueError):
@@ -65,12 +68,22 @@ class CompactionMemory:
     cooldown: Mapping[tuple[str, int], float] = field(default_factory=dict)  # GPU -> until
     drains: tuple[DrainRecord, ...] = ()  # in flight, by (node, GPU)
 
-    def within(self, now: float, hour: float = 3600.0) -> CompactionMemory:
+    def within(self, now: float, hour: float = 3600.0,
+               cooldown_s: float = DEFAULT_COOLDOWN_S) -> CompactionMemory:
         """Only what still matters at ``now``: evictions of the last hour, cool-downs not
-        over, the drains (each ends by its own rules)."""
-        return CompactionMemory(tuple(t for t in self.evictions if now - t < hour),
-                                {k: t for k, t in self.cooldown.items() if t > now},
-                                tuple(sorted(self.drains, key=lambda d: (d.node, d.gpu))))
+        over, the drains (each ends by its own rules).
+
+        No time is taken past what this leader could have written itself: the memory is
+        a ConfigMap anyone with edit rights in the namespace can change, and one time in
+        the far future would keep the hourly budget spent, a GPU cooling down, or a drain
+        from timing out, for ever. Evictions and drain starts later than ``now`` count as
+        ``now``; a cool-down ends at most ``cooldown_s`` (CompactSettings.cooldown_s)
+        after ``now``."""
+        return CompactionMemory(
+            tuple(min(t, now) for t in self.evictions if now - min(t, now) < hour),
+            {k: min(t, now + cooldown_s) for k, t in self.cooldown.items() if t > now},
+            tuple(sorted((replace(d, started=now) if d.started > now else d
+                          for d in self.drains), key=lambda d: (d.node, d.gpu))))
 
 
 def encode(mem: CompactionMemory) -> str:
@@ -121,9 +134,17 @@ def _drain(c: object, where: str) -> DrainRecord:
 
 
 def _time(v: object, where: str) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise CompactionMemoryError(f"{where}: {v!r} is not a time in seconds")
-    return float(v)
+    try:
+        t = float(v)  # an integer of hundreds of digits overflows here
+    except OverflowError:
+        # (not printed: str() of an integer refuses past 4,300 digits)
+        raise CompactionMemoryError(f"{where}: an integer too large to be a time in "
+                                    "seconds") from None
+    if not math.isfinite(t):
+        raise CompactionMemoryError(f"{where}: {v!r} is not a time in seconds")
+    return t
 
 
 def decode(text: object) -> CompactionMemory:
@@ -134,10 +155,15 @@ def decode(text: object) -> CompactionMemory:
         raw = json.loads(text)
     except ValueError as e:
         raise CompactionMemoryError(f"data.{KEY}: not JSON ({e})") from None
+    except RecursionError:
+        raise CompactionMemoryError(f"data.{KEY}: nested too deeply") from None
     if not isinstance(raw, Mapping):
         raise CompactionMemoryError(f"data.{KEY}: {type(raw).__name__}, not an object")
-    if raw.get("v") != VERSION:
-        raise CompactionMemoryError(f"data.{KEY}.v: {raw.get('v')!r}, not {VERSION}")
+    v = raw.get("v")
+    # The integer 1 only: true and 1.0 compare equal to it, but this module never writes
+    # them, so the memory is not one it wrote.
+    if type(v) is not int or v != VERSION:
+        raise CompactionMemoryError(f"data.{KEY}.v: {v!r}, not {VERSION}")
     evictions = raw.get("evictions", [])
     if not isinstance(evictions, list):
         raise CompactionMemoryError(f"data.{KEY}.evictions: not a list")

@@ -12,12 +12,13 @@ spec.containers[0].resources.limits.cpu: 'lots' is not a quantity ...")``.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections import Counter, defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from dataclasses import field as dc_field
-from datetime import datetime
+from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 from functools import lru_cache
 from typing import Any
@@ -37,6 +38,7 @@ from packing.inventory import decode_inventory as decode_inventory
 from packing.mig import MigSlot, layout_errors, layout_from_counts
 from packing.model import (
     GPU_MILLI,
+    MAX_NODE_GPUS,
     GpuInfo,
     GpuMode,
     GroupRef,
@@ -53,11 +55,6 @@ from packing.quantity import QuantityError, count, cpu_milli, memory_mib, parse_
 
 class ObjectError(ValueError):
     """A Kubernetes object that cannot be understood; the message names object and field."""
-
-
-# GPUs on one node. Real nodes have up to 8 (16 on a few); counts from labels or
-# allocatable past this are corrupt, and each would become objects and search work.
-MAX_NODE_GPUS = 64
 
 
 def _obj_name(obj: Mapping[str, Any], kind: str) -> str:
@@ -245,8 +242,9 @@ def _observed_gpus(
         raise ValueError(f"{len(inv.gpus)} GPUs, more than one node has (at most "
                          f"{MAX_NODE_GPUS})")
     out = []
-    for g in inv.gpus:
+    for k, g in enumerate(inv.gpus):
         model = match_product(g.model, g.memory_mib)
+        _within_catalog(model, g.memory_mib, f"gpus[{k}].mem")
         if g.mode is GpuMode.MIG:
             # The layout is checked against the model's geometry here, where the model is
             # known: a MIG GPU the catalog has no MIG for, or an instance off its allowed
@@ -273,6 +271,28 @@ def _observed_gpus(
             )
         )
     return tuple(out)
+
+
+# How far above its catalog size a known model's memory, as the node agent reports it,
+# is taken. NVML reports at most the nominal size (a few percent less: an L40S is 46,068
+# MiB of 49,152, an H100-80GB 81,559 of 81,920); the margin leaves room for a part the
+# catalog reads as its nearest sibling (a GH200 with 144 GB is read as an H200-141GB:
+# +1.2%). More than that is not the GPU the model says, and every share would be packed
+# into memory it does not have. A model the catalog does not know is sized by the figure
+# itself: packing.inventory.MAX_GPU_MIB bounds it.
+CATALOG_MEMORY_MARGIN_PCT = 10
+
+
+def _within_catalog(model: GpuModel, memory_mib: int, field: str) -> None:
+    """InventoryError naming ``field`` when ``memory_mib`` is more than known ``model``
+    has (its catalog size plus the margin); nothing for a generic model."""
+    if model.generic:
+        return
+    limit = model.memory_mib * (100 + CATALOG_MEMORY_MARGIN_PCT) // 100
+    if memory_mib > limit:
+        raise InventoryError(field, memory_mib,
+                             f"at most {limit} MiB for a {model.name} (its catalog "
+                             f"{model.memory_mib} MiB + {CATALOG_MEMORY_MARGIN_PCT}%)")
 
 
 @dataclass(frozen=True)
@@ -742,24 +762,49 @@ def recorded_placement(pod: Mapping[str, Any], node: str) -> Placement | None:
     key = pod_key(pod)
     if mig is None:
         return Placement(key, node, gpus)
+    if len(gpus) != 1:
+        # A MIG slice lives on one GPU: any other count is no placement at all (and
+        # everything downstream reads the slice's GPU as gpus[0]).
+        raise ObjectError(f"{who}: metadata.annotations: {A.MIG}={ann[A.MIG][:60]!r} "
+                          f"needs exactly one GPU in {A.GPUS}, got {ann[A.GPUS][:60]!r}")
     return Placement(key, node, gpus, mig[0], mig[1], False)
+
+
+# RFC 3339 as the API server writes a Time or MicroTime: date, "T", time, an optional
+# fraction, and a zone ("Z" or an offset). ISO 8601's other forms (no zone, which would
+# be read in this process's local time; a date alone; week dates; a space for the "T")
+# are not times the API server writes, so not read as one.
+_RFC3339 = re.compile(
+    r"([0-9]{4})-([0-9]{2})-([0-9]{2})T([0-9]{2}):([0-9]{2}):([0-9]{2})(\.[0-9]{1,9})?"
+    r"(?:(Z)|([+-])([0-9]{2}):([0-9]{2}))")
 
 
 def parse_time(value: object) -> float | None:
     """An RFC 3339 time (a Time or MicroTime: ``2026-01-01T00:00:00.123456Z``) as epoch
     seconds; None when it is absent or not one."""
-    if not isinstance(value, str) or not value:
+    if not isinstance(value, str):
         return None
+    m = _RFC3339.fullmatch(value)
+    if m is None:
+        return None
+    y, mo, d, h, mi, sec = (int(g) for g in m.groups()[:6])
+    frac, zulu, sign, oh, om = m.group(7), m.group(8), m.group(9), m.group(10), m.group(11)
     try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-    except ValueError:
+        offset = timedelta(0)
+        if not zulu:
+            if int(oh) > 23 or int(om) > 59:
+                return None
+            offset = timedelta(hours=int(oh), minutes=int(om)) * (-1 if sign == "-" else 1)
+        t = datetime(y, mo, d, h, mi, sec, tzinfo=timezone(offset)).timestamp()
+    except (ValueError, OverflowError):  # a month 13, a 25th hour, a 60th second
         return None
+    return t + float(frac) if frac else t
 
 
-def started_at(pod: Mapping[str, Any]) -> float | None:
+def started_at(pod: object) -> float | None:
     """When the kubelet acknowledged the pod (``status.startTime``, the node's clock) as
     epoch seconds; None before it did, or when the field is not a time."""
-    status = pod.get("status")
+    status = pod.get("status") if isinstance(pod, Mapping) else None
     return parse_time(status.get("startTime")) if isinstance(status, Mapping) else None
 
 

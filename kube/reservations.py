@@ -122,6 +122,28 @@ def _index(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v >= 0
 
 
+# ``pr`` is the group's pod priority (spec.priority, an int32 in the API); ``rev`` counts
+# the record's writes from 0 (an int64 is more than any record lives to reach).
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+REV_MAX = 2**63 - 1
+
+
+def _bounded_int(obj: Mapping[str, Any], key: str, what: str, lo: int, hi: int) -> int:
+    """``obj[key]`` (0 when absent): an integer, not a bool, within ``[lo, hi]``."""
+    v = obj.get(key, 0)
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise ReservationError(f"{RESERVATION}: {key!r} ({what}) {_show(v)} is not an integer")
+    if not lo <= v <= hi:
+        raise ReservationError(f"{RESERVATION}: {key!r} ({what}) {_show(v)} is not within "
+                               f"[{lo}, {hi}]")
+    return v
+
+
+def _pod_key(v: object) -> bool:
+    """A "namespace/name" key: one '/', neither side empty."""
+    return isinstance(v, str) and v.count("/") == 1 and "" not in v.split("/")
+
+
 def _opt_str(obj: Mapping[str, Any], key: str) -> str | None:
     v = obj.get(key)
     if v is not None and not isinstance(v, str):
@@ -149,12 +171,12 @@ def decode_reservation(text: object) -> ReservationRecord:
     size = obj.get("s")
     if not isinstance(size, int) or isinstance(size, bool) or not 1 <= size <= MAX_GROUP_SIZE:
         raise ReservationError(f"{RESERVATION}: 's' (size) {_show(size)} is not a group size")
-    prio = obj.get("pr", 0)
-    if not isinstance(prio, int) or isinstance(prio, bool):
-        raise ReservationError(f"{RESERVATION}: 'pr' (priority) {_show(prio)} is not an integer")
-    rev = obj.get("rev", 0)
-    if not isinstance(rev, int) or isinstance(rev, bool):
-        raise ReservationError(f"{RESERVATION}: 'rev' {_show(rev)} is not an integer")
+    prio = _bounded_int(obj, "pr", "priority", INT32_MIN, INT32_MAX)
+    rev = _bounded_int(obj, "rev", "revision", 0, REV_MAX)
+    exclusive = obj.get("x", False)
+    if not isinstance(exclusive, bool):  # bool() would read "false" or [0] as true
+        raise ReservationError(f"{RESERVATION}: 'x' (exclusive) {_show(exclusive)} is not "
+                               "true or false")
     raw = obj.get("m")
     if not isinstance(raw, dict) or not raw:
         raise ReservationError(f"{RESERVATION}: 'm' (members) {_show(raw)} is missing or empty")
@@ -162,7 +184,10 @@ def decode_reservation(text: object) -> ReservationRecord:
     pods: dict[int, str] = {}
     for k, item in raw.items():
         slot = small_int(k)
-        if slot is None or slot >= size:
+        if slot is None or str(slot) != k:  # "00" and "0" would be one slot, silently
+            raise ReservationError(f"{RESERVATION}: member slot {_show(k)} is not a slot "
+                                   "number (decimal, no leading zero)")
+        if slot >= size:
             raise ReservationError(f"{RESERVATION}: member slot {_show(k)} is not below {size}")
         if not isinstance(item, dict):
             raise ReservationError(f"{RESERVATION}: member {k}: expected an object, got "
@@ -202,13 +227,13 @@ def decode_reservation(text: object) -> ReservationRecord:
         slots[slot] = p
         pod = item.get("p")
         if pod is not None:
-            if not isinstance(pod, str) or not pod:
+            if not _pod_key(pod):
                 raise ReservationError(f"{RESERVATION}: member {k}: 'p' (pod) {_show(pod)} "
-                                       "must be a pod key")
+                                       "must be a pod key (namespace/name)")
             pods[slot] = pod
     return ReservationRecord(
         group=group, size=size, priority=prio, topology_key=_opt_str(obj, "t"),
-        exclusive=bool(obj.get("x", False)), domain=_opt_str(obj, "d"),
+        exclusive=exclusive, domain=_opt_str(obj, "d"),
         first_seen=_num(obj, "at"), expires=_num(obj, "exp"), rev=rev,
         slots=slots, pods=pods,
     )
@@ -424,7 +449,16 @@ class RecordWriter:
                     self._cond.wait(None if due is None else due - self.clock())
                 if self._stop:
                     return
-            self.drain()
+            try:
+                self.drain()
+            except Exception:
+                # This thread is the only writer: dying would leave every later write
+                # queued for ever. Waiting a little keeps a failure that repeats from
+                # spinning (a submit or stop still wakes it).
+                log.exception("%s writer: a drain failed; going on", self.what)
+                with self._cond:
+                    if not self._stop:
+                        self._cond.wait(self.later_s)
 
     def drain(self) -> int:
         """Write everything queued now, and the failed writes whose time has come;
@@ -439,32 +473,45 @@ class RecordWriter:
                     del self._later[k]
         done = 0
         for name, obj, delay in items:
-            for attempt in range(self.retries + 1):
-                if not self.is_leader():
-                    self.dropped += 1
-                    log.info("not the leader: %s %s not written", self.what, name)
-                    break
-                try:
-                    if obj is None:
-                        self.store.delete(name)
-                    else:
-                        self.store.put(obj)
-                    done += 1
-                    self.writes += 1
-                    break
-                except Exception as e:  # API errors, timeouts: retry, then later
-                    status = getattr(e, "status", None)
-                    if status in PERMANENT:
-                        self.given_up += 1
-                        log.warning("could not write %s %s, and never will (%s): %s",
-                                    self.what, name, status, e)
-                        break
-                    if attempt == self.retries:
-                        self.failures += 1
-                        self._again(name, obj, delay, e)
-                        break
-                    self.sleep(self.backoff_s * (attempt + 1))
+            try:
+                done += self._write(name, obj, delay)
+            except Exception as e:
+                # The leader check (or a bug) raised: kept and tried again later rather
+                # than dropped. Nothing else would write it again (the last change of a
+                # record has no later one behind it), and the check runs again before
+                # that try, so a replica that lost the lease still writes nothing.
+                self.failures += 1
+                self._again(name, obj, delay, e)
         return done
+
+    def _write(self, name: str, obj: Mapping[str, Any] | None, delay: float) -> int:
+        """One queued write with its quick retries: 1 when written, else 0 (dropped,
+        given up, or kept for later)."""
+        for attempt in range(self.retries + 1):
+            if not self.is_leader():
+                self.dropped += 1
+                log.info("not the leader: %s %s not written", self.what, name)
+                return 0
+            try:
+                if obj is None:
+                    self.store.delete(name)
+                else:
+                    self.store.put(obj)
+                self.writes += 1
+                return 1
+            except Exception as e:  # API errors, timeouts: retry, then later
+                status = getattr(e, "status", None)
+                if status in PERMANENT:
+                    self.given_up += 1
+                    log.warning("could not write %s %s, and never will (%s): %s",
+                                self.what, name, status, e)
+                    return 0
+                if attempt == self.retries:
+                    self.failures += 1
+                    self._again(name, obj, delay, e)
+                    return 0
+                self.sleep(self.backoff_s * (attempt + 1))
+        return 0
 
     def _again(self, name: str, obj: Mapping[str, Any] | None, delay: float,
                e: Exception) -> None:

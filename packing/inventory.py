@@ -29,10 +29,16 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from packing.model import GpuMode, MigInstance
+from packing.model import MAX_NODE_GPUS, GpuMode, MigInstance
 
 INVENTORY_ANNOTATION = "gpupack.io/inventory"
 INVENTORY_VERSION = 1
+
+# GPU memory the decoder takes at most, whatever the model: 1 TiB, several times the
+# largest GPU made (B200: 180 GB, B300: 288 GB), so no real GPU is refused, while a
+# corrupt figure cannot make room for shares (or peaks) of any size. The catalog bounds
+# a known model far tighter (kube.objects).
+MAX_GPU_MIB = 1 << 20
 
 # The agent cannot observe FRACTIONAL (a trace-replay mode), so it is not a wire value.
 _WIRE_MODES: dict[str, GpuMode] = {
@@ -133,11 +139,16 @@ def _field(obj: Mapping[str, object], key: str, path: str) -> object:
     return obj[key]
 
 
-def _int(obj: Mapping[str, object], key: str, path: str, minimum: int = 0) -> int:
+def _int(obj: Mapping[str, object], key: str, path: str, minimum: int = 0,
+         maximum: int | None = None, why: str = "") -> int:
+    """An integer field within ``[minimum, maximum]``; ``why`` says what the maximum is."""
     value = _field(obj, key, path)
     # bool is an int subclass in Python; true/false is never a valid count or index.
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise InventoryError(f"{path}{key}", value, f"an integer >= {minimum}")
+    if maximum is not None and value > maximum:
+        raise InventoryError(f"{path}{key}", value,
+                             f"an integer <= {maximum}" + (f" ({why})" if why else ""))
     return value
 
 
@@ -171,6 +182,9 @@ def _pod_key(value: object, path: str) -> str:
 def _decode_gpu(raw: object, path: str) -> GpuInventory:
     g = _obj(raw, path)
     p = path + "."
+    # Memory first: what is in use on the GPU, or by one pod on it, is bounded by it.
+    mem = _int(g, "mem", p, maximum=MAX_GPU_MIB, why="1 TiB, more than any GPU has")
+    within = f"the GPU's memory, {p}mem"
     mode_raw = _field(g, "mode", p)
     if not isinstance(mode_raw, str) or mode_raw not in _WIRE_MODES:
         raise InventoryError(f"{p}mode", mode_raw, "one of " + "|".join(_WIRE_MODES))
@@ -193,14 +207,16 @@ def _decode_gpu(raw: object, path: str) -> GpuInventory:
         # The agent sums a pod's processes per GPU, so a repeat means a broken writer.
         if any(q.pod == key for q in pods):
             raise InventoryError(f"{up}.pod", key, "a pod not already listed on this GPU")
-        pods.append(PodGpuUsage(pod=key, used_mib=_int(u, "used", up + "."),
-                                peak_mib=_int(u, "peak", up + ".")))
+        pods.append(PodGpuUsage(pod=key,
+                                used_mib=_int(u, "used", up + ".", maximum=mem, why=within),
+                                peak_mib=_int(u, "peak", up + ".", maximum=mem, why=within)))
     return GpuInventory(
-        index=_int(g, "i", p),
+        index=_int(g, "i", p, maximum=MAX_NODE_GPUS - 1,
+                   why=f"a node has at most {MAX_NODE_GPUS} GPUs"),
         uuid=_str(g, "uuid", p),
         model=_str(g, "model", p),
-        memory_mib=_int(g, "mem", p),
-        used_mib=_int(g, "used", p),
+        memory_mib=mem,
+        used_mib=_int(g, "used", p, maximum=mem, why=within),
         mode=mode,
         mig=tuple(mig),
         pods=tuple(pods),

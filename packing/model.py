@@ -19,6 +19,11 @@ from packing.device_plugin import AllocationPolicy
 
 GPU_MILLI = 1000
 
+# GPUs on one node. Real nodes have up to 8 (16 on a few); counts (from labels,
+# allocatable or the node agent) past this are corrupt, and each GPU would become
+# objects and search work.
+MAX_NODE_GPUS = 64
+
 
 class GpuMode(StrEnum):
     """How a GPU is exposed to pods."""
@@ -218,7 +223,10 @@ class Placement:
     def to_json(self) -> dict[str, object]:
         mig: dict[str, object] | None = None
         if self.mig_profile is not None:
-            mig = {"gpu": self.gpus[0], "profile": self.mig_profile, "start": self.mig_start}
+            # A placement read from a pod's annotations may name no GPU; it is still
+            # rendered (to say why it was ignored), never indexed past its end.
+            gpu = self.gpus[0] if self.gpus else None
+            mig = {"gpu": gpu, "profile": self.mig_profile, "start": self.mig_start}
         return {"pod": self.pod, "node": self.node, "gpus": list(self.gpus), "mig": mig}
 
 

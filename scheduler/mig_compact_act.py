@@ -26,6 +26,7 @@ again, its pods not yet evicted evicted, each slice held as its pod goes).
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Collection
 from dataclasses import fields, replace
 from typing import Any, Protocol
@@ -214,11 +215,15 @@ class Compactor:
         if self.memory is None or self._remembered is not None:
             return True
         try:
-            mem = self.memory[0].read().within(now)
+            mem = self.memory[0].read().within(now, cooldown_s=self.settings.cooldown_s)
         except Exception as e:  # unreadable or unreachable: no eviction until it is known
             log.warning("MIG compaction memory not read back: %s; moving nothing yet", e)
             return False
-        self.evicted_at = sorted(set(self.evicted_at) | set(mem.evictions))
+        # A multiset union: the evictions of one step share its time (and a far-future
+        # one is read as now), while this leader's own, when it leads again, are in the
+        # memory too. Each is counted once: none lost from the budget, none doubled.
+        self.evicted_at = sorted((Counter(self.evicted_at) | Counter(mem.evictions))
+                                 .elements())
         self.cooldown = {**mem.cooldown, **self.cooldown}
         for rec in mem.drains:
             if (rec.node, rec.gpu) not in self.drains:

@@ -163,3 +163,52 @@ def test_the_writers_counts_are_metrics() -> None:
     w.drain()
     assert sample("gpupack_record_writes_total", outcome="dropped") == 1
     assert sample("gpupack_record_writes_total", outcome="given_up") == 0
+
+
+class FlakyLeader:
+    """A leader check that raises on the calls numbered in ``raises`` (from 1)."""
+
+    def __init__(self, raises: set[int]) -> None:
+        self.raises = raises
+        self.calls = 0
+
+    def __call__(self) -> bool:
+        self.calls += 1
+        if self.calls in self.raises:
+            raise OverflowError("int too large to convert to float")
+        return True
+
+
+@pytest.mark.parametrize(("raises", "later"), [
+    ({1}, {"a"}),  # the first write's check raised: kept for later, the next written
+    ({2}, {"b"}),
+    ({1, 2}, {"a", "b"}),
+])
+def test_a_leader_check_that_raises_keeps_the_write_for_later(raises: set[int],
+                                                              later: set[str]) -> None:
+    store, clock = FlakyStore(), Clock()
+    w = RecordWriter(store, is_leader=FlakyLeader(raises), retries=1, sleep=lambda s: None,
+                     later_s=5.0, clock=clock)
+    w.submit("a", obj("a"))
+    w.submit("b", obj("b"))
+    assert w.drain() == 2 - len(later)
+    assert set(w.later()) == later and w.failures == len(later)
+    clock.now = 5.0
+    assert w.drain() == len(later)
+    assert set(store.objects) == {"a", "b"} and w.later() == {}
+
+
+def test_the_writer_thread_survives_a_leader_check_that_raises() -> None:
+    store = FlakyStore()
+    w = RecordWriter(store, is_leader=FlakyLeader({1}), later_s=0.05)
+    w.start()
+    try:
+        w.submit("a", obj("a"))
+        assert store.written.wait(5.0), "the write was never made"
+        store.written.clear()
+        w.submit("b", obj("b"))
+        assert store.written.wait(5.0), "the writer thread died"
+        assert set(store.objects) == {"a", "b"}
+        assert w._thread is not None and w._thread.is_alive()
+    finally:
+        w.stop()

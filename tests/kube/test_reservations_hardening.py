@@ -91,6 +91,55 @@ def member(slot: str, **changes: Any) -> dict[str, Any]:
     return body
 
 
+def slots(m: dict[str, Any]) -> dict[str, Any]:
+    body = record_body()
+    body["m"] = m
+    return body
+
+
+def top(**changes: Any) -> dict[str, Any]:
+    body = record_body()
+    body.update(changes)
+    return body
+
+
+@pytest.mark.parametrize(("body", "field", "shown"), [
+    # exclusive: a JSON boolean (bool() read "false" and [0] as true)
+    (top(x="false"), "'x'", "'false'"),
+    (top(x=[0]), "'x'", "[0]"),
+    (top(x=1), "'x'", "1"),
+    (top(x=None), "'x'", "None"),
+    (top(x=True), None, None),
+    # revision: a non-negative integer an int64 holds
+    (top(rev=-5), "'rev'", "-5"),
+    (top(rev=10**40), "'rev'", "1000000000"),
+    (top(rev=2**63), "'rev'", str(2**63)),
+    (top(rev=True), "'rev'", "True"),
+    (top(rev=3.0), "'rev'", "3.0"),
+    (top(rev=0), None, None),
+    (top(rev=2**63 - 1), None, None),
+    # priority: a pod priority, an int32 (negative ones too)
+    (top(pr=10**40), "'pr'", "1000000000"),
+    (top(pr=-(10**40)), "'pr'", "-1000000000"),
+    (top(pr=2**31), "'pr'", str(2**31)),
+    (top(pr=-(2**31) - 1), "'pr'", str(-(2**31) - 1)),
+    (top(pr=False), "'pr'", "False"),
+    (top(pr=-(2**31)), None, None),
+    (top(pr=2**31 - 1), None, None),
+])
+def test_bad_fields_are_refused_naming_field_and_value(
+        body: dict[str, Any], field: str | None, shown: str | None) -> None:
+    text = json.dumps(body)
+    if field is None:  # at the bound: read as written
+        rec = decode_reservation(text)
+        assert (rec.exclusive, rec.rev, rec.priority) == (body["x"], body["rev"], body["pr"])
+        return
+    with pytest.raises(ReservationError) as e:
+        decode_reservation(text)
+    msg = str(e.value)
+    assert field in msg and str(shown) in msg, msg
+
+
 @pytest.mark.parametrize(("body", "field", "shown"), [
     # node names: a non-empty string
     (member("0", n=""), "'n'", "''"),
@@ -118,9 +167,20 @@ def member(slot: str, **changes: Any) -> dict[str, Any]:
     (member("1", mig=["1g.10gb", 4]), "'mig'", "['1g.10gb', 4]"),
     (member("1", mig={"profile": "1g.10gb"}), "'mig'", "{'profile': '1g.10gb'}"),
     (member("1", g=[2, 3]), "'g'", "[2, 3]"),  # a MIG member is on one GPU
-    # the member's pod key
+    # the member's pod key: namespace/name
     (member("0", p=""), "'p'", "''"),
     (member("0", p=3), "'p'", "3"),
+    (member("0", p="nopod"), "'p'", "'nopod'"),
+    (member("0", p="llm/a/0"), "'p'", "'llm/a/0'"),
+    (member("0", p="/a-0"), "'p'", "'/a-0'"),
+    (member("0", p="llm/"), "'p'", "'llm/'"),
+    # slot keys: canonical decimal ("00" and "0" would be one slot)
+    (slots({"00": {"n": "n1", "g": [0]}, "0": {"n": "n2", "g": [1]}}), "slot", "'00'"),
+    (slots({"01": {"n": "n1", "g": [0]}}), "slot", "'01'"),
+    (slots({"+1": {"n": "n1", "g": [0]}}), "slot", "'+1'"),
+    (slots({" 1": {"n": "n1", "g": [0]}}), "slot", "' 1'"),
+    (slots({"\u0661": {"n": "n1", "g": [0]}}), "slot", "'\u0661'"),
+    (slots({"2": {"n": "n1", "g": [0]}}), "slot", "not below 2"),
 ])
 def test_bad_members_are_refused_naming_field_and_value(body: dict[str, Any], field: str,
                                                         shown: str) -> None:

@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from packing.inventory import (
+    MAX_GPU_MIB,
     GpuInventory,
     Inventory,
     InventoryError,
@@ -62,7 +63,7 @@ def test_unknown_keys_and_missing_lists_are_tolerated() -> None:
 
 _names = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-.", min_size=1, max_size=12)
 _pod_keys = st.builds(lambda ns, n: f"{ns}/{n}", _names, _names)
-_mib = st.integers(min_value=0, max_value=2_000_000)
+_mib = st.integers(min_value=0, max_value=MAX_GPU_MIB)
 
 
 @st.composite
@@ -76,11 +77,13 @@ def inventories(draw: st.DrawFn) -> Inventory:
             mig = tuple(draw(st.lists(st.builds(
                 MigInstance, st.sampled_from(["1g.10gb", "2g.20gb", "3g.40gb", "1g.10gb+me"]),
                 st.integers(0, 7), st.one_of(st.none(), _pod_keys)), max_size=7)))
+        mem = draw(_mib)
+        used = st.integers(0, mem)  # in use on the GPU, or by one pod: within its memory
         pods = tuple(
-            PodGpuUsage(p, draw(_mib), draw(_mib))
+            PodGpuUsage(p, draw(used), draw(used))
             for p in draw(st.lists(_pod_keys, unique=True, max_size=5)))
         gpus.append(GpuInventory(i, draw(st.text(min_size=1, max_size=40)), draw(_names),
-                                 draw(_mib), draw(_mib), mode, mig, pods))
+                                 mem, draw(used), mode, mig, pods))
     return Inventory(draw(_names), draw(st.integers(0, 2**40)), tuple(gpus),
                      tuple(draw(st.lists(st.text(max_size=30), max_size=3))))
 
@@ -164,3 +167,34 @@ def test_meaningfully_changed() -> None:
     assert meaningfully_changed(inv, with_gpu0(mode=GpuMode.WHOLE, mig=()), 256)
     assert meaningfully_changed(inv, replace(inv, gpus=inv.gpus[:2]), 256)
     assert meaningfully_changed(inv, replace(inv, errors=()), 256)
+
+
+
+@pytest.mark.parametrize(("path", "value", "shown"), [
+    # A GPU index past the node cap, memory past 1 TiB, memory in use (on the GPU, or by
+    # a pod, now or at its peak) past the GPU's memory; None: at the bound, read.
+    (["gpus", 0, "i"], 10**18, str(10**18)),
+    (["gpus", 0, "i"], 64, "at most 64 GPUs"),
+    (["gpus", 0, "i"], 63, None),
+    (["gpus", 0, "mem"], 10**30, "1 TiB"),
+    (["gpus", 0, "mem"], (1 << 20) + 1, "<= 1048576"),
+    (["gpus", 0, "mem"], 1 << 20, None),
+    (["gpus", 1, "used"], 46069, "gpus[1].mem"),
+    (["gpus", 1, "used"], 10**12, str(10**12)),
+    (["gpus", 1, "used"], 46068, None),
+    (["gpus", 1, "pods", 0, "used"], 46069, "<= 46068"),
+    (["gpus", 1, "pods", 0, "peak"], 10**30, "gpus[1].mem"),
+    (["gpus", 1, "pods", 0, "peak"], 46068, None),
+])
+def test_upper_bounds_name_field_and_value(path: list[str | int], value: int,
+                                           shown: str | None) -> None:
+    field = "".join(f"[{k}]" if isinstance(k, int) else f".{k}" for k in path).lstrip(".")
+    text = mutated(path, value)
+    if shown is None:
+        decode_inventory(text)
+        return
+    with pytest.raises(InventoryError) as info:
+        decode_inventory(text)
+    assert info.value.field == field
+    assert field in str(info.value) and str(value) in str(info.value)
+    assert shown in str(info.value)

@@ -27,12 +27,12 @@ DRAIN = DrainRecord("a", 0, "H100-80GB", ("default/lone", "default/two"), 900.0,
 
 
 def test_round_trip_and_what_still_matters() -> None:
+    other = DrainRecord("b", 1, "A100-80GB", ("x/y",), 950.0, refused="x/y: 429")
     mem = CompactionMemory((100.0, 3000.0), {("a", 0): 5000.0, ("b", 3): 900.0},
-                           (DRAIN, DrainRecord("b", 1, "A100-80GB", ("x/y",), 950.0,
-                                               refused="x/y: 429")))
+                           (other, DRAIN))
     assert decode(encode(mem)).within(0) == mem.within(0)
     assert mem.within(3750.0) == CompactionMemory((3000.0,), {("a", 0): 5000.0},
-                                                  mem.within(0).drains)
+                                                  (DRAIN, other))
     obj = memory_object(mem, "gpupack")
     assert obj["metadata"]["name"] == NAME
     assert decode(obj["data"]["memory.json"]).within(0) == mem.within(0)
@@ -77,6 +77,21 @@ BAD = [
     ('{"v": 1, "drains": [{"node": "a", "gpu": 0, "model": "H100-80GB", "pods": ["n/p"], '
      '"started": 1}, {"node": "a", "gpu": 0, "model": "H100-80GB", "pods": ["n/q"], '
      '"started": 2}]}', "data.memory.json.drains[1]: a second drain of GPU 0 of a"),
+    # Only the integer 1 is the version this module writes.
+    ('{"v": true}', "data.memory.json.v: True, not 1"),
+    ('{"v": 1.0}', "data.memory.json.v: 1.0, not 1"),
+    # Integers no float holds (math.isfinite raised OverflowError on them).
+    ('{"v": 1, "evictions": [' + "9" * 400 + "]}",
+     "data.memory.json.evictions[0]: an integer too large to be a time"),
+    ('{"v": 1, "cooldown": [{"node": "a", "gpu": 0, "until": -' + "9" * 400 + "}]}",
+     "data.memory.json.cooldown[0].until: an integer too large to be a time"),
+    ('{"v": 1, "drains": [{"node": "a", "gpu": 0, "model": "H100-80GB", "pods": ["n/p"], '
+     '"started": ' + "9" * 400 + "}]}",
+     "data.memory.json.drains[0].started: an integer too large to be a time"),
+    # Nested deeper than the JSON decoder recurses (it raised RecursionError).
+    ("[" * 100_000 + "]" * 100_000, "data.memory.json: nested too deeply"),
+    ('{"v": 1, "evictions": ' + "[" * 100_000 + "]" * 100_000 + "}",
+     "data.memory.json: nested too deeply"),
 ]
 
 
@@ -85,6 +100,36 @@ def test_unreadable_memory_names_the_field(text: Any, says: str) -> None:
     with pytest.raises(CompactionMemoryError) as e:
         decode(text)
     assert says in str(e.value)
+
+
+NOW = 1000.0
+FAR = 1e300
+
+
+@pytest.mark.parametrize(
+    ("mem", "cooldown_s", "kept"),
+    [
+        # An eviction later than now is one at now: it leaves the budget after the hour.
+        (CompactionMemory((NOW - 10, NOW + 5, FAR)), 1800.0,
+         CompactionMemory((NOW - 10, NOW, NOW))),
+        # A cool-down ends at most cooldown_s from now; a nearer end is kept.
+        (CompactionMemory((), {("a", 0): FAR, ("a", 1): NOW + 60, ("b", 0): NOW}), 1800.0,
+         CompactionMemory((), {("a", 0): NOW + 1800, ("a", 1): NOW + 60})),
+        (CompactionMemory((), {("a", 0): FAR}), 600.0,
+         CompactionMemory((), {("a", 0): NOW + 600})),
+        # A drain started later than now started now: it times out like any other.
+        (CompactionMemory((), {}, (DrainRecord("a", 0, "H100-80GB", ("n/p",), FAR),
+                                   DRAIN)), 1800.0,
+         CompactionMemory((), {}, (DrainRecord("a", 0, "H100-80GB", ("n/p",), NOW),
+                                   DRAIN))),
+    ],
+)
+def test_what_a_reader_takes_is_bounded_at_now(mem: CompactionMemory, cooldown_s: float,
+                                               kept: CompactionMemory) -> None:
+    got = mem.within(NOW, cooldown_s=cooldown_s)
+    assert sorted(got.evictions) == sorted(kept.evictions)
+    assert got.cooldown == kept.cooldown
+    assert set(got.drains) == set(kept.drains)
 
 
 class Reader:
@@ -188,3 +233,44 @@ def test_a_remembered_drain_whose_pods_were_not_evicted_yet_evicts_them() -> Non
                                         RecordingWriter(), "gpupack"), min_age=300)
     act.step()  # the pod is young to this handler: only the remembered drain moves it
     assert evictor.asked == ["default/lone"]
+
+
+def test_remembered_evictions_of_one_step_each_count_against_the_budget() -> None:
+    # The last leader evicted two pods in one step: two evictions at one time.
+    reader = Reader(CompactionMemory((NOW - 600, NOW - 600)))
+    _, act, evictor, *_ = setup(memory=(reader, RecordingWriter(), "gpupack"), per_hour=2)
+    act.step()
+    assert evictor.asked == []
+
+
+def test_evictions_remembered_in_the_future_leave_the_budget_after_an_hour() -> None:
+    reader = Reader(CompactionMemory((1e12, FAR)))
+    _, act, evictor, _, _, clock, _ = setup(memory=(reader, RecordingWriter(), "gpupack"),
+                                            per_hour=2)
+    act.step()
+    assert evictor.asked == []
+    clock.advance(3601)
+    act.step()
+    assert evictor.asked == ["default/lone"]
+
+
+def test_a_cool_down_remembered_for_ever_ends_after_the_configured_cool_down() -> None:
+    reader = Reader(CompactionMemory((), {("a", 0): FAR}))
+    _, act, evictor, _, _, clock, _ = setup(memory=(reader, RecordingWriter(), "gpupack"))
+    act.step()
+    assert evictor.asked == []
+    clock.advance(1801)  # CompactSettings.cooldown_s
+    act.step()
+    assert evictor.asked == ["default/lone"]
+
+
+def test_a_drain_remembered_as_started_in_the_future_times_out() -> None:
+    rec = DrainRecord("a", 0, "H100-80GB", ("default/lone",), FAR, frozenset({"default/lone"}))
+    cache, act, _, api, _, clock, _ = setup(
+        memory=(Reader(CompactionMemory((), {}, (rec,))), RecordingWriter(), "gpupack"),
+        per_hour=0)
+    act.step()
+    assert drain_holds(cache)  # taken up: the GPU's free slices are held
+    clock.advance(601)  # CompactSettings.drain_timeout_s: the pod is still there
+    act.step()
+    assert drain_holds(cache) == set() and ("a", "MigDrainStopped", True) in api.events

@@ -387,3 +387,75 @@ def test_a_record_written_after_the_pod_was_seen_bound_is_read() -> None:
     assert cache.counted("default/a")[1].gpus == (1,)
     consistent(cache)
     replays(cache)
+
+
+# Records a bound pod's annotations can carry that name no usable placement.
+UNREADABLE_RECORDS = [
+    pytest.param(ann("", "1g.10gb@0"), id="mig-slice-on-no-gpu"),
+    pytest.param(ann("x", "1g.10gb@0"), id="mig-gpus-not-indices"),
+    pytest.param(ann("0", "1g.10gb"), id="mig-no-start"),
+]
+
+
+def slice_owners(cache: Any, node_name: str) -> list[str | None]:
+    return [o for g in cache.state.nodes[node_name].gpus for _, o in g.instances.values()]
+
+
+@pytest.mark.parametrize("record", UNREADABLE_RECORDS)
+def test_a_bound_pod_whose_record_turns_unreadable_keeps_its_slice(record: dict[str, str]
+                                                                    ) -> None:
+    # The one slice of the node stays the pod's: an update that crashed the accounting
+    # midway once left it stored but uncounted, and every relist then skipped it.
+    cache = make_cache([node("m", gpus=1, mig={"1g.10gb": 1}, reconfigurable=False)],
+                       [mig_pod("v", node="m", annotations=ann("0", "1g.10gb@6"))])
+    assert slice_owners(cache, "m") == ["default/v"]
+    for _ in range(2):  # the update, then the same object again (a relist)
+        cache.upsert_pod(mig_pod("v", node="m", annotations=record))
+        assert cache.counted("default/v") is not None
+        assert slice_owners(cache, "m") == ["default/v"]
+        consistent(cache)
+
+
+@pytest.mark.parametrize("record", [*UNREADABLE_RECORDS,
+                                    pytest.param(ann(","), id="gpus-not-indices")])
+def test_a_relist_with_an_unreadable_record_counts_that_pod_and_the_others(
+        record: dict[str, str]) -> None:
+    cache = make_cache([])
+    kind = "whole" if "gpupack.io/mig" not in record else "mig"
+    bad = (mig_pod("bad", node="m", annotations=record) if kind == "mig"
+           else whole_pod("bad", 1, node="n", annotations=record))
+    others = [whole_pod(f"w{i}", 1, node="n") for i in range(3)]
+    cache.replace([node("m", gpus=1, mig={"1g.10gb": 1}, reconfigurable=False),
+                   node("n", gpus=4, reconfigurable=False)], [bad, *others])
+    for k in ("default/bad", "default/w0", "default/w1", "default/w2"):
+        assert cache.counted(k) is not None, k
+    assert cache.state.whole_gpus_free() == (0 if kind == "whole" else 1)
+    if kind == "mig":
+        assert slice_owners(cache, "m") == ["default/bad"]
+    consistent(cache)
+
+
+def test_an_update_whose_accounting_fails_keeps_the_pod_as_it_was(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    cache = make_cache([node("w", gpus=2, reconfigurable=False)],
+                       [whole_pod("a", 1, node="w", annotations=ann("0"))])
+    before = cache.pod_entry("default/a")
+    real = cache._placement_for
+    calls = []
+
+    def broken(*args: Any, **kw: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("a bug in the accounting")
+        return real(*args, **kw)
+
+    monkeypatch.setattr(cache, "_placement_for", broken)
+    moved = whole_pod("a", 1, node="w", annotations=ann("1"))
+    assert not cache.upsert_pod(moved)  # logged and counted as a bad object, not raised
+    assert cache.bad_objects == 1
+    assert cache.pod_entry("default/a") == before
+    assert cache.counted("default/a")[1].gpus == (0,)
+    consistent(cache)
+    assert cache.upsert_pod(moved)  # not found unchanged: the update is taken this time
+    assert cache.counted("default/a")[1].gpus == (1,)
+    consistent(cache)
