@@ -262,7 +262,10 @@ class Compactor:
         mem = CompactionMemory(tuple(t for t in self.evicted_at if now - t < 3600),
                                {k: t for k, t in self.cooldown.items() if t > now},
                                tuple(_record_of(d) for d in self.drains.values()))
-        if self._remembered is not None and mem.within(now) == self._remembered.within(now):
+        cool = self.settings.cooldown_s
+        if (self._remembered is not None
+                and mem.within(now, cooldown_s=cool) == self._remembered.within(
+                    now, cooldown_s=cool)):
             return
         self._remembered = mem
         self.memory[1].submit(NAME, memory_object(mem, self.memory[2]))
