@@ -571,25 +571,64 @@ def _why(ch: NodeChange, served: Mapping[tuple[str, str], int],
             f"for {'; '.join(parts) or 'waiting pods'}")
 
 
-def changes_json(changes: Mapping[str, Change]) -> str:
-    return json.dumps([c.to_json() for _, c in sorted(changes.items())], sort_keys=True)
+def changes_json(changes: Mapping[str, Change],
+                 backoff: Mapping[str, Backoff] | None = None) -> str:
+    """The changes in flight, and the nodes backed off, as one JSON list: a backoff is an
+    item ``{"backoff": {"node", "until", "failures"}}`` beside the changes (a version
+    that does not know it skips it as one unreadable item and reads the changes)."""
+    items: list[object] = [c.to_json() for _, c in sorted(changes.items())]
+    items += [{"backoff": {"node": n, "until": b.until, "failures": b.failures}}
+              for n, b in sorted((backoff or {}).items())]
+    return json.dumps(items, sort_keys=True)
+
+
+def _items(text: str) -> tuple[list[object], list[str]]:
+    try:
+        raw = json.loads(text) if text.strip() else []
+    except (json.JSONDecodeError, RecursionError) as e:
+        return [], [f"in-flight changes: not JSON ({e})"]
+    if not isinstance(raw, list):
+        return [], [f"in-flight changes: expected a list, got {type(raw).__name__}"]
+    return raw, []
 
 
 def changes_from_json(text: str) -> tuple[dict[str, Change], list[str]]:
     """Changes read back (e.g. by a new leader), and one line per unreadable entry."""
     out: dict[str, Change] = {}
-    problems: list[str] = []
-    try:
-        raw = json.loads(text) if text.strip() else []
-    except json.JSONDecodeError as e:
-        return {}, [f"in-flight changes: not JSON ({e})"]
-    if not isinstance(raw, list):
-        return {}, [f"in-flight changes: expected a list, got {type(raw).__name__}"]
+    raw, problems = _items(text)
     for i, item in enumerate(raw):
+        if isinstance(item, Mapping) and "backoff" in item:
+            continue  # backoff_from_json's
         try:
             c = Change.from_json(item)
         except ValueError as e:
             problems.append(f"in-flight changes[{i}]: {e}")
             continue
         out[c.node] = c
+    return out, problems
+
+
+def backoff_from_json(text: str) -> tuple[dict[str, Backoff], list[str]]:
+    """The nodes backed off, read back with the changes (so a new leader does not retry
+    at once a node whose change just failed), and one line per unreadable entry."""
+    out: dict[str, Backoff] = {}
+    problems: list[str] = []
+    raw, _ = _items(text)
+    for i, item in enumerate(raw):
+        b = item.get("backoff") if isinstance(item, Mapping) else None
+        if b is None:
+            continue
+        where = f"in-flight changes[{i}].backoff"
+        node = b.get("node") if isinstance(b, Mapping) else None
+        until = b.get("until") if isinstance(b, Mapping) else None
+        failures = b.get("failures") if isinstance(b, Mapping) else None
+        if not isinstance(node, str) or not node:
+            problems.append(f"{where}.node: {node!r} is not a node name")
+        elif (isinstance(until, bool) or not isinstance(until, (int, float))
+              or not math.isfinite(until)):
+            problems.append(f"{where}.until: {until!r} is not a time")
+        elif isinstance(failures, bool) or not isinstance(failures, int) or failures < 1:
+            problems.append(f"{where}.failures: {failures!r} is not a count")
+        else:
+            out[node] = Backoff(float(until), min(failures, 64))
     return out, problems

@@ -53,6 +53,7 @@ from scheduler.mig_actuator import (
     MigSettings,
     NodeView,
     WholePod,
+    backoff_from_json,
     changes_from_json,
     changes_json,
     decide_mig,
@@ -266,7 +267,14 @@ class MigActuator:
                 # (each start fails, with an Event) until the config is mended.
                 log.warning("MIG: %s; no change can be started until it is mended", config)
             self.changes, problems = changes_from_json(text)
-            for p in problems:
+            backoff, more = backoff_from_json(text)
+            # A back-off the last leader set still holds (capped at the longest one
+            # this leader would set: a clock far ahead is not a node lost for ever).
+            cap = now + self.settings.backoff_max_s
+            self.backoff = {**{n: Backoff(min(b.until, cap), b.failures)
+                               for n, b in backoff.items() if b.until > now},
+                            **self.backoff}
+            for p in problems + more:
                 log.warning("%s; ignored", p)
             if self.changes:
                 log.info("leading: following %d MIG change(s) in flight: %s",
@@ -305,7 +313,7 @@ class MigActuator:
                 def update(cfg: dict[str, Any], _old: str, e: dict[str, Any] = entry,
                            c: dict[str, Change] = changes, r: set[str] | None = referenced
                            ) -> tuple[dict[str, Any], str]:
-                    return _merge(cfg, e, r), changes_json(c)
+                    return _merge(cfg, e, r), changes_json(c, self._live_backoff())
 
                 self.api.write(update)
                 self.changes[s.change.node] = s.change
@@ -316,15 +324,14 @@ class MigActuator:
                                f"{s.why}; but {s.change.config} could not be handed to the "
                                f"MIG manager: {e}", warning=True)
                 self._give_back(mine)
-                if s.change.node in self.changes:
-                    self.changes.pop(s.change.node)
-                    self._write_changes()
+                self.changes.pop(s.change.node, None)
                 fails = self.backoff[s.change.node].failures + 1 \
                     if s.change.node in self.backoff else 1
                 self.backoff[s.change.node] = Backoff(
                     now + min(self.settings.backoff_max_s,
                               self.settings.backoff_s * 2 ** (fails - 1)), fails)
                 self._count("error")
+                self._write_changes()
                 continue
             log.info("MIG change %s on %s: %s", s.change.config, s.change.node, s.why)
             self.api.event(s.change.node, "MigReconfigureStarted",
@@ -362,11 +369,16 @@ class MigActuator:
     def _write_changes(self) -> None:
         assert self.changes is not None
         changes = dict(self.changes)
+        backoff = self._live_backoff()
         try:
             self.api.write(lambda cfg, _old: (_merge(cfg, {}, self._referenced(changes)),
-                                              changes_json(changes)))
+                                              changes_json(changes, backoff)))
         except Exception as e:
             log.warning("MIG changes in flight not written: %s", e)
+
+    def _live_backoff(self) -> dict[str, Backoff]:
+        now = self.clock()
+        return {n: b for n, b in self.backoff.items() if b.until > now}
 
     def _finished(self, c: Change, result: str, message: str) -> None:
         failed = result in ("failed", "timeout")

@@ -24,6 +24,7 @@ from scheduler.mig_actuator import (
     MigSettings,
     NodeView,
     WholePod,
+    backoff_from_json,
     changes_from_json,
     changes_json,
     decide_mig,
@@ -325,6 +326,11 @@ def test_changes_round_trip_and_bad_entries_named() -> None:
     assert back == {} and len(problems) == 2
     assert "not gpupack's" in problems[1]
     assert changes_from_json("{")[1][0].startswith("in-flight changes: not JSON")
+    both = changes_json(c, {"b": Backoff(500.0, 2)})
+    assert changes_from_json(both) == (c, [])
+    assert backoff_from_json(both) == ({"b": Backoff(500.0, 2)}, [])
+    assert backoff_from_json('[{"backoff": {"node": "b", "until": "soon", "failures": 1}}]'
+                             )[1] == ["in-flight changes[0].backoff.until: 'soon' is not a time"]
     nan = ('[{"node": "a", "config": "gpupack-x", "started": NaN, "models": [], '
            '"targets": []}]')
     assert changes_from_json(nan) == ({}, ["in-flight changes[0]: change: started nan is "

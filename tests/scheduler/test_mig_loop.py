@@ -123,12 +123,21 @@ def test_failure_gives_back_backs_off_and_warns() -> None:
     assert mig_holds(cache) == set()
     assert ("a", "MigReconfigureFailed", True) in api.events
     assert api.notes and api.notes[-1][1].startswith("failed ")
-    assert json.loads(api.changes) == []
     assert act.backoff["a"].failures == 1
+    # No change in flight; the back-off is kept beside the changes.
+    assert json.loads(api.changes) == [{"backoff": {"node": "a", "failures": 1,
+                                                    "until": act.backoff["a"].until}}]
     clock.advance(5)
     assert act.step() is not None and api.labels == [("a", config)]  # no second try yet
     assert registry.get_sample_value("gpupack_mig_reconfigurations_total",
                                      {"result": "failed"}) == 1
+    # A new leader does not retry the node at once either: it reads the back-off back.
+    act2 = MigActuator(cache, api, clock=clock, params=FAST, settings=MigSettings(settle_s=0))
+    d2 = act2.step()
+    assert d2 is not None and d2.starts == () and act2.backoff["a"] == act.backoff["a"]
+    clock.advance(120)
+    d2 = act2.step()
+    assert d2 is not None and [s.change.node for s in d2.starts] == ["a"]
 
 
 class Queue:
