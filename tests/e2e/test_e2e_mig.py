@@ -40,6 +40,8 @@ from cluster import (
 from conftest import Space
 from controlplane import MIG_CONFIG_MAP, NAMESPACE
 
+from scheduler.mig_actuator import changes_from_json
+
 MIG = "nvidia.com/mig-1g.10gb"
 CONFIG = "nvidia.com/mig.config"
 STATE = "nvidia.com/mig.config.state"
@@ -89,7 +91,7 @@ def test_asr_burst_binds_to_slices_the_mig_manager_created(space: Space, core: A
     # actuator then sees the change done.
     def done() -> bool:
         cm = core.read_namespaced_config_map(MIG_CONFIG_MAP, NAMESPACE)
-        return json.loads(cm.data["gpupack-changes.json"]) == [] and core.read_node(
+        return changes_from_json(cm.data["gpupack-changes.json"])[0] == {} and core.read_node(
             changed[0]).metadata.labels.get(STATE) == "success"
 
     wait_for(done, 30, "the change reported done and nothing in flight")
