@@ -12,13 +12,13 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from nodeagent.cgroups import CgroupOwner
 from nodeagent.growth import GrowthParams
 from nodeagent.metrics import AgentMetrics
-from nodeagent.nvml import GpuReader
-from nodeagent.podresources import PodResourcesView
+from nodeagent.nvml import GpuReader, GpuSnapshot
+from nodeagent.podresources import PodResourcesView, valid_pod_key
 from nodeagent.report import (
     Report,
     UsageHistory,
@@ -77,11 +77,27 @@ class PodNameCache:
             return False
         self._fetched_at = now
         try:
-            self._names = dict(self._fetch())
+            fetched = dict(self._fetch())
         except Exception as e:  # an API hiccup must not stop GPU reporting
             log.warning("listing pods of the node failed: %s", e)
             return False
+        self._names = usable_names(fetched)
         return True
+
+
+def usable_names(fetched: Mapping[Any, object]) -> dict[str, str]:
+    """The UID -> pod key entries that can be published; the others are logged (one
+    bad key would make the whole inventory undecodable). Their pods are then named by
+    PodResources, as if the API had not listed them."""
+    out: dict[str, str] = {}
+    for uid, key in fetched.items():
+        if isinstance(uid, str) and valid_pod_key(key):
+            assert isinstance(key, str)  # for mypy: valid_pod_key checked it
+            out[uid] = key
+        else:
+            log.warning("pod list: uid %.60r -> %.80r is not a namespace/name pod key; "
+                        "ignored", uid, key)
+    return out
 
 
 @dataclass(frozen=True)
@@ -101,10 +117,11 @@ class Agent:
         self.gpus = gpus
         self.podresources = podresources
         self.pod_of_pid = pod_of_pid
-        self.clock = clock  # wall clock: the inventory's timestamp and growth history
-        # Pacing, the patch rate limit and the name refresh use a clock that never steps
-        # back: with the wall clock, an NTP step of an hour back made the loop sleep an
-        # hour and rate-limited every patch meanwhile.
+        self.clock = clock  # wall clock: the inventory's timestamp
+        # Pacing, the patch rate limit, the name refresh and the growth history use a
+        # clock that never steps back: with the wall clock, an NTP step of an hour back
+        # made the loop sleep an hour and rate-limited every patch meanwhile, and hid a
+        # pod's memory growth behind samples "from the future".
         self.monotonic = monotonic if monotonic is not None else clock
         self.metrics = metrics if metrics is not None else AgentMetrics()
         self.patch = patch
@@ -115,21 +132,36 @@ class Agent:
         self._nvml_error_logged = False
         self.inventories = 0  # inventories taken: the agent is ready after its first
 
+    def _read_gpus(self) -> GpuSnapshot:
+        try:
+            return self.gpus.read()
+        except Exception as e:  # a reader bug must not lose the PodResources side too
+            log.exception("reading the GPUs failed")
+            return GpuSnapshot(error=f"reading the GPUs failed: {type(e).__name__}")
+
+    def _read_podresources(self) -> PodResourcesView:
+        try:
+            return self.podresources.read()
+        except Exception as e:  # e.g. gRPC's ValueError on a closed channel
+            log.exception("reading PodResources failed")
+            return PodResourcesView(error=f"PodResources: {type(e).__name__}")
+
     def observe(self) -> Report:
         """One read of everything and the inventory built from it (no API write)."""
         now = self.clock()
-        snapshot = self.gpus.read()
+        mono = self.monotonic()
+        snapshot = self._read_gpus()
         if snapshot.error is not None and not self._nvml_error_logged:
             # Once per outage: the message repeats every interval otherwise.
             log.error("NVML unavailable, reporting an empty inventory: %s", snapshot.error)
             self._nvml_error_logged = True
         elif snapshot.error is None:
             self._nvml_error_logged = False
-        view = self.podresources.read().with_ids(index_ids(snapshot))
+        view = self._read_podresources().with_ids(index_ids(snapshot))
         usages, unknown = attribute_memory(snapshot, view, self.pod_of_pid, self.names.names)
         if unknown and self.names.refresh_if_missing(unknown):
             usages, _ = attribute_memory(snapshot, view, self.pod_of_pid, self.names.names)
-        growth = self.history.update(now, usages)
+        growth = self.history.update(mono, usages)
         inventory = build_inventory(self.config.node, int(now), snapshot, view, usages, growth)
         self.metrics.update(now, snapshot, view, usages, growth)
         self.inventories += 1
@@ -158,6 +190,10 @@ class Agent:
         except Exception as e:  # retried on a later tick, after the rate limit
             log.warning("patching node %s failed: %s", self.config.node, e)
             self.metrics.patches.labels(result="error").inc()
+            # A timed-out patch may still have been applied: what the Node holds is no
+            # longer known, so the next inventory is written even if it equals the last
+            # one known written (else the Node could keep the failed one for ever).
+            self.last_patched = None
             return TickResult(report, False, f"patch failed: {e}")
         self.metrics.patches.labels(result="ok").inc()
         self.last_patched = report.inventory

@@ -45,7 +45,8 @@ class Growth:
     used_bytes: int
     peak_bytes: int
     rate_bytes_per_s: float  # 0.0 unless the growth is significant
-    exhaustion_s: float | None  # at that rate, until the pool is full; None if not growing
+    # At that rate, until the pool is full; None if not growing or the pool size is unknown.
+    exhaustion_s: float | None
 
 
 def theil_sen_slope(ts: Sequence[float], ys: Sequence[float]) -> float:
@@ -75,11 +76,12 @@ def remove_single_step(ys: Sequence[float], step_factor: float) -> list[float]:
     return [y if k <= k_max else y - jump for k, y in enumerate(ys)]
 
 
-def analyze(samples: Sequence[Sample], pool_free_bytes: int, peak_bytes: int = 0,
+def analyze(samples: Sequence[Sample], pool_free_bytes: int | None, peak_bytes: int = 0,
             params: GrowthParams | None = None) -> Growth:
     """Trend of one series. ``samples`` in time order; ``pool_free_bytes`` is what is
-    left in the memory pool the pod draws from (the GPU, or its MIG instance);
-    ``peak_bytes`` a peak remembered from samples already dropped from the window."""
+    left in the memory pool the pod draws from (the GPU, or its MIG instance), None when
+    unknown (then no time to exhaustion); ``peak_bytes`` a peak remembered from samples
+    already dropped from the window."""
     p = params or GrowthParams()
     if not samples:
         return Growth(0, peak_bytes, 0.0, None)
@@ -100,4 +102,5 @@ def analyze(samples: Sequence[Sample], pool_free_bytes: int, peak_bytes: int = 0
     rise = slope * span
     if rise < p.min_rise_bytes or rise < p.noise_factor * noise:
         return Growth(used, peak, 0.0, None)
-    return Growth(used, peak, slope, max(0.0, pool_free_bytes / slope))
+    exhaustion = None if pool_free_bytes is None else max(0.0, pool_free_bytes / slope)
+    return Growth(used, peak, slope, exhaustion)

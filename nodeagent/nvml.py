@@ -22,9 +22,12 @@ import ctypes
 import logging
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Protocol, TypeVar
+
+from packing.inventory import MAX_GPU_MIB
+from packing.model import MAX_NODE_GPUS
 
 log = logging.getLogger(__name__)
 
@@ -40,10 +43,15 @@ _NOT_AVAILABLE_ULL = 0xFFFFFFFFFFFFFFFF
 
 @dataclass(frozen=True)
 class NvmlCallError:
-    """One failed NVML call: which call, and NVML's error name (e.g. ``GpuIsLost``)."""
+    """One failed NVML call: which call, and NVML's error name (e.g. ``GpuIsLost``).
+
+    ``detail`` carries figures that change from read to read (a used-memory figure): it
+    is logged, never published, since an error text that differs every interval would
+    make every inventory a change worth a Node patch."""
 
     call: str
     error: str
+    detail: str | None = field(default=None, compare=False)
 
     def __str__(self) -> str:
         return f"{self.call}: {self.error}"
@@ -125,6 +133,15 @@ class GpuDevice:
     def error(self) -> str | None:
         """The first error, for one-line reports; None when every call succeeded."""
         return str(self.errors[0]) if self.errors else None
+
+    @property
+    def lost(self) -> bool:
+        """NVML said GpuIsLost on some call about this GPU or one of its MIG devices: it
+        fell off the bus and will not run anything until reset, whatever was read
+        before."""
+        errs = list(self.errors) + [e for gi in self.gpu_instances
+                                    for ci in gi.compute_instances for e in ci.errors]
+        return any(e.error == "GpuIsLost" for e in errs)
 
     @property
     def mig_enabled(self) -> bool:
@@ -231,6 +248,142 @@ def _nonblank(value: object) -> str | None:
 # billion calls or a huge ctypes array. No GPU has more than 7 MIG devices today.
 MAX_MIG_DEVICES = 64
 MAX_GPU_INSTANCES = 64
+# The decoder refuses a whole inventory with a GPU above 1 TiB: such a figure is garbage.
+MAX_GPU_BYTES = MAX_GPU_MIB * MIB
+# Memory slices of a MIG GPU (A30: 4; A100, H100, H200, B200: 8): a placement or a profile
+# beyond them is garbage, and a layout the extender would refuse whole.
+MAX_MIG_SLICES = 8
+
+
+def _int_or_none(value: object) -> int | None:
+    """``value`` when it is an integer (pynvml hands out Python ints, ctypes fields
+    included); None for anything else (None, a string, a float, a bool)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _shown(value: object) -> str:
+    """``value`` for an error message, short: errors end up in the Node annotation."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def check_count(value: object, call: str, maximum: int) -> tuple[int | None, NvmlCallError | None]:
+    """A count NVML answered: None when it is not a non-negative integer (nothing can
+    be listed from it), capped at ``maximum`` (and said) when above it."""
+    n = _int_or_none(value)
+    if n is None or n < 0:
+        return None, NvmlCallError(call, f"Count({_shown(value)})")
+    if n > maximum:
+        return maximum, NvmlCallError(call, f"Count({n}>{maximum})")
+    return n, None
+
+
+def check_memory(total: object, used: object, call: str
+                 ) -> tuple[int | None, int | None, list[NvmlCallError]]:
+    """(total, used) bytes of one memory answer, checked. A total outside (0, 1 TiB] is
+    unknown (and so is used: it means nothing without it). A used figure that is not a
+    non-negative integer is unknown; one above the total is capped at the total: the
+    decoder refuses used > memory, and a full GPU is the safe thing to tell a
+    scheduler."""
+    t = _int_or_none(total)
+    if t is None or not 0 < t <= MAX_GPU_BYTES:
+        return None, None, [NvmlCallError(call, f"Total({_shown(total)})")]
+    u = _int_or_none(used)
+    if u is None:
+        return t, None, [NvmlCallError(call, f"Used({_shown(used)})")]
+    if u < 0:
+        return t, None, [NvmlCallError(call, "Used(<0)", f"used {u}")]
+    if u > t:
+        return t, t, [NvmlCallError(call, "Used(>Total)", f"used {u} > total {t}")]
+    return t, u, []
+
+
+def check_mig_mode(modes: object, enable: int, disable: int
+                   ) -> tuple[bool | None, bool | None, NvmlCallError | None]:
+    """(current, pending) MIG modes of a ``nvmlDeviceGetMigMode`` answer; an error when
+    it is not a pair of ENABLE/DISABLE values (an unknown value is not "MIG off": the
+    GPU would be published as a free whole GPU)."""
+    pair = tuple(modes) if isinstance(modes, list | tuple) else ()
+    if len(pair) != 2 or any(_int_or_none(m) not in (enable, disable) for m in pair):
+        return None, None, NvmlCallError("nvmlDeviceGetMigMode", f"Mode({_shown(modes)})")
+    return pair[0] == enable, pair[1] == enable, None
+
+
+def check_processes(procs: object, limit: int | None, call: str
+                    ) -> tuple[tuple[GpuProcess, ...], list[NvmlCallError]]:
+    """NVML's process list, checked entry by entry (a bad entry must not lose the
+    others): one without a positive pid is skipped, a pid listed again is counted once,
+    a memory figure that is negative or above the pool's memory (``limit``) is unknown
+    (summed into a pod, it would exceed the GPU and make the inventory undecodable)."""
+    if not isinstance(procs, list | tuple):
+        return (), [NvmlCallError(call, f"Processes({_shown(procs)})")]
+    out: dict[int, GpuProcess] = {}
+    errors: list[NvmlCallError] = []
+    for p in procs:
+        raw_pid = getattr(p, "pid", None)
+        pid = _int_or_none(raw_pid)
+        if pid is None or pid <= 0:
+            errors.append(NvmlCallError(call, f"Pid({_shown(raw_pid)})"))
+            continue
+        if pid in out:
+            errors.append(NvmlCallError(call, f"DuplicatePid({pid})"))
+            continue
+        raw = getattr(p, "usedGpuMemory", None)
+        used = _int_or_none(raw)
+        if used == _NOT_AVAILABLE_ULL:
+            used = None
+        elif raw is not None and used is None:
+            errors.append(NvmlCallError(call, f"UsedGpuMemory(pid {pid}: {_shown(raw)})"))
+        elif used is not None and (used < 0 or (limit is not None and used > limit)):
+            errors.append(NvmlCallError(call, f"UsedGpuMemory(pid {pid}: out of range)",
+                                        f"used {used}, pool {limit}"))
+            used = None
+        out[pid] = GpuProcess(pid=pid, used_bytes=used)
+    return tuple(out.values()), errors
+
+
+def check_profile(index: int, info: object, total_bytes: int) -> _ProfileInfo | NvmlCallError:
+    """One ``nvmlDeviceGetGpuInstanceProfileInfo`` answer, checked: the profile name is
+    made of its slices and memory, so garbage there names an instance no catalog knows."""
+    def checked(name: str, low: int, high: int | None) -> int | NvmlCallError:
+        raw = getattr(info, name, None)
+        value = _int_or_none(raw)
+        if value is None or value < low or (high is not None and value > high):
+            return NvmlCallError("nvmlDeviceGetGpuInstanceProfileInfo",
+                                 f"{name}(profile {index}: {_shown(raw)})")
+        return value
+
+    pid = checked("id", 0, None)
+    slices = checked("sliceCount", 1, MAX_MIG_SLICES)
+    memory = checked("memorySizeMB", 1, total_bytes // MIB)
+    count = checked("instanceCount", 0, None)
+    for value in (pid, slices, memory, count):
+        if isinstance(value, NvmlCallError):
+            return value
+    assert isinstance(pid, int) and isinstance(slices, int)  # for mypy: checked above
+    assert isinstance(memory, int) and isinstance(count, int)
+    return _ProfileInfo(index=index, id=pid, slice_count=slices, memory_mib=memory,
+                        instance_count=count)
+
+
+def layout_problems(instances: list[GpuInstance]) -> list[str]:
+    """What makes a read MIG layout impossible: a placement outside the GPU's slices, two
+    instances on one slice, one instance id twice. Published, such a layout makes the
+    extender refuse the node's whole inventory, or place a pod on a slice in use."""
+    problems: list[str] = []
+    for gi in instances:
+        p = gi.placement
+        if p.start < 0 or p.size < 1 or p.start + p.size > MAX_MIG_SLICES:
+            problems.append(f"Placement(gi {gi.gi_id}: start {p.start} size {p.size})")
+    for k, a in enumerate(instances):
+        for b in instances[k + 1:]:
+            if a.gi_id == b.gi_id:
+                problems.append(f"DuplicateGpuInstance({a.gi_id})")
+            elif (max(a.placement.start, b.placement.start)
+                  < min(a.placement.start + a.placement.size,
+                        b.placement.start + b.placement.size)):
+                problems.append(f"Overlap(gi {a.gi_id} and gi {b.gi_id})")
+    return problems
 
 
 class _Calls:
@@ -273,6 +426,7 @@ class NvmlAdapter:
     def __init__(self, nv: ModuleType | Any) -> None:
         self._nv = nv
         self._initialised = False
+        self._logged: set[str] = set()  # errors whose detail was logged, while they last
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -305,17 +459,47 @@ class NvmlAdapter:
         nv = self._nv
         top = _Calls(nv.NVMLError)
         driver = top.call("nvmlSystemGetDriverVersion", nv.nvmlSystemGetDriverVersion)
-        count = top.call("nvmlDeviceGetCount", nv.nvmlDeviceGetCount)
+        raw_count = top.call("nvmlDeviceGetCount", nv.nvmlDeviceGetCount)
+        # A node has at most MAX_NODE_GPUS GPUs (the decoder refuses an index beyond): a
+        # larger count is garbage, and only the indices that can be published are read.
+        count, bad = (None, None) if raw_count is None else check_count(
+            raw_count, "nvmlDeviceGetCount", MAX_NODE_GPUS)
+        if bad is not None:
+            top.errors.append(bad)
         if count is None:
             # The library may be gone under us (a driver reload): start over with
             # nvmlInit on the next read instead of failing every read from now on.
             self.close()
             return GpuSnapshot(errors=tuple(top.errors),
                                error="nvmlDeviceGetCount failed: GPUs cannot be listed")
-        devices = tuple(self._read_device(i) for i in range(count))
-        return GpuSnapshot(devices=devices,
-                           driver_version=None if driver is None else _text(driver),
-                           errors=tuple(top.errors))
+        devices = tuple(self._read_device_contained(i) for i in range(count))
+        snapshot = GpuSnapshot(devices=devices,
+                               driver_version=None if driver is None else _text(driver),
+                               errors=tuple(top.errors))
+        self._log_details(snapshot)
+        return snapshot
+
+    def _log_details(self, snapshot: GpuSnapshot) -> None:
+        """Log the figures behind a wrong answer once, when it starts (the published error
+        names the field; the figure would repeat every interval)."""
+        current = {str(e): e for e in snapshot.all_errors()}
+        for text, e in current.items():
+            if e.detail is not None and text not in self._logged:
+                log.warning("NVML answered %s: %s", text, e.detail)
+        self._logged = set(current)
+
+    def _read_device_contained(self, index: int) -> GpuDevice:
+        """:meth:`_read_device`, with an answer no check foresaw (an exception of ours)
+        failing this GPU, not the read of every GPU."""
+        try:
+            return self._read_device(index)
+        except Exception as e:
+            # The message is logged once by _log_details; the trace on every read.
+            log.debug("reading GPU %d failed", index, exc_info=True)
+            return GpuDevice(index=index, uuid=None, name=None, memory_total_bytes=None,
+                             memory_used_bytes=None, mig_current=None, mig_pending=None,
+                             errors=(NvmlCallError("read", type(e).__name__, str(e)[:200]),),
+                             layout_known=False)
 
     def _read_device(self, index: int) -> GpuDevice:
         nv = self._nv
@@ -328,15 +512,26 @@ class NvmlAdapter:
         uuid = c.call("nvmlDeviceGetUUID", nv.nvmlDeviceGetUUID, handle)
         name = c.call("nvmlDeviceGetName", nv.nvmlDeviceGetName, handle)
         mem = c.call("nvmlDeviceGetMemoryInfo", nv.nvmlDeviceGetMemoryInfo, handle)
-        total = None if mem is None or int(mem.total) <= 0 else int(mem.total)
-        used = None if mem is None or total is None else max(0, int(mem.used))
+        total: int | None = None
+        used: int | None = None
+        if mem is not None:
+            total, used, bad = check_memory(getattr(mem, "total", None),
+                                            getattr(mem, "used", None),
+                                            "nvmlDeviceGetMemoryInfo")
+            c.errors.extend(bad)
         # GPUs without MIG answer NotSupported: that is a fact, not a failure.
         before = len(c.errors)
         modes = c.call("nvmlDeviceGetMigMode", nv.nvmlDeviceGetMigMode, handle,
                        quiet=("NotSupported",))
         layout_known = not (modes is None and len(c.errors) > before)
-        current = None if modes is None else modes[0] == nv.NVML_DEVICE_MIG_ENABLE
-        pending = None if modes is None else modes[1] == nv.NVML_DEVICE_MIG_ENABLE
+        current: bool | None = None
+        pending: bool | None = None
+        if modes is not None:
+            current, pending, bad_mode = check_mig_mode(
+                modes, nv.NVML_DEVICE_MIG_ENABLE, nv.NVML_DEVICE_MIG_DISABLE)
+            if bad_mode is not None:
+                c.errors.append(bad_mode)
+                layout_known = False
         instances: tuple[GpuInstance, ...] = ()
         processes: tuple[GpuProcess, ...] = ()
         if current:
@@ -349,14 +544,17 @@ class NvmlAdapter:
         else:
             procs = c.call("nvmlDeviceGetComputeRunningProcesses",
                            nv.nvmlDeviceGetComputeRunningProcesses, handle)
-            processes = () if procs is None else self._processes(procs)
+            if procs is not None:
+                processes, bad_procs = check_processes(
+                    procs, total, "nvmlDeviceGetComputeRunningProcesses")
+                c.errors.extend(bad_procs)
         return GpuDevice(index=index, uuid=_nonblank(uuid), name=_nonblank(name),
                          memory_total_bytes=total,
                          memory_used_bytes=used, mig_current=current, mig_pending=pending,
                          gpu_instances=instances, processes=processes, errors=tuple(c.errors),
                          layout_known=layout_known)
 
-    def _profiles(self, handle: object, c: _Calls) -> list[_ProfileInfo]:
+    def _profiles(self, handle: object, total_bytes: int, c: _Calls) -> list[_ProfileInfo]:
         nv = self._nv
         found: list[_ProfileInfo] = []
         for index in range(int(nv.NVML_GPU_INSTANCE_PROFILE_COUNT)):
@@ -366,22 +564,29 @@ class NvmlAdapter:
                           quiet=("NotSupported", "InvalidArgument", "NotFound"))
             if info is None:
                 continue
-            found.append(_ProfileInfo(index=index, id=int(info.id),
-                                      slice_count=int(info.sliceCount),
-                                      memory_mib=int(info.memorySizeMB),
-                                      instance_count=int(info.instanceCount)))
+            prof = check_profile(index, info, total_bytes)
+            if isinstance(prof, NvmlCallError):
+                c.errors.append(prof)  # the caller counts the layout unknown
+                continue
+            found.append(prof)
         return found
 
     def _read_instances(self, handle: object, total_bytes: int,
                         c: _Calls) -> tuple[tuple[GpuInstance, ...], bool]:
         """The GPU instances, and whether the layout was read in full (instances whose
-        owners cannot be found must not be published as free)."""
+        owners cannot be found must not be published as free).
+
+        Any failure on the way leaves the layout unknown: a profile, an instance or a MIG
+        device that could not be read (or a GPU lost midway, after which every call is
+        skipped) would otherwise show its slices free or its instance unowned, and the
+        extender would place a pod there."""
         nv = self._nv
+        before = len(c.errors)
         found = self._read_mig_devices(handle, c)
         known = found is not None
         cis_by_gi = found or {}
         result: list[GpuInstance] = []
-        for prof in self._profiles(handle, c):
+        for prof in self._profiles(handle, total_bytes, c):
             if prof.instance_count <= 0:
                 continue
             if prof.instance_count > MAX_GPU_INSTANCES:
@@ -406,13 +611,28 @@ class NvmlAdapter:
                 info = c.call("nvmlGpuInstanceGetInfo", nv.nvmlGpuInstanceGetInfo, array[k])
                 if info is None:
                     continue
-                gi_id = int(info.id)
+                placement = getattr(info, "placement", None)
+                gi_id = _int_or_none(getattr(info, "id", None))
+                start = _int_or_none(getattr(placement, "start", None))
+                size = _int_or_none(getattr(placement, "size", None))
+                if gi_id is None or start is None or size is None:
+                    c.errors.append(NvmlCallError("nvmlGpuInstanceGetInfo", "Info(" + _shown(
+                        (getattr(info, "id", None), getattr(placement, "start", None),
+                         getattr(placement, "size", None))) + ")"))
+                    continue
                 result.append(GpuInstance(
                     gi_id=gi_id, profile=name, profile_id=prof.id,
                     slice_count=prof.slice_count, memory_bytes=prof.memory_mib * MIB,
-                    placement=MigPlacement(int(info.placement.start), int(info.placement.size)),
+                    placement=MigPlacement(start, size),
                     compute_instances=tuple(cis_by_gi.get(gi_id, ()))))
         result.sort(key=lambda gi: (gi.placement.start, gi.gi_id))
+        c.errors.extend(NvmlCallError("mig-layout", p) for p in layout_problems(result))
+        # A MIG device of no listed instance: its instance is missing from the layout.
+        # Its own errors (GpuIsLost ...) would be lost with it: they are the GPU's now.
+        for g in sorted(set(cis_by_gi) - {gi.gi_id for gi in result}):
+            c.errors.append(NvmlCallError("mig-layout", f"MigDeviceWithoutInstance(gi {g})"))
+            c.errors.extend(e for ci in cis_by_gi[g] for e in ci.errors)
+        known = known and len(c.errors) == before and not c.lost
         return tuple(result), known
 
     def _read_mig_devices(self, handle: object, c: _Calls
@@ -426,11 +646,12 @@ class NvmlAdapter:
                            handle)
         if max_count is None:
             return None
-        if not 0 <= int(max_count) <= MAX_MIG_DEVICES:
+        n = _int_or_none(max_count)
+        if n is None or not 0 <= n <= MAX_MIG_DEVICES:
             c.errors.append(NvmlCallError("nvmlDeviceGetMaxMigDeviceCount",
-                                          f"Count({int(max_count)})"))
+                                          f"Count({_shown(max_count)})"))
             return None
-        for k in range(int(max_count)):
+        for k in range(n):
             # Unused MIG device slots answer NotFound: not an error.
             mig = c.call("nvmlDeviceGetMigDeviceHandleByIndex",
                          nv.nvmlDeviceGetMigDeviceHandleByIndex, handle, k,
@@ -438,38 +659,47 @@ class NvmlAdapter:
             if mig is None:
                 continue
             ci = _Calls(nv.NVMLError)
-            gi_id = ci.call("nvmlDeviceGetGpuInstanceId", nv.nvmlDeviceGetGpuInstanceId, mig)
-            ci_id = ci.call("nvmlDeviceGetComputeInstanceId", nv.nvmlDeviceGetComputeInstanceId,
-                            mig)
+            raw_gi = ci.call("nvmlDeviceGetGpuInstanceId", nv.nvmlDeviceGetGpuInstanceId, mig)
+            raw_ci = ci.call("nvmlDeviceGetComputeInstanceId", nv.nvmlDeviceGetComputeInstanceId,
+                             mig)
             uuid = _nonblank(ci.call("nvmlDeviceGetUUID", nv.nvmlDeviceGetUUID, mig))
+            gi_id, ci_id = _int_or_none(raw_gi), _int_or_none(raw_ci)
+            if ci.lost:
+                c.lost = True  # the whole GPU is gone: stop asking about it
             if gi_id is None or ci_id is None or uuid is None:
                 c.errors.extend(ci.errors)  # cannot attach it to an instance
+                if not ci.errors:  # answered, but not with ids
+                    c.errors.append(NvmlCallError("nvmlDeviceGetGpuInstanceId", "Ids(" + _shown(
+                        (raw_gi, raw_ci)) + ")"))
                 continue
             attrs = ci.call("nvmlDeviceGetAttributes", nv.nvmlDeviceGetAttributes, mig,
                             quiet=("NotSupported",))
             mem = ci.call("nvmlDeviceGetMemoryInfo", nv.nvmlDeviceGetMemoryInfo, mig)
             procs = ci.call("nvmlDeviceGetComputeRunningProcesses",
                             nv.nvmlDeviceGetComputeRunningProcesses, mig)
-            by_gi.setdefault(int(gi_id), []).append(ComputeInstance(
-                gi_id=int(gi_id), ci_id=int(ci_id), uuid=uuid,
-                slice_count=None if attrs is None else int(attrs.computeInstanceSliceCount),
-                memory_total_bytes=None if mem is None else int(mem.total),
-                memory_used_bytes=None if mem is None else int(mem.used),
-                processes=() if procs is None else self._processes(procs),
+            total: int | None = None
+            used: int | None = None
+            if mem is not None:
+                total, used, bad = check_memory(getattr(mem, "total", None),
+                                                getattr(mem, "used", None),
+                                                "nvmlDeviceGetMemoryInfo")
+                ci.errors.extend(bad)
+            processes: tuple[GpuProcess, ...] = ()
+            if procs is not None:
+                processes, bad = check_processes(procs, total,
+                                                 "nvmlDeviceGetComputeRunningProcesses")
+                ci.errors.extend(bad)
+            slices = None if attrs is None else _int_or_none(
+                getattr(attrs, "computeInstanceSliceCount", None))
+            if ci.lost:
+                c.lost = True
+            by_gi.setdefault(gi_id, []).append(ComputeInstance(
+                gi_id=gi_id, ci_id=ci_id, uuid=uuid, slice_count=slices,
+                memory_total_bytes=total, memory_used_bytes=used, processes=processes,
                 errors=tuple(ci.errors), mig_index=k))
         for cis in by_gi.values():
             cis.sort(key=lambda x: x.ci_id)
         return by_gi
-
-    @staticmethod
-    def _processes(procs: list[Any]) -> tuple[GpuProcess, ...]:
-        out: list[GpuProcess] = []
-        for p in procs:
-            used = getattr(p, "usedGpuMemory", None)
-            if used is not None and int(used) == _NOT_AVAILABLE_ULL:
-                used = None
-            out.append(GpuProcess(pid=int(p.pid), used_bytes=None if used is None else int(used)))
-        return tuple(out)
 
 
 class UnavailableReader:

@@ -108,6 +108,12 @@ class PodResourcesView:
         return {u: tuple(sorted(p)) for u, p in out.items()}
 
 
+def valid_pod_key(key: object) -> bool:
+    """``namespace/name`` with both parts non-empty and no other ``/``: the only pod key
+    the inventory decoder takes. One bad key makes the whole annotation undecodable."""
+    return isinstance(key, str) and key.count("/") == 1 and "" not in key.split("/")
+
+
 def _is_nvidia(resource: str) -> bool:
     return resource.startswith(NVIDIA_RESOURCE_PREFIXES)
 
@@ -116,8 +122,11 @@ def assignments_from_list(response: Any) -> tuple[DeviceAssignment, ...]:
     """Flatten a ``ListPodResourcesResponse`` to the NVIDIA devices it assigns."""
     found: list[DeviceAssignment] = []
     for pod in response.pod_resources:
-        if not pod.namespace or not pod.name:
-            continue  # no pod key to publish it under (the inventory would not decode)
+        if not valid_pod_key(f"{pod.namespace}/{pod.name}"):
+            # No pod key to publish it under (the inventory would not decode).
+            log.warning("PodResources: pod namespace=%.60r name=%.60r is not a pod key; its "
+                        "devices are not attributed", pod.namespace, pod.name)
+            continue
         for container in pod.containers:
             for dev in container.devices:
                 if not _is_nvidia(dev.resource_name):

@@ -15,6 +15,7 @@ Attributing GPU memory to pods, per process:
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -25,6 +26,8 @@ from nodeagent.nvml import MIB, GpuDevice, GpuProcess, GpuSnapshot
 from nodeagent.podresources import PodResourcesView
 from packing.inventory import GpuInventory, Inventory, PodGpuUsage
 from packing.model import GpuMode, MigInstance
+
+log = logging.getLogger(__name__)
 
 
 def product_label(name: str) -> str:
@@ -45,7 +48,7 @@ class PoolUsage:
     gpu_uuid: str
     pool_uuid: str  # the GPU UUID, or the MIG device UUID
     used_bytes: int
-    pool_total_bytes: int
+    pool_total_bytes: int  # 0 when NVML could not say (a MIG device's memory call failed)
     pool_used_bytes: int
 
 
@@ -110,10 +113,11 @@ def ambiguous_devices(snapshot: GpuSnapshot) -> dict[int, str]:
 
 
 def usable(dev: GpuDevice) -> bool:
-    """A GPU with identity, memory and MIG layout known; others are reported only as
-    errors (a GPU whose MIG mode could not be read is not published as a free whole
-    GPU)."""
-    return dev.uuid is not None and dev.memory_total_bytes is not None and dev.layout_known
+    """A GPU with identity, memory and MIG layout known, and not lost; others are reported
+    only as errors (a GPU whose MIG mode could not be read is not published as a free
+    whole GPU, nor one that fell off the bus midway through its read as a healthy one)."""
+    return (dev.uuid is not None and dev.memory_total_bytes is not None
+            and dev.memory_used_bytes is not None and dev.layout_known and not dev.lost)
 
 
 def attribute_memory(snapshot: GpuSnapshot, view: PodResourcesView,
@@ -178,10 +182,20 @@ class UsageHistory:
         that starts afresh)."""
         result: dict[tuple[str, str], Growth] = {}
         seen: set[tuple[str, str]] = set()
+        stepped_back = False
         for u in usages:
             key = (u.pod, u.pool_uuid)
             seen.add(key)
             series = self._series.setdefault(key, deque(maxlen=self.max_samples))
+            if series and now < series[-1].t:
+                # The clock went back: samples "from the future" would stay in the window
+                # and turn the fit's time span negative (a leak hidden for an hour) or
+                # pair old and new samples into a false slope. Start the series afresh;
+                # its peak is kept.
+                self._peaks[key] = max(self._peaks.get(key, 0),
+                                       max(s.used_bytes for s in series))
+                series.clear()
+                stepped_back = True
             if len(series) == series.maxlen:
                 # The oldest sample is about to fall out of a full series (short
                 # intervals): fold it into the peak first, or a spike is forgotten
@@ -191,8 +205,13 @@ class UsageHistory:
             while series and series[0].t < now - self.params.window_s:
                 old = series.popleft()
                 self._peaks[key] = max(self._peaks.get(key, 0), old.used_bytes)
-            free = max(0, u.pool_total_bytes - u.pool_used_bytes)
+            # An unknown pool size is no time to exhaustion (0 would be "full now").
+            free = (None if u.pool_total_bytes <= 0
+                    else max(0, u.pool_total_bytes - u.pool_used_bytes))
             result[key] = analyze(list(series), free, self._peaks.get(key, 0), self.params)
+        if stepped_back:
+            log.warning("the clock went back to %.0f: memory series restarted (peaks kept)",
+                        now)
         for key in list(self._series):
             if key in seen:
                 self._missed.pop(key, None)
@@ -238,6 +257,20 @@ def gpu_mode(dev: GpuDevice, shared_uuids: frozenset[str]) -> GpuMode:
     return GpuMode.SHARED if dev.uuid in shared_uuids else GpuMode.WHOLE
 
 
+def capped_usage(pod: str, used_mib: int, peak_mib: int, memory_mib: int
+                 ) -> tuple[PodGpuUsage, str | None]:
+    """A pod's figures on a GPU, at most the GPU's memory, and why when capped: NVML's
+    per-process figures can add up past the GPU (a process counted twice, a driver bug),
+    and one such figure would make the extender refuse the node's whole inventory. The
+    reason names the bound, not the figures: those change every interval (each would be
+    a Node patch); the pod's metrics carry them uncapped."""
+    if used_mib <= memory_mib and peak_mib <= memory_mib:
+        return PodGpuUsage(pod=pod, used_mib=used_mib, peak_mib=peak_mib), None
+    return (PodGpuUsage(pod=pod, used_mib=min(used_mib, memory_mib),
+                        peak_mib=min(peak_mib, memory_mib)),
+            f"pod {pod}: GPU memory used or peak above the GPU's {memory_mib} MiB; capped")
+
+
 def build_inventory(node: str, ts: int, snapshot: GpuSnapshot, view: PodResourcesView,
                     usages: Iterable[PoolUsage],
                     growth: Mapping[tuple[str, str], Growth]) -> Inventory:
@@ -252,22 +285,28 @@ def build_inventory(node: str, ts: int, snapshot: GpuSnapshot, view: PodResource
         # instances need not coincide, so the sum is an upper bound).
         per_pod[u.pod] = (used0 + u.used_bytes, peak0 + max(peak, u.used_bytes))
     gpus: list[GpuInventory] = []
+    capped: list[str] = []
     ambiguous = ambiguous_devices(snapshot)
     for dev in snapshot.devices:
         if not usable(dev) or dev.index in ambiguous:
             continue
         assert dev.uuid is not None and dev.memory_total_bytes is not None
+        memory_mib = to_mib(dev.memory_total_bytes)
         mig = tuple(
             MigInstance(profile=gi.profile, start=gi.placement.start,
                         owner=next((p for u in gi.uuids for p in holders.get(u, ())), None))
             for gi in dev.gpu_instances)
-        pods = tuple(
-            PodGpuUsage(pod=pod, used_mib=to_mib(used), peak_mib=to_mib(peak))
-            for pod, (used, peak) in sorted(by_gpu.get(dev.uuid, {}).items()))
+        pods: list[PodGpuUsage] = []
+        for pod, (used, peak) in sorted(by_gpu.get(dev.uuid, {}).items()):
+            usage, why = capped_usage(pod, to_mib(used), to_mib(peak), memory_mib)
+            pods.append(usage)
+            if why is not None:
+                capped.append(f"gpu {dev.index}: {why}")
         gpus.append(GpuInventory(
             index=dev.index, uuid=dev.uuid,
             model=product_label(dev.name or "unknown") or "unknown",
-            memory_mib=to_mib(dev.memory_total_bytes),
+            memory_mib=memory_mib,
             used_mib=to_mib(dev.memory_used_bytes or 0),
-            mode=gpu_mode(dev, view.shared_uuids), mig=mig, pods=pods))
-    return Inventory(node=node, ts=ts, gpus=tuple(gpus), errors=_errors(snapshot, view))
+            mode=gpu_mode(dev, view.shared_uuids), mig=mig, pods=tuple(pods)))
+    return Inventory(node=node, ts=ts, gpus=tuple(gpus),
+                     errors=_errors(snapshot, view) + tuple(capped))

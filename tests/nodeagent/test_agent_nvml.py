@@ -286,3 +286,192 @@ def test_metrics_count_a_listing_failure_once_and_no_success_without_a_gpu() -> 
     metrics.update(30.0, NvmlAdapter(FakeNvml([l40s_shared()])).read(), PodResourcesView(),
                    [], {})
     assert value("gpupack_agent_last_success_timestamp_seconds") == 30.0
+
+
+# ---- a second fault-injection review: failures midway, garbage values ------------------
+
+
+def _fails_from(fake: FakeNvml, call: str, n: int, code: int) -> object:
+    """``call`` of ``fake`` answering its first ``n`` calls and raising ``code`` from the
+    (n+1)-th on: NVML failing midway through a loop."""
+    real = getattr(fake, call)
+    seen = [0]
+
+    def fn(*args: object) -> object:
+        seen[0] += 1
+        if seen[0] > n:
+            raise pynvml.NVMLError(code)
+        return real(*args)
+    return fn
+
+
+def _with(fake: FakeNvml, **calls: object) -> Overridden:
+    return Overridden(fake, **calls)
+
+
+def _midway(call: str, n: int, code: int) -> Overridden:
+    fake = FakeNvml([h100_mig(), l40s_shared()])
+    return _with(fake, **{call: _fails_from(fake, call, n, code)})
+
+
+def _gpu_info(**fields: object) -> Overridden:
+    """nvmlGpuInstanceGetInfo answering the real info with ``fields`` replaced."""
+    from types import SimpleNamespace
+
+    fake = FakeNvml([h100_mig(), l40s_shared()])
+
+    def info(gi: object) -> object:
+        real = fake.nvmlGpuInstanceGetInfo(gi)
+        placement = SimpleNamespace(start=real.placement.start, size=real.placement.size)
+        out = SimpleNamespace(id=real.id, placement=placement)
+        for k, v in fields.items():
+            setattr(placement if k in ("start", "size") else out, k, v)
+        return out
+    return _with(fake, nvmlGpuInstanceGetInfo=info)
+
+
+def _h100(change: object) -> FakeNvml:
+    gpu = h100_mig()
+    change(gpu)  # type: ignore[operator]
+    return FakeNvml([gpu, l40s_shared()])
+
+
+def _memory(total: object, used: object, gpu: FakeGpu | None = None) -> Overridden:
+    from types import SimpleNamespace
+
+    fake = FakeNvml([gpu or l40s_shared(), h100_mig()])
+    real = fake.nvmlDeviceGetMemoryInfo
+
+    def mem(handle: object) -> object:
+        if handle is fake.gpus[0]:
+            return SimpleNamespace(total=total, used=used, free=0)
+        return real(handle)
+    return _with(fake, nvmlDeviceGetMemoryInfo=mem)
+
+
+LOST, UNKNOWN, NO_PERM = (pynvml.NVML_ERROR_GPU_IS_LOST, pynvml.NVML_ERROR_UNKNOWN,
+                          pynvml.NVML_ERROR_NO_PERMISSION)
+
+
+@pytest.mark.parametrize(
+    ("nv", "error", "published"),
+    [
+        # Failing midway through the MIG loops: the slices or owners not read would be
+        # published free (the extender places a pod on a slice in use).
+        (_midway("nvmlDeviceGetGpuInstances", 1, LOST),
+         "gpu 0: nvmlDeviceGetGpuInstances: GpuIsLost", [L40S_UUID]),
+        (_midway("nvmlDeviceGetGpuInstances", 0, NO_PERM),
+         "gpu 0: nvmlDeviceGetGpuInstances: NoPermission", [L40S_UUID]),
+        (_midway("nvmlGpuInstanceGetInfo", 1, UNKNOWN),
+         "gpu 0: nvmlGpuInstanceGetInfo: Unknown", [L40S_UUID]),
+        (_midway("nvmlDeviceGetGpuInstanceProfileInfo", 2, UNKNOWN),
+         "gpu 0: nvmlDeviceGetGpuInstanceProfileInfo: Unknown", [L40S_UUID]),
+        (_midway("nvmlDeviceGetMigDeviceHandleByIndex", 0, UNKNOWN),
+         "gpu 0: nvmlDeviceGetMigDeviceHandleByIndex: Unknown", [L40S_UUID]),
+        (_midway("nvmlDeviceGetMigDeviceHandleByIndex", 1, LOST),
+         "gpu 0: nvmlDeviceGetMigDeviceHandleByIndex: GpuIsLost", [L40S_UUID]),
+        # Lost on a MIG device's own call: the GPU is gone, not one instance.
+        (_midway("nvmlDeviceGetAttributes", 0, LOST),
+         "gpu 0: nvmlDeviceGetAttributes: GpuIsLost", [L40S_UUID]),
+        # Lost after its identity was read: not published as a healthy whole GPU.
+        (_midway("nvmlDeviceGetComputeRunningProcesses", 4, LOST),
+         "gpu 1: nvmlDeviceGetComputeRunningProcesses: GpuIsLost", [H100_UUID]),
+        # Values no GPU has.
+        (_h100(lambda g: setattr(g.gis[1], "start", 4)),
+         "gpu 0: mig-layout: Overlap(gi 1 and gi 5)", [L40S_UUID]),
+        (_h100(lambda g: setattr(g.gis[1], "start", 7)),
+         "gpu 0: mig-layout: Placement(gi 5: start 7 size 2)", [L40S_UUID]),
+        (_h100(lambda g: setattr(g.profiles[3], "memory_mib", 200_000)),
+         "gpu 0: nvmlDeviceGetGpuInstanceProfileInfo: memorySizeMB(profile 1: 200000)",
+         [L40S_UUID]),
+        (_h100(lambda g: setattr(g.profiles[3], "slices", 0)),
+         "gpu 0: nvmlDeviceGetGpuInstanceProfileInfo: sliceCount(profile 1: 0)", [L40S_UUID]),
+        (_h100(lambda g: setattr(g, "mig_current", 7)),
+         "gpu 0: nvmlDeviceGetMigMode: Mode([7, 1])", [L40S_UUID]),
+        (_gpu_info(start=None), "gpu 0: nvmlGpuInstanceGetInfo: Info(", [L40S_UUID]),
+        (_gpu_info(id="1"), "gpu 0: nvmlGpuInstanceGetInfo: Info(", [L40S_UUID]),
+        (_memory(None, None), "gpu 0: nvmlDeviceGetMemoryInfo: Total(None)", [H100_UUID]),
+        (_memory(2 << 40, 0), "gpu 0: nvmlDeviceGetMemoryInfo: Total(2199023255552)",
+         [H100_UUID]),
+        (_memory(46068 * MIB, "a lot"), "gpu 0: nvmlDeviceGetMemoryInfo: Used('a lot')",
+         [H100_UUID]),
+        # Above the total: capped (a full GPU), the inventory still decodes.
+        (_memory(46068 * MIB, 50_000 * MIB), "gpu 0: nvmlDeviceGetMemoryInfo: Used(>Total)",
+         [L40S_UUID, H100_UUID]),
+        (_memory(46068 * MIB, -1), "gpu 0: nvmlDeviceGetMemoryInfo: Used(<0)", [H100_UUID]),
+    ],
+)
+def test_a_gpu_read_wrong_is_left_out_named_and_the_others_published(
+        nv: object, error: str, published: list[str]) -> None:
+    snap = NvmlAdapter(nv).read()
+    from nodeagent.podresources import PodResourcesView
+    from nodeagent.report import build_inventory
+
+    errors = build_inventory("n", 1, snap, PodResourcesView(), [], {}).errors
+    assert any(e.startswith(error) for e in errors), errors
+    assert _inventory_gpus(snap) == published
+
+
+@pytest.mark.parametrize(
+    ("count", "error", "handles"),
+    [
+        ("2", "nvmlDeviceGetCount: Count('2')", 0),  # crashed the read
+        (-1, "nvmlDeviceGetCount: Count(-1)", 0),  # listed nothing, said nothing
+        (100, "nvmlDeviceGetCount: Count(100>64)", 64),  # indices the decoder refuses
+    ],
+)
+def test_a_garbage_gpu_count_is_named_and_bounded(count: object, error: str,
+                                                 handles: int) -> None:
+    fake = FakeNvml([l40s_shared()])
+    snap = NvmlAdapter(_with(fake, nvmlDeviceGetCount=lambda: count)).read()
+    assert error in [str(e) for e in snap.errors]
+    assert fake.calls.count("nvmlDeviceGetHandleByIndex") == handles
+    assert (snap.error is None) == (handles > 0)
+    _inventory_gpus(snap)
+
+
+@pytest.mark.parametrize(
+    ("processes", "expected", "error"),
+    [
+        # A pid that is no pid: skipped, the others kept (it crashed the whole read).
+        ([(None, GIB), (5101, 8 * GIB)], [(5101, 8 * GIB)], "Pid(None)"),
+        ([(-4, GIB), (5101, 8 * GIB)], [(5101, 8 * GIB)], "Pid(-4)"),
+        # Memory above the GPU's: unknown (summed into a pod it broke the inventory).
+        ([(5101, 60 * GIB)], [(5101, None)], "UsedGpuMemory(pid 5101: out of range)"),
+        ([(5101, -GIB)], [(5101, None)], "UsedGpuMemory(pid 5101: out of range)"),
+        ([(5101, "8G")], [(5101, None)], "UsedGpuMemory(pid 5101: '8G')"),
+        # A pid listed twice is counted once.
+        ([(5101, 8 * GIB), (5101, 8 * GIB)], [(5101, 8 * GIB)], "DuplicatePid(5101)"),
+    ],
+)
+def test_process_lists_are_checked_entry_by_entry(processes: list[tuple[object, object]],
+                                                  expected: list[tuple[int, int | None]],
+                                                  error: str) -> None:
+    from types import SimpleNamespace
+
+    fake = FakeNvml([l40s_shared()])
+    procs = [SimpleNamespace(pid=p, usedGpuMemory=u) for p, u in processes]
+    snap = NvmlAdapter(_with(fake, nvmlDeviceGetComputeRunningProcesses=lambda h: procs)).read()
+    (dev,) = snap.devices
+    assert [(p.pid, p.used_bytes) for p in dev.processes] == expected
+    assert [str(e) for e in dev.errors] == [f"nvmlDeviceGetComputeRunningProcesses: {error}"]
+    assert _inventory_gpus(snap) == [L40S_UUID]
+
+
+def test_a_wrong_figure_is_published_stable_and_logged_once_while_it_lasts(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # The figure changes every read: in the inventory's errors it made every interval a
+    # change worth a Node patch. It is logged when the error starts, and again only
+    # after the error went away and came back.
+    gpu = l40s_shared()
+    adapter = NvmlAdapter(FakeNvml([gpu]))
+    texts = []
+    for used in (50_000, 50_100, 20_000, 50_200):
+        gpu.used_bytes = used * MIB
+        texts.append([str(e) for e in adapter.read().all_errors()])
+    assert texts == [["nvmlDeviceGetMemoryInfo: Used(>Total)"]] * 2 + [[]] + [
+        ["nvmlDeviceGetMemoryInfo: Used(>Total)"]]
+    logged = [r.getMessage() for r in caplog.records if "Used(>Total)" in r.getMessage()]
+    assert logged == [
+        f"NVML answered nvmlDeviceGetMemoryInfo: Used(>Total): used {n * MIB} > total "
+        f"{46068 * MIB}" for n in (50_000, 50_200)]
