@@ -418,6 +418,19 @@ class _Calls:
             self.errors.append(NvmlCallError(name, type(e).__name__))
             return None
 
+    def memory(self, get: Callable[[object], object], handle: object
+               ) -> tuple[int | None, int | None]:
+        """(total, used) bytes of a GPU or MIG device, each None when not known (the
+        call failed, or its answer is not memory figures: recorded)."""
+        mem = self.call("nvmlDeviceGetMemoryInfo", get, handle)
+        if mem is None:
+            return None, None
+        total, used, bad = check_memory(getattr(mem, "total", None),
+                                        getattr(mem, "used", None),
+                                        "nvmlDeviceGetMemoryInfo")
+        self.errors.extend(bad)
+        return total, used
+
 
 class NvmlAdapter:
     """:class:`GpuReader` over a ``pynvml``-compatible module (the real one, or a fake in
@@ -511,14 +524,7 @@ class NvmlAdapter:
                              errors=tuple(c.errors))
         uuid = c.call("nvmlDeviceGetUUID", nv.nvmlDeviceGetUUID, handle)
         name = c.call("nvmlDeviceGetName", nv.nvmlDeviceGetName, handle)
-        mem = c.call("nvmlDeviceGetMemoryInfo", nv.nvmlDeviceGetMemoryInfo, handle)
-        total: int | None = None
-        used: int | None = None
-        if mem is not None:
-            total, used, bad = check_memory(getattr(mem, "total", None),
-                                            getattr(mem, "used", None),
-                                            "nvmlDeviceGetMemoryInfo")
-            c.errors.extend(bad)
+        total, used = c.memory(nv.nvmlDeviceGetMemoryInfo, handle)
         # GPUs without MIG answer NotSupported: that is a fact, not a failure.
         before = len(c.errors)
         modes = c.call("nvmlDeviceGetMigMode", nv.nvmlDeviceGetMigMode, handle,
@@ -674,16 +680,9 @@ class NvmlAdapter:
                 continue
             attrs = ci.call("nvmlDeviceGetAttributes", nv.nvmlDeviceGetAttributes, mig,
                             quiet=("NotSupported",))
-            mem = ci.call("nvmlDeviceGetMemoryInfo", nv.nvmlDeviceGetMemoryInfo, mig)
+            total, used = ci.memory(nv.nvmlDeviceGetMemoryInfo, mig)
             procs = ci.call("nvmlDeviceGetComputeRunningProcesses",
                             nv.nvmlDeviceGetComputeRunningProcesses, mig)
-            total: int | None = None
-            used: int | None = None
-            if mem is not None:
-                total, used, bad = check_memory(getattr(mem, "total", None),
-                                                getattr(mem, "used", None),
-                                                "nvmlDeviceGetMemoryInfo")
-                ci.errors.extend(bad)
             processes: tuple[GpuProcess, ...] = ()
             if procs is not None:
                 processes, bad = check_processes(procs, total,
