@@ -195,4 +195,14 @@ class ExtensionPoints:
             log.exception("bind of %s failed", pod.key)
             return BindingResult(f"bind of {pod.key} failed: {e}")
         self.binds.labels("ok").inc()
+        c = claim.choice
+        # One line per bind, as kube-scheduler's own "Successfully bound pod to node":
+        # which GPUs (or slice) the pod got, and whether the plan had chosen that node.
+        planned = self.planner.plan.placement_of(pod.key)
+        log.info("bound %s to %s: GPU(s) %s%s%s", pod.key, args.node,
+                 ",".join(map(str, c.gpus)),
+                 f" {c.mig_profile}@{c.mig_start}" if c.mig_profile is not None else "",
+                 "" if planned is None else
+                 " (as planned)" if planned.node == args.node else
+                 f" (the plan had {planned.node})")
         return BindingResult()

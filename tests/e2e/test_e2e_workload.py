@@ -38,7 +38,7 @@ from cluster import (
     wait_for_webhook,
 )
 from conftest import Space
-from controlplane import PLAIN_SCHEDULER_NAME
+from controlplane import PLAIN_SCHEDULER_NAME, Stack
 
 
 def cluster(prefix: str, pool: str) -> list[Any]:
@@ -102,7 +102,23 @@ def settle(core: Any, ns: str, n: int, timeout_s: float) -> list[dict[str, Any]]
     return pods_in(core, ns)
 
 
-def test_mixed_workload_gpupack_and_plain(space: Space, core: Any,
+def scheduling_trail(stack: Stack, ns: str, lines: int = 60) -> str:
+    """What kube-scheduler and the extender logged about ``ns`` (both replicas): each
+    bind with kube-scheduler's count of feasible nodes, and the extender's lines. A
+    failure of this test was once not reproducible (1 run in 4); this is what it lacked."""
+    out = []
+    for component in ("scheduler", "scheduler-b", "extender", "extender-b"):
+        try:
+            text = stack.log_file(component).read_text(errors="replace").splitlines()
+        except OSError:
+            continue
+        mine = [t for t in text if ns in t][-lines:]
+        if mine:
+            out.append(f"--- {component}\n" + "\n".join(t[:400] for t in mine))
+    return "\n".join(out)
+
+
+def test_mixed_workload_gpupack_and_plain(space: Space, core: Any, stack: Stack,
                                           capsys: Any) -> None:
     ns = space.namespace()
     plain_ns = space.namespace("-plain")
@@ -149,7 +165,8 @@ def test_mixed_workload_gpupack_and_plain(space: Space, core: Any,
 
     unbound = [p["metadata"]["name"] for p in placed if not p["spec"].get("nodeName")]
     assert not unbound, (f"gpupack left pods pending: {unbound}; "
-                         f"{pending_report(core, ns)}; bound: {bound(placed)}")
+                         f"{pending_report(core, ns)}; bound: {bound(placed)}\n"
+                         + scheduling_trail(stack, ns))
     groups = group_outcomes(core, placed)
     assert len(groups) == 3
     for g in groups.values():
