@@ -66,9 +66,13 @@ def report_layout(core: Any, name: str) -> None:
         "gpupack.io/inventory": encode_inventory(inv)}}})
 
 
-def deployment(apps: Any, ns: str, name: str, replicas: int, pool: str) -> None:
+def deployment(apps: Any, ns: str, name: str, replicas: int, pool: str,
+               grace_s: int = 0) -> None:
+    """``grace_s``: the pods' terminationGracePeriodSeconds (0, the e2e default, makes
+    an eviction delete the pod at once, as no kubelet is there to wait for)."""
     template = pod(name, pool=pool, scheduler="gpupack", limits={SLICE: "1"},
                    labels={"app": name})
+    template["spec"]["terminationGracePeriodSeconds"] = grace_s
     apps.create_namespaced_deployment(ns, {
         "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name},
         "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}},
@@ -118,7 +122,7 @@ def remembered(core: Any) -> CompactionMemory | None:
     return mem if mem.evictions else None
 
 
-def lone_beside_free_slices(apps: Any, core: Any, ns: str, pool: str
+def lone_beside_free_slices(apps: Any, core: Any, ns: str, pool: str, lone_grace_s: int = 0
                             ) -> tuple[int | None, dict[str, Any]]:
     """Seven pods fill one GPU (the extender prefers GPUs in use); the eighth, of another
     Deployment, opens the other GPU; then three fill pods go, and the lone pod fits in
@@ -129,7 +133,7 @@ def lone_beside_free_slices(apps: Any, core: Any, ns: str, pool: str
     except AssertionError:
         raise AssertionError(pending_report(core, ns)) from None
     (full,) = {gpu_of(p) for p in fill}
-    deployment(apps, ns, "lone", 1, pool)
+    deployment(apps, ns, "lone", 1, pool, lone_grace_s)
     (lone,) = wait_for(lambda: bound_on(core, ns, "lone", 1), 60, "the lone pod bound")
     assert gpu_of(lone) != full
     apps.patch_namespaced_deployment_scale("fill", ns, {"spec": {"replicas": 4}})
@@ -194,7 +198,9 @@ def test_a_drain_goes_on_across_a_restart_of_its_leader(
     apps = client.AppsV1Api(admin)
     with workloads(core, admin, ns) as kubelet:
         kubelet.lingering.add("lone-")
-        full, lone = lone_beside_free_slices(apps, core, ns, pool)
+        # A grace period, so that the evicted pod stays (terminating) until the kubelet
+        # double confirms it: without one the eviction deletes it at once.
+        full, lone = lone_beside_free_slices(apps, core, ns, pool, lone_grace_s=300)
         mem = wait_for(lambda: drain_remembered(core), 90, "the drain in gpupack-mig-compaction")
         (drain,) = mem.drains
         assert drain.pods == (f"{ns}/{lone['metadata']['name']}",), drain
