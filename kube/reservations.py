@@ -49,7 +49,7 @@ from typing import Any, Protocol
 
 from kube.annotations import MAX_GROUP_SIZE, small_int
 from kube.source import RecordSink, Sink
-from packing.model import Placement
+from packing.model import Placement, is_pod_key
 
 log = logging.getLogger("gpupack.kube.reservations")
 
@@ -139,11 +139,6 @@ def _bounded_int(obj: Mapping[str, Any], key: str, what: str, lo: int, hi: int) 
     return v
 
 
-def _pod_key(v: object) -> bool:
-    """A "namespace/name" key: one '/', neither side empty."""
-    return isinstance(v, str) and v.count("/") == 1 and "" not in v.split("/")
-
-
 def _opt_str(obj: Mapping[str, Any], key: str) -> str | None:
     v = obj.get(key)
     if v is not None and not isinstance(v, str):
@@ -227,7 +222,7 @@ def decode_reservation(text: object) -> ReservationRecord:
         slots[slot] = p
         pod = item.get("p")
         if pod is not None:
-            if not _pod_key(pod):
+            if not is_pod_key(pod):
                 raise ReservationError(f"{RESERVATION}: member {k}: 'p' (pod) {_show(pod)} "
                                        "must be a pod key (namespace/name)")
             pods[slot] = pod

@@ -18,7 +18,7 @@ from nodeagent.cgroups import CgroupOwner
 from nodeagent.growth import GrowthParams
 from nodeagent.metrics import AgentMetrics
 from nodeagent.nvml import GpuReader, GpuSnapshot
-from nodeagent.podresources import PodResourcesView, valid_pod_key
+from nodeagent.podresources import PodResourcesView
 from nodeagent.report import (
     Report,
     UsageHistory,
@@ -32,6 +32,7 @@ from packing.inventory import (
     encode_inventory,
     meaningfully_changed,
 )
+from packing.model import is_pod_key
 
 log = logging.getLogger(__name__)
 
@@ -91,8 +92,7 @@ def usable_names(fetched: Mapping[Any, object]) -> dict[str, str]:
     PodResources, as if the API had not listed them."""
     out: dict[str, str] = {}
     for uid, key in fetched.items():
-        if isinstance(uid, str) and valid_pod_key(key):
-            assert isinstance(key, str)  # for mypy: valid_pod_key checked it
+        if isinstance(uid, str) and is_pod_key(key):
             out[uid] = key
         else:
             log.warning("pod list: uid %.60r -> %.80r is not a namespace/name pod key; "

@@ -22,6 +22,8 @@ from typing import Any
 
 import grpc
 
+from packing.model import is_pod_key
+
 log = logging.getLogger(__name__)
 
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
@@ -108,12 +110,6 @@ class PodResourcesView:
         return {u: tuple(sorted(p)) for u, p in out.items()}
 
 
-def valid_pod_key(key: object) -> bool:
-    """``namespace/name`` with both parts non-empty and no other ``/``: the only pod key
-    the inventory decoder takes. One bad key makes the whole annotation undecodable."""
-    return isinstance(key, str) and key.count("/") == 1 and "" not in key.split("/")
-
-
 def _is_nvidia(resource: str) -> bool:
     return resource.startswith(NVIDIA_RESOURCE_PREFIXES)
 
@@ -122,7 +118,9 @@ def assignments_from_list(response: Any) -> tuple[DeviceAssignment, ...]:
     """Flatten a ``ListPodResourcesResponse`` to the NVIDIA devices it assigns."""
     found: list[DeviceAssignment] = []
     for pod in response.pod_resources:
-        if not valid_pod_key(f"{pod.namespace}/{pod.name}"):
+        # The only pod key the inventory decoder takes: one bad key makes the whole
+        # annotation undecodable.
+        if not is_pod_key(f"{pod.namespace}/{pod.name}"):
             # No pod key to publish it under (the inventory would not decode).
             log.warning("PodResources: pod namespace=%.60r name=%.60r is not a pod key; its "
                         "devices are not attributed", pod.namespace, pod.name)

@@ -29,7 +29,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from packing.model import MAX_NODE_GPUS, GpuMode, MigInstance
+from packing.model import MAX_NODE_GPUS, GpuMode, MigInstance, is_pod_key
 
 INVENTORY_ANNOTATION = "gpupack.io/inventory"
 INVENTORY_VERSION = 1
@@ -174,7 +174,7 @@ def _obj(value: object, path: str) -> Mapping[str, object]:
 
 
 def _pod_key(value: object, path: str) -> str:
-    if not isinstance(value, str) or value.count("/") != 1 or "" in value.split("/"):
+    if not is_pod_key(value):
         raise InventoryError(path, value, 'a pod key "namespace/name"')
     return value
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
+from typing import TypeGuard
 
 from packing.device_plugin import AllocationPolicy
 
@@ -23,6 +24,12 @@ GPU_MILLI = 1000
 # allocatable or the node agent) past this are corrupt, and each GPU would become
 # objects and search work.
 MAX_NODE_GPUS = 64
+
+
+def is_pod_key(value: object) -> TypeGuard[str]:
+    """A pod key as every wire format of ours writes it: ``namespace/name``, one ``/``,
+    neither side empty."""
+    return isinstance(value, str) and value.count("/") == 1 and "" not in value.split("/")
 
 
 class GpuMode(StrEnum):
