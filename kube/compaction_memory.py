@@ -40,8 +40,8 @@ from typing import Any
 NAME = "gpupack-mig-compaction"
 KEY = "memory.json"
 VERSION = 1
-# How long a GPU cools down after a failed drain: scheduler.mig_compact.CompactSettings'
-# default (kube does not import the scheduler), the bound ``within`` puts on a stored one.
+# How long a GPU cools down after a failed drain (scheduler.mig_compact.CompactSettings'
+# default), and the bound ``within`` puts on a stored one.
 DEFAULT_COOLDOWN_S = 1800.0
 
 

@@ -57,7 +57,7 @@ from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from kube.compaction_memory import DrainRecord
+from kube.compaction_memory import DEFAULT_COOLDOWN_S, DrainRecord
 from packing.catalog import get_model
 from packing.mig import slice_bound
 from packing.model import MigReconfigure
@@ -76,7 +76,7 @@ class CompactSettings:
     max_pods: int = 3  # a GPU holding more pods is not drained (each is a restart)
     evictions_per_hour: int = 120  # accepted evictions in any hour, cluster-wide
     drain_timeout_s: float = 600.0  # a drain whose pods are not gone by then ends
-    cooldown_s: float = 1800.0  # a GPU whose drain failed is left alone this long
+    cooldown_s: float = DEFAULT_COOLDOWN_S  # a GPU whose drain failed is left alone this long
     # Only a GPU model whose MIG GPUs in use exceed the slice bound of their pods by at
     # least this many GPUs is compacted (no restarts where the packing is tight already).
     min_excess: int = 2

@@ -28,20 +28,22 @@ class RecentRefusals:
                  window_s: float = DEFAULT_WINDOW_S, limit: int = 256) -> None:
         self.clock = clock
         self.window_s = window_s
-        self._seen: deque[tuple[float, str, tuple[str, ...]]] = deque(maxlen=limit)
+        # (when, pod, its candidates): a set, since stale() runs under the cache lock on
+        # every node change and asks each refusal about one node.
+        self._seen: deque[tuple[float, str, frozenset[str]]] = deque(maxlen=limit)
         self._lock = threading.Lock()
 
     def refused(self, key: str, candidates: Iterable[str]) -> None:
         """Pod ``key`` was refused on every one of ``candidates``."""
         with self._lock:
-            self._seen.append((self.clock(), key, tuple(candidates)))
+            self._seen.append((self.clock(), key, frozenset(candidates)))
 
     def stale(self, node: str) -> list[str]:
         """The pods refused within the window with ``node`` among their candidates (each
         once: they are forgotten)."""
         now = self.clock()
         with self._lock:
-            keep: deque[tuple[float, str, tuple[str, ...]]] = deque(maxlen=self._seen.maxlen)
+            keep: deque[tuple[float, str, frozenset[str]]] = deque(maxlen=self._seen.maxlen)
             out: list[str] = []
             for t, key, nodes in self._seen:
                 if now - t >= self.window_s:
