@@ -431,6 +431,18 @@ class _Calls:
         self.errors.extend(bad)
         return total, used
 
+    def processes(self, get: Callable[[object], object], handle: object,
+                  limit: int | None) -> tuple[GpuProcess, ...]:
+        """The compute processes of a GPU or MIG device, checked against its memory
+        (``limit``); none when the call failed (recorded)."""
+        call = "nvmlDeviceGetComputeRunningProcesses"
+        procs = self.call(call, get, handle)
+        if procs is None:
+            return ()
+        processes, bad = check_processes(procs, limit, call)
+        self.errors.extend(bad)
+        return processes
+
 
 class NvmlAdapter:
     """:class:`GpuReader` over a ``pynvml``-compatible module (the real one, or a fake in
@@ -548,12 +560,7 @@ class NvmlAdapter:
                 c.errors.append(NvmlCallError("mig-layout", "DeviceMemoryUnknown"))
                 layout_known = False
         else:
-            procs = c.call("nvmlDeviceGetComputeRunningProcesses",
-                           nv.nvmlDeviceGetComputeRunningProcesses, handle)
-            if procs is not None:
-                processes, bad_procs = check_processes(
-                    procs, total, "nvmlDeviceGetComputeRunningProcesses")
-                c.errors.extend(bad_procs)
+            processes = c.processes(nv.nvmlDeviceGetComputeRunningProcesses, handle, total)
         return GpuDevice(index=index, uuid=_nonblank(uuid), name=_nonblank(name),
                          memory_total_bytes=total,
                          memory_used_bytes=used, mig_current=current, mig_pending=pending,
@@ -681,13 +688,7 @@ class NvmlAdapter:
             attrs = ci.call("nvmlDeviceGetAttributes", nv.nvmlDeviceGetAttributes, mig,
                             quiet=("NotSupported",))
             total, used = ci.memory(nv.nvmlDeviceGetMemoryInfo, mig)
-            procs = ci.call("nvmlDeviceGetComputeRunningProcesses",
-                            nv.nvmlDeviceGetComputeRunningProcesses, mig)
-            processes: tuple[GpuProcess, ...] = ()
-            if procs is not None:
-                processes, bad = check_processes(procs, total,
-                                                 "nvmlDeviceGetComputeRunningProcesses")
-                ci.errors.extend(bad)
+            processes = ci.processes(nv.nvmlDeviceGetComputeRunningProcesses, mig, total)
             slices = None if attrs is None else _int_or_none(
                 getattr(attrs, "computeInstanceSliceCount", None))
             if ci.lost:
