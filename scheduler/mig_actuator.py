@@ -238,6 +238,13 @@ class Backoff:
     failures: int
 
 
+def backed_off(prev: Backoff | None, now: float, s: MigSettings) -> Backoff:
+    """The back-off after one more failure: ``backoff_s`` doubling per failure, up to
+    ``backoff_max_s``."""
+    fails = prev.failures + 1 if prev is not None else 1
+    return Backoff(now + min(s.backoff_max_s, s.backoff_s * 2 ** (fails - 1)), fails)
+
+
 @dataclass(frozen=True)
 class ActuatorState:
     nodes: tuple[NodeView, ...]
@@ -420,13 +427,13 @@ def _finish(change: Change, node: NodeView | None, now: float, s: MigSettings,
     return None
 
 
+AGAIN = "-again"
+
+
 def _another_name(name: str) -> str:
     """The entry's other name: ``<name>-again``, and back (two suffice to change the
     label's value whenever the same layouts are asked twice in a row)."""
     return name.removesuffix(AGAIN) if name.endswith(AGAIN) else name + AGAIN
-
-
-AGAIN = "-again"
 
 
 def _words(t: Target) -> str:
@@ -516,9 +523,7 @@ def decide_mig(state: ActuatorState, now: float, settings: MigSettings = DEFAULT
             continue
         finishes.append(f)
         if f.result in ("failed", "timeout"):
-            fails = backoff[name].failures + 1 if name in backoff else 1
-            wait = min(settings.backoff_max_s, settings.backoff_s * 2 ** (fails - 1))
-            backoff[name] = Backoff(now + wait, fails)
+            backoff[name] = backed_off(backoff.get(name), now, settings)
         elif f.result == "success":
             backoff.pop(name, None)
     live = ActuatorState(state.nodes, in_flight, state.mig_pods, state.whole_pods, backoff,

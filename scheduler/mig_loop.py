@@ -53,6 +53,7 @@ from scheduler.mig_actuator import (
     MigSettings,
     NodeView,
     WholePod,
+    backed_off,
     backoff_from_json,
     changes_from_json,
     changes_json,
@@ -325,11 +326,8 @@ class MigActuator:
                                f"MIG manager: {e}", warning=True)
                 self._give_back(mine)
                 self.changes.pop(s.change.node, None)
-                fails = self.backoff[s.change.node].failures + 1 \
-                    if s.change.node in self.backoff else 1
-                self.backoff[s.change.node] = Backoff(
-                    now + min(self.settings.backoff_max_s,
-                              self.settings.backoff_s * 2 ** (fails - 1)), fails)
+                self.backoff[s.change.node] = backed_off(self.backoff.get(s.change.node), now,
+                                                         self.settings)
                 self._count("error")
                 self._write_changes()
                 continue
