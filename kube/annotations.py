@@ -24,6 +24,13 @@ GPUS = PREFIX + "gpus"  # "0,1"
 MIG = PREFIX + "mig"  # "1g.10gb@4" (profile@start)
 POLICY = PREFIX + "policy"
 DECISION = PREFIX + "decision"
+# The placement records of a bound pod, the cache's truth about which GPUs it holds when
+# the node agent has not seen it. They reach a pod only through its Binding (the API
+# server copies the Binding's annotations onto the pod): the webhook strips them from a
+# new pod and the chart's ValidatingAdmissionPolicy (placement-records) refuses any
+# create or update that adds, changes or removes them, so no pod author can make gpupack
+# book a GPU the pod does not hold.
+BIND_RECORDS = (NODE, GPUS, MIG, POLICY)
 INVENTORY = PREFIX + "inventory"  # node annotation written by the node agent
 # Node label/annotation: "true" opts in to MIG re-partitioning (effective only while the
 # MIG actuator is on); "false" or absent: the layout is what the node reports.

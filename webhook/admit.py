@@ -13,7 +13,7 @@ from packing.model import Snapshot
 from webhook.capacity import ClusterView
 from webhook.config import WebhookConfig
 from webhook.decide import AdmissionDecision, Kind, decide_admission, deny
-from webhook.patch import build_patch
+from webhook.patch import build_patch, records_warning, stale_records
 
 
 @dataclass(frozen=True)
@@ -28,10 +28,11 @@ class Admission:
 
     @property
     def outcome(self) -> str:
-        """Metrics label: denied | patched | unchanged | skipped."""
+        """Metrics label: denied | patched | unchanged | skipped (a pod gpupack does not
+        handle and left as it came)."""
         if not self.decision.allowed:
             return "denied"
-        if self.decision.kind is Kind.SKIP:
+        if self.decision.kind is Kind.SKIP and not self.patch:
             return "skipped"
         return "patched" if self.patch else "unchanged"
 
@@ -46,7 +47,11 @@ def admit(
     """``admission_id``: the review's uid, written into a new decision (see
     :attr:`AdmissionDecision.admission`); a decision the pod already carries keeps its own."""
     decision = decide_admission(pod, cluster, config, namespace_labels)
-    if not decision.allowed or decision.kind is Kind.SKIP:
+    stale = stale_records(pod) if decision.allowed else ()
+    if stale:
+        decision = replace(decision, strip=stale,
+                           warnings=(*decision.warnings, records_warning(stale)))
+    if not decision.allowed or (decision.kind is Kind.SKIP and not stale):
         return Admission(decision, (), pod if isinstance(pod, Mapping) else {})
     if decision.small and not decision.reused and admission_id:
         decision = replace(decision, admission=admission_id)

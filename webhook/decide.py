@@ -91,6 +91,9 @@ class AdmissionDecision:
     # The nodes counted for it (the pod's reach; None: every node): its claim applies
     # only to views of nodes it may land on.
     reach: frozenset[str] | None = field(default=None, compare=False, repr=False)
+    # gpupack's bind records (kube.annotations.BIND_RECORDS) the new pod carries: removed
+    # by the patch, since only a Binding may write them (webhook.patch.stale_records).
+    strip: tuple[str, ...] = ()
 
     @property
     def allowed(self) -> bool:

@@ -132,6 +132,14 @@ class _Builder:
         else:
             self.conflicts.append(f"{_dotted(path)} is {existing!r}, gpupack would set {value!r}")
 
+    def remove(self, path: Path) -> None:
+        """Remove the member at ``path`` of an object, if it is there."""
+        parent = self.get(path[:-1])
+        last = path[-1]
+        if isinstance(parent, dict) and isinstance(last, str) and last in parent:
+            del parent[last]
+            self.ops.append({"op": "remove", "path": pointer(path)})
+
     def set_item(self, path: Path, value: Any) -> None:
         """Replace the list element at ``path`` (which must exist)."""
         target = self.get(path[:-1])
@@ -268,10 +276,31 @@ def _annotations(b: _Builder, d: AdmissionDecision) -> None:
         b.ensure([*ann, key], value, same=_keep)
 
 
+def stale_records(pod: Any) -> tuple[str, ...]:
+    """The bind records (``kube.annotations.BIND_RECORDS``) a pod being created carries.
+
+    gpupack writes them only on the pod's Binding, after the pod exists, and the cache
+    reads them as which GPUs a bound pod holds. On a new pod they are a copy of another
+    pod's (a manifest saved from a running pod) or a forgery, and either would make
+    gpupack book GPUs the pod does not hold: the patch removes them."""
+    meta = pod.get("metadata") if isinstance(pod, Mapping) else None
+    ann = meta.get("annotations") if isinstance(meta, Mapping) else None
+    if not isinstance(ann, Mapping):
+        return ()
+    return tuple(k for k in A.BIND_RECORDS if k in ann)
+
+
+def records_warning(keys: Sequence[str]) -> str:
+    return (f"metadata.annotations: {', '.join(keys)} removed: gpupack's scheduler writes "
+            "these placement records when it binds the pod, not the pod's author")
+
+
 def build_patch(pod: Mapping[str, Any], decision: AdmissionDecision, config: WebhookConfig
                 ) -> PatchResult:
     """The JSON Patch that carries out ``decision`` on ``pod``."""
     b = _Builder(pod)
+    for key in decision.strip:
+        b.remove(["metadata", "annotations", key])
     if decision.kind in (Kind.WHOLE, Kind.EXPLICIT, Kind.MIG, Kind.SHARED, Kind.MPS):
         _scheduler(b, config)
     if decision.small:

@@ -116,6 +116,24 @@ def pod(name: str, *, annotations: Mapping[str, str] | None = None,
             "spec": spec}
 
 
+# A scheduler name no scheduler serves: a pod with it waits until a test binds it itself.
+MANUAL_SCHEDULER = "e2e-manual"
+
+
+def bind_with_records(core: Any, namespace: str, name: str, node: str,
+                      records: Mapping[str, str]) -> None:
+    """Bind pod ``name`` to ``node`` as gpupack's bind does: one Binding whose annotations
+    (the placement records) the API server copies onto the pod."""
+    from kubernetes import client
+
+    body = client.V1Binding(
+        metadata=client.V1ObjectMeta(name=name, namespace=namespace,
+                                     annotations=dict(records)),
+        target=client.V1ObjectReference(api_version="v1", kind="Node", name=node))
+    # The client cannot read the Binding the API server answers with (no target in it).
+    core.create_namespaced_binding(namespace, body, _preload_content=False)
+
+
 def lws_member(lws: str, worker: int, size: int, gpus: int, pool: str) -> dict[str, Any]:
     """A pod as the LeaderWorkerSet controller makes it for group 0 of ``lws``."""
     name = f"{lws}-0" if worker == 0 else f"{lws}-0-{worker}"

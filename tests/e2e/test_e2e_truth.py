@@ -21,7 +21,9 @@ from typing import Any
 
 import pytest
 from cluster import (
+    MANUAL_SCHEDULER,
     SHARED,
+    bind_with_records,
     bound,
     create_nodes,
     l40s_shared,
@@ -123,14 +125,15 @@ def kubelet_pods(stack: Stack) -> Iterator[Path]:
         path.unlink(missing_ok=True)
 
 
-def _on_agent_node(name: str, limits: dict[str, str], record: dict[str, str],
-                   memory: str = "4Gi") -> dict[str, Any]:
-    """A pod bound to the agent's node with the placement gpupack recorded on it."""
-    p = pod(name, limits=limits, cpu="10m", memory="16Mi",
-            annotations={"gpupack.io/gpu-memory": memory, **record})
-    p["spec"]["nodeName"] = AGENT_NODE
+def _on_agent_node(core: Any, ns: str, name: str, limits: dict[str, str],
+                   record: dict[str, str], memory: str = "4Gi") -> None:
+    """A pod bound to the agent's node with the placement gpupack recorded on it (as its
+    bind records it: on the Binding, the only way the placement records reach a pod)."""
+    p = pod(name, limits=limits, cpu="10m", memory="16Mi", scheduler=MANUAL_SCHEDULER,
+            annotations={"gpupack.io/gpu-memory": memory})
     p["spec"]["tolerations"] = [{"operator": "Exists"}]
-    return p
+    core.create_namespaced_pod(ns, p)
+    bind_with_records(core, ns, name, AGENT_NODE, record)
 
 
 def test_agent_observation_wins_over_the_record(stack: Stack, admin: Any, core: Any,
@@ -140,12 +143,10 @@ def test_agent_observation_wins_over_the_record(stack: Stack, admin: Any, core: 
     fams = wait_for(lambda: _metrics(stack, admin, scraper), 30, "the extender's /metrics")
     before = _sample(fams, "gpupack_device_plugin_disagreements", kind="mig") or 0.0
     # gpupack recorded the slice at start 2; the kubelet gave the pod the one at start 3.
-    core.create_namespaced_pod(ns, _on_agent_node(
-        "mig-obs", {"nvidia.com/mig-1g.10gb": "1"},
-        {"gpupack.io/gpus": "0", "gpupack.io/mig": "1g.10gb@2"}))
+    _on_agent_node(core, ns, "mig-obs", {"nvidia.com/mig-1g.10gb": "1"},
+                   {"gpupack.io/gpus": "0", "gpupack.io/mig": "1g.10gb@2"})
     # A 4Gi share on the time-sliced L40S (GPU 1): its GPU's processes are its own.
-    core.create_namespaced_pod(ns, _on_agent_node(
-        "share-obs", {SHARED: "1"}, {"gpupack.io/gpus": "1"}))
+    _on_agent_node(core, ns, "share-obs", {SHARED: "1"}, {"gpupack.io/gpus": "1"})
     kubelet_pods.write_text(json.dumps([
         [ns, "mig-obs", [["main", [["nvidia.com/mig-1g.10gb", [MIG_1G_B]]]]]],
         [ns, "share-obs", [["main", [[SHARED, [f"{L40S_UUID}::0"]]]]]],

@@ -20,7 +20,7 @@ BASE_KINDS = {
     "Role": 2, "RoleBinding": 3, "ConfigMap": 4, "Deployment": 2, "DaemonSet": 1,
     "Service": 3, "PodDisruptionBudget": 2, "MutatingWebhookConfiguration": 1,
     "ServiceMonitor": 3, "PrometheusRule": 1,
-    "ValidatingAdmissionPolicy": 1, "ValidatingAdmissionPolicyBinding": 1,
+    "ValidatingAdmissionPolicy": 2, "ValidatingAdmissionPolicyBinding": 2,
 }
 
 

@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 import jsonpatch
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from webhook_builders import cluster, dynamic, node, pod
@@ -238,3 +239,56 @@ def test_webhook_is_idempotent_on_its_own_output(p: dict[str, Any], first: int,
         res = out["spec"]["containers"][a.decision.container]["resources"]
         assert res["limits"][a.decision.resource] in ("1", 1)
         assert out["spec"]["schedulerName"] in ("gpupack", "x")
+
+
+# ---- bind records on a new pod ------------------------------------------------------------
+
+NODE_REC, GPUS_REC, MIG_REC, POLICY_REC = (
+    "gpupack.io/node", "gpupack.io/gpus", "gpupack.io/mig", "gpupack.io/policy")
+FORGED = {NODE_REC: "h0", GPUS_REC: "0,1", MIG_REC: "1g.10gb@2", POLICY_REC: "gpupack"}
+
+
+@pytest.mark.parametrize(("annotations", "containers", "kind", "removed"), [
+    # A small pod: decided as usual, the records removed beside the decision's changes.
+    ({"gpupack.io/class": "asr", **FORGED}, None, Kind.MIG, list(FORGED)),
+    # A whole-GPU pod copied from a running one (only some records).
+    ({GPUS_REC: "3", NODE_REC: "h0"},
+     [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}], Kind.WHOLE,
+     [NODE_REC, GPUS_REC]),
+    # A pod gpupack does not place (no GPU): still patched, the records are gpupack's.
+    ({MIG_REC: "1g.10gb@0"}, [{"name": "c"}], Kind.SKIP, [MIG_REC]),
+    # Other gpupack annotations (what users write, and the decision) are not records.
+    ({"gpupack.io/class": "asr", "gpupack.io/group": "g"}, None, Kind.MIG, []),
+    ({"gpupack.io/nodes": "x"}, [{"name": "c"}], Kind.SKIP, []),
+])
+def test_bind_records_are_removed_from_a_new_pod(
+        annotations: dict[str, str], containers: list[dict[str, Any]] | None, kind: Kind,
+        removed: list[str]) -> None:
+    p = pod(annotations=annotations) if containers is None else pod(
+        annotations=annotations, containers=containers)
+    a = admit(p, MIXED, CFG)
+    assert a.decision.kind is kind
+    assert list(a.decision.strip) == removed
+    removals = [op["path"] for op in a.patch if op["op"] == "remove"]
+    assert removals == ["/metadata/annotations/" + escape(k) for k in removed]
+    out = apply(p, a.patch)
+    ann = out["metadata"].get("annotations") or {}
+    assert not set(removed) & set(ann)
+    assert all(ann[k] == v for k, v in annotations.items() if k not in removed)
+    warned = [w for w in a.decision.warnings if "placement records" in w]
+    if removed:
+        assert len(warned) == 1 and all(k in warned[0] for k in removed)
+        assert a.outcome == "patched"
+    else:
+        assert warned == []
+    # Running the webhook on its own output changes nothing more (re-invocation).
+    again = admit(out, MIXED, CFG)
+    assert [op for op in again.patch if op["op"] == "remove"] == []
+    assert again.decision.strip == ()
+
+
+def test_a_denied_pod_is_denied_without_a_patch_even_with_records() -> None:
+    p = pod(annotations={"gpupack.io/class": "nonsense", GPUS_REC: "0"})
+    a = admit(p, MIXED, CFG)
+    assert not a.allowed and a.patch == () and a.decision.strip == ()
+    assert "gpupack.io/class" in a.decision.reason
