@@ -40,6 +40,7 @@ from packing.policies.fgd import (
     typical_shapes,
     workload_of,
 )
+from packing.policies.gpupack import keeps_whole_nodes
 from packing.scoring import Score, order_pods
 from packing.state import ClusterState
 from scheduler.solve import (
@@ -214,6 +215,7 @@ class Planner:
         self.clock = clock
         self.plan = Plan()
         self._shapes: list[tuple[Shape, float]] = []
+        self._keep_whole_nodes = False
         self._scorer_gen = 0
         self.scorer = ScorerRef(self.policy.make_scorer(Snapshot(nodes=())), 0,
                                 name_sensitive=policy == "random", policy=policy,
@@ -441,9 +443,13 @@ class Planner:
 
     def _refresh_scorer(self, snapshot: Snapshot) -> None:
         shapes = typical_shapes(workload_of(snapshot))
-        if _close(shapes, self._shapes):
+        # The gpupack scorer's other input: whether whole nodes are kept for groups (a
+        # clique label or the first group pod can come without any shape changing).
+        keep = keeps_whole_nodes(snapshot)
+        if _close(shapes, self._shapes) and keep == self._keep_whole_nodes:
             return
         self._shapes = shapes
+        self._keep_whole_nodes = keep
         self._frag_memo = {}
         self._scorer_gen += 1
         source = shape_workload(snapshot)

@@ -29,7 +29,7 @@ from packing.policies.gpupack import GpupackScorer
 from packing.scoring import best_option
 from packing.state import ClusterState
 from sim.openb.cluster import Nodes, Pods
-from sim.openb.policies import make
+from sim.openb.policies import OPENS_WHOLE_NODE, ProductPolicy, make
 from sim.openb.replay import replay
 from sim.traces import OpenbNode, OpenbPod, to_pod_request, to_snapshot_nodes
 
@@ -88,22 +88,23 @@ def test_the_replay_and_the_extenders_scorer_make_the_same_decisions(seed: int) 
     assert 0 < placed < len(trace)  # both paths filled the cluster and then refused
 
 
-def test_each_node_is_ranked_alike() -> None:
+@pytest.mark.parametrize("keep_whole_nodes", [False, True])
+def test_each_node_is_ranked_alike(keep_whole_nodes: bool) -> None:
     nodes, trace = _trace(7, n_nodes=10, n_pods=200)
     arrays = Nodes.from_trace(nodes)
     pods = Pods.from_trace(trace, arrays.models)
     shapes = _shapes(trace, arrays.models)
     # Half the trace placed first, by the replay, so nodes are in mixed states.
     half = np.arange(60, dtype=np.int64)
-    policy = make("gpupack")
+    policy = ProductPolicy(keep_whole_nodes=keep_whole_nodes)
     run = replay(arrays, pods, half, policy, 0, shapes)
     state = ClusterState(Snapshot(to_snapshot_nodes(nodes)))
     requests = [to_pod_request(p) for p in trace]
     for i, n, gpus in run.placements:
         opts = [o for o in state.options(requests[i], arrays.names[n]) if o.gpus == gpus]
         state.apply(requests[i], opts[0])
-    scorer = GpupackScorer(requests)
-    checked = 0
+    scorer = GpupackScorer(requests, keep_whole_nodes=keep_whole_nodes)
+    checked = opened = 0
     for pod, row in zip(requests[60:], trace[60:], strict=True):
         q = pods.requests.index((row.cpu_milli, row.memory_mib, row.num_gpu, row.gpu_milli,
                                  row.gpu_spec))
@@ -114,9 +115,15 @@ def test_each_node_is_ranked_alike() -> None:
         for n, score in zip(idx, scores, strict=True):
             keys = [scorer(state, pod, o) for o in state.options(pod, arrays.names[n])]
             assert keys, arrays.names[n]
-            assert -min(keys)[0] == pytest.approx(score, abs=1e-12)
+            # The replay's score is the rank less OPENS_WHOLE_NODE where the pod would
+            # break a whole node: the extender's key has the two as its first terms.
+            opens, neg_rank = min(keys)[:2]
+            assert score <= -OPENS_WHOLE_NODE / 2 if opens else score > -OPENS_WHOLE_NODE / 2
+            assert -neg_rank == pytest.approx(score + OPENS_WHOLE_NODE * opens,
+                                              abs=1e-6 if opens else 1e-12)
+            opened += opens
             checked += 1
-    assert checked > 100
+    assert checked > 100 and (opened > 0) is keep_whole_nodes
 
 
 def test_one_fgd_definition() -> None:

@@ -26,6 +26,7 @@ from packing.fragmentation import (
     typical_shape_table,
 )
 from packing.group_placement import exclusive_domains_in_use
+from packing.groups import CLIQUE_LABEL
 from packing.model import (
     GPU_MILLI,
     Placement,
@@ -44,6 +45,7 @@ from packing.policies.lookahead import (
     GpupackWeights,
     NodeArrays,
     node_free_after,
+    opens_whole_node,
     ranks,
 )
 from packing.policies.scores import bestfit, mig_preference, pod_milli_on
@@ -105,9 +107,13 @@ def node_gpu_free(node: NodeState) -> list[int]:
 class GpupackScorer:
     """The extender's scorer: :mod:`packing.policies.lookahead` on one node at a time.
 
-    The key of an option (lower wins): for MIG pods :func:`mig_preference` first; then
-    the negated rank value of the placement (FGD level and capacity loss, then best fit
-    on the GPU; the openb replay ranks by the same number); then the GPU capacity the
+    The key of an option (lower wins): for MIG pods :func:`mig_preference` first, for
+    other pods whether it breaks a whole node
+    (:func:`~packing.policies.lookahead.opens_whole_node`; only on a cluster that runs
+    LLM groups, :func:`keeps_whole_nodes`); then the negated rank value
+    of the placement (FGD level and capacity loss, then best fit on the GPU; the openb
+    replay ranks by the same number, after the same whole-node term); then the GPU
+    capacity the
     node keeps (:func:`~packing.policies.lookahead.node_free_after`, as the replay breaks
     node ties); then node name, GPUs and MIG start, for determinism (the replay: the
     lowest node index, the lowest GPU).
@@ -118,7 +124,11 @@ class GpupackScorer:
     """
 
     def __init__(self, workload: Iterable[PodRequest],
-                 weights: GpupackWeights | None = None) -> None:
+                 weights: GpupackWeights | None = None, keep_whole_nodes: bool = False
+                 ) -> None:
+        # Whether whole nodes are kept for LLM groups (:func:`keeps_whole_nodes`): the
+        # key's first term for whole-GPU pods, else always 0.
+        self.keep_whole_nodes = keep_whole_nodes
         keys = [typical_shape_key(p) for p in workload]
         named = sorted({m for k in keys for m in k.gpu_spec})
         self.models: tuple[str, ...] = (*named, OTHER_MODEL)
@@ -194,7 +204,12 @@ class GpupackScorer:
         tail = (left, option.node, option.gpus, option.mig_start or 0)
         if pod.kind is RequestKind.MIG:
             return (*mig_preference(state, pod, option), -rank, *tail)
-        return (-rank, *tail)
+        opens = False
+        if self.keep_whole_nodes:
+            node = state.nodes[option.node]
+            opens = bool(opens_whole_node(sum(1 for g in node.gpus if g.whole_free),
+                                          len(node.gpus), req))
+        return (int(opens), -rank, *tail)
 
 
 def objective_key(snapshot: Snapshot, placements: Sequence[Placement]) -> tuple[int, ...]:
@@ -219,10 +234,30 @@ def objective_key(snapshot: Snapshot, placements: Sequence[Placement]) -> tuple[
     )
 
 
+def keeps_whole_nodes(snapshot: Snapshot) -> bool:
+    """Whether whole nodes are kept for LLM groups on this cluster: some pod (running or
+    pending) belongs to a group, or some node is in an NVLink clique (GFD's
+    ``nvidia.com/gpu.clique``, where groups are placed whole).
+
+    Then a whole-GPU pod breaks a node all of whose GPUs are free only where no node in
+    use fits it. The rank alone does not keep them: it values capacity for the shapes of
+    the pods that exist, and before a group's pods exist (a cold start, a redeploy) an
+    empty node and a used node's free GPU can rank within one FGD level of each other;
+    kube-scheduler then sent single-GPU pods to whole nodes on the real control plane,
+    and the group that came next found none. Elsewhere the rank decides alone: on
+    clusters without groups, such as the openb traces, keeping nodes whole costs
+    allocation (measured with the term always on, 10 seeds at 130% load: 0.10-0.48
+    points on the cpu, default, gpuspec and multigpu traces, none on gpushare; FGD then
+    led on three multigpu traces)."""
+    pods = [p for p, _ in snapshot.running] + list(snapshot.pending)
+    return (any(p.group is not None for p in pods)
+            or any(CLIQUE_LABEL in n.labels for n in snapshot.nodes))
+
+
 def make_gpupack_scorer(snapshot: Snapshot) -> Scorer:
     """The extender's scorer for the workload of ``snapshot`` (its running and pending
-    pods; the nodes do not matter)."""
-    return GpupackScorer(workload_of(snapshot))
+    pods) and whether its nodes are kept whole for groups (:func:`keeps_whole_nodes`)."""
+    return GpupackScorer(workload_of(snapshot), keep_whole_nodes=keeps_whole_nodes(snapshot))
 
 
 class GpupackPolicy:

@@ -45,6 +45,7 @@ import numpy as np
 import numpy.typing as npt
 
 from packing.fragmentation import (
+    BoolArray,
     FloatArray,
     FragmentStats,
     IntArray,
@@ -176,6 +177,23 @@ def rank_value(score: FloatArray, gpu_free_after: npt.ArrayLike = 0) -> FloatArr
         np.round(score, 6) - np.asarray(gpu_free_after, dtype=np.float64) * 1e-10,
         dtype=np.float64,
     )
+
+
+def opens_whole_node(n_full: npt.ArrayLike, gpu_count: npt.ArrayLike, req: MilliRequest
+                     ) -> BoolArray:
+    """Whether ``req`` breaks a whole node on each node: a whole-GPU request for fewer
+    GPUs than the node has, on a node all of whose GPUs are free (``n_full`` of
+    ``gpu_count``). Whole nodes are the room of LLM groups (a leader or a worker takes a
+    node's GPUs, often all of them), so gpupack opens one for a smaller pod only where no
+    node in use fits it: the first, lexicographic term of the extender's key and of the
+    replay's score. The rank alone cannot keep them: it values capacity for the shapes of
+    the pods that exist, and before a group's pods exist an empty node and a used one may
+    rank within one FGD level of each other."""
+    full = np.asarray(n_full)
+    count = np.asarray(gpu_count)
+    if req.num_gpu <= 0 or req.milli < GPU_MILLI:
+        return np.zeros(np.shape(full), dtype=np.bool_)
+    return np.asarray((count > 0) & (full == count) & (req.num_gpu < count), dtype=np.bool_)
 
 
 def node_free_after(free: IntArray, req: MilliRequest) -> IntArray:

@@ -34,6 +34,7 @@ from packing.policies.lookahead import (
     best_on_nodes,
     fgd_level,
     node_free_after,
+    opens_whole_node,
 )
 from sim.openb.cluster import ReplayState
 
@@ -266,13 +267,19 @@ class FgdPolicy(FragmentAware):
         return score, gpu
 
 
+OPENS_WHOLE_NODE = 1e9  # subtracted from a score that breaks a whole node
+
+
 class ProductPolicy(FragmentAware):
     """The product policy (:mod:`packing.policies.lookahead`: FGD's gradient at a finer
     grid, then capacity lookahead) over the replay's arrays.
 
     The extender ranks nodes with :func:`packing.policies.lookahead.best_on_nodes` one node at
     a time; this adapter calls the same function on every candidate node at once, with
-    the FGD statistics kept per node between calls (refreshed as nodes change). Node ties
+    the FGD statistics kept per node between calls (refreshed as nodes change), and, with
+    ``keep_whole_nodes``, puts the extender's first term before it (a whole node is
+    broken only where no node in use fits:
+    :func:`~packing.policies.lookahead.opens_whole_node`). Node ties
     go to the node left with the least free GPU capacity, then the lowest index (the
     extender: then the name).
     """
@@ -280,10 +287,14 @@ class ProductPolicy(FragmentAware):
     name = "gpupack"
     random_ties = False
 
-    def __init__(self, weights: GpupackWeights | None = None, coverage_all: bool = False
-                 ) -> None:
+    def __init__(self, weights: GpupackWeights | None = None, coverage_all: bool = False,
+                 keep_whole_nodes: bool = False) -> None:
         self.weights = weights or GpupackWeights()
         self.coverage_all = coverage_all
+        # The extender keeps whole nodes only on clusters that run LLM groups
+        # (packing.policies.gpupack.keeps_whole_nodes: group pods or NVLink cliques); the
+        # openb traces have neither, so the replay runs as the extender would on them.
+        self.keep_whole_nodes = keep_whole_nodes
         if self.weights.levels is None:
             self.name = "gpupack-capacity"
 
@@ -298,7 +309,16 @@ class ProductPolicy(FragmentAware):
         self.cap = CapacityModel(self.all_shapes if self.coverage_all else shapes)
 
     def evaluate(self, idx: IntArray, req: MilliRequest) -> tuple[FloatArray, IntArray]:
-        return best_on_nodes(self.fs.arrays(idx), req, self.shapes, self.cap, self.weights)
+        score, gpu = best_on_nodes(self.fs.arrays(idx), req, self.shapes, self.cap,
+                                   self.weights)
+        if not self.keep_whole_nodes:
+            return score, gpu
+        # The extender's first term: a whole node is broken only where no node in use
+        # fits. Rank values are FGD levels (at most GpupackWeights.levels) plus a
+        # capacity loss in GPUs, far below OPENS_WHOLE_NODE: the subtraction is the
+        # lexicographic order of the extender's key.
+        opens = opens_whole_node(self.state.n_full[idx], self.state.nodes.gpu_count[idx], req)
+        return np.where(opens, score - OPENS_WHOLE_NODE, score), gpu
 
     def break_tie(self, tied: IntArray, req: MilliRequest) -> int:
         """The node left with the least free GPU capacity, then the lowest index."""

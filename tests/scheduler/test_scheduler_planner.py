@@ -51,6 +51,22 @@ def test_scorer_is_replaced_only_when_the_workload_shape_moves() -> None:
     assert planner.scorer.gen == gen + 1
 
 
+def test_scorer_is_replaced_when_whole_nodes_start_to_be_kept() -> None:
+    # Same workload shapes, but a node joins an NVLink clique: the scorer must start
+    # keeping whole nodes for groups (packing.policies.gpupack.keeps_whole_nodes).
+    cache = make_cache([node("w", gpus=8, reconfigurable=False)], [whole_pod("a", 1)])
+    planner = Planner(cache, "gpupack", SolverParams(max_time_s=0.2, workers=1),
+                      in_process=True)
+    planner.solve_once()
+    gen = planner.scorer.gen
+    assert planner.scorer.scorer.keep_whole_nodes is False  # type: ignore[attr-defined]
+    cache.upsert_node(node("c", gpus=8, reconfigurable=False,
+                           labels={"nvidia.com/gpu.clique": "clique-a"}))
+    planner.solve_once()
+    assert planner.scorer.gen == gen + 1
+    assert planner.scorer.scorer.keep_whole_nodes is True  # type: ignore[attr-defined]
+
+
 def test_thread_replans_after_events() -> None:
     cache = make_cache([node("w", gpus=8, reconfigurable=False)], [])
     planner = Planner(cache, "gpupack-greedy", debounce_s=0.01, min_interval_s=0.01,
