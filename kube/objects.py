@@ -281,6 +281,8 @@ def _observed_gpus(
 # into memory it does not have. A model the catalog does not know is sized by the figure
 # itself: packing.inventory.MAX_GPU_MIB bounds it.
 CATALOG_MEMORY_MARGIN_PCT = 10
+# spec.priority is an int32 in the API.
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 
 
 def _within_catalog(model: GpuModel, memory_mib: int, field: str) -> None:
@@ -617,6 +619,9 @@ def pod_request(pod: Mapping[str, Any], strict: bool = True) -> PodRequest:
         prio = 0
     if not isinstance(prio, int) or isinstance(prio, bool):
         raise ObjectError(f"{who}: spec.priority: {prio!r} is not an integer")
+    if not INT32_MIN <= prio <= INT32_MAX:
+        # The API server stores an int32; a pod from a file or a hostile source may not.
+        raise ObjectError(f"{who}: spec.priority: {prio} is outside a 32-bit integer")
     klass = ann.get(A.CLASS, "")
     if not klass:
         klass = {"whole": "whole", "mig": "small", "shared": "small", "none": "cpu"}[kind.value]

@@ -196,6 +196,10 @@ def test_lws_group_from_labels() -> None:
          "resources.limits: expected an object"),
         ({"metadata": {"name": "a"}, "spec": {"priority": True}}, "spec.priority"),
         ({"metadata": {"name": "a"}, "spec": {"priority": ""}}, "spec.priority"),
+        ({"metadata": {"name": "a"}, "spec": {"priority": 2**31}},
+         "spec.priority: 2147483648 is outside a 32-bit integer"),
+        ({"metadata": {"name": "a"}, "spec": {"priority": -(2**31) - 1}},
+         "spec.priority: -2147483649 is outside"),
         ({"metadata": {"name": "a", "namespace": [1]}, "spec": {}}, "metadata.namespace"),
     ],
 )
