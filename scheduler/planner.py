@@ -40,7 +40,7 @@ from packing.policies.fgd import (
     typical_shapes,
     workload_of,
 )
-from packing.policies.gpupack import keeps_whole_nodes
+from packing.policies.lookahead import keeps_whole_nodes
 from packing.scoring import Score, order_pods
 from packing.state import ClusterState
 from scheduler.solve import (

@@ -31,7 +31,16 @@ from typing import Any
 from packing.catalog import get_model
 from packing.fragmentation import fragment_value
 from packing.mig import MigSlot, free_starts
-from packing.model import GPU_MILLI, GpuMode, Placement, PodRequest, RequestKind, Snapshot
+from packing.model import (
+    GPU_MILLI,
+    GpuMode,
+    GroupRef,
+    Placement,
+    PodRequest,
+    RequestKind,
+    Snapshot,
+)
+from packing.policies.lookahead import keeps_whole_nodes
 from packing.policies.scores import bestfit
 from packing.scoring import Score, Scorer
 from packing.state import ClusterState, GpuState, NodeState
@@ -243,17 +252,24 @@ def workload_of(snapshot: Snapshot) -> list[PodRequest]:
 def shape_workload(snapshot: Snapshot) -> Snapshot:
     """A snapshot with the same workload as far as any scorer can tell: every pod stands
     for its :class:`Shape` through one shared pod of that shape (and one shared
-    placement), so :func:`typical_shapes` counts exactly as on ``snapshot``, while the
+    placement), so :func:`typical_shapes` counts exactly as on ``snapshot``, and
+    :func:`~packing.policies.lookahead.keeps_whole_nodes` answers the same, while the
     whole thing pickles to a few kB for another process (50,000 running pods: ~10 MB)."""
     reps: dict[Shape, PodRequest] = {}
+    # The gpupack scorer's one input beyond the shapes (whether whole nodes are kept for
+    # groups: group pods or NVLink cliques) travels on the stand-ins: each carries a
+    # group of its own exactly when the snapshot keeps whole nodes.
+    keep = keeps_whole_nodes(snapshot)
 
     def rep(p: PodRequest) -> PodRequest:
         shape = Shape.of(p)
         kept = reps.get(shape)
         if kept is None:
+            key = f"shape/{len(reps)}"
             kept = reps[shape] = PodRequest(
-                f"shape/{len(reps)}", p.cpu_milli, p.memory_mib, p.kind, p.gpu_count,
-                p.mig_profile, p.gpu_milli, p.gpu_memory_mib, p.gpu_models)
+                key, p.cpu_milli, p.memory_mib, p.kind, p.gpu_count,
+                p.mig_profile, p.gpu_milli, p.gpu_memory_mib, p.gpu_models,
+                group=GroupRef(key, 1) if keep else None)
         return kept
 
     nowhere = Placement("shape/", "")

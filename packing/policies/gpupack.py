@@ -26,7 +26,6 @@ from packing.fragmentation import (
     typical_shape_table,
 )
 from packing.group_placement import exclusive_domains_in_use
-from packing.groups import CLIQUE_LABEL
 from packing.model import (
     GPU_MILLI,
     Placement,
@@ -44,6 +43,7 @@ from packing.policies.lookahead import (
     FloatArray,
     GpupackWeights,
     NodeArrays,
+    keeps_whole_nodes,
     node_free_after,
     opens_whole_node,
     ranks,
@@ -232,26 +232,6 @@ def objective_key(snapshot: Snapshot, placements: Sequence[Placement]) -> tuple[
         reused,
         -len(touched),
     )
-
-
-def keeps_whole_nodes(snapshot: Snapshot) -> bool:
-    """Whether whole nodes are kept for LLM groups on this cluster: some pod (running or
-    pending) belongs to a group, or some node is in an NVLink clique (GFD's
-    ``nvidia.com/gpu.clique``, where groups are placed whole).
-
-    Then a whole-GPU pod breaks a node all of whose GPUs are free only where no node in
-    use fits it. The rank alone does not keep them: it values capacity for the shapes of
-    the pods that exist, and before a group's pods exist (a cold start, a redeploy) an
-    empty node and a used node's free GPU can rank within one FGD level of each other;
-    kube-scheduler then sent single-GPU pods to whole nodes on the real control plane,
-    and the group that came next found none. Elsewhere the rank decides alone: on
-    clusters without groups, such as the openb traces, keeping nodes whole costs
-    allocation (measured with the term always on, 10 seeds at 130% load: 0.10-0.48
-    points on the cpu, default, gpuspec and multigpu traces, none on gpushare; FGD then
-    led on three multigpu traces)."""
-    pods = [p for p, _ in snapshot.running] + list(snapshot.pending)
-    return (any(p.group is not None for p in pods)
-            or any(CLIQUE_LABEL in n.labels for n in snapshot.nodes))
 
 
 def make_gpupack_scorer(snapshot: Snapshot) -> Scorer:

@@ -29,8 +29,8 @@ from packing.model import (
     PodRequest,
     Snapshot,
 )
-from packing.policies.gpupack import keeps_whole_nodes, make_gpupack_scorer
-from packing.policies.lookahead import opens_whole_node
+from packing.policies.gpupack import make_gpupack_scorer
+from packing.policies.lookahead import keeps_whole_nodes, opens_whole_node
 from packing.scoring import best_option
 from packing.state import ClusterState
 
