@@ -32,7 +32,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
-from kube.assumptions import AssumedBinds, AssumeError, Assumption
+from kube.assumptions import AssumedBinds, AssumeError, Assumption, same_uid
 from kube.constraints import PodConstraints, Taint, node_taints, pod_constraints
 from kube.objects import (
     NO_OBSERVATION,
@@ -300,8 +300,11 @@ class ClusterCache:
     def assumed_keys(self) -> list[str]:
         return self._assumed.keys()
 
-    def is_assumed(self, key: str) -> bool:
-        return key in self._assumed
+    def is_assumed(self, key: str, uid: str | None = None) -> bool:
+        """Whether a bind of ``key`` is assumed; with ``uid``, a bind of that incarnation
+        (the one made with that UID; see :func:`kube.assumptions.same_uid`)."""
+        a = self._assumed.get(key)
+        return a is not None and (uid is None or same_uid(a.uid, uid))
 
     def pending(self) -> list[PodRequest]:
         return list(self._pending.values())
@@ -502,10 +505,14 @@ class ClusterCache:
         assumption = self._assumed.get(key)
         self._pending.pop(key, None)
         if entry is not None and assumption is not None:
-            if entry.uid and assumption.uid and entry.uid != assumption.uid:
-                self._drop_assumption(key)  # the pod was recreated: the bind was for another
-                assumption = None
-            elif entry.finished or entry.node not in (None, assumption.placement.node):
+            if not same_uid(entry.uid, assumption.uid):
+                # Another incarnation: a lagging watch still showing the old pod while the
+                # new one's Binding is in flight, or the new pod while the old one's bind
+                # is (it fails on the UID precondition and is forgotten then). Neither
+                # ends the assumption, and the entry is not counted meanwhile: the name
+                # has one count, the assumption's (kube.assumptions).
+                return
+            if entry.finished or entry.node not in (None, assumption.placement.node):
                 self._drop_assumption(key)  # bound elsewhere by someone else, or gone
                 assumption = None
             elif entry.node == assumption.placement.node:
@@ -687,18 +694,22 @@ class ClusterCache:
 
         The new node state is computed in full on a scratch state first; only then is
         anything in the cache changed, so a surprise midway cannot leave pods uncounted.
+        Assumptions stay whatever the node now says (see :meth:`_recount_assumption`).
         """
         name = info.name
         scratch = ClusterState(Snapshot(nodes=(info,)))
         kept: list[tuple[PodRequest, Placement]] = []
-        redo: list[str] = []  # assumptions and holds that no longer fit: accounted anew
+        redo: list[str] = []  # holds that no longer fit: dropped (their keeper re-places)
         refit: list[PodEntry] = []  # bound pods placed afresh, after those that keep theirs
-        existing: dict[str, Placement] = {}  # assumptions now counted differently (created)
+        existing: dict[str, Placement] = {}  # assumptions now counted differently
+        counted = {k: self._counted[k] for k in self._on_node.get(name, set())}
+        # A node deleted and added again: the assumptions delete_node kept count again.
+        for a in self._assumed.on_node(name):
+            counted.setdefault(a.req.key, (a.req, a.placement))
         # Bound pods first, then assumptions, then holds: what the API shows bound is
         # the truth, and a hold must never push a bound pod off its recorded GPUs.
-        for key in sorted(self._on_node.get(name, set()),
-                          key=lambda k: (k in self._holds, k in self._assumed, k)):
-            req, p = self._counted[key]
+        for key in sorted(counted, key=lambda k: (k in self._holds, k in self._assumed, k)):
+            req, p = counted[key]
             entry = self._pods.get(key)
             fits = scratch.shape_error(req, p) is None
             if entry is not None and entry.node == name and key not in self._assumed:
@@ -723,9 +734,11 @@ class ClusterCache:
                     q = replace(p, mig_created=False)
                     if scratch.shape_error(req, q) is None:
                         p, fits = q, True
+                if not fits and key in self._assumed:
+                    p, fits = self._recount_assumption(req, p), True
                 if fits:
                     p = as_counted(scratch, p)
-                    if key in self._assumed and p != self._counted[key][1]:
+                    if key in self._assumed and p != counted[key][1]:
                         existing[key] = p
                     scratch.apply(req, p, allow_overcommit=True,
                                   unsure=self._is_guess(req, p, scratch))
@@ -755,21 +768,34 @@ class ClusterCache:
         for key, q in existing.items():
             self._assumed.move(key, q)
         for key in redo:
-            self._assumed.drop(key)
             self._account(key)
         # Pods bound to this node before it was known are accounted now.
         for key, entry in self._pods.items():
             if entry.node == name and key not in self._counted and not entry.finished:
                 self._account(key)
 
+    @staticmethod
+    def _recount_assumption(req: PodRequest, p: Placement) -> Placement:
+        """Where an assumption is counted when the node's new state has no room to record
+        ``p`` (fewer GPUs, another MIG layout): on the node without GPUs (CPU and memory).
+        Its bind may be in flight or done, and the pod then holds what it holds: the
+        assumption stays until the bind is confirmed or forgotten, as kube-scheduler
+        keeps an assumed pod on its node whatever the node's allocatable now says."""
+        log.info("pod %s: the GPUs of its bind to %s are gone from the node; counted "
+                 "without GPUs until the bind is confirmed or fails", req.key, p.node)
+        return Placement(req.key, p.node)
+
     def delete_node(self, name: str) -> None:
+        """The node is gone: its pods stop counting. Assumptions stay in the book,
+        uncounted, until their bind is confirmed or forgotten; if the node comes back
+        meanwhile they count on it again (kube-scheduler keeps a removed node's assumed
+        pods the same way), so no pod is handed the GPUs of a bind in flight."""
         with self.lock:
             self._unreadable.discard(name)
             if name not in self._infos:
                 return
             keys = list(self._on_node.get(name, set()))
             for key in keys:
-                self._assumed.drop(key)
                 req, _ = self._counted.pop(key)
                 if req.uid and self._uid_key.get(req.uid) == key:
                     del self._uid_key[req.uid]
@@ -780,7 +806,7 @@ class ClusterCache:
             del self._infos[name]
             del self.state.nodes[name]
             self._touch(name)
-            for key in keys:  # pods assumed there are pending again; bound ones wait
+            for key in keys:  # bound pods wait for the node; assumed ones stay assumed
                 self._account(key)
             self._changed()
 
@@ -850,16 +876,22 @@ class ClusterCache:
         """Replace pod ``key``'s entry ``old`` with ``entry`` and count it anew."""
         self._index(key, old, add=False)
         self._index(key, entry, add=True)
-        if old is not None and old.uid != entry.uid and key in self._counted:
-            # Same name, another UID. The bind in flight was for this very pod only if
-            # it named this UID; otherwise the old pod's resources (and any
-            # assumption made for it) are gone.
+        gone = False
+        if old is not None and old.uid != entry.uid:
+            # Same name, another UID: the old pod was deleted (a relist after 410 Gone
+            # shows the new one without the DELETED). Its count goes, with any assumption
+            # made for it, as delete_pod would; an assumption of another incarnation
+            # (the new pod's bind, or this object's when it only gained its UID) stays.
             a = self._assumed.get(key)
-            if a is None or not a.uid or a.uid != entry.uid:
+            if a is None or (same_uid(a.uid, old.uid) and not (a.uid and a.uid == entry.uid)):
+                gone = key in self._counted
                 self._assumed.drop(key)
                 self._unapply(key)
         self._pods[key] = entry
         self._account(key)
+        if gone:  # as delete_pod: a group member's room is held again at once
+            for fn in self._gone_hooks:
+                fn(key)
 
     def _restore(self, key: str, old: PodEntry | None, entry: PodEntry) -> None:
         """After :meth:`_store` failed midway: ``old`` stored and counted again (it was
@@ -902,10 +934,20 @@ class ClusterCache:
             self.bad_objects += 1
 
     def delete_pod(self, key: str) -> None:
+        """The watch's DELETED (or a list without the pod). It is the incarnation the
+        watch showed last (events of one name come in order); an assumption made for
+        another UID is left alone and stays counted (kube.assumptions)."""
         with self.lock:
-            self._index(key, self._pods.pop(key, None), add=False)
+            entry = self._pods.pop(key, None)
+            self._index(key, entry, add=False)
             self._seen_obs.pop(key, None)
             self._pending.pop(key, None)
+            a = self._assumed.get(key)
+            if a is not None and entry is not None and not same_uid(a.uid, entry.uid):
+                # Another incarnation's DELETED: its entry was never counted (the name's
+                # one count is the assumption's, see _account), and the bind stays.
+                self._changed()
+                return
             self._assumed.drop(key)
             counted = key in self._counted
             self._unapply(key)
@@ -1010,10 +1052,15 @@ class ClusterCache:
                 raise AssumeError(str(e)) from None
             self._changed()
 
-    def forget(self, key: str) -> None:
-        """Drop an assumption (the bind failed): the resources are free again."""
+    def forget(self, key: str, uid: str | None = None) -> None:
+        """Drop an assumption (the bind failed): the resources are free again.
+
+        With ``uid``, only the assumption made with that UID: the failed bind of a pod
+        deleted and recreated under the same name must not end the new pod's (whose GPUs
+        would be handed out again while its Binding holds them). Without, whichever
+        assumption ``key`` has."""
         with self.lock:
-            if key not in self._assumed:
+            if not self.is_assumed(key, uid):
                 return
             self._drop_assumption(key)
             self._account(key)

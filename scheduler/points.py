@@ -29,7 +29,7 @@ from packing.status import Status
 from scheduler.group_verbs import GroupVerbs
 from scheduler.groups import ReservationBook
 from scheduler.planner import Planner
-from scheduler.refusals import RecentRefusals
+from scheduler.refusals import RecentRefusals, remembered
 from scheduler.request_pods import RequestPod, RequestPods
 from scheduler.verbs import (
     BestCandidates,
@@ -106,7 +106,9 @@ class ExtensionPoints:
                                                                 self.lag)
         if (self.refusals is not None and not got.error and not got.node_names
                 and not got.nodes and args.candidate_names):
-            self.refusals.refused(pod_key(args.pod), args.candidate_names)
+            with self.cache.view() as view:
+                names = remembered(args.candidate_names, view.has_node)
+            self.refusals.refused(pod_key(args.pod), names)
         return got
 
     def prioritize(self, args: ExtenderArgs) -> list[HostPriority]:
@@ -174,6 +176,16 @@ class ExtensionPoints:
                 return self.refuse(str(e), seen)
         return BindClaim(pod, uid, choice, seen)
 
+    def forget(self, claim: BindClaim) -> None:
+        """A failed Binding frees its claim's assumption, and only that: the pod may have
+        been deleted and recreated under its name meanwhile (the API refused the Binding
+        on the UID precondition), and the new pod's bind assumed since must keep its
+        GPUs (kube-scheduler keys assumed pods by UID). Checked under the cache lock
+        that the book takes too, so the assumption cannot change in between."""
+        with self.cache.lock:
+            if self.cache.is_assumed(claim.pod.key, claim.uid):
+                self.book.forget(claim.pod.key)  # a group member's room is held again
+
     def write(self, args: BindingArgs, claim: BindClaim) -> BindingResult:
         """The Binding for a claim (outside the lock); a failed one frees the claim."""
         pod, seen = claim.pod, claim.seen
@@ -182,13 +194,13 @@ class ExtensionPoints:
                              placement_annotations(claim.choice, self.policy),
                              pod=None if seen is None else seen.obj)
         except BindError as e:
-            self.book.forget(pod.key)  # a group member's room is held again at once
+            self.forget(claim)
             if seen is not None:
                 self.request_pods.put_back(seen)
             self.binds.labels("api_error").inc()
             return BindingResult(str(e))
         except Exception as e:  # the reservation must not outlive a failed bind
-            self.book.forget(pod.key)
+            self.forget(claim)
             if seen is not None:
                 self.request_pods.put_back(seen)
             self.binds.labels("api_error").inc()

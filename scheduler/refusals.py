@@ -21,6 +21,27 @@ from kube.pod_conditions import node_changed
 from kube.reservations import Submitter
 
 DEFAULT_WINDOW_S = 10.0
+# Candidates a refusal keeps that the cache does not know, at most. A node the watch has
+# not shown yet matters (its ADDED then wakes the pod), and the watch lags by a few
+# events; a request naming many more is not kept whole (up to ``limit`` refusals of a
+# request body's every name each: gigabytes).
+UNKNOWN_KEPT = 100
+
+
+def remembered(candidates: Iterable[str], known: Callable[[str], bool],
+               unknown_kept: int = UNKNOWN_KEPT) -> list[str]:
+    """The candidates a refusal is remembered with: every one ``known`` says the cache
+    has, and the first ``unknown_kept`` others (so its size is bounded by the cluster's,
+    not by the request's)."""
+    out: list[str] = []
+    unknown = 0
+    for name in candidates:
+        if known(name):
+            out.append(name)
+        elif unknown < unknown_kept:
+            unknown += 1
+            out.append(name)
+    return out
 
 
 class RecentRefusals:

@@ -648,16 +648,20 @@ class PreemptionVictim:
 def _fits_without(
     state: ClusterState, pod: PodRequest, node: str, victims: Sequence[PreemptionVictim]
 ) -> bool:
-    """Would the pod fit if ``victims`` were gone? The state is restored exactly."""
-    undone: list[PreemptionVictim] = []
+    """Would the pod fit if ``victims`` were gone? The state is restored exactly: the
+    state is the live cache's (preempt only reads it), and a share whose GPU is a guess
+    (``NodeState.unsure``) put back as a sure one would let later shares be admitted
+    on the guess (packing.state.worst_case_fits)."""
+    undone: list[tuple[PreemptionVictim, bool]] = []
     try:
         for v in victims:
+            unsure = v.req.key in state.nodes[v.placement.node].unsure
             state.undo(v.req, v.placement)
-            undone.append(v)
+            undone.append((v, unsure))
         return bool(state.options(pod, node, dedupe=True))
     finally:
-        for v in reversed(undone):
-            state.apply(v.req, v.placement, allow_overcommit=True)
+        for v, unsure in reversed(undone):
+            state.apply(v.req, v.placement, allow_overcommit=True, unsure=unsure)
 
 
 def minimal_victims(state: ClusterState, pod: PodRequest, node: str,
@@ -691,7 +695,16 @@ def minimal_victims(state: ClusterState, pod: PodRequest, node: str,
 
 def preempt(args: PreemptionArgs, view: CacheView) -> PreemptionResult:
     """For each node kube-scheduler proposes, the subset of its victims that really frees
-    what the pod needs; nodes where evicting them all would not help are dropped."""
+    what the pod needs; nodes where evicting them all would not help are dropped.
+
+    No node is answered with no victims. kube-scheduler fails the whole preemption when a
+    non-ignorable extender does so (framework/preemption/preemption.go, callExtenders:
+    "expected at least one victim pod on node"; an ignorable one has the node dropped),
+    and it proposes a node only with victims (DryRunPreemption refuses a candidate
+    without any). So where the pod fits without victims as gpupack sees the node,
+    kube-scheduler needed its victims for something gpupack does not model (host ports,
+    pod count, affinity, other extended resources): they are answered unchanged.
+    """
     pod = read_pod(args.pod)
     out: dict[str, MetaVictims] = {}
     for node, proposed in args.victims.items():
@@ -711,8 +724,10 @@ def preempt(args: PreemptionArgs, view: CacheView) -> PreemptionResult:
         chosen = minimal_victims(view.state, pod, node, list(known.values()))
         if chosen is None:
             continue
-        pdb = proposed.num_pdb_violations if chosen else 0
-        out[node] = MetaVictims(tuple(v.uid for v in chosen), pdb)
+        if chosen:
+            out[node] = MetaVictims(tuple(v.uid for v in chosen), proposed.num_pdb_violations)
+        elif proposed.uids:  # none needed for the GPUs: kube-scheduler's own (see above)
+            out[node] = MetaVictims(proposed.uids, proposed.num_pdb_violations)
     return PreemptionResult(out)
 
 
