@@ -226,6 +226,12 @@ def decode_reservation(text: object) -> ReservationRecord:
                 raise ReservationError(f"{RESERVATION}: member {k}: 'p' (pod) {_show(pod)} "
                                        "must be a pod key (namespace/name)")
             pods[slot] = pod
+    missing = [s for s in range(size) if s not in slots]
+    if missing:
+        # A record with a slot left out holds room for fewer members than the group has:
+        # whole-or-nothing would quietly become "some".
+        raise ReservationError(f"{RESERVATION}: 'm' (members) lacks slot {missing[0]}: a "
+                               f"record of size {size} has slots 0..{size - 1}, each once")
     return ReservationRecord(
         group=group, size=size, priority=prio, topology_key=_opt_str(obj, "t"),
         exclusive=exclusive, domain=_opt_str(obj, "d"),

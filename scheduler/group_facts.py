@@ -16,8 +16,8 @@ from kube.cache import ClusterCache
 from kube.constraints import PodConstraints
 from kube.group_inputs import GroupInputs
 from kube.reservations import ReservationRecord
-from packing.groups import RESERVE_MARK
 from packing.model import PodRequest
+from scheduler.group_placement import split_hold_key
 from scheduler.group_rights import (
     GroupRights,
     MemberFacts,
@@ -99,13 +99,14 @@ def _future(cache: ClusterCache, ns: str, records: Mapping[str, ReservationRecor
     """Rooms held in ``ns`` for members not created yet: they will count once created."""
     out: list[tuple[PodRequest, PodConstraints | str | None]] = []
     for hk, (req, _) in sorted(cache.holds().items()):
-        if RESERVE_MARK not in hk:
+        parts = split_hold_key(hk)
+        if parts is None:
             continue  # not a group's room (the MIG actuator's holds: scheduler/mig_loop.py)
-        group, _, slot_text = hk.partition(RESERVE_MARK)
+        group, slot = parts  # split at the last mark: a group name may contain one
         if group.split("/", 1)[0] != ns:
             continue
         rec = records.get(group)
-        pod = rec.pods.get(int(slot_text)) if rec is not None and slot_text.isdigit() else None
+        pod = rec.pods.get(slot) if rec is not None else None
         entry = cache.pod_entry(pod) if pod is not None else None
         if entry is not None and not entry.finished:
             continue  # the member exists: counted with the namespace's pods

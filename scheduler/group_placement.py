@@ -23,6 +23,18 @@ def hold_key(group: str, slot: int) -> str:
     return f"{group}{RESERVE_MARK}{slot}"
 
 
+def split_hold_key(key: str) -> tuple[str, int] | None:
+    """(group, slot) of a hold key made by :func:`hold_key`; None for any other key.
+
+    Split at the *last* mark: a group name is not validated and may itself contain
+    ``#reserve-`` (``gpupack.io/group: a#reserve-1``), but the slot after the last mark
+    is digits only, so the group is exactly what comes before it."""
+    group, mark, slot = key.rpartition(RESERVE_MARK)
+    if not mark or not group or not slot.isdigit() or str(int(slot)) != slot:
+        return None
+    return group, int(slot)
+
+
 # Status.check of a group refusal -> wait reason (anything else: "other").
 _WAIT_BY_CHECK = {TOPOLOGY_LABEL: "no_domain", EXCLUSIVE_DOMAIN: "exclusive_taken",
                   GROUP_FIT: "no_room"}

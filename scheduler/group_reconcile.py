@@ -12,16 +12,19 @@ the leader only; nothing here does I/O, takes a lock or reads a clock.
 Rules, per record (groups by priority, higher first, then first seen, then key):
 
 * every pod of the group gone, or its leader pod deleted: released;
+* every member bound and each bind confirmed by the watch (not only assumed: a Binding
+  in flight may yet fail, and its room is held again only while a record names it):
+  complete, released;
 * expired (``now >= expires``) with members not bound: released, and the group waits
   ``cooldown_s`` so other groups get a turn;
-* every member bound: complete, released;
 * members are matched to slots: the record's own pod names first; a bound member the
   record does not name goes to the slot whose room is on its node (bound members are
   the truth, wherever they are); a pending one to its worker index, else a free slot;
 * a slot whose room could not be held (taken meanwhile, its node gone, the member
-  grew) is placed again inside the group's domain; the slots still free are kept (a
-  restart never drops a reservation just because one room went); when a lost room
-  finds no new place, the reservation is released and the group waits, whole.
+  grew), or whose pending member kube-scheduler lately refused that node to
+  (``offered``), is placed again inside the group's domain; the slots still free are
+  kept (a restart never drops a reservation just because one room went); when a lost
+  room finds no new place, the reservation is released and the group waits, whole.
 
 Then every group with pending pods and no record, in the same order, unless it waits:
 the whole group is placed at once (:func:`scheduler.group_placement.place_members`) or
@@ -37,7 +40,7 @@ before it in the same pass, and is charged when it is reserved.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from kube.reservations import ReservationRecord
@@ -47,7 +50,7 @@ from packing.model import GroupRef, Placement, PodRequest, Snapshot
 from packing.scoring import Scorer
 from packing.state import ClusterState, NodeState
 from packing.status import Status
-from scheduler.group_placement import hold_key, wait_category
+from scheduler.group_placement import hold_key, split_hold_key, wait_category
 
 # Status.check of a room that changed under the reconciler while it placed a member.
 ROOM_CHANGED = "RoomChanged"
@@ -72,10 +75,18 @@ class Member:
 
     req: PodRequest
     placement: Placement | None = None
+    # Counted only because gpupack assumed it: its Binding may still fail.
+    assumed: bool = False
 
     @property
     def bound(self) -> bool:
+        """Counted on a node (bound, or its bind in flight): it takes its own room."""
         return self.placement is not None
+
+    @property
+    def confirmed(self) -> bool:
+        """The watch shows it bound: no failed Binding can give its room back any more."""
+        return self.placement is not None and not self.assumed
 
 
 @dataclass(frozen=True)
@@ -109,6 +120,11 @@ class BookState:
     quota_left: Mapping[tuple[str, str], int] = field(default_factory=dict)
     claims: Mapping[str, Mapping[tuple[str, str], tuple[int, int]]] = field(
         default_factory=dict)
+    # Pending members kube-scheduler refused their room lately (pod key -> the only nodes
+    # it offered for them since), for rules gpupack does not judge (pod anti-affinity, a
+    # volume's zone, topology spread): a member's room on a node not offered is lost, and
+    # no room of its group is placed on such a node.
+    offered: Mapping[str, frozenset[str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -208,7 +224,9 @@ class Overlay:
         self._log: list[tuple[bool, PodRequest, Placement]] = []  # (applied?, req, p)
 
     def drop_group(self, group: str) -> None:
-        for hk in [k for k in self.holds if k.startswith(group + RESERVE_MARK)]:
+        # Exact group, not a prefix: group "a" must not drop the holds of group
+        # "a#reserve-1" (group names are not validated).
+        for hk in [k for k in self.holds if (split_hold_key(k) or ("",))[0] == group]:
             req, p = self.holds.pop(hk)
             if p.node in self.state.nodes:
                 self.state.undo(req, p)
@@ -308,12 +326,17 @@ class _Reconcile:
             self._drop(g, "leader_deleted")
             return
         assigned = assign_slots(rec, members)
-        if all(s in assigned and assigned[s].bound for s in rec.slots):
+        all_bound = all(s in assigned and assigned[s].bound for s in rec.slots)
+        if all_bound and all(assigned[s].confirmed for s in rec.slots):
             self._drop(g, "complete")
             self.completed.append((g, max(0.0, self.now - rec.first_seen)))
             self.first_seen.pop(g, None)
             return
-        if self.now >= rec.expires:
+        # Every member bound but some Binding still in flight: not complete yet, and not
+        # expired either. The record stays until the watch confirms each bind, so a bind
+        # that fails has its room held again (ReservationBook.forget needs a record that
+        # names the pod); released now, the group would be left half placed.
+        if not all_bound and self.now >= rec.expires:
             self._drop(g, "expired")
             self.waiting[g] = Waiting(
                 f"group {g} waits whole: its reservation expired after "
@@ -327,6 +350,8 @@ class _Reconcile:
         wanted = wanted_group_holds(replace(rec, slots=slots), members)
         lost = [hk for hk, (req, p) in wanted.items() if not _counted_as(self.o.holds.get(hk),
                                                                           req, p)]
+        lost += [hk for hk in self._ruled_out_rooms(g, slots, assigned)
+                 if hk in wanted and hk not in lost]
         if lost:
             placed = self._replace_rooms(rec, wanted, lost)
             if isinstance(placed, Status):
@@ -339,6 +364,14 @@ class _Reconcile:
         if slots != dict(rec.slots) or pods != dict(rec.pods):
             new = replace(rec, slots=slots, pods=pods, rev=rec.rev + 1)
             self.records[g] = self.put[g] = new
+
+    def _ruled_out_rooms(self, g: str, slots: Mapping[int, Placement],
+                         assigned: Mapping[int, Member]) -> list[str]:
+        """Holds of pending members whose room is on a node kube-scheduler ruled out for
+        them: the member cannot take it, so it is lost (placed again elsewhere)."""
+        return [hold_key(g, slot) for slot, m in sorted(assigned.items())
+                if not m.bound and slot in slots and m.req.key in self.s.offered
+                and slots[slot].node not in self.s.offered[m.req.key]]
 
     def _replace_rooms(self, rec: ReservationRecord,
                        wanted: Mapping[str, tuple[PodRequest, Placement]], lost: Sequence[str]
@@ -458,8 +491,12 @@ class _Reconcile:
         return None
 
     def _hide_forbidden(self, group: str) -> HiddenNodes:
-        """Nodes the group has no right to, out of the cluster while it is placed."""
-        return HiddenNodes(self.o.state, self.s.allowed, group)
+        """Nodes the group has no right to, and those kube-scheduler ruled out for any of
+        its members lately, out of the cluster while it is placed."""
+        offered = [self.s.offered[m.req.key] for m in self.s.members.get(group, ())
+                   if m.req.key in self.s.offered]
+        ruled = [n for n in self.o.state.nodes if any(n not in o for o in offered)]
+        return HiddenNodes(self.o.state, self.s.allowed, group, ruled)
 
     def _displace(self, members: Sequence[PodRequest], taken: set[tuple[str, str]],
                   domain: str | None, prio: int, reason: Status,
@@ -495,9 +532,11 @@ class HiddenNodes:
     """Takes the nodes a group may not use out of ``state.nodes`` until :meth:`restore`."""
 
     def __init__(self, state: ClusterState, allowed: Callable[[str, str], bool] | None,
-                 group: str) -> None:
+                 group: str, excluded: Collection[str] = ()) -> None:
         self.state = state
         self.removed: dict[str, NodeState] = {}
+        for name in [n for n in excluded if n in state.nodes]:
+            self.removed[name] = state.nodes.pop(name)
         if allowed is None:
             return
         for name in list(state.nodes):
@@ -543,10 +582,13 @@ def group_slots(state: ClusterState, g: str, members: Sequence[Member], size: in
     return ref, slots, list(full.pending), domain
 
 
-def members_of(pods: Iterable[tuple[PodRequest, Placement | None]]) -> dict[str, list[Member]]:
-    """Group key -> members, from (request, counted placement or None) pairs."""
+def members_of(pods: Iterable[tuple[PodRequest, Placement | None]],
+               assumed: Container[str] = frozenset()) -> dict[str, list[Member]]:
+    """Group key -> members, from (request, counted placement or None) pairs; ``assumed``:
+    the pods counted only because their bind is in flight."""
     out: dict[str, list[Member]] = {}
     for req, p in pods:
         if req.group is not None and RESERVE_MARK not in req.key:
-            out.setdefault(req.group.key, []).append(Member(req, p))
+            member = Member(req, p, p is not None and req.key in assumed)
+            out.setdefault(req.group.key, []).append(member)
     return out

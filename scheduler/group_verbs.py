@@ -12,7 +12,9 @@ path answers it). The app answers nothing before the book is ready and leading.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from typing import Any
 
 from kube.assumptions import AssumeError
 from kube.reservations import ReservationRecord
@@ -43,6 +45,11 @@ GROUP_FULL = "GroupFull"  # every member slot of the group is taken
 RESERVED_NODE = "ReservedNode"  # the member's room is on another node
 ASSUME = "Assume"  # the room could not be assumed for the pod
 POD_UNSEEN = "PodNotSeen"  # the watch has not shown this pod (this uid) yet: an error
+
+# kube-scheduler stops filtering once it has found this many feasible nodes or more
+# (percentageOfNodesToScore, which never asks for fewer than 100): a longer candidate list
+# may be a sample that merely skipped a node; a shorter one holds every node that passed.
+SAMPLED_MIN = 100
 
 
 class GroupVerbs:
@@ -113,9 +120,13 @@ class GroupVerbs:
             keep = (node,) if node in names else ()
             why = f"group {got.group}: member {slot} has room reserved on {node}"
             failed = {n: why for n in names if n != node}
-            if not keep:  # kube-scheduler ruled the room's node out: refused, woken if moved
-                with self.book.cache.lock:
+            with self.book.cache.lock:
+                if keep:
+                    self.book.nodes_offered(pod.key, names)
+                else:  # kube-scheduler ruled the room's node out: refused, woken if moved
                     self.book.note_refused(pod.key)
+                    if every_feasible_node(args.pod, names):
+                        self.book.rule_out(pod.key, got.group, names)
         if args.node_cache_capable:
             return FilterResult(node_names=keep, failed=failed)
         nodes = tuple(n for n in args.nodes or () if n["metadata"]["name"] in keep)
@@ -227,3 +238,15 @@ class GroupVerbs:
             if mine:
                 out[node] = MetaVictims(tuple(mine), proposed.num_pdb_violations)
         return PreemptionResult(out)
+
+
+def every_feasible_node(pod: Mapping[str, Any], names: Sequence[str]) -> bool:
+    """Whether ``names`` holds every node that passed kube-scheduler's filters for
+    ``pod``, so a node missing from it was ruled out: not a sample (see SAMPLED_MIN), and
+    not the first try of a nominated pod, which offers its nominated node alone and,
+    refused there, every node next."""
+    if len(names) >= SAMPLED_MIN:
+        return False
+    status = pod.get("status")
+    nominated = status.get("nominatedNodeName") if isinstance(status, Mapping) else None
+    return not (nominated and tuple(names) == (nominated,))

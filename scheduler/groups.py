@@ -31,7 +31,9 @@ derived from them (warm standby), and its first reconcile keeps every room still
 takes members bound anywhere as the truth, and places again only the rooms that went.
 
 The clock is injected (wall-clock seconds: expiries are written to the API and must
-survive a restart).
+survive a restart). A step of that clock backwards moves every deadline the book keeps in
+memory (expiries, retry times, first-seen times) back by the same step, so a reservation
+never outlives ``ttl`` and a waiting group is not stalled by it (see :meth:`_now`).
 """
 
 from __future__ import annotations
@@ -41,9 +43,9 @@ import logging
 import math
 import threading
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from kube.cache import ClusterCache
 from kube.group_inputs import GroupInputs
@@ -82,13 +84,29 @@ log = logging.getLogger("gpupack.scheduler.groups")
 
 Clock = Callable[[], float]
 DEFAULT_TTL = 600.0
+# How long the nodes kube-scheduler ruled out for a member keep its group off them.
+DEFAULT_RULED_OUT_S = 120.0
+MAX_RULED_OUT = 4096  # members with nodes ruled out remembered at once
+MAX_RETIRED = 1024  # groups whose last revision is remembered after they went
 
 
 class NullWriter:
     """Writes nowhere (a book without an API: unit tests, tools)."""
 
+    dropped = 0  # writes dropped because this replica did not lead (never, here)
+
     def submit(self, name: str, obj: object) -> None:
         del name, obj
+
+
+@dataclass(frozen=True)
+class RuledOut:
+    """A pending member kube-scheduler refused its room to: the only nodes it offered
+    for the member since (every other node is ruled out for it), until ``until``."""
+
+    group: str
+    offered: frozenset[str]
+    until: float
 
 
 class ReservationBook:
@@ -110,6 +128,7 @@ class ReservationBook:
         inputs: GroupInputs | None = None,
         max_group_gpus: int = 64,
         requeue: Submitter | None = None,
+        ruled_out_s: float = DEFAULT_RULED_OUT_S,
     ) -> None:
         """``records_listed``: no source of records will report (a book without an API,
         whose records start empty): ready as soon as the cache is synced. ``inputs``:
@@ -117,7 +136,9 @@ class ReservationBook:
         nothing will report any); ``max_group_gpus``: the most GPUs a group sized by its
         pods' labels may reserve (:mod:`scheduler.group_rights`). ``requeue``: where the
         leader queues the status patches that wake members it refused once their room is
-        reserved (:mod:`kube.pod_conditions`; default: nowhere)."""
+        reserved (:mod:`kube.pod_conditions`; default: nowhere). ``ruled_out_s``: how long
+        the nodes kube-scheduler ruled out for a member keep its group off them (see
+        :meth:`rule_out`)."""
         self.cache = cache
         self.ttl = ttl
         self.clock = clock
@@ -149,7 +170,18 @@ class ReservationBook:
         self._own_revs: dict[str, int] = {}
         self._listed = records_listed
         self._revs: dict[str, int] = {}
+        # Groups gone (no record, no pods, none in the API), with the highest revision
+        # either map above had: a late echo of an old write is still known as one, and a
+        # group that comes back writes above it. Bounded (oldest forgotten first).
+        self._retired: OrderedDict[str, int] = OrderedDict()
         self._names: dict[str, str] = {}  # record name -> group
+        # Writes the writer dropped while this replica did not lead, as last acted on.
+        self._drops_seen = 0
+        # Pending member -> the nodes kube-scheduler still offers for it (see rule_out).
+        self.ruled_out_s = ruled_out_s
+        self._ruled: dict[str, RuledOut] = {}
+        self._ruled_gen = 0  # moves whenever _ruled changes what a reconcile decides
+        self._last_now: float | None = None  # the clock at the last step (see _now)
         self._seen_version = -1
         self._next_due = -math.inf
         self._was_leader = False
@@ -178,6 +210,7 @@ class ReservationBook:
 
     def record_seen(self, name: str, obj: Mapping[str, object] | None) -> None:
         with self.cache.lock:
+            now = self._now()
             if obj is None:
                 group = self._names.pop(name, None)
                 # The leader trusts its own writes (this may be the echo of an older
@@ -195,18 +228,17 @@ class ReservationBook:
                 return
             self._names[name] = rec.group
             self._revs[rec.group] = max(self._revs.get(rec.group, 0), rec.rev)
-            own = self._own_revs.get(rec.group)
+            own = self._own_revs.get(rec.group, self._retired.get(rec.group))
             if own is not None and rec.rev <= own and self.is_leader():
                 # An echo of a write of ours: we have it, or have released it since (a
                 # late echo must not bring a released reservation back).
                 return
-            if rec.expires > self.clock() + self.ttl:
+            if rec.expires > now + self.ttl:
                 # No record a leader writes outlives now + ttl: a later expiry is corrupt
                 # (or a clock gone backwards) and would hold the GPUs as long as it says.
                 log.warning("record of group %s expires in %.0fs, more than the TTL %.0fs; "
-                            "capped at the TTL", rec.group, rec.expires - self.clock(),
-                            self.ttl)
-                rec = replace(rec, expires=self.clock() + self.ttl)
+                            "capped at the TTL", rec.group, rec.expires - now, self.ttl)
+                rec = replace(rec, expires=now + self.ttl)
             if self.records.get(rec.group) != rec:
                 self.records[rec.group] = rec
                 self._record_gen += 1
@@ -254,11 +286,13 @@ class ReservationBook:
     # ---- the handler -----------------------------------------------------------------------
 
     def members(self) -> dict[str, list[Member]]:
-        """Every group's pods: counted ones with where, pending ones."""
+        """Every group's pods: counted ones with where (and whether only assumed: a
+        group is complete once the watch confirms every bind), pending ones."""
         pods: list[tuple[PodRequest, Placement | None]] = [
             (req, p) for req, p in self.cache.snapshot().running if req.group is not None]
+        assumed = {req.key for req, _ in pods if self.cache.is_assumed(req.key)}
         pods += [(p, None) for p in self.cache.pending() if p.group is not None]
-        return members_of(pods)
+        return members_of(pods, assumed)
 
     def _apply_holds(self, members: Mapping[str, list[Member]] | None = None) -> None:
         """Hold what the records ask for (records in priority order; a room that is not
@@ -293,11 +327,13 @@ class ReservationBook:
         with self.cache.lock:
             if not self._rebuilt:
                 return
-            now = self.clock()
+            now = self._now()
             leader = self.is_leader()
             if (not force and leader == self._was_leader and self._version() ==
-                    self._seen_version and now < self._next_due):
+                    self._seen_version and now < self._next_due
+                    and not (leader and self._writes_dropped())):
                 return
+            self._forget_ruled_out(now)
             members = self.members()
             if leader and not self._was_leader:
                 log.info("leading: acting on %d records", len(self.records))
@@ -313,6 +349,8 @@ class ReservationBook:
                 self._apply(decision)
                 if decision.put or decision.release:
                     self._apply_holds()
+                self._rewrite_dropped()
+            self._retire(members)
             if self.refused and leader:
                 self.refused = {k for k in self.refused
                                 if self.cache.pending_pod(k) is not None}
@@ -323,8 +361,117 @@ class ReservationBook:
 
     def _version(self) -> int:
         """Moves on every change that could change a decision: the cache's, the records
-        the API reports, and the quotas' and LeaderWorkerSets' (each only grows)."""
-        return self.cache.version + self._record_gen + self.inputs.version
+        the API reports, the nodes ruled out for members, and the quotas' and
+        LeaderWorkerSets' (each only grows)."""
+        return self.cache.version + self._record_gen + self._ruled_gen + self.inputs.version
+
+    def _now(self) -> float:
+        """The clock, once per step. When it went back since the last step (an NTP step,
+        an operator), every deadline held in memory goes back by as much: expiries,
+        retry times, first-seen times and ruled-out nodes are wall-clock times, and left
+        as they were an expiry would outlive the TTL and a waiting group's next try lie
+        in the future by the size of the step. (A record read back from the API is
+        capped at now + TTL in :meth:`record_seen`; a step forward only ends waits
+        early.)"""
+        now = self.clock()
+        if self._last_now is not None and now < self._last_now:
+            back = self._last_now - now
+            log.warning("the clock went back %.3fs: moving the reservations' deadlines "
+                        "back as much", back)
+            self._shift(-back)
+        self._last_now = now
+        return now
+
+    def _shift(self, by: float) -> None:
+        """Every in-memory deadline moved by ``by`` seconds (see :meth:`_now`)."""
+        self.records = {g: replace(r, expires=r.expires + by, first_seen=r.first_seen + by)
+                        for g, r in self.records.items()}
+        self.waiting = {g: replace(w, next_try=w.next_try + by)
+                        for g, w in self.waiting.items()}
+        self.first_seen = {g: t + by for g, t in self.first_seen.items()}
+        self._ruled = {k: replace(m, until=m.until + by) for k, m in self._ruled.items()}
+        self._next_due += by
+
+    # ---- writes dropped during a lapse of the lease ------------------------------------------
+
+    def _writes_dropped(self) -> bool:
+        """Whether the writer dropped writes (this replica did not lead when it drained)
+        since :meth:`_rewrite_dropped` last ran."""
+        return int(getattr(self.writer, "dropped", 0)) != self._drops_seen
+
+    def _rewrite_dropped(self) -> None:
+        """On the leader, after the writer dropped writes: write every record held in
+        memory again, and delete again every record the API still shows that this leader
+        released. A replica that loses the lease for a moment and leads again is never
+        told so by ``is_leader`` in between (or not before its queued writes are
+        dropped), and nothing else would write those again: the API would lack records
+        the leader acts on, and a failover would lose them."""
+        if not self._writes_dropped():
+            return
+        self._drops_seen = int(getattr(self.writer, "dropped", 0))
+        log.info("writes were dropped while not leading: writing %d records again",
+                 len(self.records))
+        for g, rec in sorted(self.records.items()):
+            # Its echo is ours (ignored), whoever wrote this revision first.
+            self._own_revs[g] = max(self._own_revs.get(g, 0), rec.rev)
+            self.writer.submit(record_name(g), record_object(rec, self.namespace))
+        for name, g in sorted(self._names.items()):
+            if g not in self.records:
+                self.writer.submit(name, None)
+
+    def _retire(self, members: Mapping[str, list[Member]]) -> None:
+        """Forget the revisions of groups that are gone: no record here or in the API
+        (its delete echoed, or never written) and no pod. Their highest revision moves
+        to the bounded ``_retired`` (what the late-echo check and the next revision of a
+        group that comes back need)."""
+        live = set(self.records) | set(members) | set(self._names.values())
+        for g in [g for g in self._revs.keys() | self._own_revs.keys() if g not in live]:
+            last = max(self._revs.pop(g, 0), self._own_revs.pop(g, 0),
+                       self._retired.pop(g, 0))
+            self._retired[g] = last
+        while len(self._retired) > MAX_RETIRED:
+            self._retired.popitem(last=False)
+
+    # ---- nodes kube-scheduler ruled out for a member -----------------------------------------
+
+    def rule_out(self, key: str, group: str, offered: Iterable[str]) -> None:
+        """kube-scheduler offered only ``offered`` for pending member ``key`` of
+        ``group``, every node that passed its filters, and the node of the member's room
+        is not among them (under the lock; the verbs tell). Rules gpupack's rights do not
+        judge (pod anti-affinity, a volume's zone, topology spread) keep the member off
+        that room for as long as they hold: left reserved, the room would hold the
+        group's GPUs until the TTL and then be chosen again. So the member's room counts
+        as lost, and no room of its group is placed outside ``offered`` for
+        ``ruled_out_s`` (each new refusal starts that again)."""
+        now = self._now()
+        old = self._ruled.get(key)
+        mark = RuledOut(group, frozenset(offered), now + self.ruled_out_s)
+        self._ruled[key] = mark
+        if old is None or old.offered != mark.offered:
+            self._ruled_gen += 1
+        while len(self._ruled) > MAX_RULED_OUT:
+            del self._ruled[min(self._ruled, key=lambda k: self._ruled[k].until)]
+        self._wake.set()
+
+    def nodes_offered(self, key: str, names: Iterable[str]) -> None:
+        """kube-scheduler offered ``names`` for member ``key``, its room's node among them
+        (under the lock): they are not ruled out for it any more."""
+        old = self._ruled.get(key)
+        if old is None:
+            return
+        offered = old.offered | frozenset(names)
+        if offered != old.offered:
+            self._ruled[key] = replace(old, offered=offered)
+            self._ruled_gen += 1
+
+    def _forget_ruled_out(self, now: float) -> None:
+        """Marks past their time, or of members no longer pending, go."""
+        gone = [k for k, m in self._ruled.items()
+                if m.until <= now or self.cache.pending_pod(k) is None]
+        for k in gone:
+            del self._ruled[k]
+        if gone:
+            self._ruled_gen += 1
 
     def _judge(self, members: Mapping[str, list[Member]], now: float) -> RightsPass:
         """The rights of the groups this pass can act on: those with a record, and
@@ -343,11 +490,21 @@ class ReservationBook:
         return BookState(records=dict(self.records), members=members,
                          holds={k: v for k, v in self.cache.holds().items() if is_reservation(k)},
                          waiting=dict(self.waiting),
-                         first_seen=dict(self.first_seen), revs=dict(self._revs),
+                         first_seen=dict(self.first_seen),
+                         revs=self._all_revs(),
+                         offered={k: m.offered for k, m in self._ruled.items()},
                          version=self._version(), allowed=rights.allowed(),
                          refused=rights.refused(), never=rights.never(),
                          sizes=rights.sizes(), quota_left=rights.quota_left,
                          claims=rights.claims())
+
+    def _all_revs(self) -> dict[str, int]:
+        """The highest revision known per group, retired groups included (a group that
+        comes back writes above any revision a late echo may still carry)."""
+        revs = dict(self._retired)
+        for g, rev in self._revs.items():
+            revs[g] = max(rev, revs.get(g, 0))
+        return revs
 
     def _apply(self, d: GroupDecision) -> None:
         for rel in d.release:
@@ -394,6 +551,7 @@ class ReservationBook:
     def _due(self) -> float:
         times = [r.expires for r in self.records.values()]
         times += [w.next_try for w in self.waiting.values() if w.seen != self._seen_version]
+        times += [m.until for m in self._ruled.values()]
         return min(times, default=math.inf)
 
     def retry_now(self, group: str) -> bool:
