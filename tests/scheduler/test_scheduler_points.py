@@ -7,14 +7,16 @@ from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry, Counter
-from sched_builders import filter_args, make_cache, node, whole_pod
+from sched_builders import FakeClock, filter_args, make_cache, node, whole_pod
 
 from kube.source import BindError
 from scheduler.groups import ReservationBook
 from scheduler.planner import Planner
 from scheduler.points import BindClaim, ExtensionPoints
+from scheduler.refusals import RecentRefusals
 from scheduler.request_pods import RequestPods
 from scheduler.verbs import Memo, VerbError
+from scheduler.view_lag import ViewLag
 from scheduler.warm import Warmer
 from scheduler.wire import (
     BindingArgs,
@@ -37,15 +39,19 @@ class Binder:
             raise BindError("the API refused the Binding")
 
 
-def points(pods: list[dict[str, Any]], binder: Binder) -> ExtensionPoints:
-    cache = make_cache([node("n1", gpus=2, reconfigurable=False)], pods)
+def points(pods: list[dict[str, Any]], binder: Any = None, gpus: int = 2,
+           unschedulable: bool = False, refusals: RecentRefusals | None = None,
+           clock: FakeClock | None = None) -> ExtensionPoints:
+    """Extension points over one node ``n1`` of ``gpus`` whole GPUs and ``pods``."""
+    cache = make_cache([node("n1", gpus=gpus, reconfigurable=False,
+                             unschedulable=unschedulable)], pods)
     planner = Planner(cache, in_process=True)
     memo = Memo()
     book = ReservationBook(cache, scorer=lambda: planner.scorer.scorer, records_listed=True)
     binds = Counter("binds", "bind outcomes", ["result"], registry=CollectorRegistry())
     return ExtensionPoints(cache, planner, binder, book, memo,
                            Warmer(cache, memo, lambda: planner.scorer), RequestPods(), binds,
-                           "gpupack")
+                           "gpupack", 0, ViewLag(clock=clock or FakeClock()), refusals)
 
 
 def bind_args(name: str, node_name: str = "n1") -> BindingArgs:

@@ -7,18 +7,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from prometheus_client import CollectorRegistry, Counter
-from sched_builders import FakeClock, filter_args, make_cache, node, whole_pod
+from sched_builders import FakeClock, filter_args, whole_pod
+from test_scheduler_points import points
 
 from kube.source import BindError
-from scheduler.groups import ReservationBook
-from scheduler.planner import Planner
-from scheduler.points import BindClaim, ExtensionPoints
+from scheduler.points import BindClaim
 from scheduler.refusals import UNKNOWN_KEPT, RecentRefusals, remembered
-from scheduler.request_pods import RequestPods
-from scheduler.verbs import Memo
-from scheduler.view_lag import ViewLag
-from scheduler.warm import Warmer
 from scheduler.wire import BindingArgs, BindingResult, ExtenderArgs
 
 
@@ -35,20 +29,6 @@ class UidBinder:
             raise self.error(f"Precondition failed: UID in precondition: {uid}")
 
 
-def points(pods: list[dict[str, Any]], binder: Any = None, gpus: int = 1,
-           unschedulable: bool = False, refusals: RecentRefusals | None = None,
-           clock: FakeClock | None = None) -> ExtensionPoints:
-    cache = make_cache([node("n1", gpus=gpus, reconfigurable=False,
-                             unschedulable=unschedulable)], pods)
-    planner = Planner(cache, in_process=True)
-    memo = Memo()
-    book = ReservationBook(cache, scorer=lambda: planner.scorer.scorer, records_listed=True)
-    binds = Counter("binds", "bind outcomes", ["result"], registry=CollectorRegistry())
-    return ExtensionPoints(cache, planner, binder, book, memo,
-                           Warmer(cache, memo, lambda: planner.scorer), RequestPods(), binds,
-                           "gpupack", 0, ViewLag(clock=clock or FakeClock()), refusals)
-
-
 def bind_args(name: str, uid: str) -> BindingArgs:
     return BindingArgs.decode({"PodName": name, "PodNamespace": "x", "PodUID": uid,
                                "Node": "n1"})
@@ -59,7 +39,7 @@ def test_a_failed_bind_of_a_deleted_pod_keeps_the_recreated_pods_claim(
     error: type[Exception]
 ) -> None:
     binder = UidBinder(error)
-    p = points([whole_pod("a", 1, namespace="x", uid="uid-1")], binder)
+    p = points([whole_pod("a", 1, namespace="x", uid="uid-1")], binder, gpus=1)
     old = p.claim(bind_args("a", "uid-1"))
     assert isinstance(old, BindClaim)
     # While its Binding is in flight the pod is deleted and recreated (a StatefulSet
@@ -81,7 +61,7 @@ def test_a_failed_bind_of_a_deleted_pod_keeps_the_recreated_pods_claim(
 def test_a_failed_bind_frees_its_own_claim() -> None:
     binder = UidBinder(BindError)
     binder.deleted.add("uid-1")
-    p = points([whole_pod("a", 1, namespace="x", uid="uid-1")], binder)
+    p = points([whole_pod("a", 1, namespace="x", uid="uid-1")], binder, gpus=1)
     claim = p.claim(bind_args("a", "uid-1"))
     assert isinstance(claim, BindClaim)
     assert p.write(bind_args("a", "uid-1"), claim).error
@@ -112,7 +92,7 @@ def test_remembered_keeps_known_names_and_a_bounded_few_others(
 def test_a_refused_filter_naming_many_unknown_nodes_remembers_a_bounded_set() -> None:
     clock = FakeClock()
     refusals = RecentRefusals(clock)
-    p = points([], unschedulable=True, refusals=refusals, clock=clock)
+    p = points([], gpus=1, unschedulable=True, refusals=refusals, clock=clock)
     names = ["n1"] + [f"ghost{i}" for i in range(10_000)]
     args = ExtenderArgs.decode(filter_args(whole_pod("a", 1, uid="u"), names))
     assert p.filter(args).error  # within the view-lag grace: "the view is behind"

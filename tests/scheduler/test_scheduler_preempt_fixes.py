@@ -8,34 +8,18 @@ from typing import Any
 
 import pytest
 from sched_builders import make_cache, node, pod, shared_pod, whole_pod
-from test_scheduler_truth import bound_share, fits, l40s, shared_gpu, with_inventory
+from test_scheduler_truth import fits, guessed_shares
 
 from kube.cache import ClusterCache
-from kube.objects import pod_request
 from scheduler.verbs import preempt
 from scheduler.wire import PreemptionArgs
 
 # ---- guessed shares stay guessed ----------------------------------------------------------
 
 
-def guessed_shares() -> ClusterCache:
-    """An L40S node with an agent that has not seen its three shares yet: gpupack bound
-    them, so their GPUs are its guesses (counted at their worst for later shares)."""
-    cache = make_cache([with_inventory(l40s(), [shared_gpu(0), shared_gpu(1)])])
-    for name, memory in (("a", "30Gi"), ("b", "2000Mi"), ("c", "2000Mi")):
-        obj = shared_pod(name, memory, compute="0.1")
-        cache.upsert_pod(obj)
-        req = pod_request(obj)
-        with cache.view():
-            option = cache.state.options(req, "n1")[0]
-        cache.assume(req, req.uid, option)
-        cache.upsert_pod(bound_share(name, option.gpus[0], memory))
-    return cache
-
-
 @pytest.mark.parametrize("victims", [["a"], ["b"], ["a", "b", "c"], []])
 def test_preempt_leaves_guessed_shares_guessed(victims: list[str]) -> None:
-    cache = guessed_shares()
+    cache = guessed_shares()[0]
     with cache.view():
         before = dict(cache.state.nodes["n1"].unsure)
     assert set(before) == {"default/a", "default/b", "default/c"}

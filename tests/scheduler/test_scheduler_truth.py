@@ -270,9 +270,11 @@ def test_a_share_bound_by_someone_else_and_unseen_is_where_the_plugin_put_it() -
     assert cache.counted("default/x")[1].gpus == (1,)
 
 
-def test_shares_bound_in_a_burst_count_at_their_worst_until_the_agent_reports() -> None:
-    empty = [shared_gpu(0), shared_gpu(1)]
-    cache = make_cache([with_inventory(l40s(), empty)])
+def guessed_shares() -> tuple[ClusterCache, dict[str, int]]:
+    """An L40S node whose agent has not seen its three shares yet: gpupack bound them
+    (each assumed, then the bind recorded), so their GPUs are its guesses, counted at
+    their worst for later shares. Also the GPU each went to."""
+    cache = make_cache([with_inventory(l40s(), [shared_gpu(0), shared_gpu(1)])])
     placed = {}
     for name, memory in (("a", "30Gi"), ("b", "2000Mi"), ("c", "2000Mi")):
         obj = shared_pod(name, memory, compute="0.1")
@@ -283,6 +285,11 @@ def test_shares_bound_in_a_burst_count_at_their_worst_until_the_agent_reports() 
         cache.assume(req, req.uid, option)
         placed[name] = option.gpus[0]
         cache.upsert_pod(bound_share(name, option.gpus[0], memory))  # the bind, recorded
+    return cache, placed
+
+
+def test_shares_bound_in_a_burst_count_at_their_worst_until_the_agent_reports() -> None:
+    cache, placed = guessed_shares()
     with cache.view():
         # a came under a tie (either GPU); b and c after an unseen guess.
         assert set(cache.state.nodes["n1"].unsure) == {"default/a", "default/b", "default/c"}
