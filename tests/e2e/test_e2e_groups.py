@@ -1,7 +1,8 @@
 """LLM groups on the real control plane: a reservation uses only nodes every member could
 run on, a group its namespace's ResourceQuota cannot hold is refused and holds nothing,
-and a group refused while another held the room binds as soon as that room is reserved
-for it, though no cluster event told kube-scheduler (an expiry)."""
+a group refused while another held the room binds as soon as that room is reserved
+for it, though no cluster event told kube-scheduler (an expiry), and a member's room on a
+node kube-scheduler rules out is placed again where kube-scheduler would send it."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from typing import Any
 
 import pytest
 from cluster import (
+    MANUAL_SCHEDULER,
+    bind_with_records,
     bound,
     create_nodes,
     create_pods,
@@ -17,6 +20,7 @@ from cluster import (
     h100_whole,
     lws_member,
     pending_report,
+    pod,
     pods_in,
     wait_for,
 )
@@ -141,3 +145,40 @@ def test_a_refused_group_binds_when_an_expiry_frees_its_room(space: Space, core:
     placed = bound(pods_in(core, ns))
     assert len({placed["llm-a-0"], placed["llm-b-0"], placed["llm-b-0-1"]}) == 3
     assert time.monotonic() - start >= E2E_GROUP_TTL_S - 10
+
+
+def test_a_room_kube_scheduler_rules_out_is_placed_again(space: Space, core: Any) -> None:
+    """kube-scheduler judges rules gpupack does not (here a worker's pod anti-affinity):
+    when it leaves a member's reserved node out of the candidates it sends, gpupack places
+    that room again on a node it did send, and the member binds there well before the
+    reservation would expire (without that, the same room was refused until the TTL and
+    then reserved on the same node again)."""
+    ns = space.namespace()
+    p = space.name
+    first = [h100_whole(f"{p}-n-{i}", p) for i in range(2)]
+    space.nodes += create_nodes(core, first)
+    # A pod on one of the two nodes that the worker must not share a node with.
+    blocker = pod("blocker", labels={"e2e.gpupack.io/blocker": "yes"}, cpu="10m",
+                  memory="16Mi", scheduler=MANUAL_SCHEDULER)
+    create_pods(core, ns, [blocker])
+    members = [lws_member("llm", w, 2, 8, p) for w in range(2)]
+    leader, worker = members
+    create_pods(core, ns, [leader])
+    placed = wait_for(lambda: bound(pods_in(core, ns)).get("llm-0"), 60, "the leader's bind")
+    room = next(n.name for n in first if n.name != placed)
+    # Only now the blocker goes where the worker's room is (bound by hand, no scheduler).
+    bind_with_records(core, ns, "blocker", room, {})
+    worker["spec"]["affinity"] = {"podAntiAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": [{
+            "labelSelector": {"matchLabels": {"e2e.gpupack.io/blocker": "yes"}},
+            "topologyKey": "kubernetes.io/hostname"}]}}
+    # A third node for kube-scheduler to offer instead.
+    third = f"{p}-n-2"
+    space.nodes += create_nodes(core, [h100_whole(third, p)])
+    start = time.monotonic()
+    create_pods(core, ns, [worker])
+    got = wait_for(lambda: bound(pods_in(core, ns)).get("llm-0-1"), E2E_GROUP_TTL_S - 20,
+                   "the worker to bind on the node kube-scheduler offered "
+                   f"({pending_report(core, ns)})")
+    assert got == third
+    assert time.monotonic() - start < E2E_GROUP_TTL_S - 20
