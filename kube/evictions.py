@@ -6,7 +6,12 @@ pod recreated under the same name is never evicted by mistake). The API server e
 PodDisruptionBudgets: it answers 429 when a budget allows no disruption now (the
 outcome ``pdb``: try later), 404 when the pod is gone already (``gone``: what was
 wanted), 409 when the UID no longer matches (``gone`` too: the pod we meant is gone),
-403 when gpupack may not evict it (``forbidden``), anything else ``error``.
+403 when gpupack may not evict it (``forbidden``), anything else ``error``. A 409 is
+also the answer when the server's own update of the PodDisruptionBudget's status (or of
+the pod, under the resourceVersion precondition it sets itself) kept conflicting with
+other writers (``pkg/registry/core/pod/storage/eviction.go``): the pod is still there,
+so that one is ``error`` (tried again with backoff), told apart by what the Status
+names (see :func:`outcome_of`).
 
 :class:`ApiEvents` creates core/v1 Events (RBAC: ``create events``) on pods, as
 ``kubectl describe pod`` shows them. Events are best effort: a failure is logged, never
@@ -19,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 import uuid
 from dataclasses import dataclass
@@ -59,16 +65,66 @@ class EventSink(Protocol):
     def emit(self, pod: PodRef, reason: str, message: str, warning: bool = False) -> None: ...
 
 
-def outcome_of(status: int) -> str:
+def outcome_of(status: int, body: Any = None) -> str:
+    """The outcome of an eviction answered ``status``; ``body``: the Status the server
+    sent (JSON text or bytes), read for a 409 only."""
     if 200 <= status < 300:
         return "evicted"
     if status == 429:
         return "pdb"
-    if status in (404, 409):
+    if status == 409:
+        return "error" if conflict_is_retryable(body) else "gone"
+    if status == 404:
         return "gone"
     if status == 403:
         return "forbidden"
     return "error"
+
+
+def conflict_is_retryable(body: Any) -> bool:
+    """Whether a 409 of the eviction subresource says "try again" rather than "the pod
+    you meant is gone". Both are ``reason: Conflict``; the server writes them as
+    ``errors.NewConflict(resource, name, cause)``: ``details.kind`` is the resource and
+    the message ``Operation cannot be fulfilled on <resource> "<name>": <cause>``.
+
+    * the UID precondition failed (the pod was deleted, maybe recreated under the same
+      name): kind ``Pod``, cause ``the UID in the precondition (...) does not match`` or,
+      from the storage layer, ``Precondition failed: UID in precondition: ...``: gone;
+    * the PodDisruptionBudget's status update conflicted (other evictions, the
+      disruption controller): kind ``poddisruptionbudgets``: retryable;
+    * the pod changed under the resourceVersion precondition the server set itself (a
+      terminal or unready pod), or any other write conflict on it (``the object has
+      been modified``): retryable; the pod is still there.
+
+    A 409 naming none of these (no Status body at all) stays ``gone``, as before.
+    """
+    data = _status(body)
+    if data is None:
+        return False
+    details = data.get("details")
+    kind = details.get("kind") if isinstance(details, dict) else None
+    raw = data.get("message")
+    message = raw if isinstance(raw, str) else ""
+    if _UID_PRECONDITION.search(message):
+        return False
+    if isinstance(kind, str) and kind.lower().startswith("poddisruptionbudget"):
+        return True
+    if "poddisruptionbudgets.policy" in message:
+        return True
+    return bool(_RETRYABLE_CONFLICT.search(message))
+
+
+_UID_PRECONDITION = re.compile(r"UID in (the )?precondition", re.IGNORECASE)
+_RETRYABLE_CONFLICT = re.compile(
+    r"ResourceVersion in (the )?precondition|the object has been modified", re.IGNORECASE)
+
+
+def _status(body: Any) -> dict[str, Any] | None:
+    try:
+        data = json.loads(body)
+    except (TypeError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 M = TypeVar("M")
@@ -115,7 +171,7 @@ class ApiEvictor:
                 _request_timeout=self.timeout_s)
         except ApiException as e:
             status = int(e.status or 0)
-            return EvictionResult(outcome_of(status),
+            return EvictionResult(outcome_of(status, e.body),
                                   _message(e.body, f"HTTP {status}: {e.reason}"))
         except (HTTPError, OSError) as e:
             return EvictionResult("error", f"evicting {pod.key}: {e}")

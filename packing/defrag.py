@@ -110,6 +110,13 @@ class Move:
     evictions: tuple[Eviction, ...]
     room: tuple[Placement, ...]  # the group's members (and reserved workers) after it
     cost: int
+    # (node, CPU millicores, memory MiB) the members take there: a move may evict a pod
+    # for its CPU or memory, and whoever carries it out must keep those for the group too
+    takes: tuple[tuple[str, int, int], ...] = ()
+
+    def cpu_memory(self) -> dict[str, tuple[int, int]]:
+        """CPU millicores and memory MiB the group takes, per node."""
+        return {n: (cpu, mem) for n, cpu, mem in self.takes}
 
     def frees(self) -> dict[str, list[int]]:
         """GPUs the group takes, per node: idle already or freed by the evictions."""
@@ -402,7 +409,12 @@ def _plan_unit(c: _Cluster, key: str, members: list[PodRequest],
         done = _try(c, members, sel, params)
         if done is not None:
             room, evictions = done
-            return Move(key, tuple(evictions), tuple(room), sel.cost)
+            takes: dict[str, tuple[int, int]] = {}
+            for m, p in zip(members, room, strict=True):
+                cpu, mem = takes.get(p.node, (0, 0))
+                takes[p.node] = (cpu + m.cpu_milli, mem + m.memory_mib)
+            return Move(key, tuple(evictions), tuple(room), sel.cost,
+                        tuple((n, cpu, mem) for n, (cpu, mem) in sorted(takes.items())))
         rounds += 1
         if rounds >= params.max_rounds:
             return _waiting_reason(members, topology, kept, limits, rounds, sel.status)

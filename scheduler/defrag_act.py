@@ -10,7 +10,9 @@ so (outside the lock, on a snapshot), takes the pure decision
 
 * holds: the room's GPUs, as they free, are counted in the cache under the key
   ``<group>#defrag-<node>`` (:meth:`ClusterCache.hold`), so filter, bind and the planner
-  see them as taken and no pod (an evicted pod's replacement included) gets them. A pod
+  see them as taken and no pod (an evicted pod's replacement included) gets them; so are
+  the CPU and memory the members take on that node, as they free (the planner evicts
+  pods for those too, and a replacement bound back in their place undoes the move). A pod
   of the campaign that goes is seen under the cache lock (``on_pod_gone``) and its GPUs
   are held in the same step, before any other pod is answered;
 * evictions: through the Eviction API (:mod:`kube.evictions`), outside the lock; the
@@ -66,6 +68,7 @@ from scheduler.defrag_decide import (
     after_refusal,
     consolidating,
     decide_defrag,
+    eligible,
     in_window,
     is_consolidation,
     wanted_room_holds,
@@ -85,8 +88,13 @@ def defrag_hold_key(group: str, node: str) -> str:
     return f"{group}{HOLD_MARK}{node}"
 
 
-def room_hold_request(key: str, gpus: int) -> PodRequest:
-    return PodRequest(key=key, kind=RequestKind.WHOLE, gpu_count=gpus, klass="whole")
+def room_hold_request(key: str, gpus: int, cpu_milli: int = 0, memory_mib: int = 0
+                      ) -> PodRequest:
+    """What a room's hold on one node counts: its GPUs (none yet: CPU and memory only)
+    and the CPU and memory the group's members take there."""
+    kind = RequestKind.WHOLE if gpus else RequestKind.NONE
+    return PodRequest(key=key, kind=kind, gpu_count=gpus, cpu_milli=cpu_milli,
+                      memory_mib=memory_mib, klass="whole" if gpus else "cpu")
 
 
 class DefragMetrics:
@@ -332,15 +340,40 @@ class Defragmenter:
             return
         free, _ = self._room(c.room, c.group)
         holds = self.cache.holds()
-        for node, gpus in wanted_room_holds(c, free).items():
+        wanted = wanted_room_holds(c, free)
+        for node in sorted(c.room):
             hk = defrag_hold_key(c.group, node)
             cur = holds.get(hk)
-            if cur is not None and tuple(cur[1].gpus) == gpus:
+            gpus = wanted.get(node, ())
+            cpu, mem = self._cpu_memory_to_hold(c, node, cur)
+            if not gpus and not cpu and not mem:
+                continue
+            if cur is not None and (tuple(cur[1].gpus), cur[0].cpu_milli,
+                                    cur[0].memory_mib) == (gpus, cpu, mem):
                 continue
             self.cache.unhold(hk)
-            why = self.cache.hold(room_hold_request(hk, len(gpus)), Placement(hk, node, gpus))
+            why = self.cache.hold(room_hold_request(hk, len(gpus), cpu, mem),
+                                  Placement(hk, node, gpus))
+            if why is not None and gpus and (cpu or mem):
+                # The GPUs are what the room cannot do without: never lose them to a
+                # CPU or memory figure the cache counts otherwise.
+                why = self.cache.hold(room_hold_request(hk, len(gpus)),
+                                      Placement(hk, node, gpus))
             if why is not None:
                 log.info("room of group %s on %s not held: %s", c.group, node, why)
+
+    def _cpu_memory_to_hold(self, c: Campaign, node: str,
+                            cur: tuple[PodRequest, Placement] | None) -> tuple[int, int]:
+        """The CPU and memory the members take on ``node``, as far as they are free now
+        (or held by the node's hold already): the rest is held as the pods holding it
+        go, in the step that sees them go, so their replacements cannot take it back."""
+        cpu, mem = c.takes.get(node, (0, 0))
+        n = self.cache.state.nodes.get(node)
+        if n is None or not (cpu or mem):
+            return 0, 0
+        held_cpu, held_mem = (cur[0].cpu_milli, cur[0].memory_mib) if cur else (0, 0)
+        return (max(0, min(cpu, n.cpu_free + held_cpu)),
+                max(0, min(mem, n.mem_free + held_mem)))
 
     def _release(self, group: str) -> None:
         for hk in [k for k in self.cache.holds() if k.startswith(group + HOLD_MARK)]:
@@ -422,7 +455,16 @@ class Defragmenter:
 
     def _plan(self, state: DefragState, now: float, version: int) -> DefragState:
         snap = self.cache.snapshot()
-        wanted = set(state.needs)
+        # Only the units a move may serve now are planned (act: groups short of room, not
+        # cooling down; plan: those and lone whole-GPU pods). The planner applies each
+        # move to the cluster before planning the next: a move kept after one of a unit
+        # never acted on (a lone pod, a group waiting for quota) could count on the room
+        # that one frees, and evict a pod that fits nowhere once it is not carried out.
+        # The first move with evictions is then planned on the cluster as it is (the
+        # moves before it evict nothing, they only take room).
+        wanted = {g for g, n in state.needs.items() if eligible(g, n, state, now)}
+        snap = replace(snap, pending=tuple(
+            p for p in snap.pending if (p.group.key if p.group else p.key) in wanted))
         groups = any(not n.lone and n.room_short for n in state.needs.values())
         if consolidating(state) and not groups:
             with self.cache.lock:

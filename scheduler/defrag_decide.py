@@ -16,6 +16,8 @@ Rules:
   highest priority first, then the most GPUs) for a group the book says waits for room
   (``room_short``), not cooling down, that needs at least one eviction, starts a
   campaign. Lone whole-GPU pods are only announced (no book reserves their room).
+  Only the eligible units (:func:`eligible`) are planned: a move planned after one that
+  is never carried out could count on the room that one frees.
 * a campaign stops, its holds given back, when: the group holds a reservation (placed,
   here or elsewhere: ``placed``), the group has no pending pod any more (``gone``), the
   API refuses an eviction for good (403: ``forbidden``), all its pods are gone but the
@@ -27,7 +29,8 @@ Rules:
   a refusal (429: a PodDisruptionBudget, or another error) is tried again after
   ``retry_base_s * 2**(refusals-1)``, at most ``retry_max_s``.
 * holds: every GPU of the room that is idle (or already held) is held for the group,
-  as it frees, so neither the evicted pods' replacements nor any other pod take it.
+  as it frees, so neither the evicted pods' replacements nor any other pod take it; with
+  it, as it frees, the CPU and memory the members take on that node (``Campaign.takes``).
 * hand over: once every pod of the move is gone and every GPU of the room is held, the
   holds are given to the group (the handler releases them and has the reservation book
   place the group in the same locked step).
@@ -87,6 +90,9 @@ class Campaign:
     started: float
     busy_at_start: int  # GPUs of the room not idle when it started (freed by it)
     cost: int = 0
+    # node -> (CPU millicores, memory MiB) the group's members take there: held with the
+    # room's GPUs, since the move may evict pods for their CPU or memory too
+    takes: Mapping[str, tuple[int, int]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -200,7 +206,7 @@ def wants_plan(state: DefragState, now: float, last_plan: float, changed: bool,
     and it is not too recent)."""
     if state.campaign is not None:
         return False
-    if not any(_eligible(g, n, state, now) for g, n in state.needs.items()) \
+    if not any(eligible(g, n, state, now) for g, n in state.needs.items()) \
             and not consolidating(state):
         return False
     age = now - last_plan
@@ -215,11 +221,14 @@ def consolidating(state: DefragState) -> bool:
 
 
 def _group_waits(state: DefragState, now: float) -> bool:
-    return any(_eligible(g, n, state, now) for g, n in state.needs.items()
+    return any(eligible(g, n, state, now) for g, n in state.needs.items()
                if not n.lone)
 
 
-def _eligible(group: str, need: Need, state: DefragState, now: float) -> bool:
+def eligible(group: str, need: Need, state: DefragState, now: float) -> bool:
+    """Whether a plan may serve ``group`` now: plan mode tells groups waiting for room
+    and lone whole-GPU pods; act mode acts only for groups waiting for room, not cooling
+    down. The handler plans for these units only (see ``Defragmenter._plan``)."""
     if state.mode == "plan":
         return need.room_short or need.lone
     return need.room_short and not need.lone and now >= state.cooldown.get(group, 0.0)
@@ -263,7 +272,7 @@ def _start(state: DefragState, now: float, cfg: DefragSettings) -> DefragDecisio
     cooldown = {g: t for g, t in state.cooldown.items() if t > now}
     for m in state.plan or ():
         need = state.needs.get(m.group)
-        if need is None or not m.evictions or not _eligible(m.group, need, state, now):
+        if need is None or not m.evictions or not eligible(m.group, need, state, now):
             continue
         frees = m.frees()
         busy = sum(len(g) - len(set(g) & state.room_free.get(n, frozenset()))
@@ -273,7 +282,7 @@ def _start(state: DefragState, now: float, cfg: DefragSettings) -> DefragDecisio
             targets=tuple(Target(e.pod, state.uids.get(e.pod, ""), e.node, e.to.node)
                           for e in m.evictions),
             room={n: tuple(g) for n, g in frees.items()}, started=now, busy_at_start=busy,
-            cost=m.cost)
+            cost=m.cost, takes=m.cpu_memory())
         return DefragDecision(start=c, hold=wanted_room_holds(c, state.room_free),
                               cooldown=cooldown)
     if consolidating(state) and not _group_waits(state, now):
@@ -289,7 +298,7 @@ def _start(state: DefragState, now: float, cfg: DefragSettings) -> DefragDecisio
                 targets=tuple(Target(e.pod, state.uids.get(e.pod, ""), e.node, e.to.node)
                               for e in m.evictions),
                 room={n: tuple(g) for n, g in frees.items()}, started=now,
-                busy_at_start=busy, cost=m.cost)
+                busy_at_start=busy, cost=m.cost, takes=m.cpu_memory())
             return DefragDecision(start=c, hold=wanted_room_holds(c, state.room_free),
                             cooldown=cooldown)
     return DefragDecision(cooldown=cooldown)
