@@ -6,7 +6,14 @@ binds must be single (two workers would each hand out the same GPU); threads, be
 kube-scheduler calls the verbs concurrently and they spend little time each.
 
 The app is built inside the worker (``load``), after gunicorn forks, since the watch
-and planner threads would not survive a fork.
+and planner threads would not survive a fork. When the worker stops (SIGTERM to
+gunicorn, a pod deleted or rolled), gunicorn's ``worker_exit`` hook runs in it once the
+requests in flight are answered: :meth:`Components.shutdown` stops the loops that queue
+API writes, then lets each writer flush what it still holds (records, pod conditions,
+the compaction memory) while this replica leads, all within ``SHUTDOWN_S`` seconds (well
+inside gunicorn's ``graceful_timeout``, after which the worker is killed). Without it a
+write queued or waiting for a retry would be lost with the process: the last change of
+a record has no later one behind it.
 
 Cluster source: the API server (``--kubeconfig`` or ``--in-cluster``), else static
 files (``--nodes``/``--pods``), else the bundled example cluster.
@@ -27,6 +34,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +46,8 @@ from gpupack.startup import announce_when_synced, source_words, startup_line
 
 EXAMPLES = Path(__file__).parent / "examples"
 log = logging.getLogger("gpupack.serve")
+SHUTDOWN_S = 5.0  # the whole shutdown: loops' last steps, then the writers' flush
+GRACEFUL_TIMEOUT_S = 10  # gunicorn's: requests in flight, then worker_exit, then SIGKILL
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -320,7 +330,8 @@ class Components:
                         min_excess=args.mig_compact_min_excess),
                     metrics=compact_metrics,
                     memory=(ApiMemoryReader(api, args.namespace), self.compaction_writer,
-                            args.namespace))
+                            args.namespace),
+                    is_leader=self.leader.is_leader)  # asked before each eviction
             self.mig = MigActuator(
                 self.cache, mig_api, compactor=compactor,
                 is_leader=self.leader.is_leader, reserved=self.groups.held_members,
@@ -411,6 +422,34 @@ class Components:
             "serve", self.source_words, self.cache.counts(), self.listening,
             [f"policy {self.policy}"]))
 
+    def shutdown(self, budget_s: float = SHUTDOWN_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """Stop what queues API writes (the reservation book, the MIG actuator, the
+        defragmenter), give a step in progress up to half of ``budget_s`` to end, then
+        stop each writer, which writes what it still holds while this replica leads
+        (the lease keeps being polled meanwhile), until the budget is spent. Bounded:
+        what is not written by then is logged by its writer and lost."""
+        deadline = clock() + budget_s
+        loops: list[Any] = [x for x in (self.groups, self.mig, self.defrag) if x is not None]
+        for loop in loops:
+            loop.stop()
+        half = clock() + budget_s / 2
+        for loop in loops:
+            join = getattr(loop, "join", None)
+            if join is not None and not join(half - clock()):
+                log.warning("%s still in a step at shutdown; its last writes may be lost",
+                            type(loop).__name__)
+        writers = [w for w in (self.group_writer, self.requeue_writer,
+                               self.compaction_writer) if w is not None]
+        for w in writers:
+            w.stop(drain_s=max(0.0, deadline - clock()))
+        for w in writers:
+            if not w.join(deadline - clock()):
+                log.warning("%s writer: still writing at the end of the shutdown", w.what)
+        if self.lease is not None:
+            self.lease.stop()
+        log.info("shut down: loops stopped and writers flushed in %.1f s",
+                 budget_s - max(0.0, deadline - clock()))
 
     def _freeze_when_synced(self) -> None:
         """Once the first list is in, move everything allocated so far out of the garbage
@@ -580,6 +619,7 @@ class ExtenderServer(BaseApplication):
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
+        self.parts: Components | None = None  # built in the worker (load)
         super().__init__()
 
     def load_config(self) -> None:
@@ -600,7 +640,7 @@ class ExtenderServer(BaseApplication):
             "threads": a.threads,
             "preload_app": False,
             "timeout": 60,
-            "graceful_timeout": 10,
+            "graceful_timeout": GRACEFUL_TIMEOUT_S,
             "keepalive": 75,  # kube-scheduler keeps extender connections alive
             "accesslog": None,
             "loglevel": str(a.log_level).lower(),
@@ -608,6 +648,7 @@ class ExtenderServer(BaseApplication):
             # Several extenders (tests, benchmarks) may run side by side; gunicorn's
             # runtime control socket has one default path and is not needed here.
             "control_socket_disable": True,
+            "worker_exit": self.worker_exit,
         }
         for key, value in settings.items():
             self.cfg.set(key, value)
@@ -625,4 +666,12 @@ class ExtenderServer(BaseApplication):
             # (run() then exits with status 2).
             raise AppImportError(f"gpupack serve: {e}") from None
         parts.start()
+        self.parts = parts
         return parts.app
+
+    def worker_exit(self, server: Any, worker: Any) -> None:
+        """gunicorn's hook, in the worker, after it stopped serving: flush the writes
+        still queued (:meth:`Components.shutdown`). Nothing when the app never loaded."""
+        del server, worker
+        if self.parts is not None:
+            self.parts.shutdown()

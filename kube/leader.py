@@ -36,8 +36,14 @@ class Leadership(Protocol):
     def is_leader(self) -> bool: ...
 
 
+# leaseDurationSeconds is an int32 in the API: anything outside 1..2**31-1 is not one
+# (10**400 would overflow a float when added to the renew time).
+MAX_DURATION_S = 2**31 - 1
+
+
 def holds_lease(lease: Mapping[str, Any] | None, identity: str, now: float) -> bool:
-    """Whether ``identity`` leads by this Lease object (the API's JSON) at ``now``."""
+    """Whether ``identity`` leads by this Lease object (the API's JSON) at ``now``. A
+    Lease that cannot be judged (:func:`lease_problem`) leads nobody."""
     spec = lease.get("spec") if isinstance(lease, Mapping) else None
     if not isinstance(spec, Mapping):
         return False
@@ -46,11 +52,47 @@ def holds_lease(lease: Mapping[str, Any] | None, identity: str, now: float) -> b
         return False
     if holder.rsplit("_", 1)[0] != identity:
         return False
+    until = _held_until(spec)
+    return until is not None and until > now
+
+
+def _held_until(spec: Mapping[str, Any]) -> float | None:
+    """``renewTime + leaseDurationSeconds``; None when either is unreadable."""
     renewed = parse_time(spec.get("renewTime"))
     duration = spec.get("leaseDurationSeconds")
-    if renewed is None or isinstance(duration, bool) or not isinstance(duration, int):
-        return False
-    return renewed + duration > now
+    if (renewed is None or isinstance(duration, bool) or not isinstance(duration, int)
+            or not 0 < duration <= MAX_DURATION_S):
+        return None
+    return renewed + duration
+
+
+def lease_problem(lease: Mapping[str, Any] | None) -> str | None:
+    """Why a Lease that names a holder cannot be judged, naming the field; None when it
+    can (or names no holder: nobody leads, which is no problem)."""
+    if lease is None:
+        return None
+    spec = lease.get("spec")
+    if not isinstance(spec, Mapping):
+        return f"spec: {type(spec).__name__}, not an object"
+    holder = spec.get("holderIdentity")
+    if holder is None or holder == "":
+        return None
+    if not isinstance(holder, str):
+        return f"spec.holderIdentity: {type(holder).__name__}, not text"
+    if parse_time(spec.get("renewTime")) is None:
+        return f"spec.renewTime: {_show(spec.get('renewTime'))} is not a time"
+    if _held_until(spec) is None:
+        return (f"spec.leaseDurationSeconds: {_show(spec.get('leaseDurationSeconds'))} is "
+                f"not a duration (1..{MAX_DURATION_S} s)")
+    return None
+
+
+def _show(v: object) -> str:
+    try:
+        text = repr(v)
+    except ValueError:  # an int past Python's digit limit for text
+        return "a number too long to show"
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 class AlwaysLeader:
@@ -65,8 +107,11 @@ class LeaseWatcher:
 
     Between polls the last Lease seen is judged against the clock, so a lease that runs
     out makes this replica a standby at once, without waiting for the next poll. An API
-    error keeps the last Lease (it still runs out on time). ``on_change(leader)`` is
-    called from the polling thread when the answer changes.
+    error keeps the last Lease (it still runs out on time). A Lease that cannot be
+    judged (a field out of range: :func:`lease_problem`) makes this replica a standby,
+    logged once per reason naming the field; nothing read from the API stops the
+    polling thread (a dead thread would leave the last answer standing for ever).
+    ``on_change(leader)`` is called from the polling thread when the answer changes.
     """
 
     def __init__(self, api_client: Any, namespace: str, name: str, identity: str,
@@ -83,12 +128,16 @@ class LeaseWatcher:
         self.on_change = on_change
         self.lease: Mapping[str, Any] | None = None
         self.errors = 0
+        self.problem: str | None = None  # why the last Lease read cannot be judged
         self._was = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def is_leader(self) -> bool:
-        return holds_lease(self.lease, self.identity, self.clock())
+        try:
+            return holds_lease(self.lease, self.identity, self.clock())
+        except Exception:  # a Lease no rule foresaw: nobody leads by it (see poll)
+            return False
 
     def poll(self) -> bool:
         """Read the Lease once; whether this replica leads now."""
@@ -107,6 +156,7 @@ class LeaseWatcher:
         except Exception as e:  # network trouble: the last lease still runs out on time
             self.errors += 1
             log.warning("lease %s/%s: %s", self.namespace, self.name, e)
+        self._note_problem()
         leader = self.is_leader()
         if leader != self._was:
             self._was = leader
@@ -115,6 +165,18 @@ class LeaseWatcher:
             if self.on_change is not None:
                 self.on_change(leader)
         return leader
+
+    def _note_problem(self) -> None:
+        """Log why the Lease cannot be judged, once per reason (it is read every poll)."""
+        try:
+            problem = lease_problem(self.lease)
+        except Exception as e:
+            problem = f"unreadable ({type(e).__name__}: {e})"
+        if problem != self.problem:
+            self.problem = problem
+            if problem is not None:
+                log.warning("lease %s/%s cannot be judged: %s; this replica does not "
+                            "lead by it", self.namespace, self.name, problem)
 
     def start(self) -> None:
         if self._thread is None:
@@ -127,7 +189,10 @@ class LeaseWatcher:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            self.poll()
+            try:
+                self.poll()
+            except Exception:  # on_change, or a bug: logged; the next poll goes on
+                log.exception("lease %s/%s: poll failed", self.namespace, self.name)
             self._stop.wait(self.poll_s)
 
 

@@ -13,8 +13,13 @@ it (``SLICES_CREATED``). An update of the pod itself is an event for that pod: i
 status, with one of these conditions, requeues it.
 
 A condition says what gpupack last did and when (``lastTransitionTime``), not what holds
-now: it is not taken back when a reservation ends. A wake whose write fails (after the
-writer's retries) is not tried again; the pod then waits for the next cluster event.
+now: it is not taken back when a reservation ends. A wake whose write fails is retried
+by its :class:`kube.reservations.RecordWriter` like any other write: a few quick tries,
+then again every few seconds (doubling up to a minute) while this replica leads, until
+it passes, a newer wake of the same pod replaces it, or the API refuses it for good (400,
+422: dropped). A wake dropped because this replica stopped leading is not written by
+the next leader; the pod then waits for the next cluster event (at most kube-scheduler's
+five-minute flush).
 
 Only ``pods/status`` is patched (kube-scheduler's own grant, on the ServiceAccount the
 extender shares with it), never the pod's spec or metadata; the condition is merged by
@@ -38,7 +43,7 @@ SLICES_REASON = "MigReconfigured"
 # kube-scheduler made on that change came first): scheduler/refusals.py.
 NODE_CHANGED = "gpupack.io/NodeChanged"
 NODE_REASON = "ViewCaughtUp"
-REQUEST_TIMEOUT_S = 10  # one patch; the writer retries a few times, then gives up
+REQUEST_TIMEOUT_S = 10  # one patch; the writer retries it (see the module docstring)
 
 
 def _patch(key: str, kind: str, reason: str, message: str, now: dt.datetime

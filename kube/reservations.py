@@ -385,6 +385,11 @@ class RecordWriter:
     this replica stops leading, or the API answers that it never will (``PERMANENT``:
     then it is logged and dropped). Nothing else would write it again: a wake patched on
     a pod, or the last change of a record, has no later change behind it.
+
+    ``stop`` ends the thread after a last, bounded flush (a shutdown): what is queued
+    and what waits to be tried again is written, one try each, while this replica still
+    leads and for at most ``drain_s`` seconds; what is left is logged as not written.
+    ``join`` waits for that.
     """
 
     def __init__(
@@ -407,6 +412,7 @@ class RecordWriter:
         self._later: dict[str, tuple[float, Mapping[str, Any] | None, float]] = {}
         self._cond = threading.Condition()
         self._stop = False
+        self._flush_by = math.inf  # on stop: the last flush writes until then (clock)
         self._thread: threading.Thread | None = None
         self.writes = 0
         self.failures = 0  # writes that failed all their retries (tried again later)
@@ -435,10 +441,21 @@ class RecordWriter:
                                             name=f"gpupack-{self.what.replace(' ', '-')}-writer")
             self._thread.start()
 
-    def stop(self) -> None:
+    def stop(self, drain_s: float = 3.0) -> None:
+        """Ask the thread to end; it first flushes what is queued or waits to be tried
+        again, for at most ``drain_s`` seconds (a write in progress is finished first)."""
         with self._cond:
             self._stop = True
+            self._flush_by = self.clock() + drain_s
             self._cond.notify()
+
+    def join(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` seconds for the thread to end; whether it has (or
+        never ran)."""
+        if self._thread is not None:
+            self._thread.join(max(0.0, timeout_s))
+            return not self._thread.is_alive()
+        return True
 
     def _loop(self) -> None:
         while True:
@@ -449,7 +466,7 @@ class RecordWriter:
                         break
                     self._cond.wait(None if due is None else due - self.clock())
                 if self._stop:
-                    return
+                    break
             try:
                 self.drain()
             except Exception:
@@ -460,6 +477,42 @@ class RecordWriter:
                 with self._cond:
                     if not self._stop:
                         self._cond.wait(self.later_s)
+        try:
+            self._flush()
+        except Exception:
+            log.exception("%s writer: the last flush failed", self.what)
+
+    def _flush(self) -> int:
+        """On stop: every write queued or waiting to be tried again, one try each (no
+        waits between tries: the process is ending), while leading and before the
+        deadline ``stop`` set; returns how many succeeded."""
+        with self._cond:
+            items = list(self._queue.items())
+            items += [(k, v[1]) for k, v in self._later.items() if k not in self._queue]
+            self._queue.clear()
+            self._later.clear()
+        done = 0
+        for i, (name, obj) in enumerate(items):
+            why = ("out of time" if self.clock() >= self._flush_by
+                   else None if self.is_leader() else "not the leader")
+            if why is not None:
+                if why == "not the leader":
+                    self.dropped += len(items) - i
+                log.warning("%s writer stopping (%s): %d write(s) not made", self.what,
+                            why, len(items) - i)
+                break
+            try:
+                if obj is None:
+                    self.store.delete(name)
+                else:
+                    self.store.put(obj)
+                self.writes += 1
+                done += 1
+            except Exception as e:
+                self.failures += 1
+                log.warning("%s writer stopping: %s %s not written: %s", self.what,
+                            self.what, name, e)
+        return done
 
     def drain(self) -> int:
         """Write everything queued now, and the failed writes whose time has come;

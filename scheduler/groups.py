@@ -213,11 +213,13 @@ class ReservationBook:
             now = self._now()
             if obj is None:
                 group = self._names.pop(name, None)
-                # The leader trusts its own writes (this may be the echo of an older
-                # delete); a standby mirrors the API.
-                if group is not None and not self.is_leader() and \
-                        self.records.pop(group, None) is not None:
-                    self._record_gen += 1
+                if self.is_leader():
+                    # The leader trusts its memory: the echo of its own delete, or a
+                    # late delete of a replica that led before, of a record it holds
+                    # (then written again: the API must not lack it at a failover).
+                    self._repair(name)
+                elif group is not None and self.records.pop(group, None) is not None:
+                    self._record_gen += 1  # a standby mirrors the API
                 self._wake.set()
                 return
             try:
@@ -230,8 +232,12 @@ class ReservationBook:
             self._revs[rec.group] = max(self._revs.get(rec.group, 0), rec.rev)
             own = self._own_revs.get(rec.group, self._retired.get(rec.group))
             if own is not None and rec.rev <= own and self.is_leader():
-                # An echo of a write of ours: we have it, or have released it since (a
-                # late echo must not bring a released reservation back).
+                # Not above what we wrote: the echo of a write of ours, or a late write
+                # of a replica that led before. Memory wins (a late echo must not bring
+                # a released reservation back); the API is set to it again unless it
+                # already shows exactly what memory holds.
+                if self.records.get(rec.group) != rec:
+                    self._repair(name, rec.group)
                 return
             if rec.expires > now + self.ttl:
                 # No record a leader writes outlives now + ttl: a later expiry is corrupt
@@ -419,6 +425,24 @@ class ReservationBook:
             if g not in self.records:
                 self.writer.submit(name, None)
 
+    def _repair(self, name: str, group: str | None = None) -> None:
+        """On the leader, under the lock: the API showed record ``name`` other than memory
+        has it (deleted, or another revision): queue memory's record again, or its delete
+        when memory holds none. The echo of that write equals memory and ends it; an echo
+        of an older write of ours costs one write more (the writer keeps the latest per
+        record). Nothing else would write it again: a failover would find the API's."""
+        if group is None:
+            group = next((g for g in self.records if record_name(g) == name), None)
+        rec = self.records.get(group) if group is not None else None
+        if rec is not None:
+            log.info("record of group %s differs in the API from this leader's: written "
+                     "again", rec.group)
+            self._own_revs[rec.group] = max(self._own_revs.get(rec.group, 0), rec.rev)
+            self.writer.submit(name, record_object(rec, self.namespace))
+        elif group is not None:
+            log.info("record of group %s is in the API, released here: deleted again", group)
+            self.writer.submit(name, None)
+
     def _retire(self, members: Mapping[str, list[Member]]) -> None:
         """Forget the revisions of groups that are gone: no record here or in the API
         (its delete echoed, or never written) and no pod. Their highest revision moves
@@ -578,6 +602,14 @@ class ReservationBook:
     def stop(self) -> None:
         self._stop.set()
         self._wake.set()
+
+    def join(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` seconds for the thread (stopped) to end its step in
+        progress; whether it has (or never ran). A shutdown then flushes the writers."""
+        if self._thread is not None:
+            self._thread.join(max(0.0, timeout_s))
+            return not self._thread.is_alive()
+        return True
 
     def _loop(self, poll_s: float) -> None:
         while not self._stop.is_set():

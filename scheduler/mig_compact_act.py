@@ -16,18 +16,28 @@ controller recreates them), and applies the :class:`CompactDecision`:
 * an Event per drain started and ended (on the node) and per eviction (on the pod), a
   log line, and the ``gpupack_mig_drains`` / ``gpupack_mig_compaction_evictions`` metrics.
 
+Leadership is checked again right before each eviction and each Event: the actuator's
+step calls this after its own slow part (the decision, the ConfigMap and Node writes),
+and a replica whose lease ran out meanwhile must not evict (the drain it started is
+taken up, or not, by the new leader from the memory). Unless given its own
+``is_leader``, the compactor asks the actuator's.
+
 A standby holds nothing. The evictions of the last hour, the cool-downs and the drains
 in flight are kept in :mod:`kube.compaction_memory`: a new leader reads them back before
 it moves anything, so the hourly budget and the cool-downs are the cluster's, not a
 leader term's, and a drain the last leader started goes on (its GPU's free slices held
-again, its pods not yet evicted evicted, each slice held as its pod goes).
+again, its pods not yet evicted evicted, each slice held as its pod goes). The memory
+goes through a writer that drops what it finds it may not write (this replica not
+leading when it drains): when its ``dropped`` count moves, the memory is submitted
+again at the next step, even if it did not change since (a lapse of the lease this
+handler never saw would otherwise leave an accepted eviction out of the memory).
 """
 
 from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import fields, replace
 from typing import Any, Protocol
 
@@ -105,14 +115,20 @@ class Compactor:
                  events: EventSink, node_events: NodeEvents, *,
                  settings: CompactSettings = DEFAULT_COMPACT,
                  metrics: CompactMetrics | None = None,
-                 memory: tuple[MemoryReader, Submitter, str] | None = None) -> None:
+                 memory: tuple[MemoryReader, Submitter, str] | None = None,
+                 is_leader: Callable[[], bool] | None = None) -> None:
         """``memory``: where the evictions of the last hour and the cool-downs are kept
         across leaders (:mod:`kube.compaction_memory`): a reader, a writer and the
-        namespace of the ConfigMap; None: nowhere (a new leader starts with none)."""
+        namespace of the ConfigMap; None: nowhere (a new leader starts with none).
+        ``is_leader``: asked before each eviction and Event; None: the actuator that
+        runs this compactor sets its own (:class:`scheduler.mig_loop.MigActuator`)."""
         self.cache = cache
         self.memory = memory
+        self.is_leader = is_leader
         # What this leader last read or wrote of the memory (None: not read back yet).
         self._remembered: CompactionMemory | None = None
+        # The memory writer's ``dropped`` count when the memory was last submitted.
+        self._drops_seen = 0
         self.owners = owners
         self.evictor = evictor
         self.events = events
@@ -256,19 +272,26 @@ class Compactor:
                  "evicted)", dr.gpu, dr.node, len(dr.evicted), len(dr.pods))
 
     def _remember(self, now: float) -> None:
-        """Write the memory when what it keeps changed (the leader only: its writer)."""
+        """Write the memory when what it keeps changed, or when the writer dropped a
+        write since the last submit (the leader only: its writer)."""
         if self.memory is None:
             return
         mem = CompactionMemory(tuple(t for t in self.evicted_at if now - t < 3600),
                                {k: t for k, t in self.cooldown.items() if t > now},
                                tuple(_record_of(d) for d in self.drains.values()))
         cool = self.settings.cooldown_s
-        if (self._remembered is not None
+        writer = self.memory[1]
+        dropped = int(getattr(writer, "dropped", 0))
+        if (self._remembered is not None and dropped == self._drops_seen
                 and mem.within(now, cooldown_s=cool) == self._remembered.within(
                     now, cooldown_s=cool)):
             return
+        if dropped != self._drops_seen:
+            log.info("MIG compaction memory: a write was dropped while not leading; "
+                     "writing it again")
         self._remembered = mem
-        self.memory[1].submit(NAME, memory_object(mem, self.memory[2]))
+        self._drops_seen = dropped
+        writer.submit(NAME, memory_object(mem, self.memory[2]))
 
     def apply(self, d: CompactDecision, now: float) -> None:
         self.cooldown = dict(d.cooldown)
@@ -285,9 +308,9 @@ class Compactor:
             (log.info if e.result == "emptied" else log.warning)(
                 "MIG drain of GPU %d on %s: %s (%s)", e.drain.gpu, e.drain.node, e.result,
                 e.message)
-            self.node_events.event(e.drain.node, "MigDrained" if e.result == "emptied"
-                                   else "MigDrainStopped", e.message,
-                                   warning=e.result != "emptied")
+            self._node_event(e.drain.node, "MigDrained" if e.result == "emptied"
+                             else "MigDrainStopped", e.message,
+                             warning=e.result != "emptied")
             self._count(e.result)
         for dr in d.starts:
             why = self._take([h for h in d.holds if (h.node, h.gpu) == dr.gpu_key], dr)
@@ -297,9 +320,9 @@ class Compactor:
             self.drains[dr.gpu_key] = dr
             reason = d.why.get(dr.gpu_key, "")
             log.info("MIG drain of GPU %d on %s: %s", dr.gpu, dr.node, reason)
-            self.node_events.event(dr.node, "MigDrainStarted",
-                                   f"{reason}; evicting {len(dr.pods)} pod(s) so the GPU "
-                                   "can be re-partitioned or turned whole")
+            self._node_event(dr.node, "MigDrainStarted",
+                             f"{reason}; evicting {len(dr.pods)} pod(s) so the GPU "
+                             "can be re-partitioned or turned whole")
             self._count("started")
         for dr, key in d.evict:
             # A refusal ends the drain: its other pods are not restarted for nothing.
@@ -359,7 +382,21 @@ class Compactor:
         if h is not None:
             hold_one(self.cache, h)
 
+    def _leading(self) -> bool:
+        return self.is_leader is None or self.is_leader()
+
+    def _node_event(self, node: str, reason: str, message: str, warning: bool = False
+                    ) -> None:
+        """An Event on ``node``, from the leader only."""
+        if self._leading():
+            self.node_events.event(node, reason, message, warning=warning)
+
     def _evict(self, dr: Drain, key: str, now: float) -> None:
+        """Ask for one eviction, if this replica still leads right now (else nothing:
+        the pod stays in the drain, not evicted, for whoever leads next)."""
+        if not self._leading():
+            log.info("MIG compaction: no longer leading; %s not evicted", key)
+            return
         entry = self.cache.pod_entry(key)
         ref = PodRef(key, entry.uid if entry is not None else "")
         try:

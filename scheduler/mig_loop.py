@@ -11,6 +11,18 @@ time is what the scheduler's lease already gives. A standby does nothing; when i
 becomes the leader it reads the changes in flight back from the ConfigMap and holds
 their GPUs before it decides anything.
 
+Leadership is checked again right before every API write of a step (the ConfigMap,
+inside the update that a conflict calls again; the Node label; the Node note; each
+Event), not only at its start: the decision may take a second and each write up to ten,
+and a replica whose lease ran out meanwhile must not hand the MIG manager a change the
+new leader knows nothing of. A step that finds it no longer leads stops there
+(:class:`NotLeading`); the next one gives everything back.
+
+The ConfigMap's changes are this leader's, but a write that meets a conflict reads
+them again: a change found there for a node this leader has no change of, and that it
+did not itself read or write so (another replica's, written since), is kept in the
+write and followed from then on, not erased.
+
 Order of a start (the re-check): the holds are taken under the cache lock first (each
 fails if a pod, an assumed bind or a reservation took the GPU since the decision); only
 then are the ConfigMap entry and the Node label written. A write that fails gives the
@@ -67,6 +79,10 @@ log = logging.getLogger("gpupack.scheduler.mig")
 
 Clock = Callable[[], float]
 RESULTS = ("started", "success", "failed", "timeout", "superseded", "error")
+
+
+class NotLeading(Exception):
+    """This replica stopped leading in the middle of a step: it writes nothing more."""
 
 
 class MigWriter(Protocol):
@@ -194,7 +210,14 @@ class MigActuator:
         self.metrics = metrics
         self.min_interval_s = min_interval_s
         self.compactor = compactor  # --mig-compact: drains MIG GPUs in the same step
+        if compactor is not None and compactor.is_leader is None:
+            # It evicts after this step's slow part: it asks, before each eviction,
+            # whether this actuator still leads (late-bound: is_leader may be replaced).
+            compactor.is_leader = lambda: self.is_leader()
         self.changes: dict[str, Change] | None = None  # None: not read back yet
+        # Per node, the change as this leader last read it from the ConfigMap or wrote it
+        # (or tried to): a change re-read that differs is another writer's (_merged).
+        self._known: dict[str, Change] = {}
         self.backoff: dict[str, Backoff] = {}
         self.idle_since: dict[tuple[str, int], float] = {}
         self.arrivals: dict[str, tuple[float, str, frozenset[str]]] = {}
@@ -268,6 +291,7 @@ class MigActuator:
                 # (each start fails, with an Event) until the config is mended.
                 log.warning("MIG: %s; no change can be started until it is mended", config)
             self.changes, problems = changes_from_json(text)
+            self._known = dict(self.changes)
             backoff, more = backoff_from_json(text)
             # A back-off the last leader set still holds (capped at the longest one
             # this leader would set: a clock far ahead is not a node lost for ever).
@@ -284,7 +308,8 @@ class MigActuator:
         d = decide_mig(state, now, self.settings, self.params)
         self.apply(d, now)
         self.last = d
-        if self.compactor is not None:
+        if self.compactor is not None and self.changes is not None and self.is_leader():
+            # (It asks again before each eviction: its own step writes too.)
             self.compactor.step(state, now, set(self.changes))
         return d
 
@@ -311,19 +336,30 @@ class MigActuator:
                 changes = {**self.changes, s.change.node: s.change}
                 referenced = self._referenced(changes)
 
-                def update(cfg: dict[str, Any], _old: str, e: dict[str, Any] = entry,
+                def update(cfg: dict[str, Any], old: str, e: dict[str, Any] = entry,
                            c: dict[str, Change] = changes, r: set[str] | None = referenced
                            ) -> tuple[dict[str, Any], str]:
-                    return _merge(cfg, e, r), changes_json(c, self._live_backoff())
+                    return _merge(cfg, e, r), self._changes_text(c, old)
 
+                self._still_leading()
                 self.api.write(update)
                 self.changes[s.change.node] = s.change
+                self._still_leading()
                 self._label(s.change)
+            except NotLeading:
+                # The next step (a standby's) gives every hold back and forgets the
+                # changes; a change written but not labelled ends superseded for the
+                # new leader, which reads it back.
+                log.info("no longer leading: MIG change on %s not handed over",
+                         s.change.node)
+                self._give_back(mine)
+                self.changes.pop(s.change.node, None)
+                return
             except Exception as e:
                 log.warning("MIG change on %s not handed over: %s", s.change.node, e)
-                self.api.event(s.change.node, "MigReconfigureNotStarted",
-                               f"{s.why}; but {s.change.config} could not be handed to the "
-                               f"MIG manager: {e}", warning=True)
+                self._event(s.change.node, "MigReconfigureNotStarted",
+                            f"{s.why}; but {s.change.config} could not be handed to the "
+                            f"MIG manager: {e}", warning=True)
                 self._give_back(mine)
                 self.changes.pop(s.change.node, None)
                 self.backoff[s.change.node] = backed_off(self.backoff.get(s.change.node), now,
@@ -332,9 +368,9 @@ class MigActuator:
                 self._write_changes()
                 continue
             log.info("MIG change %s on %s: %s", s.change.config, s.change.node, s.why)
-            self.api.event(s.change.node, "MigReconfigureStarted",
-                           f"{s.why}; asked the MIG manager for {s.change.config} "
-                           f"({CONFIG_LABEL})")
+            self._event(s.change.node, "MigReconfigureStarted",
+                        f"{s.why}; asked the MIG manager for {s.change.config} "
+                        f"({CONFIG_LABEL})")
             self._count("started")
         self._figures(d)
 
@@ -354,6 +390,45 @@ class MigActuator:
             log.warning("MIG change %s on %s: label write outcome unknown (%s); followed "
                         "as if it was set", c.config, c.node, e)
 
+    def _still_leading(self) -> None:
+        """Raise :class:`NotLeading` unless this replica leads right now."""
+        if not self.is_leader():
+            raise NotLeading
+
+    def _event(self, node: str, reason: str, message: str, warning: bool = False) -> None:
+        """An Event on ``node``, from the leader only: a replica that lost the lease in
+        the middle of a step says nothing the new leader may contradict."""
+        if self.is_leader():
+            self.api.event(node, reason, message, warning=warning)
+
+    def _changes_text(self, mine: Mapping[str, Change], old: str) -> str:
+        """Inside a ConfigMap update (called again after a conflict), right before it is
+        written: raise :class:`NotLeading` unless this replica leads, else the changes
+        text to write: ``mine`` :meth:`_merged` with the ``old`` text just read."""
+        self._still_leading()
+        merged = self._merged(mine, old)
+        self._known.update(merged)
+        return changes_json(merged, self._live_backoff())
+
+    def _merged(self, mine: Mapping[str, Change], old: str) -> dict[str, Change]:
+        """``mine`` plus the changes ``old`` has for nodes ``mine`` has none of and that
+        this leader did not itself read or write so: another writer's (a replica that
+        led for a moment and started a change, labelling its node). Erased, its GPUs
+        would be handed out while the MIG manager re-partitions them; kept, they are
+        followed (held, judged, ended) from this step on. A change this leader ended
+        is in ``old`` as it read or wrote it, and stays ended."""
+        theirs, _ = changes_from_json(old)
+        foreign = {n: c for n, c in theirs.items()
+                   if n not in mine and self._known.get(n) != c}
+        if not foreign:
+            return dict(mine)
+        log.warning("MIG change(s) on %s written by another replica meanwhile: kept and "
+                    "followed", ", ".join(sorted(foreign)))
+        if self.changes is not None:
+            for n, c in foreign.items():
+                self.changes.setdefault(n, c)
+        return {**foreign, **mine}
+
     def _referenced(self, changes: Mapping[str, Change]) -> set[str] | None:
         """The entries some node's label or a change in flight names; None (keep every
         entry) while a node cannot be read: its label is not known."""
@@ -367,10 +442,15 @@ class MigActuator:
     def _write_changes(self) -> None:
         assert self.changes is not None
         changes = dict(self.changes)
-        backoff = self._live_backoff()
+
+        def update(cfg: dict[str, Any], old: str) -> tuple[dict[str, Any], str]:
+            return _merge(cfg, {}, self._referenced(changes)), self._changes_text(changes, old)
+
         try:
-            self.api.write(lambda cfg, _old: (_merge(cfg, {}, self._referenced(changes)),
-                                              changes_json(changes, backoff)))
+            self._still_leading()
+            self.api.write(update)
+        except NotLeading:
+            log.info("no longer leading: MIG changes in flight not written")
         except Exception as e:
             log.warning("MIG changes in flight not written: %s", e)
 
@@ -390,8 +470,8 @@ class MigActuator:
             b = self.backoff[c.node]
             extra = (f"; GPUs given back, node left alone for "
                      f"{max(0.0, b.until - self.clock()):.0f} s (failure {b.failures})")
-        self.api.event(c.node, reason, message + extra, warning=result != "success")
-        if result != "superseded" or "gone" not in message:
+        self._event(c.node, reason, message + extra, warning=result != "success")
+        if (result != "superseded" or "gone" not in message) and self.is_leader():
             try:
                 stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.clock()))
                 self.api.note_node(c.node, f"{result} {c.config} {stamp}")
@@ -472,6 +552,14 @@ class MigActuator:
     def stop(self) -> None:
         self._stop.set()
         self._wake.set()
+
+    def join(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` seconds for the thread (stopped) to end its step in
+        progress; whether it has (or never ran). A shutdown then flushes the writers."""
+        if self._thread is not None:
+            self._thread.join(max(0.0, timeout_s))
+            return not self._thread.is_alive()
+        return True
 
     def _loop(self, poll_s: float) -> None:
         last = -math.inf
