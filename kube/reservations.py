@@ -373,6 +373,15 @@ class Submitter(Protocol):
 PERMANENT = frozenset({400, 422})
 
 
+def join_thread(thread: threading.Thread | None, timeout_s: float) -> bool:
+    """Wait up to ``timeout_s`` seconds (none if negative) for ``thread`` to end; whether
+    it has, or never ran. The shutdown's bounded wait on each loop and writer."""
+    if thread is not None:
+        thread.join(max(0.0, timeout_s))
+        return not thread.is_alive()
+    return True
+
+
 class RecordWriter:
     """Writes records outside the request path, and only while this replica leads.
 
@@ -452,10 +461,7 @@ class RecordWriter:
     def join(self, timeout_s: float) -> bool:
         """Wait up to ``timeout_s`` seconds for the thread to end; whether it has (or
         never ran)."""
-        if self._thread is not None:
-            self._thread.join(max(0.0, timeout_s))
-            return not self._thread.is_alive()
-        return True
+        return join_thread(self._thread, timeout_s)
 
     def _loop(self) -> None:
         while True:
@@ -502,11 +508,7 @@ class RecordWriter:
                             why, len(items) - i)
                 break
             try:
-                if obj is None:
-                    self.store.delete(name)
-                else:
-                    self.store.put(obj)
-                self.writes += 1
+                self._apply(name, obj)
                 done += 1
             except Exception as e:
                 self.failures += 1
@@ -538,6 +540,14 @@ class RecordWriter:
                 self._again(name, obj, delay, e)
         return done
 
+    def _apply(self, name: str, obj: Mapping[str, Any] | None) -> None:
+        """One call to the store: ``obj`` written, or ``name`` deleted when it is None."""
+        if obj is None:
+            self.store.delete(name)
+        else:
+            self.store.put(obj)
+        self.writes += 1
+
     def _write(self, name: str, obj: Mapping[str, Any] | None, delay: float) -> int:
         """One queued write with its quick retries: 1 when written, else 0 (dropped,
         given up, or kept for later)."""
@@ -547,11 +557,7 @@ class RecordWriter:
                 log.info("not the leader: %s %s not written", self.what, name)
                 return 0
             try:
-                if obj is None:
-                    self.store.delete(name)
-                else:
-                    self.store.put(obj)
-                self.writes += 1
+                self._apply(name, obj)
                 return 1
             except Exception as e:  # API errors, timeouts: retry, then later
                 status = getattr(e, "status", None)

@@ -55,6 +55,7 @@ from kube.reservations import (
     ReservationError,
     ReservationRecord,
     Submitter,
+    join_thread,
     record_name,
     record_object,
     record_of,
@@ -606,10 +607,7 @@ class ReservationBook:
     def join(self, timeout_s: float) -> bool:
         """Wait up to ``timeout_s`` seconds for the thread (stopped) to end its step in
         progress; whether it has (or never ran). A shutdown then flushes the writers."""
-        if self._thread is not None:
-            self._thread.join(max(0.0, timeout_s))
-            return not self._thread.is_alive()
-        return True
+        return join_thread(self._thread, timeout_s)
 
     def _loop(self, poll_s: float) -> None:
         while not self._stop.is_set():

@@ -45,7 +45,7 @@ from prometheus_client.core import GaugeMetricFamily
 from kube.cache import ClusterCache
 from kube.mig import merged_config
 from kube.pod_conditions import slices_created
-from kube.reservations import Submitter
+from kube.reservations import Submitter, join_thread
 from packing.cpsat import SolverParams
 from packing.mig import MigSlot
 from packing.mig_plan import DEFAULT_PARAMS, WHOLE
@@ -556,10 +556,7 @@ class MigActuator:
     def join(self, timeout_s: float) -> bool:
         """Wait up to ``timeout_s`` seconds for the thread (stopped) to end its step in
         progress; whether it has (or never ran). A shutdown then flushes the writers."""
-        if self._thread is not None:
-            self._thread.join(max(0.0, timeout_s))
-            return not self._thread.is_alive()
-        return True
+        return join_thread(self._thread, timeout_s)
 
     def _loop(self, poll_s: float) -> None:
         last = -math.inf
