@@ -5,7 +5,7 @@ Shared by the HTTP app, ``gpupack explain`` and the benchmark, so all three say 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -43,9 +43,15 @@ def admit(
     config: WebhookConfig,
     namespace_labels: Mapping[str, str] | None = None,
     admission_id: str = "",
+    live: Container[str] | None = None,
 ) -> Admission:
     """``admission_id``: the review's uid, written into a new decision (see
-    :attr:`AdmissionDecision.admission`); a decision the pod already carries keeps its own."""
+    :attr:`AdmissionDecision.admission`); a decision the pod already carries keeps its own
+    when its id is in ``live`` (the webhook's claims in flight: a re-invocation of that
+    admission). One whose id is not (a manifest copied from a running pod, replicas of a
+    template built from one) is a new admission of the same slice: written with
+    ``admission_id`` and left for the caller to claim (``decision.reused`` false).
+    ``live`` None (``gpupack explain``): every carried decision is kept."""
     decision = decide_admission(pod, cluster, config, namespace_labels)
     stale = stale_records(pod) if decision.allowed else ()
     if stale:
@@ -53,7 +59,10 @@ def admit(
                            warnings=(*decision.warnings, records_warning(stale)))
     if not decision.allowed or (decision.kind is Kind.SKIP and not stale):
         return Admission(decision, (), pod if isinstance(pod, Mapping) else {})
-    if decision.small and not decision.reused and admission_id:
+    if (decision.reused and admission_id and live is not None
+            and decision.admission not in live):
+        decision = replace(decision, reused=False)
+    if decision.claims and not decision.reused and admission_id:
         decision = replace(decision, admission=admission_id)
     built = build_patch(pod, decision, config)
     if built.conflicts:

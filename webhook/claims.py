@@ -27,6 +27,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Set
+from typing import Any
 
 from webhook.capacity import Claim, ClusterView
 
@@ -43,17 +44,26 @@ class ClaimBook:
         self.max_claims = max_claims
         self._clock = clock
         self._lock = threading.Lock()
-        self._claims: OrderedDict[str, tuple[float, Claim]] = OrderedDict()
+        self._claims: OrderedDict[str, tuple[float, Claim, Any]] = OrderedDict()
 
-    def add(self, admission_id: str, claim: Claim) -> None:
-        """Record what admission ``admission_id`` took (a repeat replaces the first)."""
+    def add(self, admission_id: str, claim: Claim, answer: Any = None) -> None:
+        """Record what admission ``admission_id`` took (a repeat replaces the first);
+        ``answer``: what the webhook answered it, given back by :meth:`answer` while the
+        claim lives (the API server retries a call with the same review uid)."""
         if not admission_id:
             return
         with self._lock:
             self._claims.pop(admission_id, None)
-            self._claims[admission_id] = (self._clock(), claim)
+            self._claims[admission_id] = (self._clock(), claim, answer)
             while len(self._claims) > self.max_claims:
                 self._claims.popitem(last=False)
+
+    def answer(self, admission_id: str) -> Any:
+        """The answer recorded with ``admission_id``'s claim (None: no claim held, or
+        none recorded). Call after :meth:`live_items`, which drops the ended claims."""
+        with self._lock:
+            held = self._claims.get(admission_id)
+            return None if held is None else held[2]
 
     def live(self, seen: Set[str]) -> list[Claim]:
         """The claims a view with ``seen`` does not count yet, oldest first; drops the
@@ -64,10 +74,10 @@ class ClaimBook:
         """:meth:`live` with each claim's admission id."""
         now = self._clock()
         with self._lock:
-            for key in [k for k, (at, _) in self._claims.items()
+            for key in [k for k, (at, _, _) in self._claims.items()
                         if k in seen or now - at >= self.ttl_s]:
                 del self._claims[key]
-            return [(k, c) for k, (_, c) in self._claims.items()]
+            return [(k, c) for k, (_, c, _) in self._claims.items()]
 
     def __len__(self) -> int:
         with self._lock:
@@ -78,22 +88,24 @@ class ClaimedView:
     """A view with the live claims taken out, kept between reviews: while the view is the
     same object and claims were only added since, only the new ones are applied (a burst
     inside one view refresh would otherwise re-apply every earlier claim per review).
+    A claim is known by its id and its object: one replaced under the same id (a later
+    review reusing an id) rebuilds the view, never keeps the old deduction.
     Not thread-safe: used under the app's decision lock."""
 
     def __init__(self) -> None:
         self._base: ClusterView | None = None
-        self._ids: list[str] = []
+        self._applied: list[tuple[str, Claim]] = []
         self._view: ClusterView | None = None
 
     def get(self, base: ClusterView, live: list[tuple[str, Claim]]) -> ClusterView:
-        ids = [k for k, _ in live]
-        n = len(self._ids)
-        if (self._view is None or base is not self._base or len(ids) < n
-                or ids[:n] != self._ids):
-            self._base, self._ids, self._view = base, [], base
+        n = len(self._applied)
+        if (self._view is None or base is not self._base or len(live) < n
+                or any(k != k2 or c is not c2
+                       for (k, c), (k2, c2) in zip(live, self._applied, strict=False))):
+            self._base, self._applied, self._view = base, [], base
             n = 0
         assert self._view is not None
-        if len(ids) > n:
+        if len(live) > n:
             self._view = self._view.with_claims(c for _, c in live[n:])
-            self._ids = ids
+            self._applied = list(live)
         return self._view

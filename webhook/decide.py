@@ -25,9 +25,15 @@ from enum import StrEnum
 from typing import Any
 
 from kube import annotations as A
-from kube.constraints import NodeLevel, spec_node_level
+from kube.constraints import NodeLevel, Requirement, Term, spec_node_level
 from kube.objects import ObjectError
-from packing.catalog import CATALOG, MigProfile, fitting_profiles, profile_from_resource
+from packing.catalog import (
+    CATALOG,
+    MigProfile,
+    fitting_profiles,
+    models_with_profile,
+    profile_from_resource,
+)
 from packing.model import GPU_MILLI, MigReconfigure, Snapshot
 from packing.quantity import QuantityError, memory_mib, parse_quantity
 from webhook.capacity import Claim, ClusterView, ModelCapacity, ShareKind
@@ -106,6 +112,12 @@ class AdmissionDecision:
     def annotation(self) -> str:
         """``gpupack.io/decision``: compact JSON the webhook recognises on re-invocation."""
         doc: dict[str, Any] = {"kind": self.kind.value}
+        if self.kind is Kind.EXPLICIT:
+            # Only what ends the webhook's claim: the pod's own resource and the id.
+            doc["resource"] = self.resource
+            if self.admission:
+                doc["id"] = self.admission
+            return json.dumps(doc, separators=(",", ":"), sort_keys=False)
         if self.kind is Kind.MIG:
             doc["profile"] = self.profile
         else:
@@ -117,8 +129,22 @@ class AdmissionDecision:
             doc["id"] = self.admission
         return json.dumps(doc, separators=(",", ":"), sort_keys=False)
 
+    @property
+    def claims(self) -> bool:
+        """Whether the pod takes a slice or share the claim book records: a small pod, or
+        an explicit one asking for one MIG slice or share."""
+        return self.small or (self.kind is Kind.EXPLICIT and self.resource is not None)
+
     def claim(self) -> Claim | None:
-        """What the pod will take, for the webhook's claim book (None: not a small pod)."""
+        """What the pod will take, for the webhook's claim book (None: no slice or share).
+        An explicit pod's claim is what the extender reads for it (kube.objects
+        pod_request, webhook.capacity.pending_claims): its MIG profile on every model
+        that has it, or a share of no declared memory."""
+        if self.kind is Kind.EXPLICIT and self.resource is not None:
+            if self.profile is not None:
+                return Claim(ShareKind.MIG, self.models, 0, profile=self.profile,
+                             reach=self.reach)
+            return Claim(ShareKind.SHARE, (), 0, reach=self.reach)
         if self.kind is Kind.MIG:
             return Claim(ShareKind.MIG, self.models, self.memory_mib, self.compute_milli,
                          profile=self.profile, reach=self.reach)
@@ -176,6 +202,14 @@ class _Container:
     name: str
     body: Mapping[str, Any]
     gpu: Mapping[str, Decimal]  # GPU resources from limits and requests (limits win)
+    key: str = "containers"  # or "initContainers" (init containers and sidecars)
+    # Where each GPU resource was read: "limits" (when there) or "requests".
+    sections: Mapping[str, str] = field(default_factory=dict)
+
+    def path(self, resource: str) -> str:
+        """The field naming ``resource``: spec.containers[0].resources.limits.X"""
+        section = self.sections.get(resource, "limits")
+        return f"spec.{self.key}[{self.index}].resources.{section}.{resource}"
 
 
 @dataclass(frozen=True)
@@ -184,6 +218,13 @@ class _Pod:
     labels: Mapping[str, str]
     spec: Mapping[str, Any]
     containers: tuple[_Container, ...]
+    # spec.initContainers, sidecars (restartPolicy: Always) included: the extender counts
+    # their resources (kube.objects.pod_request), so the webhook reads them too.
+    init_containers: tuple[_Container, ...] = ()
+
+    @property
+    def every_container(self) -> tuple[_Container, ...]:
+        return self.containers + self.init_containers
 
 
 def names_gpu_resource(name: str, config: WebhookConfig) -> bool:
@@ -193,23 +234,21 @@ def names_gpu_resource(name: str, config: WebhookConfig) -> bool:
     )
 
 
-def _read_pod(pod: Any, config: WebhookConfig) -> _Pod:
-    if not isinstance(pod, Mapping):
-        raise PodError("object", f"expected a Pod object, got {type(pod).__name__}")
-    meta = _mapping(pod.get("metadata"), "metadata")
-    spec = _mapping(pod.get("spec"), "spec")
-    raw = spec.get("containers")
+def _read_containers(spec: Mapping[str, Any], key: str, config: WebhookConfig
+                     ) -> tuple[_Container, ...]:
+    raw = spec.get(key)
     raw = [] if raw is None else raw
     if not isinstance(raw, list):
-        raise PodError("spec.containers", "expected a list")
+        raise PodError(f"spec.{key}", "expected a list")
     containers = []
     for i, c in enumerate(raw):
-        path = f"spec.containers[{i}]"
+        path = f"spec.{key}[{i}]"
         if not isinstance(c, Mapping):
             raise PodError(path, "expected an object")
         name = c.get("name", "")
         resources = _mapping(c.get("resources"), f"{path}.resources")
         gpu: dict[str, Decimal] = {}
+        sections: dict[str, str] = {}
         for section in ("requests", "limits"):  # limits last: they win
             for k, v in _mapping(resources.get(section), f"{path}.resources.{section}").items():
                 if not names_gpu_resource(str(k), config):
@@ -218,12 +257,23 @@ def _read_pod(pod: Any, config: WebhookConfig) -> _Pod:
                     gpu[str(k)] = parse_quantity(v)
                 except QuantityError as e:
                     raise PodError(f"{path}.resources.{section}.{k}", str(e)) from None
-        containers.append(_Container(i, name if isinstance(name, str) else "", c, gpu))
+                sections[str(k)] = section
+        containers.append(_Container(i, name if isinstance(name, str) else "", c, gpu,
+                                     key, sections))
+    return tuple(containers)
+
+
+def _read_pod(pod: Any, config: WebhookConfig) -> _Pod:
+    if not isinstance(pod, Mapping):
+        raise PodError("object", f"expected a Pod object, got {type(pod).__name__}")
+    meta = _mapping(pod.get("metadata"), "metadata")
+    spec = _mapping(pod.get("spec"), "spec")
     return _Pod(
         annotations=_str_map(meta.get("annotations"), "metadata.annotations"),
         labels=_str_map(meta.get("labels"), "metadata.labels"),
         spec=spec,
-        containers=tuple(containers),
+        containers=_read_containers(spec, "containers", config),
+        init_containers=_read_containers(spec, "initContainers", config),
     )
 
 
@@ -309,17 +359,46 @@ def _read_ask(p: _Pod, klass: str, config: WebhookConfig) -> _Ask:
 _NO_CONSTRAINTS = NodeLevel()
 
 
+def _node_name(spec: Mapping[str, Any]) -> str:
+    """``spec.nodeName`` ("" when unset): a pod that names its node runs there or
+    nowhere (the kubelet of that node admits it; no scheduler places it)."""
+    name = spec.get("nodeName")
+    if name is None:
+        return ""
+    if not isinstance(name, str):
+        raise PodError("spec.nodeName", f"expected a string, got {name!r}")
+    return name
+
+
+def _pinned(level: NodeLevel, node: str) -> NodeLevel:
+    """``level`` with the pod held to ``node``, as a matchFields metadata.name In [node]
+    would hold it: added to every term of the required node affinity (an empty term
+    stays empty: it matches no node), or as the only term when there is none."""
+    pin = Requirement("metadata.name", "In", (node,))
+    if level.affinity is None:
+        terms: tuple[Term, ...] = (Term((), (pin,)),)
+    else:
+        terms = tuple(t if not (t.expressions or t.fields)
+                      else Term(t.expressions, (*t.fields, pin))
+                      for t in level.affinity)
+    return replace(level, affinity=terms)
+
+
 def _node_level(spec: Mapping[str, Any]) -> NodeLevel:
     """The pod's node selector, required node affinity and tolerations (all keys, every
     operator: read by kube.constraints, judged by packing.constraints as the extender
-    judges them); PodError naming the field when one cannot be read."""
+    judges them), and its spec.nodeName as a pin to that node; PodError naming the
+    field when one cannot be read."""
+    node = _node_name(spec)
     if not (spec.get("nodeSelector") or spec.get("affinity") or spec.get("tolerations")):
-        return _NO_CONSTRAINTS  # most pods: nothing to read
-    try:
-        return spec_node_level(spec, "spec")
-    except ObjectError as e:
-        field, _, problem = str(e).partition(": ")
-        raise PodError(field, problem or "cannot be read") from None
+        level = _NO_CONSTRAINTS  # most pods: nothing to read
+    else:
+        try:
+            level = spec_node_level(spec, "spec")
+        except ObjectError as e:
+            field, _, problem = str(e).partition(": ")
+            raise PodError(field, problem or "cannot be read") from None
+    return _pinned(level, node) if node else level
 
 
 # ---- choosing ---------------------------------------------------------------------------------
@@ -371,6 +450,23 @@ def _fits(view: ClusterView, ask: _Ask
         if fits_mps:
             mps.append(cap)
     return mig, shared, mps
+
+
+def _possible_fits(view: ClusterView, ask: _Ask) -> list[_MigFit]:
+    """Per model, the smallest fitting MIG profile that exists or may be created, free
+    now or not (``_fits`` prefers a larger free one)."""
+    out: list[_MigFit] = []
+    if ask.isolation not in (Isolation.MIG, Isolation.ANY):
+        return out
+    for cap in view.models.values():
+        if not cap.mig_gpus:
+            continue
+        fitting = fitting_profiles(cap.model, ask.memory_mib, ask.compute_milli)
+        prof = next((p for p in fitting if cap.mig_possible(p.name)), None)
+        if prof is not None:
+            out.append(_MigFit(cap, prof, cap.mig_available(prof.name),
+                               prof.memory_mib - ask.memory_mib))
+    return out
 
 
 def _could_hold(name: str, ask: _Ask) -> bool:
@@ -727,6 +823,22 @@ def _res_path(c: _Container, resource: str) -> str:
     return f"spec.containers[{c.index}].resources.limits.{resource}"
 
 
+def _init_gpu(p: _Pod) -> None:
+    """A small pod's slice goes to one regular container: a GPU resource in an init
+    container or a sidecar (restartPolicy: Always) would be a second device the slice
+    does not cover (or, for nvidia.com/gpu, turn the pod whole for the extender)."""
+    for c in p.init_containers:
+        if c.gpu:
+            res = sorted(c.gpu)[0]
+            sidecar = c.body.get("restartPolicy") == "Always"
+            raise _Conflict(
+                c.path(res),
+                f"={c.gpu[res]} asks for a GPU in {'a sidecar' if sidecar else 'an init'} "
+                f"container ({c.name or c.index}), but a small pod gets one slice for one "
+                "of its regular containers; remove it",
+            )
+
+
 def _explicit(p: _Pod, target: _Container, ask: _Ask) -> tuple[str | None, bool]:
     """The MIG profile or share the user already asked for (None, False when none).
 
@@ -837,6 +949,51 @@ def _reuse(p: _Pod, target: _Container, ask: _Ask, config: WebhookConfig
     )
 
 
+def _decision_doc(p: _Pod) -> dict[str, Any] | None:
+    raw = p.annotations.get(A.DECISION)
+    if raw is None:
+        return None
+    try:
+        doc = json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def _explicit_pod(p: _Pod, view: ClusterView, config: WebhookConfig,
+                  warnings: Sequence[str]) -> AdmissionDecision:
+    """An explicit pod: left as it is but for the scheduler name; the MIG slice or share
+    it names is recorded as a claim (the extender counts it so: kube.objects.pod_request),
+    so a burst mixing explicit and sized pods does not hand the same slice out twice."""
+    base = AdmissionDecision(Kind.EXPLICIT, "small",
+                             "asks for a MIG or time-sliced resource itself",
+                             warnings=tuple(warnings))
+    asked = {r for c in p.every_container for r, q in c.gpu.items() if q > 0}
+    if len(asked) != 1:
+        return base  # none asked (a count of 0), or several: the extender refuses the pod
+    (res,) = asked
+    profile = profile_from_resource(res)
+    if profile is not None:
+        models = tuple(sorted(m.name for m in models_with_profile(profile)))
+        if not models:
+            return base  # no GPU has it: the extender refuses the pod
+    elif res in (A.SHARED_RESOURCE, config.shared_resource):
+        models = ()
+    else:
+        return base
+    try:
+        reach = view.scoped(_node_level(p.spec)).reach
+    except PodError:
+        reach = None  # left to kube-scheduler, as before; the claim counts everywhere
+    doc = _decision_doc(p)
+    # The webhook's own record from an earlier invocation (webhook.admit judges whether
+    # it is this admission's or a copy).
+    own = (doc is not None and doc.get("kind") == Kind.EXPLICIT.value
+           and doc.get("resource") == res and isinstance(doc.get("id"), str))
+    return replace(base, resource=res, profile=profile, models=models, reach=reach,
+                   reused=own, admission=str(doc["id"]) if own and doc else "")
+
+
 def _scheduler_warning(spec: Mapping[str, Any], config: WebhookConfig) -> list[str]:
     name = spec.get("schedulerName")
     if isinstance(name, str) and name not in ("", DEFAULT_SCHEDULER, config.scheduler_name):
@@ -863,7 +1020,10 @@ def classify(p: _Pod, config: WebhookConfig) -> tuple[Kind, str]:
     small = klass is not None or any(k in ann for k in _SMALL_KEYS)
     if small:
         return Kind.MIG, klass or "small"
-    gpu = {r for c in p.containers for r in c.gpu}
+    # Every container, init containers and sidecars included: the extender's
+    # kube.objects.pod_request counts them (an init container's nvidia.com/gpu makes the
+    # pod whole there).
+    gpu = {r for c in p.every_container for r in c.gpu}
     if A.GPU_RESOURCE in gpu:
         return Kind.WHOLE, "whole"
     if gpu:
@@ -884,22 +1044,29 @@ def decide_admission(
         p = _read_pod(pod, config)
         kind, klass = classify(p, config)
         warnings = _scheduler_warning(p.spec, config)
-        if kind in (Kind.SKIP, Kind.WHOLE, Kind.EXPLICIT):
+        if kind is Kind.EXPLICIT:
+            return _explicit_pod(p, view, config, warnings)
+        if kind in (Kind.SKIP, Kind.WHOLE):
             why = {
                 Kind.SKIP: "no GPU asked for",
                 Kind.WHOLE: "whole-GPU pod: resources left as they are",
-                Kind.EXPLICIT: "asks for a MIG or time-sliced resource itself",
             }[kind]
             return AdmissionDecision(kind, klass, why,
                                      warnings=tuple(warnings) if kind is not Kind.SKIP else ())
         ask = _read_ask(p, klass, config)
         target = _target(p)
+        _init_gpu(p)
         strict = _strict(p, namespace_labels or {})
+        # Read before a decision the pod carries is kept: a field that cannot be read is
+        # a 400 either way, and the kept decision's claim counts the nodes in reach.
+        level = _node_level(p.spec)
         decision = _reuse(p, target, ask, config)
         if decision is None:
-            decision = _solve(p, target, ask, view, config)
+            decision = _solve(p, target, ask, view, config, level)
             if not decision.allowed:
                 return replace(decision, warnings=decision.warnings + tuple(warnings))
+        else:
+            decision = replace(decision, reach=view.scoped(level).reach)
         decision = replace(decision, container=target.index)
         _memory_fraction(p)  # a value other than "set" is a 400 whatever the kind
         if decision.kind is Kind.SHARED:
@@ -918,12 +1085,17 @@ def decide_admission(
 
 
 def _solve(p: _Pod, target: _Container, ask: _Ask, view: ClusterView,
-           config: WebhookConfig) -> AdmissionDecision:
+           config: WebhookConfig, level: NodeLevel) -> AdmissionDecision:
     explicit_profile, explicit_shared = _explicit(p, target, ask)
     # Only the nodes the pod can reach count (its node selector, required node
-    # affinity, tolerations against taints); the same view when it sets none.
-    view = view.scoped(_node_level(p.spec))
+    # affinity, tolerations against taints, spec.nodeName); the same view when it sets
+    # none.
+    view = view.scoped(level)
     decision = _solve_in(p, target, ask, view, config, explicit_profile, explicit_shared)
+    node = _node_name(p.spec)
+    if node:
+        pinned = f"spec.nodeName={node} holds the pod to that node (metadata.name In [{node}])"
+        decision = replace(decision, reason=f"{decision.reason}; {pinned}")
     if not decision.allowed:
         return decision
     if view.scope:
@@ -939,10 +1111,17 @@ def _solve_in(p: _Pod, target: _Container, ask: _Ask, view: ClusterView,
     avoid_mps = any(c.mps_gpus for c in view.models.values())
     if explicit_profile is not None:
         res = _res_path(target, next(iter(target.gpu)))
-        chosen = _choose_mig(mig, ask, explicit_profile, need_free=False)
+        # The smallest fitting slice that exists or may be created is kept even when
+        # none is free now (the pod waits for one, as a sized pod would): replicas of
+        # one manifest all name it, whichever is free when each is reviewed.
+        have = {f.cap.model.name for f in mig if f.profile.name == explicit_profile}
+        waiting = [f for f in _possible_fits(view, ask)
+                   if f.profile.name == explicit_profile and f.cap.model.name not in have]
+        chosen = _choose_mig(mig + waiting, ask, explicit_profile, need_free=False)
         natural = _choose_mig(mig, ask, None, need_free=False)
-        # Kept only when it is what gpupack would pick on some model: a bigger slice than
-        # the annotation asks for is a contradiction the user must resolve.
+        # Kept only when it is what gpupack would pick on some model (free now, or the
+        # smallest that exists): a bigger slice than the annotation asks for is a
+        # contradiction the user must resolve.
         if chosen is None or ask.isolation is Isolation.SHARED:
             want = ""
             if natural is not None:

@@ -193,11 +193,19 @@ def _pins(term: Any, products: Sequence[str]) -> bool:
     return False
 
 
+def _empty_term(term: Any) -> bool:
+    """A nodeSelectorTerm with no requirement: it matches no node, and adding the pin to
+    it would make it match every node of the pinned product (widen the pod's reach)."""
+    return isinstance(term, dict) and not term.get("matchExpressions") \
+        and not term.get("matchFields")
+
+
 def _require(b: _Builder, expr: Mapping[str, Any], satisfied: Callable[[Any], bool]) -> None:
     """Add the required node-affinity expression ``expr`` to every nodeSelectorTerm that
     does not already satisfy it (``satisfied(term)``), or make it the only term. Terms are
-    ORed: every one must carry it. Adding a requirement to a term (ANDed with the user's)
-    narrows it without changing what the user wrote."""
+    ORed: every one must carry it, except an empty term, left empty (it matches no
+    node). Adding a requirement to a term (ANDed with the user's) narrows it without
+    changing what the user wrote."""
     terms_path: list[str | int] = ["spec", "affinity", "nodeAffinity", _REQUIRED,
                                    "nodeSelectorTerms"]
     terms = b.get(terms_path)
@@ -208,7 +216,7 @@ def _require(b: _Builder, expr: Mapping[str, Any], satisfied: Callable[[Any], bo
             b.ensure(terms_path, [{"matchExpressions": [expr]}])
         return
     for i, term in enumerate(terms):
-        if satisfied(term):
+        if satisfied(term) or _empty_term(term):
             continue
         exprs_path = [*terms_path, i, "matchExpressions"]
         if isinstance(b.get(exprs_path), list):
@@ -276,6 +284,16 @@ def _annotations(b: _Builder, d: AdmissionDecision) -> None:
         b.ensure([*ann, key], value, same=_keep)
 
 
+def _explicit_annotation(b: _Builder, d: AdmissionDecision) -> None:
+    """An explicit pod carries only its claim's id (``{"kind":"explicit",...,"id":...}``),
+    so the webhook's claim on its slice ends once the view shows the pod."""
+    ann: list[str | int] = ["metadata", "annotations"]
+    if b.get(ann) is None:
+        b.ensure(ann, {A.DECISION: d.annotation()})
+    else:
+        b.ensure([*ann, A.DECISION], d.annotation(), overwrite=True)
+
+
 def stale_records(pod: Any) -> tuple[str, ...]:
     """The bind records (``kube.annotations.BIND_RECORDS``) a pod being created carries.
 
@@ -303,6 +321,8 @@ def build_patch(pod: Mapping[str, Any], decision: AdmissionDecision, config: Web
         b.remove(["metadata", "annotations", key])
     if decision.kind in (Kind.WHOLE, Kind.EXPLICIT, Kind.MIG, Kind.SHARED, Kind.MPS):
         _scheduler(b, config)
+    if decision.kind is Kind.EXPLICIT and decision.admission and not decision.reused:
+        _explicit_annotation(b, decision)
     if decision.small:
         _resources(b, decision)
         _affinity(b, decision)

@@ -131,7 +131,9 @@ def find_self_sizing(container: Mapping[str, Any]) -> list[SizingFinding]:
 # markers that name the engine when the flag is absent.
 SETTABLE: Mapping[str, SizingFlag] = {f.engine: f for f in KNOWN_FLAGS
                                       if f.engine in ("vLLM", "SGLang")}
-_SHELLS = ("sh", "bash", "/bin/sh", "/bin/bash", "dash", "/bin/dash")
+# Shells by basename (/bin/sh, /usr/bin/bash, /bin/busybox sh ...): a server they start
+# from a ``-c`` script never sees an argument appended after the script.
+_SHELLS = frozenset({"sh", "bash", "dash", "ash", "zsh", "ksh", "mksh", "busybox"})
 
 
 @dataclass(frozen=True)
@@ -155,8 +157,16 @@ def engines_named(container: Mapping[str, Any]) -> list[SizingFlag]:
 
 
 def _shell(container: Mapping[str, Any]) -> bool:
-    words = _strings(container.get("command")) + _strings(container.get("args"))
-    return any(w.strip() in _SHELLS for w in words[:1]) and "-c" in words
+    """The container runs a shell script: the first word is a shell (by basename, after
+    ``env``) and an option cluster names ``c`` (``-c``, ``-ec``, ``-xc``, ``-lc`` ...)."""
+    words = [w.strip() for w in
+             _strings(container.get("command")) + _strings(container.get("args"))]
+    while words and words[0].rsplit("/", 1)[-1] == "env":
+        words = words[1:]
+    if not words or words[0].rsplit("/", 1)[-1] not in _SHELLS:
+        return False
+    return any(len(w) > 1 and w[0] == "-" and w[1] != "-" and "c" in w[1:]
+               for w in words[1:])
 
 
 def _flag_pattern(flag: str) -> re.Pattern[str]:

@@ -116,6 +116,9 @@ affinity:
 object.spec.containers.exists(c, has(c.resources)
   && ((has(c.resources.limits) && c.resources.limits.exists(k, k.startsWith('nvidia.com/')))
     || (has(c.resources.requests) && c.resources.requests.exists(k, k.startsWith('nvidia.com/')))))
+|| (has(object.spec.initContainers) && object.spec.initContainers.exists(c, has(c.resources)
+  && ((has(c.resources.limits) && c.resources.limits.exists(k, k.startsWith('nvidia.com/')))
+    || (has(c.resources.requests) && c.resources.requests.exists(k, k.startsWith('nvidia.com/'))))))
 || (has(object.metadata.annotations)
   && object.metadata.annotations.exists(k, k.startsWith('gpupack.io/')))
 {{- end -}}
