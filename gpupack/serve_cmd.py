@@ -523,6 +523,8 @@ def check_args(args: argparse.Namespace) -> str | None:
         return "--filter-top must be 0 (every fitting node) or positive"
     if args.plan_per_class < 0:
         return "--plan-per-class must be 0 (every node) or positive"
+    if args.plan_batch < 1:  # 0 planned nothing at all; a negative one dropped pods
+        return f"--plan-batch {args.plan_batch}: must be at least 1"
     if args.webhook_port:
         if not (0 < args.webhook_port < 65536):
             return "--webhook-port must be a TCP port (1-65535)"

@@ -20,7 +20,7 @@ Constraints:
   taken by small pods; an exclusive topology domain holds at most one group.
 
 Objective (lexicographic through weights that cannot overflow into each other, since
-every term below is bounded by the batch size):
+every term below is bounded by the batch and its variables; see _objective):
   maximize  A * sum_p weight_p * placed_p      (more pods; then higher priority)
           - B * sum z[n]                        (keep whole nodes free)
           - C * sum u[g]                        (keep whole GPUs free)
@@ -48,6 +48,13 @@ from packing.state import ClusterState, GpuState
 
 # Models with more variables than this are solved without symmetry detection and probing.
 SYMMETRY_LIMIT = 10_000
+# The most the objective's positive (or negative) coefficients may sum to over its
+# Boolean variables: CP-SAT's model checker refuses more (int64 max / 2, "possible
+# integer overflow"), and the batch then gets the greedy answer (see _objective).
+OBJECTIVE_LIMIT = (2**63 - 1) // 2
+# solve_batch's statuses for a model it does not build (the greedy answer is kept).
+TOO_LARGE = "TOO_LARGE"  # more than SolverParams.max_variables variables
+OBJECTIVE_TOO_LARGE = "TOO_LARGE-objective"  # the weights would pass OBJECTIVE_LIMIT
 
 
 @dataclass(frozen=True)
@@ -85,7 +92,8 @@ class SolverParams:
 @dataclass(frozen=True)
 class SolveResult:
     placements: tuple[Placement, ...]
-    status: str  # OPTIMAL | FEASIBLE | INFEASIBLE | UNKNOWN | MODEL_INVALID | TOO_LARGE
+    # OPTIMAL | FEASIBLE | INFEASIBLE | UNKNOWN | MODEL_INVALID | TOO_LARGE[-objective]
+    status: str
     objective: float | None = None
     wall_s: float = 0.0
 
@@ -152,22 +160,37 @@ def build_batch_model(
     taken_domains: frozenset[tuple[str, str]] = frozenset(),
 ) -> BatchModel | None:
     """The CP-SAT model of the batch on ``state``, every variable hinted from ``hint``;
-    None when it would have more than ``params.max_variables`` variables. The sections
+    None when it would have more than ``params.max_variables`` variables or its objective
+    more than CP-SAT's integers hold (:func:`_objective`). The sections
     (module docstring) in order: data, placement variables, each pod at most once, node
     CPU and memory, GPUs, the device plugin's share order, whole GPUs, groups and
     topology, objective, hint."""
+    built = _build(state, pods, hint, params, taken_domains)
+    return None if isinstance(built, str) else built
+
+
+def _build(
+    state: ClusterState,
+    pods: Sequence[PodRequest],
+    hint: Sequence[Placement],
+    params: SolverParams,
+    taken_domains: frozenset[tuple[str, str]],
+) -> BatchModel | str:
+    """:func:`build_batch_model`, or the status saying why no model is built
+    (:data:`TOO_LARGE`, :data:`OBJECTIVE_TOO_LARGE`)."""
     from ortools.sat.python import cp_model
 
     b = _data(state, pods, cp_model.CpModel())
     if not _placement_variables(b, params):
-        return None
+        return TOO_LARGE
     _per_pod(b)
     _node_capacity(b)
     _gpus(b)
     _plugin_order(b)
     _whole_gpus(b)
     _groups(b, taken_domains)
-    _objective(b)
+    if not _objective(b):
+        return OBJECTIVE_TOO_LARGE
     _hint(b, hint)
     return BatchModel(b.model, b.x, b.options, b.w, b.pods_by_key, b.sequences)
 
@@ -194,19 +217,21 @@ def _placement_variables(b: _Batch, params: SolverParams) -> bool:
             for name in state.nodes:
                 if state.options(pod, name):
                     row[name] = model.new_bool_var(f"w[{pod.key},{name}]")
-                    n_vars += 1
-            continue
-        if pod.kind is RequestKind.SHARED:
-            opts = [o for name in state.nodes for o in (
-                *state.share_options(pod, name, b.sequences.get(name, ())),
-                *(o for o in state.options(pod, name)
-                  if state.gpu(name, o.gpus[0]).mode is GpuMode.FRACTIONAL))]
+            n_vars += len(row)
         else:
-            opts = [o for name in state.nodes for o in state.options(pod, name)]
-        b.options[pod.key] = opts
-        for i, _ in enumerate(opts):
-            b.x[pod.key, i] = model.new_bool_var(f"x[{pod.key},{i}]")
-        n_vars += len(opts)
+            if pod.kind is RequestKind.SHARED:
+                opts = [o for name in state.nodes for o in (
+                    *state.share_options(pod, name, b.sequences.get(name, ())),
+                    *(o for o in state.options(pod, name)
+                      if state.gpu(name, o.gpus[0]).mode is GpuMode.FRACTIONAL))]
+            else:
+                opts = [o for name in state.nodes for o in state.options(pod, name)]
+            b.options[pod.key] = opts
+            for i, _ in enumerate(opts):
+                b.x[pod.key, i] = model.new_bool_var(f"x[{pod.key},{i}]")
+            n_vars += len(opts)
+        # Checked after every pod, whole-GPU ones included (a batch of whole-GPU pods
+        # alone once built a model of any size).
         if n_vars > params.max_variables:
             return False
     return True
@@ -372,9 +397,20 @@ def _groups(b: _Batch, taken_domains: frozenset[tuple[str, str]]) -> None:
         model.add(sum(vs) <= (0 if (tk, dom) in taken_domains else 1))
 
 
-def _objective(b: _Batch) -> None:
+def _objective(b: _Batch) -> bool:
     """The lexicographic objective of the module docstring (t[n]; z[n] is t[n] on
-    nodes whole-free now)."""
+    nodes whole-free now); False, and no objective set, when its coefficients could
+    pass the integers CP-SAT accepts (:data:`OBJECTIVE_LIMIT`).
+
+    Each weight is one more than the most the terms below it can sum to, so one unit of
+    a term outweighs every term below it. At the optimum the indicators are as small as
+    the placements allow, so each term is bounded by the batch and by its variables:
+      sum t[n] <= T = min(pods, |t|),  MIG instances created <= K = min(pods, |created|),
+      sum u[g] <= U = min(GPUs the batch asks, |u|),  sum z[n] <= Z = min(pods, |z|);
+    E = 1, D = E (T + 1), C = D (K + 1), B = C (U + 1), A = B (Z + 1), and then
+    B Z + C U + D K + E T = A - 1 < A. (Bounding each term by the batch size alone gave
+    A ~ pods^3 * GPUs: ~8e12 at 1,000 8-GPU pods, and with priority weights ~5e3 the
+    objective passed int64, MODEL_INVALID, however few nodes the batch could use.)"""
     from ortools.sat.python import cp_model
 
     model = b.model
@@ -387,12 +423,20 @@ def _objective(b: _Batch) -> None:
             z[name] = b.t[name]
     weights = priority_weights(b.pods)
     n_pods = len(b.pods)
-    n_gpu = sum(p.gpu_count if p.kind is RequestKind.WHOLE else 1 for p in b.pods) + 1
+    n_gpu = sum(p.gpu_count if p.kind is RequestKind.WHOLE else 1 for p in b.pods)
     e_w = 1
-    d_w = e_w * (n_pods + 1)
-    c_w = d_w * (n_pods + 1)
-    b_w = c_w * (n_gpu + 1)
-    a_w = b_w * (n_pods + 1)
+    d_w = e_w * (min(n_pods, len(b.t)) + 1)
+    c_w = d_w * (min(n_pods, len(b.created)) + 1)
+    b_w = c_w * (min(n_gpu, len(b.u)) + 1)
+    a_w = b_w * (min(n_pods, len(z)) + 1)
+    # CP-SAT refuses an objective whose positive or negative coefficients, summed over
+    # its Boolean variables, could pass int64 max / 2 (MODEL_INVALID): a pod's weight
+    # stands on each of its placement variables.
+    n_vars = {k: len(b.w[k]) if k in b.w else len(b.options[k]) for k in b.placed}
+    gain = a_w * sum(weights[k] * n for k, n in n_vars.items())
+    cost = b_w * len(z) + c_w * len(b.u) + d_w * len(b.created) + e_w * len(b.t)
+    if max(gain, cost) > OBJECTIVE_LIMIT:
+        return False
     LE = cp_model.LinearExpr
     model.maximize(
         a_w * LE.weighted_sum(list(b.placed.values()), [weights[k] for k in b.placed])
@@ -401,6 +445,7 @@ def _objective(b: _Batch) -> None:
         - d_w * LE.sum(b.created)
         - e_w * LE.sum(list(b.t.values()))
     )
+    return True
 
 
 def _hint(b: _Batch, hint: Sequence[Placement]) -> None:
@@ -451,9 +496,9 @@ def solve_batch(
     """Solve the batch on ``state`` (not mutated). Placements are not yet validated."""
     from ortools.sat.python import cp_model
 
-    built = build_batch_model(state, pods, hint, params, taken_domains)
-    if built is None:
-        return SolveResult((), "TOO_LARGE")
+    built = _build(state, pods, hint, params, taken_domains)
+    if isinstance(built, str):
+        return SolveResult((), built)  # not solved, and the status says why
     model, x, options, w, pods_by_key = (
         built.model, built.x, built.options, built.w, built.pods)
     # ---- solve --------------------------------------------------------------------------

@@ -145,6 +145,7 @@ class ChildProcess:
         self._proc: Any = None
         self._conn: Connection | None = None
         self.starts = 0
+        self._shut = False  # shutdown(): no child is started any more
 
     @property
     def pid(self) -> int | None:
@@ -157,11 +158,14 @@ class ChildProcess:
         """Called after each start of a child (for state tied to one child)."""
 
     def ensure(self) -> Connection:
-        """The pipe to a running child, starting one when there is none."""
+        """The pipe to a running child, starting one when there is none (``error``
+        after :meth:`shutdown`)."""
         if self.running():
             assert self._conn is not None
             return self._conn
         self.close()
+        if self._shut:
+            raise self._error(f"{self._name} is shut down")
         self._proc, self._conn = start_child(self._ctx, self._target, self._name,
                                              self._error)
         self.starts += 1
@@ -192,6 +196,14 @@ class ChildProcess:
         if kind != "ok":
             raise self._error(str(value))
         return value
+
+    def shutdown(self) -> None:
+        """Stop the child for good: a call in flight fails, and no later call starts
+        another (:meth:`close` lets the next call start a fresh one; an owner stopping
+        while another thread may still be about to call must not let that thread
+        start a child nobody stops)."""
+        self._shut = True
+        self.close()
 
     def close(self) -> None:
         """Stop the child (terminate, then kill if it is still there after 5 s)."""

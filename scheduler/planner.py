@@ -28,9 +28,11 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from itertools import islice
 from typing import Any
 
 from kube.cache import ClusterCache
+from packing.constraints import selector_miss
 from packing.cpsat import SolverParams
 from packing.model import NodeInfo, Placement, PodRequest, Snapshot
 from packing.policies.fgd import (
@@ -46,6 +48,7 @@ from packing.state import ClusterState
 from scheduler.solve import (
     SolveJob,
     SolveOutcome,
+    SolverError,
     SolverProcess,
     compact_workload,
     make_policy,
@@ -57,6 +60,8 @@ log = logging.getLogger("gpupack.scheduler.planner")
 
 SHAPE_TOLERANCE = 0.05
 PLAN_NODES = 64  # default cap on the nodes one plan is made over (see pick_candidates)
+# After a failed solve the next is tried in 1, 2, 4 .. BACKOFF_MAX_S seconds (backoff_s).
+BACKOFF_MAX_S = 60.0
 
 CAPACITY_LIMIT = 8  # pods of one shape counted on one node (see node_capacity)
 
@@ -103,8 +108,11 @@ def pick_candidates(labels: Callable[[str], Mapping[str, str]], signatures: Mapp
     selector. Once every shape is covered, more rounds give each shape its next class
     (up to ``per_class`` nodes, at most one per pod of the shape) for the plan to choose
     from, until ``max_nodes`` (0: no cap) are picked. So a plan is made over at most
-    ``max_nodes`` nodes however many nodes and classes the cluster has. Pods of several
-    shapes may be counted on the same node: the plan, not this, decides who gets it.
+    ``max_nodes`` nodes however many nodes and classes the cluster has. A node is
+    counted for one shape only: a shape whose class another shape took nodes of gets the
+    class's other nodes (two shapes of 8 pods that take a whole node each, on a class of
+    20 equal nodes, get 16 of them, not the same 8 counted twice); the plan, not this,
+    decides who gets which node.
     """
     classes: dict[int, list[str]] = {}
     for name, sid in signatures.items():
@@ -139,7 +147,9 @@ def pick_candidates(labels: Callable[[str], Mapping[str, str]], signatures: Mapp
     def take(shape: _Shape, count: int) -> None:
         members, capacity = shape.classes[shape.next]
         shape.next += 1
-        for m in members[:count]:
+        # Only nodes no shape has yet: one another shape took holds its pods, so it covers
+        # none of this shape's (counting it again left pods without a node in the job).
+        for m in islice((m for m in members if m not in keep), count):
             if full():
                 return
             keep[m] = None
@@ -160,6 +170,52 @@ def pick_candidates(labels: Callable[[str], Mapping[str, str]], signatures: Mapp
         for x in left:
             take(x, min(per_class, x.need))
     return list(keep), placeable
+
+
+def backoff_s(failures: int) -> float:
+    """Seconds to wait after ``failures`` solves in a row failed: 2^(failures - 1), at
+    most BACKOFF_MAX_S. The exponent is capped at 6 (2^6 = 64 > 60, so the waits are
+    the same): 2.0 ** 1024 raises OverflowError, which after 1,025 failures in a row (17
+    hours of a lasting fault at 60 s each) ended the planner thread for good."""
+    return min(BACKOFF_MAX_S, 2.0 ** min(max(failures - 1, 0), 6))
+
+
+def _selector_reason(selector: Sequence[tuple[str, str]], labels: Mapping[str, str]
+                     ) -> str | None:
+    """:func:`packing.state.fits_node`'s reason for a node whose labels miss the pod's
+    node selector (None: they match)."""
+    miss = selector_miss(selector, labels)
+    return None if miss is None else f"node selector {miss[0]}={miss[1]} does not match"
+
+
+def explain_by_class(pod: PodRequest, classes: Mapping[int, Sequence[str]],
+                     labels: Callable[[str], Mapping[str, str]],
+                     misfit: Mapping[int, tuple[str, bool]]) -> str:
+    """:func:`packing.scoring.explain_unplaceable` of ``pod`` over every node of the
+    cluster, from one evaluation per class of equal nodes: the text a plan over every
+    node gives (a plan over candidate nodes holds none the pod fits, and said "no nodes").
+
+    ``misfit[sid]``: for the pod without its node selector on a node of class ``sid``,
+    (the node's reason, whether its labels cannot change it); no entry where it fits.
+    A node's reason is ``unresolvable or reason`` (as explain_unplaceable takes it); only
+    ``reason`` depends on the labels, through the node selector, which
+    :func:`packing.state.fits_node` checks after the cordon and before the rest. So the
+    labels count only on a node that could take the pod some day and is not cordoned,
+    and where the pod without its selector fits, the selector is the reason."""
+    selector = tuple(pod.node_selector.items())
+    reasons: Counter[str] = Counter()
+    for sid, members in classes.items():
+        got = misfit.get(sid)
+        if got is not None and (got[1] or not selector):
+            reasons[got[0]] += len(members)
+            continue
+        for m in members:
+            why = _selector_reason(selector, labels(m))
+            reasons[why or ("fits" if got is None else got[0])] += 1
+    if not reasons:
+        return "no nodes"
+    top = sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))[:2]
+    return "; ".join(f"{n} node(s): {r}" for r, n in top)
 
 
 def _bare_shapes(batch: Sequence[PodRequest]) -> dict[tuple[Any, ...], PodRequest]:
@@ -229,15 +285,23 @@ class Planner:
         self.max_nodes = max_nodes
         # Memos by node signature (ids are never reused for another state), kept for the
         # signatures some node has now: (shape, signature) -> the scorer's best key there
-        # and the node's capacity for the shape (for the scorer of _rank_gen), signature
-        # -> (fragmentation, idle GPU milli) for the current shapes.
+        # and the node's capacity for the shape (for the scorer of _rank_gen), and where
+        # the shape does not fit, why (explain_by_class's misfit), both kept for the
+        # shapes of the latest batch planned over candidates only (a shape no pod has any
+        # more is not kept for ever); signature -> (fragmentation, idle GPU milli) for the
+        # current shapes.
         self._rank_memo: dict[tuple[tuple[Any, ...], int], tuple[Score, int] | None] = {}
+        self._why_memo: dict[tuple[tuple[Any, ...], int], tuple[str, bool]] = {}
         self._rank_gen = -1
         self._rank_scorer = self.scorer.scorer
         self._frag_memo: dict[int, tuple[float, int]] = {}
         self._workload: tuple[tuple[PodRequest, int, int], ...] = ()
         self.last_job_nodes = 0  # nodes the latest job was planned over
+        # Pending pods the latest plan that held them left unschedulable: a batch takes
+        # them only where room is left (see make_job).
+        self._unplaced: set[str] = set()
         self._solver: SolverProcess | None = None
+        self._solver_lock = threading.Lock()  # _solver's creation against stop()
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -252,12 +316,14 @@ class Planner:
         self._thread.start()
 
     def stop(self, timeout: float = 5.0) -> None:
+        """Stop the thread (waiting for it at most ``timeout``) and the solver child. A
+        thread still busy then starts no child any more (``_child``), and its solve in
+        flight fails at once: the child is shut down for good, not restarted."""
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout)
-        if self._solver is not None:
-            self._solver.close()
+        self._shutdown_solver()
 
     def age(self) -> float | None:
         """Seconds since the latest plan was solved; None before the first."""
@@ -265,6 +331,13 @@ class Planner:
         return None if at is None else max(0.0, self.clock() - at)
 
     def _loop(self) -> None:
+        try:
+            self._run()
+        finally:
+            # However the thread ends, no solver child outlives it.
+            self._shutdown_solver()
+
+    def _run(self) -> None:
         last = 0.0
         failures = 0
         while not self._stop.is_set():
@@ -277,22 +350,32 @@ class Planner:
             wait = self.min_interval_s - (time.monotonic() - last)
             if wait > 0:
                 self._stop.wait(wait)
+            if self._stop.is_set():
+                return  # stopped while waiting: no solve (and no solver child) after it
             self._wake.clear()
-            if not self.cache.synced:
-                continue
-            last = time.monotonic()
             try:
+                if not self.cache.synced:
+                    continue
+                last = time.monotonic()
                 self.solve_once()
                 failures = 0
             except Exception as e:  # a planner bug must not kill the extender: log, retry
-                log.exception("planning failed")
-                self.plan = Plan(status="error", solved_at=self.clock(), error=str(e),
-                                 cache_version=self.cache.version)
+                failures += 1
+                self._failed(e)
                 # Try again without waiting for the next cache change (a dead solver
                 # child is restarted by the next solve), backing off 1, 2, 4 .. 60 s.
-                failures += 1
-                if not self._stop.wait(min(60.0, 2.0 ** (failures - 1))):
+                if not self._stop.wait(backoff_s(failures)):
                     self._wake.set()
+
+    def _failed(self, e: Exception) -> None:
+        """Log a failed solve and publish an error plan; nothing raised here may end the
+        thread (this runs in its exception handler)."""
+        try:
+            log.exception("planning failed")
+            self.plan = Plan(status="error", solved_at=self.clock(), error=str(e),
+                             cache_version=self.cache.version)
+        except Exception:  # the thread outlives its own error path (the next try logs)
+            pass
 
     # ---- one solve -------------------------------------------------------------------------
 
@@ -302,8 +385,12 @@ class Planner:
         job, version, frag = self.make_job()
         started = time.monotonic()
         # Nothing to plan: answered here (an empty job), no child is started or woken.
-        outcome = (solve(job) if self.in_process or not job.batch
-                   else self._child().solve(job, self.timeout_s()))
+        local = self.in_process or not job.batch
+        if not local and self._stop.is_set():
+            # stop() came while the snapshot was taken: it has shut the solver down, or
+            # found none, and no child may be started after it.
+            return self.plan
+        outcome = solve(job) if local else self._child().solve(job, self.timeout_s())
         plan = self._publish(outcome, job, version, frag, time.monotonic() - started)
         return plan
 
@@ -323,19 +410,34 @@ class Planner:
         snapshot = cache.snapshot()
         self._refresh_scorer(snapshot)  # outside the lock: it reads every pod's shape
         batch = snapshot.pending
+        self._unplaced.intersection_update(p.key for p in batch)
         if len(batch) > self.max_batch:
             # A bounded batch keeps every solve bounded; pods beyond it, lower priority
-            # or newer, get the greedy answer until an earlier batch has been bound.
-            batch = tuple(order_pods(batch)[: self.max_batch])
+            # or newer, get the greedy answer until an earlier batch has been bound. Pods
+            # the latest plan that held them could not place come last, whatever their
+            # priority: a few pods that fit no node (too many GPUs, a selector no node
+            # matches) at a high priority otherwise filled every batch, and the pods
+            # behind them were never planned. They are planned again where room is left
+            # (and kept last until a plan places them); the verbs answer them meanwhile.
+            ordered = order_pods(batch)
+            batch = tuple(([p for p in ordered if p.key not in self._unplaced]
+                           + [p for p in ordered if p.key in self._unplaced])[: self.max_batch])
         capped = bool(batch) and bool(self.per_class) and not any(p.group for p in batch)
         shapes = _bare_shapes(batch) if capped else {}
         if self._rank_gen != self.scorer.gen:
             # A scorer of the planner's own (the verbs' one keeps a memo by node state
             # version that copies must not touch), rebuilt from the same workload.
             self._rank_memo.clear()
+            self._why_memo.clear()
             self._rank_gen = self.scorer.gen
             self._rank_scorer = self.policy.make_scorer(
                 self.scorer.source or Snapshot(nodes=()))
+        if capped:
+            # Only this batch's shapes are kept: at most max_batch shapes for each node
+            # state (one-off shapes of pods long gone stayed for as long as their node
+            # states did, the typical shapes' often for ever).
+            self._rank_memo = {k: v for k, v in self._rank_memo.items() if k[0] in shapes}
+            self._why_memo = {k: v for k, v in self._why_memo.items() if k[0] in shapes}
         with cache.lock:
             # Under the lock only reads: the signatures, the (immutable) NodeInfos, and a
             # node's pods for each node state not evaluated yet; the evaluations run on
@@ -363,9 +465,10 @@ class Planner:
                 names = [n for n in names if n in cache.state.nodes]
                 nodes = tuple(cache.state.nodes[n].info for n in names)
                 running = tuple(r for n in names for r in cache.pods_on(n))
+            unplaceable = [p for p in batch if p.key not in placeable]
             job = SolveJob(self.policy_name, self.params, Snapshot(nodes, running, ()),
-                           batch, self._workload,
-                           frozenset(p.key for p in batch if p.key not in placeable))
+                           batch, self._workload, frozenset(p.key for p in unplaceable),
+                           self._explain(unplaceable, signatures, infos))
         else:
             job = SolveJob(self.policy_name, self.params,
                            Snapshot(snapshot.nodes, snapshot.running, ()), tuple(batch),
@@ -393,6 +496,35 @@ class Planner:
                 key = best_key(copy, pod, info.name, self._rank_scorer)
                 self._rank_memo[k, sid] = None if key is None else (
                     key, node_capacity(info, pods, pod))
+                if key is None:
+                    # Why not (explain_by_class): whether the node could never take it or
+                    # is cordoned, either one before the node selector (the labels).
+                    never = copy.unresolvable(pod, info.name)
+                    self._why_memo[k, sid] = (
+                        (never, True) if never is not None
+                        else (copy.reason(pod, info.name), info.unschedulable))
+
+    def _explain(self, pods: Sequence[PodRequest], signatures: Mapping[str, int],
+                 infos: Mapping[str, NodeInfo]) -> tuple[tuple[str, str], ...]:
+        """(pod key, reason) for the batch pods that fit no node, over the whole
+        cluster (:func:`explain_by_class`, from the memos of ``_evaluate``): the plan
+        over candidate nodes holds none of the nodes they were refused by."""
+        if not pods:
+            return ()
+        classes: dict[int, list[str]] = {}
+        for name, sid in signatures.items():
+            classes.setdefault(sid, []).append(name)
+        out: dict[tuple[Any, ...], str] = {}  # one text per shape, its selector included
+        reasons = []
+        for pod in pods:
+            # (the selector in its order: fits_node names the first pair a node misses)
+            k = (*shape_key(pod), tuple(pod.node_selector.items()))
+            if k not in out:
+                bare = shape_key(replace(pod, node_selector={}))
+                misfit = {sid: w for (b, sid), w in self._why_memo.items() if b == bare}
+                out[k] = explain_by_class(pod, classes, lambda m: infos[m].labels, misfit)
+            reasons.append((pod.key, out[k]))
+        return tuple(reasons)
 
     def _fragmentation(self, signatures: Mapping[str, int]) -> float:
         """:func:`packing.policies.fgd.cluster_fragmentation` of the cache's state: the
@@ -400,6 +532,7 @@ class Planner:
         memoized figures. Also drops the memos' entries of signatures no node has now."""
         live = set(signatures.values())
         self._rank_memo = {k: v for k, v in self._rank_memo.items() if k[1] in live}
+        self._why_memo = {k: v for k, v in self._why_memo.items() if k[1] in live}
         self._frag_memo = {k: v for k, v in self._frag_memo.items() if k in live}
         if not self._shapes:
             return 0.0
@@ -416,9 +549,18 @@ class Planner:
         return 4 * self.params.max_time_s + 120.0
 
     def _child(self) -> SolverProcess:
-        if self._solver is None:
-            self._solver = SolverProcess()
-        return self._solver
+        with self._solver_lock:
+            if self._stop.is_set():  # stop() shuts the solver down once, for good
+                raise SolverError("the planner is stopped: no solver child is started")
+            if self._solver is None:
+                self._solver = SolverProcess()
+            return self._solver
+
+    def _shutdown_solver(self) -> None:
+        with self._solver_lock:
+            solver, self._solver = self._solver, None
+        if solver is not None:
+            solver.shutdown()
 
     @property
     def solver_pid(self) -> int | None:
@@ -439,6 +581,11 @@ class Planner:
         )
         self.plan = plan
         self.solves += 1
+        for p in job.batch:  # what the next batches take last (make_job)
+            if p.key in plan.unschedulable:
+                self._unplaced.add(p.key)
+            else:
+                self._unplaced.discard(p.key)
         return plan
 
     def _refresh_scorer(self, snapshot: Snapshot) -> None:

@@ -28,7 +28,7 @@ import logging
 import pickle
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
@@ -105,6 +105,10 @@ class SolveJob:
     # only ones reported unschedulable; a pod left out of such a plan gets the verbs'
     # greedy answer). None: ``snapshot`` is the whole cluster.
     unplaceable: frozenset[str] | None = None
+    # (pod key, reason) for the ``unplaceable`` pods, over the whole cluster (the
+    # planner's :func:`scheduler.planner.explain_by_class`): the candidate nodes hold
+    # none of the nodes that refused them, so the plan's own reason would be "no nodes".
+    reasons: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -164,9 +168,12 @@ def _solve(job: SolveJob, nodes: tuple[NodeInfo, ...],
         result = policy.plan(Snapshot(nodes, running, job.batch))
         if job.unplaceable is not None:
             # A pod left out of a plan over candidate nodes may still fit elsewhere: only
-            # pods that fit no node at all are reported unschedulable.
+            # pods that fit no node at all are reported unschedulable, with the reason
+            # the whole cluster gives.
+            why = dict(job.reasons)
             result = PlanResult(result.placements,
-                                tuple(u for u in result.unschedulable
+                                tuple(replace(u, reason=why.get(u.pod, u.reason))
+                                      for u in result.unschedulable
                                       if u.pod in job.unplaceable),
                                 result.policy, result.solver_status)
     else:
@@ -202,7 +209,7 @@ class SnapshotPacker:
         return (
             job.policy, job.params, tuple(pieces),
             pickle_chunks(snap.running), pickle_chunks(snap.pending),
-            pickle.dumps((job.batch, job.workload, job.unplaceable),
+            pickle.dumps((job.batch, job.workload, job.unplaceable, job.reasons),
                          protocol=pickle.HIGHEST_PROTOCOL),
         )
 
@@ -219,13 +226,13 @@ def unpickle_chunks(chunks: Sequence[bytes]) -> tuple[Any, ...]:
 
 def unpack(packed: tuple[Any, ...]) -> SolveJob:
     policy, params, nodes, running, pending, rest = packed
-    batch, workload, unplaceable = pickle.loads(rest)
+    batch, workload, unplaceable, reasons = pickle.loads(rest)
     snapshot = Snapshot(
         tuple(pickle.loads(b) for b in nodes),
         unpickle_chunks(running),
         unpickle_chunks(pending),
     )
-    return SolveJob(policy, params, snapshot, batch, workload, unplaceable)
+    return SolveJob(policy, params, snapshot, batch, workload, unplaceable, reasons)
 
 
 def solver_main(conn: Connection) -> None:

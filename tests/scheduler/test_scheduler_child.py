@@ -91,3 +91,14 @@ def test_close_stops_the_child(child: Counting) -> None:
         for _ in range(50):  # reaped by join; the pid is gone
             os.kill(pid, 0)
             time.sleep(0.1)
+
+
+def test_shutdown_stops_the_child_for_good(child: Counting) -> None:
+    # An owner stopping while another thread may still be about to call (the planner's
+    # stop()): close() let that call start a fresh child nobody stopped.
+    child.request(("pid",), 30.0)
+    child.shutdown()
+    assert child.pid is None and not child.running()
+    with pytest.raises(Refused, match="shut down"):
+        child.request(("echo", 1), 30.0)
+    assert child.pid is None and child.starts == 1
