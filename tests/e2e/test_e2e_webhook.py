@@ -129,3 +129,32 @@ def test_failure_policy_holds_with_the_webhook_stopped(space: Space, core: Any,
             assert "gpupack" in str(err.value.body)
     finally:
         stack.start("webhook")
+
+
+def test_init_containers_and_node_name_as_the_api_server_sends_them(space: Space,
+                                                                     core: Any) -> None:
+    """Through the real API server and the chart's matchConditions: a GPU in an init
+    container is seen (a sized pod with one is refused, naming the field; a pod whose
+    only GPU is there is handed to gpupack), and spec.nodeName pins what a pod is given
+    (a pod created on the L40S node gets a share, not the H100's slice)."""
+    ns = space.namespace()
+    mig, l40s = f"{space.name}-mig", f"{space.name}-l40s"
+    space.nodes += create_nodes(core, [h100_mig(mig, space.name, {"1g.10gb": 28}),
+                                       l40s_shared(l40s, space.name)])
+    wait_for_webhook(core, ns, pod("probe", annotations={"gpupack.io/gpu-memory": "8Gi"}),
+                     "nvidia.com/mig-")
+    init = {"name": "fetch", "image": "registry.example/e2e:1",
+            "resources": {"limits": {"nvidia.com/gpu": "1"}}}
+    sized = pod("sized-init", annotations={"gpupack.io/gpu-memory": "8Gi"})
+    sized["spec"]["initContainers"] = [init]
+    with pytest.raises(ApiException) as err:
+        core.create_namespaced_pod(ns, sized)
+    assert "spec.initContainers[0]" in str(err.value.body), err.value.body
+    only_init = pod("only-init")
+    only_init["spec"]["initContainers"] = [init]
+    made = core.create_namespaced_pod(ns, only_init)
+    assert made.spec.scheduler_name == "gpupack", made.spec.scheduler_name
+    on_l40s = pod("on-l40s", annotations={"gpupack.io/gpu-memory": "8Gi"})
+    on_l40s["spec"]["nodeName"] = l40s
+    made = core.create_namespaced_pod(ns, on_l40s)
+    assert SHARED in _limits(made), _limits(made)
