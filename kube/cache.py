@@ -25,8 +25,10 @@ change is published.
 from __future__ import annotations
 
 import logging
+import math
 import sys
 import threading
+import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Set
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -115,6 +117,7 @@ class ClusterCache:
         # Everything applied to ``state``: watch-bound pods and assumed ones.
         self._counted: dict[str, tuple[PodRequest, Placement]] = {}
         self._on_node: dict[str, set[str]] = {}
+        self._touched_at: dict[str, float] = {}  # node -> monotonic time of its last change
         self._uid_key: dict[str, str] = {}
         self._pending: dict[str, PodRequest] = {}  # ours, unbound, not assumed; arrival order
         self._gen: dict[str, int] = {}
@@ -168,7 +171,16 @@ class ClusterCache:
     def _touch(self, node: str) -> None:
         self._next_gen += 1
         self._gen[node] = self._next_gen
+        self._touched_at[node] = time.monotonic()
         self._signatures.touch(node)
+
+    def quiet_s(self, node: str) -> float:
+        """Seconds since this view of ``node`` (its pods, GPUs, allocatable) last changed;
+        infinite when it never did. kube-scheduler's own view may lag a change by a
+        moment (its informer, a pod still terminating there), so an answer of its that
+        contradicts a change this recent is no verdict (scheduler.group_verbs)."""
+        at = self._touched_at.get(node)
+        return math.inf if at is None else max(0.0, time.monotonic() - at)
 
     def _refresh_signatures(self) -> None:
         self._signatures.refresh(self.state.nodes)
@@ -804,6 +816,7 @@ class ClusterCache:
             self._obs.pop(name, None)
             self._obs_text.pop(name, None)
             del self._infos[name]
+            self._touched_at.pop(name, None)
             del self.state.nodes[name]
             self._touch(name)
             for key in keys:  # bound pods wait for the node; assumed ones stay assumed

@@ -125,7 +125,11 @@ class GroupVerbs:
                     self.book.nodes_offered(pod.key, names)
                 else:  # kube-scheduler ruled the room's node out: refused, woken if moved
                     self.book.note_refused(pod.key)
-                    if every_feasible_node(args.pod, names):
+                    # Not on a node that changed a moment ago: kube-scheduler's view may
+                    # still hold what just left it (a pod evicted to free this very room),
+                    # and it would be ruled out for a lag, not for a rule.
+                    if (every_feasible_node(args.pod, names)
+                            and self.book.cache.quiet_s(node) >= self.book.view_settle_s):
                         self.book.rule_out(pod.key, got.group, names)
         if args.node_cache_capable:
             return FilterResult(node_names=keep, failed=failed)

@@ -87,6 +87,9 @@ Clock = Callable[[], float]
 DEFAULT_TTL = 600.0
 # How long the nodes kube-scheduler ruled out for a member keep its group off them.
 DEFAULT_RULED_OUT_S = 120.0
+# A node whose state changed less than this long ago is not taken as ruled out by
+# kube-scheduler: its informer (or a pod still terminating there) may lag gpupack's view.
+DEFAULT_VIEW_SETTLE_S = 10.0
 MAX_RULED_OUT = 4096  # members with nodes ruled out remembered at once
 MAX_RETIRED = 1024  # groups whose last revision is remembered after they went
 
@@ -130,6 +133,7 @@ class ReservationBook:
         max_group_gpus: int = 64,
         requeue: Submitter | None = None,
         ruled_out_s: float = DEFAULT_RULED_OUT_S,
+        view_settle_s: float = DEFAULT_VIEW_SETTLE_S,
     ) -> None:
         """``records_listed``: no source of records will report (a book without an API,
         whose records start empty): ready as soon as the cache is synced. ``inputs``:
@@ -139,7 +143,8 @@ class ReservationBook:
         leader queues the status patches that wake members it refused once their room is
         reserved (:mod:`kube.pod_conditions`; default: nowhere). ``ruled_out_s``: how long
         the nodes kube-scheduler ruled out for a member keep its group off them (see
-        :meth:`rule_out`)."""
+        :meth:`rule_out`); ``view_settle_s``: a node whose state changed less long ago is
+        never taken as ruled out (kube-scheduler's view may lag the change)."""
         self.cache = cache
         self.ttl = ttl
         self.clock = clock
@@ -180,6 +185,7 @@ class ReservationBook:
         self._drops_seen = 0
         # Pending member -> the nodes kube-scheduler still offers for it (see rule_out).
         self.ruled_out_s = ruled_out_s
+        self.view_settle_s = view_settle_s
         self._ruled: dict[str, RuledOut] = {}
         self._ruled_gen = 0  # moves whenever _ruled changes what a reconcile decides
         self._last_now: float | None = None  # the clock at the last step (see _now)

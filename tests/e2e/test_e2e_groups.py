@@ -29,6 +29,7 @@ from controlplane import E2E_GROUP_TTL_S, NAMESPACE
 from kubernetes.client.rest import ApiException
 
 from kube.pod_conditions import ROOM_RESERVED
+from scheduler.groups import DEFAULT_VIEW_SETTLE_S
 
 RECORDS = "app.kubernetes.io/managed-by=gpupack,app.kubernetes.io/component=group-reservation"
 ZONE = "topology.kubernetes.io/zone"
@@ -175,6 +176,9 @@ def test_a_room_kube_scheduler_rules_out_is_placed_again(space: Space, core: Any
     # A third node for kube-scheduler to offer instead.
     third = f"{p}-n-2"
     space.nodes += create_nodes(core, [h100_whole(third, p)])
+    # A node that changed a moment ago is never taken as ruled out (kube-scheduler's
+    # view may lag the change): the blocker must have been there a while.
+    time.sleep(DEFAULT_VIEW_SETTLE_S + 1)
     start = time.monotonic()
     create_pods(core, ns, [worker])
     got = wait_for(lambda: bound(pods_in(core, ns)).get("llm-0-1"), E2E_GROUP_TTL_S - 20,

@@ -74,16 +74,18 @@ class Rig:
 def rig(nodes: list[dict[str, Any]], pods: list[dict[str, Any]] | None = None,
         ttl: float = 100.0, clock: FakeClock | None = None, writer: Any = None,
         sync: bool = True, records: list[dict[str, Any]] | None = None,
-        leader: Any = None, inputs: Any = None, max_group_gpus: int = 64) -> Rig:
+        leader: Any = None, inputs: Any = None, max_group_gpus: int = 64,
+        view_settle_s: float = 0.0) -> Rig:
     """A book on a cache, fed like the API source feeds them: ``records`` listed (the
-    reservation ConfigMaps), then nodes and pods, then the end of the first lists."""
+    reservation ConfigMaps), then nodes and pods, then the end of the first lists.
+    ``view_settle_s``: 0 here, since every node was just made."""
     clock = clock or FakeClock()
     cache = ClusterCache("gpupack")
     book = ReservationBook(cache, ttl=ttl, clock=clock, writer=writer or RecordingWriter(),
                            retry_s=0.0, cooldown_s=10.0,
                            is_leader=leader if leader is not None else (lambda: True),
                            inputs=inputs, max_group_gpus=max_group_gpus,
-                           requeue=RecordingWriter())
+                           requeue=RecordingWriter(), view_settle_s=view_settle_s)
     tap = ReservationTap(cache, book)
     if records is not None:
         tap.replace_records(records)

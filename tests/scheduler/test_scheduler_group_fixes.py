@@ -193,6 +193,21 @@ def test_a_room_on_a_node_kube_scheduler_rules_out_is_placed_again_elsewhere() -
     assert filter_member(r, w1, offered).node_names == (moved.slots[1].node,)
 
 
+def test_a_node_that_changed_a_moment_ago_is_not_ruled_out() -> None:
+    # kube-scheduler's view may still hold a pod that just left the room's node (one
+    # evicted to free it): a miss then is a lag, not a rule. The room stays.
+    w1 = lws_pod("a", 1, 2, 8)
+    r = rig(THREE, [lws_pod("a", 0, 2, 8), w1], ttl=100, view_settle_s=10.0)
+    rec = r.book.reservations[A]
+    bad = rec.slots[1].node
+    assert r.cache.quiet_s(bad) < 10.0
+    offered = [n for n in ("n1", "n2", "n3") if n != bad]
+    assert filter_member(r, w1, offered).node_names == ()  # refused, as before
+    r.clock.advance(1)
+    r.sync()
+    assert r.book.reservations[A].slots[1].node == bad
+
+
 def test_a_group_stays_off_a_ruled_out_node_for_a_while_then_may_use_it_again() -> None:
     w1 = lws_pod("a", 1, 2, 8)
     r = rig(TWO, [lws_pod("a", 0, 2, 8), w1], ttl=100)
