@@ -187,7 +187,9 @@ def create_webhook_app(
             base = views.get(snapshot)
             live = claims.live_items(base.seen)
             earlier = claims.answer(req.uid) if req.uid else None
-            if earlier is not None and earlier[0] == _fingerprint(pod, namespace):
+            # The pod's digest, taken at most once a review (a claim keeps it).
+            fingerprint = None if earlier is None else _fingerprint(pod, namespace)
+            if earlier is not None and earlier[0] == fingerprint:
                 # The API server retrying this very call (same review uid, same pod):
                 # the same answer, not a new decision against its own claim.
                 answer: tuple[AdmissionResponse, str, str] = earlier[1]
@@ -206,7 +208,7 @@ def create_webhook_app(
                                          audit_annotations=audit)
                 claim = d.claim() if not d.reused and not req.dry_run else None
                 if claim is not None:
-                    claims.add(req.uid, claim, (_fingerprint(pod, namespace),
+                    claims.add(req.uid, claim, (fingerprint or _fingerprint(pod, namespace),
                                                 (resp, adm.outcome, klass)))
         if d.warnings:
             metrics.warnings.labels(klass).inc(len(d.warnings))
