@@ -21,6 +21,7 @@ import multiprocessing as mp
 import os
 import sys
 import threading
+import time
 import types
 from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
@@ -174,12 +175,13 @@ class ChildProcess:
 
     def exchange(self, msg: Any, timeout_s: float) -> Any:
         """Send ``msg`` and return the child's answer as it is; the child is stopped
-        (and :class:`ChildTimeout` or :class:`ChildGone` raised) when it gives no answer
-        in ``timeout_s`` or the pipe breaks."""
+        (and :class:`ChildTimeout` or :class:`ChildGone` raised) when sending and
+        answering take longer than ``timeout_s`` together or the pipe breaks."""
         conn = self.ensure()
+        deadline = time.monotonic() + timeout_s
         try:
-            conn.send(msg)
-            answered = conn.poll(timeout_s)
+            sent = self._send(conn, msg, timeout_s)
+            answered = sent and conn.poll(max(0.0, deadline - time.monotonic()))
             reply = conn.recv() if answered else None
         except (EOFError, OSError) as e:  # BrokenPipeError included
             self.close()
@@ -188,6 +190,32 @@ class ChildProcess:
             self.close()
             raise ChildTimeout(timeout_s)
         return reply
+
+    def _send(self, conn: Connection, msg: Any, timeout_s: float) -> bool:
+        """Send ``msg``; False when it is not through in ``timeout_s``. A pipe holds
+        64 KiB: a larger message blocks until the child reads it, for ever if the child
+        is alive but never reads (stuck before its loop), and with it the planner or
+        warmer thread that called. The send runs on a helper thread; on time out the
+        child is stopped first, which breaks the pipe under that thread (its write fails
+        and it ends) before the parent's end is closed by :meth:`close`."""
+        failed: list[BaseException] = []
+
+        def send() -> None:
+            try:
+                conn.send(msg)
+            except BaseException as e:  # handed to the caller's thread
+                failed.append(e)
+
+        t = threading.Thread(target=send, name=f"{self._name}-send", daemon=True)
+        t.start()
+        t.join(timeout_s)
+        if t.is_alive():
+            self._stop_process()
+            t.join(5)
+            return False
+        if failed:
+            raise failed[0]
+        return True
 
     def request(self, msg: Any, timeout_s: float) -> Any:
         """:meth:`exchange` for a child run by :func:`serve_messages`: the value of an
@@ -207,10 +235,15 @@ class ChildProcess:
 
     def close(self) -> None:
         """Stop the child (terminate, then kill if it is still there after 5 s)."""
-        conn, proc = self._conn, self._proc
-        self._conn = self._proc = None
+        conn = self._conn
+        self._conn = None
         if conn is not None:
             conn.close()
+        self._stop_process()
+
+    def _stop_process(self) -> None:
+        proc = self._proc
+        self._proc = None
         if proc is not None:
             proc.terminate()
             proc.join(5)

@@ -4,6 +4,7 @@ real spawned children (answers, errors, a stuck child, a dead one, restarts)."""
 from __future__ import annotations
 
 import os
+import threading
 import time
 from multiprocessing.connection import Connection
 from typing import Any
@@ -102,3 +103,38 @@ def test_shutdown_stops_the_child_for_good(child: Counting) -> None:
     with pytest.raises(Refused, match="shut down"):
         child.request(("echo", 1), 30.0)
     assert child.pid is None and child.starts == 1
+
+
+def deaf_main(conn: Connection) -> None:
+    """A child alive but never reading (stuck before its loop)."""
+    time.sleep(3600)
+
+
+def test_a_send_the_child_never_reads_times_out_and_stops_it() -> None:
+    # A pipe holds 64 KiB: a larger message to a child that never reads blocked the
+    # caller (the planner's or warmer's thread) in send() for ever, past any timeout.
+    deaf = ChildProcess(deaf_main, "gpupack-test-deaf", error=Refused)
+    outcome: list[BaseException | None] = []
+
+    def call() -> None:
+        try:
+            deaf.exchange(("echo", b"x" * 1_000_000), 0.5)
+            outcome.append(None)
+        except BaseException as e:
+            outcome.append(e)
+
+    t = threading.Thread(target=call, daemon=True)
+    try:
+        t.start()
+        t.join(20)
+        assert not t.is_alive(), "exchange still blocked in send"
+        assert len(outcome) == 1 and isinstance(outcome[0], ChildTimeout)
+        assert deaf.pid is None and not deaf.running()
+    finally:
+        deaf.close()
+
+
+def test_a_large_message_goes_through_once_the_child_reads(child: Counting) -> None:
+    big = b"y" * 3_000_000  # many pipe buffers: the send waits on the child's reads
+    assert child.request(("echo", big), 30.0) == big
+    assert child.starts == 1
