@@ -199,6 +199,8 @@ class Warmer:
         self.interval_s = interval_s
         self.settle_s = settle_s
         self.warmed = 0  # answers computed here (fits and scores)
+        self.failures = 0  # passes failed in a row (a pause grows with them)
+        self.max_retry_s = 60.0
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -238,8 +240,23 @@ class Warmer:
             self._wake.clear()
             try:
                 self.sweep()
+                self.failures = 0
             except Exception:  # a warming bug must never take the extender down
-                log.exception("memo warming failed")
+                self.failures += 1
+                delay = self.retry_delay_s()
+                log.exception("memo warming failed (%d in a row); next try in %.0f s",
+                              self.failures, delay)
+                # A failed pass stops the child; without a pause, every cache event
+                # (many a second on a busy cluster) would start a fresh one for the
+                # same failure. Meanwhile the verbs compute what the memo lacks themselves.
+                self._stop.wait(delay)
+
+    def retry_delay_s(self) -> float:
+        """Seconds to wait after ``failures`` passes failed in a row: ``interval_s``
+        doubled per failure, at most ``max_retry_s``."""
+        if self.failures <= 0:
+            return 0.0
+        return min(self.max_retry_s, self.interval_s * 2.0 ** (self.failures - 1))
 
     def pause(self) -> None:
         """Wait while a request is in flight (at most ``max_pause_s``)."""

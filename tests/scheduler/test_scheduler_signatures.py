@@ -4,6 +4,8 @@ packer's unresolvable check on reconfigurable nodes."""
 from __future__ import annotations
 
 import os
+import threading
+import time
 from typing import Any
 
 from sched_builders import filter_args, make_cache, mig_pod, node, whole_pod
@@ -236,3 +238,50 @@ def test_a_new_scorer_reaches_the_verbs_only_once_it_is_warmed() -> None:
         assert all(ev.knows(1) and ev.knows(2) for ev in entries)
     finally:
         warmer.stop()
+
+
+def test_a_failing_warming_pass_backs_off_instead_of_restarting_at_every_event() -> None:
+    # A failed pass stops the warm child; the loop ran again at the next cache event
+    # (settle 1 ms), so a failure that repeats started a fresh child per event.
+    cache = make_cache(whole_nodes())
+    warmer = Warmer(cache, Memo(), lambda: scorer(), interval_s=0.1)
+    calls: list[float] = []
+    fail = threading.Event()
+    fail.set()
+
+    def sweep() -> int:
+        calls.append(time.monotonic())
+        if fail.is_set():
+            raise RuntimeError("warm child failed: the same error each time")
+        return 0
+
+    warmer.sweep = sweep  # type: ignore[method-assign]
+    warmer.start()
+    try:
+        end = time.monotonic() + 1.0
+        i = 0
+        while time.monotonic() < end:  # a busy cluster: cache events all the time
+            cache.upsert_pod(whole_pod(f"p{i % 3}", 1, node="w0"))
+            i += 1
+            time.sleep(0.002)
+        # Pauses of 0.1, 0.2, 0.4, 0.8 s: at most 5 passes in the second.
+        assert 2 <= len(calls) <= 5, len(calls)
+        assert warmer.failures == len(calls)
+        fail.clear()
+        warmer.failures = 1  # the next pass comes within 0.1 s and succeeds
+        deadline = time.monotonic() + 3.0
+        while warmer.failures and time.monotonic() < deadline:
+            cache.upsert_pod(whole_pod("p9", 1, node="w1"))
+            time.sleep(0.01)
+        assert warmer.failures == 0
+    finally:
+        warmer.stop()
+
+
+def test_warming_retry_delays_double_up_to_the_cap() -> None:
+    warmer = Warmer(make_cache(whole_nodes()), Memo(), lambda: scorer(), interval_s=1.0)
+    delays = []
+    for n in (0, 1, 2, 3, 7, 8, 30):
+        warmer.failures = n
+        delays.append(warmer.retry_delay_s())
+    assert delays == [0.0, 1.0, 2.0, 4.0, 60.0, 60.0, 60.0]
