@@ -39,7 +39,7 @@ Policies (each replays the same stream on its own copy of the cluster):
   ``ActuatorState`` built from the simulated cluster as ``scheduler/mig_loop.py`` builds
   it from the cache (every node opted in; GPUs with their holders; the changes in flight;
   pending MIG pods with their arrival, pending whole pods; back-off; when each MIG GPU
-  became idle; the arrivals its forecast decays), and the decision is applied as the
+  became idle; the unmet arrivals its forecast decays), and the decision is applied as the
   handler applies it: holds taken (a whole GPU whole, a MIG GPU's free instances) and
   given back, the change kept in flight, the node's config label set and its state label
   cleared. The MIG manager is modelled as ``tests/e2e/mig_manager_double.py``: after
@@ -136,6 +136,7 @@ from scheduler.mig_actuator import (
     NodeView,
     WholePod,
     decide_mig,
+    unmet_pods,
 )
 from scheduler.mig_compact import (
     DEFAULT_COMPACT,
@@ -654,7 +655,7 @@ class Gpupack(ScoredPlacement):
         self.labels: dict[str, tuple[str | None, str | None]] = {}  # config, state labels
         self.backoff: dict[str, Backoff] = {}
         self.idle_since: dict[tuple[str, int], float] = {}
-        self.seen: dict[str, tuple[float, str, frozenset[str]]] = {}  # MIG arrivals
+        self.seen: dict[str, tuple[float, str, frozenset[str]]] = {}  # unmet MIG arrivals
         self.held: dict[str, Hold] = {}  # the actuator's holds in the cache
         self.plan_calls = 0
         self.decide_calls = 0
@@ -705,21 +706,24 @@ class Gpupack(ScoredPlacement):
                 continue
             # The extender wakes the actuator on every cache change (at most once a
             # second): it sees a pod pending about when it arrives.
-            if pod.req.key not in self.seen:
-                self.seen[pod.req.key] = (pod.arrival, pod.profile, pod.req.gpu_models)
             mig_pods.append(MigPod(pod.req.key, pod.profile, pod.req.gpu_models,
-                                   self.seen[pod.req.key][0]))
-        horizon = self.now - 4 * self.settings.half_life_s
-        self.seen = {k: a for k, a in self.seen.items() if a[0] >= horizon}
+                                   pod.arrival))
         idle: dict[tuple[str, int], float] = {}
         for n in nodes:
             for gv in n.gpus:
                 if gv.mig_enabled and not gv.busy:
                     idle[n.name, gv.index] = self.idle_since.get((n.name, gv.index), self.now)
         self.idle_since = idle
-        return ActuatorState(tuple(nodes), dict(self.changes), tuple(mig_pods), tuple(whole),
-                             dict(self.backoff), dict(idle),
-                             tuple(sorted(self.seen.values(), key=lambda a: a[0])))
+        base = ActuatorState(tuple(nodes), dict(self.changes), tuple(mig_pods), tuple(whole),
+                             dict(self.backoff), dict(idle))
+        # The forecast's arrivals: pods a step found unmet (as the handler records them).
+        for key in unmet_pods(base):
+            pod = self.pending[key]
+            assert pod.profile is not None
+            self.seen.setdefault(key, (pod.arrival, pod.profile, pod.req.gpu_models))
+        horizon = self.now - 4 * self.settings.half_life_s
+        self.seen = {k: a for k, a in self.seen.items() if a[0] >= horizon}
+        return replace(base, arrivals=tuple(sorted(self.seen.values(), key=lambda a: a[0])))
 
     # -- one step: decide_mig and apply (scheduler/mig_loop.py's MigActuator.apply) -----------
 

@@ -38,6 +38,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import replace
 from typing import Any, Protocol
 
 from prometheus_client.core import GaugeMetricFamily
@@ -70,6 +71,7 @@ from scheduler.mig_actuator import (
     changes_from_json,
     changes_json,
     decide_mig,
+    unmet_pods,
     waiting_demand,
 )
 from scheduler.mig_compact_act import Compactor
@@ -220,7 +222,10 @@ class MigActuator:
         self._known: dict[str, Change] = {}
         self.backoff: dict[str, Backoff] = {}
         self.idle_since: dict[tuple[str, int], float] = {}
+        # The forecast's arrivals (unmet MIG pods, by key), and when each pending MIG
+        # pod was first seen pending (its arrival for the settle rule).
         self.arrivals: dict[str, tuple[float, str, frozenset[str]]] = {}
+        self.first_seen: dict[str, float] = {}
         self.last: MigDecision | None = None
         self.views = Views(cache)
         self._was_leader = False
@@ -238,29 +243,33 @@ class MigActuator:
             pending = self.cache.pending()
             reserved = self.reserved()
             unreadable = self.cache.unreadable_nodes()
-        mig_pods, whole = [], []
-        seen: set[str] = set()
+        mig_pods: list[MigPod] = []
+        whole: list[WholePod] = []
         for p in pending:
             if p.kind is RequestKind.MIG and p.mig_profile:
-                seen.add(p.key)
-                if p.key not in self.arrivals:
-                    self.arrivals[p.key] = (now, p.mig_profile, p.gpu_models)
                 mig_pods.append(MigPod(p.key, p.mig_profile, p.gpu_models,
-                                       self.arrivals[p.key][0]))
+                                       self.first_seen.get(p.key, now)))
             elif p.kind is RequestKind.WHOLE and p.gpu_count > 0 and p.key not in reserved:
                 whole.append(WholePod(p.key, p.gpu_count, p.gpu_models))
-        horizon = now - 4 * self.settings.half_life_s
-        self.arrivals = {k: a for k, a in self.arrivals.items() if a[0] >= horizon}
+        self.first_seen = {m.key: m.arrived for m in mig_pods}
         idle: dict[tuple[str, int], float] = {}
         for n in nodes:
             for g in n.gpus:
                 if g.mig_enabled and not g.busy:
                     idle[n.name, g.index] = self.idle_since.get((n.name, g.index), now)
         self.idle_since = idle
-        return ActuatorState(tuple(nodes), dict(self.changes or {}), tuple(mig_pods),
-                             tuple(whole), dict(self.backoff), dict(idle),
-                             tuple(sorted(self.arrivals.values(), key=lambda a: a[0])),
-                             unreadable)
+        state = ActuatorState(tuple(nodes), dict(self.changes or {}), tuple(mig_pods),
+                              tuple(whole), dict(self.backoff), dict(idle),
+                              unreadable=unreadable)
+        # The forecast's arrivals: pods a step found unmet (mig_actuator, "forecast").
+        by_key = {m.key: m for m in mig_pods}
+        for key in unmet_pods(state):
+            m = by_key[key]
+            self.arrivals.setdefault(key, (m.arrived, m.profile, m.models))
+        horizon = now - 4 * self.settings.half_life_s
+        self.arrivals = {k: a for k, a in self.arrivals.items() if a[0] >= horizon}
+        return replace(state, arrivals=tuple(sorted(self.arrivals.values(),
+                                                    key=lambda a: a[0])))
 
     # ---- one step ----------------------------------------------------------------------------
 

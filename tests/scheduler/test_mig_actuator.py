@@ -4,6 +4,7 @@ a pod or a reservation holds."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 
 import pytest
@@ -30,6 +31,7 @@ from scheduler.mig_actuator import (
     decide_mig,
     forecast,
     holds_for,
+    unmet_pods,
 )
 
 H100 = "H100-80GB"
@@ -42,7 +44,7 @@ def whole(i: int, holders: tuple[str, ...] = ()) -> GpuView:
     return GpuView(i, H100, False, holders=frozenset(holders))
 
 
-def mig(i: int, slots: dict[int, tuple[str, str | None]]) -> GpuView:
+def mig(i: int, slots: Mapping[int, tuple[str, str | None]]) -> GpuView:
     layout = tuple(MigSlot(p, s) for s, (p, _) in sorted(slots.items()))
     free = tuple(MigSlot(p, s) for s, (p, o) in sorted(slots.items()) if o is None)
     holders = frozenset(o for _, o in slots.values() if o is not None)
@@ -308,6 +310,24 @@ def test_slices_being_created_serve_pods_no_second_change() -> None:
              node("x", [whole(0)], reconf=OFF)]
     d = decide_mig(state(nodes, asr(7), in_flight={"b": c}), 100.0, S, FAST)
     assert d.waiting == {} and d.starts == ()
+
+
+@pytest.mark.parametrize("name, nodes, pods, in_flight, unmet", [
+    ("free slices serve the oldest pods first",
+     [node("a", [mig(0, {0: ("1g.10gb", None), 1: ("1g.10gb", "ns/x")})])], asr(3), {},
+     ("ns/asr-1", "ns/asr-2")),
+    ("a profile no GPU offers free", [node("a", [mig(0, MIG7)])],
+     (MigPod("ns/tts", "2g.20gb"), *asr(1)), {}, ("ns/tts",)),
+    ("pods that slices being created will serve found none free: counted",
+     [node("b", config_label="gpupack-abc", state_label="pending")],
+     asr(2), {"b": change("b", {0: SEVEN}, started=90.0)}, ("ns/asr-0", "ns/asr-1")),
+    ("a cordoned node's free slices serve no one",
+     [node("a", [mig(0, MIG7)], unschedulable=True)], asr(1), {}, ("ns/asr-0",)),
+])
+def test_unmet_pods_are_the_ones_the_forecast_counts(
+        name: str, nodes: list[NodeView], pods: tuple[MigPod, ...],
+        in_flight: dict[str, Change], unmet: tuple[str, ...]) -> None:
+    assert unmet_pods(state(nodes, pods, in_flight=in_flight)) == unmet, name
 
 
 def test_forecast_decays_with_age() -> None:

@@ -302,3 +302,28 @@ def test_a_mig_gpu_being_relaid_keeps_its_instances_held_across_steps() -> None:
         assert act.step() is not None
         assert mig_holds(cache) == held
         assert not cache.state.gpu("a", 0).idle
+
+
+
+def test_the_forecast_counts_the_pods_no_free_slice_served() -> None:
+    # The forecast shapes the layouts of GPUs that change: it must count demand for new
+    # slices (pods that found none), not every arrival, and not depend on whether a
+    # step happened to run before kube-scheduler bound a pod a free slice served.
+    cache = make_cache([node("a", gpus=2, mig={"1g.10gb": 7})])
+    clock = FakeClock()
+    act = MigActuator(cache, FakeApi(), clock=clock, params=FAST,
+                      settings=MigSettings(settle_s=0))
+    cache.upsert_pod(mig_pod("asr"))  # a free 1g slice serves it
+    cache.upsert_pod(mig_pod("tts", "2g.20gb"))  # no 2g slice anywhere
+    state = act.gather(clock())
+    assert [(p, t) for t, p, _ in state.arrivals] == [("2g.20gb", 1000.0)]
+    clock.advance(1)
+    cache.upsert_pod(mig_pod("asr", node="a"))
+    assert act.gather(clock()).arrivals == state.arrivals  # counted once, when first unmet
+    assert act.first_seen == {"default/tts": 1000.0}  # its arrival for the settle rule
+    # Eight more 1g pods: the six free slices left serve six, two are unmet.
+    for i in range(8):
+        cache.upsert_pod(mig_pod(f"asr-{i}"))
+    clock.advance(1)
+    got = [(p, t) for t, p, _ in act.gather(clock()).arrivals]
+    assert got == [("2g.20gb", 1000.0), ("1g.10gb", 1002.0), ("1g.10gb", 1002.0)]
