@@ -335,6 +335,7 @@ class Components:
             self.mig = MigActuator(
                 self.cache, mig_api, compactor=compactor,
                 is_leader=self.leader.is_leader, reserved=self.groups.held_members,
+                ready=self.groups.check_ready,
                 settings=MigSettings(timeout_s=args.mig_timeout, backoff_s=args.mig_backoff,
                                      min_idle_s=args.mig_min_idle),
                 metrics=mig_metrics, requeue=self.requeue_writer)

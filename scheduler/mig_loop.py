@@ -197,8 +197,13 @@ class MigActuator:
                  settings: MigSettings = DEFAULT_SETTINGS, params: SolverParams = DEFAULT_PARAMS,
                  clock: Clock = time.time, metrics: MigMetrics | None = None,
                  min_interval_s: float = 1.0, compactor: Compactor | None = None,
-                 requeue: Submitter | None = None) -> None:
+                 requeue: Submitter | None = None,
+                 ready: Callable[[], bool] = lambda: True) -> None:
         self.cache = cache
+        # Whether the reservation book has rebuilt its holds (GroupBook.check_ready):
+        # until then a reserved room's GPUs look idle, and a change or a drain could
+        # take them.
+        self.ready = ready
         # Where the status patches go that requeue pods waiting for what a change made
         # (kube.pod_conditions; None: nowhere).
         self.requeue = requeue
@@ -274,7 +279,8 @@ class MigActuator:
     # ---- one step ----------------------------------------------------------------------------
 
     def step(self) -> MigDecision | None:
-        """On the leader with a synced cache: decide_mig and apply. None when it did not act."""
+        """On the leader, with a synced cache and a rebuilt reservation book: decide_mig and
+        apply. None when it did not act."""
         leader = self.is_leader()
         if not leader:
             if self._was_leader:
@@ -285,7 +291,7 @@ class MigActuator:
                 self.changes = None
             self._was_leader = False
             return None
-        if not self.cache.synced:
+        if not self.cache.synced or not self.ready():
             return None
         self._was_leader = True
         now = self.clock()

@@ -327,3 +327,18 @@ def test_the_forecast_counts_the_pods_no_free_slice_served() -> None:
     clock.advance(1)
     got = [(p, t) for t, p, _ in act.gather(clock()).arrivals]
     assert got == [("2g.20gb", 1000.0), ("1g.10gb", 1002.0), ("1g.10gb", 1002.0)]
+
+
+def test_nothing_is_done_before_the_reservation_book_is_rebuilt() -> None:
+    # Until the book has re-taken its holds, a reserved room's whole GPUs look idle:
+    # a change (or a drain) could convert the GPUs an LLM group is waiting for.
+    cache = make_cache([node("a")], [mig_pod(f"asr-{i}") for i in range(3)])
+    api = FakeApi()
+    ready = [False]
+    act = MigActuator(cache, api, clock=FakeClock(), params=FAST,
+                      settings=MigSettings(settle_s=0), ready=lambda: ready[0])
+    assert act.step() is None
+    assert api.labels == [] and mig_holds(cache) == set()
+    ready[0] = True
+    d = act.step()
+    assert d is not None and len(d.starts) == 1 and len(api.labels) == 1
