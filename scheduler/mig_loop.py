@@ -225,6 +225,7 @@ class MigActuator:
         # Per node, the change as this leader last read it from the ConfigMap or wrote it
         # (or tried to): a change re-read that differs is another writer's (_merged).
         self._known: dict[str, Change] = {}
+        self._known_backoff: dict[str, Backoff] = {}  # the same, for the back-offs
         self.backoff: dict[str, Backoff] = {}
         self.idle_since: dict[tuple[str, int], float] = {}
         # The forecast's arrivals (unmet MIG pods, by key), and when each pending MIG
@@ -308,6 +309,7 @@ class MigActuator:
             self.changes, problems = changes_from_json(text)
             self._known = dict(self.changes)
             backoff, more = backoff_from_json(text)
+            self._known_backoff = dict(backoff)
             # A back-off the last leader set still holds (capped at the longest one
             # this leader would set: a clock far ahead is not a node lost for ever).
             cap = now + self.settings.backoff_max_s
@@ -423,7 +425,26 @@ class MigActuator:
         self._still_leading()
         merged = self._merged(mine, old)
         self._known.update(merged)
-        return changes_json(merged, self._live_backoff())
+        backoff = self._merged_backoff(old)
+        self._known_backoff = dict(backoff)
+        return changes_json(merged, backoff)
+
+    def _merged_backoff(self, old: str) -> dict[str, Backoff]:
+        """This leader's live back-offs plus those ``old`` has that it neither read nor
+        wrote so: another writer's (a replica that led for a moment saw a change fail).
+        Dropped, the node would be retried at once; a back-off this leader cleared (a
+        success since) is in ``old`` as it read or wrote it, and stays cleared."""
+        theirs, _ = backoff_from_json(old)
+        now = self.clock()
+        foreign = {n: b for n, b in theirs.items() if b.until > now
+                   and n not in self.backoff and self._known_backoff.get(n) != b}
+        if foreign:
+            log.warning("MIG back-off of %s written by another replica meanwhile: kept",
+                        ", ".join(sorted(foreign)))
+            cap = now + self.settings.backoff_max_s
+            for n, b in foreign.items():
+                self.backoff[n] = Backoff(min(b.until, cap), b.failures)
+        return self._live_backoff()
 
     def _merged(self, mine: Mapping[str, Change], old: str) -> dict[str, Change]:
         """``mine`` plus the changes ``old`` has for nodes ``mine`` has none of and that

@@ -16,7 +16,13 @@ from sched_builders import FakeClock, make_cache, mig_pod, node
 from kube.pod_conditions import SLICES_CREATED
 from packing.cpsat import SolverParams
 from packing.model import Placement, PodRequest, RequestKind
-from scheduler.mig_actuator import HOLD_PREFIX, MigSettings, changes_json
+from scheduler.mig_actuator import (
+    HOLD_PREFIX,
+    Backoff,
+    MigSettings,
+    backoff_from_json,
+    changes_json,
+)
 from scheduler.mig_loop import MigActuator, MigMetrics, SliceFigures
 
 FAST = SolverParams(max_time_s=2.0, workers=1, seed=1)
@@ -342,3 +348,21 @@ def test_nothing_is_done_before_the_reservation_book_is_rebuilt() -> None:
     ready[0] = True
     d = act.step()
     assert d is not None and len(d.starts) == 1 and len(api.labels) == 1
+
+
+def test_another_writers_backoff_is_kept_and_a_cleared_one_stays_cleared() -> None:
+    # A replica that led for a moment saw a change on b fail and backed b off in the
+    # ConfigMap; the leader's next write replaced the list with its own back-offs, and
+    # b was retried at once.
+    _, api, act, clock, _ = setup(pods=0)
+    assert act.step() is not None  # leading: the changes (none) read back
+    api.changes = changes_json({}, {"b": Backoff(clock() + 500, 2)})
+    act.backoff["a"] = Backoff(clock() + 100, 1)
+    act._write_changes()
+    written, _ = backoff_from_json(api.changes)
+    assert set(written) == {"a", "b"} and act.backoff["b"].failures == 2
+    # a succeeds since: its back-off cleared here is not taken back from the old text.
+    del act.backoff["a"]
+    act._write_changes()
+    assert set(backoff_from_json(api.changes)[0]) == {"b"}
+    assert "a" not in act.backoff
