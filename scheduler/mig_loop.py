@@ -257,7 +257,14 @@ class MigActuator:
                                        self.first_seen.get(p.key, now)))
             elif p.kind is RequestKind.WHOLE and p.gpu_count > 0 and p.key not in reserved:
                 whole.append(WholePod(p.key, p.gpu_count, p.gpu_models))
-        self.first_seen = {m.key: m.arrived for m in mig_pods}
+        # Kept past a pod's bind for a while (a bind that fails puts it back pending:
+        # with a fresh time, the settle rule's clocks would start over).
+        keep_from = now - 4 * self.settings.half_life_s
+        pending_now = {m.key for m in mig_pods}
+        for m in mig_pods:
+            self.first_seen.setdefault(m.key, m.arrived)
+        self.first_seen = {k: t for k, t in self.first_seen.items()
+                           if k in pending_now or t >= keep_from}
         idle: dict[tuple[str, int], float] = {}
         for n in nodes:
             for g in n.gpus:
@@ -290,6 +297,10 @@ class MigActuator:
                 if self.compactor is not None:
                     self.compactor.release()
                 self.changes = None
+                # The next leader owns the back-offs from now on (it may clear them):
+                # leading again, this replica reads them back from the ConfigMap.
+                self.backoff = {}
+                self._known_backoff = {}
             self._was_leader = False
             return None
         if not self.cache.synced or not self.ready():
@@ -426,7 +437,9 @@ class MigActuator:
         merged = self._merged(mine, old)
         self._known.update(merged)
         backoff = self._merged_backoff(old)
-        self._known_backoff = dict(backoff)
+        # Added to, not replaced (as _known): this write may still fail, and the text
+        # read next then holds what was known before, which must not look foreign.
+        self._known_backoff.update(backoff)
         return changes_json(merged, backoff)
 
     def _merged_backoff(self, old: str) -> dict[str, Backoff]:
@@ -436,8 +449,9 @@ class MigActuator:
         success since) is in ``old`` as it read or wrote it, and stays cleared."""
         theirs, _ = backoff_from_json(old)
         now = self.clock()
+        live = self._live_backoff()
         foreign = {n: b for n, b in theirs.items() if b.until > now
-                   and n not in self.backoff and self._known_backoff.get(n) != b}
+                   and n not in live and self._known_backoff.get(n) != b}
         if foreign:
             log.warning("MIG back-off of %s written by another replica meanwhile: kept",
                         ", ".join(sorted(foreign)))

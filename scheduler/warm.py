@@ -256,7 +256,9 @@ class Warmer:
         doubled per failure, at most ``max_retry_s``."""
         if self.failures <= 0:
             return 0.0
-        return min(self.max_retry_s, self.interval_s * 2.0 ** (self.failures - 1))
+        # (The exponent capped: 2.0 ** 1024 overflows, and in the loop's except block
+        # that would end the thread for good.)
+        return min(self.max_retry_s, self.interval_s * 2.0 ** min(self.failures - 1, 60))
 
     def pause(self) -> None:
         """Wait while a request is in flight (at most ``max_pause_s``)."""

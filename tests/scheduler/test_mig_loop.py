@@ -326,7 +326,7 @@ def test_the_forecast_counts_the_pods_no_free_slice_served() -> None:
     clock.advance(1)
     cache.upsert_pod(mig_pod("asr", node="a"))
     assert act.gather(clock()).arrivals == state.arrivals  # counted once, when first unmet
-    assert act.first_seen == {"default/tts": 1000.0}  # its arrival for the settle rule
+    assert act.first_seen["default/tts"] == 1000.0  # its arrival for the settle rule
     # Eight more 1g pods: the six free slices left serve six, two are unmet.
     for i in range(8):
         cache.upsert_pod(mig_pod(f"asr-{i}"))
@@ -366,3 +366,82 @@ def test_another_writers_backoff_is_kept_and_a_cleared_one_stays_cleared() -> No
     act._write_changes()
     assert set(backoff_from_json(api.changes)[0]) == {"b"}
     assert "a" not in act.backoff
+
+
+def test_a_pod_whose_bind_failed_keeps_its_arrival_time() -> None:
+    # Assumed (bind in flight, not pending), then forgotten (the bind failed): pending
+    # again. A fresh arrival time would start the settle rule's clocks over.
+    cache = make_cache([node("a", gpus=1, mig={"1g.10gb": 7})])
+    clock = FakeClock()
+    act = MigActuator(cache, FakeApi(), clock=clock, params=FAST, settings=MigSettings())
+    cache.upsert_pod(mig_pod("asr"))
+    req = next(p for p in cache.pending() if p.key == "default/asr")
+    assert [m.arrived for m in act.gather(clock()).mig_pods] == [1000.0]
+    clock.advance(5)
+    cache.assume(req, "uid-default-asr", Placement("default/asr", "a", (0,), "1g.10gb", 0))
+    assert act.gather(clock()).mig_pods == ()
+    clock.advance(5)
+    cache.forget("default/asr")
+    assert [m.arrived for m in act.gather(clock()).mig_pods] == [1000.0]
+    clock.advance(4 * act.settings.half_life_s + 1)  # forgotten once long gone
+    cache.delete_pod("default/asr")
+    act.gather(clock())
+    assert act.first_seen == {}
+
+
+def test_a_foreign_backoff_is_kept_when_this_leaders_own_for_the_node_expired() -> None:
+    _, api, act, clock, _ = setup(pods=0)
+    assert act.step() is not None
+    act.backoff["b"] = Backoff(clock() - 10, 1)  # this leader's, expired (still listed)
+    api.changes = changes_json({}, {"b": Backoff(clock() + 500, 2)})
+    act._write_changes()
+    assert "b" in backoff_from_json(api.changes)[0] and act.backoff["b"].failures == 2
+
+
+class _FailsAfterUpdate(FakeApi):
+    """As kube.mig.MigApi.write: update() runs, then the replace may fail (5xx)."""
+
+    fail_after_update = False
+
+    def write(self, update: Callable[[dict[str, Any], str], tuple[dict[str, Any], str]]
+              ) -> None:
+        config, changes = update(*self.read()[:2])
+        if self.fail_after_update:
+            raise RuntimeError("500 Internal Server Error")
+        self.config, self.changes = config, changes
+
+
+def test_a_cleared_backoff_stays_cleared_after_a_failed_write() -> None:
+    cache = make_cache([node("a")])
+    clock = FakeClock()
+    api = _FailsAfterUpdate()
+    act = MigActuator(cache, api, clock=clock, params=FAST,
+                      settings=MigSettings(backoff_s=60, settle_s=0))
+    assert act.step() is not None
+    act.backoff["a"] = Backoff(clock() + 100, 1)
+    act._write_changes()
+    del act.backoff["a"]  # a succeeded since
+    api.fail_after_update = True
+    act._write_changes()  # fails after update() ran: the ConfigMap keeps a's back-off
+    api.fail_after_update = False
+    act._write_changes()
+    assert "a" not in act.backoff and "a" not in backoff_from_json(api.changes)[0]
+
+
+def test_a_backoff_the_next_leader_cleared_is_not_taken_back_on_leading_again() -> None:
+    cache = make_cache([node("a")])
+    clock = FakeClock()
+    api = FakeApi()
+    leading = [True]
+    act = MigActuator(cache, api, is_leader=lambda: leading[0], clock=clock, params=FAST,
+                      settings=MigSettings(backoff_s=60, settle_s=0))
+    assert act.step() is not None
+    act.backoff["a"] = Backoff(clock() + 1000, 1)
+    act._write_changes()
+    leading[0] = False
+    assert act.step() is None
+    api.changes = changes_json({}, {})  # the next leader's change on a succeeded
+    clock.advance(5)
+    leading[0] = True
+    act.step()
+    assert "a" not in act._live_backoff() and "a" not in backoff_from_json(api.changes)[0]

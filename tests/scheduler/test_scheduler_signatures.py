@@ -281,7 +281,7 @@ def test_a_failing_warming_pass_backs_off_instead_of_restarting_at_every_event()
 def test_warming_retry_delays_double_up_to_the_cap() -> None:
     warmer = Warmer(make_cache(whole_nodes()), Memo(), lambda: scorer(), interval_s=1.0)
     delays = []
-    for n in (0, 1, 2, 3, 7, 8, 30):
+    for n in (0, 1, 2, 3, 7, 8, 30, 2000):  # (2.0 ** 1999 would overflow)
         warmer.failures = n
         delays.append(warmer.retry_delay_s())
-    assert delays == [0.0, 1.0, 2.0, 4.0, 60.0, 60.0, 60.0]
+    assert delays == [0.0, 1.0, 2.0, 4.0, 60.0, 60.0, 60.0, 60.0]
