@@ -234,12 +234,14 @@ class ChildProcess:
         self.close()
 
     def close(self) -> None:
-        """Stop the child (terminate, then kill if it is still there after 5 s)."""
+        """Stop the child (terminate, then kill if it is still there after 5 s), then
+        close the parent's end: a send in flight on another thread fails on the broken
+        pipe first, rather than writing to a descriptor closed under it."""
         conn = self._conn
         self._conn = None
+        self._stop_process()
         if conn is not None:
             conn.close()
-        self._stop_process()
 
     def _stop_process(self) -> None:
         proc = self._proc
