@@ -668,7 +668,7 @@ class ClusterCache:
             seen = self._obs_text.get(info.name, None) == text and info.name in self._obs_text
             if not seen:
                 self._obs_text[info.name] = text
-                obs = observation_of(text)
+                obs = observation_of(text, info.name)
                 seen = self._obs.get(info.name, NO_OBSERVATION) == obs
                 self._obs[info.name] = obs
             if self._taints.get(info.name, ()) != taints:

@@ -172,7 +172,8 @@ def node_info(node: Mapping[str, Any], notes: list[str] | None = None, *,
     gpus = _infer_gpus(who, labels, whole, shared, mig_counts)
     if A.INVENTORY in annotations:
         try:
-            gpus = _observed_gpus(decode_inventory(annotations[A.INVENTORY]), labels, gpus)
+            inv = checked_inventory(annotations[A.INVENTORY], name)
+            gpus = _observed_gpus(inv, labels, gpus)
         except (InventoryError, ValueError) as e:
             if notes is not None:
                 notes.append(f"{who}: metadata.annotations.{A.INVENTORY}: {e}; inferred instead")
@@ -231,17 +232,26 @@ def _mig_opt_in(who: str, labels: Mapping[str, str], annotations: Mapping[str, s
     return None
 
 
-def _observed_gpus(
-    inv: Inventory, labels: Mapping[str, str], inferred: tuple[GpuInfo, ...]
-) -> tuple[GpuInfo, ...]:
-    """GPUs as the node agent saw them: real modes, MIG layouts and owners."""
-    if not inv.gpus:
-        return inferred  # the agent saw nothing (no driver yet): keep what the API says
-    replicas = A.small_int(labels.get(A.GPU_REPLICAS, "1")) or 1
+def checked_inventory(text: str, node: str | None) -> Inventory:
+    """The node agent's inventory of ``node`` (None: any), decoded and checked against the
+    catalog; InventoryError or ValueError naming the field otherwise. Both readers use
+    it: :func:`node_info` (GPU detail) and :func:`observation_of` (pod peaks, shares,
+    used memory), so an inventory refused for one is refused for the other."""
+    inv = decode_inventory(text)
+    if node is not None and inv.node != node:
+        raise ValueError(f"node: {inv.node[:63]!r} wrote it, not {node[:63]!r} (copied from "
+                         "another node?)")
+    _catalog_models(inv)
+    return inv
+
+
+def _catalog_models(inv: Inventory) -> list[Any]:
+    """Each reported GPU's catalog model; ValueError when a GPU is not one the catalog
+    knows at that memory, or its MIG layout is not one its model allows."""
     if len(inv.gpus) > MAX_NODE_GPUS:
         raise ValueError(f"{len(inv.gpus)} GPUs, more than one node has (at most "
                          f"{MAX_NODE_GPUS})")
-    out = []
+    models = []
     for k, g in enumerate(inv.gpus):
         model = match_product(g.model, g.memory_mib)
         _within_catalog(model, g.memory_mib, f"gpus[{k}].mem")
@@ -257,6 +267,19 @@ def _observed_gpus(
             if errors:
                 raise ValueError(f"GPU {g.index} ({model.name}): MIG layout: "
                                  + "; ".join(errors))
+        models.append(model)
+    return models
+
+
+def _observed_gpus(
+    inv: Inventory, labels: Mapping[str, str], inferred: tuple[GpuInfo, ...]
+) -> tuple[GpuInfo, ...]:
+    """GPUs as the node agent saw them: real modes, MIG layouts and owners."""
+    if not inv.gpus:
+        return inferred  # the agent saw nothing (no driver yet): keep what the API says
+    replicas = A.small_int(labels.get(A.GPU_REPLICAS, "1")) or 1
+    out = []
+    for g, model in zip(inv.gpus, _catalog_models(inv), strict=True):
         out.append(
             GpuInfo(
                 index=g.index,
@@ -319,13 +342,13 @@ def inventory_text(node: Mapping[str, Any]) -> str | None:
     return text if isinstance(text, str) else None
 
 
-def observation_of(text: str | None) -> NodeObservation:
-    """The :class:`NodeObservation` of an inventory annotation; empty when there is none
-    or it cannot be read (node_info notes why)."""
+def observation_of(text: str | None, node: str | None = None) -> NodeObservation:
+    """The :class:`NodeObservation` of ``node``'s inventory annotation; empty when there
+    is none or it is refused (:func:`checked_inventory`; node_info notes why)."""
     if text is None:
         return NO_OBSERVATION
     try:
-        inv = decode_inventory(text)
+        inv = checked_inventory(text, node)
     except (InventoryError, ValueError):
         return NO_OBSERVATION
     shares: dict[str, int] = {}
@@ -347,7 +370,7 @@ def observation_of(text: str | None) -> NodeObservation:
 
 def observed_peaks(node: Mapping[str, Any]) -> dict[str, int]:
     """Peak GPU memory (MiB) per pod key from the node's inventory, if readable."""
-    return dict(observation_of(inventory_text(node)).peaks)
+    return dict(observation_of(inventory_text(node), object_name(node)).peaks)
 
 
 def _label_int(who: str, labels: Mapping[str, str], key: str) -> int | None:

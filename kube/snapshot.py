@@ -81,14 +81,11 @@ def build_snapshot(
     notes: list[str] = []
     nodes = list(nodes)
     infos = [node_info(n, notes, mig_actuator=mig_actuator) for n in nodes]
-    peaks: dict[str, int] = {}
     observations: dict[str, NodeObservation] = {}
     for n in nodes:
-        obs = observation_of(inventory_text(n))
-        peaks.update(obs.peaks)
         name = object_name(n)
         if name is not None:
-            observations[name] = obs
+            observations[name] = observation_of(inventory_text(n), name)
     names = {n.name for n in infos}
     infos_by_name = {n.name: n for n in infos}
     if len(names) != len(infos):
@@ -100,7 +97,11 @@ def build_snapshot(
     seen: set[str] = set()
     for pod in pods:
         node = bound_node(pod)
-        req = with_observed_peak(pod_request(pod, strict=node is None), peaks.get(pod_key(pod)))
+        # A pod's peak is the one its own node's agent saw (another node's entry for the
+        # same key is about another pod, or stale).
+        seen_on = observations.get(node) if node is not None else None
+        req = with_observed_peak(pod_request(pod, strict=node is None),
+                                 seen_on.peaks.get(pod_key(pod)) if seen_on else None)
         if req.key in seen:
             raise ObjectError(f"Pod {req.key}: metadata.name: duplicate pod")
         seen.add(req.key)
