@@ -234,7 +234,25 @@ class Report:
     snapshot: GpuSnapshot
 
 
-def _errors(snapshot: GpuSnapshot, view: PodResourcesView) -> tuple[str, ...]:
+# The inventory is one annotation, and a Node's annotations hold 256 KiB in all: a flood
+# of errors (a garbled process list: one per entry) must not make it unwritable, which
+# would lose every GPU's report with it.
+MAX_ERRORS = 40  # error lines published; the rest are counted in one more line
+MAX_ERROR_CHARS = 400  # characters of one line
+
+
+def _bounded(errors: list[str]) -> tuple[str, ...]:
+    """At most ``MAX_ERRORS`` lines of at most ``MAX_ERROR_CHARS`` characters, plus one
+    that counts those left out."""
+    out = [e if len(e) <= MAX_ERROR_CHARS else e[:MAX_ERROR_CHARS - 3] + "..."
+           for e in errors[:MAX_ERRORS]]
+    if len(errors) > MAX_ERRORS:
+        out.append(f"{len(errors) - MAX_ERRORS} more error(s) not listed (NVML's are counted "
+                   "in the agent's metrics)")
+    return tuple(out)
+
+
+def _errors(snapshot: GpuSnapshot, view: PodResourcesView) -> list[str]:
     out: list[str] = []
     if snapshot.error:
         out.append(f"nvml: {snapshot.error}")
@@ -248,7 +266,7 @@ def _errors(snapshot: GpuSnapshot, view: PodResourcesView) -> tuple[str, ...]:
     out.extend(f"gpu {i}: {why}" for i, why in sorted(ambiguous_devices(snapshot).items()))
     if view.error:
         out.append(view.error)
-    return tuple(out)
+    return out
 
 
 def gpu_mode(dev: GpuDevice, shared_uuids: frozenset[str]) -> GpuMode:
@@ -309,4 +327,4 @@ def build_inventory(node: str, ts: int, snapshot: GpuSnapshot, view: PodResource
             used_mib=to_mib(dev.memory_used_bytes or 0),
             mode=gpu_mode(dev, view.shared_uuids), mig=mig, pods=tuple(pods)))
     return Inventory(node=node, ts=ts, gpus=tuple(gpus),
-                     errors=_errors(snapshot, view) + tuple(capped))
+                     errors=_bounded(_errors(snapshot, view) + capped))

@@ -205,3 +205,25 @@ def test_a_mig_device_of_unknown_size_has_no_time_to_exhaustion() -> None:
         clock.t += 15
     assert growth is not None and growth.rate_bytes_per_s > 0
     assert growth.exhaustion_s is None
+
+
+def test_a_flood_of_errors_keeps_the_inventory_writable() -> None:
+    # A garbled process list (a struct version mismatch: every entry's memory figure is
+    # garbage) gave one error per entry: 8 GPUs x 500 entries made a 345 kB annotation,
+    # past the 256 KiB a Node's annotations hold, and every GPU's report was lost.
+    from nodeagent.report import MAX_ERROR_CHARS, MAX_ERRORS
+    from packing.inventory import encode_inventory
+
+    gpus = []
+    for i in range(8):
+        g = l40s_shared()
+        g.uuid = f"GPU-{i:08d}-0000-0000-0000-000000000000"
+        g.processes = [FakeProcess(10_000 + i * 1000 + k, 1 << 60) for k in range(500)]
+        gpus.append(g)
+    inv = _agent(FakeNvml(gpus)).observe().inventory
+    assert len(inv.gpus) == 8
+    assert len(inv.errors) == MAX_ERRORS + 1
+    assert inv.errors[-1].startswith(f"{8 * 500 - MAX_ERRORS} more error(s) not listed")
+    assert all(len(e) <= MAX_ERROR_CHARS for e in inv.errors)
+    assert len(encode_inventory(inv).encode()) < 64 * 1024
+    assert decode_inventory(encode_inventory(inv)) == inv
