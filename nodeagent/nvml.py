@@ -640,6 +640,15 @@ class NvmlAdapter:
                     compute_instances=tuple(cis_by_gi.get(gi_id, ()))))
         result.sort(key=lambda gi: (gi.placement.start, gi.gi_id))
         c.errors.extend(NvmlCallError("mig-layout", p) for p in layout_problems(result))
+        if found is not None:
+            # A GPU instance without a compute instance (mig-parted stopped midway, or
+            # someone created it by hand) is no device the device plugin offers: published
+            # as a free slice, a pod would be counted on a device that does not exist.
+            for gi in result:
+                if not gi.compute_instances:
+                    c.errors.append(NvmlCallError(
+                        "mig-layout", f"GpuInstanceWithoutComputeInstance(gi {gi.gi_id}, "
+                                      f"{gi.profile}@{gi.placement.start})"))
         # A MIG device of no listed instance: its instance is missing from the layout.
         # Its own errors (GpuIsLost ...) would be lost with it: they are the GPU's now.
         for g in sorted(set(cis_by_gi) - {gi.gi_id for gi in result}):

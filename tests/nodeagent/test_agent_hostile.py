@@ -227,3 +227,15 @@ def test_a_flood_of_errors_keeps_the_inventory_writable() -> None:
     assert all(len(e) <= MAX_ERROR_CHARS for e in inv.errors)
     assert len(encode_inventory(inv).encode()) < 64 * 1024
     assert decode_inventory(encode_inventory(inv)) == inv
+
+
+def test_a_gpu_instance_without_a_compute_instance_is_no_free_slice() -> None:
+    # mig-parted stopped midway: the GPU instance exists, its compute instance not.
+    # No device plugin device exists for it; it was published as a free slice.
+    g = h100_mig()
+    gi = g.gis[0]
+    gi.cis = []
+    inv = _agent(FakeNvml([g])).observe().inventory
+    assert any("GpuInstanceWithoutComputeInstance" in e for e in inv.errors), inv.errors
+    free = [m for gpu in inv.gpus for m in gpu.mig if m.owner is None]
+    assert all(m.start != gi.start for m in free), free
