@@ -327,4 +327,25 @@ def build_inventory(node: str, ts: int, snapshot: GpuSnapshot, view: PodResource
             used_mib=to_mib(dev.memory_used_bytes or 0),
             mode=gpu_mode(dev, view.shared_uuids), mig=mig, pods=tuple(pods)))
     return Inventory(node=node, ts=ts, gpus=tuple(gpus),
-                     errors=_bounded(_errors(snapshot, view) + capped))
+                     errors=_bounded(_errors(snapshot, view) + capped
+                                     + _unknown_devices(snapshot, holders)))
+
+
+def _unknown_devices(snapshot: GpuSnapshot, holders: Mapping[str, Iterable[str]]
+                     ) -> list[str]:
+    """One error per device the kubelet says a pod holds that NVML does not list (a GPU
+    lost or replaced, a MIG device re-created under a new UUID): its pod's memory is not
+    attributed, and its slice or GPU is counted by nobody."""
+    if snapshot.error:
+        return []  # NVML listed nothing: that one error says it
+    # Where a MIG layout could not be read, its MIG devices are unknown already (an
+    # error says so): only whole GPUs are judged then.
+    mig_judged = all(d.layout_known for d in snapshot.devices)
+    known = {d.uuid for d in snapshot.devices if d.uuid}
+    known.update(ci.uuid for d in snapshot.devices for gi in d.gpu_instances
+                 for ci in gi.compute_instances if ci.uuid)
+    return [f"PodResources: {', '.join(sorted(pods))[:120]} hold(s) device {uuid[:48]}, "
+            "which NVML does not list"
+            for uuid, pods in sorted(holders.items())
+            if (uuid.startswith("GPU-") or (mig_judged and uuid.startswith("MIG-")))
+            and uuid not in known]
