@@ -25,6 +25,7 @@ import time
 import types
 from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 NICE = 10
@@ -55,6 +56,9 @@ def give_back_memory() -> None:
 
 
 _TRIM: Any = None
+# A message this small is sent on the caller's thread: it fits the empty pipe's buffer
+# (64 KiB for a pipe, more for the socket pair a duplex Pipe is), so it cannot block.
+DIRECT_SEND_BYTES = 32 * 1024
 
 
 def serve_messages(conn: Connection, handle: Callable[[Any], Any],
@@ -192,17 +196,23 @@ class ChildProcess:
         return reply
 
     def _send(self, conn: Connection, msg: Any, timeout_s: float) -> bool:
-        """Send ``msg``; False when it is not through in ``timeout_s``. A pipe holds
-        64 KiB: a larger message blocks until the child reads it, for ever if the child
-        is alive but never reads (stuck before its loop), and with it the planner or
-        warmer thread that called. The send runs on a helper thread; on time out the
-        child is stopped first, which breaks the pipe under that thread (its write fails
-        and it ends) before the parent's end is closed by :meth:`close`."""
+        """Send ``msg``; False when it is not through in ``timeout_s``. The pipe's buffer
+        is finite (64 KiB or more): a larger message blocks until the child reads it, for
+        ever if the child is alive but never reads (stuck before its loop), and with it
+        the planner or warmer thread that called. Such a message is sent from a helper
+        thread; on time out the child is stopped first, which breaks the pipe under that
+        thread (its write fails and it ends) before the parent's end is closed by
+        :meth:`close`. A small one goes at once: the pipe is empty between exchanges,
+        and a thread would cost ten times the exchange (bench: 40 against 300-600 us)."""
+        data = bytes(ForkingPickler.dumps(msg))
+        if len(data) <= DIRECT_SEND_BYTES:
+            conn.send_bytes(data)
+            return True
         failed: list[BaseException] = []
 
         def send() -> None:
             try:
-                conn.send(msg)
+                conn.send_bytes(data)
             except BaseException as e:  # handed to the caller's thread
                 failed.append(e)
 

@@ -138,3 +138,20 @@ def test_a_large_message_goes_through_once_the_child_reads(child: Counting) -> N
     big = b"y" * 3_000_000  # many pipe buffers: the send waits on the child's reads
     assert child.request(("echo", big), 30.0) == big
     assert child.starts == 1
+
+
+def test_a_small_message_is_sent_without_a_helper_thread(child: Counting,
+                                                          monkeypatch: pytest.MonkeyPatch
+                                                          ) -> None:
+    # A thread per exchange cost ten times the exchange (the warmer sends many small
+    # batches); a message the empty pipe holds cannot block.
+    import scheduler.child as module
+
+    child.request(("echo", 0), 30.0)
+
+    def no_thread(*a: Any, **k: Any) -> None:
+        raise AssertionError("a helper thread for a small message")
+
+    monkeypatch.setattr(module.threading, "Thread", no_thread)
+    small = b"s" * (module.DIRECT_SEND_BYTES - 100)
+    assert child.request(("echo", small), 30.0) == small
