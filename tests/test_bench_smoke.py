@@ -49,6 +49,18 @@ def test_webhook_claims_bench_runs_both_ways() -> None:
         assert len(r) == 7 and all(float(x) >= 0 for x in (r[1], r[3], r[4], r[6])), r
 
 
+def test_child_exchange_bench_runs_both_sizes_both_ways() -> None:
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "child_exchange.py"), "--n", "40",
+         "--large", "100000"],
+        capture_output=True, text=True, timeout=120, check=True, cwd="/",
+    ).stdout.splitlines()
+    assert out[0].startswith("direct send limit: ")
+    assert [line.split()[0] for line in out[1:]] == ["small", "large"]
+    for line in out[1:]:
+        assert "shipped" in line and "ratio" in line, line
+
+
 def _load_mig_bench() -> ModuleType:
     import importlib.util
 
