@@ -52,6 +52,9 @@ from kube.files import load_objects
 from kube.objects import pod_key
 
 log = logging.getLogger("gpupack.kube.source")
+# A watch that ends sooner than this without an event counts as a failure (client-go:
+# a watch of under a second with no events backs off before it is opened again).
+QUICK_WATCH_S = 1.0
 
 
 class BindError(RuntimeError):
@@ -354,7 +357,7 @@ class ApiSource:
         watch_timeout_s: int = 300,
         backoff_initial_s: float = 0.2,
         backoff_max_s: float = 30.0,
-        sleep: Callable[[float], None] = time.sleep,
+        sleep: Callable[[float], None] | None = None,
         records_namespace: str | None = None,
         records_selector: str = "",
         watch_quotas: bool = False,
@@ -366,8 +369,9 @@ class ApiSource:
         self.watch_timeout_s = watch_timeout_s
         self.backoff_initial_s = backoff_initial_s
         self.backoff_max_s = backoff_max_s
-        self.sleep = sleep
         self._stop = threading.Event()
+        # A back-off pause; by default one that stop() ends at once.
+        self.sleep: Callable[[float], Any] = sleep if sleep is not None else self._stop.wait
         self._threads: list[threading.Thread] = []
         self.records_namespace = records_namespace
         self.records_selector = records_selector
@@ -440,19 +444,38 @@ class ApiSource:
         from urllib3.exceptions import HTTPError
 
         backoff = self.backoff_initial_s
+        gone_again = False  # a 410 with no watch that delivered since the last one
         while not self._stop.is_set():
             rv = self._resume.get(kind)
             try:
                 if rv is None:
                     self._resume[kind] = self._list(kind, sink)
                     self._listed[kind].set()
-                self._watch(kind, sink)
-                backoff = self.backoff_initial_s  # a watch that ended cleanly: no backoff
+                    if self._stop.is_set():
+                        return
+                started = time.monotonic()
+                read = self._watch(kind, sink)
+                if self._stop.is_set():
+                    return
+                if read > 0:
+                    backoff = self.backoff_initial_s  # it delivered: no backoff
+                    gone_again = False
+                elif time.monotonic() - started < QUICK_WATCH_S:
+                    # Ended at once with nothing (a proxy closing every watch): as
+                    # client-go does, a failure; reopened at once, it would loop.
+                    log.warning("%s watch ended at once without events; reopening in %.1fs",
+                                kind, backoff)
+                    backoff = self._backoff(kind, backoff)
             except ApiException as e:
                 if e.status == 410:
                     log.info("%s watch: resourceVersion %s is gone; listing again", kind, rv)
                     self.relists[kind] += 1
                     self._resume[kind] = None
+                    if gone_again:
+                        # Gone again before any watch delivered (a list slower than its
+                        # continue token lives, a proxy): list again, but not at once.
+                        backoff = self._backoff(kind, backoff)
+                    gone_again = True
                     continue
                 log.warning(
                     "%s list/watch: API error %s %s; retrying in %.1fs",
@@ -540,8 +563,9 @@ class ApiSource:
             sink.replace(None, objects)
         return rv
 
-    def _watch(self, kind: str, sink: Sink) -> None:
-        """Stream events from the resume version until the server ends the watch.
+    def _watch(self, kind: str, sink: Sink) -> int:
+        """Stream events from the resume version until the server ends the watch; how
+        many events (bookmarks included) it read.
 
         The resume version moves with every event and bookmark as it is read, so a
         connection dropped mid-stream resumes where it broke, not at the last list.
@@ -554,6 +578,8 @@ class ApiSource:
         """
         from kubernetes.watch.watch import iter_resp_lines
 
+        if self._stop.is_set():
+            return 0
         resp = self._list_fn(kind)(
             watch=True,
             resource_version=self._resume[kind],
@@ -563,16 +589,22 @@ class ApiSource:
             _request_timeout=(10, self.watch_timeout_s + 30),
         )
         self._watches.append(resp)
+        read = 0
         try:
+            if self._stop.is_set():
+                _abort(resp)  # stop() ran before it was listed: it closed the others only
+                return read
             for line in iter_resp_lines(resp):
                 if self._stop.is_set():
                     break
                 if not line or line.isspace():
                     continue
                 self._event(kind, json.loads(line), sink)
+                read += 1
         finally:
             self._watches.remove(resp)
             resp.release_conn()
+        return read
 
     def _event(self, kind: str, event: Any, sink: Sink) -> None:
         """One watch event into the sink; ApiException for an ERROR event.

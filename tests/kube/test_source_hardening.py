@@ -8,6 +8,7 @@ client and the FAKE API server (tests/kube/fake_apiserver.py)."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -296,3 +297,123 @@ def test_odd_events_through_the_fake_api_server() -> None:
     assert source.bad_events == {"nodes": 1, "pods": 2}
     assert not any(c[0].startswith("delete") for c in sink.calls), sink.calls
     assert source.reconnects == {"nodes": 0, "pods": 0}
+
+
+# ---- pacing and stopping: relists, quick watches, back-off, stop() ------------------------
+
+
+def _paced(sleeps: list[float]) -> ApiSource:
+    return ApiSource(client.ApiClient(client.Configuration()), sleep=sleeps.append,
+                     backoff_initial_s=0.2, backoff_max_s=30.0)
+
+
+def test_a_410_that_keeps_coming_relists_with_backoff() -> None:
+    # Every watch answered 410 and each one listed the whole cluster again at once: a
+    # list storm on the API server. The first relist is immediate, later ones pause.
+    sleeps: list[float] = []
+    source = _paced(sleeps)
+    lists = 0
+
+    def api(**kw: Any) -> Any:
+        nonlocal lists
+        if not kw.get("watch"):
+            lists += 1
+            if lists >= 6:
+                source._stop.set()
+            return ListBody(str(lists))
+        return Lines([ev("ERROR", {"kind": "Status", "code": 410, "message": "too old"})])
+
+    source._list_fn = lambda kind: api
+    source._run("pods", RecordingSink())
+    assert lists == 6 and len(sleeps) == 4  # no pause before the first relist
+
+
+def test_a_watch_that_ends_at_once_without_events_backs_off() -> None:
+    # A proxy that closes every watch at once: the loop reopened it back to back.
+    sleeps: list[float] = []
+    source = _paced(sleeps)
+    watches = 0
+
+    def api(**kw: Any) -> Any:
+        nonlocal watches
+        if not kw.get("watch"):
+            return ListBody("10")
+        watches += 1
+        if watches > 5:
+            source._stop.set()
+        return Lines([])
+
+    source._list_fn = lambda kind: api
+    source._run("pods", RecordingSink())
+    assert len(sleeps) == 5 and source.reconnects["pods"] == 5
+
+
+def test_a_watch_that_delivered_resets_the_backoff() -> None:
+    sleeps: list[float] = []
+    source = _paced(sleeps)
+    script = [[], [], [ev("BOOKMARK", {"metadata": {"resourceVersion": "11"}})], []]
+
+    def api(**kw: Any) -> Any:
+        if not kw.get("watch"):
+            return ListBody("10")
+        if not script:
+            source._stop.set()
+            return Lines([])
+        return Lines(script.pop(0))
+
+    source._list_fn = lambda kind: api
+    source._run("pods", RecordingSink())
+    # two quick empty watches (0.2, then 0.4 at most), a delivering one, one more quick
+    # one: back at the first step.
+    assert len(sleeps) == 3 and sleeps[2] <= 0.2
+
+
+def test_stop_ends_a_backoff_pause_at_once() -> None:
+    # The default pause was time.sleep: up to backoff_max_s (30 s) after stop().
+    source = ApiSource(client.ApiClient(client.Configuration()), backoff_initial_s=20.0)
+
+    def api(**kw: Any) -> Any:
+        raise ApiException(status=500, reason="boom")
+
+    source._list_fn = lambda kind: api
+    source.start(RecordingSink())
+    time.sleep(0.3)  # both threads in a 10-20 s pause now
+    source.stop()
+    assert source.join(2.0)
+
+
+class _BlockingWatch:
+    """A watch response that blocks until it is closed (or 10 s)."""
+
+    def __init__(self) -> None:
+        self.closed = threading.Event()
+
+    def stream(self, amt: Any = None, decode_content: bool = False) -> Iterator[bytes]:
+        self.closed.wait(10)
+        return iter(())
+
+    def release_conn(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed.set()
+
+
+def test_stop_during_a_list_leaves_no_watch_open() -> None:
+    # stop() closed the watches open then; the list in flight went on to open one more,
+    # which nothing closed: the thread waited for an event or the watch's time-out.
+    source = ApiSource(client.ApiClient(client.Configuration()), backoff_initial_s=0.01)
+    in_list = threading.Event()
+
+    def api(**kw: Any) -> Any:
+        if not kw.get("watch"):
+            in_list.set()
+            time.sleep(0.5)
+            return ListBody("10")
+        return _BlockingWatch()
+
+    source._list_fn = lambda kind: api
+    source.start(RecordingSink())
+    assert in_list.wait(5)
+    source.stop()
+    assert source.join(3.0)
