@@ -328,21 +328,24 @@ def test_a_410_that_keeps_coming_relists_with_backoff() -> None:
     assert lists == 6 and len(sleeps) == 4  # no pause before the first relist
 
 
+def _watches(source: ApiSource, scripts: list[list[str]]) -> Callable[..., Any]:
+    """The list function: a list at version 10; watches play ``scripts`` in turn, and
+    once they are used up the source is stopped."""
+    def api(**kw: Any) -> Any:
+        if not kw.get("watch"):
+            return ListBody("10")
+        if not scripts:
+            source._stop.set()
+            return Lines([])
+        return Lines(scripts.pop(0))
+    return api
+
+
 def test_a_watch_that_ends_at_once_without_events_backs_off() -> None:
     # A proxy that closes every watch at once: the loop reopened it back to back.
     sleeps: list[float] = []
     source = _paced(sleeps)
-    watches = 0
-
-    def api(**kw: Any) -> Any:
-        nonlocal watches
-        if not kw.get("watch"):
-            return ListBody("10")
-        watches += 1
-        if watches > 5:
-            source._stop.set()
-        return Lines([])
-
+    api = _watches(source, [[] for _ in range(5)])
     source._list_fn = lambda kind: api
     source._run("pods", RecordingSink())
     assert len(sleeps) == 5 and source.reconnects["pods"] == 5
@@ -351,16 +354,8 @@ def test_a_watch_that_ends_at_once_without_events_backs_off() -> None:
 def test_a_watch_that_delivered_resets_the_backoff() -> None:
     sleeps: list[float] = []
     source = _paced(sleeps)
-    script = [[], [], [ev("BOOKMARK", {"metadata": {"resourceVersion": "11"}})], []]
-
-    def api(**kw: Any) -> Any:
-        if not kw.get("watch"):
-            return ListBody("10")
-        if not script:
-            source._stop.set()
-            return Lines([])
-        return Lines(script.pop(0))
-
+    api = _watches(source, [[], [], [ev("BOOKMARK", {"metadata": {"resourceVersion": "11"}})],
+                            []])
     source._list_fn = lambda kind: api
     source._run("pods", RecordingSink())
     # two quick empty watches (0.2, then 0.4 at most), a delivering one, one more quick
