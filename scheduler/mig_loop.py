@@ -228,10 +228,10 @@ class MigActuator:
         self._known_backoff: dict[str, Backoff] = {}  # the same, for the back-offs
         self.backoff: dict[str, Backoff] = {}
         self.idle_since: dict[tuple[str, int], float] = {}
-        # The forecast's arrivals (unmet MIG pods, by key), and when each pending MIG
-        # pod was first seen pending (its arrival for the settle rule).
-        self.arrivals: dict[str, tuple[float, str, frozenset[str]]] = {}
-        self.first_seen: dict[str, float] = {}
+        # The forecast's arrivals (unmet MIG pods, by key and UID), and when each pending
+        # MIG pod was first seen pending (its arrival for the settle rule).
+        self.arrivals: dict[tuple[str, str], tuple[float, str, frozenset[str]]] = {}
+        self.first_seen: dict[tuple[str, str], float] = {}
         self.last: MigDecision | None = None
         self.views = Views(cache)
         self._was_leader = False
@@ -251,18 +251,22 @@ class MigActuator:
             unreadable = self.cache.unreadable_nodes()
         mig_pods: list[MigPod] = []
         whole: list[WholePod] = []
+        # Each pod by key and UID: a pod recreated under its name (a StatefulSet's) is
+        # another arrival, with its own first-seen time.
+        incarnation: dict[str, tuple[str, str]] = {}
         for p in pending:
             if p.kind is RequestKind.MIG and p.mig_profile:
+                incarnation[p.key] = (p.key, p.uid)
                 mig_pods.append(MigPod(p.key, p.mig_profile, p.gpu_models,
-                                       self.first_seen.get(p.key, now)))
+                                       self.first_seen.get((p.key, p.uid), now)))
             elif p.kind is RequestKind.WHOLE and p.gpu_count > 0 and p.key not in reserved:
                 whole.append(WholePod(p.key, p.gpu_count, p.gpu_models))
         # Kept past a pod's bind for a while (a bind that fails puts it back pending:
         # with a fresh time, the settle rule's clocks would start over).
         keep_from = now - 4 * self.settings.half_life_s
-        pending_now = {m.key for m in mig_pods}
+        pending_now = set(incarnation.values())
         for m in mig_pods:
-            self.first_seen.setdefault(m.key, m.arrived)
+            self.first_seen.setdefault(incarnation[m.key], m.arrived)
         self.first_seen = {k: t for k, t in self.first_seen.items()
                            if k in pending_now or t >= keep_from}
         idle: dict[tuple[str, int], float] = {}
@@ -278,7 +282,7 @@ class MigActuator:
         by_key = {m.key: m for m in mig_pods}
         for key in unmet_pods(state):
             m = by_key[key]
-            self.arrivals.setdefault(key, (m.arrived, m.profile, m.models))
+            self.arrivals.setdefault(incarnation[key], (m.arrived, m.profile, m.models))
         horizon = now - 4 * self.settings.half_life_s
         self.arrivals = {k: a for k, a in self.arrivals.items() if a[0] >= horizon}
         return replace(state, arrivals=tuple(sorted(self.arrivals.values(),

@@ -326,7 +326,7 @@ def test_the_forecast_counts_the_pods_no_free_slice_served() -> None:
     clock.advance(1)
     cache.upsert_pod(mig_pod("asr", node="a"))
     assert act.gather(clock()).arrivals == state.arrivals  # counted once, when first unmet
-    assert act.first_seen["default/tts"] == 1000.0  # its arrival for the settle rule
+    assert act.first_seen["default/tts", "uid-default-tts"] == 1000.0  # for the settle rule
     # Eight more 1g pods: the six free slices left serve six, two are unmet.
     for i in range(8):
         cache.upsert_pod(mig_pod(f"asr-{i}"))
@@ -445,3 +445,21 @@ def test_a_backoff_the_next_leader_cleared_is_not_taken_back_on_leading_again() 
     leading[0] = True
     act.step()
     assert "a" not in act._live_backoff() and "a" not in backoff_from_json(api.changes)[0]
+
+
+def test_a_pod_recreated_under_its_name_is_another_arrival() -> None:
+    # A StatefulSet's pod deleted and made again (a new UID) within the forecast's
+    # horizon: counted once by name, the second arrival was lost, and it took the first
+    # one's first-seen time.
+    cache = make_cache([node("a", mig={"1g.10gb": 7})])
+    clock = FakeClock()
+    act = MigActuator(cache, FakeApi(), clock=clock, params=FAST,
+                      settings=MigSettings(settle_s=0))
+    cache.upsert_pod(mig_pod("db-0", "2g.20gb"))
+    assert len(act.gather(clock()).arrivals) == 1
+    cache.delete_pod("default/db-0")
+    clock.advance(30)
+    cache.upsert_pod(mig_pod("db-0", "2g.20gb", uid="second"))
+    state = act.gather(clock())
+    assert [t for t, _, _ in state.arrivals] == [1000.0, 1030.0]
+    assert [m.arrived for m in state.mig_pods] == [1030.0]
