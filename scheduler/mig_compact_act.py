@@ -397,8 +397,20 @@ class Compactor:
         if not self._leading():
             log.info("MIG compaction: no longer leading; %s not evicted", key)
             return
-        entry = self.cache.pod_entry(key)
-        ref = PodRef(key, entry.uid if entry is not None else "")
+        # The pod as it is now, not as the step's view had it: evictions go one after
+        # another, each up to seconds, and meanwhile a drained pod may have gone and a
+        # StatefulSet made it again under its name, elsewhere. Only the pod still on the
+        # drained GPU is evicted, under its own UID (a precondition the API checks).
+        with self.cache.lock:
+            entry = self.cache.pod_entry(key)
+            counted = self.cache.counted(key)
+        if (entry is None or not entry.uid or counted is None
+                or counted[1].node != dr.node or dr.gpu not in counted[1].gpus):
+            log.info("MIG compaction: %s is no longer on GPU %d of %s; not evicted", key,
+                     dr.gpu, dr.node)
+            self.drains[dr.gpu_key] = replace(dr, evicted=dr.evicted | {key})
+            return
+        ref = PodRef(key, entry.uid)
         try:
             res = self.evictor.evict(ref)
         except Exception as e:  # a client bug must not stop the actuator

@@ -256,3 +256,40 @@ def test_a_bind_confirmed_after_it_was_assumed_makes_its_pod_movable() -> None:
     clock.advance(1)
     act.step()
     assert evictor.asked == ["default/lone"]
+
+
+class _RacingEvictor:
+    """Evicting web-0 takes a while; meanwhile web-1 goes, and (``recreate``) its
+    StatefulSet makes it again under its name, on GPU 1, with a new UID."""
+
+    def __init__(self, owners: Any, recreate: bool) -> None:
+        self.owners = owners
+        self.recreate = recreate
+        self.refs: list[PodRef] = []
+
+    def evict(self, ref: PodRef) -> EvictionResult:
+        self.refs.append(ref)
+        if ref.key == "default/web-0":
+            self.owners.delete_pod("default/web-1")
+            if self.recreate:
+                self.owners.upsert_pod(asr_on("web-1", 1, 5, kind="StatefulSet",
+                                              uid="web1-new"))
+        return EvictionResult("evicted")
+
+
+@pytest.mark.parametrize("recreate", [True, False], ids=["recreated", "gone"])
+def test_an_eviction_reaches_only_the_pod_still_on_the_drained_gpu(recreate: bool) -> None:
+    # The UID was read again just before each eviction: the replacement (new UID, on
+    # another GPU) was evicted, or, gone from the cache, the eviction went without a UID
+    # precondition to whatever pod had the name by then.
+    two = [asr_on("web-0", 0, 0, kind="StatefulSet", uid="web0-old"),
+           asr_on("web-1", 0, 1, kind="StatefulSet", uid="web1-old")]
+    _, act, _, _, _, _, _ = setup(on_gpu0=two)
+    assert act.compactor is not None
+    evictor = _RacingEvictor(act.compactor.owners, recreate)
+    act.compactor.evictor = evictor
+    act.step()
+    assert [(r.key, r.uid) for r in evictor.refs] == [("default/web-0", "web0-old")]
+    (drain,) = act.compactor.drains.values()
+    assert drain.evicted == {"default/web-0", "default/web-1"}  # nothing left to evict
+    assert len(act.compactor.evicted_at) == 1  # the budget counts the one eviction
