@@ -10,7 +10,8 @@ wanted), 409 when the UID no longer matches (``gone`` too: the pod we meant is g
 also the answer when the server's own update of the PodDisruptionBudget's status (or of
 the pod, under the resourceVersion precondition it sets itself) kept conflicting with
 other writers (``pkg/registry/core/pod/storage/eviction.go``): the pod is still there,
-so that one is ``error`` (tried again with backoff), told apart by what the Status
+so that one is ``error`` (not evicted: defragmentation tries it again with backoff,
+MIG compaction ends the drain and cools the GPU down), told apart by what the Status
 names (see :func:`outcome_of`).
 
 :class:`ApiEvents` creates core/v1 Events (RBAC: ``create events``) on pods, as

@@ -417,14 +417,23 @@ class Compactor:
             res = EvictionResult("error", str(e))
         if self.metrics is not None:
             self.metrics.evictions.labels(res.outcome).inc()
-        if res.outcome in ("evicted", "gone"):
+        if res.outcome == "gone":
+            # 404, or a 409 on the UID: that pod went by itself; nothing was evicted,
+            # so no budget is used and no Event says it was.
+            log.info("MIG compaction: %s was gone already: %s", key, res.message)
+            self.drains[dr.gpu_key] = replace(dr, evicted=dr.evicted | {key})
+            return
+        if res.outcome == "evicted":
             self.drains[dr.gpu_key] = replace(dr, evicted=dr.evicted | {key})
             self.evicted_at.append(now)
             self.evicted[key, ref.uid] = now
-            self.events.emit(ref, "MigCompactionEvicted",
-                             f"evicted to empty MIG GPU {dr.gpu} of {dr.node}: a free "
-                             f"slice of its profile on another GPU in use takes its "
-                             "replacement")
+            try:
+                self.events.emit(ref, "MigCompactionEvicted",
+                                 f"evicted to empty MIG GPU {dr.gpu} of {dr.node}: a free "
+                                 f"slice of its profile on another GPU in use takes its "
+                                 "replacement")
+            except Exception:  # an Event is a report: the eviction stands, the step goes on
+                log.exception("MIG compaction: Event for the eviction of %s not sent", key)
             return
         why = {"pdb": "a PodDisruptionBudget does not allow it now (429)",
                "forbidden": "forbidden (403)"}.get(res.outcome, res.outcome)

@@ -293,3 +293,29 @@ def test_an_eviction_reaches_only_the_pod_still_on_the_drained_gpu(recreate: boo
     (drain,) = act.compactor.drains.values()
     assert drain.evicted == {"default/web-0", "default/web-1"}  # nothing left to evict
     assert len(act.compactor.evicted_at) == 1  # the budget counts the one eviction
+
+
+def test_a_pod_gone_before_its_eviction_uses_no_budget_and_no_event() -> None:
+    # 404 (or a 409 on the UID): nothing was evicted, yet it was counted in the hour's
+    # budget and announced as evicted.
+    _, act, evictor, _, events, _, registry = setup(outcome="gone")
+    act.step()
+    assert act.compactor is not None and evictor.asked == ["default/lone"]
+    assert act.compactor.evicted_at == [] and events.emitted == []
+    (drain,) = act.compactor.drains.values()
+    assert drain.evicted == {"default/lone"} and drain.refused is None
+    assert registry.get_sample_value("gpupack_mig_compaction_evictions_total",
+                                     {"outcome": "gone"}) == 1
+
+
+def test_an_event_that_fails_stops_neither_the_step_nor_the_next_eviction() -> None:
+    two = [asr_on("web-0", 0, 0), asr_on("web-1", 0, 1)]
+    _, act, evictor, _, events, _, _ = setup(on_gpu0=two)
+
+    def broken(*a: Any, **k: Any) -> None:
+        raise ValueError("an Event the client could not build")
+
+    events.emit = broken  # type: ignore[method-assign]
+    act.step()
+    assert evictor.asked == ["default/web-0", "default/web-1"]
+    assert act.compactor is not None and len(act.compactor.evicted_at) == 2
