@@ -50,6 +50,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from packing.defrag import Move
+from scheduler.backoff import doubling
 
 MODES = ("off", "plan", "act")
 STOP_REASONS = ("placed", "gone", "forbidden", "room_lost", "timeout", "handed_over",
@@ -196,7 +197,7 @@ def window(recent: Sequence[float], now: float) -> tuple[float, ...]:
 
 
 def backoff(refusals: int, cfg: DefragSettings) -> float:
-    return min(cfg.retry_max_s, cfg.retry_base_s * 2 ** max(0, refusals - 1))
+    return doubling(cfg.retry_base_s, refusals, cfg.retry_max_s)
 
 
 def wants_plan(state: DefragState, now: float, last_plan: float, changed: bool,

@@ -95,6 +95,7 @@ from packing.mig_plan import (
     plan_mig,
 )
 from packing.model import MigReconfigure
+from scheduler.backoff import doubling
 
 HOLD_PREFIX = "gpupack-mig/"  # cache hold keys of this actuator (never a pod's key)
 CONFIG_LABEL = "nvidia.com/mig.config"
@@ -250,7 +251,7 @@ def backed_off(prev: Backoff | None, now: float, s: MigSettings) -> Backoff:
     """The back-off after one more failure: ``backoff_s`` doubling per failure, up to
     ``backoff_max_s``."""
     fails = prev.failures + 1 if prev is not None else 1
-    return Backoff(now + min(s.backoff_max_s, s.backoff_s * 2 ** (fails - 1)), fails)
+    return Backoff(now + doubling(s.backoff_s, fails, s.backoff_max_s), fails)
 
 
 @dataclass(frozen=True)

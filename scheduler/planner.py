@@ -45,6 +45,7 @@ from packing.policies.fgd import (
 from packing.policies.lookahead import keeps_whole_nodes
 from packing.scoring import Score, order_pods
 from packing.state import ClusterState
+from scheduler.backoff import doubling
 from scheduler.solve import (
     SolveJob,
     SolveOutcome,
@@ -174,10 +175,8 @@ def pick_candidates(labels: Callable[[str], Mapping[str, str]], signatures: Mapp
 
 def backoff_s(failures: int) -> float:
     """Seconds to wait after ``failures`` solves in a row failed: 2^(failures - 1), at
-    most BACKOFF_MAX_S. The exponent is capped at 6 (2^6 = 64 > 60, so the waits are
-    the same): 2.0 ** 1024 raises OverflowError, which after 1,025 failures in a row (17
-    hours of a lasting fault at 60 s each) ended the planner thread for good."""
-    return min(BACKOFF_MAX_S, 2.0 ** min(max(failures - 1, 0), 6))
+    most BACKOFF_MAX_S (:func:`scheduler.backoff.doubling`)."""
+    return doubling(1.0, failures, BACKOFF_MAX_S)
 
 
 def _selector_reason(selector: Sequence[tuple[str, str]], labels: Mapping[str, str]

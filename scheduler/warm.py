@@ -44,6 +44,7 @@ from packing.cpsat import SolverParams
 from packing.model import Placement, PodRequest, Snapshot
 from packing.scoring import Scorer
 from packing.state import ClusterState, GpuState, NodeState, PlacementError
+from scheduler.backoff import doubling
 from scheduler.child import ChildGone, ChildProcess, ChildTimeout, background, serve_messages
 from scheduler.verbs import (
     Memo,
@@ -256,9 +257,7 @@ class Warmer:
         doubled per failure, at most ``max_retry_s``."""
         if self.failures <= 0:
             return 0.0
-        # (The exponent capped: 2.0 ** 1024 overflows, and in the loop's except block
-        # that would end the thread for good.)
-        return min(self.max_retry_s, self.interval_s * 2.0 ** min(self.failures - 1, 60))
+        return doubling(self.interval_s, self.failures, self.max_retry_s)
 
     def pause(self) -> None:
         """Wait while a request is in flight (at most ``max_pause_s``)."""
