@@ -263,12 +263,12 @@ class MigActuator:
                 whole.append(WholePod(p.key, p.gpu_count, p.gpu_models))
         # Kept past a pod's bind for a while (a bind that fails puts it back pending:
         # with a fresh time, the settle rule's clocks would start over).
-        keep_from = now - 4 * self.settings.half_life_s
+        horizon = now - 4 * self.settings.half_life_s  # also the forecast's (below)
         pending_now = set(incarnation.values())
         for m in mig_pods:
             self.first_seen.setdefault(incarnation[m.key], m.arrived)
         self.first_seen = {k: t for k, t in self.first_seen.items()
-                           if k in pending_now or t >= keep_from}
+                           if k in pending_now or t >= horizon}
         idle: dict[tuple[str, int], float] = {}
         for n in nodes:
             for g in n.gpus:
@@ -283,7 +283,6 @@ class MigActuator:
         for key in unmet_pods(state):
             m = by_key[key]
             self.arrivals.setdefault(incarnation[key], (m.arrived, m.profile, m.models))
-        horizon = now - 4 * self.settings.half_life_s
         self.arrivals = {k: a for k, a in self.arrivals.items() if a[0] >= horizon}
         return replace(state, arrivals=tuple(sorted(self.arrivals.values(),
                                                     key=lambda a: a[0])))
@@ -327,10 +326,7 @@ class MigActuator:
             self._known_backoff = dict(backoff)
             # A back-off the last leader set still holds (capped at the longest one
             # this leader would set: a clock far ahead is not a node lost for ever).
-            cap = now + self.settings.backoff_max_s
-            self.backoff = {**{n: Backoff(min(b.until, cap), b.failures)
-                               for n, b in backoff.items() if b.until > now},
-                            **self.backoff}
+            self.backoff = {**self._adopted(backoff, now), **self.backoff}
             for p in problems + more:
                 log.warning("%s; ignored", p)
             if self.changes:
@@ -459,10 +455,15 @@ class MigActuator:
         if foreign:
             log.warning("MIG back-off of %s written by another replica meanwhile: kept",
                         ", ".join(sorted(foreign)))
-            cap = now + self.settings.backoff_max_s
-            for n, b in foreign.items():
-                self.backoff[n] = Backoff(min(b.until, cap), b.failures)
+            self.backoff.update(self._adopted(foreign, now))
         return self._live_backoff()
+
+    def _adopted(self, theirs: Mapping[str, Backoff], now: float) -> dict[str, Backoff]:
+        """Back-offs another leader wrote that still hold, each capped at the longest
+        this leader would set: a clock far ahead is not a node lost for ever."""
+        cap = now + self.settings.backoff_max_s
+        return {n: Backoff(min(b.until, cap), b.failures) for n, b in theirs.items()
+                if b.until > now}
 
     def _merged(self, mine: Mapping[str, Change], old: str) -> dict[str, Change]:
         """``mine`` plus the changes ``old`` has for nodes ``mine`` has none of and that
