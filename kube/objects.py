@@ -172,8 +172,8 @@ def node_info(node: Mapping[str, Any], notes: list[str] | None = None, *,
     gpus = _infer_gpus(who, labels, whole, shared, mig_counts)
     if A.INVENTORY in annotations:
         try:
-            inv = checked_inventory(annotations[A.INVENTORY], name)
-            gpus = _observed_gpus(inv, labels, gpus)
+            inv, models = _checked(annotations[A.INVENTORY], name)
+            gpus = _observed_gpus(inv, models, labels, gpus)
         except (InventoryError, ValueError) as e:
             if notes is not None:
                 notes.append(f"{who}: metadata.annotations.{A.INVENTORY}: {e}; inferred instead")
@@ -237,12 +237,16 @@ def checked_inventory(text: str, node: str | None) -> Inventory:
     catalog; InventoryError or ValueError naming the field otherwise. Both readers use
     it: :func:`node_info` (GPU detail) and :func:`observation_of` (pod peaks, shares,
     used memory), so an inventory refused for one is refused for the other."""
+    return _checked(text, node)[0]
+
+
+def _checked(text: str, node: str | None) -> tuple[Inventory, list[Any]]:
+    """:func:`checked_inventory`, with each GPU's catalog model (what node_info builds on)."""
     inv = decode_inventory(text)
     if node is not None and inv.node != node:
         raise ValueError(f"node: {inv.node[:63]!r} wrote it, not {node[:63]!r} (copied from "
                          "another node?)")
-    _catalog_models(inv)
-    return inv
+    return inv, _catalog_models(inv)
 
 
 def _catalog_models(inv: Inventory) -> list[Any]:
@@ -272,14 +276,15 @@ def _catalog_models(inv: Inventory) -> list[Any]:
 
 
 def _observed_gpus(
-    inv: Inventory, labels: Mapping[str, str], inferred: tuple[GpuInfo, ...]
+    inv: Inventory, models: list[Any], labels: Mapping[str, str],
+    inferred: tuple[GpuInfo, ...]
 ) -> tuple[GpuInfo, ...]:
     """GPUs as the node agent saw them: real modes, MIG layouts and owners."""
     if not inv.gpus:
         return inferred  # the agent saw nothing (no driver yet): keep what the API says
     replicas = A.small_int(labels.get(A.GPU_REPLICAS, "1")) or 1
     out = []
-    for g, model in zip(inv.gpus, _catalog_models(inv), strict=True):
+    for g, model in zip(inv.gpus, models, strict=True):
         out.append(
             GpuInfo(
                 index=g.index,

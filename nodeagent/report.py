@@ -90,6 +90,12 @@ def index_ids(snapshot: GpuSnapshot) -> dict[str, str]:
     return out
 
 
+def device_uuids(dev: GpuDevice) -> list[str]:
+    """The UUIDs PodResources may name for ``dev``: the GPU's and its MIG devices'."""
+    return [u for u in (dev.uuid, *(ci.uuid for gi in dev.gpu_instances
+                                    for ci in gi.compute_instances)) if u]
+
+
 def ambiguous_devices(snapshot: GpuSnapshot) -> dict[int, str]:
     """GPUs (by index) whose UUID, or one of whose MIG devices' UUIDs, is reported twice,
     and why. PodResources names devices by UUID only, so such GPUs' pods cannot be told
@@ -99,8 +105,7 @@ def ambiguous_devices(snapshot: GpuSnapshot) -> dict[int, str]:
     for dev in snapshot.devices:
         if dev.uuid is None:
             continue
-        uuids = [dev.uuid] + [ci.uuid for gi in dev.gpu_instances for ci in gi.compute_instances]
-        for u in uuids:
+        for u in device_uuids(dev):
             where.setdefault(u, []).append(dev.index)
     out: dict[int, str] = {}
     for u, indexes in where.items():
@@ -341,9 +346,7 @@ def _unknown_devices(snapshot: GpuSnapshot, holders: Mapping[str, Iterable[str]]
     # Where a MIG layout could not be read, its MIG devices are unknown already (an
     # error says so): only whole GPUs are judged then.
     mig_judged = all(d.layout_known for d in snapshot.devices)
-    known = {d.uuid for d in snapshot.devices if d.uuid}
-    known.update(ci.uuid for d in snapshot.devices for gi in d.gpu_instances
-                 for ci in gi.compute_instances if ci.uuid)
+    known = {u for d in snapshot.devices for u in device_uuids(d)}
     return [f"PodResources: {', '.join(sorted(pods))[:120]} hold(s) device {uuid[:48]}, "
             "which NVML does not list"
             for uuid, pods in sorted(holders.items())
