@@ -72,6 +72,10 @@ Figures, time-averaged after ``--warmup-h`` (the cluster starts empty), to the e
   gpus_used        GPUs holding a pod or being reconfigured (an empty MIG GPU is not used)
   lower_bound      sum over models of max(ceil(compute slices / 7), ceil(memory slices /
                    8)) of the pods the policy runs (a whole pod counts 7 and 8)
+  layout_bound     the lower bound with MIG's layout rules kept: the fewest valid layouts
+                   (allowed starts, per-profile maxima) holding the running instances,
+                   plus the whole GPUs, as if every pod could move at every instant
+                   (``packing.mig.fewest_layouts``); ratio_to_layout_bound = gpus_used / it
   demand_bound     the same over the pods running or waiting
   idle_slices_on_used  memory slices no pod holds on used MIG GPUs (free instances and
                    room without an instance): what keeps gpus_used above the bound
@@ -106,7 +110,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from packing.catalog import get_model
 from packing.cpsat import SolverParams
-from packing.mig import MigSlot, free_starts, layout_errors, layout_from_counts, slice_bound
+from packing.mig import (
+    MigSlot,
+    fewest_layouts,
+    free_starts,
+    layout_errors,
+    layout_from_counts,
+    slice_bound,
+)
 from packing.mig_plan import DEFAULT_PARAMS, NodeChange
 from packing.model import (
     GpuInfo,
@@ -265,6 +276,18 @@ def bound(slices: dict[str, list[int]]) -> int:
     return out
 
 
+def layout_bound(instances: dict[str, Counter[str | None]]) -> int:
+    """``bound`` with MIG's layout rules kept: whole GPUs plus the fewest valid layouts
+    that hold the running instances (``packing.mig.fewest_layouts``), per model."""
+    out = 0
+    for m, held in instances.items():
+        geom = get_model(m).mig
+        assert geom is not None
+        out += held[None] + len(fewest_layouts(
+            geom, {p: c for p, c in held.items() if p is not None and c > 0}))
+    return out
+
+
 def percentile(values: Sequence[float], q: float) -> float:
     """Nearest-rank percentile (0 for no values)."""
     if not values:
@@ -294,6 +317,7 @@ class Args:
 class Totals:
     gpus: float = 0.0
     bound: float = 0.0
+    layout_bound: float = 0.0
     demand_bound: float = 0.0
     naive: float = 0.0
     idle_slices: float = 0.0
@@ -326,6 +350,8 @@ class Sim(ABC):
         self.totals = Totals()
         self.run_slices: dict[str, list[int]] = defaultdict(lambda: [0, 0])
         self.wait_slices: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+        # Running instances per model and profile (None: whole GPUs), for layout_bound.
+        self.run_instances: dict[str, Counter[str | None]] = defaultdict(Counter)
         self.reconfigs = 0
         self.invalid: list[str] = []
         self.placed = 0
@@ -374,6 +400,7 @@ class Sim(ABC):
             tot.gpus += dt * used
             tot.idle_slices += dt * idle
             tot.bound += dt * bound(self.run_slices)
+            tot.layout_bound += dt * layout_bound(self.run_instances)
             both = {m: [self.run_slices[m][i] + self.wait_slices[m][i] for i in (0, 1)]
                     for m in set(self.run_slices) | set(self.wait_slices)}
             tot.demand_bound += dt * bound(both)
@@ -452,6 +479,9 @@ class Sim(ABC):
         c, m = slices_of(pod)
         table[pod.model][0] += sign * c
         table[pod.model][1] += sign * m
+        if table is self.run_slices:
+            self.run_instances[pod.model][pod.profile] += sign * (
+                pod.req.gpu_count if pod.profile is None else 1)
 
     # -- checks --------------------------------------------------------------------------
 
@@ -502,6 +532,9 @@ class Sim(ABC):
         return {
             "gpus_used": round(gpus, 2),
             "lower_bound": round(lb, 2),
+            "layout_bound": round(tot.layout_bound / span, 2),
+            "ratio_to_layout_bound": (round(gpus / (tot.layout_bound / span), 3)
+                                      if tot.layout_bound else None),
             "ratio_to_bound": round(gpus / lb, 3) if lb else None,
             "demand_bound": round(tot.demand_bound / span, 2),
             "idle_slices_on_used": round(tot.idle_slices / span, 2),

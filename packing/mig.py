@@ -266,3 +266,74 @@ def layout_from_counts(
 
     place(0, [])
     return None if best is None else best[1]
+
+
+def fewest_layouts(
+    geometry: MigGeometry, counts: Mapping[str, int]
+) -> tuple[tuple[MigSlot, ...], ...]:
+    """The fewest valid layouts that together hold ``counts`` instances of each profile.
+
+    This is ``slice_bound`` with the layout rules kept (allowed starts, per-profile
+    maxima, one ``+me`` instance): a lower bound on the GPUs of any placement of one
+    instance per count, even one free to move every pod at every instant. It can exceed
+    ``slice_bound``: three ``3g`` instances fill 9 of 7 compute slices but two GPUs hold
+    at most two each.
+
+    Exact: ``f(n) = 1 + min over maximal layouts L of f(max(n - L, 0))``, ``f(0) = 0``,
+    over the count vectors of ``maximal_layouts`` of the profiles asked for (any layout of
+    them is part of a maximal one, so no other layout can do better), memoised. The
+    states are the count vectors below ``counts``; meant for the tens of instances one
+    GPU model holds in a benchmark, not for a request path. Each returned layout is one
+    of ``maximal_layouts`` (it may hold more instances than asked).
+    """
+    names = tuple(sorted(n for n, c in counts.items() if c > 0))
+    for name in names:
+        geometry.profile(name)  # KeyError naming the valid profiles
+    if any(c < 0 for c in counts.values()):
+        raise ValueError(f"instance counts must not be negative: {dict(counts)}")
+    if not names:
+        return ()
+    caps = _layout_caps(geometry, names)
+    out: list[tuple[MigSlot, ...]] = []
+    n = tuple(counts[name] for name in names)
+    while any(n):
+        cap, layout = caps[_fewest(geometry, names, n)[1]]
+        out.append(layout)
+        n = _less(n, cap)
+    return tuple(out)
+
+
+def _less(n: tuple[int, ...], cap: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(max(0, a - b) for a, b in zip(n, cap, strict=True))
+
+
+@lru_cache(maxsize=1 << 18)
+def _fewest(geometry: MigGeometry, names: tuple[str, ...], n: tuple[int, ...]) -> tuple[int, int]:
+    """(fewest layouts holding ``n``, index in ``_layout_caps`` of a first one to take);
+    memoised across calls, since a benchmark asks about nearby count vectors all run."""
+    if not any(n):
+        return 0, -1
+    # Only layouts that hold at least one instance still wanted make progress.
+    return min(
+        (1 + _fewest(geometry, names, _less(n, cap))[0], i)
+        for i, (cap, _) in enumerate(_layout_caps(geometry, names))
+        if any(a and b for a, b in zip(n, cap, strict=True))
+    )
+
+
+@lru_cache(maxsize=64)
+def _layout_caps(
+    geometry: MigGeometry, names: tuple[str, ...]
+) -> tuple[tuple[tuple[int, ...], tuple[MigSlot, ...]], ...]:
+    """(instances per profile of ``names``, layout) of each maximal layout, one layout per
+    count vector and none whose counts another's dominate."""
+    by_counts: dict[tuple[int, ...], tuple[MigSlot, ...]] = {}
+    for layout in maximal_layouts(geometry, names):
+        held = Counter(s.profile for s in layout)
+        by_counts.setdefault(tuple(held[n] for n in names), layout)
+    vectors = list(by_counts)
+    kept = [
+        v for v in vectors
+        if not any(w != v and all(a >= b for a, b in zip(w, v, strict=True)) for w in vectors)
+    ]
+    return tuple((v, by_counts[v]) for v in sorted(kept, reverse=True))

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from packing.catalog import CATALOG, MigGeometry, get_model
 from packing.mig import (
     MigSlot,
+    fewest_layouts,
     free_starts,
     is_valid_layout,
     layout_errors,
@@ -441,3 +443,55 @@ def test_slice_bound_is_the_larger_of_compute_and_memory(compute: int, memory: i
                                                          gpus: int) -> None:
     # H100/A100: 7 compute and 8 memory slices per GPU.
     assert slice_bound(geometry_of("H100-80GB"), compute, memory) == gpus
+
+
+# --- fewest_layouts: the slice bound with the layout rules kept -------------------------
+
+
+@pytest.mark.parametrize(("counts", "gpus"), [
+    ({}, 0),
+    ({"1g.10gb": 0}, 0),
+    ({"3g.40gb": 2}, 1),
+    ({"3g.40gb": 3}, 2),  # at most two 3g per GPU
+    ({"3g.40gb": 1, "2g.20gb": 2}, 1),  # 2g@0 2g@2 3g@4: all 7 compute slices
+    ({"2g.20gb": 3, "1g.10gb": 1}, 1),
+    ({"2g.20gb": 4}, 2),
+    ({"1g.10gb": 7, "2g.20gb": 1}, 2),
+    ({"4g.40gb": 3}, 3),  # 12 of 21 compute slices, but one 4g per GPU: above slice_bound
+    ({"3g.40gb": 3, "1g.10gb": 1}, 2),
+])
+def test_fewest_layouts_table(counts: dict[str, int], gpus: int) -> None:
+    assert len(fewest_layouts(H100, counts)) == gpus
+
+
+def test_fewest_layouts_rejects_unknown_profiles_and_negative_counts() -> None:
+    with pytest.raises(KeyError, match=r"9g\.90gb"):
+        fewest_layouts(H100, {"9g.90gb": 1})
+    with pytest.raises(ValueError, match="negative"):
+        fewest_layouts(H100, {"1g.10gb": 2, "2g.20gb": -1})
+
+
+def covers(geometry: MigGeometry, layouts: tuple[tuple[MigSlot, ...], ...],
+           counts: dict[str, int]) -> bool:
+    held = Counter(s.profile for layout in layouts for s in layout)
+    return all(held[p] >= k for p, k in counts.items())
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data(), geometry_names)
+def test_fewest_layouts_are_valid_cover_and_are_fewest(data: st.DataObject, name: str) -> None:
+    geometry = GEOMETRIES[name]
+    profiles = [p.name for p in geometry.classic]
+    counts = {p: data.draw(st.integers(0, 2), label=p) for p in profiles}
+    assume(sum(counts.values()) <= 5)  # keeps the brute force below small
+    layouts = fewest_layouts(geometry, counts)
+    assert all(layout_errors(geometry, layout) == [] for layout in layouts)
+    assert covers(geometry, layouts, counts)
+    compute = sum(geometry.profile(p).compute_slices * k for p, k in counts.items())
+    memory = sum(geometry.profile(p).memory_slices * k for p, k in counts.items())
+    assert len(layouts) >= slice_bound(geometry, compute, memory)
+    # Fewest: no smaller multiset of maximal layouts covers the counts.
+    options = maximal_layouts(geometry)
+    for k in range(len(layouts)):
+        assert not any(covers(geometry, pick, counts)
+                       for pick in itertools.combinations_with_replacement(options, k))
