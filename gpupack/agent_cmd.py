@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from types import FrameType
 
 from gpupack.metrics_auth import add_metrics_auth_argument, metrics_auth_error, metrics_guard
+from kube.inventory_age import DEFAULT_REFRESH_S
 
 log = logging.getLogger("gpupack.agent")
 
@@ -38,6 +39,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_metrics_auth_argument(parser)
     parser.add_argument("--min-patch-interval", type=float, default=30.0,
                         help="seconds between Node annotation patches at most (default 30)")
+    parser.add_argument("--inventory-refresh", type=float, default=DEFAULT_REFRESH_S,
+                        metavar="S",
+                        help="write an unchanged inventory again S seconds after the last "
+                             "write, so the extender knows this agent works (it ignores "
+                             "inventories older than its --inventory-max-age, default 900); "
+                             "0: write only on change (default 300)")
     parser.add_argument("--mem-tolerance-mib", type=int, default=512,
                         help="memory drift that does not justify a patch (default 512)")
     parser.add_argument("--no-patch", action="store_true",
@@ -62,6 +69,10 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
+    if not 0 <= args.inventory_refresh < float("inf"):
+        print(f"gpupack agent: --inventory-refresh {args.inventory_refresh!r}: must be 0 "
+              "(write only on change) or a positive number of seconds", file=sys.stderr)
+        return 2
     node = args.node_name or os.uname().nodename
     if not args.node_name:
         log.warning("no --node-name and no $NODE_NAME: reporting as %s", node)
@@ -100,7 +111,8 @@ def run(args: argparse.Namespace) -> int:
     metrics = AgentMetrics()
     agent = Agent(
         AgentConfig(node=node, min_patch_interval_s=args.min_patch_interval,
-                    mem_tolerance_mib=args.mem_tolerance_mib),
+                    mem_tolerance_mib=args.mem_tolerance_mib,
+                    refresh_s=args.inventory_refresh),
         gpus=gpus, podresources=podres,
         pod_of_pid=functools.partial(pod_of_pid, proc_root=args.proc_root),
         clock=time.time, metrics=metrics, patch=patch, pod_names=pod_names,

@@ -41,6 +41,12 @@ from typing import Any
 from gunicorn.app.base import BaseApplication
 
 from gpupack.inputs import add_mig_actuator_argument
+from gpupack.inventory_expiry import (
+    add_inventory_age_argument,
+    inventory_age,
+    inventory_age_error,
+    start_expiry,
+)
 from gpupack.metrics_auth import add_metrics_auth_argument, metrics_auth_error, metrics_guard
 from gpupack.startup import announce_when_synced, source_words, startup_line
 
@@ -66,6 +72,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="watch the cluster with the pod's service account")
     p.add_argument("--scheduler-name", default="gpupack",
                    help="pending pods with this schedulerName are planned (default gpupack)")
+    add_inventory_age_argument(p)
     p.add_argument("--policy", default="gpupack", choices=policy_names(),
                    help="placement policy for scores, binds and plans (default gpupack)")
     p.add_argument("--time-limit", type=float, default=2.0,
@@ -224,7 +231,10 @@ class Components:
         from scheduler.planner import Planner
         from serving.metrics_auth import Guard
 
-        self.cache = ClusterCache(args.scheduler_name, mig_actuator=args.mig_actuator)
+        self.cache = ClusterCache(
+            args.scheduler_name, mig_actuator=args.mig_actuator,
+            inventory_age=inventory_age(args, bool(args.kubeconfig or args.in_cluster)))
+        self._expiry_stop = threading.Event()
         self.registry = CollectorRegistry()
         params = SolverParams(max_time_s=args.time_limit, max_wall_s=args.time_limit,
                               workers=args.solver_workers,
@@ -406,6 +416,7 @@ class Components:
         if self.lws is not None:
             self.lws.start()
         self.source.start(self.tap, self.tap, self.inputs)
+        start_expiry(self.cache, self._expiry_stop)
         threading.Thread(target=self._freeze_when_synced, name="gpupack-gc-freeze",
                          daemon=True).start()
         if self.webhook is not None:
@@ -432,6 +443,7 @@ class Components:
         what is not written by then is logged by its writer and lost."""
         deadline = clock() + budget_s
         loops: list[Any] = [x for x in (self.groups, self.mig, self.defrag) if x is not None]
+        self._expiry_stop.set()
         for loop in loops:
             loop.stop()
         half = clock() + budget_s / 2
@@ -483,6 +495,9 @@ def defragmenter(args: argparse.Namespace, c: Components, api: Any) -> Any:
 
 
 def check_args(args: argparse.Namespace) -> str | None:
+    why = inventory_age_error(args)
+    if why is not None:
+        return why
     if args.group_ttl <= 0:
         return "--group-ttl must be positive"
     if args.max_group_gpus < 1:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import gc
 import sys
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -18,6 +19,12 @@ from flask import Flask
 from prometheus_client import CollectorRegistry
 
 from gpupack.inputs import add_mig_actuator_argument, load_cluster
+from gpupack.inventory_expiry import (
+    add_inventory_age_argument,
+    inventory_age,
+    inventory_age_error,
+    start_expiry,
+)
 from gpupack.metrics_auth import add_metrics_auth_argument, metrics_auth_error, metrics_guard
 from gpupack.startup import announce, announce_when_synced, source_words, startup_line
 from kube.objects import ObjectError
@@ -78,6 +85,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tls-key", required=True, type=Path, help="its private key (PEM)")
     p.add_argument("--threads", type=int, default=8, help="worker threads")
     add_metrics_auth_argument(p)
+    add_inventory_age_argument(p)
     p.add_argument("--log-level", default="info",
                    choices=["debug", "info", "warning", "error"])
     add_config_arguments(p)
@@ -93,9 +101,12 @@ class LiveSnapshots:
         from kube.cache import ClusterCache
         from kube.source import ApiSource, load_api_client
 
-        self.cache = ClusterCache(args.scheduler_name, mig_actuator=args.mig_actuator)
+        self.cache = ClusterCache(args.scheduler_name, mig_actuator=args.mig_actuator,
+                                  inventory_age=inventory_age(args, live=True))
         self.source = ApiSource(load_api_client(args.kubeconfig, args.in_cluster))
         self.source.start(self.cache)
+        self._expiry_stop = threading.Event()
+        start_expiry(self.cache, self._expiry_stop)
         self._last: tuple[int, Snapshot] | None = None
 
     def ready(self) -> bool:
@@ -111,6 +122,7 @@ class LiveSnapshots:
         return last[1]
 
     def stop(self) -> None:
+        self._expiry_stop.set()
         self.source.stop()
 
 
@@ -125,6 +137,10 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     why = metrics_auth_error(args.metrics_auth, live)
+    if why is not None:
+        print(f"gpupack webhook: {why}", file=sys.stderr)
+        return 2
+    why = inventory_age_error(args)
     if why is not None:
         print(f"gpupack webhook: {why}", file=sys.stderr)
         return 2

@@ -36,6 +36,7 @@ from typing import Any
 
 from kube.assumptions import AssumedBinds, AssumeError, Assumption, same_uid
 from kube.constraints import PodConstraints, Taint, node_taints, pod_constraints
+from kube.inventory_age import InventoryAge, essentials, without_inventory
 from kube.objects import (
     NO_OBSERVATION,
     UNREADABLE_TAINTS,
@@ -104,8 +105,17 @@ class PodEntry:
 class ClusterCache:
     """Nodes, pods, assumed binds and the packing state derived from them."""
 
-    def __init__(self, scheduler_name: str = "gpupack", *, mig_actuator: bool = False) -> None:
+    def __init__(self, scheduler_name: str = "gpupack", *, mig_actuator: bool = False,
+                 inventory_age: InventoryAge | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
         self.scheduler_name = scheduler_name
+        # The age limit on node agent inventories (None: none, as for files that no agent
+        # refreshes), and the wall clock their ``ts`` is compared with.
+        self.inventory_age = inventory_age
+        self._clock = clock
+        self._stale_inventories: set[str] = set()
+        self._inventory_expiry: dict[str, float] = {}  # node -> when its inventory expires
+        self._inventory_nodes: dict[str, dict[str, Any]] = {}  # what to re-read it from
         # Whether MIG layouts of nodes that opt in may change (kube.objects.node_info).
         self.mig_actuator = mig_actuator
         self.lock = threading.RLock()
@@ -642,9 +652,15 @@ class ClusterCache:
         return replace(shape, name=mine.name, labels=mine.labels)
 
     def upsert_node(self, obj: Mapping[str, Any]) -> bool:
-        """Add or update a Node object; False when it cannot be read (logged, skipped)."""
+        """Add or update a Node object; False when it cannot be read (logged, skipped).
+
+        With an ``inventory_age``, a node whose agent inventory is older than the limit
+        is read as if it had none (``kube.inventory_age``)."""
+        age = self.inventory_age
+        text = inventory_text(obj)
+        stale = age is not None and age.stale(text, self._clock()) is not None
         try:
-            info = self._node_info(obj)
+            info = self._node_info(without_inventory(obj) if stale else obj)
         except ObjectError as e:
             log.warning("skipping node: %s", e)
             meta = obj.get("metadata") if isinstance(obj, Mapping) else None
@@ -662,8 +678,18 @@ class ClusterCache:
             log.warning("node %s: %s; no group will reserve room on it", info.name, e)
             taints = (UNREADABLE_TAINTS,)
         info = replace(info, taints=taints)  # the shapes cache shares NodeInfos by shape
-        text = inventory_text(obj)
         with self.lock:
+            if age is not None:
+                # Checked again under the lock, where expire_inventories runs: an
+                # inventory that crossed the limit since is not applied as fresh after
+                # the expiry re-read the node.
+                why = age.stale(text, self._clock())
+                if why is not None and not stale:
+                    stale = True
+                    info = replace(self._node_info(without_inventory(obj)), taints=taints)
+                self._note_age(info.name, obj, text, why)
+            if stale:
+                text = None  # no peaks, shares or device owners from a stale inventory
             self._unreadable.discard(info.name)
             seen = self._obs_text.get(info.name, None) == text and info.name in self._obs_text
             if not seen:
@@ -695,6 +721,47 @@ class ClusterCache:
             for fn in self._node_hooks:
                 fn(info.name)
         return True
+
+    def _note_age(self, name: str, obj: Mapping[str, Any], text: str | None,
+                  why: str | None) -> None:
+        """Book-keeping of inventory ages (under the lock): which nodes' inventories are
+        stale, and when each fresh one expires, with what to read the node from then."""
+        age = self.inventory_age
+        assert age is not None
+        if why is not None:
+            if name not in self._stale_inventories:
+                log.warning("node %s: %s", name, why)
+            self._stale_inventories.add(name)
+            self._inventory_expiry.pop(name, None)
+            self._inventory_nodes.pop(name, None)
+            return
+        if name in self._stale_inventories:
+            log.info("node %s: the node agent's inventory is fresh again", name)
+            self._stale_inventories.discard(name)
+        end = age.expires(text)
+        if end is None:
+            self._inventory_expiry.pop(name, None)
+            self._inventory_nodes.pop(name, None)
+        else:
+            self._inventory_expiry[name] = end
+            self._inventory_nodes[name] = essentials(obj)
+
+    def expire_inventories(self) -> list[str]:
+        """Read again, as inventory-less, every node whose inventory has just passed the
+        age limit (no watch event comes when a node agent stops). The nodes re-read."""
+        if self.inventory_age is None:
+            return []
+        with self.lock:
+            now = self._clock()
+            due = sorted(n for n, end in self._inventory_expiry.items() if end <= now)
+            for name in due:
+                self.upsert_node(self._inventory_nodes[name])
+            return due
+
+    @property
+    def stale_inventories(self) -> int:
+        """Nodes whose agent inventory is ignored as older than the age limit."""
+        return len(self._stale_inventories)
 
     def _observed_changed(self, name: str) -> None:
         if name in self.state.nodes:
@@ -815,6 +882,9 @@ class ClusterCache:
             self._taints.pop(name, None)
             self._obs.pop(name, None)
             self._obs_text.pop(name, None)
+            self._stale_inventories.discard(name)
+            self._inventory_expiry.pop(name, None)
+            self._inventory_nodes.pop(name, None)
             del self._infos[name]
             self._touched_at.pop(name, None)
             del self.state.nodes[name]

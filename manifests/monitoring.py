@@ -513,6 +513,14 @@ RULE_GROUPS: list[dict[str, Any]] = [
                    ">", "300", "5m", "warning",
                    "gpupack node agent on {{ $labels.node }} has not read NVML for 5 minutes",
                    "The per-pod GPU memory and MIG inventory of {{ $labels.node }} are stale."),
+            _alert("GpupackNodeInventoriesStale",
+                   "max(gpupack_node_inventories_stale)",
+                   ">", "0", "10m", "warning",
+                   "gpupack ignores the node agent inventory of {{ $value }} node(s)",
+                   "Their inventories are older than --inventory-max-age: their GPUs are "
+                   "inferred from allocatable and labels, pods' GPU memory peaks are not "
+                   "used, and the MIG actuator leaves their GPUs that hold pods alone. "
+                   "GpupackNodeAgentStale names the nodes."),
         ],
     },
 ]

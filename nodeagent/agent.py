@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from kube.inventory_age import DEFAULT_REFRESH_S
 from nodeagent.cgroups import CgroupOwner
 from nodeagent.growth import GrowthParams
 from nodeagent.metrics import AgentMetrics
@@ -49,6 +50,10 @@ class AgentConfig:
     node: str
     min_patch_interval_s: float = 30.0
     mem_tolerance_mib: int = 512
+    # An unchanged inventory is written again this long after the last write, so its
+    # ``ts`` tells the extender the agent works (it stops trusting one older than its
+    # --inventory-max-age, 15 minutes by default). 0: written only on change.
+    refresh_s: float = DEFAULT_REFRESH_S
     # How often the UID -> name map may be refetched when an unknown pod UID shows up.
     pod_names_refresh_s: float = 30.0
 
@@ -129,6 +134,7 @@ class Agent:
         self.history = UsageHistory(params=growth or GrowthParams())
         self.last_patched: Inventory | None = None
         self.last_patch_attempt: float | None = None
+        self.last_patched_at: float | None = None  # monotonic time of the last write
         self._nvml_error_logged = False
         self.inventories = 0  # inventories taken: the agent is ready after its first
 
@@ -169,12 +175,17 @@ class Agent:
                       snapshot=snapshot)
 
     def should_patch(self, new: Inventory, now: float) -> tuple[bool, str]:
+        reason = "changed"
         if not meaningfully_changed(self.last_patched, new, self.config.mem_tolerance_mib):
-            return False, "unchanged"
+            refresh = self.config.refresh_s
+            if (refresh <= 0 or self.last_patched_at is None
+                    or now - self.last_patched_at < refresh):
+                return False, "unchanged"
+            reason = "refresh"
         if (self.last_patch_attempt is not None
                 and now - self.last_patch_attempt < self.config.min_patch_interval_s):
             return False, "rate-limited"
-        return True, "changed"
+        return True, reason
 
     def tick(self) -> TickResult:
         report = self.observe()
@@ -197,6 +208,7 @@ class Agent:
             return TickResult(report, False, f"patch failed: {e}")
         self.metrics.patches.labels(result="ok").inc()
         self.last_patched = report.inventory
+        self.last_patched_at = now
         return TickResult(report, True, reason)
 
     def run(self, interval_s: float, stop: threading.Event) -> None:

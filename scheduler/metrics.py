@@ -425,6 +425,7 @@ class ClusterCollector(Collector):
             counts = cache.counts()
             synced = cache.synced
             bad = cache.bad_objects
+            stale = cache.stale_inventories
 
         def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
             g = GaugeMetricFamily(name, doc)
@@ -438,6 +439,9 @@ class ClusterCollector(Collector):
         yield gauge("gpupack_cache_synced", "1 once the first list of nodes and pods is in",
                     1.0 if synced else 0.0)
         yield gauge("gpupack_cache_bad_objects", "Objects the cache could not read (skipped)", bad)
+        yield gauge("gpupack_node_inventories_stale",
+                    "Nodes whose node agent inventory is older than --inventory-max-age and "
+                    "is ignored (their GPUs inferred from allocatable and labels)", stale)
         with cache.lock:
             disagreements = dict(cache.disagreements)
         fam = CounterMetricFamily(

@@ -113,6 +113,9 @@ UNIT_CASES: list[tuple[str, list[dict[str, str]], str, dict[str, str]]] = [
     ("GpupackNodeAgentStale",
      [{"series": 'gpupack_agent_last_success_timestamp_seconds{node="n1"}',
        "values": "0x20"}], "15m", {"node": "n1"}),
+    ("GpupackNodeInventoriesStale",
+     [{"series": 'gpupack_node_inventories_stale{instance="a"}', "values": "2x20"}], "15m",
+     {}),
 ]
 
 

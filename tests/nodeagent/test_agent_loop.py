@@ -80,13 +80,13 @@ NAMES = {"uid-a": "tts/tts-a", "uid-b": "tts/tts-b", "uid-c": "tts/tts-c"}
 
 
 def make_agent(fake: FakeNvml | None = None, patch: RecordingPatch | None = None,
-               clock: FakeClock | None = None) -> tuple[Agent, FakeNvml, RecordingPatch,
-                                                        FakeClock]:
+               clock: FakeClock | None = None, config: AgentConfig | None = None,
+               ) -> tuple[Agent, FakeNvml, RecordingPatch, FakeClock]:
     fake = fake or mixed_node()
     patch = patch or RecordingPatch()
     clock = clock or FakeClock()
-    agent = Agent(AgentConfig(node="gpu-node-1", min_patch_interval_s=30,
-                              mem_tolerance_mib=512),
+    agent = Agent(config or AgentConfig(node="gpu-node-1", min_patch_interval_s=30,
+                                        mem_tolerance_mib=512),
                   gpus=NvmlAdapter(fake), podresources=FakePodResources(VIEW),
                   pod_of_pid=CGROUPS.get, clock=clock, patch=patch,
                   pod_names=lambda: NAMES)
@@ -133,6 +133,40 @@ def test_patch_only_when_changed_and_rate_limited() -> None:
     clock.t += 60
     assert not agent.tick().patched
     assert len(patch.calls) == 2
+
+
+def test_an_unchanged_inventory_is_written_again_after_the_refresh() -> None:
+    # Its new ts is how the extender tells a quiet node from a stopped agent.
+    agent, _, patch, clock = make_agent()
+    assert agent.tick().patched
+    clock.t += 299
+    assert (agent.tick().reason, len(patch.calls)) == ("unchanged", 1)
+    clock.t += 1
+    r = agent.tick()
+    assert (r.patched, r.reason) == (True, "refresh")
+    first, again = (decode_inventory(c[INVENTORY_ANNOTATION] or "") for c in patch.calls)
+    assert again.ts == first.ts + 300 and again.gpus == first.gpus
+    clock.t += 299  # counted from the refresh, not from the first write
+    assert not agent.tick().patched
+    clock.t += 1
+    assert agent.tick().reason == "refresh"
+
+
+def test_refresh_zero_writes_only_on_change() -> None:
+    agent, _, patch, clock = make_agent(config=AgentConfig(node="gpu-node-1", refresh_s=0))
+    assert agent.tick().patched
+    clock.t += 86_400
+    assert agent.tick().reason == "unchanged" and len(patch.calls) == 1
+
+
+def test_a_refresh_shorter_than_the_rate_limit_waits_for_it() -> None:
+    agent, _, _, clock = make_agent(config=AgentConfig(node="gpu-node-1", refresh_s=10,
+                                                           min_patch_interval_s=30))
+    assert agent.tick().patched
+    clock.t += 20
+    assert agent.tick().reason == "rate-limited"  # due for a refresh, but 20 s < 30 s
+    clock.t += 10
+    assert agent.tick().reason == "refresh"
 
 
 def test_failed_patch_is_retried_after_the_interval() -> None:

@@ -1,0 +1,99 @@
+"""How old a node agent's inventory may be before the extender stops trusting it.
+
+The agent writes its inventory (``gpupack.io/inventory``) when what it sees changes, and
+again every ``--inventory-refresh`` seconds (5 minutes by default) when nothing does, so
+a recent ``ts`` means a working agent. An inventory older than ``max_age_s`` (15 minutes
+by default: three refreshes missed) comes from an agent that stopped: its MIG layouts,
+device owners and per-pod peaks may be out of date (a GPU re-partitioned by hand, a pod
+gone, memory grown). The extender then reads the node as if the annotation were absent:
+GPUs inferred from allocatable and GPU Feature Discovery labels, marked inferred, which
+the MIG actuator does not re-lay while pods hold them. This is kube-scheduler's stance
+on a node whose kubelet stopped reporting: the last word is not trusted for ever.
+
+An inventory from the future (the node's clock ahead of the extender's) counts as fresh
+until its ``ts`` plus the limit: clock skew under the limit changes nothing.
+
+Pure: the clock is the caller's.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kube import annotations as A
+
+DEFAULT_MAX_AGE_S = 900.0  # the extender's --inventory-max-age
+DEFAULT_REFRESH_S = 300.0  # the agent's --inventory-refresh
+
+
+def written_at(text: str | None) -> int | None:
+    """The inventory's ``ts`` (unix seconds), or None when there is no readable one (an
+    unreadable inventory is refused by node_info anyway, whatever its age)."""
+    if text is None:
+        return None
+    try:
+        top = json.loads(text)
+    except ValueError:
+        return None
+    ts = top.get("ts") if isinstance(top, dict) else None
+    return ts if isinstance(ts, int) and not isinstance(ts, bool) else None
+
+
+@dataclass(frozen=True)
+class InventoryAge:
+    """The age limit on inventories: ``max_age_s`` seconds after their ``ts``."""
+
+    max_age_s: float = DEFAULT_MAX_AGE_S
+
+    def __post_init__(self) -> None:
+        if not self.max_age_s > 0:
+            raise ValueError(f"inventory max age: must be positive, got {self.max_age_s!r}")
+
+    def expires(self, text: str | None) -> float | None:
+        """When the inventory ``text`` stops being trusted (unix seconds); None when it
+        has no readable ``ts``."""
+        ts = written_at(text)
+        return None if ts is None else ts + self.max_age_s
+
+    def stale(self, text: str | None, now: float) -> str | None:
+        """Why the inventory is no longer trusted at ``now``; None while it is."""
+        end = self.expires(text)
+        if end is None or now < end:
+            return None
+        ts = end - self.max_age_s
+        return (f"metadata.annotations.{A.INVENTORY}: written at ts {int(ts)}, "
+                f"{now - ts:.0f} s ago, older than the {self.max_age_s:g} s limit (the node "
+                "agent stopped reporting?); GPUs inferred from allocatable and labels instead")
+
+
+def without_inventory(node: Mapping[str, Any]) -> dict[str, Any]:
+    """``node`` with the inventory annotation removed (a shallow copy; ``node`` itself is
+    not changed): what node_info reads for a node whose inventory is stale."""
+    out = dict(node)
+    meta = node.get("metadata")
+    if isinstance(meta, Mapping):
+        meta = dict(meta)
+        ann = meta.get("annotations")
+        if isinstance(ann, Mapping):
+            meta["annotations"] = {k: v for k, v in ann.items() if k != A.INVENTORY}
+        out["metadata"] = meta
+    return out
+
+
+def essentials(node: Mapping[str, Any]) -> dict[str, Any]:
+    """The parts of a Node that node_info and node_taints read (name, labels,
+    annotations, spec, allocatable): kept for a node whose inventory will expire, so it
+    can be read again then without keeping the whole object (images, conditions)."""
+    meta = node.get("metadata")
+    status = node.get("status")
+    out: dict[str, Any] = {}
+    if isinstance(meta, Mapping):
+        out["metadata"] = {k: meta[k] for k in ("name", "labels", "annotations") if k in meta}
+    if "spec" in node:
+        out["spec"] = node["spec"]
+    if isinstance(status, Mapping) and "allocatable" in status:
+        out["status"] = {"allocatable": status["allocatable"]}
+    return out
