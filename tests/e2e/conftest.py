@@ -97,6 +97,16 @@ def kcm(stack: controlplane.Stack) -> Iterator[None]:
         yield
 
 
+SCRAPER = "gpupack-e2e-scraper"
+
+
+@pytest.fixture
+def scraper(stack: controlplane.Stack, admin: Any) -> Iterator[str]:
+    """A token allowed to GET /metrics (delegated authentication of the extender)."""
+    with controlplane.metrics_reader(admin, SCRAPER, SCRAPER) as token:
+        yield token
+
+
 @pytest.fixture
 def space(core: Any, admin: Any, request: pytest.FixtureRequest) -> Iterator[Space]:
     name = f"e2e{next(_counter)}-{request.node.name.split('[')[0][5:][:30]}".lower()

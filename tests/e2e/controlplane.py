@@ -910,3 +910,34 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def extender_metrics(stack: Stack, api_client: Any, token: str) -> dict[str, Any] | None:
+    """The active extender's metric families by name, or None while it refuses the token
+    (RBAC lag)."""
+    import http.client
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    argv = stack.state()["components"][f"extender{active_replica(stack, api_client)}"]["argv"]
+    port = int(argv[argv.index("--metrics-port") + 1])
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=15)
+    try:
+        conn.request("GET", "/metrics", headers={"Authorization": f"Bearer {token}"})
+        resp = conn.getresponse()
+        body = resp.read().decode()
+    finally:
+        conn.close()
+    if resp.status != 200:
+        return None
+    return {f.name: f for f in text_string_to_metric_families(body)}
+
+
+def metric_sample(fams: Mapping[str, Any], name: str, **labels: str) -> float | None:
+    """The value of the first sample of ``name`` (or ``name_total``) with ``labels``."""
+    fam = fams.get(name)
+    for s in fam.samples if fam is not None else ():
+        if s.name in (name, name + "_total") and all(s.labels.get(k) == v
+                                                     for k, v in labels.items()):
+            return float(s.value)
+    return None

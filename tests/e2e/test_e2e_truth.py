@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import http.client
 import json
 import sys
 import time
@@ -37,15 +36,13 @@ from controlplane import (
     AGENT_NODE,
     SCHEDULER_NAME,
     Stack,
-    active_replica,
-    metrics_reader,
+    extender_metrics,
+    metric_sample,
 )
-from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "nodeagent"))
 from fake_nvml import L40S_UUID, MIG_1G_B
 
-SCRAPER = "gpupack-e2e-truth-scraper"
 GIB = 1024
 
 
@@ -84,38 +81,6 @@ def test_gfd_memory_label_decides_what_fits(space: Space, core: Any) -> None:
 
 
 @pytest.fixture
-def scraper(stack: Stack, admin: Any) -> Iterator[str]:
-    """A token allowed to GET /metrics (delegated authentication of the extender)."""
-    with metrics_reader(admin, SCRAPER, SCRAPER) as token:
-        yield token
-
-
-def _metrics(stack: Stack, admin: Any, token: str) -> dict[str, Any] | None:
-    """The active extender's metric families, or None while it refuses (RBAC lag)."""
-    argv = stack.state()["components"][f"extender{active_replica(stack, admin)}"]["argv"]
-    port = int(argv[argv.index("--metrics-port") + 1])
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=15)
-    try:
-        conn.request("GET", "/metrics", headers={"Authorization": f"Bearer {token}"})
-        resp = conn.getresponse()
-        body = resp.read().decode()
-    finally:
-        conn.close()
-    if resp.status != 200:
-        return None
-    return {f.name: f for f in text_string_to_metric_families(body)}
-
-
-def _sample(fams: dict[str, Any], name: str, **labels: str) -> float | None:
-    fam = fams.get(name)
-    for s in fam.samples if fam is not None else ():
-        if s.name in (name, name + "_total") and all(s.labels.get(k) == v
-                                                     for k, v in labels.items()):
-            return float(s.value)
-    return None
-
-
-@pytest.fixture
 def kubelet_pods(stack: Stack) -> Iterator[Path]:
     """The fake kubelet's script (see agent_double.py); emptied again at the end."""
     path = stack.dir / "kubelet" / "pods.json"
@@ -140,8 +105,9 @@ def test_agent_observation_wins_over_the_record(stack: Stack, admin: Any, core: 
                                                 space: Space, scraper: str,
                                                 kubelet_pods: Path) -> None:
     ns = space.namespace()
-    fams = wait_for(lambda: _metrics(stack, admin, scraper), 30, "the extender's /metrics")
-    before = _sample(fams, "gpupack_device_plugin_disagreements", kind="mig") or 0.0
+    fams = wait_for(lambda: extender_metrics(stack, admin, scraper), 30,
+                    "the extender's /metrics")
+    before = metric_sample(fams, "gpupack_device_plugin_disagreements", kind="mig") or 0.0
     # gpupack recorded the slice at start 2; the kubelet gave the pod the one at start 3.
     _on_agent_node(core, ns, "mig-obs", {"nvidia.com/mig-1g.10gb": "1"},
                    {"gpupack.io/gpus": "0", "gpupack.io/mig": "1g.10gb@2"})
@@ -153,22 +119,23 @@ def test_agent_observation_wins_over_the_record(stack: Stack, admin: Any, core: 
     ]))
 
     def moved() -> dict[str, Any] | None:
-        f = _metrics(stack, admin, scraper)
-        got = None if f is None else _sample(f, "gpupack_device_plugin_disagreements",
+        f = extender_metrics(stack, admin, scraper)
+        got = None if f is None else metric_sample(f, "gpupack_device_plugin_disagreements",
                                              kind="mig")
         return f if got is not None and got >= before + 1 else None
 
     fams = wait_for(moved, 60, "the extender to count the MIG disagreement")
-    assert _sample(fams, "gpupack_device_plugin_disagreements", kind="mig") == before + 1
+    assert metric_sample(fams, "gpupack_device_plugin_disagreements", kind="mig") == before + 1
     # The share is booked at its observed peak plus 10% (the fake L40S's three processes,
     # 24 GiB, are the one holder's), far above the 4Gi it declared.
     def booked() -> float | None:
-        f = _metrics(stack, admin, scraper)
-        v = None if f is None else _sample(f, "gpupack_gpu_memory_booked_mib",
+        f = extender_metrics(stack, admin, scraper)
+        v = None if f is None else metric_sample(f, "gpupack_gpu_memory_booked_mib",
                                            node=AGENT_NODE, gpu="1")
         return v if v is not None and v > 4 * GIB else None
 
     got = wait_for(booked, 60, "the share booked at its observed peak")
     assert got == -(-24 * GIB * 110 // 100)
-    fams = _metrics(stack, admin, scraper) or {}
-    assert _sample(fams, "gpupack_gpu_memory_observed_mib", node=AGENT_NODE, gpu="1") == 25 * GIB
+    fams = extender_metrics(stack, admin, scraper) or {}
+    assert metric_sample(fams, "gpupack_gpu_memory_observed_mib", node=AGENT_NODE,
+                         gpu="1") == 25 * GIB
