@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol, TypeVar
 
+from kube.responses import finish
+
 log = logging.getLogger("gpupack.kube.evictions")
 
 OUTCOMES = ("evicted", "pdb", "gone", "forbidden", "error")
@@ -177,6 +179,7 @@ class ApiEvictor:
         except (HTTPError, OSError) as e:
             return EvictionResult("error", f"evicting {pod.key}: {e}")
         status = int(getattr(resp, "status", 201))
+        finish(resp)
         return EvictionResult(outcome_of(status), "" if status < 300 else f"HTTP {status}")
 
 
@@ -219,11 +222,11 @@ class ApiEvents:
 
         log.info("event %s on %s: %s", reason, pod.key, message)
         try:
-            self.core.create_namespaced_event(
+            finish(self.core.create_namespaced_event(
                 pod.namespace, _model(client.CoreV1Event.from_dict(
                     event_object(pod, reason, message, warning, self.host,
                                  self.component))),
-                _preload_content=False, _request_timeout=self.timeout_s)
+                _preload_content=False, _request_timeout=self.timeout_s))
         except ApiException as e:
             log.warning("event %s on %s not recorded: HTTP %s %s", reason, pod.key, e.status,
                         _message(e.body, str(e.reason)))

@@ -50,6 +50,7 @@ import orjson
 from kube.annotations import small_int
 from kube.files import load_objects
 from kube.objects import pod_key
+from kube.responses import finish
 
 log = logging.getLogger("gpupack.kube.source")
 # A watch that ends sooner than this without an event counts as a failure (client-go:
@@ -737,6 +738,7 @@ class ApiBinder:
         except (HTTPError, OSError) as e:
             raise BindError(f"binding {namespace}/{name} to {node}: {e}") from None
         status = getattr(resp, "status", 201)
+        finish(resp)
         if not 200 <= int(status) < 300:
             raise BindError(f"binding {namespace}/{name} to {node}: HTTP {status}")
         # No pod patch: the API server copies the Binding's metadata.annotations onto
