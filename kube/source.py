@@ -363,10 +363,12 @@ class ApiSource:
         records_selector: str = "",
         watch_quotas: bool = False,
         list_page: int = 500,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         from kubernetes import client
 
         self.core = client.CoreV1Api(api_client)
+        self.clock = clock  # times a watch: how long it stayed open
         self.watch_timeout_s = watch_timeout_s
         self.backoff_initial_s = backoff_initial_s
         self.backoff_max_s = backoff_max_s
@@ -454,14 +456,18 @@ class ApiSource:
                     self._listed[kind].set()
                     if self._stop.is_set():
                         return
-                started = time.monotonic()
+                started = self.clock()
                 read = self._watch(kind, sink)
                 if self._stop.is_set():
                     return
-                if read > 0:
-                    backoff = self.backoff_initial_s  # it delivered: no backoff
+                if read > 0 or self.clock() - started >= QUICK_WATCH_S:
+                    # It delivered, or stayed open until the server's time-out on a
+                    # quiet cluster: the connection works, so the next trouble starts
+                    # from the first step again, as client-go's back-off does once
+                    # things have gone well for a while.
+                    backoff = self.backoff_initial_s
                     gone_again = False
-                elif time.monotonic() - started < QUICK_WATCH_S:
+                else:
                     # Ended at once with nothing (a proxy closing every watch): as
                     # client-go does, a failure; reopened at once, it would loop.
                     log.warning("%s watch ended at once without events; reopening in %.1fs",

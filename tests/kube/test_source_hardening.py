@@ -363,6 +363,36 @@ def test_a_watch_that_delivered_resets_the_backoff() -> None:
     assert len(sleeps) == 3 and sleeps[2] <= 0.2
 
 
+def test_a_long_quiet_watch_resets_the_backoff() -> None:
+    # Errors had doubled the pause; then a watch stayed open until the server's time-out
+    # without an event (a quiet cluster): the connection works, so the next error
+    # pauses from the first step again, not from where the last trouble left it.
+    sleeps: list[float] = []
+    now = [0.0]
+    source = ApiSource(client.ApiClient(client.Configuration()), sleep=sleeps.append,
+                       backoff_initial_s=0.2, backoff_max_s=30.0, clock=lambda: now[0])
+    watches = 0
+
+    def api(**kw: Any) -> Any:
+        nonlocal watches
+        if not kw.get("watch"):
+            return ListBody("10")
+        watches += 1
+        if watches <= 4 or watches == 6:
+            raise ApiException(status=500, reason="boom")
+        if watches == 5:
+            now[0] += 300.0  # open for five minutes, nothing happened
+            return Lines([])
+        source._stop.set()
+        return Lines([])
+
+    source._list_fn = lambda kind: api
+    source._run("pods", RecordingSink())
+    assert len(sleeps) == 5
+    assert sleeps[3] > 0.8  # 0.2, 0.4, 0.8, 1.6 (jittered down to half at most)
+    assert sleeps[4] <= 0.2
+
+
 def test_stop_ends_a_backoff_pause_at_once() -> None:
     # The default pause was time.sleep: up to backoff_max_s (30 s) after stop().
     source = ApiSource(client.ApiClient(client.Configuration()), backoff_initial_s=20.0)
