@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
+from test_cli_metrics_auth import EXAMPLES, gpupack
 
 from gpupack.inventory_expiry import (
     add_inventory_age_argument,
@@ -21,17 +20,6 @@ from gpupack.inventory_expiry import (
 )
 from kube.cache import ClusterCache
 from kube.inventory_age import InventoryAge
-
-REPO = Path(__file__).resolve().parents[2]
-EXAMPLES = REPO / "gpupack" / "examples"
-
-
-def gpupack(*args: str, tmp: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "gpupack", *args], capture_output=True,
-                          text=True, timeout=60, cwd=REPO,
-                          env={"PATH": "/usr/bin:/bin", "HOME": str(tmp),
-                               "KUBECONFIG": str(tmp / "no-such-kubeconfig"),
-                               "PYTHONPATH": str(REPO)})
 
 
 @pytest.mark.parametrize("value", ["-1", "nan", "inf"])

@@ -14,18 +14,28 @@ import pytest
 
 from kube.defrag_inputs import PodOwners
 from kube.evictions import ApiEvents, ApiEvictor, PodRef, outcome_of
+from kube.responses import finish
+from kube.source import ApiBinder
 
 
 class Api:
-    """Answers POST .../pods/NAME/eviction with ``status`` and POST .../events with 201;
-    keeps (path, body) of every request."""
+    """Answers POST .../pods/NAME/eviction with ``status`` and any other POST (events,
+    bindings) with 201, over HTTP/1.1 keep-alive; keeps (path, body) of every request
+    and counts the TCP connections clients open."""
 
     def __init__(self) -> None:
         self.status = 201
         self.seen: list[tuple[str, dict[str, Any]]] = []
+        self.connections = 0
         api = self
 
         class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def setup(self) -> None:
+                super().setup()
+                api.connections += 1  # one handler per connection
+
             def log_message(self, format: str, *args: Any) -> None:
                 pass
 
@@ -49,6 +59,7 @@ class Api:
                 self.wfile.write(data)
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True  # kept-alive connections end with the test
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def client(self) -> Any:
@@ -64,6 +75,7 @@ def api() -> Iterator[Api]:
     a = Api()
     yield a
     a.server.shutdown()
+    a.server.server_close()
 
 
 @pytest.mark.parametrize("status, outcome", [
@@ -172,3 +184,46 @@ def test_pod_owners_follow_the_watch_and_forward_everything() -> None:
     owners.note_bad_object()
     assert sink.calls == ["replace 4", "upsert_pod", "delete_pod", "replace 1", "upsert_node",
                           "delete_node", "mark_synced", "note_bad_object"]
+
+
+# ---- connections: answers read only for their status are finished (kube.responses) ----
+
+
+def test_evictions_events_and_binds_reuse_one_connection(api: Api) -> None:
+    c = api.client()
+    evictor, events, binder = ApiEvictor(c), ApiEvents(c, host="h"), ApiBinder(c)
+    for i in range(8):
+        pod = PodRef(f"web/web-{i}", f"uid-{i}")
+        assert evictor.evict(pod).outcome == "evicted"
+        events.emit(pod, "Moved", "moved for a group")
+        binder.bind("web", f"web-{i}", f"uid-{i}", "node-a", {"gpupack.io/gpus": "0"})
+    assert len(api.seen) == 24
+    # One call at a time: every call finds the last one's connection back in the pool.
+    assert api.connections == 1
+
+
+class Answer:
+    def __init__(self, fail_read: bool = False) -> None:
+        self.fail_read = fail_read
+        self.calls: list[str] = []
+
+    def read(self) -> bytes:
+        self.calls.append("read")
+        if self.fail_read:
+            raise OSError("connection reset")
+        return b"{}"
+
+    def release_conn(self) -> None:
+        self.calls.append("release")
+
+
+@pytest.mark.parametrize("fail_read", [False, True])
+def test_finish_reads_then_releases_even_when_the_read_fails(fail_read: bool) -> None:
+    a = Answer(fail_read)
+    finish(a)
+    assert a.calls == ["read", "release"]
+
+
+def test_finish_takes_answers_without_a_body() -> None:
+    finish(None)
+    finish(object())
