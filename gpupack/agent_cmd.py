@@ -73,6 +73,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"gpupack agent: --inventory-refresh {args.inventory_refresh!r}: must be 0 "
               "(write only on change) or a positive number of seconds", file=sys.stderr)
         return 2
+    if args.inventory_refresh == 0 and not args.once:
+        log.warning("--inventory-refresh 0: an unchanged inventory is not written again, "
+                    "and the extender and webhook stop trusting an inventory not rewritten "
+                    "for their --inventory-max-age (900 s by default): give them "
+                    "--inventory-max-age 0 too")
     node = args.node_name or os.uname().nodename
     if not args.node_name:
         log.warning("no --node-name and no $NODE_NAME: reporting as %s", node)

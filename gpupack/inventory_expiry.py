@@ -22,7 +22,8 @@ EXPIRY_CHECK_S = 5.0  # how often ages are checked (a scan of a dict of node nam
 def add_inventory_age_argument(p: argparse.ArgumentParser) -> None:
     p.add_argument("--inventory-max-age", type=float, default=DEFAULT_MAX_AGE_S, metavar="S",
                    help="trust a node agent's inventory (MIG layouts, device owners, per-pod "
-                        "GPU memory peaks) for S seconds after it was written; older, the "
+                        "GPU memory peaks) for S seconds after each write seen (on this "
+                        "process's clock); not rewritten since, the "
                         "node is read as if it had none: GPUs inferred from allocatable and "
                         "GPU Feature Discovery labels (default 900: three of the agent's "
                         "5-minute refreshes missed; 0: no limit). Only against a cluster: "

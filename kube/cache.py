@@ -34,9 +34,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
+from kube import annotations as A
 from kube.assumptions import AssumedBinds, AssumeError, Assumption, same_uid
 from kube.constraints import PodConstraints, Taint, node_taints, pod_constraints
-from kube.inventory_age import InventoryAge, essentials, without_inventory
+from kube.inventory_age import InventoryAge, essentials, without_inventory, written_at
 from kube.objects import (
     NO_OBSERVATION,
     UNREADABLE_TAINTS,
@@ -114,8 +115,10 @@ class ClusterCache:
         self.inventory_age = inventory_age
         self._clock = clock
         self._stale_inventories: set[str] = set()
-        self._inventory_expiry: dict[str, float] = {}  # node -> when its inventory expires
-        self._inventory_nodes: dict[str, dict[str, Any]] = {}  # what to re-read it from
+        # node -> (ts, expiry) of the last inventory seen on it, stale ones included.
+        self._inventory_seen: dict[str, tuple[int, float]] = {}
+        # Nodes whose inventory is trusted now: what to re-read each from once it expires.
+        self._inventory_nodes: dict[str, dict[str, Any]] = {}
         # Whether MIG layouts of nodes that opt in may change (kube.objects.node_info).
         self.mig_actuator = mig_actuator
         self.lock = threading.RLock()
@@ -628,6 +631,11 @@ class ClusterCache:
             return node_info(obj, mig_actuator=self.mig_actuator)
         labels = meta.get("labels") or {}
         annotations = meta.get("annotations") or {}
+        if isinstance(annotations, Mapping) and A.INVENTORY in annotations:
+            # A node agent's inventory is the node's own (it names the node) and changes
+            # with every write (its ts): no other node shares that shape, and keeping it
+            # would only fill the memo. Reading it is a decode, not an inference.
+            return node_info(obj, mig_actuator=self.mig_actuator)
         status = obj.get("status") or {}
         spec = obj.get("spec") or {}
         try:
@@ -658,7 +666,7 @@ class ClusterCache:
         is read as if it had none (``kube.inventory_age``)."""
         age = self.inventory_age
         text = inventory_text(obj)
-        stale = age is not None and age.stale(text, self._clock()) is not None
+        stale = self._inventory_stale(obj, text, self._clock()) is not None
         try:
             info = self._node_info(without_inventory(obj) if stale else obj)
         except ObjectError as e:
@@ -680,14 +688,15 @@ class ClusterCache:
         info = replace(info, taints=taints)  # the shapes cache shares NodeInfos by shape
         with self.lock:
             if age is not None:
-                # Checked again under the lock, where expire_inventories runs: an
-                # inventory that crossed the limit since is not applied as fresh after
-                # the expiry re-read the node.
-                why = age.stale(text, self._clock())
-                if why is not None and not stale:
-                    stale = True
-                    info = replace(self._node_info(without_inventory(obj)), taints=taints)
-                self._note_age(info.name, obj, text, why)
+                # Decided again under the lock, where expire_inventories runs: an
+                # inventory that crossed the limit since (or a clock stepped back) is
+                # applied as it is now, not as the first look found it.
+                why = self._inventory_stale(obj, text, self._clock(), record=True)
+                if (why is not None) != stale:
+                    stale = why is not None
+                    info = replace(self._node_info(without_inventory(obj) if stale else obj),
+                                   taints=taints)
+                self._note_age(info.name, obj, why)
             if stale:
                 text = None  # no peaks, shares or device owners from a stale inventory
             self._unreadable.discard(info.name)
@@ -722,41 +731,63 @@ class ClusterCache:
                 fn(info.name)
         return True
 
-    def _note_age(self, name: str, obj: Mapping[str, Any], text: str | None,
-                  why: str | None) -> None:
-        """Book-keeping of inventory ages (under the lock): which nodes' inventories are
-        stale, and when each fresh one expires, with what to read the node from then."""
+    def _inventory_stale(self, obj: Mapping[str, Any], text: str | None, now: float,
+                         record: bool = False) -> str | None:
+        """Why the node's inventory ``text`` is not trusted at ``now`` (None: it is, or
+        there is no limit, or it has no ``ts``); ``record`` (under the lock) keeps its
+        (ts, expiry) for the node."""
         age = self.inventory_age
-        assert age is not None
+        ts = written_at(text) if age is not None else None
+        name = object_name(obj)
+        if age is None or name is None:
+            return None
+        if ts is None:
+            if record:
+                self._inventory_seen.pop(name, None)
+            return None
+        end = age.expires(ts, now, self._inventory_seen.get(name))
+        if record:
+            self._inventory_seen[name] = (ts, end)
+        return age.reason(ts, end, now)
+
+    def _note_age(self, name: str, obj: Mapping[str, Any], why: str | None) -> None:
+        """Which nodes' inventories are stale, and what to re-read each trusted one's node
+        from once it expires (under the lock)."""
         if why is not None:
             if name not in self._stale_inventories:
                 log.warning("node %s: %s", name, why)
             self._stale_inventories.add(name)
-            self._inventory_expiry.pop(name, None)
             self._inventory_nodes.pop(name, None)
             return
         if name in self._stale_inventories:
             log.info("node %s: the node agent's inventory is fresh again", name)
             self._stale_inventories.discard(name)
-        end = age.expires(text)
-        if end is None:
-            self._inventory_expiry.pop(name, None)
-            self._inventory_nodes.pop(name, None)
-        else:
-            self._inventory_expiry[name] = end
+        if name in self._inventory_seen:
             self._inventory_nodes[name] = essentials(obj)
+        else:
+            self._inventory_nodes.pop(name, None)
 
     def expire_inventories(self) -> list[str]:
         """Read again, as inventory-less, every node whose inventory has just passed the
-        age limit (no watch event comes when a node agent stops). The nodes re-read."""
+        age limit (no watch event comes when a node agent stops). The nodes re-read; one
+        that fails is logged and left out of the next passes."""
         if self.inventory_age is None:
             return []
         with self.lock:
             now = self._clock()
-            due = sorted(n for n, end in self._inventory_expiry.items() if end <= now)
+            due = sorted(n for n in self._inventory_nodes
+                         if self._inventory_seen.get(n, (0, math.inf))[1] <= now)
+            done = []
             for name in due:
-                self.upsert_node(self._inventory_nodes[name])
-            return due
+                doc = self._inventory_nodes.pop(name)
+                try:
+                    self.upsert_node(doc)
+                except Exception:
+                    log.exception("node %s: reading it again without its expired inventory "
+                                  "failed", name)
+                    continue
+                done.append(name)
+            return done
 
     @property
     def stale_inventories(self) -> int:
@@ -883,7 +914,7 @@ class ClusterCache:
             self._obs.pop(name, None)
             self._obs_text.pop(name, None)
             self._stale_inventories.discard(name)
-            self._inventory_expiry.pop(name, None)
+            self._inventory_seen.pop(name, None)
             self._inventory_nodes.pop(name, None)
             del self._infos[name]
             self._touched_at.pop(name, None)

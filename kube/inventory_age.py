@@ -2,16 +2,21 @@
 
 The agent writes its inventory (``gpupack.io/inventory``) when what it sees changes, and
 again every ``--inventory-refresh`` seconds (5 minutes by default) when nothing does, so
-a recent ``ts`` means a working agent. An inventory older than ``max_age_s`` (15 minutes
-by default: three refreshes missed) comes from an agent that stopped: its MIG layouts,
-device owners and per-pod peaks may be out of date (a GPU re-partitioned by hand, a pod
-gone, memory grown). The extender then reads the node as if the annotation were absent:
-GPUs inferred from allocatable and GPU Feature Discovery labels, marked inferred, which
-the MIG actuator does not re-lay while pods hold them. This is kube-scheduler's stance
-on a node whose kubelet stopped reporting: the last word is not trusted for ever.
+a recent write means a working agent. An inventory not rewritten for ``max_age_s`` (15
+minutes by default: three refreshes missed) comes from an agent that stopped: its MIG
+layouts, device owners and per-pod peaks may be out of date (a GPU re-partitioned by
+hand, a pod gone, memory grown). The extender then reads the node as if the annotation
+were absent: GPUs inferred from allocatable and GPU Feature Discovery labels, marked
+inferred, which the MIG actuator does not re-lay while pods hold them. This is
+kube-scheduler's stance on a node whose kubelet stopped reporting: the last word is not
+trusted for ever.
 
-An inventory from the future (the node's clock ahead of the extender's) counts as fresh
-until its ``ts`` plus the limit: clock skew under the limit changes nothing.
+Ages are measured on the extender's clock, so a node's clock does not matter: a write
+(a ``ts`` greater than the last one seen for the node) counts from when the extender saw
+it. Only an inventory seen for the first time (the extender starting) is dated by its own
+``ts``, the earlier of it and now: a dead agent's inventory is not trusted afresh by each
+restart, and a node whose clock runs more than ``max_age_s - refresh`` behind is read as
+inventory-less until its agent's next write.
 
 Pure: the clock is the caller's.
 """
@@ -44,29 +49,36 @@ def written_at(text: str | None) -> int | None:
 
 @dataclass(frozen=True)
 class InventoryAge:
-    """The age limit on inventories: ``max_age_s`` seconds after their ``ts``."""
+    """The age limit on inventories: ``max_age_s`` seconds without a new write."""
 
     max_age_s: float = DEFAULT_MAX_AGE_S
 
     def __post_init__(self) -> None:
-        if not self.max_age_s > 0:
+        if not 0 < self.max_age_s < float("inf"):
             raise ValueError(f"inventory max age: must be positive, got {self.max_age_s!r}")
 
-    def expires(self, text: str | None) -> float | None:
-        """When the inventory ``text`` stops being trusted (unix seconds); None when it
-        has no readable ``ts``."""
-        ts = written_at(text)
-        return None if ts is None else ts + self.max_age_s
+    def expires(self, ts: int, now: float, known: tuple[int, float] | None) -> float:
+        """When an inventory written with ``ts`` and seen ``now`` (the extender's clock)
+        stops being trusted; ``known``: the (ts, expiry) kept for the node's last one.
 
-    def stale(self, text: str | None, now: float) -> str | None:
-        """Why the inventory is no longer trusted at ``now``; None while it is."""
-        end = self.expires(text)
-        if end is None or now < end:
+        The same write seen again (a relist, another field of the Node changed) keeps
+        its expiry; a newer write counts from now; a first sight, or an older write than
+        the last one, from its own ``ts`` when that is earlier than now."""
+        if known is not None and ts == known[0]:
+            return known[1]
+        if known is not None and ts > known[0]:
+            return now + self.max_age_s
+        return min(float(ts), now) + self.max_age_s
+
+    def reason(self, ts: int, expires: float, now: float) -> str | None:
+        """Why an inventory written with ``ts`` and trusted until ``expires`` is no longer
+        trusted at ``now``; None while it is."""
+        if now < expires:
             return None
-        ts = end - self.max_age_s
-        return (f"metadata.annotations.{A.INVENTORY}: written at ts {int(ts)}, "
-                f"{now - ts:.0f} s ago, older than the {self.max_age_s:g} s limit (the node "
-                "agent stopped reporting?); GPUs inferred from allocatable and labels instead")
+        silent = now - (expires - self.max_age_s)
+        return (f"metadata.annotations.{A.INVENTORY}: written at ts {ts}, not rewritten for "
+                f"{silent:.0f} s, longer than the {self.max_age_s:g} s limit (the node agent "
+                "stopped reporting?); GPUs inferred from allocatable and labels instead")
 
 
 def without_inventory(node: Mapping[str, Any]) -> dict[str, Any]:

@@ -460,13 +460,17 @@ class ApiSource:
                 read = self._watch(kind, sink)
                 if self._stop.is_set():
                     return
-                if read > 0 or self.clock() - started >= QUICK_WATCH_S:
-                    # It delivered, or stayed open until the server's time-out on a
-                    # quiet cluster: the connection works, so the next trouble starts
-                    # from the first step again, as client-go's back-off does once
-                    # things have gone well for a while.
-                    backoff = self.backoff_initial_s
+                if read > 0:
+                    backoff = self.backoff_initial_s  # it delivered: no backoff
                     gone_again = False
+                elif self.clock() - started >= QUICK_WATCH_S:
+                    # Open until the server's time-out on a quiet cluster: the connection
+                    # works, so the next trouble starts from the first step again, as
+                    # client-go's back-off does once things went well for a while. Not
+                    # in a run of 410s: a server that holds each watch a second and then
+                    # answers 410 would get a full relist every other second.
+                    if not gone_again:
+                        backoff = self.backoff_initial_s
                 else:
                     # Ended at once with nothing (a proxy closing every watch): as
                     # client-go does, a failure; reopened at once, it would loop.

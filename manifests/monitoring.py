@@ -517,7 +517,7 @@ RULE_GROUPS: list[dict[str, Any]] = [
                    "max(gpupack_node_inventories_stale)",
                    ">", "0", "10m", "warning",
                    "gpupack ignores the node agent inventory of {{ $value }} node(s)",
-                   "Their inventories are older than --inventory-max-age: their GPUs are "
+                   "Their inventories were not rewritten for --inventory-max-age: their GPUs are "
                    "inferred from allocatable and labels, pods' GPU memory peaks are not "
                    "used, and the MIG actuator leaves their GPUs that hold pods alone. "
                    "GpupackNodeAgentStale names the nodes."),

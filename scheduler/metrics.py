@@ -440,8 +440,9 @@ class ClusterCollector(Collector):
                     1.0 if synced else 0.0)
         yield gauge("gpupack_cache_bad_objects", "Objects the cache could not read (skipped)", bad)
         yield gauge("gpupack_node_inventories_stale",
-                    "Nodes whose node agent inventory is older than --inventory-max-age and "
-                    "is ignored (their GPUs inferred from allocatable and labels)", stale)
+                    "Nodes whose node agent inventory was not rewritten for "
+                    "--inventory-max-age and is ignored (their GPUs inferred from "
+                    "allocatable and labels)", stale)
         with cache.lock:
             disagreements = dict(cache.disagreements)
         fam = CounterMetricFamily(

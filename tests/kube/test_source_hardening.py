@@ -393,6 +393,33 @@ def test_a_long_quiet_watch_resets_the_backoff() -> None:
     assert sleeps[4] <= 0.2
 
 
+def test_empty_watches_between_410s_do_not_reset_the_relist_backoff() -> None:
+    # Each watch is held 1.5 s without an event, the next one answered 410: without a
+    # delivering watch in between, the relists keep backing off.
+    sleeps: list[float] = []
+    now = [0.0]
+    source = ApiSource(client.ApiClient(client.Configuration()), sleep=sleeps.append,
+                       backoff_initial_s=0.2, backoff_max_s=30.0, clock=lambda: now[0])
+    lists = watches = 0
+
+    def api(**kw: Any) -> Any:
+        nonlocal lists, watches
+        if not kw.get("watch"):
+            lists += 1
+            if lists > 10:
+                source._stop.set()
+            return ListBody("10")
+        watches += 1
+        if watches % 2:
+            now[0] += 1.5
+            return Lines([])
+        return Lines([ev("ERROR", {"kind": "Status", "code": 410, "message": "too old"})])
+
+    source._list_fn = lambda kind: api
+    source._run("pods", RecordingSink())
+    assert len(sleeps) == 9 and sleeps[-1] > 10.0, sleeps
+
+
 def test_stop_ends_a_backoff_pause_at_once() -> None:
     # The default pause was time.sleep: up to backoff_max_s (30 s) after stop().
     source = ApiSource(client.ApiClient(client.Configuration()), backoff_initial_s=20.0)
