@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from packing.groups import CLIQUE_LABEL
+from packing.groups import CLIQUE_LABEL, KEEP_WHOLE_NODES_LABEL
 from packing.model import Placement
 
 # The most pods one group may have: larger sizes come from a typo or a hostile object,
@@ -60,6 +60,7 @@ GPU_COUNT = NV + "gpu.count"
 GPU_REPLICAS = NV + "gpu.replicas"
 SHARING_STRATEGY = NV + "gpu.sharing-strategy"
 CLIQUE = CLIQUE_LABEL  # packing.group_placement keeps groups inside one clique
+KEEP_WHOLE_NODES = KEEP_WHOLE_NODES_LABEL  # whole nodes kept for groups to come
 ZONE = "topology.kubernetes.io/zone"
 
 

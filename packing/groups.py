@@ -19,6 +19,10 @@ from packing.model import Placement, PlanResult, PodRequest, Snapshot
 # The NVLink clique label of GPU Feature Discovery: a group with no topology key of its
 # own is kept inside one clique when nodes carry it (packing.group_placement).
 CLIQUE_LABEL = "nvidia.com/gpu.clique"
+# A node labelled so says the cluster runs LLM groups even before any group pod exists
+# and without NVLink cliques (plain 8-GPU nodes): whole nodes are then kept whole
+# (packing.policies.lookahead.keeps_whole_nodes).
+KEEP_WHOLE_NODES_LABEL = "gpupack.io/keep-whole-nodes"
 
 RESERVE_MARK = "#reserve-"
 

@@ -53,7 +53,7 @@ from packing.fragmentation import (
     TypicalShapes,
     fragment_delta,
 )
-from packing.groups import CLIQUE_LABEL
+from packing.groups import CLIQUE_LABEL, KEEP_WHOLE_NODES_LABEL
 from packing.model import GPU_MILLI, Snapshot
 
 # A share that does not fit a GPU scores this (never chosen).
@@ -199,8 +199,10 @@ def opens_whole_node(n_full: npt.ArrayLike, gpu_count: npt.ArrayLike, req: Milli
 
 def keeps_whole_nodes(snapshot: Snapshot) -> bool:
     """Whether whole nodes are kept for LLM groups on this cluster: some pod (running or
-    pending) belongs to a group, or some node is in an NVLink clique (GFD's
-    ``nvidia.com/gpu.clique``, where groups are placed whole).
+    pending) belongs to a group, some node is in an NVLink clique (GFD's
+    ``nvidia.com/gpu.clique``, where groups are placed whole), or some node is labelled
+    ``gpupack.io/keep-whole-nodes: "true"`` (an operator's word that groups will come, on
+    plain nodes, before their first pod).
 
     Then a whole-GPU pod breaks a node all of whose GPUs are free only where no node in
     use fits it. The rank alone does not keep them: it values capacity for the shapes of
@@ -214,7 +216,8 @@ def keeps_whole_nodes(snapshot: Snapshot) -> bool:
     led on three multigpu traces)."""
     pods = [p for p, _ in snapshot.running] + list(snapshot.pending)
     return (any(p.group is not None for p in pods)
-            or any(CLIQUE_LABEL in n.labels for n in snapshot.nodes))
+            or any(CLIQUE_LABEL in n.labels
+                   or n.labels.get(KEEP_WHOLE_NODES_LABEL) == "true" for n in snapshot.nodes))
 
 
 def node_free_after(free: IntArray, req: MilliRequest) -> IntArray:

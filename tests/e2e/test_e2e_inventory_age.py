@@ -67,6 +67,11 @@ def test_a_stale_inventory_is_not_trusted(stack: Stack, admin: Any, core: Any, s
     def booked_at(mib: int, what: str, timeout_s: float = 60) -> None:
         wait_for(lambda: booked() == mib, timeout_s, what)
 
+    # Pods only once the webhook's view has the node: it refuses a share where it knows
+    # of no time-sliced GPU.
+    probe = pod("probe", pool=pool, annotations={"gpupack.io/gpu-memory": "16Gi",
+                                                 "gpupack.io/isolation": "shared"})
+    wait_for_webhook(core, ns, probe, SHARED)
     # The share the agent saw grow, bound as gpupack's bind records it.
     big = pod("big", pool=pool, scheduler=MANUAL_SCHEDULER, cpu="10m", memory="16Mi",
               limits={SHARED: "1"}, annotations={"gpupack.io/gpu-memory": "4Gi"})
@@ -76,9 +81,6 @@ def test_a_stale_inventory_is_not_trusted(stack: Stack, admin: Any, core: Any, s
     booked_at(BOOKED_AT_PEAK, "the share booked at its observed peak (fresh inventory)")
     before = stale()
 
-    probe = pod("probe", pool=pool, annotations={"gpupack.io/gpu-memory": "16Gi",
-                                                 "gpupack.io/isolation": "shared"})
-    wait_for_webhook(core, ns, probe, SHARED)
     core.create_namespaced_pod(ns, pod(
         "tts", pool=pool, scheduler=SCHEDULER_NAME, limits={SHARED: "1"},
         annotations={"gpupack.io/gpu-memory": "16Gi"}))

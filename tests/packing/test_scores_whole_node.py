@@ -17,7 +17,7 @@ import pytest
 from packing_builders import mig, node, shared, whole
 
 from packing.fragmentation import MilliRequest
-from packing.groups import CLIQUE_LABEL
+from packing.groups import CLIQUE_LABEL, KEEP_WHOLE_NODES_LABEL
 from packing.model import (
     GPU_MILLI,
     GpuMode,
@@ -109,16 +109,23 @@ def test_an_exact_whole_node_before_breaking_a_larger_one() -> None:
     assert best is not None and best.node == "four"
 
 
-@pytest.mark.parametrize(("clique", "group_pod", "keeps"), [
-    (True, False, True),  # an NVLink clique: its nodes are where groups go
-    (False, True, True),  # a group's pod in the workload
-    (False, False, False),  # neither: the rank decides alone (the openb traces)
+@pytest.mark.parametrize(("clique", "group_pod", "label", "keeps"), [
+    (True, False, None, True),  # an NVLink clique: its nodes are where groups go
+    (False, True, None, True),  # a group's pod in the workload
+    (False, False, "true", True),  # an operator's label: groups will come
+    (False, False, "false", False),
+    (False, False, "yes", False),  # only "true" says so
+    (False, False, None, False),  # none: the rank decides alone (the openb traces)
 ])
 def test_whole_nodes_are_kept_where_groups_run(clique: bool, group_pod: bool,
-                                               keeps: bool) -> None:
+                                               label: str | None, keeps: bool) -> None:
     workload, held = WORKLOADS[0]
     extra = [whole("llm/0-1", 8, group=GroupRef("ns/llm-0", 2))] if group_pod else []
     snap = _cluster(workload + extra, held, clique=clique)
+    if label is not None:
+        labelled = replace(snap.nodes[0], labels={**snap.nodes[0].labels,
+                                                   KEEP_WHOLE_NODES_LABEL: label})
+        snap = replace(snap, nodes=(labelled, *snap.nodes[1:]))
     assert keeps_whole_nodes(snap) is keeps
     best = best_option(ClusterState(snap), whole("rr/next"), make_gpupack_scorer(snap))
     assert best is not None
