@@ -16,7 +16,7 @@ import re
 import sys
 from collections import Counter, defaultdict
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from dataclasses import field as dc_field
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal
@@ -33,7 +33,7 @@ from packing.catalog import (
     profile_from_resource,
 )
 from packing.device_plugin import AllocationPolicy
-from packing.inventory import Inventory, InventoryError
+from packing.inventory import GpuInventory, Inventory, InventoryError
 from packing.inventory import decode_inventory as decode_inventory
 from packing.mig import MigSlot, layout_errors, layout_from_counts
 from packing.model import (
@@ -171,12 +171,18 @@ def node_info(node: Mapping[str, Any], notes: list[str] | None = None, *,
             mig_counts[profile] = max(1, n // replicas) if n else 0
     gpus = _infer_gpus(who, labels, whole, shared, mig_counts)
     if A.INVENTORY in annotations:
+        field = f"{who}: metadata.annotations.{A.INVENTORY}"
         try:
-            inv, models = _checked(annotations[A.INVENTORY], name)
+            inv, models, refused = _checked(annotations[A.INVENTORY], name)
+            if refused and not inv.gpus:
+                raise ValueError(refused[0][1])  # nothing left of it: the node inferred
             gpus = _observed_gpus(inv, models, labels, gpus)
+            if notes is not None:
+                notes.extend(f"{field}: {why}; GPU {index} left out (as if the agent had "
+                             "not seen it)" for index, why in refused)
         except (InventoryError, ValueError) as e:
             if notes is not None:
-                notes.append(f"{who}: metadata.annotations.{A.INVENTORY}: {e}; inferred instead")
+                notes.append(f"{field}: {e}; inferred instead")
     spec = node.get("spec") or {}
     opt_in = _mig_opt_in(who, labels, annotations, notes)
     share_policy = AllocationPolicy.DISTRIBUTED
@@ -234,45 +240,55 @@ def _mig_opt_in(who: str, labels: Mapping[str, str], annotations: Mapping[str, s
 
 def checked_inventory(text: str, node: str | None) -> Inventory:
     """The node agent's inventory of ``node`` (None: any), decoded and checked against the
-    catalog; InventoryError or ValueError naming the field otherwise. Both readers use
-    it: :func:`node_info` (GPU detail) and :func:`observation_of` (pod peaks, shares,
-    used memory), so an inventory refused for one is refused for the other."""
+    catalog; InventoryError or ValueError naming the field otherwise. A GPU that breaks
+    the catalog (memory over its model's, a MIG layout its model does not allow) is left
+    out, as if the agent had not seen it; the rest stands. Both readers use it:
+    :func:`node_info` (GPU detail) and :func:`observation_of` (pod peaks, shares, used
+    memory), so what is refused for one is refused for the other."""
     return _checked(text, node)[0]
 
 
-def _checked(text: str, node: str | None) -> tuple[Inventory, list[Any]]:
-    """:func:`checked_inventory`, with each GPU's catalog model (what node_info builds on)."""
+def _checked(text: str, node: str | None
+             ) -> tuple[Inventory, list[Any], list[tuple[int, str]]]:
+    """:func:`checked_inventory`, with each kept GPU's catalog model (what node_info builds
+    on) and the (index, reason) of each GPU left out."""
     inv = decode_inventory(text)
     if node is not None and inv.node != node:
         raise ValueError(f"node: {inv.node[:63]!r} wrote it, not {node[:63]!r} (copied from "
                          "another node?)")
-    return inv, _catalog_models(inv)
-
-
-def _catalog_models(inv: Inventory) -> list[Any]:
-    """Each reported GPU's catalog model; ValueError when a GPU is not one the catalog
-    knows at that memory, or its MIG layout is not one its model allows."""
     if len(inv.gpus) > MAX_NODE_GPUS:
         raise ValueError(f"{len(inv.gpus)} GPUs, more than one node has (at most "
                          f"{MAX_NODE_GPUS})")
-    models = []
+    kept, models, refused = [], [], []
     for k, g in enumerate(inv.gpus):
-        model = match_product(g.model, g.memory_mib)
-        _within_catalog(model, g.memory_mib, f"gpus[{k}].mem")
-        if g.mode is GpuMode.MIG:
-            # The layout is checked against the model's geometry here, where the model is
-            # known: a MIG GPU the catalog has no MIG for, or an instance off its allowed
-            # starts, would otherwise reach the scorers and the planner as truth.
-            geom = model.mig
-            if geom is None:
-                raise ValueError(f"GPU {g.index} ({model.name}) is reported in MIG mode, "
-                                 f"but {model.name} has no MIG")
-            errors = layout_errors(geom, g.mig)
-            if errors:
-                raise ValueError(f"GPU {g.index} ({model.name}): MIG layout: "
-                                 + "; ".join(errors))
-        models.append(model)
-    return models
+        try:
+            models.append(_catalog_model(g, k))
+        except (InventoryError, ValueError) as e:
+            refused.append((g.index, str(e)))
+            continue
+        kept.append(g)
+    if refused:
+        inv = replace(inv, gpus=tuple(kept))
+    return inv, models, refused
+
+
+def _catalog_model(g: GpuInventory, k: int) -> Any:
+    """The catalog model of reported GPU ``k``; ValueError when the catalog does not know
+    it at that memory, or its MIG layout is not one its model allows."""
+    model = match_product(g.model, g.memory_mib)
+    _within_catalog(model, g.memory_mib, f"gpus[{k}].mem")
+    if g.mode is GpuMode.MIG:
+        # The layout is checked against the model's geometry here, where the model is
+        # known: a MIG GPU the catalog has no MIG for, or an instance off its allowed
+        # starts, would otherwise reach the scorers and the planner as truth.
+        geom = model.mig
+        if geom is None:
+            raise ValueError(f"GPU {g.index} ({model.name}) is reported in MIG mode, "
+                             f"but {model.name} has no MIG")
+        errors = layout_errors(geom, g.mig)
+        if errors:
+            raise ValueError(f"GPU {g.index} ({model.name}): MIG layout: " + "; ".join(errors))
+    return model
 
 
 def _observed_gpus(

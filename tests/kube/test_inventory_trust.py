@@ -69,3 +69,36 @@ def test_a_pods_peak_comes_from_the_node_it_runs_on() -> None:
     assert req.gpu_memory_mib == 8192
     req = build_snapshot([a, b], [shared_pod("b")]).snapshot.running[0][0]
     assert req.gpu_memory_mib > 40_000  # its own node's peak (plus headroom)
+
+
+def two_gpu_inventory(node: str, second_layout_start: int) -> str:
+    """GPU 0 a time-sliced H100 whose pod peaked at 1,000 MiB; GPU 1 a MIG H100 with a
+    3g.40gb instance at ``second_layout_start`` (0 and 4 are allowed, 2 is not) whose pod
+    peaked at 9,000 MiB."""
+    return json.dumps({"v": 1, "node": node, "ts": 1_700_000_000, "gpus": [
+        {"i": 0, "uuid": "GPU-1", "model": "NVIDIA-H100-80GB-HBM3", "mem": 81559, "used": 0,
+         "mode": "shared", "pods": [{"pod": "ml/s", "used": 0, "peak": 1000}]},
+        {"i": 1, "uuid": "GPU-2", "model": "NVIDIA-H100-80GB-HBM3", "mem": 81559, "used": 0,
+         "mode": "mig", "mig": [{"p": "3g.40gb", "s": second_layout_start, "pod": "ml/m"}],
+         "pods": [{"pod": "ml/m", "used": 0, "peak": 9000}]}]})
+
+
+def test_one_gpu_breaking_the_catalog_leaves_out_that_gpu_only() -> None:
+    # A re-partition caught midway, a driver bug: GPU 1's layout is not one the H100
+    # allows. The node was inferred whole (every GPU's mode, layout and owner guessed,
+    # every peak lost); now GPU 1 is left out, as a GPU the agent did not see, and GPU 0
+    # stands as observed.
+    labels = {**LABELS, "nvidia.com/gpu.count": "2"}
+    n = k8s_node("a", labels, ALLOC)
+    n["metadata"]["annotations"] = {"gpupack.io/inventory": two_gpu_inventory("a", 2)}
+    notes: list[str] = []
+    info = node_info(n, notes)
+    assert [(g.index, g.inferred) for g in info.gpus] == [(0, False)]
+    assert len(notes) == 1 and "GPU 1 left out" in notes[0] and "start 2" in notes[0], notes
+    obs = observation_of(two_gpu_inventory("a", 2), "a")
+    assert obs.peaks == {"ml/s": 1000}  # GPU 1's pod is not taken from it either
+    good = node_info({**n, "metadata": {**n["metadata"], "annotations": {
+        "gpupack.io/inventory": two_gpu_inventory("a", 4)}}}, notes := [])
+    assert [(g.index, g.inferred) for g in good.gpus] == [(0, False), (1, False)]
+    assert notes == [] and observation_of(two_gpu_inventory("a", 4), "a").peaks == {
+        "ml/s": 1000, "ml/m": 9000}
