@@ -49,9 +49,7 @@ class ModelCapacity:
     model: GpuModel
     products: tuple[str, ...]  # nvidia.com/gpu.product values of nodes with this model
     gpus: int
-    # GPUs in MIG mode (with an instance, on cordoned nodes), or idle whole GPUs that may
-    # be switched to MIG now.
-    mig_gpus: int
+    mig_gpus: int  # GPUs in MIG mode, or idle whole GPUs that may be switched to MIG now
     # profile -> free instances that exist now.
     mig_free: Mapping[str, int]
     shared_gpus: int  # time-sliced GPUs (MPS ones are counted in mps_gpus)
@@ -61,8 +59,7 @@ class ModelCapacity:
     # profile -> new instances that could be made now at free starts, on nodes whose
     # layouts may change (they opt in and the MIG actuator is on).
     mig_creatable: Mapping[str, int]
-    # profile -> instances that exist, free or in use (on cordoned nodes too): a pod may
-    # wait for one of these.
+    # profile -> instances that exist, free or in use: a pod may wait for one of these.
     mig_existing: Mapping[str, int]
     # Of mig_gpus, those on nodes whose layouts may change: any profile may appear there.
     mig_changeable_gpus: int
@@ -341,7 +338,6 @@ def _condense(state: ClusterState, reach: Collection[str]) -> Mapping[str, Model
     # Thousands of GPUs share a handful of (model, layout, used-or-free) states: count
     # the states first, then do the MIG arithmetic once per distinct state.
     mig_states: Counter[tuple[str, bool, tuple[tuple[int, str, bool], ...]]] = Counter()
-    cordoned: dict[str, Counter[str]] = {}  # model -> instances on cordoned nodes
     shared_room: dict[str, Counter[tuple[int, int, int]]] = {}
     mps_gpus: Counter[str] = Counter()
     mps_clients: dict[str, set[int]] = {}
@@ -359,15 +355,7 @@ def _condense(state: ClusterState, reach: Collection[str]) -> Mapping[str, Model
             if product:
                 products.setdefault(model, set()).add(product)
             if info.unschedulable:
-                # Cordoned (maintenance): nothing free or creatable until uncordoned, but
-                # its MIG instances exist, so a pod of their profile is admitted to wait
-                # for them, as kube-scheduler keeps a pod Pending for a cordoned node's
-                # resource; refused, a ReplicaSet's pods would fail at every create.
-                if g.mode is GpuMode.MIG and g.instances:
-                    mig_gpus[model] += 1
-                    cordoned.setdefault(model, Counter()).update(
-                        prof for prof, _ in g.instances.values())
-                continue
+                continue  # present, but offers nothing until uncordoned
             if g.mode is GpuMode.MIG or g.convertible:
                 mig_gpus[model] += 1
                 layout = tuple(sorted((start, prof, owner is None)
@@ -403,9 +391,6 @@ def _condense(state: ClusterState, reach: Collection[str]) -> Mapping[str, Model
             acc = into.setdefault(model, Counter())
             for profile, n in counts.items():
                 acc[profile] += n * count
-
-    for model, counts in cordoned.items():
-        existing.setdefault(model, Counter()).update(counts)
 
     def frozen(d: dict[str, Counter[str]], name: str) -> Mapping[str, int]:
         return MappingProxyType(dict(d.get(name, {})))

@@ -140,35 +140,6 @@ def test_cordoned_nodes_offer_nothing() -> None:
     assert view.models["H100-80GB"].mig_gpus == 0 and view.models["H100-80GB"].gpus == 8
 
 
-def _cordoned(n: dict[str, Any]) -> dict[str, Any]:
-    n["spec"] = {"unschedulable": True}
-    return n
-
-
-def test_a_cordoned_nodes_slices_exist_but_are_not_free() -> None:
-    view = ClusterView.of(cluster(_cordoned(node("h0", mig={"1g.10gb": 56}))))
-    cap = view.models["H100-80GB"]
-    assert cap.mig_gpus == 8 and cap.mig_free == {} and cap.mig_existing == {"1g.10gb": 56}
-    assert cap.mig_available("1g.10gb") == 0 and cap.mig_possible("1g.10gb")
-    assert not cap.mig_possible("2g.20gb")
-
-
-def test_a_mig_pod_waits_for_a_cordoned_nodes_slice_rather_than_being_refused() -> None:
-    # Maintenance on the only node with the profile: kube-scheduler would keep the pod
-    # Pending until the node is uncordoned; refusing it failed every create of its
-    # ReplicaSet meanwhile.
-    snap = cluster(_cordoned(node("h0", mig={"1g.10gb": 56})))
-    d = decide_admission(pod(annotations={MEM: "8Gi", ISO: "mig"}), snap, CFG)
-    assert (d.kind, d.profile) == (Kind.MIG, "1g.10gb"), d
-    assert "none free now" in d.reason, d.reason
-
-
-def test_a_share_free_now_beats_a_cordoned_nodes_slice() -> None:
-    snap = cluster(_cordoned(node("h0", mig={"1g.10gb": 56})), node("s0", "L40S", 4, "shared"))
-    d = decide_admission(pod(annotations={MEM: "8Gi"}), snap, CFG)
-    assert d.kind is Kind.SHARED, d
-
-
 @pytest.mark.parametrize(
     ("p", "kind", "klass"),
     [
