@@ -292,8 +292,9 @@ class ProductPolicy(FragmentAware):
         self.weights = weights or GpupackWeights()
         self.coverage_all = coverage_all
         # The extender keeps whole nodes only on clusters that run LLM groups
-        # (packing.policies.gpupack.keeps_whole_nodes: group pods or NVLink cliques); the
-        # openb traces have neither, so the replay runs as the extender would on them.
+        # (packing.policies.lookahead.keeps_whole_nodes: group pods, NVLink cliques or the
+        # gpupack.io/keep-whole-nodes label); the openb traces have none of them, so the
+        # replay runs as the extender would on them.
         self.keep_whole_nodes = keep_whole_nodes
         if self.weights.levels is None:
             self.name = "gpupack-capacity"
