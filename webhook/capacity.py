@@ -35,9 +35,11 @@ from packing.model import (
     GpuInfo,
     GpuMode,
     MigReconfigure,
+    NodeInfo,
     PodRequest,
     RequestKind,
     Snapshot,
+    Taint,
 )
 from packing.state import ClusterState, GpuState
 
@@ -80,6 +82,9 @@ class ModelCapacity:
     mps_clients: frozenset[int] = frozenset()
     mps_room: Mapping[tuple[int, int, int], int] = field(
         default_factory=lambda: MappingProxyType({}))
+    # profile -> MIG instances on cordoned nodes (in reach): none free, none counted
+    # above; the last place a pod may wait for, when nothing on a live node holds it.
+    mig_cordoned: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
 
     def mig_available(self, profile: str) -> int:
         """Instances of ``profile`` a pod could take now: free ones and creatable ones."""
@@ -117,6 +122,18 @@ SCOPES_KEPT = 32
 _OVERLAPS_KEPT = 4096
 
 
+# The taint the node lifecycle controller puts on a cordoned node. The cordon itself is
+# judged in _condense (nothing free; its MIG instances kept apart), so the taint does not
+# also take the node out of reach: a pod would be refused for not tolerating it.
+UNSCHEDULABLE_TAINT_KEY = "node.kubernetes.io/unschedulable"
+
+
+def _reach_taints(info: NodeInfo) -> tuple[Taint, ...]:
+    if not info.unschedulable or not info.taints:
+        return info.taints
+    return tuple(t for t in info.taints if t.key != UNSCHEDULABLE_TAINT_KEY)
+
+
 class _Root:
     """What every view derived from one snapshot shares: the accounting to condense
     scoped views from, and their cache (LRU, one per distinct node-level constraint)."""
@@ -132,8 +149,8 @@ class _Root:
         self.base_reach: frozenset[str] = frozenset()
         self.base_models: Mapping[str, ModelCapacity] = MappingProxyType({})
         # Every NoSchedule/NoExecute taint some node has.
-        self.taints = frozenset(t for node in state.nodes.values() for t in node.info.taints
-                                if t.effect in BLOCKING)
+        self.taints = frozenset(t for node in state.nodes.values()
+                                for t in _reach_taints(node.info) if t.effect in BLOCKING)
         self.selector_reach: dict[tuple[tuple[str, str], ...], frozenset[str] | None] = {}
 
     def normalize(self, level: NodeLevel) -> NodeLevel:
@@ -154,10 +171,11 @@ class _Root:
         excluded: dict[str, str] = {}
         for name, node in self.state.nodes.items():
             info = node.info
-            if level.empty and not info.taints:
+            taints = _reach_taints(info)
+            if level.empty and not taints:
                 nodes.append(name)  # the common case, without a call
                 continue
-            e = exclusion(level, name, info.labels, info.taints)
+            e = exclusion(level, name, info.labels, taints)
             if e is None:
                 nodes.append(name)
             else:
@@ -338,6 +356,7 @@ def _condense(state: ClusterState, reach: Collection[str]) -> Mapping[str, Model
     # Thousands of GPUs share a handful of (model, layout, used-or-free) states: count
     # the states first, then do the MIG arithmetic once per distinct state.
     mig_states: Counter[tuple[str, bool, tuple[tuple[int, str, bool], ...]]] = Counter()
+    cordoned: dict[str, Counter[str]] = {}  # model -> MIG instances on cordoned nodes
     shared_room: dict[str, Counter[tuple[int, int, int]]] = {}
     mps_gpus: Counter[str] = Counter()
     mps_clients: dict[str, set[int]] = {}
@@ -355,7 +374,13 @@ def _condense(state: ClusterState, reach: Collection[str]) -> Mapping[str, Model
             if product:
                 products.setdefault(model, set()).add(product)
             if info.unschedulable:
-                continue  # present, but offers nothing until uncordoned
+                # Present, but offers nothing until uncordoned; its MIG instances are
+                # kept apart (mig_cordoned): a pod no live node can ever serve may wait
+                # for them rather than be refused.
+                if g.mode is GpuMode.MIG:
+                    cordoned.setdefault(model, Counter()).update(
+                        prof for prof, _ in g.instances.values())
+                continue
             if g.mode is GpuMode.MIG or g.convertible:
                 mig_gpus[model] += 1
                 layout = tuple(sorted((start, prof, owner is None)
@@ -413,6 +438,7 @@ def _condense(state: ClusterState, reach: Collection[str]) -> Mapping[str, Model
             mps_gpus=mps_gpus[name],
             mps_clients=frozenset(mps_clients.get(name, ())),
             mps_room=MappingProxyType(dict(mps_room.get(name, {}))),
+            mig_cordoned=frozen(cordoned, name),
         )
         for name in sorted(gpus)
     })

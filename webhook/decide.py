@@ -527,6 +527,41 @@ def _choose_mig(fits: list[_MigFit], ask: _Ask, only: str | None, need_free: boo
     )
 
 
+def _choose_cordoned(view: ClusterView, ask: _Ask, only: str | None
+                     ) -> AdmissionDecision | None:
+    """The smallest fitting MIG slice that exists only on cordoned nodes in reach (the
+    last choice: only where nothing on a node in service holds the pod, free or not),
+    least waste first; every model with a slice of that name allowed. None when no
+    cordoned node has one."""
+    found: list[tuple[int, str, MigProfile, ModelCapacity]] = []
+    for cap in view.models.values():
+        for p in fitting_profiles(cap.model, ask.memory_mib, ask.compute_milli):
+            if (only is None or p.name == only) and cap.mig_cordoned.get(p.name, 0) > 0:
+                found.append((p.memory_mib - ask.memory_mib, cap.model.name, p, cap))
+                break
+    if not found:
+        return None
+    _, _, best, _ = min(found, key=lambda f: (f[0], f[1]))
+    same = [cap for _, _, p, cap in found if p.name == best.name]
+    models = tuple(sorted(c.model.name for c in same))
+    held = sum(c.mig_cordoned.get(best.name, 0) for c in same)
+    why = (f"smallest MIG slice holding {_gib(ask.memory_mib)} that a node has: {held} "
+           f"on cordoned node(s) of {'|'.join(models)}, none on a node in service; the pod "
+           "waits until one is uncordoned")
+    return AdmissionDecision(
+        Kind.MIG,
+        ask.klass,
+        why,
+        profile=best.name,
+        resource=best.resource_name,
+        models=models,
+        products=_products(same),
+        memory_mib=ask.memory_mib,
+        compute_milli=ask.compute_milli,
+        defaults=ask.defaults,
+    )
+
+
 # How a node's MIG layout stands, in the words of the reasons (see MigReconfigure).
 _FIXED_WORDS = {
     MigReconfigure.NOT_OPTED_IN: "on nodes that do not opt in to MIG reconfiguration",
@@ -1122,6 +1157,8 @@ def _solve_in(p: _Pod, target: _Container, ask: _Ask, view: ClusterView,
         # Kept only when it is what gpupack would pick on some model (free now, or the
         # smallest that exists): a bigger slice than the annotation asks for is a
         # contradiction the user must resolve.
+        if chosen is None and ask.isolation is not Isolation.SHARED:
+            chosen = _choose_cordoned(view, ask, explicit_profile)
         if chosen is None or ask.isolation is Isolation.SHARED:
             want = ""
             if natural is not None:
@@ -1159,4 +1196,11 @@ def _solve_in(p: _Pod, target: _Container, ask: _Ask, view: ClusterView,
                     decision = replace(decision, reason=f"{decision.reason}; no MIG slice "
                                        f"holds it ({off})")
             return decision
+    # Last: a slice that only cordoned nodes hold (maintenance). Kubernetes keeps such a
+    # pod Pending until a node is uncordoned; refusing it would fail every create of its
+    # ReplicaSet meanwhile.
+    if ask.isolation in (Isolation.MIG, Isolation.ANY):
+        cordoned = _choose_cordoned(view, ask, None)
+        if cordoned is not None:
+            return cordoned
     return _no_fit(view, ask)

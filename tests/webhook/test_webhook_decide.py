@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 from webhook_builders import cluster, dynamic, node, pod
 
+from packing.model import Snapshot
 from webhook.admit import admit
 from webhook.capacity import ClusterView
 from webhook.config import ClassDefault, WebhookConfig
@@ -138,6 +139,93 @@ def test_cordoned_nodes_offer_nothing() -> None:
     n["spec"] = {"unschedulable": True}
     view = ClusterView.of(cluster(n))
     assert view.models["H100-80GB"].mig_gpus == 0 and view.models["H100-80GB"].gpus == 8
+
+
+# ---- cordoned nodes: nothing free; their slices are the last place a pod may wait for ----
+
+FROZEN = {"gpupack.io/mig-reconfigure": "false"}
+
+
+def _cordoned(n: dict[str, Any], taint: bool = False) -> dict[str, Any]:
+    n["spec"] = {"unschedulable": True}
+    if taint:  # what the node lifecycle controller adds to a cordoned node
+        n["spec"]["taints"] = [{"key": "node.kubernetes.io/unschedulable",
+                                "effect": "NoSchedule"}]
+    return n
+
+
+def _running(name: str, node_name: str, resource: str) -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": "x"},
+            "spec": {"nodeName": node_name, "containers": [
+                {"name": "c", "resources": {"limits": {resource: "1"}}}]}}
+
+
+def _live_2g_full(*more: dict[str, Any]) -> Snapshot:
+    """h0 in service: a frozen layout of 2g.20gb slices, every one in use."""
+    live = node("h0", gpus=2, mig={"2g.20gb": 6}, labels=FROZEN)
+    held = [_running(f"r{i}", "h0", "nvidia.com/mig-2g.20gb") for i in range(6)]
+    return cluster(live, *more, pods=held)
+
+
+def test_a_cordoned_nodes_slices_are_kept_apart() -> None:
+    view = ClusterView.of(cluster(_cordoned(node("h0", mig={"1g.10gb": 56}))))
+    cap = view.models["H100-80GB"]
+    assert cap.mig_cordoned == {"1g.10gb": 56}
+    assert (cap.mig_gpus, cap.mig_free, cap.mig_existing) == (0, {}, {})
+
+
+@pytest.mark.parametrize("taint", [False, True])
+def test_a_pod_only_a_cordoned_node_can_hold_waits_for_it(taint: bool) -> None:
+    # Maintenance on the only node with the profile: kube-scheduler keeps the pod Pending
+    # until the node is uncordoned; refused, every create of its ReplicaSet failed. The
+    # lifecycle controller's taint on the cordoned node does not change that.
+    snap = cluster(_cordoned(node("h0", mig={"1g.10gb": 56}), taint=taint))
+    d = decide_admission(pod(annotations={MEM: "8Gi", ISO: "mig"}), snap, CFG)
+    assert (d.kind, d.profile) == (Kind.MIG, "1g.10gb"), d.reason
+    assert "56 on cordoned node(s) of H100-80GB" in d.reason
+    assert "waits until one is uncordoned" in d.reason and "in use" not in d.reason
+
+
+def test_a_live_nodes_slice_beats_a_cordoned_nodes_smaller_one() -> None:
+    # 1g.10gb exists only on the cordoned h1: the pod waits for h0's 2g.20gb, in service.
+    snap = _live_2g_full(_cordoned(node("h1", gpus=1, mig={"1g.10gb": 7}, labels=FROZEN)))
+    d = decide_admission(pod(annotations={MEM: "8Gi", ISO: "mig"}), snap, CFG)
+    assert (d.kind, d.profile) == (Kind.MIG, "2g.20gb"), d.reason
+
+
+def test_a_pod_naming_a_live_nodes_profile_is_not_refused_for_a_cordoned_one() -> None:
+    snap = _live_2g_full(_cordoned(node("h1", gpus=1, mig={"1g.10gb": 7}, labels=FROZEN)))
+    p = pod(annotations={MEM: "8Gi", ISO: "mig"},
+            containers=[{"name": "main", "image": "x",
+                         "resources": {"limits": {"nvidia.com/mig-2g.20gb": "1"}}}])
+    d = decide_admission(p, snap, CFG)
+    assert (d.kind, d.profile) == (Kind.MIG, "2g.20gb"), d.reason
+
+
+def test_a_pod_naming_only_a_cordoned_nodes_profile_waits_for_it() -> None:
+    snap = _live_2g_full(_cordoned(node("h1", gpus=1, mig={"1g.10gb": 7}, labels=FROZEN)))
+    p = pod(annotations={MEM: "8Gi", ISO: "mig"},
+            containers=[{"name": "main", "image": "x",
+                         "resources": {"limits": {"nvidia.com/mig-1g.10gb": "1"}}}])
+    d = decide_admission(p, snap, CFG)
+    assert (d.kind, d.profile) == (Kind.MIG, "1g.10gb"), d.reason
+    assert "cordoned" in d.reason
+
+
+def test_a_busy_share_in_service_beats_a_cordoned_nodes_slice() -> None:
+    s0 = node("s0", "L40S", 1, "shared", replicas=1)
+    busy = {"metadata": {"name": "sp", "namespace": "x", "annotations": {MEM: "40Gi"}},
+            "spec": {"nodeName": "s0", "schedulerName": "gpupack", "containers": [
+                {"name": "c", "resources": {"limits": {"nvidia.com/gpu.shared": "1"}}}]}}
+    snap = cluster(_cordoned(node("h0", mig={"1g.10gb": 56})), s0, pods=[busy])
+    d = decide_admission(pod(annotations={MEM: "8Gi"}), snap, CFG)
+    assert d.kind is Kind.SHARED, d.reason
+
+
+def test_a_shared_pod_is_not_sent_to_a_cordoned_mig_node() -> None:
+    snap = cluster(_cordoned(node("h0", mig={"1g.10gb": 56})))
+    d = decide_admission(pod(annotations={MEM: "8Gi", ISO: "shared"}), snap, CFG)
+    assert d.kind is Kind.DENY, d.reason
 
 
 @pytest.mark.parametrize(
