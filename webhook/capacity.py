@@ -85,6 +85,7 @@ class ModelCapacity:
     # profile -> MIG instances on cordoned nodes (in reach): none free, none counted
     # above; the last place a pod may wait for, when nothing on a live node holds it.
     mig_cordoned: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    cordoned_gpus: int = 0  # GPUs of this model on cordoned nodes (in reach), any mode
 
     def mig_available(self, profile: str) -> int:
         """Instances of ``profile`` a pod could take now: free ones and creatable ones."""
@@ -357,6 +358,7 @@ def _condense(state: ClusterState, reach: Collection[str]) -> Mapping[str, Model
     # the states first, then do the MIG arithmetic once per distinct state.
     mig_states: Counter[tuple[str, bool, tuple[tuple[int, str, bool], ...]]] = Counter()
     cordoned: dict[str, Counter[str]] = {}  # model -> MIG instances on cordoned nodes
+    cordoned_n: Counter[str] = Counter()  # model -> GPUs on cordoned nodes
     shared_room: dict[str, Counter[tuple[int, int, int]]] = {}
     mps_gpus: Counter[str] = Counter()
     mps_clients: dict[str, set[int]] = {}
@@ -374,6 +376,7 @@ def _condense(state: ClusterState, reach: Collection[str]) -> Mapping[str, Model
             if product:
                 products.setdefault(model, set()).add(product)
             if info.unschedulable:
+                cordoned_n[model] += 1
                 # Present, but offers nothing until uncordoned; its MIG instances are
                 # kept apart (mig_cordoned): a pod no live node can ever serve may wait
                 # for them rather than be refused.
@@ -439,6 +442,7 @@ def _condense(state: ClusterState, reach: Collection[str]) -> Mapping[str, Model
             mps_clients=frozenset(mps_clients.get(name, ())),
             mps_room=MappingProxyType(dict(mps_room.get(name, {}))),
             mig_cordoned=frozen(cordoned, name),
+            cordoned_gpus=cordoned_n[name],
         )
         for name in sorted(gpus)
     })

@@ -527,16 +527,17 @@ def _choose_mig(fits: list[_MigFit], ask: _Ask, only: str | None, need_free: boo
     )
 
 
-def _choose_cordoned(view: ClusterView, ask: _Ask, only: str | None
+def _choose_cordoned(view: ClusterView, ask: _Ask, spec: Mapping[str, Any]
                      ) -> AdmissionDecision | None:
     """The smallest fitting MIG slice that exists only on cordoned nodes in reach (the
     last choice: only where nothing on a node in service holds the pod, free or not),
     least waste first; every model with a slice of that name allowed. None when no
-    cordoned node has one."""
+    cordoned node has one. ``spec``: the pod's (a pod that names its node is not held
+    back by a cordon: no scheduler places it)."""
     found: list[tuple[int, str, MigProfile, ModelCapacity]] = []
     for cap in view.models.values():
         for p in fitting_profiles(cap.model, ask.memory_mib, ask.compute_milli):
-            if (only is None or p.name == only) and cap.mig_cordoned.get(p.name, 0) > 0:
+            if cap.mig_cordoned.get(p.name, 0) > 0:
                 found.append((p.memory_mib - ask.memory_mib, cap.model.name, p, cap))
                 break
     if not found:
@@ -545,9 +546,11 @@ def _choose_cordoned(view: ClusterView, ask: _Ask, only: str | None
     same = [cap for _, _, p, cap in found if p.name == best.name]
     models = tuple(sorted(c.model.name for c in same))
     held = sum(c.mig_cordoned.get(best.name, 0) for c in same)
+    pinned = _node_name(spec)
+    then = (f"spec.nodeName={pinned}: the kubelet runs the pod there cordoned or not"
+            if pinned else "the pod waits until one is uncordoned")
     why = (f"smallest MIG slice holding {_gib(ask.memory_mib)} that a node has: {held} "
-           f"on cordoned node(s) of {'|'.join(models)}, none on a node in service; the pod "
-           "waits until one is uncordoned")
+           f"on cordoned node(s) of {'|'.join(models)}, none on a node in service; {then}")
     return AdmissionDecision(
         Kind.MIG,
         ask.klass,
@@ -679,6 +682,18 @@ def _choose_mps(caps: list[ModelCapacity], ask: _Ask, config: WebhookConfig,
 
 
 def _no_fit(view: ClusterView, ask: _Ask) -> AdmissionDecision:
+    """The denial (:func:`_no_fit_text`), saying which GPUs in reach are on cordoned nodes,
+    offering nothing until uncordoned."""
+    d = _no_fit_text(view, ask)
+    cordoned = [f"{c.cordoned_gpus} {c.model.name}" for c in view.models.values()
+                if c.cordoned_gpus]
+    if not cordoned:
+        return d
+    return replace(d, reason=f"{d.reason}; on cordoned nodes, offering nothing until "
+                   f"uncordoned: {', '.join(cordoned)} GPU(s)")
+
+
+def _no_fit_text(view: ClusterView, ask: _Ask) -> AdmissionDecision:
     """The denial: what the nodes in the pod's reach offer, and which GPUs out of its
     reach could have held it (naming the pod's field or the taint that keeps each out)."""
     blocked = _blocked(view, ask)
@@ -1157,8 +1172,12 @@ def _solve_in(p: _Pod, target: _Container, ask: _Ask, view: ClusterView,
         # Kept only when it is what gpupack would pick on some model (free now, or the
         # smallest that exists): a bigger slice than the annotation asks for is a
         # contradiction the user must resolve.
-        if chosen is None and ask.isolation is not Isolation.SHARED:
-            chosen = _choose_cordoned(view, ask, explicit_profile)
+        if chosen is None and ask.isolation in (Isolation.MIG, Isolation.ANY):
+            # Kept only when it is the slice gpupack would pick there (the smallest that
+            # holds the pod): a bigger one is the same contradiction as on a live node.
+            chosen = _choose_cordoned(view, ask, p.spec)
+            if chosen is not None and chosen.profile != explicit_profile:
+                chosen = None
         if chosen is None or ask.isolation is Isolation.SHARED:
             want = ""
             if natural is not None:
@@ -1200,7 +1219,7 @@ def _solve_in(p: _Pod, target: _Container, ask: _Ask, view: ClusterView,
     # pod Pending until a node is uncordoned; refusing it would fail every create of its
     # ReplicaSet meanwhile.
     if ask.isolation in (Isolation.MIG, Isolation.ANY):
-        cordoned = _choose_cordoned(view, ask, None)
+        cordoned = _choose_cordoned(view, ask, p.spec)
         if cordoned is not None:
             return cordoned
     return _no_fit(view, ask)

@@ -222,6 +222,51 @@ def test_a_busy_share_in_service_beats_a_cordoned_nodes_slice() -> None:
     assert d.kind is Kind.SHARED, d.reason
 
 
+def _naming(resource: str, **ann: str) -> dict[str, Any]:
+    return pod(annotations=ann, containers=[{"name": "main", "image": "x",
+                                             "resources": {"limits": {resource: "1"}}}])
+
+
+@pytest.mark.parametrize("cordon", [False, True])
+def test_a_bigger_slice_than_the_pod_needs_is_refused_cordoned_or_not(cordon: bool) -> None:
+    # 8Gi naming 2g.20gb where 1g.10gb exists: the contradiction is the user's to resolve,
+    # during a maintenance as after it.
+    h0 = node("h0", gpus=1, mig={"1g.10gb": 4, "2g.20gb": 1}, labels=FROZEN)
+    snap = cluster(_cordoned(h0, taint=True) if cordon else h0)
+    d = decide_admission(_naming("nvidia.com/mig-2g.20gb", **{MEM: "8Gi", ISO: "mig"}),
+                         snap, CFG)
+    assert d.kind is Kind.DENY and d.status_code == 400, d.reason
+
+
+def test_an_mps_pod_naming_a_slice_is_refused_on_a_cordoned_node() -> None:
+    snap = cluster(_cordoned(node("h0", gpus=1, mig={"1g.10gb": 7}), taint=True))
+    d = decide_admission(_naming("nvidia.com/mig-1g.10gb", **{MEM: "8Gi", ISO: "mps"}),
+                         snap, CFG)
+    assert d.kind is Kind.DENY, d.reason
+
+
+@pytest.mark.parametrize(("n", "ann", "gpus"), [
+    (lambda: node("s0", "L40S", 4, "shared"), {MEM: "8Gi", ISO: "shared"}, "4 L40S"),
+    (lambda: node("h0", gpus=1, mig={"1g.10gb": 7}), {MEM: "40Gi", ISO: "mig"},
+     "1 H100-80GB"),
+])
+def test_a_refusal_names_the_gpus_a_cordon_keeps(n: Any, ann: dict[str, str],
+                                                 gpus: str) -> None:
+    d = decide_admission(pod(annotations=ann), cluster(_cordoned(n(), taint=True)), CFG)
+    assert d.kind is Kind.DENY
+    assert d.reason.endswith(f"on cordoned nodes, offering nothing until uncordoned: "
+                             f"{gpus} GPU(s)"), d.reason
+
+
+def test_a_pod_pinned_to_a_cordoned_node_is_not_told_to_wait() -> None:
+    # A cordon holds back schedulers, not the kubelet: a pod naming its node runs.
+    snap = cluster(_cordoned(node("h0", gpus=1, mig={"1g.10gb": 7}), taint=True))
+    d = decide_admission(pod(annotations={MEM: "8Gi", ISO: "mig"}, spec={"nodeName": "h0"}),
+                         snap, CFG)
+    assert (d.kind, d.profile) == (Kind.MIG, "1g.10gb"), d.reason
+    assert "waits" not in d.reason and "spec.nodeName=h0" in d.reason
+
+
 def test_a_shared_pod_is_not_sent_to_a_cordoned_mig_node() -> None:
     snap = cluster(_cordoned(node("h0", mig={"1g.10gb": 56})))
     d = decide_admission(pod(annotations={MEM: "8Gi", ISO: "shared"}), snap, CFG)
