@@ -513,14 +513,20 @@ def _choose_mig(fits: list[_MigFit], ask: _Ask, only: str | None, need_free: boo
         why = (f"smallest MIG slice holding {_gib(ask.memory_mib)}; none free now on "
                f"{'|'.join(models)}, the pod waits for one"
                + _wait_text([f.cap for f in same], name))
+    return _mig_decision(ask, why, best.profile, models, [f.cap for f in same])
+
+
+def _mig_decision(ask: _Ask, why: str, profile: MigProfile, models: tuple[str, ...],
+                  caps: list[ModelCapacity]) -> AdmissionDecision:
+    """The pod converted to ``profile``, on any of ``models``."""
     return AdmissionDecision(
         Kind.MIG,
         ask.klass,
         why,
-        profile=best.profile.name,
-        resource=best.profile.resource_name,
+        profile=profile.name,
+        resource=profile.resource_name,
         models=models,
-        products=_products([f.cap for f in same]),
+        products=_products(caps),
         memory_mib=ask.memory_mib,
         compute_milli=ask.compute_milli,
         defaults=ask.defaults,
@@ -551,18 +557,7 @@ def _choose_cordoned(view: ClusterView, ask: _Ask, spec: Mapping[str, Any]
             if pinned else "the pod waits until one is uncordoned")
     why = (f"smallest MIG slice holding {_gib(ask.memory_mib)} that a node has: {held} "
            f"on cordoned node(s) of {'|'.join(models)}, none on a node in service; {then}")
-    return AdmissionDecision(
-        Kind.MIG,
-        ask.klass,
-        why,
-        profile=best.name,
-        resource=best.resource_name,
-        models=models,
-        products=_products(same),
-        memory_mib=ask.memory_mib,
-        compute_milli=ask.compute_milli,
-        defaults=ask.defaults,
-    )
+    return _mig_decision(ask, why, best, models, same)
 
 
 # How a node's MIG layout stands, in the words of the reasons (see MigReconfigure).
