@@ -662,8 +662,8 @@ class ClusterCache:
     def upsert_node(self, obj: Mapping[str, Any]) -> bool:
         """Add or update a Node object; False when it cannot be read (logged, skipped).
 
-        With an ``inventory_age``, a node whose agent inventory is older than the limit
-        is read as if it had none (``kube.inventory_age``)."""
+        With an ``inventory_age``, a node whose agent inventory was not rewritten within
+        the limit is read as if it had none (``kube.inventory_age``)."""
         age = self.inventory_age
         text = inventory_text(obj)
         stale = self._inventory_stale(obj, text, self._clock()) is not None
