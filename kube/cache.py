@@ -666,16 +666,17 @@ class ClusterCache:
         the limit is read as if it had none (``kube.inventory_age``)."""
         age = self.inventory_age
         text = inventory_text(obj)
-        stale = self._inventory_stale(obj, text, self._clock()) is not None
+        # The inventory's ts, read once for both looks at its age (None: no limit).
+        ts = written_at(text) if age is not None else None
+        name = object_name(obj)
+        stale = self._inventory_stale(name, ts, self._clock()) is not None
         try:
             info = self._node_info(without_inventory(obj) if stale else obj)
         except ObjectError as e:
             log.warning("skipping node: %s", e)
-            meta = obj.get("metadata") if isinstance(obj, Mapping) else None
-            name = meta.get("name") if isinstance(meta, Mapping) else None
             with self.lock:
                 self.bad_objects += 1
-                if isinstance(name, str) and name not in self._infos:
+                if name is not None and name not in self._infos:
                     self._unreadable.add(name)
             return False
         try:
@@ -691,7 +692,7 @@ class ClusterCache:
                 # Decided again under the lock, where expire_inventories runs: an
                 # inventory that crossed the limit since (or a clock stepped back) is
                 # applied as it is now, not as the first look found it.
-                why = self._inventory_stale(obj, text, self._clock(), record=True)
+                why = self._inventory_stale(name, ts, self._clock(), record=True)
                 if (why is not None) != stale:
                     stale = why is not None
                     info = replace(self._node_info(without_inventory(obj) if stale else obj),
@@ -731,14 +732,12 @@ class ClusterCache:
                 fn(info.name)
         return True
 
-    def _inventory_stale(self, obj: Mapping[str, Any], text: str | None, now: float,
+    def _inventory_stale(self, name: str | None, ts: int | None, now: float,
                          record: bool = False) -> str | None:
-        """Why the node's inventory ``text`` is not trusted at ``now`` (None: it is, or
-        there is no limit, or it has no ``ts``); ``record`` (under the lock) keeps its
-        (ts, expiry) for the node."""
+        """Why node ``name``'s inventory, written with ``ts``, is not trusted at ``now``
+        (None: it is, or there is no limit, or it has no ``ts``); ``record`` (under the
+        lock) keeps its (ts, expiry) for the node."""
         age = self.inventory_age
-        ts = written_at(text) if age is not None else None
-        name = object_name(obj)
         if age is None or name is None:
             return None
         if ts is None:
