@@ -1164,15 +1164,15 @@ def _solve_in(p: _Pod, target: _Container, ask: _Ask, view: ClusterView,
                    if f.profile.name == explicit_profile and f.cap.model.name not in have]
         chosen = _choose_mig(mig + waiting, ask, explicit_profile, need_free=False)
         natural = _choose_mig(mig, ask, None, need_free=False)
-        # Kept only when it is what gpupack would pick on some model (free now, or the
-        # smallest that exists): a bigger slice than the annotation asks for is a
-        # contradiction the user must resolve.
         if chosen is None and ask.isolation in (Isolation.MIG, Isolation.ANY):
-            # Kept only when it is the slice gpupack would pick there (the smallest that
-            # holds the pod): a bigger one is the same contradiction as on a live node.
+            # Last, a slice only cordoned nodes hold, when it is the one gpupack would
+            # pick there (the smallest that holds the pod).
             chosen = _choose_cordoned(view, ask, p.spec)
             if chosen is not None and chosen.profile != explicit_profile:
                 chosen = None
+        # Kept only when it is what gpupack would pick on some model (free now, the
+        # smallest that exists, or that only cordoned nodes hold): a bigger slice than
+        # the annotation asks for is a contradiction the user must resolve.
         if chosen is None or ask.isolation is Isolation.SHARED:
             want = ""
             if natural is not None:

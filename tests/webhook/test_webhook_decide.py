@@ -186,28 +186,34 @@ def test_a_pod_only_a_cordoned_node_can_hold_waits_for_it(taint: bool) -> None:
     assert "waits until one is uncordoned" in d.reason and "in use" not in d.reason
 
 
+def _naming(resource: str, **ann: str) -> dict[str, Any]:
+    return pod(annotations=ann, containers=[{"name": "main", "image": "x",
+                                             "resources": {"limits": {resource: "1"}}}])
+
+
+def _maintenance() -> Snapshot:
+    """h0 in service, its 2g.20gb slices all in use; h1 cordoned, with 1g.10gb slices."""
+    return _live_2g_full(_cordoned(node("h1", gpus=1, mig={"1g.10gb": 7}, labels=FROZEN)))
+
+
 def test_a_live_nodes_slice_beats_a_cordoned_nodes_smaller_one() -> None:
     # 1g.10gb exists only on the cordoned h1: the pod waits for h0's 2g.20gb, in service.
-    snap = _live_2g_full(_cordoned(node("h1", gpus=1, mig={"1g.10gb": 7}, labels=FROZEN)))
+    snap = _maintenance()
     d = decide_admission(pod(annotations={MEM: "8Gi", ISO: "mig"}), snap, CFG)
     assert (d.kind, d.profile) == (Kind.MIG, "2g.20gb"), d.reason
 
 
 def test_a_pod_naming_a_live_nodes_profile_is_not_refused_for_a_cordoned_one() -> None:
-    snap = _live_2g_full(_cordoned(node("h1", gpus=1, mig={"1g.10gb": 7}, labels=FROZEN)))
-    p = pod(annotations={MEM: "8Gi", ISO: "mig"},
-            containers=[{"name": "main", "image": "x",
-                         "resources": {"limits": {"nvidia.com/mig-2g.20gb": "1"}}}])
-    d = decide_admission(p, snap, CFG)
+    snap = _maintenance()
+    d = decide_admission(_naming("nvidia.com/mig-2g.20gb", **{MEM: "8Gi", ISO: "mig"}),
+                         snap, CFG)
     assert (d.kind, d.profile) == (Kind.MIG, "2g.20gb"), d.reason
 
 
 def test_a_pod_naming_only_a_cordoned_nodes_profile_waits_for_it() -> None:
-    snap = _live_2g_full(_cordoned(node("h1", gpus=1, mig={"1g.10gb": 7}, labels=FROZEN)))
-    p = pod(annotations={MEM: "8Gi", ISO: "mig"},
-            containers=[{"name": "main", "image": "x",
-                         "resources": {"limits": {"nvidia.com/mig-1g.10gb": "1"}}}])
-    d = decide_admission(p, snap, CFG)
+    snap = _maintenance()
+    d = decide_admission(_naming("nvidia.com/mig-1g.10gb", **{MEM: "8Gi", ISO: "mig"}),
+                         snap, CFG)
     assert (d.kind, d.profile) == (Kind.MIG, "1g.10gb"), d.reason
     assert "cordoned" in d.reason
 
@@ -220,11 +226,6 @@ def test_a_busy_share_in_service_beats_a_cordoned_nodes_slice() -> None:
     snap = cluster(_cordoned(node("h0", mig={"1g.10gb": 56})), s0, pods=[busy])
     d = decide_admission(pod(annotations={MEM: "8Gi"}), snap, CFG)
     assert d.kind is Kind.SHARED, d.reason
-
-
-def _naming(resource: str, **ann: str) -> dict[str, Any]:
-    return pod(annotations=ann, containers=[{"name": "main", "image": "x",
-                                             "resources": {"limits": {resource: "1"}}}])
 
 
 @pytest.mark.parametrize("cordon", [False, True])
