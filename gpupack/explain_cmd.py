@@ -25,7 +25,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="namespace of pods that do not name one (default: default)",
     )
     p.add_argument("--format", default="text", choices=["text", "json"])
-    add_config_arguments(p)
+    add_config_arguments(p, nodes_help="Node objects (YAML/JSON; required: explain reads "
+                         "no API server)")
 
 
 def _what(adm: Admission) -> str:

@@ -53,8 +53,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, default=None, help="folder for the PNG (default ./out)")
     p.add_argument("--mig-actuator", action="store_true",
                    help="scenario: nodes with mig-reconfigure: true may be re-partitioned "
-                   "on demand (what a MIG actuator would do; none ships yet, so the "
-                   "default is off: MIG layouts stay as the scenario gives them)")
+                   "on demand, as `gpupack serve --mig-actuator` does on a cluster "
+                   "(default off, as there: MIG layouts stay as the scenario gives them)")
     p.add_argument("--quiet", action="store_true",
                    help="no progress on stderr (progress is only shown on a terminal anyway)")
 

@@ -36,10 +36,10 @@ from webhook.config import Isolation, WebhookConfig
 from webhook.decide import STRICT
 
 
-def add_config_arguments(p: argparse.ArgumentParser) -> None:
+def add_config_arguments(p: argparse.ArgumentParser, nodes_help: str = (
+        "Node objects (YAML/JSON); required unless reading the API server")) -> None:
     """Options shared with ``gpupack explain``: the cluster files and the config."""
-    p.add_argument("--nodes", type=Path, default=None,
-                   help="Node objects (YAML/JSON); required unless reading the API server")
+    p.add_argument("--nodes", type=Path, default=None, help=nodes_help)
     p.add_argument("--pods", type=Path, default=None,
                    help="running Pod objects (YAML/JSON): what is already taken")
     p.add_argument("--scheduler-name", default="gpupack",

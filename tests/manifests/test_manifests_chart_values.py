@@ -6,6 +6,7 @@ references that resolve, httpGet probes, NOTES.txt."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import tomllib
@@ -223,6 +224,10 @@ def _weight(objs: list[Obj]) -> None:
 
 def _http_timeout(objs: list[Obj]) -> None:
     assert scheduler_config(objs)["extenders"][0]["httpTimeout"] == "4s"
+    # GpupackExtenderSlow fires at a third of the timeout, and says which timeout.
+    slow = next(a for a in alerts(objs) if a["alert"] == "GpupackExtenderSlow")
+    assert slow["expr"].endswith(") > 1.333"), slow["expr"]
+    assert "httpTimeout is 4s" in slow["annotations"]["description"]
 
 
 def _max_group_gpus(objs: list[Obj]) -> None:
@@ -579,6 +584,7 @@ def test_schema_rejects_wrong_types(path: str, helm_dir: Path) -> None:
     {"monitoring": {"prometheusRule": {"runbookBaseURL": "wiki/runbooks"}}},
     {"commonLabels": {"team": 1}}, {"affinity": {"nodeAfinity": {}}},
     {"defrag": {"mode": "on"}}, {"defrag": {"consolidateWindow": "1am-5am"}},
+    {"policy": "dotproduct"},  # a registry name the extender's --policy does not take
 ])
 def test_schema_rejects_bad_values(bad: dict[str, Any], helm_dir: Path) -> None:
     _, err = helm_template(bad, helm_dir, expect_ok=False)
@@ -603,6 +609,29 @@ def test_names_derive_from_the_release(release: str, values: dict[str, Any] | No
     check_references(objs)
     lease = scheduler_config(objs, f"{prefix}-scheduler-config")["leaderElection"]
     assert lease["resourceName"] == f"{prefix}-scheduler"
+    # The ServiceMonitor names the scrape job after the Service: the alert that the
+    # extender is down watches this release's, in its namespace.
+    down = next(a for a in alerts(objs) if a["alert"] == "GpupackExtenderDown")
+    job = f"{prefix}-scheduler-metrics"
+    assert f'up{{job="{job}",namespace="gpupack"}}' in down["expr"], down["expr"]
+    assert find(objs, "Service", job)
+
+
+@pytest.mark.parametrize(("timeout", "threshold"), [("3s", "1"), ("500ms", "0.167"),
+                                                     ("1m", "20")])
+def test_slow_alert_is_a_third_of_the_http_timeout(timeout: str, threshold: str,
+                                                   helm_dir: Path) -> None:
+    objs, _ = helm_template({"extender": {"httpTimeout": timeout}}, helm_dir)
+    slow = next(a for a in alerts(objs) if a["alert"] == "GpupackExtenderSlow")
+    assert slow["expr"].endswith(f") > {threshold}"), slow["expr"]
+    assert f"httpTimeout is {timeout}," in slow["annotations"]["description"]
+
+
+def test_schema_policies_are_the_extenders() -> None:
+    from packing.policies import policy_names
+
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    assert schema["properties"]["policy"]["enum"] == policy_names()
 
 
 def check_references(objs: list[Obj]) -> None:

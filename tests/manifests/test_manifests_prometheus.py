@@ -21,8 +21,8 @@ from stack import AGENT_JOB, EXTENDER_JOB, WEBHOOK_JOB, Stack, start, substitute
 SIGNAL_WAIT_S = 45.0
 
 
-def rule_groups(objs: list[Obj]) -> list[dict[str, Any]]:
-    groups: list[dict[str, Any]] = find(objs, "PrometheusRule", "gpupack")["spec"]["groups"]
+def rule_groups(objs: list[Obj], name: str = "gpupack") -> list[dict[str, Any]]:
+    groups: list[dict[str, Any]] = find(objs, "PrometheusRule", name)["spec"]["groups"]
     return groups
 
 
@@ -137,25 +137,47 @@ def test_alert_fires_with_promtool(case: tuple[str, list[dict[str, str]], str, d
             r.pop("annotations", None)
             if r["alert"] == alert:
                 severity = r["labels"]["severity"]
+    promtool_test(groups, series, [
+        {"eval_time": at, "alertname": alert,
+         "exp_alerts": [{"exp_labels": {**labels, "severity": severity}}]},
+        # Not at the start: every alert waits its `for` duration.
+        {"eval_time": "0m", "alertname": alert, "exp_alerts": []},
+    ], tmp_path)
+
+
+def promtool_test(groups: list[dict[str, Any]], series: list[dict[str, str]],
+                  checks: list[dict[str, Any]], tmp_path: Path) -> None:
+    """``promtool test rules``: ``checks`` (alert_rule_test entries) over ``series``."""
     (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": groups}))
     test = {
         "rule_files": ["rules.yaml"],
         "evaluation_interval": "1m",
-        "tests": [{
-            "interval": "1m",
-            "input_series": series,
-            "alert_rule_test": [
-                {"eval_time": at, "alertname": alert,
-                 "exp_alerts": [{"exp_labels": {**labels, "severity": severity}}]},
-                # Not at the start: every alert waits its `for` duration.
-                {"eval_time": "0m", "alertname": alert, "exp_alerts": []},
-            ],
-        }],
+        "tests": [{"interval": "1m", "input_series": series, "alert_rule_test": checks}],
     }
     (tmp_path / "test.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
     out = subprocess.run([tool("promtool"), "test", "rules", "test.yaml"], cwd=tmp_path,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_chart_extender_down_watches_its_own_release(
+        render_helm: Callable[[dict[str, Any] | None], list[Obj]], tmp_path: Path) -> None:
+    """Under another full name, the chart's GpupackExtenderDown is quiet while that
+    release's extender is up, and fires when only another release's is."""
+    groups = copy.deepcopy(rule_groups(render_helm({"fullnameOverride": "gp-prod"}), "gp-prod"))
+    for g in groups:
+        for r in g["rules"]:
+            r.pop("annotations", None)
+    ours = 'up{job="gp-prod-scheduler-metrics",namespace="gpupack",instance="a"}'
+    other = 'up{job="gpupack-scheduler-metrics",namespace="other",instance="b"}'
+    down = {"alertname": "GpupackExtenderDown", "eval_time": "10m"}
+    promtool_test(groups, [{"series": ours, "values": "1x20"},
+                           {"series": other, "values": "0x20"}],
+                  [{**down, "exp_alerts": []}], tmp_path)
+    promtool_test(groups, [{"series": ours, "values": "0x20"},
+                           {"series": other, "values": "1x20"}],
+                  [{**down, "exp_alerts": [{"exp_labels": {"severity": "critical"}}]}],
+                  tmp_path)
 
 
 @pytest.fixture(scope="module")
