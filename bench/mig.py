@@ -24,6 +24,12 @@ Policies (each replays the same stream on its own copy of the cluster):
   concurrency + 3 standard deviations, per model; a per-device mig-parted entry), never
   changed. Pods go on existing slices by gpupack's own scorer, so only the layout policy
   differs from gpupack.
+- ``static-default``: the same layouts, placed as a cluster without gpupack places pods:
+  kube-scheduler's default scoring (``LeastAllocated`` over CPU and memory, which the
+  pods ask in proportion to their GPU share; ties at random) picks the node, and the
+  kubelet any free device of the pod's resource there (the NVIDIA device plugin has no
+  preference among MIG devices). What a platform team running ``all-balanced`` has
+  today; ``static`` isolates the layout policy, this one is the whole difference.
 - ``first-fit``: what the NVIDIA DRA driver's DynamicMIG does: each MIG pod gets a new
   instance on the first GPU (node, then index order) where the geometry has room for it
   (MIG switched on for an idle whole GPU), at the first free allowed start; the instance
@@ -625,6 +631,65 @@ class Static(ScoredPlacement):
                 self.set_layout(node.info.name, g, GpuMode.MIG, slots)
 
 
+class StaticDefault(Static):
+    """The same static layouts placed as a cluster without gpupack places them.
+
+    kube-scheduler's default profile keeps the nodes of the pod's GPU model that have a
+    free device of its resource (``nvidia.com/mig-<profile>``, or ``nvidia.com/gpu`` on the
+    whole GPUs) and scores them with NodeResourcesFit's ``LeastAllocated`` over CPU and
+    memory: ``score = (capacity - requested) * 100 // capacity`` per resource, averaged
+    (extended resources are not scored by default). NodeResourcesBalancedAllocation is
+    constant here, since every pod asks CPU and memory in the node's own proportion
+    (``CPU_PER_SLICE`` and ``MEM_PER_SLICE`` per compute slice of its profile, a whole GPU
+    seven), so the fractions of both in use are equal. Among the best-scored nodes it
+    picks one at random (its ``selectHost``). The kubelet then takes the device the NVIDIA
+    device plugin prefers: for MIG devices and single whole GPUs every candidate ties, so
+    any free one (modelled at random)."""
+
+    name = "static-default"
+    CPU_PER_SLICE = 4_000  # millicores a pod asks per compute slice of its GPU share
+    MEM_PER_SLICE = 32_000  # MiB a pod asks per compute slice (the nodes' 8,000 per CPU)
+
+    def setup(self) -> None:
+        super().setup()
+        # selectHost's and the kubelet's picks: seeded, so a run repeats.
+        self.rng = random.Random(f"static-default:{self.args.params.seed}")
+
+    def place(self, pod: Pod) -> Placement | None:
+        best: list[tuple[str, list[Placement]]] = []
+        top = -1
+        for name, node in self.state.nodes.items():
+            fits = [Placement(pod.req.key, name, (g.info.index,), pod.profile, start)
+                    if pod.profile is not None else Placement(pod.req.key, name, (g.info.index,))
+                    for g in node.gpus if g.info.model == pod.model
+                    for start in self._free(g, pod.profile)]
+            if not fits:
+                continue
+            slices = sum(slices_of(self.by_key[k])[0] for k in node.pods) + slices_of(pod)[0]
+            cpu, mem = node.info.cpu_milli, node.info.memory_mib
+            score = (max(0, cpu - slices * self.CPU_PER_SLICE) * 100 // cpu
+                     + max(0, mem - slices * self.MEM_PER_SLICE) * 100 // mem) // 2
+            if score > top:
+                top, best = score, [(name, fits)]
+            elif score == top:
+                best.append((name, fits))
+        if not best:
+            return None
+        _, fits = self.rng.choice(best)
+        return self.rng.choice(fits)
+
+    @staticmethod
+    def _free(g: GpuState, profile: str | None) -> list[int]:
+        """Free devices of the resource on ``g``: the starts of its free instances of
+        ``profile``, or ``[0]`` for an idle whole GPU asked for whole."""
+        if profile is None:
+            ok = g.info.mode is GpuMode.WHOLE and g.whole_owner is None and g.idle
+            return [0] if ok else []
+        if g.info.mode is not GpuMode.MIG:
+            return []
+        return [s for s, (p, o) in sorted(g.instances.items()) if p == profile and o is None]
+
+
 class FirstFit(Sim):
     name = "first-fit"
 
@@ -1010,7 +1075,8 @@ class GpupackBestfit(Gpupack):
 
 
 POLICIES: dict[str, Callable[..., Sim]] = {
-    "static": Static, "first-fit": FirstFit, "gpupack": Gpupack,
+    "static": Static, "static-default": StaticDefault, "first-fit": FirstFit,
+    "gpupack": Gpupack,
     "gpupack-compact": GpupackCompact, "gpupack-bestfit": GpupackBestfit}
 
 
@@ -1029,8 +1095,8 @@ def run(ns: argparse.Namespace) -> dict[str, object]:
     whole = static_whole_gpus(nodes, ns.rate, ns.swing)
     results: dict[str, dict[str, object]] = {}
     for name in ns.policies:
-        if name == "static":
-            sim: Sim = Static(nodes, pods, args, whole)
+        if name in ("static", "static-default"):
+            sim: Sim = POLICIES[name](nodes, pods, args, whole)
         else:
             sim = POLICIES[name](nodes, pods, args)
         results[name] = sim.run()
@@ -1077,12 +1143,16 @@ def goals_of(g: dict[str, object], results: dict[str, dict[str, object]]
     if isinstance(ratio, float):
         out["gpupack_vs_bound"] = ratio
         out["within_1_05_of_bound"] = ratio <= 1.05
-    s = results.get("static")
-    if s is not None and isinstance(s["gpus_used"], float) and s["gpus_used"]:
-        assert isinstance(g["gpus_used"], float)
-        fewer = 1 - g["gpus_used"] / s["gpus_used"]
-        out["fewer_gpus_than_static"] = round(fewer, 3)
-        out["at_least_20pct_fewer_than_static"] = fewer >= 0.20
+    # "static": the same layouts placed by gpupack's scorer (the layout policy alone);
+    # "static-default": placed as kube-scheduler's defaults and the device plugin do.
+    for base in ("static", "static-default"):
+        s = results.get(base)
+        if s is not None and isinstance(s["gpus_used"], float) and s["gpus_used"]:
+            assert isinstance(g["gpus_used"], float)
+            fewer = 1 - g["gpus_used"] / s["gpus_used"]
+            suffix = base.replace("-", "_")
+            out[f"fewer_gpus_than_{suffix}"] = round(fewer, 3)
+            out[f"at_least_20pct_fewer_than_{suffix}"] = fewer >= 0.20
     f = results.get("first-fit")
     if f is not None:
         assert isinstance(g["pods_waiting"], float) and isinstance(f["pods_waiting"], float)
@@ -1148,7 +1218,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="gpupack-compact: --mig-compact-max-pods")
     ap.add_argument("--compact-min-excess", type=int, default=d.min_excess,
                     help="gpupack-compact: --mig-compact-min-excess")
-    ap.add_argument("--policies", default="static,first-fit,gpupack,gpupack-compact")
+    ap.add_argument("--policies",
+                    default="static,static-default,first-fit,gpupack,gpupack-compact")
     ap.add_argument("--format", choices=("table", "json"), default="table")
     ns = ap.parse_args(argv)
     ns.policies = [p.strip() for p in ns.policies.split(",") if p.strip()]

@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -84,7 +85,8 @@ def test_mig_bench_runs_and_its_figures_are_consistent() -> None:
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     out = json.loads(proc.stdout)
     pols = out["policies"]
-    assert list(pols) == ["static", "first-fit", "gpupack", "gpupack-compact"]
+    assert list(pols) == ["static", "static-default", "first-fit", "gpupack",
+                          "gpupack-compact"]
     arrivals = out["params"]["arrivals"]
     assert arrivals > 20
     for name, r in pols.items():
@@ -102,8 +104,11 @@ def test_mig_bench_runs_and_its_figures_are_consistent() -> None:
         assert 0 <= r["wait_p50_s"] <= r["wait_p99_s"] <= r["wait_max_s"], name
         assert r["pods_waiting"] >= 0 and 0 <= r["pods_waiting_end"] <= arrivals, name
         assert r["reconfigs_per_h"] >= 0, name
-    assert pols["static"]["reconfigs_per_h"] == 0  # static layouts never change
-    for name in ("static", "first-fit"):  # a used GPU holds at least one pod
+    for name in ("static", "static-default"):
+        assert pols[name]["reconfigs_per_h"] == 0  # static layouts never change
+    # The same layouts serve the same pods: the placement rule changes only where they go.
+    assert pols["static-default"]["demand_bound"] == pols["static"]["demand_bound"]
+    for name in ("static", "static-default", "first-fit"):  # a used GPU holds a pod
         assert pols[name]["naive_gpus"] >= pols[name]["gpus_used"], name
     # First-fit creates an instance for every MIG pod and waits for it.
     assert pols["first-fit"]["reconfigs_per_h"] > 0
@@ -114,8 +119,9 @@ def test_mig_bench_runs_and_its_figures_are_consistent() -> None:
     assert sum(compact["drains_ended"].values()) > 0
     assert 0 <= compact["move_gap_p50_s"] <= compact["move_gap_p99_s"]
     for name in ("gpupack", "gpupack-compact"):
-        assert set(out["goals"][name]) >= {"gpupack_vs_bound", "fewer_gpus_than_static",
-                                           "fewer_waiting_than_first_fit", "naive_ratio"}
+        assert set(out["goals"][name]) >= {
+            "gpupack_vs_bound", "fewer_gpus_than_static", "fewer_gpus_than_static_default",
+            "fewer_waiting_than_first_fit", "naive_ratio"}
 
 
 def test_mig_bench_check_catches_an_overlapping_instance() -> None:
@@ -153,3 +159,42 @@ def test_device_plugin_bench_runs_and_the_plugin_booker_never_overfills() -> Non
     assert set(rows) == {"memory-first", "plugin"}
     assert rows["plugin"][2] == "0"  # no GPU ever held more than its memory
     assert int(rows["memory-first"][2]) > 0  # the old booking did overfill
+
+
+def test_mig_bench_static_default_spreads_like_kube_scheduler() -> None:
+    """static-default: the node with the least CPU and memory asked (LeastAllocated), any
+    free device of the pod's profile there; no device of the profile anywhere: it waits."""
+    mod = _load_mig_bench()
+    from packing.model import Placement, PodRequest, RequestKind
+
+    nodes = mod.make_nodes(3, 2)[::2]  # two H100 nodes (models alternate), two GPUs each
+    args = mod.Args(hours=1, warmup_h=0, reconfig_delay=60, create_delay=5, tick=2,
+                    scorer_refresh=300, params=mod.DEFAULT_PARAMS)
+    sim = mod.StaticDefault(nodes, [], args, {"H100-80GB": 0})  # all-balanced everywhere
+    sim.setup()
+    a, b = (n.name for n in nodes)
+
+    def pod(i: int, profile: str) -> Any:
+        req = PodRequest(f"speech/p{i}", kind=RequestKind.MIG, mig_profile=profile,
+                         gpu_models=frozenset({"H100-80GB"}))
+        p = mod.Pod(req, "H100-80GB", "asr", 0.0, 600.0)
+        sim.by_key[req.key] = p
+        sim.pending[req.key] = p
+        return p
+
+    big = pod(0, "3g.40gb")
+    sim.bind(big, Placement(big.req.key, a, (0,), "3g.40gb", 4), 0.0)
+    # Node a asks 3 compute slices' worth: 1g pods go to b while b asks less (0, 1, 2).
+    for i in range(1, 4):
+        p = pod(i, "1g.10gb")
+        where = sim.place(p)
+        assert where is not None and (where.node, where.mig_profile) == (b, "1g.10gb")
+        sim.bind(p, where, 0.0)
+    # Eight 1g instances in all (two per all-balanced GPU): every one is used, then a pod
+    # waits.
+    i = 4
+    while (where := sim.place(p := pod(i, "1g.10gb"))) is not None:
+        sim.bind(p, where, 0.0)
+        i += 1
+    assert i == 9 and sum(1 for k in sim.running if k != big.req.key) == 8
+    assert sim.invalid == []
