@@ -53,6 +53,9 @@ EXTENDER_P99_SECONDS = 1.0  # a third of the scheduler's httpTimeout (3s)
 EXTENDER_ERROR_RATIO = 0.05
 
 EXTENDER_JOB = "gpupack-scheduler-metrics"
+# The base installs into this namespace; the Prometheus Operator labels every target
+# with its namespace, so the rule names both (the Helm chart writes its release's).
+EXTENDER_NAMESPACE = "gpupack"
 AGENT_JOB = "gpupack-node-agent"
 
 
@@ -487,7 +490,7 @@ RULE_GROUPS: list[dict[str, Any]] = [
                    "p99 of the extender verbs is {{ $value | humanizeDuration }}; the "
                    "scheduler's httpTimeout is 3s, a filter timeout fails the attempt."),
             _alert("GpupackExtenderDown",
-                   f'max(up{{job="{EXTENDER_JOB}"}}) or vector(0)',
+                   f'max(up{{job="{EXTENDER_JOB}",namespace="{EXTENDER_NAMESPACE}"}}) or vector(0)',
                    "<", "1", "5m", "critical",
                    "no gpupack extender is scraped up",
                    "Pods of the gpupack scheduler cannot be filtered or bound."),

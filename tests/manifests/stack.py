@@ -212,8 +212,10 @@ def prometheus_config(extender_port: int, agent_port: int, webhook_port: int, ca
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s",
                    "scrape_timeout": "1s"},
         "scrape_configs": [
+            # The namespace label is the Prometheus Operator's (from the target's pod).
             {"job_name": EXTENDER_JOB,
-             "static_configs": [{"targets": [f"127.0.0.1:{extender_port}"]}]},
+             "static_configs": [{"targets": [f"127.0.0.1:{extender_port}"],
+                                 "labels": {"namespace": "gpupack"}}]},
             {"job_name": AGENT_JOB,
              "static_configs": [{"targets": [f"127.0.0.1:{agent_port}"],
                                  "labels": {"node": AGENT_NODE}}]},
