@@ -46,14 +46,18 @@ Policies (each replays the same stream on its own copy of the cluster):
   it from the cache (every node opted in; GPUs with their holders; the changes in flight;
   pending MIG pods with their arrival, pending whole pods; back-off; when each MIG GPU
   became idle; the unmet arrivals its forecast decays), and the decision is applied as the
-  handler applies it: holds taken (a whole GPU whole, a MIG GPU's free instances) and
-  given back, the change kept in flight, the node's config label set and its state label
-  cleared. The MIG manager is modelled as ``tests/e2e/mig_manager_double.py``: after
-  ``--reconfig-delay`` seconds it applies the node's mig-parted entry (a GPU whose config
-  already matches is left alone; instances placed by ``packing.mig.layout_from_counts``)
-  and reports ``success``; the next decision ends the change (a Finish) and releases the
-  holds. Everything the actuator rules (settle time for bursts, min idle before a MIG GPU
-  changes, one node per model in flight, the reverse direction to whole GPUs) is its own;
+  handler applies it: holds taken (a whole GPU whole, a MIG GPU's free instances; every
+  GPU of the node for a change of MIG mode) and given back, the change kept in flight,
+  the node's config label set ``--config-propagation`` seconds after its entry (the
+  extender's ``--mig-config-propagation``: the kubelet's copy of the ConfigMap lags) and
+  its state label cleared. The MIG manager is modelled as
+  ``tests/e2e/mig_manager_double.py``: after ``--reconfig-delay`` seconds it applies the
+  node's mig-parted entry (a GPU whose config already matches is left alone; instances
+  placed by ``packing.mig.layout_from_counts``; a change of MIG mode needs every GPU of
+  the node idle, as mig-parted's mode step clears them all) and reports ``success``;
+  the next decision ends the change (a Finish) and releases the holds. Everything the
+  actuator rules (settle time for bursts, min idle before a MIG GPU changes, one node
+  per model in flight, the reverse direction to whole GPUs) is its own;
   the bench adds no forecast or rule of its own. A decision that would touch a busy GPU,
   start a second change of a model in flight, or a change that ends otherwise than
   ``success`` counts as ``invalid``.
@@ -315,6 +319,7 @@ class Args:
     scorer_refresh: float
     params: SolverParams
     evict_grace: float = 10.0
+    config_propagation: float = DEFAULT_SETTINGS.config_propagation_s
     compact: CompactSettings = DEFAULT_COMPACT
     validate_every: int = 1
 
@@ -747,7 +752,8 @@ class Gpupack(ScoredPlacement):
     def setup(self) -> None:
         super().setup()
         self.push(0.0, "tick")
-        self.settings = DEFAULT_SETTINGS
+        self.settings = replace(DEFAULT_SETTINGS,
+                                config_propagation_s=self.args.config_propagation)
         self.changes: dict[str, Change] = {}  # node -> change in flight (the ConfigMap)
         self.entries: dict[str, NodeChange] = {}  # node -> the mig-parted entry asked for
         self.labels: dict[str, tuple[str | None, str | None]] = {}  # config, state labels
@@ -855,15 +861,24 @@ class Gpupack(ScoredPlacement):
                 self.take(h)
             self.changes[c.node] = c
             self.entries[c.node] = s.plan
-            self.labels[c.node] = (c.config, None)  # the label set, a stale state removed
-            self.push(self.now + self.args.reconfig_delay, "done", (c.node, c.config))
+            if c.labelled_at is not None:  # no wait for the entry to reach the manager
+                self.label(c)
             self.count_reconfig(len(c.targets))
             for _, t in c.targets:
                 self.layouts[t if isinstance(t, str)
                              else " ".join(f"{k}x{p}" for p, k in t)] += 1
+        for c in d.labels:  # entries the MIG manager's file now holds
+            self.changes[c.node] = c
+            self.label(c)
         moved = self.compact(state)
         if d.starts or d.finishes or moved:
             self.schedule()
+
+    def label(self, c: Change) -> None:
+        """The node's config label set (a stale state label removed): the MIG manager
+        starts, and is done ``--reconfig-delay`` s later."""
+        self.labels[c.node] = (c.config, None)
+        self.push(self.now + self.args.reconfig_delay, "done", (c.node, c.config))
 
     def compact(self, state: ActuatorState) -> bool:
         """Compaction's step (``--mig-compact``; off in the product's default)."""
@@ -917,7 +932,9 @@ class Gpupack(ScoredPlacement):
         """After ``--reconfig-delay`` s: apply the node's mig-parted entry (a GPU whose
         config already matches is left alone, as mig-parted does) and report ``success``;
         a GPU to change that a pod uses makes the apply fail (state ``failed``, nothing
-        changed), as the real manager fails on a busy instance."""
+        changed), as the real manager fails on a busy instance, and so does any GPU of
+        the node in use when a GPU's MIG mode changes (mig-parted's mode step clears
+        every MIG GPU and may reset them all)."""
         entry = self.entries.get(node)
         if entry is None or entry.config_name != config:
             return
@@ -930,7 +947,13 @@ class Gpupack(ScoredPlacement):
                 want = dict(dev.mig_devices) if dev.mig_enabled else None
                 if have != want:
                     todo.append((g, want))
-        for g, _ in todo:
+        # A change of MIG mode (mig-parted's mode step) clears every MIG GPU of the node
+        # and may reset every GPU: all of them must be idle; otherwise only the GPUs
+        # whose layout changes.
+        mode_change = any((want is None) != (g.info.mode is not GpuMode.MIG)
+                          for g, want in todo)
+        touched = list(self.state.nodes[node].gpus) if mode_change else [g for g, _ in todo]
+        for g in touched:
             owners = {g.whole_owner} | {o for _, o in g.instances.values()}
             if any(o is not None and not o.startswith(HOLD_PREFIX) for o in owners):
                 self.invalid.append(f"gpupack: MIG manager met busy GPU {g.info.index} of "
@@ -1087,6 +1110,7 @@ def run(ns: argparse.Namespace) -> dict[str, object]:
     args = Args(hours=ns.hours, warmup_h=min(ns.warmup_h, ns.hours / 2),
                 reconfig_delay=ns.reconfig_delay, create_delay=ns.create_delay, tick=ns.tick,
                 scorer_refresh=ns.scorer_refresh, evict_grace=ns.evict_grace,
+                config_propagation=ns.config_propagation,
                 compact=CompactSettings(min_pod_age_s=ns.compact_min_age,
                                         max_pods=ns.compact_max_pods,
                                         evictions_per_hour=ns.compact_evictions_per_hour,
@@ -1107,6 +1131,7 @@ def run(ns: argparse.Namespace) -> dict[str, object]:
                    "rate_per_h": ns.rate, "swing": ns.swing, "period_h": period,
                    "seed": ns.seed, "warmup_h": args.warmup_h,
                    "reconfig_delay_s": ns.reconfig_delay, "create_delay_s": ns.create_delay,
+                   "config_propagation_s": ns.config_propagation,
                    "tick_s": ns.tick,
                    "solver_time_s": ns.solver_time, "arrivals": len(pods),
                    "compact": {"evictions_per_hour": ns.compact_evictions_per_hour,
@@ -1199,6 +1224,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--warmup-h", type=float, default=1.0)
     ap.add_argument("--reconfig-delay", type=float, default=60.0,
                     help="seconds a GPU the MIG manager changes serves nothing (gpupack)")
+    ap.add_argument("--config-propagation", type=float,
+                    default=DEFAULT_SETTINGS.config_propagation_s,
+                    help="seconds between a change's entry and its node label (gpupack: the "
+                         "extender's --mig-config-propagation; the kubelet's copy of the "
+                         "ConfigMap lags)")
     ap.add_argument("--create-delay", type=float, default=5.0,
                     help="seconds DynamicMIG takes to create an instance (first-fit)")
     ap.add_argument("--tick", type=float, default=2.0,
@@ -1235,9 +1265,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if min(ns.compact_evictions_per_hour, ns.compact_max_pods, ns.compact_min_excess) < 1:
         ap.error("--compact-evictions-per-hour, --compact-max-pods and --compact-min-excess "
                  "must be at least 1")
-    if min(ns.reconfig_delay, ns.create_delay, ns.warmup_h, ns.compact_min_age) < 0:
-        ap.error("--reconfig-delay, --create-delay, --warmup-h and --compact-min-age must "
-                 "not be negative")
+    if min(ns.reconfig_delay, ns.create_delay, ns.warmup_h, ns.compact_min_age,
+           ns.config_propagation) < 0:
+        ap.error("--reconfig-delay, --create-delay, --warmup-h, --compact-min-age and "
+                 "--config-propagation must not be negative")
     out = run(ns)
     print(json.dumps(out, indent=2) if ns.format == "json" else table(out))
     pol = out["policies"]

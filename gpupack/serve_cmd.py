@@ -159,6 +159,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mig-backoff", type=float, default=60.0,
                    help="MIG actuator: seconds a node is left alone after its first failed "
                         "change, doubling per failure up to an hour (default 60)")
+    p.add_argument("--mig-config-propagation", type=float, default=90.0,
+                   help="MIG actuator: seconds between writing a change's mig-parted entry "
+                        "and setting the node's nvidia.com/mig.config label: the MIG "
+                        "manager reads the kubelet's copy of the ConfigMap, refreshed at "
+                        "the kubelet's sync (1 min by default); 0 labels at once (default "
+                        "90)")
     p.add_argument("--mig-min-idle", type=float, default=60.0,
                    help="MIG actuator: seconds a MIG GPU must have been idle before its "
                         "layout changes (no flapping while pods come and go; default 60)")
@@ -347,7 +353,8 @@ class Components:
                 is_leader=self.leader.is_leader, reserved=self.groups.held_members,
                 ready=self.groups.check_ready,
                 settings=MigSettings(timeout_s=args.mig_timeout, backoff_s=args.mig_backoff,
-                                     min_idle_s=args.mig_min_idle),
+                                     min_idle_s=args.mig_min_idle,
+                                     config_propagation_s=args.mig_config_propagation),
                 metrics=mig_metrics, requeue=self.requeue_writer)
         # Defragmentation (docs/defrag.md): its metrics exist on every extender (zero
         # when it is off), so the dashboards and alerts always have their series.
@@ -519,6 +526,9 @@ def check_args(args: argparse.Namespace) -> str | None:
         return "--mig-timeout and --mig-backoff must be positive"
     if args.mig_min_idle < 0:
         return "--mig-min-idle must be 0 or positive"
+    if not 0 <= args.mig_config_propagation < args.mig_timeout:
+        return (f"--mig-config-propagation {args.mig_config_propagation:g}: must be 0 or "
+                f"positive and below --mig-timeout ({args.mig_timeout:g})")
     if args.mig_compact and not args.mig_actuator:
         return "--mig-compact needs --mig-actuator (compaction runs in the actuator's step)"
     if args.mig_compact and not (args.kubeconfig or args.in_cluster):

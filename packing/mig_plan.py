@@ -15,7 +15,12 @@ Rules every plan keeps (checked by :func:`plan_errors`, which the tests share):
     is still in flight (the MIG manager restarts the node's GPU clients while it works);
   - a node's config entry names every GPU of the node, the untouched ones as they are
     (mig-parted leaves a GPU whose config already matches alone), so applying the entry
-    changes exactly the planned GPUs.
+    changes exactly the planned GPUs;
+  - a GPU's MIG mode (whole <-> MIG) changes only on a node where nothing is in use
+    (:attr:`MigNode.busy`): mig-parted's mode step clears the instances of every MIG GPU
+    of the node, busy or not, and resets every GPU when the driver asks for it
+    (``cmd/nvidia-mig-parted/apply/mode.go``); within MIG mode only the changed GPU is
+    re-laid.
 
 Layouts are chosen as instance counts per profile (mig-parted's ``mig-devices``): the
 MIG manager places the instances itself, and every count vector offered here has a valid
@@ -40,6 +45,9 @@ Objective (lexicographic through weights that cannot overflow into each other):
           - B * whole-free nodes that get a MIG GPU      (keep whole nodes for LLMs)
           - C * nodes not in MIG mode that enter it      (prefer nodes already in MIG mode)
           - D * GPUs changed                             (convert the fewest GPUs)
+Besides: a node that switches a GPU to MIG switches all its whole candidate GPUs
+(b[n] -> c[g]): MIG mode changes need the node idle, so the node's whole GPUs could not
+follow later.
           + E * forecast instances made                  (on GPUs that change anyway)
           + G * compute slices of the new layouts in demanded profiles  (fill the GPU)
           - F * instances created                        (no gratuitous slices)
@@ -103,6 +111,17 @@ class MigNode:
     name: str
     gpus: tuple[MigGpu, ...]
     opted_in: bool = False  # gpupack.io/mig-reconfigure: "true" (and no freeze)
+    # A pod or a reservation uses one of its GPUs (any GPU, MIG-capable or not). None:
+    # judged from the GPUs' ``held`` (which may also mean "recently idle").
+    in_use: bool | None = None
+
+    @property
+    def busy(self) -> bool:
+        """Whether a GPU of the node is in use. mig-parted switches MIG mode node by
+        node: it clears the instances of every GPU in MIG mode on the node (a busy one
+        fails the change) and, when the driver wants it, resets every GPU. So a GPU's
+        MIG mode changes only on a node where nothing is in use."""
+        return any(g.held for g in self.gpus) if self.in_use is None else self.in_use
 
     @property
     def in_mig_mode(self) -> bool:
@@ -259,6 +278,10 @@ def plan_errors(nodes: Sequence[MigNode], plan: MigPlan,
             if i in ch.changed:
                 if same:
                     errors.append(f"{ch.node} GPU {i}: listed as changed but unchanged")
+                if d.mig_enabled != g.mig_enabled and node.busy:
+                    errors.append(f"{ch.node} GPU {i}: MIG mode changes on a node in use "
+                                  "(mig-parted clears every MIG GPU of the node and may "
+                                  "reset them all)")
                 if g.held:
                     errors.append(f"{ch.node} GPU {i}: held by a pod or a reservation")
                 geom = get_model(g.model).mig
@@ -346,17 +369,21 @@ def _served(nodes: Sequence[MigNode], demand: MigDemand,
 
 
 def _candidates(nodes: Sequence[MigNode]) -> list[tuple[MigNode, MigGpu]]:
-    """GPUs that may change: MIG-capable, on nodes that opt in, held by no one."""
+    """GPUs that may change: MIG-capable, on nodes that opt in, held by no one; on a node
+    in use (:attr:`MigNode.busy`) only MIG GPUs, whose mode stays."""
     return [(n, g) for n in nodes if n.opted_in for g in n.gpus
-            if not g.held and get_model(g.model).mig is not None]
+            if not g.held and get_model(g.model).mig is not None
+            and (g.mig_enabled or not n.busy)]
 
 
-def _options(g: MigGpu) -> list[Counts | str]:
+def _options(g: MigGpu, busy: bool = False) -> list[Counts | str]:
+    """Layouts ``g`` may take: every count vector but its own; WHOLE for a MIG GPU on a
+    node in use by no one (a mode change)."""
     geom = get_model(g.model).mig
     assert geom is not None
     opts: list[Counts | str] = [c for c in count_vectors(geom)
                                 if not (g.mig_enabled and c == g.counts)]
-    if g.mig_enabled:
+    if g.mig_enabled and not busy:
         opts.append(WHOLE)
     return opts
 
@@ -423,7 +450,7 @@ def greedy_mig_plan(nodes: Sequence[MigNode], demand: MigDemand,
             picks: dict[int, Counts | str] = {}
             served = 0
             for g in gpus:
-                opt, n_w, _ = _best_option(g, left, left_f, _demanded(demand))
+                opt, n_w, _ = _best_option(g, left, left_f, _demanded(demand), node.busy)
                 if opt is None or n_w == 0:
                     continue
                 picks[g.index] = opt
@@ -436,6 +463,17 @@ def greedy_mig_plan(nodes: Sequence[MigNode], demand: MigDemand,
                     break
             if not picks:
                 continue
+            if any(not _gpu(node, i).mig_enabled for i in picks):
+                # Switching MIG mode needs the node idle: every whole GPU switches now
+                # (plan_mig's rule), partitioned for what is left of the forecast.
+                for g in gpus:
+                    if not g.mig_enabled and g.index not in picks:
+                        opt, _, _ = _best_option(g, left, left_f, _demanded(demand),
+                                                 node.busy)
+                        if opt is not None:
+                            picks[g.index] = opt
+                            for p, k in _gain(opt, g.counts).items():
+                                left_f[p] = max(0, left_f.get(p, 0) - k)
             to_mig = sum(1 for i in picks if not _gpu(node, i).mig_enabled)
             score = (served, -int(node.whole_free and to_mig > 0),
                      -int(not node.in_mig_mode), -len(picks))
@@ -454,10 +492,10 @@ def _gpu(node: MigNode, index: int) -> MigGpu:
 
 
 def _best_option(g: MigGpu, left: Mapping[str, int], left_f: Mapping[str, int],
-                 demanded: frozenset[tuple[str, str]] = frozenset()
+                 demanded: frozenset[tuple[str, str]] = frozenset(), busy: bool = False
                  ) -> tuple[Counts | str | None, int, int]:
     best: tuple[tuple[int, int, int, int], Counts | str] | None = None
-    for o in _options(g):
+    for o in _options(g, busy):
         if o == WHOLE:
             continue
         gain = _gain(o, g.counts)
@@ -486,7 +524,7 @@ def _greedy_whole(nodes: Sequence[MigNode], demand: MigDemand, in_flight: frozen
                               and (node.name, g.index) not in chosen)
         convertible[node.name] = [g.index for g in node.gpus if node.opted_in and g.mig_enabled
                                   and not g.held and (node.name, g.index) not in chosen
-                                  and model not in in_flight]
+                                  and model not in in_flight and not node.busy]
     for q in sorted(demand.whole, key=lambda q: (-q.gpus, q.key)):
         best: tuple[int, str] | None = None
         for node in nodes:
@@ -557,7 +595,7 @@ def plan_mig(nodes: Sequence[MigNode], demand: MigDemand, *,
     demanded = _demanded(demand)
     for n, g in cands:
         key = (n.name, g.index)
-        opts[key] = _options(g)
+        opts[key] = _options(g, n.busy)
         for j, o in enumerate(opts[key]):
             v = model.new_bool_var(f"y[{n.name},{g.index},{j}]")
             y[n.name, g.index, j] = v
@@ -619,7 +657,7 @@ def plan_mig(nodes: Sequence[MigNode], demand: MigDemand, *,
                     room.append(1 - changed[key])
                 else:
                     fixed_room += 1
-            elif key in changed:
+            elif key in changed and WHOLE in opts[key]:
                 j = opts[key].index(WHOLE)
                 room.append(y[node.name, g.index, j])
         model.add(sum(q.gpus * v for q, v in mine) <= fixed_room + sum(room))
@@ -636,6 +674,12 @@ def plan_mig(nodes: Sequence[MigNode], demand: MigDemand, *,
         b = model.new_bool_var(f"b[{node.name}]")
         for v in to_mig:
             model.add_implication(v, b)
+        # A node that switches a GPU to MIG switches every whole GPU it may: the switch
+        # needs the node idle (MigNode.busy), which a node in use seldom is again, so a
+        # GPU left whole now could not become MIG later.
+        for g in node.gpus:
+            if not g.mig_enabled and (node.name, g.index) in changed:
+                model.add_implication(b, changed[node.name, g.index])
         if node.whole_free:
             broken.append(b)
         if not node.in_mig_mode:

@@ -27,6 +27,11 @@ Rules (each has a table row in ``tests/scheduler/test_mig_actuator.py``):
   than this actuator's own hold) uses is ``held`` for the planner, which never changes
   a held GPU; the handler re-checks by taking the holds under the cache lock before it
   writes anything.
+* **MIG mode changes only on idle nodes**: turning a GPU to MIG or back to whole is
+  planned only on a node where no GPU is in use, and the change holds every GPU of the
+  node (``Change.node_wide``) until it is applied: mig-parted's mode step clears every
+  MIG GPU of the node and may reset all of its GPUs. Re-laying an idle MIG GPU touches
+  that GPU alone.
 * **one node per GPU model in flight**: models with a change in flight are passed to the
   planner as ``in_flight``; it changes at most one node per model.
 * **hold until the slices appear**: every GPU of a change in flight whose reported
@@ -37,12 +42,17 @@ Rules (each has a table row in ``tests/scheduler/test_mig_actuator.py``):
 * **end of a change**: ``success`` once the state label is ``success`` and every target
   GPU reports its target layout; ``failed`` when the state label is ``failed``;
   ``timeout`` after ``MigSettings.timeout_s``; ``superseded`` when someone else relabelled
-  the node or the node went. The node's label is judged only ``label_grace_s`` after the
-  change started: before that the cache may not show the label this actuator wrote (the
+  the node or the node went. The node's label is judged only ``label_grace_s`` after it
+  was written: before that the cache may not show the label this actuator wrote (the
   watch lags, or the patch's answer was lost); a node whose object cannot be read is
   not "gone" (its change is followed, unheld, to its end or its timeout). ``failed``
   and ``timeout`` back the node off (``backoff_s`` doubling per failure up to
   ``backoff_max_s``); ``success`` clears it.
+* **the entry before the label**: a change starts by writing its mig-parted entry; the
+  node's config label follows ``config_propagation_s`` later (``MigDecision.labels``),
+  once the kubelet has copied the ConfigMap into the MIG manager's file: the manager
+  reads that file the moment the label changes, and an entry not in it yet is a
+  ``failed`` change. The GPUs are held from the start; the timeout counts from it too.
 * **a new label value per attempt**: the MIG manager acts when the label's value
   changes, so a change whose entry has the name the node's label already carries (the
   same layouts asked again after a failure) gets the entry under another name.
@@ -116,9 +126,15 @@ class MigSettings:
     # settle_s, unless the oldest waiting one has waited max_settle_s.
     settle_s: float = 2.0
     max_settle_s: float = 10.0
-    # The node's label is not judged before this long after a change started (the
-    # watch may not have shown the label this actuator wrote yet).
+    # The node's label is not judged before this long after it was written (the watch
+    # may not have shown the label this actuator wrote yet).
     label_grace_s: float = 30.0
+    # The MIG manager reads the mig-parted config from a file the kubelet copies from
+    # the ConfigMap at its own sync (its sync period, 1 min by default, plus its cache's
+    # delay), and it reads it the moment the node's label changes: an entry labelled at
+    # once is not in its file yet, and it reports failed. The label is set this long
+    # after the entry was written (0: at once, for a manager that reads the API).
+    config_propagation_s: float = 90.0
 
 
 DEFAULT_SETTINGS = MigSettings()
@@ -137,12 +153,19 @@ class Change:
     # recognised on a node whose per-GPU detail is inferred from allocatable counts (no
     # node agent), where the indices the extender guesses need not be the MIG manager's.
     expected: tuple[Target, ...] = ()
+    # When the node's config label was set; None: the entry is written and the label
+    # waits for it to reach the MIG manager (MigSettings.config_propagation_s).
+    labelled_at: float | None = None
+    # The change switches a GPU's MIG mode: mig-parted then clears every MIG GPU of the
+    # node and may reset them all, so every GPU of the node is held until it is done.
+    node_wide: bool = False
 
     def target(self, index: int) -> Target | None:
         return next((t for i, t in self.targets if i == index), None)
 
     def to_json(self) -> dict[str, object]:
         return {"node": self.node, "config": self.config, "started": self.started,
+                "labelled_at": self.labelled_at, "node_wide": self.node_wide,
                 "models": list(self.models),
                 "targets": [{"gpu": i, "layout": _layout_json(t)} for i, t in self.targets],
                 "expected": [_layout_json(t) for t in self.expected]}
@@ -153,19 +176,36 @@ class Change:
         if not isinstance(raw, Mapping):
             raise ValueError(f"change: expected an object, got {type(raw).__name__}")
         try:
-            node, config = str(raw["node"]), str(raw["config"])
             started = float(raw["started"])
+        except KeyError:
+            raise ValueError("change: missing field 'started'") from None
+        except (TypeError, ValueError):
+            raise ValueError(f"change: started {raw['started']!r} is not a time") from None
+        try:
+            node, config = str(raw["node"]), str(raw["config"])
             models = tuple(str(m) for m in raw["models"])
             targets = [(int(t["gpu"]), _layout_of(t["layout"], "targets[].layout"))
                        for t in raw["targets"]]
             expected = tuple(_layout_of(t, "expected[]") for t in raw.get("expected", ()))
         except (KeyError, TypeError) as e:
             raise ValueError(f"change: missing or malformed field {e}") from None
+        # Written before labels waited for the entry: labelled as it started.
+        raw_at = raw.get("labelled_at", started)
+        try:
+            labelled_at = None if raw_at is None else float(raw_at)
+        except (TypeError, ValueError):
+            raise ValueError(f"change: labelled_at {raw_at!r} is not a time") from None
         if not node or not config.startswith(CONFIG_PREFIX):
             raise ValueError(f"change: node {node!r} / config {config!r} not gpupack's")
         if not math.isfinite(started):
             raise ValueError(f"change: started {raw['started']!r} is not a time")
-        return cls(node, config, tuple(targets), models, started, expected)
+        if labelled_at is not None and not math.isfinite(labelled_at):
+            raise ValueError(f"change: labelled_at {raw['labelled_at']!r} is not a time")
+        node_wide = raw.get("node_wide", False)
+        if not isinstance(node_wide, bool):
+            raise ValueError(f"change: node_wide {node_wide!r} is not true or false")
+        return cls(node, config, tuple(targets), models, started, expected, labelled_at,
+                   node_wide)
 
 
 def _layout_json(t: Target) -> object:
@@ -307,6 +347,9 @@ class MigDecision:
     free: Mapping[tuple[str, str], int] = field(default_factory=dict)
     forecast: Mapping[tuple[str, str], int] = field(default_factory=dict)
     plan_status: str = "not-run"
+    # Changes in flight whose entry has had time to reach the MIG manager: label the
+    # node now (each with its labelled_at set).
+    labels: tuple[Change, ...] = ()
 
 
 # ---- demand -----------------------------------------------------------------------------
@@ -435,7 +478,12 @@ def _finish(change: Change, node: NodeView | None, now: float, s: MigSettings,
         return None
     if node is None:
         return Finish(change, "superseded", f"node {change.node} is gone")
-    if node.config_label != change.config and now - change.started < s.label_grace_s:
+    if change.labelled_at is None:  # the entry is on its way to the MIG manager's file
+        if now - change.started > s.timeout_s:
+            return Finish(change, "timeout", f"{change.config} never labelled in "
+                          f"{s.timeout_s:.0f} s")
+        return None
+    if node.config_label != change.config and now - change.labelled_at < s.label_grace_s:
         return None  # our own label may not be in the cache yet
     if node.config_label != change.config:
         return Finish(change, "superseded",
@@ -488,15 +536,17 @@ def expected_layouts(node: NodeView, targets: Sequence[tuple[int, Target]]
 
 
 def holds_for(change: Change, node: NodeView | None) -> list[Hold]:
-    """What a change in flight holds now: each target GPU not yet in its target layout,
-    whole (MIG off) or each of its free instances (MIG on); nothing once the node
-    reports the change (:func:`applied`)."""
+    """What a change in flight holds now: each target GPU not yet in its target layout
+    (every GPU of the node for a change of MIG mode, ``node_wide``), whole (MIG off) or
+    each of its free instances (MIG on); nothing once the node reports the change
+    (:func:`applied`)."""
     if node is None or applied(change, node):
         return []
     out: list[Hold] = []
     for g in node.gpus:
         target = change.target(g.index)
-        if target is None or g.matches(target):
+        if (target is None and not change.node_wide) or (
+                target is not None and g.matches(target)):
             continue
         if not g.mig_enabled:
             out.append(Hold(node.name, g.index, g.model))
@@ -526,6 +576,9 @@ def _planner_nodes(state: ActuatorState, now: float, s: MigSettings,
                 (n.name, g.index), now) < s.min_idle_s
             gpus.append(MigGpu(g.index, g.model, g.mig_enabled, g.layout,
                                held=bool(g.holders) or recently_idle))
+        # In use: a holder other than this actuator's own hold (a change in flight keeps
+        # its node out of the candidates anyway).
+        in_use = any(h for g in n.gpus for h in g.holders if not h.startswith(HOLD_PREFIX))
         b = backoff.get(n.name)
         guessed = any(g.inferred for g in n.gpus)
         opted = (n.reconfigure is MigReconfigure.ON and not n.unschedulable
@@ -533,7 +586,7 @@ def _planner_nodes(state: ActuatorState, now: float, s: MigSettings,
                  and (b is None or b.until <= now) and n.state_label not in BUSY_STATES
                  and not (guessed and any(g.holders for g in n.gpus)))
         if gpus:
-            out.append(MigNode(n.name, tuple(gpus), opted_in=opted))
+            out.append(MigNode(n.name, tuple(gpus), opted_in=opted, in_use=in_use))
     return out
 
 
@@ -544,9 +597,14 @@ def decide_mig(state: ActuatorState, now: float, settings: MigSettings = DEFAULT
     backoff = {k: v for k, v in state.backoff.items()}
     finishes: list[Finish] = []
     in_flight: dict[str, Change] = {}
+    labels: list[Change] = []
     for name, change in sorted(state.in_flight.items()):
         f = _finish(change, nodes.get(name), now, settings, state.unreadable)
         if f is None:
+            if (change.labelled_at is None
+                    and now - change.started >= settings.config_propagation_s):
+                change = replace(change, labelled_at=now)
+                labels.append(change)
             in_flight[name] = change
             continue
         finishes.append(f)
@@ -586,13 +644,17 @@ def decide_mig(state: ActuatorState, now: float, settings: MigSettings = DEFAULT
                 targets = tuple((i, WHOLE if not config[i].mig_enabled
                                  else tuple(config[i].mig_devices)) for i in ch.changed)
                 view = nodes[ch.node]
+                modes = {g.index: g.mig_enabled for g in view.gpus}
+                node_wide = any((t != WHOLE) != modes.get(i, False) for i, t in targets)
                 change = Change(ch.node, ch.config_name, targets, ch.models, now,
-                                expected_layouts(view, targets))
+                                expected_layouts(view, targets),
+                                now if settings.config_propagation_s <= 0 else None,
+                                node_wide)
                 why = _why(ch, plan.served, plan.whole_served)
                 starts.append(Start(change, ch, why))
                 holds += holds_for(change, nodes.get(ch.node))
     return MigDecision(tuple(starts), tuple(finishes), tuple(holds), backoff, waiting, free,
-                    fore, status)
+                    fore, status, tuple(labels))
 
 
 def _why(ch: NodeChange, served: Mapping[tuple[str, str], int],

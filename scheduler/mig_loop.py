@@ -25,9 +25,11 @@ write and followed from then on, not erased.
 
 Order of a start (the re-check): the holds are taken under the cache lock first (each
 fails if a pod, an assumed bind or a reservation took the GPU since the decision); only
-then are the ConfigMap entry and the Node label written. A write that fails gives the
-holds back and backs the node off. The clock is injected (wall-clock seconds: the
-changes' start times are written to the ConfigMap and must survive a failover).
+then is the ConfigMap entry written, and the Node label ``config_propagation_s`` later
+(a later step: the MIG manager reads a copy of the ConfigMap that the kubelet refreshes
+at its own pace). A write that fails gives the holds back and backs the node off. The
+clock is injected (wall-clock seconds: the changes' start times are written to the
+ConfigMap and must survive a failover).
 """
 
 from __future__ import annotations
@@ -353,6 +355,9 @@ class MigActuator:
             self._finished(f.change, f.result, f.message)
         if d.finishes:
             self._write_changes()
+        for c in d.labels:
+            if not self._label_now(c):
+                return
         for s in d.starts:
             mine = [h for h in d.holds if h.node == s.change.node]
             why = take_holds(self.cache, mine)
@@ -372,8 +377,9 @@ class MigActuator:
                 self._still_leading()
                 self.api.write(update)
                 self.changes[s.change.node] = s.change
-                self._still_leading()
-                self._label(s.change)
+                if s.change.labelled_at is not None:  # no wait for the entry to arrive
+                    self._still_leading()
+                    self._label(s.change)
             except NotLeading:
                 # The next step (a standby's) gives every hold back and forgets the
                 # changes; a change written but not labelled ends superseded for the
@@ -396,13 +402,40 @@ class MigActuator:
                 self._write_changes()
                 continue
             log.info("MIG change %s on %s: %s", s.change.config, s.change.node, s.why)
-            self._event(s.change.node, "MigReconfigureStarted",
-                        f"{s.why}; asked the MIG manager for {s.change.config} "
-                        f"({CONFIG_LABEL})")
+            if s.change.labelled_at is not None:
+                asked = f"asked the MIG manager for {s.change.config} ({CONFIG_LABEL})"
+            else:
+                asked = (f"wrote the mig-parted entry {s.change.config}; {CONFIG_LABEL} "
+                         f"follows in {self.settings.config_propagation_s:.0f} s, once the "
+                         "kubelet has copied it to the MIG manager")
+            self._event(s.change.node, "MigReconfigureStarted", f"{s.why}; {asked}")
             self._count("started")
         self._figures(d)
 
     # ---- pieces --------------------------------------------------------------------------------
+
+    def _label_now(self, c: Change) -> bool:
+        """Label the node of a change whose entry has had time to reach the MIG manager,
+        and remember when (in the ConfigMap: a new leader then judges the label from
+        that time, or labels again, which changes nothing). False when this replica no
+        longer leads (the step stops there). A refused label counts as written: the
+        change ends ``superseded`` once the label is judged (the node does not carry
+        it), and its GPUs are given back."""
+        try:
+            self._still_leading()
+            self._label(c)
+        except NotLeading:
+            log.info("no longer leading: MIG change on %s not labelled", c.node)
+            return False
+        except Exception as e:
+            log.warning("MIG change %s on %s: label refused (%s)", c.config, c.node, e)
+            self._event(c.node, "MigReconfigureNotLabelled",
+                        f"{CONFIG_LABEL}={c.config} could not be set: {e}", warning=True)
+        assert self.changes is not None
+        self.changes[c.node] = c
+        self._write_changes()
+        log.info("MIG change %s on %s: %s asked", c.config, c.node, CONFIG_LABEL)
+        return True
 
     def _label(self, c: Change) -> None:
         """Set the node's config label. An answer that says the patch was refused (4xx

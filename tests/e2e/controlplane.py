@@ -91,8 +91,13 @@ MIG_CONFIG_MAP = "gpupack-mig-parted-config"
 # across an extender restart or a failover (a 15 s lease), short enough to test what
 # follows an expiry.
 E2E_GROUP_TTL_S = 60
+# The MIG manager double reads the ConfigMap as it was 3 s ago (the kubelet's copy; 1 min
+# or more on a cluster); the extender labels a node 5 s after writing its entry (90 s by
+# default): a change labelled at once would fail there, as it would on a cluster.
+E2E_MIG_FILE_LAG_S = 3.0
 E2E_EXTENDER_ARGS = ("--mig-min-idle", "2", "--mig-compact-min-age", "0",
-                     "--mig-compact-min-excess", "1", "--group-ttl", str(E2E_GROUP_TTL_S))
+                     "--mig-compact-min-excess", "1", "--group-ttl", str(E2E_GROUP_TTL_S),
+                     "--mig-config-propagation", "5")
 # Kinds of the chart applied to the API server. Workloads (Deployments, the DaemonSet),
 # Services and monitoring objects are not: their processes run here directly.
 APPLIED_KINDS = ("Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role",
@@ -748,7 +753,7 @@ def up(dir_: Path, *, extender_args: Sequence[str] = (), plain: bool = True,
     components["mig-manager"] = {
         "argv": [sys.executable, str(HERE / "mig_manager_double.py"), "--kubeconfig",
                  str(stack.kubeconfig), "--namespace", NAMESPACE, "--config-map",
-                 MIG_CONFIG_MAP, "--delay", "1.0"],
+                 MIG_CONFIG_MAP, "--delay", "1.0", "--file-lag", str(E2E_MIG_FILE_LAG_S)],
         "cwd": str(dir_), "env": GPUPACK_ENV}
     stack.save(state)
     stack.start("webhook")

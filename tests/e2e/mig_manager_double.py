@@ -6,11 +6,16 @@ It follows the protocol of ``reference/nvidia-gpu-stack.md``: for each Node whos
 absent (gpupack removes it with each request; the real manager reacts to any change of
 the config label), it
 
+0. looks the entry up in its *file*: the real manager reads the kubelet's copy of the
+   ConfigMap, which lags the API by up to the kubelet's sync period; here the
+   ConfigMap as it was ``--file-lag`` seconds ago (what it held when the double started
+   counts as copied). An entry not there: state ``failed`` at once, as the real
+   manager's validation does, with no ``pending``;
 1. sets the state ``pending``;
 2. waits ``--delay`` seconds (or the node's annotation ``e2e.gpupack.io/mig-delay``:
    slow on request);
 3. fails on request (annotation ``e2e.gpupack.io/mig-fail: "true"``): state ``failed``,
-   nothing changed; an entry missing from the ConfigMap fails too;
+   nothing changed;
 4. otherwise applies the entry to its model of the node's GPUs (at first what the agent
    inventory says, else all whole; then what it applied before), as the device plugin
    and GPU Feature Discovery would show it: ``status.allocatable``/``capacity``
@@ -29,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import sys
 import threading
 import time
@@ -59,29 +65,47 @@ Layouts = dict[int, dict[str, int] | None]
 
 
 class Double:
-    def __init__(self, core: Any, namespace: str, name: str, delay: float) -> None:
+    def __init__(self, core: Any, namespace: str, name: str, delay: float,
+                 file_lag: float = 0.0) -> None:
         self.core, self.namespace, self.name, self.delay = core, namespace, name, delay
+        self.file_lag = file_lag
+        # The ConfigMap's mig-configs as seen at each poll (when first seen, content);
+        # the first sighting counts as copied long ago.
+        self.seen: list[tuple[float, dict[str, Any]]] = []
         self.layouts: dict[str, Layouts] = {}
         self.busy: set[str] = set()
         self.lock = threading.Lock()
         self.applied = 0
 
-    def entry(self, config_name: str) -> list[dict[str, Any]] | None:
+    def read_config_map(self) -> None:
+        """Record the ConfigMap's mig-configs if they changed since the last poll."""
         try:
             cm = self.core.read_namespaced_config_map(self.name, self.namespace)
+            text = (cm.data or {}).get("config.yaml", "")
+            configs = (yaml.safe_load(text) or {}).get("mig-configs") or {}
         except ApiException as e:
-            if e.status == 404:
-                return None
-            raise
-        text = (cm.data or {}).get("config.yaml", "")
-        configs = (yaml.safe_load(text) or {}).get("mig-configs") or {}
-        found = configs.get(config_name)
+            if e.status != 404:
+                raise
+            configs = {}
+        if not self.seen or self.seen[-1][1] != configs:
+            self.seen.append((time.monotonic() if self.seen else -math.inf, configs))
+        # Keep the newest content already in the file, and everything after it.
+        cut = time.monotonic() - self.file_lag
+        while len(self.seen) > 1 and self.seen[1][0] <= cut:
+            self.seen.pop(0)
+
+    def entry(self, config_name: str) -> list[dict[str, Any]] | None:
+        """The entry in the manager's file: the newest content seen ``file_lag`` ago."""
+        cut = time.monotonic() - self.file_lag
+        in_file = [c for t, c in self.seen if t <= cut]
+        found = in_file[-1].get(config_name) if in_file else None
         return list(found) if isinstance(found, list) else None
 
     def set_state(self, node: str, state: str) -> None:
         self.core.patch_node(node, {"metadata": {"labels": {STATE_LABEL: state}}})
 
     def poll(self) -> None:
+        self.read_config_map()
         nodes = self.core.list_node(label_selector=CONFIG_LABEL).items
         for n in nodes:
             labels = n.metadata.labels or {}
@@ -109,13 +133,16 @@ class Double:
         labels = n.metadata.labels or {}
         ann = n.metadata.annotations or {}
         wanted = labels[CONFIG_LABEL]
+        entry = self.entry(wanted)
+        if entry is None:
+            log.info("node %s: %s failed (no such entry in the file)", name, wanted)
+            self.set_state(name, "failed")
+            return
         self.set_state(name, "pending")
         log.info("node %s: applying %s", name, wanted)
         time.sleep(float(ann.get(DELAY, self.delay)))
-        entry = self.entry(wanted)
-        if ann.get(FAIL) == "true" or entry is None:
-            log.info("node %s: %s failed (%s)", name, wanted,
-                     "on request" if entry is not None else "no such entry")
+        if ann.get(FAIL) == "true":
+            log.info("node %s: %s failed (on request)", name, wanted)
             self.set_state(name, "failed")
             return
         product = labels.get("nvidia.com/gpu.product", "")
@@ -186,10 +213,12 @@ def main(argv: list[str]) -> int:
     p.add_argument("--config-map", required=True)
     p.add_argument("--delay", type=float, default=1.0)
     p.add_argument("--interval", type=float, default=0.5)
+    p.add_argument("--file-lag", type=float, default=0.0,
+                   help="seconds the manager's copy of the ConfigMap lags the API")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     core = client.CoreV1Api(config.new_client_from_config(config_file=args.kubeconfig))
-    double = Double(core, args.namespace, args.config_map, args.delay)
+    double = Double(core, args.namespace, args.config_map, args.delay, args.file_lag)
     log.info("watching nodes for %s (ConfigMap %s/%s)", CONFIG_LABEL, args.namespace,
              args.config_map)
     while True:

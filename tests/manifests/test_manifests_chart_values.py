@@ -246,6 +246,10 @@ def _mig_config_map(objs: list[Obj]) -> None:
     assert arg(containers(objs)["extender"], "--mig-config-map").endswith("/mig-layouts")
 
 
+def _mig_config_propagation(objs: list[Obj]) -> None:
+    assert arg(containers(objs)["extender"], "--mig-config-propagation") == "120"
+
+
 def _mig_config_map_namespace(objs: list[Obj]) -> None:
     assert arg(containers(objs)["extender"], "--mig-config-map") == "gpu-operator/mig-layouts"
     role = find(objs, "Role", "gp-prod-mig-config")
@@ -458,6 +462,7 @@ CASES: dict[str, tuple[dict[str, Any] | None, Callable[[list[Obj]], None]]] = {
     "migActuator.enabled": (None, _mig_actuator),
     "migActuator.configMap": (None, _mig_config_map),
     "migActuator.configMapNamespace": (None, _mig_config_map_namespace),
+    "migActuator.configPropagationSeconds": (None, _mig_config_propagation),
     "migActuator.compact.enabled": (None, _mig_compact),
     "migActuator.compact.evictionsPerHour": (
         None, _mig_compact_flag("--mig-compact-evictions-per-hour", "60")),

@@ -66,20 +66,27 @@ NONE: frozenset[str] = frozenset()
 
 @pytest.mark.parametrize(
     ("nodes", "demand", "in_flight", "expect"),
-    ids=["fewest-gpus", "mig-mode-node-first", "more-served-first", "not-the-whole-free-node",
+    ids=["fewest-gpus", "whole-node-switches-at-once", "mig-mode-node-first",
+         "more-served-first", "no-mode-change-in-use", "none-when-all-in-use",
          "held-gpus-kept", "not-opted-in", "model-in-flight"],
     argvalues=[
-        # 7 x 1g.10gb fit one GPU: one GPU converted, not seven.
-        ([whole("w")], waiting(**{"1g_10gb": 7}), NONE, {"w": 1}),
+        # 7 x 1g.10gb fit one GPU: of the idle MIG GPUs, one is re-laid, not seven.
+        ([mig("m", layout=(MigSlot("7g.80gb", 0),))], waiting(**{"1g_10gb": 7}), NONE,
+         {"m": 1}),
+        # A node entering MIG mode switches every whole GPU at once: later it will be in
+        # use, and a node in use cannot switch a GPU's mode.
+        ([whole("w")], waiting(**{"1g_10gb": 7}), NONE, {"w": 8}),
         # A node already in MIG mode (its idle GPU re-laid out: 1 x 2g.20gb -> 3) before
         # a whole node, when both serve the demand.
         ([whole("w"), mig("m", held=(0, 1, 2, 3, 4, 5, 6))], waiting(**{"2g_20gb": 2}), NONE,
          {"m": 1}),
         # Serving more waiting pods comes first: 3 more 2g.20gb fit only a whole GPU.
         ([whole("w"), mig("m", held=(0, 1, 2, 3, 4, 5, 6))], waiting(**{"2g_20gb": 3}), NONE,
-         {"w": 1}),
-        # Of two whole nodes, the one an LLM could not take whole anyway (a GPU is held).
-        ([whole("a"), whole("b", held=(7,))], waiting(**{"3g_40gb": 2}), NONE, {"b": 1}),
+         {"w": 8}),
+        # A node with a GPU in use switches no GPU's MIG mode (mig-parted's mode step
+        # clears every MIG GPU of the node and may reset them all): the idle node does.
+        ([whole("a"), whole("b", held=(7,))], waiting(**{"3g_40gb": 2}), NONE, {"a": 8}),
+        ([whole("b", held=(7,))], waiting(**{"3g_40gb": 2}), NONE, {}),
         # Only the one GPU nobody holds may change; the demand asks for more than it holds.
         ([mig("m", held=(0, 1, 2, 3, 4, 5, 6))], waiting(**{"1g_10gb": 20}), NONE, {"m": 1}),
         ([whole("w", opted_in=False)], waiting(**{"1g_10gb": 1}), NONE, {}),
@@ -122,7 +129,7 @@ def test_forecast_shapes_the_layout_but_converts_nothing_alone() -> None:
     # converts no second one), and beside the 1g its room goes to the most forecast
     # instances: 3 x 2g.20gb (7 compute slices), not 1 x 3g.40gb + 1 x 2g.20gb.
     demand = MigDemand({(H, "1g.10gb"): 1}, forecast={(H, "2g.20gb"): 3, (H, "3g.40gb"): 9})
-    plan = plan_mig([whole("w")], demand, params=FAST)
+    plan = plan_mig([whole("w", n=1)], demand, params=FAST)
     (ch,) = plan.changes
     assert len(ch.changed) == 1
     new = next(d for d in ch.devices if ch.changed[0] in d.devices)
@@ -148,7 +155,7 @@ def test_a_gpu_that_changes_is_filled_with_demanded_profiles(
         wait: dict[str, int], fore: dict[str, int], expect: dict[str, int]) -> None:
     demand = MigDemand({(H, p): n for p, n in wait.items()},
                        forecast={(H, p): n for p, n in fore.items()})
-    nodes = [whole("w")]
+    nodes = [whole("w", n=1)]
     for plan in (plan_mig(nodes, demand, params=FAST), greedy_mig_plan(nodes, demand)):
         assert plan_errors(nodes, plan) == []
         (ch,) = plan.changes
@@ -346,3 +353,14 @@ def test_many_models_keep_the_objective_within_cp_sats_integers() -> None:
                     params=SolverParams(max_time_s=0.2, workers=1, seed=1))
     assert not plan.status.startswith("MODEL_INVALID"), plan.status
     assert plan_errors(nodes, plan) == []
+
+
+def test_plan_errors_refuse_a_mode_change_on_a_node_in_use() -> None:
+    # A hand-made plan switching idle GPU 0 to MIG while GPU 7 runs a pod: mig-parted's
+    # mode step would clear every MIG GPU of the node and may reset GPU 7 too.
+    nodes = [whole("b", held=(7,))]
+    idle = [whole("b")]
+    plan = greedy_mig_plan(idle, waiting(**{"1g_10gb": 7}))
+    assert plan.changes and plan_errors(idle, plan) == []
+    errors = plan_errors(nodes, plan)
+    assert any("MIG mode changes on a node in use" in e for e in errors), errors

@@ -66,9 +66,14 @@ def state(nodes: list[NodeView], pods: tuple[MigPod, ...] = (), **kw: object) ->
 
 
 def change(node_name: str, targets: dict[int, object], started: float = 0.0,
-           config: str = "gpupack-abc") -> Change:
+           config: str = "gpupack-abc", labelled_at: float | str | None = "started"
+           ) -> Change:
+    """A change in flight, its node labelled as it started unless ``labelled_at`` says
+    otherwise (None: the entry written, the label not yet)."""
+    at = started if labelled_at == "started" else labelled_at
+    assert at is None or isinstance(at, float)
     return Change(node_name, config, tuple(sorted(targets.items())),  # type: ignore[arg-type]
-                  (H100,), started)
+                  (H100,), started, labelled_at=at)
 
 
 SEVEN = (("1g.10gb", 7),)
@@ -121,8 +126,13 @@ START_CASES = [
     ("no node agent, nothing in use: acts",
      [node("a", [replace(whole(i), inferred=True) for i in range(8)])], asr(3), {}, ["a"]),
     ("node in MIG mode preferred",
-     [node("a"), node("m", [mig(0, {0: ("7g.80gb", "ns/big")}), whole(1)])],
+     [node("a"), node("m", [mig(0, {0: ("7g.80gb", None)}), whole(1)])],
      asr(3), {}, ["m"]),
+    # Its whole GPU 1 could serve them, but switching its MIG mode would clear the busy
+    # MIG GPU 0 (mig-parted's mode step): the idle node changes instead.
+    ("a node in use does not switch a GPU's MIG mode",
+     [node("a"), node("m", [mig(0, {0: ("7g.80gb", "ns/big")}), whole(1)])],
+     asr(3), {}, ["a"]),
 ]
 
 
@@ -141,20 +151,52 @@ def test_starts(name: str, nodes: list[NodeView], pods: tuple[MigPod, ...],
 
 
 def test_start_converts_the_fewest_gpus_for_the_waiting_pods() -> None:
-    d = decide_mig(state([node("a")], asr(10)), 100.0, S, FAST)
+    # Idle MIG GPUs (idle long enough): two are re-laid for ten 1g pods (7 slices a GPU).
+    gpus = [mig(i, {0: ("7g.80gb", None)}) for i in range(8)]
+    d = decide_mig(state([node("a", gpus)], asr(10), idle_since={("a", i): 0.0
+                                                                 for i in range(8)}),
+                   100.0, S, FAST)
     (s,) = d.starts
     created = sum(n for _, t in s.change.targets if not isinstance(t, str) for p, n in t
                   if p == "1g.10gb")
     assert created >= 10
-    assert len(s.change.targets) == 2  # 7 slices a GPU
+    assert len(s.change.targets) == 2
     assert d.waiting == {(H100, "1g.10gb"): 10}
 
 
+def test_a_node_entering_mig_mode_switches_all_its_whole_gpus() -> None:
+    d = decide_mig(state([node("a")], asr(10)), 100.0, S, FAST)
+    (s,) = d.starts
+    assert len(s.change.targets) == 8 and s.change.node_wide
+    assert all(t != WHOLE for _, t in s.change.targets)
+
+
 def test_busy_gpu_never_in_a_change() -> None:
-    gpus = [whole(0, ("ns/llm",)), whole(1), mig(2, {0: ("1g.10gb", "ns/asr-x")})]
-    d = decide_mig(state([node("a", gpus)], asr(20)), 100.0, S, FAST)
-    touched = {i for s in d.starts for i, _ in s.change.targets}
-    assert touched and not touched & {0, 2}
+    gpus = [whole(0, ("ns/llm",)), mig(1, {0: ("7g.80gb", None)}),
+            mig(2, {0: ("1g.10gb", "ns/asr-x")})]
+    d = decide_mig(state([node("a", gpus)], asr(20), idle_since={("a", 1): 0.0}), 100.0, S,
+                   FAST)
+    (s,) = d.starts
+    touched = {i for i, _ in s.change.targets}
+    # Only the idle MIG GPU is re-laid (its mode stays: the node is in use).
+    assert touched == {1} and not s.change.node_wide
+    assert {h.gpu for h in d.holds} == {1}
+
+
+def test_a_mode_change_holds_every_gpu_of_the_node_until_applied() -> None:
+    # GPU 1 is idle in MIG mode; GPU 0 turns MIG too: every GPU of the node is held,
+    # GPU 1 as well, which the change does not re-lay.
+    gpus = [whole(0), mig(1, dict(MIG7))]
+    d = decide_mig(state([node("a", gpus)], asr(10), idle_since={("a", 1): 0.0}), 100.0, S,
+                   FAST)
+    (s,) = d.starts
+    assert s.change.node_wide and 0 in dict(s.change.targets)
+    assert {h.gpu for h in d.holds} == {0, 1}
+    # Applied: the node reports the target layouts; nothing is held any more.
+    done = [mig(i, {k: (p, None) for k, p in enumerate(
+                p for p, n in t for _ in range(n))}) if not isinstance(t, str) else whole(i)
+            for i, t in sorted({**{1: SEVEN}, **dict(s.change.targets)}.items())]
+    assert holds_for(s.change, node("a", done)) == []
 
 
 def test_recently_idle_mig_gpu_left_alone() -> None:
@@ -210,6 +252,59 @@ def test_end_of_a_change(name: str, view: NodeView, now: float, result: str | No
         assert d.backoff["a"] == Backoff(now + 60, 1)
 
 
+# ---- the entry before the label (config_propagation_s, 90 s in S) ------------------------
+
+LABEL_CASES = [
+    # (name, labelled_at, node view, now, result or None, labelled now)
+    ("entry on its way: a failed state or another label is not judged",
+     None, node("a", config_label="all-disabled", state_label="failed"), 100.0, None, False),
+    ("entry there by now: the node is labelled", None,
+     node("a", config_label="all-disabled", state_label="success"), 140.0, None, True),
+    ("never labelled before the timeout (counted from the start)", None,
+     node("a", config_label="all-disabled"), 651.0, "timeout", False),
+    ("labelled at 140: the label is judged from then, not from the start", 140.0,
+     node("a", config_label="all-disabled", state_label="failed"), 160.0, None, False),
+    ("labelled at 140, the label never came: superseded after the grace", 140.0,
+     node("a", config_label="all-disabled", state_label="failed"), 171.0, "superseded", False),
+]
+
+
+@pytest.mark.parametrize("name,at,view,now,result,labelled", LABEL_CASES,
+                         ids=[c[0] for c in LABEL_CASES])
+def test_the_label_waits_for_the_entry(name: str, at: float | None, view: NodeView,
+                                       now: float, result: str | None,
+                                       labelled: bool) -> None:
+    c = change("a", {0: SEVEN}, started=50.0, labelled_at=at)
+    d = decide_mig(state([view], in_flight={"a": c}), now, S, FAST)
+    assert [f.result for f in d.finishes] == ([] if result is None else [result]), name
+    assert d.labels == ((replace(c, labelled_at=now),) if labelled else ()), name
+    assert {h.gpu for h in d.holds} == ({0} if result is None else set()), name
+
+
+@pytest.mark.parametrize("propagation", [0.0, 90.0])
+def test_a_start_is_labelled_at_once_only_without_propagation(propagation: float) -> None:
+    gpus = [whole(i) for i in range(8)]
+    settings = replace(S, config_propagation_s=propagation)
+    (s,) = decide_mig(state([node("a", gpus)], asr(3)), 100.0, settings, FAST).starts
+    assert s.change.labelled_at == (100.0 if propagation == 0 else None)
+
+
+@pytest.mark.parametrize("at", [None, 12.5])
+def test_labelled_at_survives_the_config_map(at: float | None) -> None:
+    c = change("a", {0: SEVEN}, started=10.0, labelled_at=at)
+    assert changes_from_json(changes_json({"a": c})) == ({"a": c}, [])
+
+
+def test_a_change_written_before_labels_waited_counts_as_labelled_when_it_started() -> None:
+    raw = change("a", {0: SEVEN}, started=10.0).to_json()
+    del raw["labelled_at"]
+    assert Change.from_json(raw).labelled_at == 10.0
+    for field_name in ("labelled_at", "started"):
+        for bad in (float("nan"), "soon", [1]):
+            with pytest.raises(ValueError, match=f"{field_name} .* is not a time"):
+                Change.from_json({**raw, field_name: bad})
+
+
 def test_a_node_that_cannot_be_read_is_followed_not_gone() -> None:
     # A new leader whose watch could not read the node: its change is still the MIG
     # manager's, its model still busy; it ends only by its timeout.
@@ -257,9 +352,13 @@ def test_inferred_layout_recognised_by_its_multiset() -> None:
 
 
 def test_a_start_records_the_expected_layouts() -> None:
-    d = decide_mig(state([node("a", [whole(i) for i in range(3)])], asr(7)), 100.0, S, FAST)
+    gpus = [whole(0), mig(1, {0: ("7g.80gb", None)}), mig(2, {0: ("7g.80gb", "ns/x")})]
+    d = decide_mig(state([node("a", gpus)], asr(7), idle_since={("a", 1): 0.0}), 100.0, S,
+                   FAST)
     (s,) = d.starts
-    assert sorted(s.change.expected, key=str) == sorted([WHOLE, WHOLE, SEVEN], key=str)
+    # The node is in use: GPU 1 is re-laid, GPU 0 stays whole, GPU 2 keeps its 7g.
+    assert sorted(s.change.expected, key=str) == sorted(
+        [WHOLE, SEVEN, (("7g.80gb", 1),)], key=str)
 
 
 def test_backoff_doubles_and_success_clears_it() -> None:

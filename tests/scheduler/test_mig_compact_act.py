@@ -76,7 +76,7 @@ def setup(outcome: str = "evicted", leader: list[bool] | None = None, lone_owned
                           metrics=CompactMetrics(registry), memory=memory)
     lead = leader if leader is not None else [True]
     act = MigActuator(cache, api, is_leader=lambda: lead[0], clock=clock, params=FAST,
-                      settings=MigSettings(settle_s=0), compactor=compactor)
+                      settings=MigSettings(config_propagation_s=0, settle_s=0), compactor=compactor)
     return cache, act, evictor, api, events, clock, registry
 
 

@@ -56,7 +56,8 @@ class Compaction(RuleBasedStateMachine):
             settings=CompactSettings(min_pod_age_s=0, max_pods=3, min_excess=1,
                                      evictions_per_hour=1000))
         self.act = MigActuator(self.cache, self.api, clock=self.clock, params=FAST,
-                               settings=MigSettings(settle_s=0), compactor=self.compactor)
+                               settings=MigSettings(config_propagation_s=0, settle_s=0),
+                               compactor=self.compactor)
         self.n = 0
         self.bare: set[str] = set()
         self.evicted: list[str] = []  # accepted, in order

@@ -59,14 +59,18 @@ class FakeApi:
         self.events.append((node, reason, warning))
 
 
-def setup(pods: int = 3, leader: bool = True) -> tuple[Any, FakeApi, MigActuator, FakeClock,
-                                                      CollectorRegistry]:
+def setup(pods: int = 3, leader: bool = True, propagation: float = 0.0
+          ) -> tuple[Any, FakeApi, MigActuator, FakeClock, CollectorRegistry]:
+    """An actuator over one node; the label is set with the entry unless ``propagation``
+    (test_the_label_follows_the_entry_once_it_can_have_reached_the_manager)."""
     cache = make_cache([node("a")], [mig_pod(f"asr-{i}") for i in range(pods)])
     api = FakeApi()
     clock = FakeClock()
     registry = CollectorRegistry()
     act = MigActuator(cache, api, is_leader=lambda: leader, clock=clock, params=FAST,
-                      settings=MigSettings(backoff_s=60, settle_s=0), metrics=MigMetrics(registry))
+                      settings=MigSettings(backoff_s=60, settle_s=0,
+                                           config_propagation_s=propagation),
+                      metrics=MigMetrics(registry))
     return cache, api, act, clock, registry
 
 
@@ -88,8 +92,10 @@ def test_start_holds_then_writes_entry_changes_and_label() -> None:
     assert d is not None and len(d.starts) == 1
     (config,) = api.config["mig-configs"]
     assert api.labels == [("a", config)]
-    assert seen_holds and seen_holds[0] == {f"{HOLD_PREFIX}a/{i}" for i, _ in
-                                            d.starts[0].change.targets}
+    # A whole GPU turned MIG: mig-parted's mode step touches every GPU of the node, so
+    # every GPU is held before anything is written.
+    assert d.starts[0].change.node_wide
+    assert seen_holds and seen_holds[0] == {f"{HOLD_PREFIX}a/{i}" for i in range(8)}
     assert [c["node"] for c in json.loads(api.changes)] == ["a"]
     assert [r for _, r, _ in api.events] == ["MigReconfigureStarted"]
     assert registry.get_sample_value("gpupack_mig_reconfigurations_total",
@@ -98,6 +104,32 @@ def test_start_holds_then_writes_entry_changes_and_label() -> None:
     # The held GPU is not whole-free for anyone else.
     held_gpu = d.starts[0].change.targets[0][0]
     assert not cache.state.gpu("a", held_gpu).idle
+
+
+def test_the_label_follows_the_entry_once_it_can_have_reached_the_manager() -> None:
+    cache, api, act, clock, _ = setup(propagation=90.0)
+    d = act.step()
+    assert d is not None and len(d.starts) == 1
+    (config,) = api.config["mig-configs"]
+    assert api.labels == []  # the MIG manager's copy of the ConfigMap lacks the entry yet
+    (written,) = json.loads(api.changes)
+    assert written["config"] == config and written["labelled_at"] is None
+    held = mig_holds(cache)
+    assert held  # the GPUs are held from the start
+    clock.advance(60)
+    act.step()
+    assert api.labels == [] and mig_holds(cache) == held
+    clock.advance(31)
+    d = act.step()
+    assert d is not None and [c.node for c in d.labels] == ["a"]
+    assert api.labels == [("a", config)]
+    (written,) = json.loads(api.changes)
+    assert written["labelled_at"] == clock()
+    assert [r for _, r, _ in api.events] == ["MigReconfigureStarted"]
+    # Labelled once: the next steps judge the label, they do not write it again.
+    clock.advance(2)
+    act.step()
+    assert api.labels == [("a", config)]
 
 
 def test_pod_on_the_gpu_since_the_decision_cancels_the_start() -> None:
@@ -138,7 +170,8 @@ def test_failure_gives_back_backs_off_and_warns() -> None:
     assert registry.get_sample_value("gpupack_mig_reconfigurations_total",
                                      {"result": "failed"}) == 1
     # A new leader does not retry the node at once either: it reads the back-off back.
-    act2 = MigActuator(cache, api, clock=clock, params=FAST, settings=MigSettings(settle_s=0))
+    act2 = MigActuator(cache, api, clock=clock, params=FAST,
+                       settings=MigSettings(config_propagation_s=0, settle_s=0))
     d2 = act2.step()
     assert d2 is not None and d2.starts == () and act2.backoff["a"] == act.backoff["a"]
     clock.advance(120)
@@ -162,7 +195,7 @@ def test_success_requeues_the_pods_waiting_for_the_new_slices_oldest_first() -> 
                        + [mig_pod("tts", "2g.20gb")])
     clock, api, queue = FakeClock(), FakeApi(), Queue()
     act = MigActuator(cache, api, clock=clock, params=FAST, requeue=queue,
-                      settings=MigSettings(settle_s=0, min_idle_s=0))
+                      settings=MigSettings(config_propagation_s=0, settle_s=0, min_idle_s=0))
     d = act.step()
     assert d is not None and len(d.starts) == 1 and queue.writes == []
     ((_, target),) = d.starts[0].change.targets
@@ -248,7 +281,7 @@ def test_new_leader_follows_changes_in_flight_and_holds_their_gpus() -> None:
     _, api, act, clock, _ = setup()
     act.step()
     config = api.labels[0][1]
-    targets = act.changes["a"].targets if act.changes else ()
+    assert act.changes and act.changes["a"].node_wide  # a mode change: all GPUs held
     # A fresh replica (same API) becomes the leader.
     cache2 = make_cache([node("a", labels={"nvidia.com/mig.config": config,
                                             "nvidia.com/mig.config.state": "pending"})],
@@ -256,7 +289,7 @@ def test_new_leader_follows_changes_in_flight_and_holds_their_gpus() -> None:
     act2 = MigActuator(cache2, api, clock=clock, params=FAST)
     d = act2.step()
     assert d is not None and d.starts == () and d.finishes == ()
-    assert mig_holds(cache2) == {f"{HOLD_PREFIX}a/{i}" for i, _ in targets}
+    assert mig_holds(cache2) == {f"{HOLD_PREFIX}a/{i}" for i in range(8)}
     assert api.changes == changes_json(act.changes or {})
 
 
@@ -295,7 +328,7 @@ def test_a_mig_gpu_being_relaid_keeps_its_instances_held_across_steps() -> None:
     clock = FakeClock()
     api = FakeApi()
     act = MigActuator(cache, api, clock=clock, params=FAST,
-                      settings=MigSettings(settle_s=0, min_idle_s=0))
+                      settings=MigSettings(config_propagation_s=0, settle_s=0, min_idle_s=0))
     d = act.step()
     assert d is not None and [s.change.node for s in d.starts] == ["a"]
     # The informer brings the label back; the MIG manager has not reported yet.
@@ -318,7 +351,7 @@ def test_the_forecast_counts_the_pods_no_free_slice_served() -> None:
     cache = make_cache([node("a", gpus=2, mig={"1g.10gb": 7})])
     clock = FakeClock()
     act = MigActuator(cache, FakeApi(), clock=clock, params=FAST,
-                      settings=MigSettings(settle_s=0))
+                      settings=MigSettings(config_propagation_s=0, settle_s=0))
     cache.upsert_pod(mig_pod("asr"))  # a free 1g slice serves it
     cache.upsert_pod(mig_pod("tts", "2g.20gb"))  # no 2g slice anywhere
     state = act.gather(clock())
@@ -342,7 +375,8 @@ def test_nothing_is_done_before_the_reservation_book_is_rebuilt() -> None:
     api = FakeApi()
     ready = [False]
     act = MigActuator(cache, api, clock=FakeClock(), params=FAST,
-                      settings=MigSettings(settle_s=0), ready=lambda: ready[0])
+                      settings=MigSettings(config_propagation_s=0, settle_s=0),
+                      ready=lambda: ready[0])
     assert act.step() is None
     assert api.labels == [] and mig_holds(cache) == set()
     ready[0] = True
@@ -373,7 +407,8 @@ def test_a_pod_whose_bind_failed_keeps_its_arrival_time() -> None:
     # again. A fresh arrival time would start the settle rule's clocks over.
     cache = make_cache([node("a", gpus=1, mig={"1g.10gb": 7})])
     clock = FakeClock()
-    act = MigActuator(cache, FakeApi(), clock=clock, params=FAST, settings=MigSettings())
+    act = MigActuator(cache, FakeApi(), clock=clock, params=FAST,
+                      settings=MigSettings(config_propagation_s=0))
     cache.upsert_pod(mig_pod("asr"))
     req = next(p for p in cache.pending() if p.key == "default/asr")
     assert [m.arrived for m in act.gather(clock()).mig_pods] == [1000.0]
@@ -416,7 +451,7 @@ def test_a_cleared_backoff_stays_cleared_after_a_failed_write() -> None:
     clock = FakeClock()
     api = _FailsAfterUpdate()
     act = MigActuator(cache, api, clock=clock, params=FAST,
-                      settings=MigSettings(backoff_s=60, settle_s=0))
+                      settings=MigSettings(config_propagation_s=0, backoff_s=60, settle_s=0))
     assert act.step() is not None
     act.backoff["a"] = Backoff(clock() + 100, 1)
     act._write_changes()
@@ -434,7 +469,7 @@ def test_a_backoff_the_next_leader_cleared_is_not_taken_back_on_leading_again() 
     api = FakeApi()
     leading = [True]
     act = MigActuator(cache, api, is_leader=lambda: leading[0], clock=clock, params=FAST,
-                      settings=MigSettings(backoff_s=60, settle_s=0))
+                      settings=MigSettings(config_propagation_s=0, backoff_s=60, settle_s=0))
     assert act.step() is not None
     act.backoff["a"] = Backoff(clock() + 1000, 1)
     act._write_changes()
@@ -454,7 +489,7 @@ def test_a_pod_recreated_under_its_name_is_another_arrival() -> None:
     cache = make_cache([node("a", mig={"1g.10gb": 7})])
     clock = FakeClock()
     act = MigActuator(cache, FakeApi(), clock=clock, params=FAST,
-                      settings=MigSettings(settle_s=0))
+                      settings=MigSettings(config_propagation_s=0, settle_s=0))
     cache.upsert_pod(mig_pod("db-0", "2g.20gb"))
     assert len(act.gather(clock()).arrivals) == 1
     cache.delete_pod("default/db-0")
