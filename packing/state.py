@@ -50,6 +50,9 @@ class GpuState:
     # small pods while idle (the rebalancer asks the MIG manager); ``converted`` marks it.
     reconfigurable: bool = False
     converted: bool = False
+    # Starts of instances a placement of this pass creates (mig_created): the GPU's new
+    # layout is still being chosen, so more may be created beside them.
+    created: set[int] = field(default_factory=set)
 
     @property
     def mode(self) -> GpuMode:
@@ -139,6 +142,27 @@ class NodeState:
     def whole_free(self) -> bool:
         """A GPU node every GPU of which could serve a whole-GPU pod now: room for an LLM."""
         return bool(self.gpus) and all(g.whole_free for g in self.gpus)
+
+
+def creatable(node: NodeState, g: GpuState) -> bool:
+    """Whether a new MIG instance may be counted on ``g``: the MIG manager (mig-parted)
+    re-lays a GPU only while no instance of it is in use, and switches a GPU's MIG mode
+    only while no GPU of the node is in use (its mode step clears every MIG GPU of the
+    node and may reset them all). A GPU converted or re-laid in this same pass (a plan
+    being built) counts as idle for both: its layout is still being chosen."""
+    if not node.info.mig_reconfigurable or get_model(g.info.model).mig is None:
+        return False
+    if g.converted:
+        return True
+    if g.info.mode is GpuMode.MIG:
+        return _idle_but_this_pass(g)
+    return g.convertible and all(o.converted or _idle_but_this_pass(o) for o in node.gpus)
+
+
+def _idle_but_this_pass(g: GpuState) -> bool:
+    """Idle, but for instances created in this pass."""
+    return (g.whole_owner is None and not g.shared_owners
+            and all(o is None or s in g.created for s, (_, o) in g.instances.items()))
 
 
 class PlacementError(ValueError):
@@ -317,7 +341,7 @@ class ClusterState:
                 continue
             if pod.kind is RequestKind.MIG:
                 geom = get_model(g.info.model).mig
-                if geom is None or (g.mode is not GpuMode.MIG and not g.convertible):
+                if geom is None or (g.mode is not GpuMode.MIG and not creatable(node, g)):
                     continue
                 if pod.mig_profile not in {p.name for p in geom.profiles}:
                     continue
@@ -341,7 +365,7 @@ class ClusterState:
                 for start, (profile, owner) in sorted(g.instances.items()):
                     if profile == pod.mig_profile and owner is None:
                         yield Placement(pod.key, name, (g.info.index,), profile, start, False)
-                if node.info.mig_reconfigurable or g.convertible:
+                if creatable(node, g):
                     geom = get_model(g.info.model).mig
                     assert geom is not None
                     for start in free_starts(geom, g.mig_slots(), pod.mig_profile):
@@ -438,10 +462,11 @@ class ClusterState:
             if g.mode not in (GpuMode.SHARED, GpuMode.FRACTIONAL) or g.whole_owner is not None:
                 return f"GPU {g.info.index} of {p.node} is not shared ({g.mode.value})"
             return None
-        return self._mig_shape_error(pod, p, g)
+        return self._mig_shape_error(pod, p, g, creatable(self.nodes[p.node], g))
 
     @staticmethod
-    def _mig_shape_error(pod: PodRequest, p: Placement, g: GpuState) -> str | None:
+    def _mig_shape_error(pod: PodRequest, p: Placement, g: GpuState,
+                         can_create: bool) -> str | None:
         where = f"GPU {g.info.index} of {p.node}"
         if p.mig_profile is None or p.mig_profile != pod.mig_profile or p.mig_start is None:
             return (f"pod asks for MIG {pod.mig_profile}, placement gives "
@@ -453,10 +478,12 @@ class ClusterState:
             return f"{where} ({g.info.model}) has no MIG profile {p.mig_profile}"
         if p.mig_start not in geom.profile(p.mig_profile).starts:
             return f"start {p.mig_start} is not allowed for {p.mig_profile} on {g.info.model}"
-        if g.mode is not GpuMode.MIG and not (p.mig_created and g.convertible):
+        if g.mode is not GpuMode.MIG and not (p.mig_created and can_create):
             # A slice that exists is on a MIG GPU; one to be created needs an idle GPU
-            # that may be switched to MIG.
+            # that may be switched to MIG (on a node in use by no one: see creatable).
             return f"{where} is in {g.mode.value} mode, not MIG"
+        if p.mig_created and not can_create:
+            return f"{where}: its MIG layout cannot change now (in use, or not opted in)"
         held = g.instances.get(p.mig_start)
         if held is not None:
             if held[0] != p.mig_profile:
@@ -503,6 +530,8 @@ class ClusterState:
             if g.info.mode is GpuMode.WHOLE:
                 g.converted = True
             g.instances[p.mig_start] = (p.mig_profile, pod.key)
+            if p.mig_created:
+                g.created.add(p.mig_start)
         elif pod.kind is RequestKind.SHARED:
             g = self.gpu(p.node, p.gpus[0])
             g.shared_owners[pod.key] = (pod.gpu_milli, pod.gpu_memory_mib)
@@ -536,6 +565,7 @@ class ClusterState:
                 pass  # the slice is another pod's (two records claimed it): keep it
             elif p.mig_created:
                 del g.instances[p.mig_start]
+                g.created.discard(p.mig_start)
                 if g.converted and not g.instances:
                     g.converted = False
             else:

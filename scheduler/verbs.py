@@ -29,7 +29,7 @@ from packing.catalog import get_model
 from packing.mig import free_starts
 from packing.model import GpuMode, Placement, PodRequest, RequestKind, Snapshot
 from packing.scoring import Score, Scorer
-from packing.state import ClusterState
+from packing.state import ClusterState, creatable
 from packing.status import Status
 from scheduler.view_lag import ViewLag
 from scheduler.wire import (
@@ -290,9 +290,9 @@ def largest_placeable(state: ClusterState, pod: PodRequest, node: str) -> str | 
         if pod.gpu_models and g.info.model not in pod.gpu_models:
             continue
         geom = get_model(g.info.model).mig
-        if geom is None or (g.mode is not GpuMode.MIG and not g.convertible):
+        can_create = creatable(n, g)
+        if geom is None or (g.mode is not GpuMode.MIG and not can_create):
             continue
-        can_create = n.info.mig_reconfigurable or g.convertible
         for prof in geom.classic:
             free = any(p == prof.name and o is None for p, o in g.instances.values())
             if not free and can_create:

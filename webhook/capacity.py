@@ -41,7 +41,7 @@ from packing.model import (
     Snapshot,
     Taint,
 )
-from packing.state import ClusterState, GpuState
+from packing.state import ClusterState, GpuState, creatable
 
 
 @dataclass(frozen=True)
@@ -384,13 +384,13 @@ def _condense(state: ClusterState, reach: Collection[str]) -> Mapping[str, Model
                     cordoned.setdefault(model, Counter()).update(
                         prof for prof, _ in g.instances.values())
                 continue
-            if g.mode is GpuMode.MIG or g.convertible:
+            can_create = creatable(node, g)
+            if g.mode is GpuMode.MIG or can_create:
                 mig_gpus[model] += 1
                 layout = tuple(sorted((start, prof, owner is None)
                                       for start, (prof, owner) in g.instances.items()))
-                creatable = info.mig_reconfigurable or g.convertible
-                mig_states[(model, creatable, layout)] += 1
-                if creatable:
+                mig_states[(model, can_create, layout)] += 1
+                if can_create:
                     changeable[model] += 1
                 elif unreported_node:
                     unreported[model] += 1
@@ -413,8 +413,8 @@ def _condense(state: ClusterState, reach: Collection[str]) -> Mapping[str, Model
     free: dict[str, Counter[str]] = {}
     creatable_n: dict[str, Counter[str]] = {}
     existing: dict[str, Counter[str]] = {}
-    for (model, creatable, layout), count in mig_states.items():
-        f, c, e = _mig_counts(model, creatable, layout)
+    for (model, may_create, layout), count in mig_states.items():
+        f, c, e = _mig_counts(model, may_create, layout)
         for into, counts in ((free, f), (creatable_n, c), (existing, e)):
             acc = into.setdefault(model, Counter())
             for profile, n in counts.items():
