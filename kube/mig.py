@@ -11,7 +11,10 @@ failed). gpupack keeps its entries in a ConfigMap of its own (default
 * ``data["config.yaml"]``: the mig-parted config, ``version: v1`` and ``mig-configs``
   (written as JSON, which is YAML). Entries gpupack did not write are kept as they are;
   gpupack's own (``gpupack-<hash>``) are kept while a node's label names them (the MIG
-  manager re-reads its node's entry when it restarts) and dropped otherwise.
+  manager applies its node's entry again when its pod restarts) and dropped otherwise.
+  The manager reads a file the kubelet copies from the ConfigMap at its own sync, not
+  the API: a new entry reaches it only later, so the node label follows the entry by
+  ``MigSettings.config_propagation_s`` (``scheduler.mig_actuator``).
 * ``data["gpupack-changes.json"]``: the changes in flight (``scheduler.mig_actuator``
   ``Change``), so a new leader follows what the last one started.
 
