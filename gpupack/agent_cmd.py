@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from types import FrameType
 
 from gpupack.metrics_auth import add_metrics_auth_argument, metrics_auth_error, metrics_guard
-from kube.inventory_age import DEFAULT_REFRESH_S
+from kube.inventory_age import DEFAULT_MAX_AGE_S, DEFAULT_REFRESH_S
 
 log = logging.getLogger("gpupack.agent")
 
@@ -78,6 +78,11 @@ def run(args: argparse.Namespace) -> int:
                     "and the extender and webhook stop trusting an inventory not rewritten "
                     "for their --inventory-max-age (900 s by default): give them "
                     "--inventory-max-age 0 too")
+    elif args.inventory_refresh >= DEFAULT_MAX_AGE_S and not args.once:
+        log.warning("--inventory-refresh %g: at or above the extender's default "
+                    "--inventory-max-age (%g s), an idle node's inventory goes stale between "
+                    "writes; keep it well below the max age the extender and webhook use",
+                    args.inventory_refresh, DEFAULT_MAX_AGE_S)
     node = args.node_name or os.uname().nodename
     if not args.node_name:
         log.warning("no --node-name and no $NODE_NAME: reporting as %s", node)

@@ -37,7 +37,13 @@ from typing import Any
 from kube import annotations as A
 from kube.assumptions import AssumedBinds, AssumeError, Assumption, same_uid
 from kube.constraints import PodConstraints, Taint, node_taints, pod_constraints
-from kube.inventory_age import InventoryAge, essentials, without_inventory, written_at
+from kube.inventory_age import (
+    InventoryAge,
+    essentials,
+    steady_clock,
+    without_inventory,
+    written_at,
+)
 from kube.objects import (
     NO_OBSERVATION,
     UNREADABLE_TAINTS,
@@ -108,12 +114,13 @@ class ClusterCache:
 
     def __init__(self, scheduler_name: str = "gpupack", *, mig_actuator: bool = False,
                  inventory_age: InventoryAge | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] | None = None) -> None:
         self.scheduler_name = scheduler_name
         # The age limit on node agent inventories (None: none, as for files that no agent
-        # refreshes), and the wall clock their ``ts`` is compared with.
+        # refreshes), and the wall clock their ``ts`` is compared with (by default one
+        # that system clock steps do not move: kube.inventory_age.steady_clock).
         self.inventory_age = inventory_age
-        self._clock = clock
+        self._clock = clock if clock is not None else steady_clock()
         self._stale_inventories: set[str] = set()
         # node -> (ts, expiry) of the last inventory seen on it, stale ones included.
         self._inventory_seen: dict[str, tuple[int, float]] = {}
@@ -759,7 +766,10 @@ class ClusterCache:
             self._inventory_nodes.pop(name, None)
             return
         if name in self._stale_inventories:
-            log.info("node %s: the node agent's inventory is fresh again", name)
+            if name in self._inventory_seen:
+                log.info("node %s: the node agent's inventory is fresh again", name)
+            else:
+                log.info("node %s: its stale node agent inventory was removed", name)
             self._stale_inventories.discard(name)
         if name in self._inventory_seen:
             self._inventory_nodes[name] = essentials(obj)

@@ -11,12 +11,14 @@ inferred, which the MIG actuator does not re-lay while pods hold them. This is
 kube-scheduler's stance on a node whose kubelet stopped reporting: the last word is not
 trusted for ever.
 
-Ages are measured on the extender's clock, so a node's clock does not matter: a write
-(a ``ts`` greater than the last one seen for the node) counts from when the extender saw
-it. Only an inventory seen for the first time (the extender starting) is dated by its own
-``ts``, the earlier of it and now: a dead agent's inventory is not trusted afresh by each
-restart, and a node whose clock runs more than ``max_age_s - refresh`` behind is read as
-inventory-less until its agent's next write.
+Ages are measured on the extender's clock (:func:`steady_clock`: its wall time at start
+plus monotonic time since, so a step of the system clock moves no age), so a node's clock
+does not matter: a write (a ``ts`` greater than the last one seen for the node) counts
+from when the extender saw it. Only an inventory seen for the first time (the extender
+starting) is dated by its own ``ts``, the earlier of it and now: a dead agent's inventory
+is not trusted afresh by each restart, unless the node's clock ran ahead of the
+extender's (its ``ts`` is then taken as now), and a node whose clock runs more than
+``max_age_s - refresh`` behind is read as inventory-less until its agent's next write.
 
 Pure: the clock is the caller's.
 """
@@ -24,7 +26,8 @@ Pure: the clock is the caller's.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,19 +35,31 @@ from kube import annotations as A
 
 DEFAULT_MAX_AGE_S = 900.0  # the extender's --inventory-max-age
 DEFAULT_REFRESH_S = 300.0  # the agent's --inventory-refresh
+MAX_TS = 2**53  # a ts past this (float's exact integers; year 285 million) is not a time
 
 
 def written_at(text: str | None) -> int | None:
     """The inventory's ``ts`` (unix seconds), or None when there is no readable one (an
-    unreadable inventory is refused by node_info anyway, whatever its age)."""
+    unreadable inventory is refused by node_info anyway, whatever its age). Never raises:
+    it runs on every Node the watch delivers, before anything else is read of it."""
     if text is None:
         return None
     try:
         top = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nesting deeper than Python's
         return None
     ts = top.get("ts") if isinstance(top, dict) else None
-    return ts if isinstance(ts, int) and not isinstance(ts, bool) else None
+    ok = isinstance(ts, int) and not isinstance(ts, bool) and 0 <= ts < MAX_TS
+    return ts if ok else None
+
+
+def steady_clock(wall: Callable[[], float] = time.time,
+                 monotonic: Callable[[], float] = time.monotonic) -> Callable[[], float]:
+    """A wall clock that a step of the system clock does not move: the wall time when it
+    was made plus the monotonic time since. Ages are measured on it, so an NTP step back
+    does not extend a dead agent's trust, nor a step forward expire every inventory."""
+    wall0, mono0 = wall(), monotonic()
+    return lambda: wall0 + (monotonic() - mono0)
 
 
 @dataclass(frozen=True)

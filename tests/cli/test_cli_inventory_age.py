@@ -41,6 +41,16 @@ def test_a_bad_refresh_is_refused_naming_the_flag(tmp_path: Path) -> None:
     assert "--inventory-refresh -5.0: must be 0" in done.stderr
 
 
+@pytest.mark.parametrize(("refresh", "warned"), [("900", True), ("300", False)])
+def test_a_refresh_as_long_as_the_max_age_is_warned_of(refresh: str, warned: bool,
+                                                       tmp_path: Path) -> None:
+    # --metrics-auth delegated without an API server ends the run after the warnings.
+    done = gpupack("agent", "--no-patch", "--inventory-refresh", refresh,
+                   "--metrics-auth", "delegated", tmp=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert ("an idle node's inventory goes stale between writes" in done.stderr) is warned
+
+
 def parse(*flags: str) -> argparse.Namespace:
     p = argparse.ArgumentParser()
     add_inventory_age_argument(p)

@@ -15,7 +15,13 @@ from hypothesis.stateful import RuleBasedStateMachine, rule
 from test_kube_objects import k8s_node, k8s_pod
 
 from kube.cache import ClusterCache
-from kube.inventory_age import InventoryAge, essentials, without_inventory, written_at
+from kube.inventory_age import (
+    InventoryAge,
+    essentials,
+    steady_clock,
+    without_inventory,
+    written_at,
+)
 from kube.objects import NO_OBSERVATION
 
 T = 1_700_000_000
@@ -71,9 +77,34 @@ def trusted(cache: ClusterCache, name: str) -> bool:
     ('{"ts": true}', None),
     ("[1, 2]", None),
     ('{"v": 1, "ts": 1700000000}', 1_700_000_000),
+    ("[" * 200_000, None),  # nested deeper than Python's recursion limit
+    ('{"ts": 1' + "0" * 400 + "}", None),  # an integer no float holds
+    ('{"ts": -5}', None),
 ])
 def test_written_at(text: str | None, ts: int | None) -> None:
     assert written_at(text) == ts
+
+
+@pytest.mark.parametrize("text", ["[" * 200_000, '{"v": 1, "ts": 1' + "0" * 400 + "}"])
+def test_an_unreadable_ts_does_not_stop_the_node_list(text: str) -> None:
+    # One Node whose inventory the age check cannot read must not fail the list (the
+    # cache would relist for ever and never sync): it is read without the limit and the
+    # next node is read too.
+    cache = cache_at(Clock(T))
+    bad = node("bad", None)
+    bad["metadata"]["annotations"] = {"gpupack.io/inventory": text}
+    cache.replace([bad, node("good", T)], [])
+    assert set(cache.state.nodes) >= {"good"} and trusted(cache, "good")
+
+
+def test_the_default_clock_ignores_steps_of_the_system_clock() -> None:
+    wall, mono = [T + 0.0], [100.0]
+    clock = steady_clock(lambda: wall[0], lambda: mono[0])
+    wall[0] -= 3600  # an NTP step back an hour
+    mono[0] += 1000
+    assert clock() == T + 1000
+    wall[0] += 7200
+    assert clock() == T + 1000
 
 
 @pytest.mark.parametrize(("ts", "now", "known", "expires"), [
