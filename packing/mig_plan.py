@@ -434,6 +434,7 @@ def greedy_mig_plan(nodes: Sequence[MigNode], demand: MigDemand,
     cands = _candidates(nodes)
     models = sorted({g.model for _, g in cands} - in_flight)
     node_of_model: dict[str, str] = {}
+    demanded = _demanded(demand)
     for model in models:
         wait = {p: n for (m, p), n in demand.waiting.items() if m == model and n > 0}
         if not wait:
@@ -450,15 +451,12 @@ def greedy_mig_plan(nodes: Sequence[MigNode], demand: MigDemand,
             picks: dict[int, Counts | str] = {}
             served = 0
             for g in gpus:
-                opt, n_w, _ = _best_option(g, left, left_f, _demanded(demand), node.busy)
+                opt, n_w, _ = _best_option(g, left, left_f, demanded, node.busy)
                 if opt is None or n_w == 0:
                     continue
                 picks[g.index] = opt
                 served += n_w
-                for p, k in _gain(opt, g.counts).items():
-                    use = min(k, left.get(p, 0))
-                    left[p] = left.get(p, 0) - use
-                    left_f[p] = max(0, left_f.get(p, 0) - (k - use))
+                _consume(_gain(opt, g.counts), left, left_f)
                 if not any(left.values()):
                     break
             if not picks:
@@ -468,12 +466,10 @@ def greedy_mig_plan(nodes: Sequence[MigNode], demand: MigDemand,
                 # (plan_mig's rule), partitioned for what is left of the forecast.
                 for g in gpus:
                     if not g.mig_enabled and g.index not in picks:
-                        opt, _, _ = _best_option(g, left, left_f, _demanded(demand),
-                                                 node.busy)
+                        opt, _, _ = _best_option(g, left, left_f, demanded, node.busy)
                         if opt is not None:
                             picks[g.index] = opt
-                            for p, k in _gain(opt, g.counts).items():
-                                left_f[p] = max(0, left_f.get(p, 0) - k)
+                            _consume(_gain(opt, g.counts), left, left_f)
             to_mig = sum(1 for i in picks if not _gpu(node, i).mig_enabled)
             score = (served, -int(node.whole_free and to_mig > 0),
                      -int(not node.in_mig_mode), -len(picks))
@@ -485,6 +481,15 @@ def greedy_mig_plan(nodes: Sequence[MigNode], demand: MigDemand,
     whole_served = _greedy_whole(nodes, demand, in_flight, chosen, node_of_model)
     return MigPlan(_changes(nodes, chosen), "greedy", _served(nodes, demand, chosen),
                    whole_served)
+
+
+def _consume(gain: Mapping[str, int], left: dict[str, int], left_f: dict[str, int]) -> None:
+    """Take new instances ``gain`` off the waiting pods ``left`` first, the rest off the
+    forecast ``left_f``."""
+    for p, k in gain.items():
+        use = min(k, left.get(p, 0))
+        left[p] = left.get(p, 0) - use
+        left_f[p] = max(0, left_f.get(p, 0) - (k - use))
 
 
 def _gpu(node: MigNode, index: int) -> MigGpu:

@@ -365,7 +365,8 @@ class ClusterState:
                 for start, (profile, owner) in sorted(g.instances.items()):
                     if profile == pod.mig_profile and owner is None:
                         yield Placement(pod.key, name, (g.info.index,), profile, start, False)
-                if creatable(node, g):
+                # A GPU not in MIG mode is allowed only when creatable already.
+                if g.mode is not GpuMode.MIG or creatable(node, g):
                     geom = get_model(g.info.model).mig
                     assert geom is not None
                     for start in free_starts(geom, g.mig_slots(), pod.mig_profile):

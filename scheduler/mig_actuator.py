@@ -175,12 +175,12 @@ class Change:
         """ValueError naming the field when ``raw`` is not a change this module wrote."""
         if not isinstance(raw, Mapping):
             raise ValueError(f"change: expected an object, got {type(raw).__name__}")
-        try:
-            started = float(raw["started"])
-        except KeyError:
-            raise ValueError("change: missing field 'started'") from None
-        except (TypeError, ValueError):
-            raise ValueError(f"change: started {raw['started']!r} is not a time") from None
+        if "started" not in raw:
+            raise ValueError("change: missing field 'started'")
+        started = _time(raw["started"], "started")
+        # Written before labels waited for the entry: labelled as it started.
+        raw_at = raw.get("labelled_at", started)
+        labelled_at = None if raw_at is None else _time(raw_at, "labelled_at")
         try:
             node, config = str(raw["node"]), str(raw["config"])
             models = tuple(str(m) for m in raw["models"])
@@ -189,23 +189,24 @@ class Change:
             expected = tuple(_layout_of(t, "expected[]") for t in raw.get("expected", ()))
         except (KeyError, TypeError) as e:
             raise ValueError(f"change: missing or malformed field {e}") from None
-        # Written before labels waited for the entry: labelled as it started.
-        raw_at = raw.get("labelled_at", started)
-        try:
-            labelled_at = None if raw_at is None else float(raw_at)
-        except (TypeError, ValueError):
-            raise ValueError(f"change: labelled_at {raw_at!r} is not a time") from None
         if not node or not config.startswith(CONFIG_PREFIX):
             raise ValueError(f"change: node {node!r} / config {config!r} not gpupack's")
-        if not math.isfinite(started):
-            raise ValueError(f"change: started {raw['started']!r} is not a time")
-        if labelled_at is not None and not math.isfinite(labelled_at):
-            raise ValueError(f"change: labelled_at {raw['labelled_at']!r} is not a time")
         node_wide = raw.get("node_wide", False)
         if not isinstance(node_wide, bool):
             raise ValueError(f"change: node_wide {node_wide!r} is not true or false")
         return cls(node, config, tuple(targets), models, started, expected, labelled_at,
                    node_wide)
+
+
+def _time(raw: object, name: str) -> float:
+    """A time field of a change read back: a finite number, else ValueError naming it."""
+    try:
+        t = float(raw)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        t = math.nan
+    if not math.isfinite(t):
+        raise ValueError(f"change: {name} {raw!r} is not a time")
+    return t
 
 
 def _layout_json(t: Target) -> object:

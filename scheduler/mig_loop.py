@@ -358,6 +358,8 @@ class MigActuator:
         for c in d.labels:
             if not self._label_now(c):
                 return
+        if d.labels:  # when each was labelled, for a new leader
+            self._write_changes()
         for s in d.starts:
             mine = [h for h in d.holds if h.node == s.change.node]
             why = take_holds(self.cache, mine)
@@ -416,8 +418,9 @@ class MigActuator:
 
     def _label_now(self, c: Change) -> bool:
         """Label the node of a change whose entry has had time to reach the MIG manager,
-        and remember when (in the ConfigMap: a new leader then judges the label from
-        that time, or labels again, which changes nothing). False when this replica no
+        and remember when (the caller writes it to the ConfigMap: a new leader then
+        judges the label from that time, or labels again, which changes nothing). False
+        when this replica no
         longer leads (the step stops there). A refused label counts as written: the
         change ends ``superseded`` once the label is judged (the node does not carry
         it), and its GPUs are given back."""
@@ -433,7 +436,6 @@ class MigActuator:
                         f"{CONFIG_LABEL}={c.config} could not be set: {e}", warning=True)
         assert self.changes is not None
         self.changes[c.node] = c
-        self._write_changes()
         log.info("MIG change %s on %s: %s asked", c.config, c.node, CONFIG_LABEL)
         return True
 
