@@ -178,15 +178,20 @@ def run(args: argparse.Namespace) -> int:
                 "nodes": len(snapshot.nodes), "pods": len(snapshot.running)
                 + len(snapshot.pending), "pending": len(snapshot.pending)}, where))
             return create_webhook_app(lambda: snapshot, CollectorRegistry(), config)
+        from kube.cache_metrics import CacheCollector
         from kube.source import load_api_client
 
         feed = live_snapshots(args)
+        # The webhook's own cache: its figures (synced, stale agent inventories, ...) are
+        # this process's, so alerts see a webhook whose view has gone stale too.
+        registry = CollectorRegistry()
+        registry.register(CacheCollector(feed.cache))
         announce_when_synced(feed.ready, lambda: startup_line(
             "webhook", source, feed.cache.counts(), where))
         guard = metrics_guard(args.metrics_auth,
                               load_api_client(args.kubeconfig, args.in_cluster))
-        return create_webhook_app(feed, CollectorRegistry(), config, ready=feed.ready,
-                          metrics_guard=guard)
+        return create_webhook_app(feed, registry, config, ready=feed.ready,
+                                  metrics_guard=guard)
 
     HttpsServer(app_factory, host=args.host, port=args.port, cert=args.tls_cert,
                 key=args.tls_key, limits=REVIEW_LIMITS, name="gpupack-webhook",

@@ -25,7 +25,10 @@ Metric sources (see the code for their definitions):
   ``gpupack_defrag_campaigns_stopped_total{reason}``, ``gpupack_defrag_active``,
   ``gpupack_defrag_group_wait_seconds`` (histogram).
 * webhook, ``webhook/metrics.py``: ``gpupack_webhook_reviews_total{outcome,class}``,
-  ``gpupack_webhook_warnings_total{class}``, ``gpupack_webhook_latency_seconds``.
+  ``gpupack_webhook_warnings_total{class}``, ``gpupack_webhook_latency_seconds``; against
+  a cluster, its own cache's figures too (``kube/cache_metrics.py``, the same names as
+  the extender's: ``gpupack_cache_*``, ``gpupack_node_inventories_stale``,
+  ``gpupack_device_plugin_disagreements_total``).
 * node agent, ``nodeagent/metrics.py``: ``gpupack_gpu_memory_{total,used}_bytes{gpu,
   model,mode}``, ``gpupack_pod_gpu_memory_bytes{namespace,pod,gpu}``, ``..._peak_bytes``,
   ``..._growth_bytes_per_second``, ``..._exhaustion_seconds``,

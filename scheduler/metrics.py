@@ -38,6 +38,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from kube.cache import ClusterCache
+from kube.cache_metrics import CacheCollector
 from packing.catalog import get_model
 from packing.model import GpuMode
 from packing.state import GpuState, NodeState
@@ -404,6 +405,7 @@ class ClusterCollector(Collector):
         self.planner = planner
         self.rows = rows
         self.active = active
+        self._cache_figures = CacheCollector(cache)
         self.cluster = Refreshed(lambda: list(self._cluster_figures()), max_age_s=max_age_s,
                                  name="gpupack-cluster-figures")
 
@@ -420,38 +422,7 @@ class ClusterCollector(Collector):
         yield from self.cluster.get()
 
     def _process_figures(self) -> Iterator[Metric]:
-        cache = self.cache
-        with cache.lock:
-            counts = cache.counts()
-            synced = cache.synced
-            bad = cache.bad_objects
-            stale = cache.stale_inventories
-
-        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
-            g = GaugeMetricFamily(name, doc)
-            g.add_metric([], value)
-            return g
-
-        yield gauge("gpupack_cache_nodes", "Nodes in the extender's cache", counts["nodes"])
-        yield gauge("gpupack_cache_pods", "Pods in the extender's cache", counts["pods"])
-        yield gauge("gpupack_cache_assumed_pods", "Pods bound by gpupack, not yet seen bound",
-                    counts["assumed"])
-        yield gauge("gpupack_cache_synced", "1 once the first list of nodes and pods is in",
-                    1.0 if synced else 0.0)
-        yield gauge("gpupack_cache_bad_objects", "Objects the cache could not read (skipped)", bad)
-        yield gauge("gpupack_node_inventories_stale",
-                    "Nodes whose node agent inventory was not rewritten for "
-                    "--inventory-max-age and is ignored (their GPUs inferred from "
-                    "allocatable and labels)", stale)
-        with cache.lock:
-            disagreements = dict(cache.disagreements)
-        fam = CounterMetricFamily(
-            "gpupack_device_plugin_disagreements",
-            "Pods the node agent saw on another GPU or MIG slice than gpupack predicted or "
-            "recorded (the observation is counted), by kind (shared, mig)", labels=["kind"])
-        for kind in ("shared", "mig"):
-            fam.add_metric([kind], disagreements.get(kind, 0))
-        yield fam
+        yield from self._cache_figures.collect()
 
     def _cluster_figures(self) -> Iterator[GaugeMetricFamily]:
         cache = self.cache

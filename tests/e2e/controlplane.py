@@ -917,16 +917,16 @@ if __name__ == "__main__":
     sys.exit(main())
 
 
-def extender_metrics(stack: Stack, api_client: Any, token: str) -> dict[str, Any] | None:
-    """The active extender's metric families by name, or None while it refuses the token
-    (RBAC lag)."""
+def _metric_families(port: int, token: str, context: Any = None) -> dict[str, Any] | None:
+    """The metric families by name that ``127.0.0.1:port`` serves at /metrics (HTTPS
+    with ``context``), or None while it refuses the token (RBAC lag)."""
     import http.client
 
     from prometheus_client.parser import text_string_to_metric_families
 
-    argv = stack.state()["components"][f"extender{active_replica(stack, api_client)}"]["argv"]
-    port = int(argv[argv.index("--metrics-port") + 1])
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=15)
+    conn = (http.client.HTTPSConnection("127.0.0.1", port, timeout=15, context=context)
+            if context is not None else http.client.HTTPConnection("127.0.0.1", port,
+                                                                   timeout=15))
     try:
         conn.request("GET", "/metrics", headers={"Authorization": f"Bearer {token}"})
         resp = conn.getresponse()
@@ -936,6 +936,24 @@ def extender_metrics(stack: Stack, api_client: Any, token: str) -> dict[str, Any
     if resp.status != 200:
         return None
     return {f.name: f for f in text_string_to_metric_families(body)}
+
+
+def extender_metrics(stack: Stack, api_client: Any, token: str) -> dict[str, Any] | None:
+    """The active extender's metric families by name, or None while it refuses the token
+    (RBAC lag)."""
+    argv = stack.state()["components"][f"extender{active_replica(stack, api_client)}"]["argv"]
+    return _metric_families(int(argv[argv.index("--metrics-port") + 1]), token)
+
+
+def webhook_metrics(stack: Stack, token: str) -> dict[str, Any] | None:
+    """The webhook's metric families by name (its HTTPS /metrics), or None while it
+    refuses the token."""
+    import ssl
+
+    argv = stack.state()["components"]["webhook"]["argv"]
+    ctx = ssl.create_default_context(cafile=str(stack.dir / "webhook-tls" / "ca.crt"))
+    ctx.check_hostname = False  # the certificate names the Service; we call 127.0.0.1
+    return _metric_families(int(argv[argv.index("--port") + 1]), token, ctx)
 
 
 def metric_sample(fams: Mapping[str, Any], name: str, **labels: str) -> float | None:

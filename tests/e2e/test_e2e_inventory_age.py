@@ -27,7 +27,13 @@ from cluster import (
     wait_for_webhook,
 )
 from conftest import Space
-from controlplane import SCHEDULER_NAME, Stack, extender_metrics, metric_sample
+from controlplane import (
+    SCHEDULER_NAME,
+    Stack,
+    extender_metrics,
+    metric_sample,
+    webhook_metrics,
+)
 
 MAX_AGE_S = 900  # the extender's default --inventory-max-age
 PEAK_MIB = 40_000
@@ -64,6 +70,14 @@ def test_a_stale_inventory_is_not_trusted(stack: Stack, admin: Any, core: Any, s
         fams = extender_metrics(stack, admin, scraper) or {}
         return metric_sample(fams, "gpupack_node_inventories_stale") or 0.0
 
+    def webhook_stale() -> float:
+        # The webhook keeps a cache of its own and applies the same limit to it.
+        fams = webhook_metrics(stack, scraper) or {}
+        return metric_sample(fams, "gpupack_node_inventories_stale") or 0.0
+
+    def webhook_stale_is(n: float, what: str) -> None:
+        wait_for(lambda: webhook_stale() == n, 30, what)
+
     def booked_at(mib: int, what: str, timeout_s: float = 60) -> None:
         wait_for(lambda: booked() == mib, timeout_s, what)
 
@@ -80,6 +94,7 @@ def test_a_stale_inventory_is_not_trusted(stack: Stack, admin: Any, core: Any, s
     write(int(time.time()))
     booked_at(BOOKED_AT_PEAK, "the share booked at its observed peak (fresh inventory)")
     before = stale()
+    webhook_before = webhook_stale()
 
     core.create_namespaced_pod(ns, pod(
         "tts", pool=pool, scheduler=SCHEDULER_NAME, limits={SHARED: "1"},
@@ -94,11 +109,13 @@ def test_a_stale_inventory_is_not_trusted(stack: Stack, admin: Any, core: Any, s
              "the 16Gi share bound beside the 4Gi one (stale inventory)")
     booked_at(DECLARED_MIB + TTS_MIB, "both shares booked at what they declared")
     assert stale() == before + 1
+    webhook_stale_is(webhook_before + 1, "the webhook ignoring the stale inventory too")
 
     # Written again: trusted again.
     write(int(time.time()))
     booked_at(BOOKED_AT_PEAK + TTS_MIB, "the observed peak booked again (fresh inventory)")
     assert stale() == before
+    webhook_stale_is(webhook_before, "the webhook trusting the inventory again")
 
     # Ageing in place: 8 s from the limit, then no write to the Node at all.
     write(int(time.time()) - MAX_AGE_S + 8)
@@ -106,3 +123,4 @@ def test_a_stale_inventory_is_not_trusted(stack: Stack, admin: Any, core: Any, s
     booked_at(DECLARED_MIB + TTS_MIB,
               "the peak dropped once the inventory aged past the limit", timeout_s=45)
     assert stale() == before + 1
+    webhook_stale_is(webhook_before + 1, "the webhook dropping the inventory that aged")

@@ -1,0 +1,67 @@
+"""What the watched cluster cache (:class:`kube.cache.ClusterCache`) holds, as metrics.
+
+Every process that watches the cluster exports these from its own cache, so an alert
+sees each one: the extender (``gpupack serve``) and the standalone webhook
+(``gpupack webhook --kubeconfig/--in-cluster``), which keeps a cache of its own.
+
+``gpupack_cache_nodes``, ``gpupack_cache_pods``, ``gpupack_cache_assumed_pods``,
+``gpupack_cache_synced`` (1 once the first list is in), ``gpupack_cache_bad_objects``
+(objects skipped as unreadable), ``gpupack_node_inventories_stale`` (nodes whose agent
+inventory aged past ``--inventory-max-age`` and is ignored) and
+``gpupack_device_plugin_disagreements_total{kind}``.
+
+A collector reads the cache under its lock at scrape time: a handful of counters, so a
+scrape costs the verbs nothing measurable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from kube.cache import ClusterCache
+
+DISAGREEMENT_KINDS = ("shared", "mig")
+
+
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    g = GaugeMetricFamily(name, doc)
+    g.add_metric([], value)
+    return g
+
+
+class CacheCollector(Collector):
+    """The cache's own figures, read at each scrape."""
+
+    def __init__(self, cache: ClusterCache) -> None:
+        self.cache = cache
+
+    def collect(self) -> Iterator[Metric]:
+        cache = self.cache
+        with cache.lock:
+            counts = cache.counts()
+            synced = cache.synced
+            bad = cache.bad_objects
+            stale = cache.stale_inventories
+            disagreements = dict(cache.disagreements)
+        yield _gauge("gpupack_cache_nodes", "Nodes in this process's cache", counts["nodes"])
+        yield _gauge("gpupack_cache_pods", "Pods in this process's cache", counts["pods"])
+        yield _gauge("gpupack_cache_assumed_pods",
+                     "Pods bound by gpupack, not yet seen bound", counts["assumed"])
+        yield _gauge("gpupack_cache_synced", "1 once the first list of nodes and pods is in",
+                     1.0 if synced else 0.0)
+        yield _gauge("gpupack_cache_bad_objects",
+                     "Objects the cache could not read (skipped)", bad)
+        yield _gauge("gpupack_node_inventories_stale",
+                     "Nodes whose node agent inventory was not rewritten for "
+                     "--inventory-max-age and is ignored (their GPUs inferred from "
+                     "allocatable and labels)", stale)
+        fam = CounterMetricFamily(
+            "gpupack_device_plugin_disagreements",
+            "Pods the node agent saw on another GPU or MIG slice than gpupack predicted or "
+            "recorded (the observation is counted), by kind (shared, mig)", labels=["kind"])
+        for kind in DISAGREEMENT_KINDS:
+            fam.add_metric([kind], disagreements.get(kind, 0))
+        yield fam
