@@ -26,7 +26,8 @@ from kube.cache import ClusterCache
 DISAGREEMENT_KINDS = ("shared", "mig")
 
 
-def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    """One unlabelled gauge sample (also the extender's cluster figures')."""
     g = GaugeMetricFamily(name, doc)
     g.add_metric([], value)
     return g
@@ -46,18 +47,18 @@ class CacheCollector(Collector):
             bad = cache.bad_objects
             stale = cache.stale_inventories
             disagreements = dict(cache.disagreements)
-        yield _gauge("gpupack_cache_nodes", "Nodes in this process's cache", counts["nodes"])
-        yield _gauge("gpupack_cache_pods", "Pods in this process's cache", counts["pods"])
-        yield _gauge("gpupack_cache_assumed_pods",
-                     "Pods bound by gpupack, not yet seen bound", counts["assumed"])
-        yield _gauge("gpupack_cache_synced", "1 once the first list of nodes and pods is in",
-                     1.0 if synced else 0.0)
-        yield _gauge("gpupack_cache_bad_objects",
-                     "Objects the cache could not read (skipped)", bad)
-        yield _gauge("gpupack_node_inventories_stale",
-                     "Nodes whose node agent inventory was not rewritten for "
-                     "--inventory-max-age and is ignored (their GPUs inferred from "
-                     "allocatable and labels)", stale)
+        yield gauge("gpupack_cache_nodes", "Nodes in this process's cache", counts["nodes"])
+        yield gauge("gpupack_cache_pods", "Pods in this process's cache", counts["pods"])
+        yield gauge("gpupack_cache_assumed_pods",
+                    "Pods bound by gpupack, not yet seen bound", counts["assumed"])
+        yield gauge("gpupack_cache_synced", "1 once the first list of nodes and pods is in",
+                    1.0 if synced else 0.0)
+        yield gauge("gpupack_cache_bad_objects",
+                    "Objects the cache could not read (skipped)", bad)
+        yield gauge("gpupack_node_inventories_stale",
+                    "Nodes whose node agent inventory was not rewritten for "
+                    "--inventory-max-age and is ignored (their GPUs inferred from "
+                    "allocatable and labels)", stale)
         fam = CounterMetricFamily(
             "gpupack_device_plugin_disagreements",
             "Pods the node agent saw on another GPU or MIG slice than gpupack predicted or "

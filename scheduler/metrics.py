@@ -38,7 +38,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from kube.cache import ClusterCache
-from kube.cache_metrics import CacheCollector
+from kube.cache_metrics import CacheCollector, gauge
 from packing.catalog import get_model
 from packing.model import GpuMode
 from packing.state import GpuState, NodeState
@@ -411,18 +411,12 @@ class ClusterCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         leader = self.active()
-        g = GaugeMetricFamily("gpupack_leader",
-                              "1 on the replica that acts (its kube-scheduler leads), else 0")
-        g.add_metric([], 1.0 if leader else 0.0)
-        yield g
-        if not leader:
-            yield from self._process_figures()
-            return
-        yield from self._process_figures()
-        yield from self.cluster.get()
-
-    def _process_figures(self) -> Iterator[Metric]:
+        yield gauge("gpupack_leader",
+                    "1 on the replica that acts (its kube-scheduler leads), else 0",
+                    1.0 if leader else 0.0)
         yield from self._cache_figures.collect()
+        if leader:
+            yield from self.cluster.get()
 
     def _cluster_figures(self) -> Iterator[GaugeMetricFamily]:
         cache = self.cache
@@ -432,11 +426,6 @@ class ClusterCollector(Collector):
         with cache.lock:
             pending = cache.pending()
         plan = self.planner.plan
-
-        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
-            g = GaugeMetricFamily(name, doc)
-            g.add_metric([], value)
-            return g
 
         slices = GaugeMetricFamily(
             "gpupack_mig_instances",
