@@ -140,6 +140,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tls-cert", type=Path, default=None,
                    help="webhook serving certificate (PEM); reloaded when the file changes")
     p.add_argument("--tls-key", type=Path, default=None, help="its private key (PEM)")
+    from gpupack.webhook_cmd import add_client_auth_arguments
+
+    add_client_auth_arguments(p, prefix="webhook-")
     p.add_argument("--shared-resource", default="nvidia.com/gpu.shared",
                    help="webhook: time-sliced resource name (default nvidia.com/gpu.shared)")
     p.add_argument("--default-isolation", default="any", choices=["mig", "mps", "shared", "any"],
@@ -389,19 +392,23 @@ class Components:
         self.policy = str(args.policy)
         self.webhook: Any = None
         if args.webhook_port:
-            from gpupack.webhook_cmd import config_from_args
+            from gpupack.webhook_cmd import client_auth_from_args, config_from_args
             from scheduler.webhook_host import SnapshotFeed
             from serving.https import HttpsListener
             from webhook.app import REVIEW_LIMITS, create_webhook_app
 
+            client_auth, _ = client_auth_from_args(args.webhook_client_ca,
+                                                   args.webhook_client_name, "webhook-")
             # Same registry: one scrape of /metrics has the extender and the webhook.
             hook = create_webhook_app(SnapshotFeed(self.cache), self.registry,
                                       config_from_args(args),
                                       exposition=self.app.extensions["gpupack.exposition"],
-                                      metrics_guard=self.metrics_guard)
+                                      metrics_guard=self.metrics_guard,
+                                      client_auth=client_auth)
             self.webhook = HttpsListener(hook, str(args.webhook_host), int(args.webhook_port),
                                          args.tls_cert, args.tls_key, limits=REVIEW_LIMITS,
                                          name="gpupack-webhook", what="admission webhook",
+                                         client_auth=client_auth,
                                          path="/mutate")
 
     def start(self) -> None:
@@ -558,8 +565,17 @@ def check_args(args: argparse.Namespace) -> str | None:
             return "--webhook-port must differ from --port"
         if args.tls_cert is None or args.tls_key is None:
             return "--webhook-port needs --tls-cert and --tls-key (the API server calls HTTPS)"
+        from gpupack.webhook_cmd import client_auth_from_args
+
+        _, why = client_auth_from_args(args.webhook_client_ca, args.webhook_client_name,
+                                       "webhook-")
+        if why is not None:
+            return why
     elif args.tls_cert is not None or args.tls_key is not None:
         return "--tls-cert/--tls-key are for the webhook: give --webhook-port too"
+    elif args.webhook_client_ca is not None or args.webhook_client_name:
+        return ("--webhook-client-ca/--webhook-client-name are for the webhook: give "
+                "--webhook-port too")
     if args.defrag == "act" and not (args.kubeconfig or args.in_cluster):
         return "--defrag=act needs a cluster (--kubeconfig or --in-cluster) to evict through"
     if args.defrag_evictions_per_minute < 1:

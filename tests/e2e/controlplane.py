@@ -98,6 +98,32 @@ E2E_MIG_FILE_LAG_S = 3.0
 E2E_EXTENDER_ARGS = ("--mig-min-idle", "2", "--mig-compact-min-age", "0",
                      "--mig-compact-min-excess", "1", "--group-ttl", str(E2E_GROUP_TTL_S),
                      "--mig-config-propagation", "5")
+# The name in the API server's client certificate for webhooks: the only caller the
+# webhook acts on (the chart's webhook.clientAuth, set by up()).
+WEBHOOK_CLIENT = "kube-apiserver-webhook-client"
+
+
+def admission_config(dir_: Path, webhook_port: int) -> Path:
+    """The API server's admission configuration: it presents the client certificate
+    ``pki/webhook-client.crt`` to the webhook at 127.0.0.1:``webhook_port`` (the user
+    is named after the webhook's host and port, as for a webhook called by URL)."""
+    pki = dir_ / "pki"
+    kubeconfig = dir_ / "config" / "webhook-client.kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config",
+        "users": [{"name": f"127.0.0.1:{webhook_port}", "user": {
+            "client-certificate": str(pki / "webhook-client.crt"),
+            "client-key": str(pki / "webhook-client.key")}}]}))
+    config = dir_ / "config" / "admission.yaml"
+    hook = {"apiVersion": "apiserver.config.k8s.io/v1", "kind": "WebhookAdmissionConfiguration",
+            "kubeConfigFile": str(kubeconfig)}
+    config.write_text(yaml.safe_dump({
+        "apiVersion": "apiserver.config.k8s.io/v1", "kind": "AdmissionConfiguration",
+        "plugins": [{"name": "MutatingAdmissionWebhook", "configuration": hook},
+                    {"name": "ValidatingAdmissionWebhook", "configuration": hook}]}))
+    return config
+
+
 # Kinds of the chart applied to the API server. Workloads (Deployments, the DaemonSet),
 # Services and monitoring objects are not: their processes run here directly.
 APPLIED_KINDS = ("Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role",
@@ -190,6 +216,8 @@ def make_pki(pki: Path) -> None:
     sign("admin", "/O=system:masters/CN=e2e-admin", client_ext)
     sign("plain-scheduler", "/CN=system:kube-scheduler", client_ext)
     sign("controller-manager", "/CN=system:kube-controller-manager", client_ext)
+    # What the API server presents to the webhook (its admission configuration).
+    sign("webhook-client", f"/CN={WEBHOOK_CLIENT}", client_ext)
     _openssl("genrsa", "-out", str(pki / "sa.key"), "2048")
     _openssl("rsa", "-in", str(pki / "sa.key"), "-pubout", "-out", str(pki / "sa.pub"))
 
@@ -649,6 +677,8 @@ def up(dir_: Path, *, extender_args: Sequence[str] = (), plain: bool = True,
                  # The default admission plugins (MutatingAdmissionWebhook among them),
                  # plus NodeRestriction as a real cluster has.
                  "--enable-admission-plugins=NodeRestriction",
+                 # Its client certificate for the webhook, which acts on nothing else.
+                 f"--admission-control-config-file={admission_config(dir_, ports['webhook'])}",
                  # No Service network: the "kubernetes" Service's endpoints would be a
                  # loopback address, which the API refuses.
                  "--endpoint-reconciler-type=none",
@@ -676,7 +706,10 @@ def up(dir_: Path, *, extender_args: Sequence[str] = (), plain: bool = True,
     run(["bash", str(REPO / "manifests" / "tls" / "make-self-signed.sh"), str(tls_dir),
          NAMESPACE, f"{RELEASE}-webhook", "7"], env={**os.environ, "EXTRA_SANS": "IP:127.0.0.1"})
     ca_b64 = base64.b64encode((tls_dir / "ca.crt").read_bytes()).decode()
-    objs = render_chart(ca_b64, CHART_VALUES)
+    client_ca_b64 = base64.b64encode((pki / "ca.crt").read_bytes()).decode()
+    objs = render_chart(ca_b64, (*CHART_VALUES, "--set", "webhook.clientAuth.enabled=true",
+                                 "--set", f"webhook.clientAuth.caBundle={client_ca_b64}",
+                                 "--set", f"webhook.clientAuth.names[0]={WEBHOOK_CLIENT}"))
     applied = [o for o in objs if o.get("kind") in APPLIED_KINDS
                and o.get("kind") != "MutatingWebhookConfiguration"]
     apply_objects(admin, sorted(applied, key=lambda o: o["kind"] != "Namespace"))
@@ -704,7 +737,8 @@ def up(dir_: Path, *, extender_args: Sequence[str] = (), plain: bool = True,
         "argv": chart_command(objs, "webhook", {
             "--in-cluster": None, "--kubeconfig": str(kubeconfigs["webhook"]),
             "--host": "127.0.0.1", "--port": str(ports["webhook"]),
-            "--tls-cert": str(tls_dir / "tls.crt"), "--tls-key": str(tls_dir / "tls.key")}),
+            "--tls-cert": str(tls_dir / "tls.crt"), "--tls-key": str(tls_dir / "tls.key"),
+            "--client-ca": str(pki / "ca.crt")}),
         "cwd": str(dir_), "env": GPUPACK_ENV,
         "ready": {"url": f"{webhook_url}/healthz"}, "restart": "always"}
     # The chart's scheduler Deployment runs 2 replicas, each kube-scheduler with its

@@ -322,6 +322,48 @@ def _failure_policy(objs: list[Obj]) -> None:
     assert {w["failurePolicy"] for w in _mwc(objs)} == {"Fail"}
 
 
+def _client_auth(objs: list[Obj]) -> None:
+    hook = containers(objs)["webhook"]
+    assert arg(hook, "--client-ca") == "/etc/gpupack/client-ca/ca.crt"
+    assert {"name": "client-ca", "mountPath": "/etc/gpupack/client-ca",
+            "readOnly": True} in hook["volumeMounts"]
+    volumes = pod_specs(objs)["gp-prod-webhook"]["volumes"]
+    assert {"name": "client-ca", "configMap": {"name": "gp-prod-webhook-client-ca"}} in volumes
+
+
+def _client_ca(objs: list[Obj]) -> None:
+    assert find(objs, "ConfigMap", "gp-prod-webhook-client-ca")["data"] == {"ca.crt": "CA_PEM"}
+
+
+def _client_names(objs: list[Obj]) -> None:
+    assert arg(containers(objs)["webhook"], "--client-name") == "kube-apiserver-webhook-client"
+
+
+def _policies(objs: list[Obj]) -> dict[str, Obj]:
+    return {o["metadata"]["name"]: o["spec"] for o in find_all(objs, "NetworkPolicy")}
+
+
+def _network_policy_off(objs: list[Obj]) -> None:
+    assert not find_all(objs, "NetworkPolicy")
+
+
+def _api_server_cidrs(objs: list[Obj]) -> None:
+    (rule,) = _policies(objs)["gp-prod-webhook"]["ingress"]
+    assert rule["ports"] == [{"port": "https", "protocol": "TCP"}]
+    assert rule["from"][0] == {"ipBlock": {"cidr": "10.0.0.0/28"}}
+
+
+def _metrics_from(objs: list[Obj]) -> None:
+    peer = FULL["networkPolicy"]["metricsFrom"][0]
+    policies = _policies(objs)
+    for name in ("gp-prod-scheduler", "gp-prod-node-agent"):
+        (rule,) = policies[name]["ingress"]
+        assert rule == {"ports": [{"port": "metrics", "protocol": "TCP"}], "from": [peer]}
+    # The webhook's /metrics is on its HTTPS port: Prometheus is admitted there too.
+    assert peer in policies["gp-prod-webhook"]["ingress"][0]["from"]
+    assert policies["gp-prod-default-deny"] == {"podSelector": {}, "policyTypes": ["Ingress"]}
+
+
 def _tls_secret_source(objs: list[Obj]) -> None:
     assert not find_all(objs, "Certificate") and not find_all(objs, "Issuer")
 
@@ -479,6 +521,12 @@ CASES: dict[str, tuple[dict[str, Any] | None, Callable[[list[Obj]], None]]] = {
     "webhook.port": (None, _webhook_port),
     "webhook.timeoutSeconds": (None, _webhook_timeout),
     "webhook.failurePolicy": (None, _failure_policy),
+    "webhook.clientAuth.enabled": (None, _client_auth),
+    "webhook.clientAuth.caBundle": (None, _client_ca),
+    "webhook.clientAuth.names": (None, _client_names),
+    "networkPolicy.enabled": ({"networkPolicy": {"enabled": False}}, _network_policy_off),
+    "networkPolicy.apiServerCIDRs": (None, _api_server_cidrs),
+    "networkPolicy.metricsFrom": (None, _metrics_from),
     "tls.source": (None, _tls_secret_source),
     "tls.secretName": (None, _tls_secret_name),
     "tls.caBundle": (None, _ca_bundle),
@@ -529,6 +577,20 @@ def test_mig_compact_alone_grants_evictions(render_helm: Render) -> None:
     assert "--mig-compact" not in containers(objs)["extender"]["command"]
     rules = find(objs, "ClusterRole", "gp-prod-extender")["rules"]
     assert not any("pods/eviction" in r["resources"] for r in rules)
+
+
+def test_client_auth_needs_a_ca(helm_dir: Path) -> None:
+    _, err = helm_template({"webhook": {"clientAuth": {"enabled": True}}}, helm_dir,
+                           expect_ok=False)
+    assert "webhook.clientAuth.enabled needs webhook.clientAuth.caBundle" in err
+    objs, _ = helm_template(None, helm_dir)
+    assert "--client-ca" not in containers(objs)["webhook"]["command"]
+
+
+def test_webhook_port_open_to_all_without_api_server_cidrs(render_helm: Render) -> None:
+    (rule,) = _policies(render_helm({**FULL, "networkPolicy": {"enabled": True}})
+                        )["gp-prod-webhook"]["ingress"]
+    assert "from" not in rule
 
 
 def test_cert_manager_names_follow_the_release(helm_dir: Path) -> None:

@@ -21,6 +21,7 @@ BASE_KINDS = {
     "Service": 3, "PodDisruptionBudget": 2, "MutatingWebhookConfiguration": 1,
     "ServiceMonitor": 3, "PrometheusRule": 1,
     "ValidatingAdmissionPolicy": 2, "ValidatingAdmissionPolicyBinding": 2,
+    "NetworkPolicy": 4,
 }
 
 
