@@ -102,10 +102,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="seconds an LLM group's reservation waits for all its members to be "
                         "bound before it is released (default 600)")
     p.add_argument("--max-group-gpus", type=int, default=64,
-                   help="the most GPUs one LLM group sized by its pods' labels may reserve "
-                        "(default 64); a group whose LeaderWorkerSet object is readable "
-                        "takes its size from the object, bounded by its namespace's "
-                        "ResourceQuota")
+                   help="the most GPUs one LLM group may reserve, whether its size comes "
+                        "from its pods' labels or its LeaderWorkerSet object (default 64)")
+    p.add_argument("--max-namespace-reserved-gpus", default="50%", metavar="N|P%",
+                   help="the most GPUs one namespace's group reservations may hold at "
+                        "once (rooms for members not bound yet): a number, or a share of "
+                        "the cluster's GPUs (default 50%%)")
     p.add_argument("--namespace", default=os.environ.get("POD_NAMESPACE") or "gpupack",
                    help="gpupack's namespace: where the group reservation records "
                         "(ConfigMaps) live (default: $POD_NAMESPACE, else gpupack)")
@@ -237,6 +239,7 @@ class Components:
         from packing.cpsat import SolverParams
         from scheduler.app import AppConfig, create_extender_app
         from scheduler.groups import ReservationBook
+        from scheduler.namespace_reservations import parse_reserved_cap
         from scheduler.planner import Planner
         from serving.metrics_auth import Guard
 
@@ -304,6 +307,8 @@ class Components:
                                       scorer=lambda: self.planner.scorer.scorer,
                                       is_leader=self.leader.is_leader, namespace=args.namespace,
                                       inputs=self.inputs, max_group_gpus=args.max_group_gpus,
+                                      namespace_cap=parse_reserved_cap(
+                                          args.max_namespace_reserved_gpus),
                                       requeue=self.requeue_writer)
         self.tap = ReservationTap(self.cache, self.groups)
         # Who recreates each pod (kube.owners): what defragmentation and MIG compaction
@@ -516,6 +521,12 @@ def check_args(args: argparse.Namespace) -> str | None:
         return "--group-ttl must be positive"
     if args.max_group_gpus < 1:
         return "--max-group-gpus must be at least 1"
+    from scheduler.namespace_reservations import parse_reserved_cap
+
+    try:
+        parse_reserved_cap(args.max_namespace_reserved_gpus)
+    except ValueError as e:
+        return f"--max-namespace-reserved-gpus: {e}"
     if args.leader_lease is not None:
         ns, sep, name = args.leader_lease.partition("/")
         if not sep or not ns or not name or "/" in name:

@@ -180,7 +180,23 @@ class GroupRef:
     size: int  # pods in the group, leader included
     index: int = 0  # worker index; 0 is the leader
     topology_key: str | None = None  # all members inside one domain of this label
-    exclusive: bool = False  # one group per topology domain
+    exclusive: bool = False  # one group per topology domain (of its namespace)
+
+    @property
+    def exclusive_key(self) -> str:
+        """What an exclusive domain of this group is taken under: see
+        :func:`exclusive_key`."""
+        return exclusive_key(self.key, self.topology_key)
+
+
+def exclusive_key(group: str, topology_key: str | None) -> str:
+    """The key a group's exclusive domain is taken under, ``(key, domain value)``: its
+    topology key *within the group's namespace*. An exclusive group keeps out the other
+    groups of its own namespace only, as kube-scheduler does for LeaderWorkerSet's
+    exclusive placement (a pod anti-affinity term with no namespaces applies to the
+    pod's own namespace): a tenant's group, forged or real, never takes a domain away
+    from another namespace's groups."""
+    return f"{group.split('/', 1)[0]}/{topology_key or ''}"
 
 
 @dataclass(frozen=True, slots=True)

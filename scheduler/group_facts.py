@@ -27,6 +27,7 @@ from scheduler.group_rights import (
     group_rights,
     quota_left,
 )
+from scheduler.namespace_reservations import held_by_namespace, namespace_claims
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,9 @@ class RightsPass:
 
     def claims(self) -> dict[str, Mapping[QuotaKey, tuple[int, int]]]:
         return {g: r.claims for g, r in self.rights.items() if r.claims}
+
+    def not_exclusive(self) -> frozenset[str]:
+        return frozenset(g for g, r in self.rights.items() if not r.exclusive_backed)
 
 
 def _members(cache: ClusterCache, group: str) -> list[MemberFacts]:
@@ -88,6 +92,15 @@ def judge(cache: ClusterCache, inputs: GroupInputs, settings: RightsSettings,
         if quotas:
             namespaces.add(ns)
     left: dict[QuotaKey, int] = {}
+    if settings.namespace_cap is not None and rights:
+        # What each namespace's reservations may hold (scheduler.namespace_reservations).
+        held = held_by_namespace(
+            (parts[0], req) for hk, (req, _) in cache.holds().items()
+            if (parts := split_hold_key(hk)) is not None)
+        gpus = sum(len(cache.state.nodes[n].info.gpus) for n in cache.node_names()
+                   if n in cache.state.nodes)
+        rights, cap_left = namespace_claims(rights, held, settings.namespace_cap, gpus)
+        left.update(cap_left)
     for ns in sorted(namespaces):
         pods = [(e.req, e.constraints) for e in cache.gpu_pods(ns) if not e.finished]
         left.update(quota_left(inputs.quotas(ns), ns, pods, _future(cache, ns, records)))

@@ -16,7 +16,11 @@ Rules, per record (groups by priority, higher first, then first seen, then key):
   in flight may yet fail, and its room is held again only while a record names it):
   complete, released;
 * expired (``now >= expires``) with members not bound: released, and the group waits
-  ``cooldown_s`` so other groups get a turn;
+  so other groups get a turn: ``cooldown_s`` after its first expiry, doubling with each
+  expiry in a row up to ``max_backoff_s``, unless it gets more member pods than it had
+  when it expired (up to its size: a LeaderWorkerSet creating its workers once the
+  leader is Ready), which makes it due at once. A group whose members never come no
+  longer re-reserves right after each expiry;
 * members are matched to slots: the record's own pod names first; a bound member the
   record does not name goes to the slot whose room is on its node (bound members are
   the truth, wherever they are); a pending one to its worker index, else a free slot;
@@ -34,8 +38,11 @@ lower-priority records none of whose members is bound.
 Rights (:mod:`scheduler.group_rights`, judged by the handler): a refused group waits
 (``no_rights``) holding nothing, and a record of a group refused for good (``never``)
 is released; new placements and re-placed rooms use only the nodes ``allowed``; a
-group's quota claim must fit in what its quotas have left after the groups reserved
-before it in the same pass, and is charged when it is reserved.
+group's quota claims (its ResourceQuotas', and its namespace's cap on GPUs held in
+reservations, :mod:`scheduler.namespace_reservations`) must fit in what is left after
+the groups reserved before it in the same pass, and are charged when it is reserved; a
+group in ``not_exclusive`` (its pods ask for exclusive topology, its LeaderWorkerSet
+object does not) is placed and recorded without exclusivity.
 """
 
 from __future__ import annotations
@@ -46,11 +53,12 @@ from dataclasses import dataclass, field, replace
 from kube.reservations import ReservationRecord
 from packing.group_placement import GroupFit, domain_of, effective_ref, place_members
 from packing.groups import RESERVE_MARK, with_reservations
-from packing.model import GroupRef, Placement, PodRequest, Snapshot
+from packing.model import GroupRef, Placement, PodRequest, Snapshot, exclusive_key
 from packing.scoring import Scorer
 from packing.state import ClusterState, NodeState
 from packing.status import Status
 from scheduler.group_placement import hold_key, split_hold_key, wait_category
+from scheduler.namespace_reservations import is_cap_key
 
 # Status.check of a room that changed under the reconciler while it placed a member.
 ROOM_CHANGED = "RoomChanged"
@@ -64,9 +72,16 @@ class Waiting:
     # Cache version when the attempt failed: a group that did not fit is tried again only
     # once the cluster changed (-1: the handler sets it after applying; None: time alone).
     seen: int | None = -1
+    # After an expiry: how many member pods the group had then (-1: not an expiry). It is
+    # due at once when it has more (see grew).
+    members: int = -1
 
     def due(self, now: float, version: int) -> bool:
         return now >= self.next_try and self.seen != version
+
+    def grew(self, members: int) -> bool:
+        """Whether a group that expired with ``self.members`` pods now has more."""
+        return 0 <= self.members < members
 
 
 @dataclass(frozen=True)
@@ -94,6 +109,8 @@ class GroupSettings:
     ttl: float = 600.0
     retry_s: float = 1.0
     cooldown_s: float = 30.0
+    # The longest wait after expiries in a row (the cool-down doubles up to it).
+    max_backoff_s: float = 3600.0
 
 
 @dataclass(frozen=True)
@@ -125,6 +142,10 @@ class BookState:
     # volume's zone, topology spread): a member's room on a node not offered is lost, and
     # no room of its group is placed on such a node.
     offered: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    # Groups whose pods ask for exclusive topology that no LeaderWorkerSet object states.
+    not_exclusive: frozenset[str] = frozenset()
+    # Group -> its expiries in a row (the cool-down after the next one doubles).
+    strikes: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -141,6 +162,7 @@ class GroupDecision:
     waiting: Mapping[str, Waiting] = field(default_factory=dict)
     first_seen: Mapping[str, float] = field(default_factory=dict)
     completed: tuple[tuple[str, float], ...] = ()  # (group, seconds since first seen)
+    strikes: Mapping[str, int] = field(default_factory=dict)
 
 
 def order_key(rec: ReservationRecord) -> tuple[int, float, str]:
@@ -273,6 +295,7 @@ class _Reconcile:
         self.records = dict(state.records)
         self.waiting = dict(state.waiting)
         self.first_seen = dict(state.first_seen)
+        self.strikes = dict(state.strikes)
         self.put: dict[str, ReservationRecord] = {}
         self.release: list[Release] = []
         self.completed: list[tuple[str, float]] = []
@@ -291,16 +314,20 @@ class _Reconcile:
         for g in list(self.first_seen):
             if g not in pending and g not in self.records:
                 del self.first_seen[g]
+        for g in list(self.strikes):
+            if g not in members:
+                del self.strikes[g]  # its pods are gone: a new group starts afresh
         order = sorted((g for g in pending if g not in self.records),
                        key=lambda g: (-max(m.req.priority for m in members[g]),
                                       self.first_seen[g], g))
         for g in order:
             w = self.waiting.get(g)
-            if w is not None and not w.due(self.now, self.s.version):
+            if w is not None and not w.due(self.now, self.s.version) and not w.grew(
+                    min(len(members[g]), self.s.sizes.get(g, len(members[g])))):
                 continue
             self._attempt(g, members[g])
         return GroupDecision(tuple(self.put.values()), tuple(self.release), self.waiting,
-                        self.first_seen, tuple(self.completed))
+                        self.first_seen, tuple(self.completed), self.strikes)
 
     # ---- existing records ------------------------------------------------------------------
 
@@ -331,6 +358,7 @@ class _Reconcile:
             self._drop(g, "complete")
             self.completed.append((g, max(0.0, self.now - rec.first_seen)))
             self.first_seen.pop(g, None)
+            self.strikes.pop(g, None)
             return
         # Every member bound but some Binding still in flight: not complete yet, and not
         # expired either. The record stays until the watch confirms each bind, so a bind
@@ -338,10 +366,14 @@ class _Reconcile:
         # names the pod); released now, the group would be left half placed.
         if not all_bound and self.now >= rec.expires:
             self._drop(g, "expired")
+            strikes = self.strikes[g] = self.strikes.get(g, 0) + 1
+            wait = min(self.cfg.cooldown_s * 2 ** min(strikes - 1, 32), self.cfg.max_backoff_s)
+            n = min(len(members), rec.size)
             self.waiting[g] = Waiting(
                 f"group {g} waits whole: its reservation expired after "
-                f"{self.cfg.ttl:.0f}s without all members bound; other groups go first",
-                "expired", self.now + self.cfg.cooldown_s, None)
+                f"{self.cfg.ttl:.0f}s without all members bound ({strikes} in a row); other "
+                f"groups go first for {wait:.0f}s, or until it has more than its {n} "
+                "member pods", "expired", self.now + wait, None, members=n)
             return
         slots = dict(rec.slots)
         for slot, m in assigned.items():
@@ -412,9 +444,9 @@ class _Reconcile:
         taken: set[tuple[str, str]] = set()
         for g, rec in self.records.items():
             if g != group and rec.exclusive and rec.topology_key and rec.domain is not None:
-                taken.add((rec.topology_key, rec.domain))
+                taken.add((exclusive_key(g, rec.topology_key), rec.domain))
         for g, ms in self.s.members.items():
-            if g == group or g in self.records:
+            if g == group or g in self.records or g in self.s.not_exclusive:
                 continue
             for m in ms:
                 ref = m.req.group
@@ -422,7 +454,7 @@ class _Reconcile:
                         and ref.topology_key is not None:
                     value = domain_of(self.o.state, ref, m.placement.node)
                     if value is not None:
-                        taken.add((ref.topology_key, value))
+                        taken.add((ref.exclusive_key, value))
         return taken
 
     def _attempt(self, g: str, members: Sequence[Member]) -> None:
@@ -438,6 +470,11 @@ class _Reconcile:
             return
         ref, slots, to_place, domain = group_slots(self.o.state, g, members,
                                                    self.s.sizes.get(g))
+        if ref.exclusive and g in self.s.not_exclusive:
+            # Its pods' exclusive placement is not its LeaderWorkerSet's: placed without.
+            ref = replace(ref, exclusive=False)
+            to_place = [replace(p, group=replace(p.group, exclusive=False))
+                        if p.group is not None else p for p in to_place]
         taken = self._taken(g)
         prio = max(m.req.priority for m in members)
         hidden = self._hide_forbidden(g)
@@ -485,6 +522,10 @@ class _Reconcile:
         """Why the rest of the group's quota claim does not fit in what is left now."""
         for (quota, res), (total, existing) in sorted(self.s.claims.get(g, {}).items()):
             left = self.quota_left.get((quota, res))
+            if left is not None and total - existing > left and is_cap_key(quota):
+                return (f"{quota} may hold {max(left, 0)} more {res} "
+                        f"(--max-namespace-reserved-gpus); the group's reservation would "
+                        f"hold {total - existing}")
             if left is not None and total - existing > left:
                 return (f"ResourceQuota {quota} has {max(left, 0)} {res} left; the group "
                         f"needs {total - existing} more for its members not created yet")

@@ -6,10 +6,16 @@ LeaderWorkerSet object -> :class:`GroupRights`. Nothing here reads the cache or 
 
 * **Size**: the LeaderWorkerSet's ``spec.leaderWorkerTemplate.size`` when the object is
   known (a group whose index is not below its ``spec.replicas`` is being scaled away and
-  is refused); otherwise the size the members' labels/annotations say, which must agree,
-  and then the whole group may ask for at most ``max_group_gpus`` GPUs (a label costs
-  nothing to write; a LeaderWorkerSet object is the workload's own statement, bounded by
-  the namespace's quota).
+  is refused); otherwise the size the members' labels/annotations say, which must agree.
+  Either way the whole group may ask for at most ``max_group_gpus`` GPUs: a label costs
+  nothing to write, and neither does a LeaderWorkerSet object in a namespace its author
+  may create one in (what a namespace may hold in reservations altogether is
+  :mod:`scheduler.namespace_reservations`).
+* **Exclusive topology**: a group whose pods ask for LeaderWorkerSet's exclusive
+  placement keeps that domain from other groups (of its own namespace, see
+  :func:`packing.model.exclusive_key`) only when its LeaderWorkerSet object says so too
+  (the ``leaderworkerset.sigs.k8s.io/exclusive-topology`` annotation, the same key);
+  pods with forged labels and no such object are placed without exclusivity.
 * **Scheduler**: every member not bound yet must have gpupack's ``schedulerName``; a
   member another scheduler places would never take its room.
 * **Nodes**: a node is allowed when every member, and every template of the
@@ -31,6 +37,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from kube.annotations import small_int
 from kube.constraints import PodConstraints, Taint, why_not
@@ -38,6 +45,9 @@ from kube.lws import LwsShape
 from kube.quotas import Quota, covers, gpu_resources
 from packing.model import PodRequest, RequestKind
 from packing.status import Status
+
+if TYPE_CHECKING:
+    from scheduler.namespace_reservations import ReservedCap
 
 QuotaKey = tuple[str, str]  # ("namespace/quota-name", GPU resource)
 
@@ -63,6 +73,8 @@ class NodeFacts:
 class RightsSettings:
     max_group_gpus: int = 64
     scheduler_name: str = "gpupack"
+    # What one namespace's reservations may hold (None: no cap).
+    namespace_cap: ReservedCap | None = None
 
 
 @dataclass(frozen=True)
@@ -73,6 +85,11 @@ class GroupRights:
     never: bool = False  # refused for what it is (not for what is free): holds nothing
     # (quota, resource) -> (the whole group's demand, what its existing pods count already)
     claims: Mapping[QuotaKey, tuple[int, int]] = field(default_factory=dict)
+    # GPUs its reservation would hold (members not bound and not created yet), as
+    # devices() counts them: what a namespace's reservation cap is charged.
+    reserves: int = 0
+    # False: its pods ask for exclusive topology, but no LeaderWorkerSet object says so.
+    exclusive_backed: bool = True
 
 
 def devices(req: PodRequest) -> int:
@@ -164,10 +181,15 @@ def group_rights(key: str, members: Sequence[MemberFacts], nodes: Sequence[NodeF
     shape_c = next(m.constraints for m in members if m.req is shape)
     missing = size - len(by_slot)
     total = sum(devices(m.req) for m in by_slot.values()) + missing * devices(shape)
-    if not from_lws and total > settings.max_group_gpus:
+    reserves = sum(devices(m.req) for m in by_slot.values() if not m.bound) \
+        + missing * devices(shape)
+    if total > settings.max_group_gpus:
+        sized = f"LeaderWorkerSet {lws.namespace}/{lws.name}" if from_lws and lws else \
+            "its pods' labels"
         return GroupRights(size, never=True, refused=(
-            f"the group asks for {total} GPUs ({size} pods), more than --max-group-gpus "
-            f"{settings.max_group_gpus} allows a group sized by its pods' labels"))
+            f"the group asks for {total} GPUs ({size} pods, sized by {sized}), more than "
+            f"--max-group-gpus {settings.max_group_gpus} allows a group"))
+    backed = exclusive_backed(members, lws)
     claims: dict[QuotaKey, tuple[int, int]] = {}
     for q in quotas:
         demand: dict[str, int] = {}
@@ -194,9 +216,21 @@ def group_rights(key: str, members: Sequence[MemberFacts], nodes: Sequence[NodeF
     allowed = allowed_nodes(sets, nodes)
     if isinstance(allowed, Status):
         return GroupRights(size, refused=(
-            f"no node is one every member could run on ({allowed})"), claims=claims)
+            f"no node is one every member could run on ({allowed})"), claims=claims,
+            reserves=reserves, exclusive_backed=backed)
     everything = len(allowed) == len(nodes)
-    return GroupRights(size, allowed=None if everything else allowed, claims=claims)
+    return GroupRights(size, allowed=None if everything else allowed, claims=claims,
+                       reserves=reserves, exclusive_backed=backed)
+
+
+def exclusive_backed(members: Sequence[MemberFacts], lws: LwsShape | None) -> bool:
+    """Whether the exclusivity the members' pods ask for (if any) is the LeaderWorkerSet
+    object's own: its exclusive-topology annotation names the same topology key."""
+    asked = {m.req.group.topology_key for m in members
+             if m.req.group is not None and m.req.group.exclusive}
+    if not asked:
+        return True
+    return lws is not None and asked == {lws.exclusive_topology}
 
 
 def quota_left(quotas: Sequence[Quota], namespace: str,

@@ -20,7 +20,7 @@ from kube.assumptions import AssumeError
 from kube.reservations import ReservationRecord
 from packing.group_placement import EvictionCandidate, group_victims
 from packing.groups import is_reservation
-from packing.model import Placement, PodRequest
+from packing.model import Placement, PodRequest, exclusive_key
 from packing.status import Code, Status
 from scheduler.group_facts import judge
 from scheduler.group_placement import hold_key, looks_grouped
@@ -214,7 +214,8 @@ class GroupVerbs:
                 members.append(Member(pod))
             _, _, to_place, _ = group_slots(self.book.cache.state, key, members,
                                             rights.size if rights is not None else None)
-            taken = {(r.topology_key, r.domain) for r in self.book.records.values()
+            taken = {(exclusive_key(r.group, r.topology_key), r.domain)
+                     for r in self.book.records.values()
                      if r.exclusive and r.topology_key and r.domain is not None}
             cands = [
                 EvictionCandidate(req.uid, req, pl)

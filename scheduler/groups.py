@@ -78,6 +78,7 @@ from scheduler.group_reconcile import (
     wanted_group_holds,
 )
 from scheduler.group_rights import RightsSettings
+from scheduler.namespace_reservations import ReservedCap
 
 __all__ = ["DEFAULT_TTL", "WAIT_REASONS", "ReservationBook", "hold_key"]
 
@@ -131,6 +132,7 @@ class ReservationBook:
         records_listed: bool = False,
         inputs: GroupInputs | None = None,
         max_group_gpus: int = 64,
+        namespace_cap: ReservedCap | None = None,
         requeue: Submitter | None = None,
         ruled_out_s: float = DEFAULT_RULED_OUT_S,
         view_settle_s: float = DEFAULT_VIEW_SETTLE_S,
@@ -138,8 +140,10 @@ class ReservationBook:
         """``records_listed``: no source of records will report (a book without an API,
         whose records start empty): ready as soon as the cache is synced. ``inputs``:
         the ResourceQuotas and LeaderWorkerSets groups are bound by (default: none, and
-        nothing will report any); ``max_group_gpus``: the most GPUs a group sized by its
-        pods' labels may reserve (:mod:`scheduler.group_rights`). ``requeue``: where the
+        nothing will report any); ``max_group_gpus``: the most GPUs a group may reserve
+        (:mod:`scheduler.group_rights`); ``namespace_cap``: the most one namespace's
+        reservations may hold (:mod:`scheduler.namespace_reservations`; None: no cap).
+        ``requeue``: where the
         leader queues the status patches that wake members it refused once their room is
         reserved (:mod:`kube.pod_conditions`; default: nowhere). ``ruled_out_s``: how long
         the nodes kube-scheduler ruled out for a member keep its group off them (see
@@ -160,10 +164,12 @@ class ReservationBook:
         self.namespace = namespace
         self.inputs = inputs if inputs is not None else GroupInputs(True, True)
         self.rights = RightsSettings(max_group_gpus=max_group_gpus,
-                                     scheduler_name=cache.scheduler_name)
+                                     scheduler_name=cache.scheduler_name,
+                                     namespace_cap=namespace_cap)
         self.records: dict[str, ReservationRecord] = {}
         self.waiting: dict[str, Waiting] = {}
         self.first_seen: dict[str, float] = {}
+        self.strikes: dict[str, int] = {}  # group -> expiries in a row (group_reconcile)
         self.released: Counter[str] = Counter()  # reason -> count
         self.bad_records = 0
         self.on_complete: Callable[[float], None] | None = None
@@ -512,7 +518,7 @@ class ReservationBook:
         for g, ms in members.items():
             w = self.waiting.get(g)
             if g not in self.records and any(not m.bound for m in ms) and (
-                    w is None or w.due(now, version)):
+                    w is None or w.due(now, version) or w.grew(len(ms))):
                 groups.add(g)
         return judge(self.cache, self.inputs, self.rights, groups, self.records)
 
@@ -527,7 +533,8 @@ class ReservationBook:
                          version=self._version(), allowed=rights.allowed(),
                          refused=rights.refused(), never=rights.never(),
                          sizes=rights.sizes(), quota_left=rights.quota_left,
-                         claims=rights.claims())
+                         claims=rights.claims(), not_exclusive=rights.not_exclusive(),
+                         strikes=dict(self.strikes))
 
     def _all_revs(self) -> dict[str, int]:
         """The highest revision known per group, retired groups included (a group that
@@ -557,6 +564,7 @@ class ReservationBook:
             self._wake_refused(d.put)
         self.waiting = dict(d.waiting)
         self.first_seen = dict(d.first_seen)
+        self.strikes = dict(d.strikes)
         for _, seconds in d.completed:
             if self.on_complete is not None:
                 self.on_complete(seconds)

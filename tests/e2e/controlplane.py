@@ -95,9 +95,13 @@ E2E_GROUP_TTL_S = 60
 # or more on a cluster); the extender labels a node 5 s after writing its entry (90 s by
 # default): a change labelled at once would fail there, as it would on a cluster.
 E2E_MIG_FILE_LAG_S = 3.0
+# One namespace's reservations hold at most 64 GPUs (the chart's default is 50% of the
+# cluster, which the small pools of these tests would make a few GPUs).
+E2E_NAMESPACE_RESERVED_GPUS = 64
 E2E_EXTENDER_ARGS = ("--mig-min-idle", "2", "--mig-compact-min-age", "0",
                      "--mig-compact-min-excess", "1", "--group-ttl", str(E2E_GROUP_TTL_S),
-                     "--mig-config-propagation", "5")
+                     "--mig-config-propagation", "5",
+                     "--max-namespace-reserved-gpus", str(E2E_NAMESPACE_RESERVED_GPUS))
 # The name in the API server's client certificate for webhooks: the only caller the
 # webhook acts on (the chart's webhook.clientAuth, set by up()).
 WEBHOOK_CLIENT = "kube-apiserver-webhook-client"

@@ -12,18 +12,42 @@ the forged claims are live, and count where a burst of one workload lives).
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import ssl
+import time
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
-from cluster import create_nodes, h100_mig, l40s_shared, pod, wait_for_webhook
+import pytest
+from cluster import (
+    GPU,
+    LWS,
+    MANUAL_SCHEDULER,
+    bind_with_records,
+    bound,
+    create_nodes,
+    create_pods,
+    force_delete_pods,
+    group_outcomes,
+    h100_mig,
+    h100_whole,
+    l40s_shared,
+    lws_member,
+    pending_report,
+    pod,
+    pods_in,
+    wait_for,
+    wait_for_webhook,
+)
 from conftest import Space
-from controlplane import Stack
+from controlplane import E2E_GROUP_TTL_S, NAMESPACE, Stack
 
 MIG = "nvidia.com/mig-3g.40gb"
 SHARED = "nvidia.com/gpu.shared"
+CLIQUE = "nvidia.com/gpu.clique"
 
 
 def _webhook_port(stack: Stack) -> int:
@@ -142,3 +166,190 @@ def test_forged_reviews_of_another_namespace_leave_a_victims_decision(
               f"another namespace {after[0]}, after 8 naming its own {own[0]}")
     assert after == before
     assert own[0] == SHARED, own
+
+
+# ---- item 2: reservations within a tenant's rights -----------------------------------------
+
+RECORDS = "app.kubernetes.io/managed-by=gpupack,app.kubernetes.io/component=group-reservation"
+
+
+def _records(core: Any, ns: str) -> dict[str, dict[str, Any]]:
+    """The reservation records of groups of namespace ``ns``: group key -> record."""
+    out = {}
+    for cm in core.list_namespaced_config_map(NAMESPACE, label_selector=RECORDS).items:
+        rec = json.loads((cm.data or {}).get("reservation", "{}"))
+        if str(rec.get("g", "")).startswith(ns + "/"):
+            out[rec["g"]] = rec
+    return out
+
+
+def _labelled(name: str, size: int, gpus: int, pool: str, worker: int = 0) -> dict[str, Any]:
+    """A pod of a group named only by gpupack's labels (no LeaderWorkerSet object)."""
+    return pod(name if worker == 0 else f"{name}-{worker}", pool=pool,
+               limits={GPU: str(gpus)},
+               annotations={"gpupack.io/group": name, "gpupack.io/group-size": str(size),
+                            "gpupack.io/class": "whole"})
+
+
+def test_reservations_stay_within_a_namespaces_rights(
+        core: Any, space: Space, capsys: Any) -> None:
+    """The issue's attack: two pending 1-GPU pods labelled as groups of 64 in one
+    namespace, on a 16-node cluster of 128 GPUs. One namespace's reservations may hold 64
+    (--max-namespace-reserved-gpus in this stack): the second waits until the first's
+    reservation expires. And a group whose reservation expired, its members never come,
+    is not reserved again at once; a new member pod makes it due at once."""
+    evil, other = space.namespace(), space.namespace("-b")
+    p = space.name
+    space.nodes += create_nodes(core, [h100_whole(f"{p}-{i:02d}", p) for i in range(16)])
+    create_pods(core, evil, [_labelled("a", 64, 1, p), _labelled("b", 64, 1, p)])
+    create_pods(core, other, [_labelled("x", 2, 8, p)])
+    start = time.monotonic()
+    first = wait_for(lambda: _records(core, evil), 30, "a reservation in the namespace")
+    assert len(first) == 1 and len(next(iter(first.values()))["m"]) == 64, first
+    (held_by,) = first
+    waiting = "b" if held_by.endswith("/a") else "a"
+    reason = wait_for(lambda: (lambda r: r if "in reservations" in r else None)(
+        pending_report(core, evil)), 30, "the second group's reason")
+    assert f"namespace {evil} may hold 0 more GPUs in reservations" in reason or \
+        f"namespace {evil} may hold 1 more GPUs in reservations" in reason, reason
+    assert _records(core, other), "another namespace's group is not charged for evil's"
+    time.sleep(5)
+    assert set(_records(core, evil)) == {held_by}, "two groups of 64 held in one namespace"
+    # The first expires (TTL 60 s): the second gets the namespace's room.
+    second = wait_for(lambda: (lambda r: r if f"{evil}/{waiting}" in r else None)(
+        _records(core, evil)), E2E_GROUP_TTL_S + 30, "the second group after the expiry")
+    assert held_by not in second, "the expired group re-reserved beside the second"
+    # x (other namespace) expired too: its worker never came. The pool has room, yet it
+    # is not reserved again at once ...
+    wait_for(lambda: not _records(core, other), 30, "x's reservation to expire")
+    expired = time.monotonic()
+    time.sleep(15)
+    assert not _records(core, other), "an expired group re-reserved at once"
+    # ... until its worker appears.
+    create_pods(core, other, [_labelled("x", 2, 8, p, worker=1)])
+    wait_for(lambda: len(bound(pods_in(core, other))) == 2, 30, "group x to bind")
+    with capsys.disabled():
+        print(f"\n  e2e reservations: 2 groups of 64 in one namespace -> one held at a time "
+              f"(second reserved {time.monotonic() - start:.0f}s in, after the first "
+              f"expired); an expired group waited {time.monotonic() - expired:.0f}s, until "
+              "its worker came")
+
+
+LWS_CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+    "metadata": {"name": "leaderworkersets.leaderworkerset.x-k8s.io"},
+    "spec": {"group": "leaderworkerset.x-k8s.io", "scope": "Namespaced",
+             "names": {"plural": "leaderworkersets", "singular": "leaderworkerset",
+                       "kind": "LeaderWorkerSet", "listKind": "LeaderWorkerSetList"},
+             "versions": [{"name": "v1", "served": True, "storage": True, "schema": {
+                 "openAPIV3Schema": {"type": "object",
+                                     "x-kubernetes-preserve-unknown-fields": True}}}]}}
+# Namespaces and LeaderWorkerSets of the tests below, made before the extenders list.
+LWS_NS, LWS_EVIL = "e2e-tenants-lws", "e2e-tenants-lws-evil"
+LWS_OBJECTS = ((LWS_NS, "big", 80, None), (LWS_NS, "vllm", 2, CLIQUE),
+               (LWS_EVIL, "squatter", 1, CLIQUE))
+
+
+def _lws_lists(stack: Stack, after: float) -> int:
+    """The extenders' lists of LeaderWorkerSets since ``after`` (the audit log)."""
+    n = 0
+    for line in (stack.dir / "logs" / "audit.log").read_text().splitlines():
+        e = json.loads(line)
+        ref = e.get("objectRef") or {}
+        if ref.get("resource") == "leaderworkersets" and e.get("verb") == "list" and \
+                e.get("stage") == "ResponseComplete" and _when(e) > after:
+            n += 1
+    return n
+
+
+def _when(e: dict[str, Any]) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(e["stageTimestamp"].replace("Z", "+00:00")).timestamp()
+
+
+@pytest.fixture(scope="module")
+def lws_api(stack: Stack, admin: Any, core: Any) -> Iterator[Any]:
+    """The LeaderWorkerSet API (its CRD, schema-less: no controller runs here; the tests
+    create the pods as the controller would) and the tests' objects, once every extender
+    has listed them (each lists every 30 s). The CRD stays for the rest of the session."""
+    from controlplane import ensure_namespace
+    from kubernetes import client
+
+    ext = client.ApiextensionsV1Api(admin)
+    with contextlib.suppress(client.ApiException):
+        ext.create_custom_resource_definition(LWS_CRD)
+
+    def established() -> bool:
+        crd = ext.read_custom_resource_definition(LWS_CRD["metadata"]["name"])
+        return any(c.type == "Established" and c.status == "True"
+                   for c in (crd.status.conditions or []))
+
+    wait_for(established, 30, "the LeaderWorkerSet CRD")
+    api = client.CustomObjectsApi(admin)
+    for ns in (LWS_NS, LWS_EVIL):
+        ensure_namespace(admin, ns)
+    for ns, name, size, exclusive in LWS_OBJECTS:
+        meta: dict[str, Any] = {"name": name, "namespace": ns}
+        if exclusive:
+            meta["annotations"] = {LWS + "exclusive-topology": exclusive}
+        api.create_namespaced_custom_object(
+            "leaderworkerset.x-k8s.io", "v1", ns, "leaderworkersets",
+            {"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet",
+             "metadata": meta, "spec": {"replicas": 1, "leaderWorkerTemplate": {"size": size}}})
+    made = time.time()
+    replicas = len(stack.state()["replicas"])
+    wait_for(lambda: _lws_lists(stack, made) >= replicas, 45,
+             "each extender to list the LeaderWorkerSets", interval_s=1.0)
+    try:
+        yield api
+    finally:
+        for ns in (LWS_NS, LWS_EVIL):
+            force_delete_pods(core, ns)
+
+
+def test_a_group_sized_by_its_leaderworkerset_is_capped(
+        lws_api: Any, core: Any, space: Space) -> None:
+    p = space.name
+    space.nodes += create_nodes(core, [h100_whole(f"{p}-{i}", p) for i in range(2)])
+    # LeaderWorkerSet "big": 80 pods of 1 GPU, over --max-group-gpus 64; the pod's own
+    # annotation says 2.
+    create_pods(core, LWS_NS, [lws_member("big", 0, 2, 1, p)])
+    reason = wait_for(lambda: (lambda r: r if "--max-group-gpus" in r else None)(
+        pending_report(core, LWS_NS)), 60, "the group's refusal")
+    assert f"sized by LeaderWorkerSet {LWS_NS}/big), more than --max-group-gpus 64" in reason
+    assert not _records(core, LWS_NS)
+    force_delete_pods(core, LWS_NS)
+
+
+def test_exclusive_domains_of_other_namespaces_leave_a_group_its_clique(
+        lws_api: Any, core: Any, space: Space) -> None:
+    """One 1-GPU "group" per NVLink clique in another namespace, asking for exclusive
+    cliques: forged (LWS labels, no object, bound by hand) in one clique, a real
+    LeaderWorkerSet of that namespace in the other. A real group of this namespace, whose
+    LeaderWorkerSet asks for exclusive cliques, is still reserved and bound."""
+    p = space.name
+    cliques = [f"{p}-c0", f"{p}-c1"]
+    space.nodes += create_nodes(core, [h100_whole(f"{p}-{c}-{i}", p, clique=cliques[c])
+                                       for c in (0, 1) for i in range(3)])
+    forged = lws_member("forged", 0, 1, 1, p)
+    forged["metadata"]["annotations"][LWS + "exclusive-topology"] = CLIQUE
+    forged["spec"]["schedulerName"] = MANUAL_SCHEDULER
+    create_pods(core, LWS_EVIL, [forged])
+    bind_with_records(core, LWS_EVIL, "forged-0", f"{p}-0-0", {})
+    squatter = lws_member("squatter", 0, 1, 1, p)
+    squatter["metadata"]["annotations"][LWS + "exclusive-topology"] = CLIQUE
+    squatter["spec"]["nodeSelector"][CLIQUE] = cliques[1]
+    create_pods(core, LWS_EVIL, [squatter])
+    wait_for(lambda: "squatter-0" in bound(pods_in(core, LWS_EVIL)), 60, "the squatter's bind")
+    # The real group: 2 x 8 GPUs in one clique, exclusive by its LeaderWorkerSet.
+    members = [lws_member("vllm", w, 2, 8, p) for w in range(2)]
+    for m in members:
+        m["metadata"]["annotations"][LWS + "exclusive-topology"] = CLIQUE
+    create_pods(core, LWS_NS, members)
+    wait_for(lambda: len(bound(pods_in(core, LWS_NS))) == 2, 60,
+             f"the real group to bind ({pending_report(core, LWS_NS)})")
+    group = group_outcomes(core, pods_in(core, LWS_NS))["vllm"]
+    assert len(group.cliques) == 1 and len(group.nodes) == 2, group
+    for ns in (LWS_NS, LWS_EVIL):
+        force_delete_pods(core, ns)

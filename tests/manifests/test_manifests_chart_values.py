@@ -234,6 +234,10 @@ def _max_group_gpus(objs: list[Obj]) -> None:
     assert arg(containers(objs)["extender"], "--max-group-gpus") == "32"
 
 
+def _max_namespace_reserved(objs: list[Obj]) -> None:
+    assert arg(containers(objs)["extender"], "--max-namespace-reserved-gpus") == "25%"
+
+
 def _mig_actuator(objs: list[Obj]) -> None:
     for name in ("extender", "webhook"):
         assert "--mig-actuator" in containers(objs)[name]["command"], name
@@ -501,6 +505,7 @@ CASES: dict[str, tuple[dict[str, Any] | None, Callable[[list[Obj]], None]]] = {
     "extender.weight": (None, _weight),
     "extender.httpTimeout": (None, _http_timeout),
     "extender.maxGroupGpus": (None, _max_group_gpus),
+    "extender.maxNamespaceReservedGpus": (None, _max_namespace_reserved),
     "migActuator.enabled": (None, _mig_actuator),
     "migActuator.configMap": (None, _mig_config_map),
     "migActuator.configMapNamespace": (None, _mig_config_map_namespace),
@@ -652,6 +657,8 @@ def test_schema_rejects_wrong_types(path: str, helm_dir: Path) -> None:
     {"commonLabels": {"team": 1}}, {"affinity": {"nodeAfinity": {}}},
     {"defrag": {"mode": "on"}}, {"defrag": {"consolidateWindow": "1am-5am"}},
     {"policy": "dotproduct"},  # a registry name the extender's --policy does not take
+    {"extender": {"maxNamespaceReservedGpus": "half"}},
+    {"extender": {"maxNamespaceReservedGpus": "50 %"}},
 ])
 def test_schema_rejects_bad_values(bad: dict[str, Any], helm_dir: Path) -> None:
     _, err = helm_template(bad, helm_dir, expect_ok=False)
