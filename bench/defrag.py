@@ -1,4 +1,4 @@
-"""Defragmentation plans (``packing/defrag.py``) on fragmented clusters: evictions per
+"""Defragmentation plans (``packing/defrag/plan.py``) on fragmented clusters: evictions per
 LLM group placed against the optimum and against a naive policy, and the time to plan.
 
     python bench/defrag.py [--nodes 1000] [--seeds 5] [--mix openb speech] [--no-optimum]
@@ -38,8 +38,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from gpupack.openb_cmd import find_trace_dir
 from packing.catalog import get_model
-from packing.defrag import (
+from packing.defrag.landing import land
+from packing.defrag.plan import (
     DefragParams,
     DisruptionBudget,
     Evictability,
@@ -47,7 +49,6 @@ from packing.defrag import (
     plan_defrag,
     priority_tiers,
 )
-from packing.defrag_landing import land
 from packing.model import (
     GpuInfo,
     GpuMode,
@@ -65,7 +66,10 @@ from packing.state import ClusterState
 from sim.traces import parse_pods, to_pod_request
 
 CLIQUE = "nvidia.com/gpu.clique"
-TRACE = Path(__file__).resolve().parents[2] / "shared/traces/openb/openb_pod_list_default.csv"
+# The nearest shared/traces/openb at or above the checkout, as `gpupack simulate` looks.
+TRACE = (find_trace_dir(Path(__file__).resolve().parents[1])
+         or Path(__file__).resolve().parents[2] / "shared/traces/openb"
+         ) / "openb_pod_list_default.csv"
 HIGH = 1000  # priority of the pods the group may not evict
 APPS = 40
 SAMPLE = 40  # nodes scored per arrival

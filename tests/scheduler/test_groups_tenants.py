@@ -7,7 +7,7 @@ cap; two 1-GPU pods with forged LWS labels and the exclusive-topology annotation
 per NVLink clique, left a real LLM group of another namespace waiting. Now:
 
 - one namespace's reservations hold at most ``--max-namespace-reserved-gpus`` (default
-  50% of the cluster; scheduler.namespace_reservations);
+  50% of the cluster; scheduler.groups.namespace_cap);
 - a group sized by its LeaderWorkerSet object is capped by ``--max-group-gpus`` too;
 - a group whose reservation expired waits a cool-down that doubles with each expiry in
   a row, unless it gains member pods;
@@ -23,8 +23,8 @@ import pytest
 from sched_builders import node, whole_pod
 from test_groups_builders import Rig, lws_inputs, lws_object, lws_pod, rig
 
-from packing.groups import RESERVE_MARK
-from scheduler.namespace_reservations import ReservedCap, parse_reserved_cap
+from packing.groups.members import RESERVE_MARK
+from scheduler.groups.namespace_cap import ReservedCap, parse_reserved_cap
 
 CLIQUE = "nvidia.com/gpu.clique"
 
