@@ -295,6 +295,15 @@ class Components:
             requeue_store = None  # no kube-scheduler parks pods here
         self.group_writer = RecordWriter(store, is_leader=self.leader.is_leader,
                                          what="group record")
+        # A Warning Event on each bound pod counted at its worst (kube.worst_case).
+        self.unreadable: Any = None
+        if api is not None:
+            from kube.evictions import ApiEvents, PodRef
+            from kube.worst_case import UnreadableEvents
+
+            self.unreadable = UnreadableEvents(
+                self.cache.worst_case_pods, ApiEvents(api, args.leader_identity),
+                lambda key, uid: PodRef(key, uid), self.leader.is_leader)
         self.compaction_writer: RecordWriter | None = None  # set below with compaction
         # Status patches that requeue refused members once their room is reserved.
         self.requeue_writer = (None if requeue_store is None else RecordWriter(
@@ -428,6 +437,8 @@ class Components:
         if self.static_records is not None:
             self.static_records.start(self.tap)  # records listed before the nodes and pods
         self.groups.start()
+        if self.unreadable is not None:
+            self.unreadable.start()
         if self.defrag is not None:
             self.defrag.start()
         if self.mig is not None:
@@ -462,6 +473,8 @@ class Components:
         what is not written by then is logged by its writer and lost."""
         deadline = clock() + budget_s
         loops: list[Any] = [x for x in (self.groups, self.mig, self.defrag) if x is not None]
+        if self.unreadable is not None:
+            self.unreadable.stop()
         self._expiry_stop.set()
         for loop in loops:
             loop.stop()

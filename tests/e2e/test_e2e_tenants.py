@@ -43,7 +43,14 @@ from cluster import (
     wait_for_webhook,
 )
 from conftest import Space
-from controlplane import E2E_GROUP_TTL_S, NAMESPACE, Stack
+from controlplane import (
+    E2E_GROUP_TTL_S,
+    NAMESPACE,
+    Stack,
+    active_replica,
+    extender_metrics,
+    metric_sample,
+)
 
 MIG = "nvidia.com/mig-3g.40gb"
 SHARED = "nvidia.com/gpu.shared"
@@ -353,3 +360,57 @@ def test_exclusive_domains_of_other_namespaces_leave_a_group_its_clique(
     assert len(group.cliques) == 1 and len(group.nodes) == 2, group
     for ns in (LWS_NS, LWS_EVIL):
         force_delete_pods(core, ns)
+
+
+# ---- item 3: a bound pod whose inputs do not parse is counted at its worst -------------------
+
+
+def test_a_share_rewritten_after_binding_keeps_its_gpu_after_a_restart(
+        stack: Stack, admin: Any, core: Any, space: Space, scraper: str, capsys: Any) -> None:
+    """A 40Gi share is bound on a one-GPU L40S; its author then sets its gpu-memory to
+    "lots". After the extender restarts (a fresh list), the pod is counted at its worst
+    (its whole GPU): a 20Gi share waits rather than landing beside it (60 GiB on a 45 GiB
+    GPU, as when the pod was skipped). A metric and an Event name it."""
+    ns = space.namespace()
+    p = space.name
+    space.nodes += create_nodes(core, [l40s_shared(f"{p}-l40s", p, gpus=1)])
+
+    def share(name: str, memory: str) -> dict[str, Any]:
+        return pod(name, pool=p, limits={SHARED: "1"}, scheduler="gpupack",
+                   annotations={"gpupack.io/gpu-memory": memory})
+
+    create_pods(core, ns, [share("big", "40Gi")])
+    wait_for(lambda: "big" in bound(pods_in(core, ns)), 60, "the 40Gi share's bind")
+    core.patch_namespaced_pod("big", ns, {"metadata": {"annotations": {
+        "gpupack.io/gpu-memory": "lots"}}})
+    active = "extender" + active_replica(stack, admin)
+    stack.restart(active)
+    wait_for(lambda: _ready(stack, active), 60, "the restarted extender to be ready")
+    create_pods(core, ns, [share("small", "20Gi")])
+    time.sleep(10)
+    assert "small" not in bound(pods_in(core, ns)), "a share was put beside an unreadable one"
+
+    def named() -> Any:
+        fams = extender_metrics(stack, admin, scraper)
+        return None if fams is None else metric_sample(
+            fams, "gpupack_pod_counted_worst_case", namespace=ns, pod="big")
+
+    assert wait_for(named, 30, "the metric naming the pod") == 1.0
+    event = wait_for(lambda: [e for e in core.list_namespaced_event(ns).items
+                              if e.reason == "GpupackInputsUnreadable"
+                              and e.involved_object.name == "big"], 30, "the Event")
+    assert "gpupack.io/gpu-memory: 'lots'" in event[0].message and event[0].type == "Warning"
+    with capsys.disabled():
+        print(f"\n  e2e unreadable share: counted at its worst after a restart; event: "
+              f"{event[0].message[:90]}...")
+
+
+def _ready(stack: Stack, component: str) -> bool:
+    import urllib.request
+
+    url = stack.state()["components"][component]["url"] + "/readyz"
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return bool(resp.status == 200)
+    except OSError:
+        return False
