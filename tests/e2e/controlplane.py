@@ -67,8 +67,8 @@ PLAIN_SCHEDULER_NAME = "plain-kube-scheduler"
 AGENT_NODE = "e2e-agent-node"
 # Order of start; down stops in reverse. "controller-manager" is defined by up() but
 # started only by the tests that need it (start_controllers).
-COMPONENTS = ("etcd", "apiserver", "webhook", "extender", "scheduler", "extender-b",
-              "scheduler-b", "plain-scheduler", "node-agent", "mig-manager",
+COMPONENTS = ("etcd", "apiserver", "token-controller", "webhook", "extender", "scheduler",
+              "extender-b", "scheduler-b", "plain-scheduler", "node-agent", "mig-manager",
               "controller-manager")
 # Chart values of the stack. The extender acts on waiting groups (docs/defrag.md), so its
 # grants (events, pods/eviction) are applied and audited like the others; it evicts only
@@ -130,8 +130,8 @@ def admission_config(dir_: Path, webhook_port: int) -> Path:
 
 # Kinds of the chart applied to the API server. Workloads (Deployments, the DaemonSet),
 # Services and monitoring objects are not: their processes run here directly.
-APPLIED_KINDS = ("Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role",
-                 "RoleBinding", "ConfigMap", "MutatingWebhookConfiguration",
+APPLIED_KINDS = ("Namespace", "ServiceAccount", "Secret", "ClusterRole", "ClusterRoleBinding",
+                 "Role", "RoleBinding", "ConfigMap", "MutatingWebhookConfiguration",
                  "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
 
 # Metadata of every request made by a ServiceAccount of gpupack's namespace; nothing else.
@@ -267,21 +267,46 @@ def _find(objs: Sequence[Mapping[str, Any]], kind: str, name: str | None = None
     raise StackError(f"the chart renders no {kind}{' ' + name if name else ''}")
 
 
+SA_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+
 def service_accounts(objs: Sequence[Mapping[str, Any]]) -> dict[str, str]:
     """Which ServiceAccount each gpupack process runs as, read from the chart's workloads:
-    a container runs as its pod's account, so kube-scheduler and the extender sidecar
-    share the scheduler Deployment's."""
-    def sa_of(kind: str, component: str) -> str:
+    a container runs as the account whose token Secret it mounts where the client reads
+    one (the extender, beside kube-scheduler), else as its pod's."""
+    def sa_of(kind: str, component: str, container: str) -> str:
         for o in objs:
             labels = o.get("metadata", {}).get("labels", {})
             if o.get("kind") == kind and labels.get("app.kubernetes.io/component") == component:
-                return str(o["spec"]["template"]["spec"]["serviceAccountName"])
+                spec = o["spec"]["template"]["spec"]
+                c = next(c for c in spec["containers"] if c["name"] == container)
+                return token_secret_account(objs, spec, c) or str(spec["serviceAccountName"])
         raise StackError(f"the chart renders no {kind} for {component}")
 
-    scheduler = sa_of("Deployment", "scheduler")
-    return {"scheduler": scheduler, "extender": scheduler,
-            "webhook": sa_of("Deployment", "webhook"),
-            "node-agent": sa_of("DaemonSet", "node-agent")}
+    return {"scheduler": sa_of("Deployment", "scheduler", "kube-scheduler"),
+            "extender": sa_of("Deployment", "scheduler", "extender"),
+            "webhook": sa_of("Deployment", "webhook", "webhook"),
+            "node-agent": sa_of("DaemonSet", "node-agent", "agent")}
+
+
+def token_secret_account(objs: Sequence[Mapping[str, Any]], spec: Mapping[str, Any],
+                         container: Mapping[str, Any]) -> str | None:
+    """The account of the service-account-token Secret ``container`` mounts at the
+    client's token path (None: none)."""
+    volumes = {v["name"]: v for v in spec.get("volumes", [])}
+    for m in container.get("volumeMounts", []):
+        secret = volumes.get(m["name"], {}).get("secret")
+        if m["mountPath"] == SA_MOUNT and secret is not None:
+            s = _find(objs, "Secret", secret["secretName"])
+            return str(s["metadata"]["annotations"]["kubernetes.io/service-account.name"])
+    return None
+
+
+def token_secrets(objs: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    """account -> the name of its service-account-token Secret in the chart."""
+    return {str(o["metadata"]["annotations"]["kubernetes.io/service-account.name"]):
+            str(o["metadata"]["name"]) for o in objs
+            if o.get("kind") == "Secret" and o.get("type") == "kubernetes.io/service-account-token"}
 
 
 def chart_command(objs: Sequence[Mapping[str, Any]], container: str,
@@ -721,15 +746,23 @@ def up(dir_: Path, *, extender_args: Sequence[str] = (), plain: bool = True,
     accounts = service_accounts(objs)
     if agent:
         create_agent_node(admin)
+    # kube-controller-manager as a kubeadm cluster runs it (below); first only its
+    # token controller, which fills in the chart's service-account-token Secrets (the
+    # extender's token) as on a cluster.
+    kcm_kc = dir_ / "kubeconfigs" / "controller-manager"
+    write_kubeconfig(kcm_kc, server, pki / "ca.crt", cert=pki / "controller-manager.crt",
+                     key=pki / "controller-manager.key")
+    secret_tokens = filled_token_secrets(stack, state, bins, kcm_kc, token_secrets(objs))
     kubeconfigs: dict[str, Path] = {}
     for component, account in accounts.items():
         path = dir_ / "kubeconfigs" / component
         # The agent's token is bound to a pod on its node, as the kubelet's projected
         # token of a DaemonSet pod is: it names the node, which the chart's
-        # ValidatingAdmissionPolicy checks.
+        # ValidatingAdmissionPolicy checks. The extender's is its token Secret's.
         bound = agent_pod(admin, account) if component == "node-agent" and agent else None
-        write_kubeconfig(path, server, pki / "ca.crt",
-                         token=service_account_token(admin, NAMESPACE, account, bound))
+        token = secret_tokens.get(account) or service_account_token(admin, NAMESPACE,
+                                                                    account, bound)
+        write_kubeconfig(path, server, pki / "ca.crt", token=token)
         kubeconfigs[component] = path
     state["service_accounts"] = accounts
     plain_kc = dir_ / "kubeconfigs" / "plain-scheduler"
@@ -769,9 +802,6 @@ def up(dir_: Path, *, extender_args: Sequence[str] = (), plain: bool = True,
     # kube-controller-manager as a kubeadm cluster runs it: its own identity
     # (system:kube-controller-manager) and each controller with its ServiceAccount's
     # token (system:controller:*, the built-in roles), nothing but CONTROLLERS.
-    kcm_kc = dir_ / "kubeconfigs" / "controller-manager"
-    write_kubeconfig(kcm_kc, server, pki / "ca.crt", cert=pki / "controller-manager.crt",
-                     key=pki / "controller-manager.key")
     kcm_port = free_port()
     components["controller-manager"] = {
         "argv": [str(bins / "kube-controller-manager"), f"--kubeconfig={kcm_kc}",
@@ -805,6 +835,49 @@ def up(dir_: Path, *, extender_args: Sequence[str] = (), plain: bool = True,
         if component in components:
             stack.start(component)
     return stack
+
+
+def filled_token_secrets(stack: Stack, state: dict[str, Any], bins: Path, kubeconfig: Path,
+                         secrets: Mapping[str, str]) -> dict[str, str]:
+    """account -> the token kube-controller-manager's token controller wrote into its
+    Secret (``secrets``: account -> Secret name). The controller runs until every token
+    is in, then stops."""
+    from kubernetes import client
+
+    if not secrets:
+        return {}
+    pki = stack.dir / "pki"
+    port = free_port()
+    state["components"]["token-controller"] = {
+        "argv": [str(bins / "kube-controller-manager"), f"--kubeconfig={kubeconfig}",
+                 f"--authentication-kubeconfig={kubeconfig}",
+                 f"--authorization-kubeconfig={kubeconfig}", "--bind-address=127.0.0.1",
+                 f"--secure-port={port}", f"--cert-dir={stack.dir / 'token-controller-certs'}",
+                 "--leader-elect=false", "--controllers=serviceaccount-token-controller",
+                 f"--service-account-private-key-file={pki / 'sa.key'}",
+                 f"--root-ca-file={pki / 'ca.crt'}", "--v=1"],
+        "ready": {"url": f"https://127.0.0.1:{port}/healthz"}}
+    stack.save(state)
+    stack.start("token-controller")
+    # start() recorded its times in the saved state: keep them (in the same dict).
+    state["components"]["token-controller"] = stack.state()["components"]["token-controller"]
+    core: Any = client.CoreV1Api(_api(stack.kubeconfig))
+    out: dict[str, str] = {}
+    end = time.monotonic() + 60
+    try:
+        while len(out) < len(secrets):
+            if time.monotonic() > end:
+                raise StackError(f"the token controller filled no token into "
+                                 f"{sorted(set(secrets.values()))} within 60 s; log:\n"
+                                 f"{stack.log_tail('token-controller')}")
+            for account, name in secrets.items():
+                data = core.read_namespaced_secret(name, NAMESPACE).data or {}
+                if "token" in data:
+                    out[account] = base64.b64decode(data["token"]).decode()
+            time.sleep(0.2)
+    finally:
+        stack.stop("token-controller")
+    return out
 
 
 @contextlib.contextmanager

@@ -379,6 +379,8 @@ def test_a_share_rewritten_after_binding_keeps_its_gpu_after_a_restart(
         return pod(name, pool=p, limits={SHARED: "1"}, scheduler="gpupack",
                    annotations={"gpupack.io/gpu-memory": memory})
 
+    wait_for(lambda: _admitted(core, ns, share("probe", "40Gi")), 30,
+             "the webhook to see the new L40S")
     create_pods(core, ns, [share("big", "40Gi")])
     wait_for(lambda: "big" in bound(pods_in(core, ns)), 60, "the 40Gi share's bind")
     core.patch_namespaced_pod("big", ns, {"metadata": {"annotations": {
@@ -405,6 +407,20 @@ def test_a_share_rewritten_after_binding_keeps_its_gpu_after_a_restart(
               f"{event[0].message[:90]}...")
 
 
+def _admitted(core: Any, ns: str, body: dict[str, Any]) -> bool:
+    """Whether a dry-run create of ``body`` passes admission (the webhook refuses a share
+    no time-sliced GPU of its view holds: its view has not seen a new node yet)."""
+    from kubernetes.client.rest import ApiException
+
+    try:
+        core.create_namespaced_pod(ns, body, dry_run="All")
+    except ApiException as e:
+        if e.status in (400, 403):
+            return False
+        raise
+    return True
+
+
 def _ready(stack: Stack, component: str) -> bool:
     import urllib.request
 
@@ -414,3 +430,69 @@ def _ready(stack: Stack, component: str) -> bool:
             return bool(resp.status == 200)
     except OSError:
         return False
+
+
+# ---- item 4: the extender holds only the extender's rights --------------------------------
+
+
+def _refused(call: Any, needle: str = "") -> str:
+    from kubernetes.client.rest import ApiException
+
+    with pytest.raises(ApiException) as err:
+        call()
+    assert err.value.status == 403, (err.value.status, err.value.body)
+    body = str(err.value.body)
+    assert needle in body, body
+    return body
+
+
+def test_the_extenders_account_cannot_act_as_kube_scheduler(
+        stack: Stack, core: Any, space: Space) -> None:
+    """What a compromised extender could do with kube-scheduler's account (delete pods,
+    write PVs, take the scheduler's Lease) is refused to its own; and what its grants
+    allow in general is narrowed by the chart's policies to what the extender writes
+    (a Node's MIG label, gpupack's pod conditions, its own ConfigMaps)."""
+    from controlplane import RELEASE, _api
+    from kubernetes import client
+    from test_e2e_agent import PROBE_AGENT
+
+    api = _api(stack.dir / "kubeconfigs" / "extender")
+    api.user_agent = PROBE_AGENT
+    ext = client.CoreV1Api(api)
+    coordination = client.CoordinationV1Api(api)
+    ns = space.namespace()
+    node = f"{space.name}-n"
+    space.nodes += create_nodes(core, [h100_whole(node, space.name)])
+    victim = create_pods(core, ns, [pod("victim", pool=space.name,
+                                        scheduler=MANUAL_SCHEDULER)])[0]
+    # kube-scheduler's rights, not the extender's (RBAC).
+    _refused(lambda: ext.delete_namespaced_pod("victim", ns, grace_period_seconds=0))
+    _refused(lambda: ext.create_persistent_volume({
+        "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": f"{ns}-pv"},
+        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+                 "hostPath": {"path": "/tmp/x"}}}))
+    _refused(lambda: ext.patch_persistent_volume("any", {"metadata": {"labels": {"x": "1"}}}))
+    lease = coordination.read_namespaced_lease(f"{RELEASE}-scheduler", NAMESPACE)
+    lease.spec.holder_identity = "evil_0"
+    _refused(lambda: coordination.replace_namespaced_lease(f"{RELEASE}-scheduler", NAMESPACE,
+                                                           lease))
+    # Its grants, narrowed by the chart's ValidatingAdmissionPolicies.
+    _refused(lambda: ext.patch_node(node, {"spec": {"taints": [
+        {"key": "evil", "effect": "NoSchedule"}]}}), "may change only a Node's")
+    _refused(lambda: ext.patch_node(node, {"metadata": {"labels": {
+        "gpupack.io/mig-reconfigure": "true"}}}), "may change only a Node's")
+    ext.patch_node(node, {"metadata": {"annotations": {"gpupack.io/mig-change": "probe"}}})
+    _refused(lambda: ext.patch_namespaced_pod_status("victim", ns, {"metadata": {
+        "labels": {"app": "evil"}}}), "only gpupack.io/ conditions")
+    ext.patch_namespaced_pod_status("victim", ns, {"status": {"conditions": [
+        {"type": "gpupack.io/E2EProbe", "status": "True"}]}})
+    config = ext.read_namespaced_config_map(f"{RELEASE}-scheduler-config", NAMESPACE)
+    config.data["evil"] = "1"
+    _refused(lambda: ext.replace_namespaced_config_map(
+        f"{RELEASE}-scheduler-config", NAMESPACE, config), "writes only its own ConfigMaps")
+    _refused(lambda: ext.create_namespaced_config_map(NAMESPACE, {
+        "metadata": {"name": "evil"}, "data": {}}), "writes only its own ConfigMaps")
+    conds = {c.type for c in core.read_namespaced_pod("victim", ns).status.conditions or []}
+    assert "gpupack.io/E2EProbe" in conds
+    assert victim["metadata"]["name"] == "victim"
+    api.close()

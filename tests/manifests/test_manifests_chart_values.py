@@ -261,7 +261,11 @@ def _mig_config_map_namespace(objs: list[Obj]) -> None:
     assert role["rules"] == [{"apiGroups": [""], "resources": ["configmaps"],
                               "verbs": ["get", "create", "update"]}]
     binding = find(objs, "RoleBinding", "gp-prod-mig-config")
-    assert binding["subjects"][0]["name"] == "gp-prod-scheduler"
+    assert binding["subjects"][0]["name"] == "gp-prod-extender"
+    # The extender's ConfigMap writes reach that namespace's mig-parted ConfigMap only.
+    policy = find(objs, "ValidatingAdmissionPolicy", "gp-prod-extender-configmaps")
+    expr = policy["spec"]["validations"][0]["expression"]
+    assert "request.namespace == 'gpu-operator'" in expr and "'mig-layouts'" in expr
 
 
 def _mig_compact(objs: list[Obj]) -> None:

@@ -16,11 +16,11 @@ from manifests_helpers import CHART, K8S_VERSION, Obj, find, find_all, helm_temp
 
 CRD_KINDS = {"ServiceMonitor", "PrometheusRule", "Certificate", "Issuer", "LeaderWorkerSet"}
 BASE_KINDS = {
-    "Namespace": 1, "ServiceAccount": 3, "ClusterRole": 3, "ClusterRoleBinding": 8,
+    "Namespace": 1, "ServiceAccount": 4, "Secret": 1, "ClusterRole": 3, "ClusterRoleBinding": 8,
     "Role": 2, "RoleBinding": 3, "ConfigMap": 4, "Deployment": 2, "DaemonSet": 1,
     "Service": 3, "PodDisruptionBudget": 2, "MutatingWebhookConfiguration": 1,
     "ServiceMonitor": 3, "PrometheusRule": 1,
-    "ValidatingAdmissionPolicy": 2, "ValidatingAdmissionPolicyBinding": 2,
+    "ValidatingAdmissionPolicy": 5, "ValidatingAdmissionPolicyBinding": 5,
     "NetworkPolicy": 4,
 }
 
