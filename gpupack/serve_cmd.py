@@ -101,6 +101,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--group-ttl", type=float, default=600.0,
                    help="seconds an LLM group's reservation waits for all its members to be "
                         "bound before it is released (default 600)")
+    p.add_argument("--bind-timeout", type=float, default=2.0, metavar="S",
+                   help="seconds a Binding gets before the bind verb answers kube-scheduler "
+                        "(default 2; keep it below the extender's httpTimeout, 3s in the "
+                        "chart); a Binding not answered by then may still be applied, so "
+                        "its GPUs stay held until the watch shows the pod (at most 60 s)")
     p.add_argument("--max-group-gpus", type=int, default=64,
                    help="the most GPUs one LLM group may reserve, whether its size comes "
                         "from its pods' labels or its LeaderWorkerSet object (default 64)")
@@ -276,7 +281,7 @@ class Components:
                                     records_selector=RECORD_SELECTOR, watch_quotas=True)
             self.lws = LwsPoller(api, self.inputs)
             self.inputs.on_unknown_lws = self.lws.nudge
-            self.binder = ApiBinder(api)
+            self.binder = ApiBinder(api, timeout_s=args.bind_timeout)
             store = ApiRecordStore(api, args.namespace)
             requeue_store: RecordStore | None = ApiPodStatusStore(api)
             if args.leader_lease:
@@ -534,6 +539,8 @@ def check_args(args: argparse.Namespace) -> str | None:
         return "--group-ttl must be positive"
     if args.max_group_gpus < 1:
         return "--max-group-gpus must be at least 1"
+    if not 0 < args.bind_timeout <= 30:
+        return "--bind-timeout must be above 0 and at most 30 seconds"
     from scheduler.groups.namespace_cap import parse_reserved_cap
 
     try:

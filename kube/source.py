@@ -62,6 +62,24 @@ class BindError(RuntimeError):
     """The API server (or the static cluster) refused the Binding."""
 
 
+class BindUnknown(BindError):
+    """The Binding was sent and no answer came back in time (a timeout, a connection
+    lost): the API server may still apply it. The bind's GPUs stay assumed until the
+    watch shows the pod, or until no request could still apply it
+    (:data:`UNKNOWN_BIND_HOLD_S`)."""
+
+
+# How long a Binding gets before the bind verb gives up on it: below kube-scheduler's
+# extender httpTimeout (the chart's 3 s), so that kube-scheduler and gpupack agree on
+# the verb's outcome; a bind that answers later is an unknown outcome (BindUnknown),
+# not a failure.
+BIND_TIMEOUT_S = 2.0
+# How long the GPUs of a bind whose outcome is unknown stay assumed: kube-apiserver
+# abandons a request after its --request-timeout (1 minute by default), so a Binding not
+# applied by then never will be.
+UNKNOWN_BIND_HOLD_S = 60.0
+
+
 class Binder(Protocol):
     def bind(
         self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str],
@@ -717,12 +735,14 @@ def _error_message(obj: Any) -> str:
 
 
 class ApiBinder:
-    """Creates Bindings and records the placement on the pod."""
+    """Creates Bindings and records the placement on the pod; ``timeout_s`` per Binding
+    (:data:`BIND_TIMEOUT_S`)."""
 
-    def __init__(self, api_client: Any) -> None:
+    def __init__(self, api_client: Any, timeout_s: float = BIND_TIMEOUT_S) -> None:
         from kubernetes import client
 
         self.core = client.CoreV1Api(api_client)
+        self.timeout_s = timeout_s
 
     def bind(
         self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str],
@@ -741,12 +761,15 @@ class ApiBinder:
         )
         try:
             resp = self.core.create_namespaced_binding(
-                namespace, body, _preload_content=False, _request_timeout=10
+                namespace, body, _preload_content=False,
+                _request_timeout=(min(self.timeout_s, 10.0), self.timeout_s)
             )
         except ApiException as e:
             raise BindError(_status_message(e)) from None
         except (HTTPError, OSError) as e:
-            raise BindError(f"binding {namespace}/{name} to {node}: {e}") from None
+            # Sent, perhaps applied: the API server's answer did not come back in time.
+            raise BindUnknown(f"binding {namespace}/{name} to {node}: no answer within "
+                              f"{self.timeout_s:g}s ({e})") from None
         status = getattr(resp, "status", 201)
         finish(resp)
         if not 200 <= int(status) < 300:

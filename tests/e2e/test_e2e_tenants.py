@@ -496,3 +496,20 @@ def test_the_extenders_account_cannot_act_as_kube_scheduler(
     assert "gpupack.io/E2EProbe" in conds
     assert victim["metadata"]["name"] == "victim"
     api.close()
+
+
+# ---- item 5: the placement records through pods/status -------------------------------------
+
+
+def test_a_status_update_may_not_touch_the_placement_records(core: Any, space: Space) -> None:
+    """A pods/status update may change a pod's annotations (the API server keeps only
+    its spec and owner references): the chart's placement-records policy covers it too,
+    for every user (these requests are the cluster admin's)."""
+    ns = space.namespace()
+    create_pods(core, ns, [pod("p", scheduler=MANUAL_SCHEDULER)])
+    body = _refused(lambda: core.patch_namespaced_pod_status("p", ns, {"metadata": {
+        "annotations": {"gpupack.io/gpus": "0,1"}}}), "gpupack.io/gpus")
+    assert "placement records are written only through the pod's Binding" in body
+    # Other annotations may still change through the status (kubelet, controllers).
+    core.patch_namespaced_pod_status("p", ns, {"metadata": {"annotations": {"team.io/x": "1"}}})
+    assert core.read_namespaced_pod("p", ns).metadata.annotations["team.io/x"] == "1"

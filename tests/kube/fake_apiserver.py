@@ -60,6 +60,9 @@ class FakeApiServer:
         self.writes: list[tuple[str, str]] = []  # (method, path) of configmap writes
         self.events: list[tuple[int, str, str, dict[str, Any]]] = []  # rv, kind, type, obj
         self.bindings: list[dict[str, Any]] = []
+        # Seconds a Binding waits before it is applied and answered (a slow API server:
+        # the client may give up first, the bind is applied anyway).
+        self.bind_delay_s = 0.0
         self.patches: list[tuple[str, dict[str, Any]]] = []
         self.watch_requests: list[tuple[str, str]] = []  # (kind, resourceVersion asked)
         self.list_requests: list[str] = []
@@ -290,6 +293,8 @@ def _handler(fake: FakeApiServer) -> type[BaseHTTPRequestHandler]:
             else:
                 self._send(404, _status(404, "NotFound", "no route"))
                 return
+            if fake.bind_delay_s:
+                time.sleep(fake.bind_delay_s)
             with fake.lock:
                 fake.bindings.append(binding)
                 pod = fake.objects["pods"].get(f"{ns}/{name}")

@@ -224,6 +224,8 @@ def _weight(objs: list[Obj]) -> None:
 
 def _http_timeout(objs: list[Obj]) -> None:
     assert scheduler_config(objs)["extenders"][0]["httpTimeout"] == "4s"
+    # The Binding's own timeout stays below it (two thirds).
+    assert arg(containers(objs)["extender"], "--bind-timeout") == "2.667"
     # GpupackExtenderSlow fires at a third of the timeout, and says which timeout.
     slow = next(a for a in alerts(objs) if a["alert"] == "GpupackExtenderSlow")
     assert slow["expr"].endswith(") > 1.333"), slow["expr"]
@@ -703,6 +705,10 @@ def test_slow_alert_is_a_third_of_the_http_timeout(timeout: str, threshold: str,
     slow = next(a for a in alerts(objs) if a["alert"] == "GpupackExtenderSlow")
     assert slow["expr"].endswith(f") > {threshold}"), slow["expr"]
     assert f"httpTimeout is {timeout}," in slow["annotations"]["description"]
+    # The extender's --bind-timeout: two thirds of it, at most 30 s.
+    seconds = {"3s": 3.0, "500ms": 0.5, "1m": 60.0}[timeout]
+    bind = float(arg(containers(objs)["extender"], "--bind-timeout"))
+    assert bind == min(30.0, round(seconds * 2 / 3, 3))
 
 
 def test_schema_policies_are_the_extenders() -> None:
