@@ -1,0 +1,34 @@
+"""gpupack's model of the DRA allocator (packing/dra/allocator.py) against kube-scheduler
+v1.37.2 itself: hundreds of random claims over a fleet of NVIDIA-shaped nodes (whole GPUs,
+DynamicMIG placements with shared counters, static MIG, shared devices with consumable
+capacity, device taints and a DeviceTaintRule), each pod scheduled by the plain
+kube-scheduler; for every claim the devices the model predicted are exactly the devices
+the scheduler wrote into ``status.allocation``, and every pod predicted not to fit (or to
+make the scheduler fail) did. See tests/e2e/dra_differential.py for the fleet and the
+claims; ``bench/dra_agreement.py`` runs it at any size."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import controlplane
+import dra_differential
+
+
+def test_model_predicts_every_allocation_of_kube_scheduler(
+        stack: controlplane.Stack, admin: Any, space: Any) -> None:
+    ns = space.namespace()
+    prefix = f"{space.name}-n"[:40]
+    with controlplane.claim_controller(stack):
+        try:
+            report = dra_differential.run(admin, ns, prefix=prefix, nodes=22, claims=300)
+        finally:
+            dra_differential.cleanup(admin, ns, prefix)
+    print(json.dumps({"agreement": report.as_json()}, indent=1))
+    assert report.mismatches == [], "\n".join(report.mismatches[:20])
+    assert report.claims >= 300 and report.allocated >= 200, report.as_json()
+    assert report.same_device == report.allocated
+    assert report.agree_pods == report.pods
+    # The run exercised what it is meant to: refusals and errors as well as allocations.
+    assert report.verdicts["unschedulable"] > 0 and report.verdicts["error"] > 0, report.verdicts
