@@ -74,7 +74,7 @@ class NodePlan:
 def fleet(prefix: str, count: int) -> list[NodePlan]:
     """``count`` nodes cycling over the node kinds (see the module docstring)."""
     kinds = ("h100", "h100", "a100-mig", "h100", "h100-static", "h100-shares", "h100",
-             "h100-tainted", "h100")
+             "h100-tainted", "h100-shares4", "h100")
     plans = []
     for i in range(count):
         kind = kinds[i % len(kinds)]
@@ -91,9 +91,10 @@ def fleet(prefix: str, count: int) -> list[NodePlan]:
                     nvidia.GpuSpec(2, "H100-80GB"),
                     nvidia.GpuSpec(3, "H100-80GB", mig_mode=True, static_mig=tuple(
                         ("1g.10gb", s) for s in range(7))))
-        elif kind == "h100-shares":
+        elif kind in ("h100-shares", "h100-shares4"):
             gpus = tuple(nvidia.GpuSpec(g, "H100-80GB") for g in range(2))
-            info = nvidia.DriverInfo(consumable_shares="memory")
+            info = nvidia.DriverInfo(consumable_shares="memory" if kind == "h100-shares"
+                                     else "4")
         elif kind == "h100-tainted":
             gpus = tuple(nvidia.GpuSpec(g, "H100-80GB") for g in range(4))
             info = nvidia.DriverInfo(taints={
@@ -149,10 +150,15 @@ def random_claim(rng: random.Random, plan: NodePlan) -> tuple[str, dict[str, Any
         if cls == nvidia.MIG_CLASS:
             req["selectors"] = _sel(_profile_sel(rng, "1g.10gb"))
         return "tolerate", {"devices": {"requests": [{"name": "gpu", "exactly": req}]}}
-    if plan.kind == "h100-shares" and roll < 0.4:
-        amount = rng.choice(["10Gi", "512Mi", "30Gi", "1500Mi", "70Gi"])
+    if plan.kind.startswith("h100-shares") and roll < 0.5:
+        amount = rng.choice(["10Gi", "512Mi", "30Gi", "1500Mi", "70Gi", "1000000000"])
         cls = rng.choice([nvidia.GPU_CLASS, nvidia.MIG_CLASS])
-        req = {"deviceClassName": cls, "capacity": {"requests": {"memory": amount}}}
+        asked = {"memory": amount}
+        if plan.kind == "h100-shares4" and rng.random() < 0.5:
+            asked = rng.choice([{"shares": "2"}, {"shares": "1", "memory": amount}, {}])
+        req = {"deviceClassName": cls, "capacity": {"requests": asked}}
+        if rng.random() < 0.3:
+            req["count"] = 2
         if cls == nvidia.MIG_CLASS:
             req["selectors"] = _sel(_profile_sel(rng, rng.choice(["1g.10gb", "3g.40gb"])))
         return "capacity", {"devices": {"requests": [{"name": "share", "exactly": req}]}}
@@ -178,7 +184,7 @@ def random_claim(rng: random.Random, plan: NodePlan) -> tuple[str, dict[str, Any
         return "gpu", {"devices": {"requests": [{"name": "gpu", "exactly": req}]}}
     if roll < 0.55:
         profile = rng.choice(profiles if rng.random() < 0.3 else small)
-        count = rng.choice([1, 1, 1, 1, 2, 3])
+        count = rng.choice([1, 1, 1, 1, 2, 3, 4])
         spec: dict[str, Any] = {"requests": [{"name": "mig", "exactly": {
             "deviceClassName": nvidia.MIG_CLASS, "count": count,
             "selectors": _sel(_profile_sel(rng, profile, rng.choice(small)))}}]}
@@ -192,8 +198,16 @@ def random_claim(rng: random.Random, plan: NodePlan) -> tuple[str, dict[str, Any
         if rng.random() < 0.3:
             subs[0]["count"] = 2
         subs.append({"name": "whole", "deviceClassName": nvidia.GPU_CLASS})
-        return "first-available", {"devices": {"requests": [{"name": "any",
-                                                             "firstAvailable": subs}]}}
+        spec = {"requests": [{"name": "any", "firstAvailable": subs}]}
+        if rng.random() < 0.3:
+            # A second request on the same GPU as the first's choice (constraints name
+            # subrequests as <request>/<subrequest>, or the whole request).
+            spec["requests"].append({"name": "more", "exactly": {
+                "deviceClassName": nvidia.MIG_CLASS,
+                "selectors": _sel(_profile_sel(rng, rng.choice(small)))}})
+            spec["constraints"] = [{"requests": [rng.choice(["any", "any/p0"]), "more"],
+                                    "matchAttribute": "gpu.nvidia.com/parentUUID"}]
+        return "first-available", {"devices": spec}
     if roll < 0.85:
         a, b = rng.sample(small, 2)
         same = rng.random() < 0.6
