@@ -23,7 +23,11 @@ on two (``distinctAttribute``), ``All`` of a profile, tolerations on tainted nod
 capacity requests on shared devices, and a few claims the scheduler must refuse with an
 error (a selector reading an attribute the whole GPU lacks, ``All`` over more than 32
 devices). One pod in five has two claims; one claim in six comes from a
-ResourceClaimTemplate (kube-controller-manager's resourceclaim controller makes it).
+ResourceClaimTemplate (kube-controller-manager's resourceclaim controller makes it). One pod
+in ten has no claim but asks for ``nvidia.com/gpu`` (the ``gpu.nvidia.com`` class's
+``extendedResourceName``) or a class's implicit extended resource, in one or two
+containers: the scheduler makes that claim (KEP-5004), modelled by
+:mod:`packing.dra.extended`.
 Between batches a share of the bound pods is deleted and their claims released, so
 state churns.
 """
@@ -43,6 +47,7 @@ from kubernetes.client.rest import ApiException
 
 from packing.dra import nvidia
 from packing.dra.allocator import Prediction, Verdict, allocated_state, predict
+from packing.dra.extended import containers_from_pod, extended_resource_claim
 from packing.dra.objects import AllocatedDevice, Node
 from packing.dra.parse import (
     parse_device_class,
@@ -284,7 +289,33 @@ class _PodPlan:
     name: str
     node: NodePlan
     claims: list[tuple[str, str, dict[str, Any], bool]]  # (pod claim name, kind, spec, template)
+    # Extended resources per container (KEP-5004): the scheduler makes the claim.
+    extended: list[dict[str, str]] = field(default_factory=list)
     prediction: Prediction | None = None
+
+    @property
+    def kinds(self) -> list[str]:
+        return [k for _c, k, _s, _t in self.claims] + (["extended"] if self.extended else [])
+
+    def containers(self) -> list[dict[str, Any]]:
+        out = []
+        for i, extended in enumerate(self.extended or [{}]):
+            limits = {"cpu": "100m", **extended}
+            c: dict[str, Any] = {"name": f"c{i}", "image": "registry.example/dra:e2e",
+                                 "resources": {"limits": limits}}
+            if i == 0 and self.claims:
+                c["resources"]["claims"] = [{"name": n} for n, *_r in self.claims]
+            out.append(c)
+        return out
+
+
+def random_extended(rng: random.Random) -> list[dict[str, str]]:
+    """Extended resources of a pod's containers: ``nvidia.com/gpu`` (the gpu.nvidia.com
+    class's extendedResourceName) or a class's implicit resource."""
+    implicit = "deviceclass.resource.kubernetes.io/" + nvidia.MIG_CLASS
+    first = {rng.choice([nvidia.EXTENDED_RESOURCE, nvidia.EXTENDED_RESOURCE, implicit]):
+             str(rng.choice([1, 1, 2]))}
+    return [first] + ([{nvidia.EXTENDED_RESOURCE: "1"}] if rng.random() < 0.3 else [])
 
 
 def run(admin: Any, namespace: str, *, prefix: str, nodes: int = 22, claims: int = 300,
@@ -329,12 +360,14 @@ def run(admin: Any, namespace: str, *, prefix: str, nodes: int = 22, claims: int
         pods: list[_PodPlan] = []
         for plan in rng.sample(plans, min(batch, len(plans))):
             serial += 1
-            n = 2 if rng.random() < 0.2 else 1
+            roll = rng.random()
+            n = 0 if roll < 0.1 else 2 if roll < 0.3 else 1
             cs = []
             for j in range(n):
                 kind, spec = random_claim(rng, plan)
                 cs.append((f"c{j}", kind, spec, rng.random() < 1 / 6))
-            pods.append(_PodPlan(f"p{serial:04d}", plan, cs))
+            extended = random_extended(rng) if n == 0 or rng.random() < 0.05 else []
+            pods.append(_PodPlan(f"p{serial:04d}", plan, cs, extended))
         _predict(k8s, pods)
         _submit(k8s, pods)
         settled = _wait(k8s, [p.name for p in pods], timeout_s)
@@ -376,6 +409,12 @@ def _predict(k8s: _Cluster, pods: Sequence[_PodPlan]) -> None:
         claims = [parse_resource_claim({"metadata": {"name": f"{p.name}-{c}",
                                                      "namespace": k8s.ns}, "spec": spec})
                   for c, _kind, spec, _t in p.claims]
+        if p.extended:
+            made = extended_resource_claim(
+                k8s.ns, p.name, containers_from_pod({"spec": {"containers": p.containers()}}),
+                list(classes.values()), {})
+            assert made.claim is not None, made
+            claims.append(made.claim)
         p.prediction = predict(Node(p.node.name, {"kubernetes.io/hostname": p.node.name}),
                                slices, classes, state, claims)
 
@@ -399,10 +438,7 @@ def _submit(k8s: _Cluster, pods: Sequence[_PodPlan]) -> None:
             "apiVersion": "v1", "kind": "Pod", "metadata": {"name": p.name},
             "spec": {"schedulerName": PLAIN,
                      "nodeSelector": {"kubernetes.io/hostname": p.node.name},
-                     "resourceClaims": refs,
-                     "containers": [{"name": "main", "image": "registry.example/dra:e2e",
-                                     "resources": {"claims": [{"name": c}
-                                                              for c, *_r in p.claims]}}]}})
+                     "resourceClaims": refs, "containers": p.containers()}})
 
 
 def _wait(k8s: _Cluster, names: Sequence[str], timeout_s: float
@@ -433,6 +469,9 @@ def _claim_names(k8s: _Cluster, p: _PodPlan) -> dict[str, str]:
     for st in pod.status.resource_claim_statuses or []:
         if st.resource_claim_name:
             names[st.name] = st.resource_claim_name
+    ext = pod.status.extended_resource_claim_status
+    if ext is not None and ext.resource_claim_name:
+        names["<extended>"] = ext.resource_claim_name
     return names
 
 
@@ -442,10 +481,10 @@ def _compare(k8s: _Cluster, p: _PodPlan, settled: tuple[str, str] | None,
     assert pred is not None
     report.pods += 1
     report.verdicts[pred.verdict.value] += 1
-    report.claims += len(p.claims)
-    for _c, kind, _s, _t in p.claims:
+    report.claims += len(p.kinds)
+    for kind in p.kinds:
         report.kinds[kind] += 1
-    where = f"{p.name} on {p.node.name} ({p.node.kind}; {[k for _c, k, _s, _t in p.claims]})"
+    where = f"{p.name} on {p.node.name} ({p.node.kind}; {p.kinds})"
     if settled is None:
         report.mismatches.append(f"{where}: not settled; predicted {pred.verdict.value}")
         return
@@ -461,7 +500,8 @@ def _compare(k8s: _Cluster, p: _PodPlan, settled: tuple[str, str] | None,
         return
     names = _claim_names(k8s, p)
     all_same = True
-    for i, (c, _kind, _s, _t) in enumerate(p.claims):
+    pod_claims = [c for c, *_r in p.claims] + (["<extended>"] if p.extended else [])
+    for i, c in enumerate(pod_claims):
         report.allocated += 1
         obj = k8s.claim(names.get(c, ""))
         actual = parse_resource_claim(obj) if obj else None
