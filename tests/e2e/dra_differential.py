@@ -582,3 +582,135 @@ def cleanup(admin: Any, namespace: str, prefix: str) -> None:
             raise
     for node in k8s.core.list_node(label_selector=f"e2e.gpupack.io/dra={prefix}").items:
         k8s.core.delete_node(node.metadata.name)
+
+
+# -- CEL through the real allocator ----------------------------------------------------------
+
+ANY_CLASS = "any.gpupack.io"  # a class with no selectors: the claim's selector decides
+_C = "device.capacity['gpu.nvidia.com']"
+_ATOMS = (
+    f"{ATTR}.type == 'mig'", f"{ATTR}.type != 'gpu'", f"has({ATTR}.profile)",
+    f"'parentUUID' in {ATTR}", f"{ATTR}.profile == '1g.10gb'",
+    f"{ATTR}.profile in ['2g.20gb', '3g.40gb', '7g.80gb']",
+    'device.attributes["gpu.nvidia.com"]["profile"].startsWith("1g")',
+    f"{ATTR}.productName.startsWith('NVIDIA H100')", f"{ATTR}.productName.contains('A100')",
+    f"{_C}.memory.compareTo(quantity('20Gi')) >= 0", f"{_C}.memory.isLessThan(quantity('10Gi'))",
+    f"{_C}.multiprocessors.isGreaterThan(quantity('60'))",
+    f"{_C}.memory.asApproximateFloat() > 3.0e10", f"{_C}.decoders.asInteger() % 2 == 0",
+    f"{_C}.ofaEngines == quantity('1')",
+    f"{ATTR}.driverVersion.isGreaterThan(semver('575.0.0'))",
+    f"{ATTR}.cudaComputeCapability.major() >= 9", f"size({ATTR}.productName) > 12",
+    "device.attributes['resource.kubernetes.io'].numaNode == 0",
+    "device.attributes['resource.kubernetes.io'].pciBusID.endsWith(':00.0')",
+    "device.allowMultipleAllocations", "device.driver == 'gpu.nvidia.com'",
+    f"{ATTR}.uuid.lowerAscii().startsWith('gpu-')", "'other.example.com' in device.attributes",
+    "device.attributes['other.example.com'].x == 1", f"{ATTR}.architecture > 3",
+    f"{ATTR}.architecture == 3", f"int({_C}.multiprocessors.asInteger() / 16) == 1",
+)
+
+
+def random_selector(rng: random.Random, depth: int = 0) -> str:
+    roll = rng.random()
+    if depth >= 2 or roll < 0.35:
+        return rng.choice(_ATOMS)
+    if roll < 0.55:
+        return f"({random_selector(rng, depth + 1)} && {random_selector(rng, depth + 1)})"
+    if roll < 0.75:
+        return f"({random_selector(rng, depth + 1)} || {random_selector(rng, depth + 1)})"
+    if roll < 0.85:
+        return f"!({random_selector(rng, depth + 1)})"
+    return (f"({random_selector(rng, depth + 1)} ? {random_selector(rng, depth + 1)} : "
+            f"{random_selector(rng, depth + 1)})")
+
+
+@dataclass
+class CelReport:
+    expressions: int = 0
+    rejected: int = 0  # refused by the API server (its CEL type check)
+    agree: int = 0
+    outcomes: Counter[str] = field(default_factory=Counter)
+    mismatches: list[str] = field(default_factory=list)
+
+
+def run_cel(admin: Any, namespace: str, *, prefix: str, count: int = 60, nodes: int = 6,
+            seed: int = 5, timeout_s: float = 60.0) -> CelReport:
+    """``count`` random selectors, each as ``All`` devices of a class without selectors,
+    on nodes with static MIG (two whole GPUs, an H100 and an A100, and eleven MIG devices)
+    or one DynamicMIG H100 (26 devices): the devices the scheduler allocates are exactly
+    those the selector matches; none matching (or a set whose counters do not fit) is
+    "unschedulable"; a runtime error on a device makes the scheduler fail the pod."""
+    from dra_driver_double import DraDriverDouble
+
+    rng = random.Random(seed)
+    k8s = _Cluster(admin, namespace)
+    double = DraDriverDouble(admin)
+    try:
+        k8s.objects.create_cluster_custom_object(GROUP, VERSION, "deviceclasses", {
+            "apiVersion": f"{GROUP}/{VERSION}", "kind": "DeviceClass",
+            "metadata": {"name": ANY_CLASS}, "spec": {}})
+    except ApiException as e:
+        if e.status != 409:
+            raise
+    static = (nvidia.GpuSpec(0, "H100-80GB"),
+              nvidia.GpuSpec(1, "H100-80GB", mig_mode=True, static_mig=(
+                  ("2g.20gb", 0), ("1g.10gb", 2), ("1g.10gb", 3), ("3g.40gb", 4))),
+              nvidia.GpuSpec(2, "H100-80GB", mig_mode=True, static_mig=tuple(
+                  ("1g.10gb", s) for s in range(7))),
+              nvidia.GpuSpec(3, "A100-40GB", numa_node=1))
+    # Static MIG (no counters: any matching set can be allocated), and a DynamicMIG H100
+    # (every placement, counters: a set of overlapping placements cannot).
+    plans = [NodePlan(f"{prefix}-{i:02d}", "static-mix", static, nvidia.Layout.STATIC,
+                      nvidia.DriverInfo()) if i % 3 else
+             NodePlan(f"{prefix}-{i:02d}", "h100-one", (nvidia.GpuSpec(0, "H100-80GB"),),
+                      nvidia.Layout.SPLIT, nvidia.DriverInfo()) for i in range(nodes)]
+    create_nodes(k8s.core, [NodeSpec(p.name, {"e2e.gpupack.io/dra": prefix}, {})
+                            for p in plans])
+    for p in plans:
+        double.publish(p.name, p.gpus, layout=p.layout, info=p.info)
+    time.sleep(2.0)
+    report = CelReport()
+    serial = 0
+    while report.expressions < count:
+        batch = []
+        for plan in plans:
+            serial += 1
+            expr = random_selector(rng)
+            spec = {"devices": {"requests": [{"name": "all", "exactly": {
+                "deviceClassName": ANY_CLASS, "allocationMode": "All",
+                "selectors": _sel(expr)}}]}}
+            batch.append(_PodPlan(f"cel{serial:04d}", plan, [("c0", expr, spec, False)]))
+        _predict(k8s, batch)  # before anything is created: the state the scheduler starts from
+        pods = []
+        for pod in batch:
+            try:
+                _submit(k8s, [pod])
+            except ApiException as e:
+                if e.status not in (400, 422):
+                    raise
+                report.rejected += 1
+                _delete_pod(k8s, pod.name, [f"{pod.name}-c0"])
+                continue
+            pods.append(pod)
+        settled = _wait(k8s, [p.name for p in pods], timeout_s)
+        for p in pods:
+            report.expressions += 1
+            assert p.prediction is not None
+            report.outcomes[p.prediction.verdict.value] += 1
+            sub = Report()
+            _compare(k8s, p, settled.get(p.name), sub)
+            if sub.mismatches:
+                report.mismatches += [f"{m} [{p.claims[0][1]}]" for m in sub.mismatches]
+            else:
+                report.agree += 1
+            _delete_pod(k8s, p.name, [f"{p.name}-c0"])
+        _wait_released(k8s, timeout_s)
+    return report
+
+
+def cleanup_cel(admin: Any) -> None:
+    try:
+        client.CustomObjectsApi(admin).delete_cluster_custom_object(GROUP, VERSION,
+                                                                    "deviceclasses", ANY_CLASS)
+    except ApiException as e:
+        if e.status != 404:
+            raise

@@ -32,3 +32,27 @@ def test_model_predicts_every_allocation_of_kube_scheduler(
     assert report.agree_pods == report.pods
     # The run exercised what it is meant to: refusals and errors as well as allocations.
     assert report.verdicts["unschedulable"] > 0 and report.verdicts["error"] > 0, report.verdicts
+
+
+def test_cel_subset_matches_kube_scheduler(stack: controlplane.Stack, admin: Any,
+                                           space: Any) -> None:
+    """Random selectors built from what DeviceClasses and claims use (attributes, capacity
+    with quantities, semvers, has/in, &&, ||, !, ?:, errors on missing attributes), each as
+    an ``All`` request on a node of one H100: the scheduler allocates exactly the devices
+    packing.dra.cel matches, refuses when none does, and fails the pod on a runtime error
+    where the model says "error"."""
+    ns = space.namespace()
+    prefix = f"{space.name}-c"[:40]
+    with controlplane.claim_controller(stack):
+        try:
+            report = dra_differential.run_cel(admin, ns, prefix=prefix, count=60)
+        finally:
+            dra_differential.cleanup(admin, ns, prefix)
+            dra_differential.cleanup_cel(admin)
+    print(json.dumps({"cel": {"expressions": report.expressions, "agree": report.agree,
+                              "rejected": report.rejected,
+                              "outcomes": dict(report.outcomes)}}, indent=1))
+    assert report.mismatches == [], "\n".join(report.mismatches[:20])
+    assert report.expressions >= 60 and report.agree == report.expressions
+    assert report.outcomes["allocated"] and report.outcomes["unschedulable"] and (
+        report.outcomes["error"]), report.outcomes
