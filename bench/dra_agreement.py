@@ -30,7 +30,8 @@ import dra_differential  # noqa: E402
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--nodes", type=int, default=22)
-    p.add_argument("--claims", type=int, default=300)
+    p.add_argument("--claims", type=int, default=300,
+                   help="run until this many claims were allocated (default 300)")
     p.add_argument("--seed", type=int, default=20261206)
     p.add_argument("--release", type=float, default=0.35,
                    help="share of the bound pods deleted after each batch (default 0.35)")

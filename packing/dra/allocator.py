@@ -76,6 +76,18 @@ from packing.dra.pools import Pool, available_counters, gather_pools, node_match
 
 DEFAULT_MAX_STEPS = 200_000
 
+# The scheduler's DRA feature gates this model assumes: v1.37.2's defaults (the e2e test
+# reads them from kube-scheduler's kubernetes_feature_enabled metric).
+ASSUMED_GATES = {
+    "DynamicResourceAllocation": True, "DRAAdminAccess": True, "DRAPrioritizedList": True,
+    "DRAPartitionableDevices": True, "DRADeviceTaints": True, "DRADeviceTaintRules": True,
+    "DRADeviceBindingConditions": True, "DRAResourceClaimDeviceStatus": True,
+    "DRAConsumableCapacity": True, "DRAExtendedResource": True,
+    "DRAFractionalCapacityRange": False, "DRAListTypeAttributes": False,
+    "DRADerivedAttributes": False, "DRADeviceCompatibilityGroups": False,
+    "DRAOptionalNodeOperations": False, "DRANodeAllocatableResources": False,
+}
+
 
 class Verdict(StrEnum):
     ALLOCATED = "allocated"

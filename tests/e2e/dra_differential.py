@@ -321,7 +321,8 @@ def random_extended(rng: random.Random) -> list[dict[str, str]]:
 def run(admin: Any, namespace: str, *, prefix: str, nodes: int = 22, claims: int = 300,
         seed: int = 20261206, release: float = 0.35, batch: int | None = None,
         log: Callable[[str], None] = print, timeout_s: float = 60.0) -> Report:
-    """Publish the fleet, run ``claims`` random claims through kube-scheduler, compare.
+    """Publish the fleet, run random claims through kube-scheduler until ``claims`` of
+    them were allocated (the refused ones come on top), compare each.
 
     The caller provides the namespace (with its ``default`` ServiceAccount), runs the
     claim controller, and removes nodes, pods and DRA objects afterwards
@@ -356,7 +357,7 @@ def run(admin: Any, namespace: str, *, prefix: str, nodes: int = 22, claims: int
     batch = batch or nodes
     # Let the scheduler's informers see every slice, class and rule first.
     time.sleep(2.0)
-    while report.claims < claims:
+    while report.allocated < claims:
         pods: list[_PodPlan] = []
         for plan in rng.sample(plans, min(batch, len(plans))):
             serial += 1
@@ -582,6 +583,41 @@ def cleanup(admin: Any, namespace: str, prefix: str) -> None:
             raise
     for node in k8s.core.list_node(label_selector=f"e2e.gpupack.io/dra={prefix}").items:
         k8s.core.delete_node(node.metadata.name)
+
+
+def scheduler_gates(stack: Any, component: str = "plain-scheduler") -> dict[str, bool]:
+    """The feature gates kube-scheduler runs with, from its ``kubernetes_feature_enabled``
+    metric (read with the admin's client certificate)."""
+    import ssl
+    import urllib.error
+    import urllib.request
+
+    argv = stack.state()["components"][component]["argv"]
+    port = next(a.split("=", 1)[1] for a in argv if a.startswith("--secure-port="))
+    pki = stack.dir / "pki"
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE  # kube-scheduler serves a self-signed certificate
+    ctx.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
+    end = time.monotonic() + 60
+    while True:
+        try:
+            with urllib.request.urlopen(f"https://127.0.0.1:{port}/metrics", context=ctx,
+                                        timeout=10) as resp:
+                text = resp.read().decode()
+            break
+        except urllib.error.HTTPError as e:
+            # Until kube-scheduler has loaded the client CA of its delegated
+            # authentication, the certificate is not recognised.
+            if e.code not in (401, 403) or time.monotonic() > end:
+                raise
+            time.sleep(1)
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("kubernetes_feature_enabled{"):
+            name = line.split('name="', 1)[1].split('"', 1)[0]
+            out[name] = line.rsplit(" ", 1)[1].strip() == "1"
+    return out
 
 
 # -- CEL through the real allocator ----------------------------------------------------------

@@ -15,6 +15,15 @@ from typing import Any
 import controlplane
 import dra_differential
 
+from packing.dra.allocator import ASSUMED_GATES
+
+
+def test_scheduler_runs_the_gates_the_model_assumes(stack: controlplane.Stack) -> None:
+    """The model is of the allocator variant these gates select ("incubating"); a stack
+    started with other gates would make its agreement meaningless."""
+    gates = dra_differential.scheduler_gates(stack)
+    assert {g: gates.get(g) for g in ASSUMED_GATES} == ASSUMED_GATES
+
 
 def test_model_predicts_every_allocation_of_kube_scheduler(
         stack: controlplane.Stack, admin: Any, space: Any) -> None:
@@ -27,7 +36,7 @@ def test_model_predicts_every_allocation_of_kube_scheduler(
             dra_differential.cleanup(admin, ns, prefix)
     print(json.dumps({"agreement": report.as_json()}, indent=1))
     assert report.mismatches == [], "\n".join(report.mismatches[:20])
-    assert report.claims >= 300 and report.allocated >= 200, report.as_json()
+    assert report.allocated >= 300, report.as_json()
     assert report.same_device == report.allocated
     assert report.agree_pods == report.pods
     # The run exercised what it is meant to: refusals and errors as well as allocations.
