@@ -57,6 +57,7 @@ from decimal import Decimal
 from enum import StrEnum
 from functools import partial
 
+from packing.constraints import BLOCKING, tolerates
 from packing.dra import capacity as cap
 from packing.dra.cel import Outcome, evaluate
 from packing.dra.objects import (
@@ -472,8 +473,7 @@ class _Search:
             if not self.take_counters(pool, d):
                 return None
             undo_steps.append(lambda: self.give_counters(pool, d))
-        if any(t.effect in ("NoSchedule", "NoExecute")
-               and not any(tol.tolerates(t) for tol in request.tolerations) for t in d.taints):
+        if any(t.effect in BLOCKING and not tolerates(request.tolerations, t) for t in d.taints):
             undo()
             return None
         base, sub = (data.parent, request.name) if data.parent else (request.name, None)

@@ -24,7 +24,8 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Any, TypeVar
 
-from packing.constraints import Term, term_matches
+from packing.constraints import Term, Toleration, term_matches
+from packing.model import Taint
 
 ALLOCATION_RESULTS_MAX_SIZE = 32  # resourceapi.AllocationResultsMaxSize
 EXTENDED_RESOURCE_CLAIM_ANNOTATION = "resource.kubernetes.io/extended-resource-claim"
@@ -121,42 +122,14 @@ def same_attribute(a: AttributeValue, b: AttributeValue) -> bool:
 # --- devices and slices --------------------------------------------------------------
 
 
-class TaintEffect(StrEnum):
-    NO_SCHEDULE = "NoSchedule"
-    NO_EXECUTE = "NoExecute"
-    NONE = "None"
-
-
-@dataclass(frozen=True, slots=True)
-class DeviceTaint:
-    """``spec.devices[].taints[]`` (or a DeviceTaintRule's taint). Only ``NoSchedule``
-    and ``NoExecute`` keep a device from a claim that does not tolerate them."""
-
-    key: str
-    value: str = ""
-    effect: str = "NoSchedule"
-
-
-@dataclass(frozen=True, slots=True)
-class DeviceToleration:
-    """A request's ``tolerations[]``; ``tolerationSeconds`` never matters to allocation."""
-
-    key: str = ""
-    operator: str = "Equal"
-    value: str = ""
-    effect: str = ""
-
-    def tolerates(self, taint: DeviceTaint) -> bool:
-        """``resourceclaim.ToleratesTaint``: empty effect and empty key match all;
-        ``Exists`` ignores the value, ``Equal`` (or empty) needs it; any other operator
-        tolerates nothing."""
-        if self.effect and self.effect != taint.effect:
-            return False
-        if self.key and self.key != taint.key:
-            return False
-        if self.operator in ("", "Equal"):
-            return self.value == taint.value
-        return self.operator == "Exists"
+# A device taint (``spec.devices[].taints[]``, or a DeviceTaintRule's taint) and a
+# request's toleration have the fields and the matching rules of node taints and pod
+# tolerations (``resourceclaim.ToleratesTaint`` is a copy of core/v1's): empty effect and
+# empty key match all, ``Exists`` ignores the value, ``Equal`` needs it. Only
+# ``NoSchedule`` and ``NoExecute`` keep a device from a request; ``tolerationSeconds``
+# never matters to allocation.
+DeviceTaint = Taint
+DeviceToleration = Toleration
 
 
 @dataclass(frozen=True, slots=True)

@@ -745,24 +745,21 @@ def up(dir_: Path, *, extender_args: Sequence[str] = (), plain: bool = True,
     kcm_kc = dir_ / "kubeconfigs" / "controller-manager"
     write_kubeconfig(kcm_kc, server, pki / "ca.crt", cert=pki / "controller-manager.crt",
                      key=pki / "controller-manager.key")
-    kcm_port = free_port()
-    components["controller-manager"] = {
-        "argv": [str(bins / "kube-controller-manager"), f"--kubeconfig={kcm_kc}",
-                 f"--authentication-kubeconfig={kcm_kc}", f"--authorization-kubeconfig={kcm_kc}",
-                 "--bind-address=127.0.0.1", f"--secure-port={kcm_port}",
-                 f"--cert-dir={dir_ / 'controller-manager-certs'}", "--leader-elect=false",
-                 "--use-service-account-credentials=true",
-                 f"--controllers={','.join(CONTROLLERS)}", "--v=1"],
-        "ready": {"url": f"https://127.0.0.1:{kcm_port}/healthz"}}
-    claim_port = free_port()
-    components["claim-controller"] = {
-        "argv": [str(bins / "kube-controller-manager"), f"--kubeconfig={kcm_kc}",
-                 f"--authentication-kubeconfig={kcm_kc}", f"--authorization-kubeconfig={kcm_kc}",
-                 "--bind-address=127.0.0.1", f"--secure-port={claim_port}",
-                 f"--cert-dir={dir_ / 'claim-controller-certs'}", "--leader-elect=false",
-                 "--use-service-account-credentials=true",
-                 f"--controllers={','.join(DRA_CONTROLLERS)}", "--v=1"],
-        "ready": {"url": f"https://127.0.0.1:{claim_port}/healthz"}}
+
+    def controller_manager(name: str, controllers: Sequence[str]) -> dict[str, Any]:
+        port = free_port()
+        return {
+            "argv": [str(bins / "kube-controller-manager"), f"--kubeconfig={kcm_kc}",
+                     f"--authentication-kubeconfig={kcm_kc}",
+                     f"--authorization-kubeconfig={kcm_kc}",
+                     "--bind-address=127.0.0.1", f"--secure-port={port}",
+                     f"--cert-dir={dir_ / f'{name}-certs'}", "--leader-elect=false",
+                     "--use-service-account-credentials=true",
+                     f"--controllers={','.join(controllers)}", "--v=1"],
+            "ready": {"url": f"https://127.0.0.1:{port}/healthz"}}
+
+    components["controller-manager"] = controller_manager("controller-manager", CONTROLLERS)
+    components["claim-controller"] = controller_manager("claim-controller", DRA_CONTROLLERS)
     if agent:
         components["node-agent"] = {
             "argv": [sys.executable, str(HERE / "agent_double.py"), "--socket-dir",
@@ -792,27 +789,28 @@ def up(dir_: Path, *, extender_args: Sequence[str] = (), plain: bool = True,
 @contextlib.contextmanager
 def controllers(stack: Stack) -> Iterator[None]:
     """kube-controller-manager (CONTROLLERS only) runs inside the block."""
-    if not stack.alive("controller-manager"):
-        stack.start("controller-manager")
-    try:
+    with _running(stack, "controller-manager"):
         yield
-    finally:
-        stack.stop("controller-manager")
 
 
 @contextlib.contextmanager
 def claim_controller(stack: Stack) -> Iterator[None]:
     """kube-controller-manager's resourceclaim controller (DRA_CONTROLLERS) runs inside
     the block."""
-    if "claim-controller" not in stack.state()["components"]:
-        raise StackError("this stack predates the claim-controller component: bring it up "
-                         "again")
-    if not stack.alive("claim-controller"):
-        stack.start("claim-controller")
+    with _running(stack, "claim-controller"):
+        yield
+
+
+@contextlib.contextmanager
+def _running(stack: Stack, component: str) -> Iterator[None]:
+    if component not in stack.state()["components"]:
+        raise StackError(f"this stack predates the {component} component: bring it up again")
+    if not stack.alive(component):
+        stack.start(component)
     try:
         yield
     finally:
-        stack.stop("claim-controller")
+        stack.stop(component)
 
 
 STANDBY_HOSTNAME = "gpupack-scheduler-b"
