@@ -46,16 +46,11 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from packing.dra import nvidia
-from packing.dra.allocator import Prediction, Verdict, allocated_state, predict
+from packing.dra.allocator import Prediction, Verdict
 from packing.dra.extended import containers_from_pod, extended_resource_claim
 from packing.dra.objects import AllocatedDevice, Node
-from packing.dra.parse import (
-    parse_device_class,
-    parse_device_taint_rule,
-    parse_resource_claim,
-    parse_resource_slice,
-)
-from packing.dra.pools import apply_taint_rules
+from packing.dra.parse import parse_resource_claim
+from packing.dra.world import world_from_api
 
 GROUP, VERSION = "resource.k8s.io", "v1"
 PLAIN = "plain-kube-scheduler"
@@ -401,11 +396,10 @@ def _direct(p: _PodPlan) -> list[tuple[str, str, dict[str, Any], bool]]:
 
 
 def _predict(k8s: _Cluster, pods: Sequence[_PodPlan]) -> None:
-    rules = [parse_device_taint_rule(o) for o in k8s.list("devicetaintrules")]
-    slices = apply_taint_rules([parse_resource_slice(o) for o in k8s.list("resourceslices")],
-                               rules)
-    classes = {c.name: c for c in map(parse_device_class, k8s.list("deviceclasses"))}
-    state = allocated_state([parse_resource_claim(o) for o in k8s.list("resourceclaims")])
+    world, errors = world_from_api(k8s.list("resourceslices"), k8s.list("deviceclasses"),
+                                   k8s.list("resourceclaims"), k8s.list("devicetaintrules"))
+    assert errors == [], errors
+    classes = world.classes
     for p in pods:
         claims = [parse_resource_claim({"metadata": {"name": f"{p.name}-{c}",
                                                      "namespace": k8s.ns}, "spec": spec})
@@ -416,8 +410,8 @@ def _predict(k8s: _Cluster, pods: Sequence[_PodPlan]) -> None:
                 list(classes.values()), {})
             assert made.claim is not None, made
             claims.append(made.claim)
-        p.prediction = predict(Node(p.node.name, {"kubernetes.io/hostname": p.node.name}),
-                               slices, classes, state, claims)
+        p.prediction = world.predict(Node(p.node.name, {"kubernetes.io/hostname": p.node.name}),
+                                     claims)
 
 
 def _submit(k8s: _Cluster, pods: Sequence[_PodPlan]) -> None:
