@@ -209,7 +209,10 @@ class _Constraint:
                 self.values = [value]
             self.count += 1
             return True
-        if isinstance(value, tuple) or any(_distinct_clash(value, v) for v in self.values):
+        # A list value is of a type the comparison does not know: it clashes with any
+        # value already in the set (the first device of the set always goes in).
+        if self.values and (isinstance(value, tuple)
+                            or any(_distinct_clash(value, v) for v in self.values)):
             return False
         self.values.append(value)
         return True

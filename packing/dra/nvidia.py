@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
@@ -180,6 +180,10 @@ def _dns(camel: str) -> str:
     return _rfc1123("".join(out))
 
 
+def _bus(spec: GpuSpec) -> int:
+    return int(spec.pci_bus_id[5:7], 16)
+
+
 def _model(spec: GpuSpec) -> GpuModel:
     return get_model(spec.model)
 
@@ -207,7 +211,7 @@ def _common_attributes(spec: GpuSpec, info: DriverInfo) -> dict[str, Any]:
         "driverVersion": {"version": info.driver_version},
         "cudaDriverVersion": {"version": info.cuda_driver_version},
         f"{STANDARD}pciBusID": {"string": spec.pci_bus_id},
-        f"{STANDARD}pcieRoot": {"string": f"pci0000:{int(spec.pci_bus_id[5:7], 16) - 1:02x}"},
+        f"{STANDARD}pcieRoot": {"string": f"pci0000:{max(_bus(spec) - 1, 0):02x}"},
         f"{STANDARD}numaNode": {"int": spec.numa_node},
     }
 
@@ -367,7 +371,10 @@ def node_slices(node: str, gpus: Iterable[GpuSpec], *, layout: Layout = Layout.S
     the name to the API server, as the driver does).
     """
     info = info or DriverInfo()
-    gpus = sorted(gpus, key=lambda g: g.pci_bus_id)
+    # A GPU's UUID is its own: unset ones are made from the node and the minor.
+    gpus = sorted((g if g.uuid else replace(
+        g, uuid=f"GPU-{_crc(node):08x}-{g.minor:04x}-4000-8000-{_crc(g.model):012x}")
+        for g in gpus), key=lambda g: g.pci_bus_id)
     if layout is Layout.STATIC:
         devices = [d for g in gpus for d in gpu_devices(g, info, layout)]
         bodies: list[dict[str, Any]] = [{"devices": devices}]

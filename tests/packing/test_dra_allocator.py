@@ -129,6 +129,18 @@ def test_distinct_attribute_spreads() -> None:
     assert names(run(slices, c)) == [["a1", "b1"]]
 
 
+@pytest.mark.parametrize("kind", ["matchAttribute", "distinctAttribute"])
+def test_list_attributes_only_ever_admit_one_device(kind: str) -> None:
+    # List values (the alpha DRAListTypeAttributes) are a type the constraints do not
+    # compare: the first device of the set goes in, no second one does.
+    s = [slice_("s", device("a", attrs={"g": (1, 2)}), device("b", attrs={"g": (3,)}))]
+    d = s[0].driver
+    one = Constraint(**{"match_attribute" if kind == "matchAttribute" else
+                        "distinct_attribute": f"{d}/g"})
+    assert names(run(s, claim("c", exact("r"), constraints=[one]))) == [["a"]]
+    assert run(s, claim("c", exact("r", count=2), constraints=[one])).verdict is UNSCHED
+
+
 def test_match_attribute_on_a_missing_attribute_never_fits() -> None:
     c = claim("c", exact("r"), constraints=[Constraint(match_attribute="test.example.com/g")])
     assert run([slice_("s", A)], c).verdict is UNSCHED
