@@ -65,3 +65,49 @@ def test_cel_subset_matches_kube_scheduler(stack: controlplane.Stack, admin: Any
     assert report.expressions >= 60 and report.agree == report.expressions
     assert report.outcomes["allocated"] and report.outcomes["unschedulable"] and (
         report.outcomes["error"]), report.outcomes
+
+
+def test_driver_double_republishes_as_the_slice_controller_does(
+        stack: controlplane.Stack, admin: Any, space: Any) -> None:
+    """A health event taints a GPU: the double updates that one slice in place (same name,
+    same pool generation, as the kubelet's ResourceSlice controller does for a single
+    changed slice), kube-scheduler stops allocating the device at once, and the model,
+    reading the same objects, predicts the other GPU."""
+    from dra_driver_double import DraDriverDouble
+
+    from packing.dra import nvidia
+
+    ns = space.namespace()
+    node = f"{space.name}-h"[:50]
+    double = DraDriverDouble(admin)
+    double.install_classes()
+    dra_differential.create_nodes(double.core, [dra_differential.NodeSpec(
+        node, {"e2e.gpupack.io/dra": node}, {})])
+    gpus = [nvidia.GpuSpec(g, "H100-80GB") for g in range(2)]
+    try:
+        before = double.publish(node, gpus)
+        taint = {"key": "gpu.nvidia.com/unhealthy", "value": "xid-79", "effect": "NoSchedule"}
+        after = double.publish(node, gpus, info=nvidia.DriverInfo(taints={"gpu-0": [taint]}))
+        assert [s["metadata"]["name"] for s in after] == [s["metadata"]["name"]
+                                                           for s in before]
+        assert {s["spec"]["pool"]["generation"] for s in after} == {1}
+        assert after[1]["metadata"]["resourceVersion"] != before[1]["metadata"]["resourceVersion"]
+        with controlplane.claim_controller(stack):
+            plan = dra_differential.NodePlan(node, "h100", tuple(gpus), nvidia.Layout.SPLIT,
+                                             nvidia.DriverInfo())
+            pod = dra_differential._PodPlan("whole", plan, [("c0", "gpu", {"devices": {
+                "requests": [{"name": "gpu", "exactly": {
+                    "deviceClassName": nvidia.GPU_CLASS}}]}}, False)])
+            k8s = dra_differential._Cluster(admin, ns)
+            import time
+            time.sleep(1.0)  # the scheduler's slice tracker takes the update in
+            dra_differential._predict(k8s, [pod])
+            assert pod.prediction is not None and pod.prediction.devices == (
+                (f"{nvidia.DRIVER}/{node}/gpu-1",),)
+            dra_differential._submit(k8s, [pod])
+            settled = dra_differential._wait(k8s, ["whole"], 60)
+            report = dra_differential.Report()
+            dra_differential._compare(k8s, pod, settled.get("whole"), report)
+            assert report.mismatches == [] and report.same_device == 1
+    finally:
+        dra_differential.cleanup(admin, ns, node)
