@@ -8,7 +8,8 @@ v1.37.2 and compares every allocation).
 
 * :mod:`packing.dra.objects`: the ``resource.k8s.io/v1`` objects as frozen values;
 * :mod:`packing.dra.parse`: those values from the API's JSON, errors naming the field;
-* :mod:`packing.dra.cel`: the CEL subset that selectors use, with "unknown" for the rest;
+* :mod:`packing.dra.cel`: the CEL subset that selectors use, with "unknown" for the rest
+  (its parser: :mod:`packing.dra.cel_syntax`);
 * :mod:`packing.dra.pools`: which pools and devices a node reaches, in allocation order;
 * :mod:`packing.dra.capacity`: consumable capacity (KEP-5075) arithmetic;
 * :mod:`packing.dra.allocator`: the allocator itself (:func:`~packing.dra.allocator.predict`);
