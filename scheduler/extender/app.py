@@ -29,7 +29,7 @@ from scheduler.extender.metrics import ExtenderMetrics, GroupMetrics
 from scheduler.extender.points import ExtensionPoints
 from scheduler.extender.refusals import RecentRefusals
 from scheduler.extender.request_pods import RequestPods
-from scheduler.extender.verbs import Memo, VerbError
+from scheduler.extender.verbs import VerbError
 from scheduler.extender.view_lag import ViewLag
 from scheduler.extender.wire import (
     BindingArgs,
@@ -42,6 +42,7 @@ from scheduler.extender.wire import (
     encode_priorities,
 )
 from scheduler.groups.loop import ReservationBook
+from scheduler.memo.decide import Memo
 from scheduler.memo.loop import Warmer
 from scheduler.planner.loop import Planner
 

@@ -30,7 +30,6 @@ from scheduler.extender.refusals import RecentRefusals, remembered
 from scheduler.extender.request_pods import RequestPod, RequestPods
 from scheduler.extender.verbs import (
     BestCandidates,
-    Memo,
     VerbError,
     choose_placement,
     filter_nodes,
@@ -50,6 +49,7 @@ from scheduler.extender.wire import (
 )
 from scheduler.groups.loop import ReservationBook
 from scheduler.groups.plugin import GroupVerbs
+from scheduler.memo.decide import Memo
 from scheduler.memo.loop import Warmer
 from scheduler.planner.loop import Planner
 

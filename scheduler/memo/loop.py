@@ -45,12 +45,21 @@ from packing.model import Placement, PodRequest, Snapshot
 from packing.scoring import Scorer
 from packing.state import ClusterState, GpuState, NodeState, PlacementError
 from scheduler.backoff import doubling
-from scheduler.child import ChildGone, ChildProcess, ChildTimeout, background, serve_messages
-from scheduler.extender.verbs import (
+from scheduler.child import (
+    ChildGone,
+    ChildProcess,
+    ChildTimeout,
+    background,
+    pickle_chunks,
+    serve_messages,
+    unpickle_chunks,
+)
+from scheduler.memo.decide import (
     Memo,
     NodeEval,
     ScorerRef,
     evaluate_fit,
+    make_policy,
     scored,
     selector_free,
     shape_key,
@@ -123,8 +132,6 @@ class _WarmHandler:
         self.scorer: Scorer | None = None
 
     def __call__(self, msg: tuple[Any, ...]) -> Any:
-        from scheduler.planner.solve import make_policy, unpickle_chunks
-
         if msg[0] == "scorer":
             _, gen, policy, running, pending = msg
             source = Snapshot((), unpickle_chunks(running), unpickle_chunks(pending))
@@ -167,8 +174,6 @@ class WarmChild(ChildProcess):
             raise RuntimeError(f"warm child failed: {e}") from None
 
     def load_scorer(self, ref: ScorerRef) -> None:
-        from scheduler.planner.solve import pickle_chunks
-
         if ref.gen == self.gen and self.running():
             return
         assert ref.source is not None

@@ -46,14 +46,13 @@ from packing.policies.lookahead import keeps_whole_nodes
 from packing.scoring import Score, order_pods
 from packing.state import ClusterState
 from scheduler.backoff import doubling
-from scheduler.extender.verbs import ScorerRef, best_key, shape_key
+from scheduler.memo.decide import ScorerRef, best_key, make_policy, shape_key
 from scheduler.planner.solve import (
     SolveJob,
     SolveOutcome,
     SolverError,
     SolverProcess,
     compact_workload,
-    make_policy,
     solve,
 )
 
@@ -220,7 +219,7 @@ def explain_by_class(pod: PodRequest, classes: Mapping[int, Sequence[str]],
 def _bare_shapes(batch: Sequence[PodRequest]) -> dict[tuple[Any, ...], PodRequest]:
     """One pod of each shape of ``batch`` without its node selector (selectors are checked
     per node by :func:`pick_candidates`; a node state's memo entries hold for any), by
-    :func:`scheduler.extender.verbs.shape_key`."""
+    :func:`scheduler.memo.decide.shape_key`."""
     out: dict[tuple[Any, ...], PodRequest] = {}
     for pod in batch:
         bare = replace(pod, node_selector={}) if pod.node_selector else pod

@@ -13,7 +13,7 @@ from kube.source import BindError
 from scheduler.extender.points import BindClaim, ExtensionPoints
 from scheduler.extender.refusals import RecentRefusals
 from scheduler.extender.request_pods import RequestPods
-from scheduler.extender.verbs import Memo, VerbError
+from scheduler.extender.verbs import VerbError
 from scheduler.extender.view_lag import ViewLag
 from scheduler.extender.wire import (
     BindingArgs,
@@ -23,6 +23,7 @@ from scheduler.extender.wire import (
     PreemptionArgs,
 )
 from scheduler.groups.loop import ReservationBook
+from scheduler.memo.decide import Memo
 from scheduler.memo.loop import Warmer
 from scheduler.planner.loop import Planner
 

@@ -25,18 +25,16 @@ from scheduler.extender.verbs import (
     NODE_KNOWN,
     UNKNOWN_NODE,
     UNREADABLE_NODE,
-    Memo,
     NoPlan,
-    ScorerRef,
     VerbError,
     choose_placement,
     filter_nodes,
     preempt,
-    preference,
     prioritize,
 )
 from scheduler.extender.view_lag import ViewLag
 from scheduler.extender.wire import ExtenderArgs, PreemptionArgs
+from scheduler.memo.decide import Memo, ScorerRef, preference
 
 NODES = [
     node("mig-a", mig={"1g.10gb": 7}),  # GPU 0: 7 x 1g.10gb; GPUs 1..7 MIG, empty
