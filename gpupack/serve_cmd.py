@@ -232,6 +232,7 @@ class Components:
             load_api_client,
         )
         from packing.cpsat import SolverParams
+        from scheduler.engine import LoopMetrics
         from scheduler.extender.app import AppConfig, create_extender_app
         from scheduler.groups.loop import ReservationBook
         from scheduler.planner.loop import Planner
@@ -245,8 +246,11 @@ class Components:
         params = SolverParams(max_time_s=args.time_limit, max_wall_s=args.time_limit,
                               workers=args.solver_workers,
                               seed=args.seed)
+        # Every background loop's steps, by outcome (scheduler.engine).
+        self.loop_metrics = LoopMetrics(self.registry)
         self.planner = Planner(self.cache, args.policy, params, debounce_s=args.debounce,
-                               max_batch=args.plan_batch, per_class=args.plan_per_class)
+                               max_batch=args.plan_batch, per_class=args.plan_per_class,
+                               loop_metrics=self.loop_metrics)
         # Typed wiring: mypy checks that each part takes what the next one calls (the tap
         # must be a full kube.source.Sink for the source that feeds it).
         self.source: Source
@@ -301,7 +305,8 @@ class Components:
                                       scorer=lambda: self.planner.scorer.scorer,
                                       is_leader=self.leader.is_leader, namespace=args.namespace,
                                       inputs=self.inputs, max_group_gpus=args.max_group_gpus,
-                                      requeue=self.requeue_writer)
+                                      requeue=self.requeue_writer,
+                                      loop_metrics=self.loop_metrics)
         self.tap = ReservationTap(self.cache, self.groups)
         # Who recreates each pod (kube.owners): what defragmentation and MIG compaction
         # may evict. Fed by the source in front of the cache.
@@ -355,7 +360,8 @@ class Components:
                 settings=MigSettings(timeout_s=args.mig_timeout, backoff_s=args.mig_backoff,
                                      min_idle_s=args.mig_min_idle,
                                      config_propagation_s=args.mig_config_propagation),
-                metrics=mig_metrics, requeue=self.requeue_writer)
+                metrics=mig_metrics, requeue=self.requeue_writer,
+                loop_metrics=self.loop_metrics)
         # Defragmentation (docs/defrag.md): its metrics exist on every extender (zero
         # when it is off), so the dashboards and alerts always have their series.
         from scheduler.defrag.loop import DefragMetrics
@@ -375,7 +381,8 @@ class Components:
                                        AppConfig(max_body_bytes=args.max_body,
                                                  policy=args.policy, warm=not args.no_warm,
                                                  filter_top=args.filter_top),
-                                       groups=self.groups, refusals=self.refusals)
+                                       groups=self.groups, refusals=self.refusals,
+                                       loop_metrics=self.loop_metrics)
         self.no_planner = bool(args.no_planner)
         self.metrics_port = int(args.metrics_port)
         self.host = str(args.host)
@@ -455,8 +462,7 @@ class Components:
             loop.stop()
         half = clock() + budget_s / 2
         for loop in loops:
-            join = getattr(loop, "join", None)
-            if join is not None and not join(half - clock()):
+            if not loop.join(half - clock()):
                 log.warning("%s still in a step at shutdown; its last writes may be lost",
                             type(loop).__name__)
         writers = [w for w in (self.group_writer, self.requeue_writer,
@@ -497,7 +503,7 @@ def defragmenter(args: argparse.Namespace, c: Components, api: Any) -> Any:
                           plan_every_s=args.defrag_interval),
         metrics=c.defrag_metrics, is_leader=c.leader.is_leader,
         consolidate_window=parse_window(args.defrag_consolidate)
-        if args.defrag_consolidate else None)
+        if args.defrag_consolidate else None, loop_metrics=c.loop_metrics)
     return d
 
 

@@ -25,6 +25,7 @@ from werkzeug.exceptions import HTTPException
 
 from kube.cache import ClusterCache
 from kube.source import Binder
+from scheduler.engine import LoopMetrics
 from scheduler.extender.metrics import ExtenderMetrics, GroupMetrics
 from scheduler.extender.points import ExtensionPoints
 from scheduler.extender.refusals import RecentRefusals
@@ -190,6 +191,7 @@ def create_extender_app(
     config: AppConfig | None = None,
     groups: ReservationBook | None = None,
     refusals: RecentRefusals | None = None,
+    loop_metrics: LoopMetrics | None = None,
 ) -> Flask:
     cfg = config or AppConfig()
     app = Flask("gpupack.scheduler")
@@ -202,7 +204,8 @@ def create_extender_app(
     memo = Memo(cfg.memo_limit)
     inflight = InFlight(app.wsgi_app)
     app.wsgi_app = inflight  # type: ignore[method-assign]
-    warmer = Warmer(cache, memo, lambda: planner.scorer, busy=inflight.busy)
+    warmer = Warmer(cache, memo, lambda: planner.scorer, busy=inflight.busy,
+                    loop_metrics=loop_metrics)
     app.extensions["gpupack.warmer"] = warmer
     # What /metrics serves, for the other listeners of the same process (metrics port,
     # webhook) so that every scrape sees the same families.
