@@ -210,6 +210,7 @@ class Components:
     def __init__(self, args: argparse.Namespace) -> None:
         from prometheus_client import CollectorRegistry
 
+        from gpupack.extender_app import create_extender_app
         from kube.cache import ClusterCache
         from kube.groups.inputs import GroupInputs
         from kube.groups.lws import LwsPoller
@@ -233,7 +234,7 @@ class Components:
         )
         from packing.cpsat import SolverParams
         from scheduler.engine import LoopMetrics
-        from scheduler.extender.app import AppConfig, create_extender_app
+        from scheduler.extender.app import AppConfig
         from scheduler.groups.loop import ReservationBook
         from scheduler.planner.loop import Planner
         from serving.metrics_auth import Guard

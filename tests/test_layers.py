@@ -50,7 +50,7 @@ def test_package_imports_only_what_its_layer_allows(package: str) -> None:
 # room may use. Nothing lists ``mig`` or ``defrag``: only the command layer wires them.
 SHARED = frozenset({"child", "backoff", "engine"})
 ROOMS: dict[str, frozenset[str]] = {
-    "extender": frozenset({"memo", "planner", "groups"}),
+    "extender": frozenset({"memo", "planner"}),
     "memo": frozenset(),
     "planner": frozenset({"memo"}),
     "groups": frozenset({"extender"}),
@@ -89,6 +89,41 @@ def test_scheduler_room_imports_only_the_rooms_it_may(room: str) -> None:
         if (names := rooms_imported(path, "scheduler")) - ROOMS[room] - SHARED - {room}
     }
     assert wrong == {}, f"scheduler.{room} imports a room it may not: {wrong}"
+
+
+# The background loops (scheduler.engine's users): only the command layer (gpupack)
+# makes them, so no room of scheduler starts another's thread or writes on its own.
+LOOPS = frozenset({"ReservationBook", "Planner", "Warmer", "MigActuator", "Compactor",
+                   "Defragmenter"})
+
+
+def loops_made(path: Path) -> set[str]:
+    """The loop classes ``path`` calls (constructs), by name."""
+    made: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Call):
+            f = node.func
+            name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(
+                f, ast.Attribute) else ""
+            if name in LOOPS:
+                made.add(name)
+    return made
+
+
+def test_only_the_command_layer_makes_loops() -> None:
+    wrong = {str(path.relative_to(REPO)): sorted(made)
+             for path in sorted((REPO / "scheduler").rglob("*.py"))
+             if (made := loops_made(path))}
+    assert wrong == {}, f"loops made outside gpupack/: {wrong}"
+    assert loops_made(REPO / "gpupack" / "serve_cmd.py") >= {
+        "ReservationBook", "Planner", "MigActuator", "Compactor"}
+
+
+def test_loops_made_sees_a_constructor_by_name_or_attribute(tmp_path: Path) -> None:
+    src = tmp_path / "m.py"
+    src.write_text("from x import Planner\nimport y\np = Planner(c)\nw = y.Warmer(c)\n"
+                   "q = Planner\n")
+    assert loops_made(src) == {"Planner", "Warmer"}
 
 
 @pytest.mark.parametrize("helper", sorted(SHARED))

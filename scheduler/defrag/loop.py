@@ -2,11 +2,11 @@
 
 On the active extender only (its :class:`scheduler.engine.LeaderGate`; a standby does
 nothing and holds nothing), once the reservation book is ready, a pass runs about every
-second on the loop engine (:class:`scheduler.engine.Loop`): it gathers the facts under the cache lock (which groups wait for room, what the
-running campaign's pods and room look like), plans with
-:func:`packing.defrag.plan.plan_defrag` when :func:`scheduler.defrag.decide.wants_plan` says
-so (outside the lock, on a snapshot), takes the pure decision
-(:func:`scheduler.defrag.decide.decide_defrag`) and applies it:
+second on the loop engine (:class:`scheduler.engine.Loop`): it gathers the facts under
+the cache lock (which groups wait for room, what the running campaign's pods and room
+look like), plans with :func:`packing.defrag.plan.plan_defrag` when
+:func:`scheduler.defrag.decide.wants_plan` says so (outside the lock, on a snapshot),
+takes the pure decision (:func:`scheduler.defrag.decide.decide_defrag`) and applies it:
 
 * holds: the room's GPUs, as they free, are counted in the cache under the key
   ``<group>#defrag-<node>`` (:meth:`ClusterCache.hold`), so filter, bind and the planner

@@ -21,11 +21,11 @@ from dataclasses import dataclass
 from itertools import combinations
 from typing import Any, Protocol
 
-from kube.objects import ObjectError, pod_request
 from packing.model import Placement, PodRequest
 from packing.scoring import Score, Scorer
 from packing.state import ClusterState
 from packing.status import Status
+from scheduler.extender.cycle import read_pod
 from scheduler.extender.view_lag import ViewLag
 from scheduler.extender.wire import (
     MAX_PRIORITY,
@@ -59,10 +59,6 @@ UNKNOWN_LISTED = 100
 EXHAUSTIVE_VICTIMS = 8  # up to 2^8 victim subsets are tried in order; greedy beyond
 
 
-class VerbError(ValueError):
-    """Arguments the verb cannot work with (a pod it cannot read): HTTP 400."""
-
-
 class CacheView(Protocol):
     """What the verbs read; :class:`kube.cache.ClusterCache` provides it."""
 
@@ -90,13 +86,6 @@ class NoPlan:
         return None
 
 
-def read_pod(pod: Mapping[str, Any]) -> PodRequest:
-    try:
-        return pod_request(pod)
-    except ObjectError as e:
-        raise VerbError(str(e)) from None
-
-
 # ---- per-node evaluation, memoized -----------------------------------------------------------
 
 
@@ -117,8 +106,8 @@ def node_rule_miss(state: ClusterState, node: str, selector: Sequence[tuple[str,
 
 
 def filter_nodes(args: ExtenderArgs, view: CacheView, memo: Memo,
-                 best: BestCandidates | None = None, lag: ViewLag | None = None
-                 ) -> FilterResult:
+                 best: BestCandidates | None = None, lag: ViewLag | None = None,
+                 pod: PodRequest | None = None) -> FilterResult:
     """Nodes that can take the pod now; the others with a reason, split by whether
     preemption could ever help (FailedNodes) or never (FailedAndUnresolvableNodes).
 
@@ -131,8 +120,9 @@ def filter_nodes(args: ExtenderArgs, view: CacheView, memo: Memo,
     kube-scheduler's backoff: a refusal would park the pod until some later cluster
     event, and the event that brought the node (an autoscaler's, a MIG change's new
     allocatable) was the last one. ``lag`` bounds that to a grace per node and version
-    of the view (:mod:`scheduler.extender.view_lag`; None: no bound)."""
-    pod = read_pod(args.pod)
+    of the view (:mod:`scheduler.extender.view_lag`; None: no bound). ``pod``: the
+    request's pod, already read (else it is read here)."""
+    pod = read_pod(args.pod) if pod is None else pod
     base = selector_free(pod)
     selector = tuple(pod.node_selector.items())
     table = memo.table(shape_key(base))
@@ -284,10 +274,12 @@ class BestCandidates:
 
 def prioritize(
     args: ExtenderArgs, view: CacheView, memo: Memo, scorer: ScorerRef, plan: PlanView,
+    pod: PodRequest | None = None,
 ) -> list[HostPriority]:
     """0..10 per node: the policy's preference for the node's best option, by rank among
-    the nodes asked about; the planner's node for this pod gets 10 alone."""
-    pod = read_pod(args.pod)
+    the nodes asked about; the planner's node for this pod gets 10 alone. ``pod``: the
+    request's pod, already read (else it is read here)."""
+    pod = read_pod(args.pod) if pod is None else pod
     sigs = view.signatures()
     names = args.candidate_names
     planned = plan.placement_of(pod.key)
@@ -415,7 +407,8 @@ def minimal_victims(state: ClusterState, pod: PodRequest, node: str,
     return tuple(chosen)
 
 
-def preempt(args: PreemptionArgs, view: CacheView) -> PreemptionResult:
+def preempt(args: PreemptionArgs, view: CacheView, pod: PodRequest | None = None
+            ) -> PreemptionResult:
     """For each node kube-scheduler proposes, the subset of its victims that really frees
     what the pod needs; nodes where evicting them all would not help are dropped.
 
@@ -426,8 +419,9 @@ def preempt(args: PreemptionArgs, view: CacheView) -> PreemptionResult:
     without any). So where the pod fits without victims as gpupack sees the node,
     kube-scheduler needed its victims for something gpupack does not model (host ports,
     pod count, affinity, other extended resources): they are answered unchanged.
+    ``pod``: the request's pod, already read (else it is read here).
     """
-    pod = read_pod(args.pod)
+    pod = read_pod(args.pod) if pod is None else pod
     out: dict[str, MetaVictims] = {}
     for node, proposed in args.victims.items():
         if not view.has_node(node):

@@ -632,6 +632,12 @@ class ReservationBook:
         the room was the member's until the bind failed)."""
         with self.cache.lock:
             self.cache.forget(key)
+            self.rehold(key)
+
+    def rehold(self, key: str) -> None:
+        """``key``'s assumption is gone (a failed bind): when it is a group member, its
+        room is held again at once (call under the cache lock)."""
+        with self.cache.lock:
             if self._rebuilt and any(key in r.pods.values() for r in self.records.values()):
                 self._apply_holds()
 

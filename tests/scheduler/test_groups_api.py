@@ -132,7 +132,7 @@ def test_reservation_written_as_a_configmap_and_rebuilt_after_restart(
         with r1.cache.lock:
             req = r1.cache.pending_pod("llm/a-0")
             assert req is not None
-            placement = GroupVerbs(r1.book).bind_member(req, req.uid, leader_node)
+            placement = GroupVerbs(r1.book).reserve(req, req.uid, leader_node)
             assert placement is not None and not isinstance(placement, Status)
         ApiBinder(api(fake)).bind("llm", "a-0", req.uid, leader_node,
                                   placement_annotations(placement, "gpupack"))

@@ -20,13 +20,13 @@ from sched_builders import (
 from packing.model import Placement, Snapshot
 from packing.policies.gpupack import make_gpupack_scorer
 from packing.status import Code, Status
+from scheduler.extender.cycle import VerbError
 from scheduler.extender.verbs import (
     NODE_FIT,
     NODE_KNOWN,
     UNKNOWN_NODE,
     UNREADABLE_NODE,
     NoPlan,
-    VerbError,
     choose_placement,
     filter_nodes,
     preempt,
