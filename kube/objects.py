@@ -15,7 +15,7 @@ import json
 import re
 import sys
 from collections import Counter, defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from dataclasses import field as dc_field
 from datetime import datetime, timedelta, timezone
@@ -37,7 +37,6 @@ from packing.inventory import GpuInventory, Inventory, InventoryError
 from packing.inventory import decode_inventory as decode_inventory
 from packing.mig.layout import MigSlot, layout_errors, layout_from_counts
 from packing.model import (
-    GPU_MILLI,
     MAX_NODE_GPUS,
     GpuInfo,
     GpuMode,
@@ -630,7 +629,7 @@ def pod_request(pod: Mapping[str, Any], strict: bool = True) -> PodRequest:
     gpu_count = 0
     mig_profile = None
     milli = 0
-    gpu_mem = _annotation_mib(ann, who)
+    gpu_mem = _annotation(A.gpu_memory_mib, ann, who, strict)
     models: frozenset[str] = NO_MODELS
     # A limit of 0 asks for no device (as the device plugin reads it).
     mig_res = [(k, profile_from_resource(k)) for k, v in totals.items()
@@ -645,7 +644,7 @@ def pod_request(pod: Mapping[str, Any], strict: bool = True) -> PodRequest:
         kind = RequestKind.SHARED
         if strict:
             _one_device(totals[A.SHARED_RESOURCE], A.SHARED_RESOURCE, "GPU share", who)
-        milli = _compute_milli(ann, who)
+        milli = _annotation(A.gpu_compute_milli, ann, who, strict)
     elif mig_res:
         if len(mig_res) > 1:
             names = ", ".join(sorted(k for k, _ in mig_res))
@@ -718,28 +717,19 @@ def admission_id(ann: Mapping[str, str]) -> str:
     return value if isinstance(value, str) and len(value) <= 128 else ""
 
 
-def _annotation_mib(ann: Mapping[str, str], who: str) -> int:
-    if A.GPU_MEMORY not in ann:
-        return 0
+def _annotation(read: Callable[[Mapping[str, str]], int | None], ann: Mapping[str, str],
+                who: str, strict: bool) -> int:
+    """A sizing annotation through its one reader (:mod:`kube.annotations`), 0 when
+    absent. A pod to place (``strict``) with a value gpupack cannot use is refused,
+    naming the field; a pod already bound holds what it holds whatever its annotation
+    says, so it is read as declaring nothing (0) rather than skipped, which would free
+    the GPU share it takes for the next pod."""
     try:
-        return memory_mib(ann[A.GPU_MEMORY])
-    except QuantityError as e:
-        raise ObjectError(f"{who}: metadata.annotations.{A.GPU_MEMORY}: {e}") from None
-
-
-def _compute_milli(ann: Mapping[str, str], who: str) -> int:
-    if A.GPU_COMPUTE not in ann:
+        return read(ann) or 0
+    except A.AnnotationError as e:
+        if strict:
+            raise ObjectError(f"{who}: metadata.annotations.{e.key}: {e}") from None
         return 0
-    raw = ann[A.GPU_COMPUTE]
-    try:
-        frac = parse_quantity(raw)
-    except QuantityError as e:
-        raise ObjectError(f"{who}: metadata.annotations.{A.GPU_COMPUTE}: {e}") from None
-    if not 0 < frac <= 1:
-        raise ObjectError(
-            f"{who}: metadata.annotations.{A.GPU_COMPUTE}: {raw!r} must be a fraction in (0, 1]"
-        )
-    return int((frac * GPU_MILLI).to_integral_value(rounding="ROUND_CEILING"))
 
 
 def _group_of(namespace: str, labels: Mapping[str, str], ann: Mapping[str, str], who: str,

@@ -35,7 +35,7 @@ from packing.catalog import (
     profile_from_resource,
 )
 from packing.model import GPU_MILLI, MigReconfigure, Snapshot
-from packing.quantity import QuantityError, memory_mib, parse_quantity
+from packing.quantity import QuantityError, parse_quantity
 from webhook.capacity import Claim, ClusterView, ModelCapacity, ShareKind
 from webhook.config import WHOLE_CLASSES, Isolation, WebhookConfig
 from webhook.sizing import (
@@ -307,15 +307,14 @@ def _read_ask(p: _Pod, klass: str, config: WebhookConfig) -> _Ask:
     ann = p.annotations
     class_default = config.class_defaults.get(klass)
     defaults: dict[str, str] = {}
-    if A.GPU_MEMORY in ann:
-        raw = ann[A.GPU_MEMORY]
-        try:
-            mem = memory_mib(raw)
-        except QuantityError as e:
-            raise PodError(_ann_path(A.GPU_MEMORY), str(e)) from None
-        if mem <= 0:
-            raise PodError(_ann_path(A.GPU_MEMORY), f"{raw!r} must be more than zero")
-        label = f"{A.GPU_MEMORY}={raw}"
+    try:
+        asked_mib = A.gpu_memory_mib(ann)
+        asked_milli = A.gpu_compute_milli(ann)
+    except A.AnnotationError as e:
+        raise PodError(_ann_path(e.key), str(e)) from None
+    if asked_mib is not None:
+        mem = asked_mib
+        label = f"{A.GPU_MEMORY}={ann[A.GPU_MEMORY]}"
     elif class_default is not None:
         mem = class_default.memory_mib
         defaults[A.GPU_MEMORY] = _quantity_text(mem)
@@ -326,15 +325,8 @@ def _read_ask(p: _Pod, klass: str, config: WebhookConfig) -> _Ask:
             f"missing: a small GPU pod needs {A.GPU_MEMORY} (e.g. 8Gi) or {A.CLASS} "
             f"({', '.join(sorted(config.class_defaults))})",
         )
-    if A.GPU_COMPUTE in ann:
-        raw = ann[A.GPU_COMPUTE]
-        try:
-            frac = parse_quantity(raw)
-        except QuantityError as e:
-            raise PodError(_ann_path(A.GPU_COMPUTE), str(e)) from None
-        if not 0 < frac <= 1:
-            raise PodError(_ann_path(A.GPU_COMPUTE), f"{raw!r} must be a fraction in (0, 1]")
-        milli = int((frac * GPU_MILLI).to_integral_value(rounding="ROUND_CEILING"))
+    if asked_milli is not None:
+        milli = asked_milli
     elif class_default is not None and class_default.compute_milli:
         milli = class_default.compute_milli
         defaults[A.GPU_COMPUTE] = f"{milli / GPU_MILLI:g}"
