@@ -24,6 +24,8 @@ from functools import lru_cache
 from typing import Any
 
 from kube import annotations as A
+from kube.constraints import node_taints
+from kube.errors import ObjectError
 from packing.catalog import (
     SHARING_MPS,
     GpuModel,
@@ -50,10 +52,6 @@ from packing.model import (
     Taint,
 )
 from packing.quantity import QuantityError, count, cpu_milli, memory_mib, parse_quantity
-
-
-class ObjectError(ValueError):
-    """A Kubernetes object that cannot be understood; the message names object and field."""
 
 
 def _obj_name(obj: Mapping[str, Any], kind: str) -> str:
@@ -194,9 +192,6 @@ def node_info(node: Mapping[str, Any], notes: list[str] | None = None, *,
                 notes.append(f"{who}: metadata.labels.{A.SHARE_ALLOCATION_POLICY}: "
                              f"{policy_label[:40]!r} is not one of "
                              f"{'|'.join(AllocationPolicy)}; distributed assumed")
-    # kube.constraints reads taints (and imports this module for ObjectError).
-    from kube.constraints import node_taints
-
     try:
         taints = node_taints(node)
     except ObjectError as e:

@@ -143,3 +143,66 @@ def test_rooms_imported_names_the_room(tmp_path: Path) -> None:
     src.write_text("import scheduler.mig.loop as l\nfrom scheduler.groups.plugin import G\n"
                    "def f():\n    from scheduler import child\n    import packing.mig\n")
     assert rooms_imported(src, "scheduler") == {"mig", "groups", "child"}
+
+
+def module_graph() -> dict[str, set[str]]:
+    """Every module of the project -> the project modules it imports (lazy ones too)."""
+    mods: dict[str, Path] = {}
+    for package in sorted(OURS):
+        for path in (REPO / package).rglob("*.py"):
+            name = ".".join(path.relative_to(REPO).with_suffix("").parts)
+            mods[name.removesuffix(".__init__")] = path
+    graph: dict[str, set[str]] = {}
+    for name, path in mods.items():
+        deps: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                deps.update(a.name for a in node.names if a.name in mods)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                if node.module in mods:
+                    deps.add(node.module)
+                deps.update(f"{node.module}.{a.name}" for a in node.names
+                            if f"{node.module}.{a.name}" in mods)
+        graph[name] = deps - {name}
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_module_imports_itself_through_others() -> None:
+    assert circles(module_graph()) == []
+
+
+def test_circles_finds_a_lazy_circle() -> None:
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert circles({"a": {"b"}, "b": set()}) == []
