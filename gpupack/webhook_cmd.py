@@ -34,7 +34,7 @@ from serving.https import HttpsServer
 from serving.tls import check_tls
 from webhook.app import REVIEW_LIMITS, create_webhook_app
 from webhook.config import Isolation, WebhookConfig
-from webhook.decide import STRICT
+from webhook.pod import STRICT
 
 
 def add_config_arguments(p: argparse.ArgumentParser, nodes_help: str = (

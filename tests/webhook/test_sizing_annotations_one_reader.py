@@ -20,7 +20,8 @@ from kube import annotations as A
 from kube.cache import ClusterCache
 from kube.objects import ObjectError, pod_request
 from webhook.config import WebhookConfig
-from webhook.decide import Kind, decide_admission
+from webhook.decide import decide_admission
+from webhook.decision import Kind
 
 MEM, COMPUTE = A.GPU_MEMORY, A.GPU_COMPUTE
 
