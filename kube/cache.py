@@ -52,13 +52,11 @@ from kube.inventory_age import (
     without_inventory,
     written_at,
 )
+from kube.node_objects import UNREADABLE_TAINTS, NodeObservation, inventory_text
 from kube.node_shapes import NodeShapes
 from kube.objects import (
-    UNREADABLE_TAINTS,
-    NodeObservation,
     ObjectError,
     bound_node,
-    inventory_text,
     is_finished,
     object_name,
     pod_key,

@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import Any
 
 from kube import annotations as A
-from kube.objects import node_info
+from kube.node_objects import node_info
 from packing.model import NodeInfo
 
 # Label and annotation prefixes node_info reads to find a node's GPUs.

@@ -20,7 +20,7 @@ import logging
 from dataclasses import dataclass, replace
 
 from kube.constraints import PodConstraints
-from kube.objects import NO_OBSERVATION, NodeObservation, observation_of
+from kube.node_objects import NO_OBSERVATION, NodeObservation, observation_of
 from kube.snapshot import observed_share, owned_instance, with_observed_peak
 from packing.model import Placement, PodRequest, RequestKind
 from packing.state import ClusterState, plugin_pick, share_is_a_guess

@@ -12,7 +12,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from webhook_builders import cluster, node, pod, review
 
-from kube.objects import node_info
+from kube.node_objects import node_info
 from packing.model import GpuMode, Snapshot
 from webhook.admit import admit
 from webhook.app import create_webhook_app
