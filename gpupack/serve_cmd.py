@@ -211,6 +211,7 @@ class Components:
         from prometheus_client import CollectorRegistry
 
         from gpupack.extender_app import create_extender_app
+        from kube.api_source import ApiBinder, ApiSource, load_api_client
         from kube.cache import ClusterCache
         from kube.groups.inputs import GroupInputs
         from kube.groups.lws import LwsPoller
@@ -224,14 +225,7 @@ class Components:
         )
         from kube.leader import AlwaysLeader, Leadership, LeaseWatcher
         from kube.pod_conditions import ApiPodStatusStore
-        from kube.source import (
-            ApiBinder,
-            ApiSource,
-            Binder,
-            Source,
-            StaticSource,
-            load_api_client,
-        )
+        from kube.source import Binder, Source, StaticSource
         from packing.cpsat import SolverParams
         from scheduler.engine import LoopMetrics
         from scheduler.extender.app import AppConfig
@@ -606,7 +600,7 @@ def run(args: argparse.Namespace, server: type[ExtenderServer] | None = None) ->
         log.warning("--assume-ttl is deprecated and ignored: assumed binds no longer expire "
                     "(they end when the bind fails, the pod is seen bound, or it is deleted)")
     if args.kubeconfig or args.in_cluster:
-        from kube.source import api_config_error
+        from kube.api_source import api_config_error
 
         why = api_config_error(args.kubeconfig, args.in_cluster)
         if why is not None:

@@ -101,8 +101,8 @@ class LiveSnapshots:
     :mod:`webhook.app`)."""
 
     def __init__(self, args: argparse.Namespace) -> None:
+        from kube.api_source import ApiSource, load_api_client
         from kube.cache import ClusterCache
-        from kube.source import ApiSource, load_api_client
 
         self.cache = ClusterCache(args.scheduler_name, mig_actuator=args.mig_actuator,
                                   inventory_age=inventory_age(args, live=True))
@@ -142,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"gpupack webhook: {why}", file=sys.stderr)
         return 2
     if live:
-        from kube.source import api_config_error
+        from kube.api_source import api_config_error
 
         why = api_config_error(args.kubeconfig, args.in_cluster)
         if why is not None:
@@ -175,8 +175,8 @@ def run(args: argparse.Namespace) -> int:
                 "nodes": len(snapshot.nodes), "pods": len(snapshot.running)
                 + len(snapshot.pending), "pending": len(snapshot.pending)}, where))
             return create_webhook_app(lambda: snapshot, CollectorRegistry(), config)
+        from kube.api_source import load_api_client
         from kube.cache_metrics import CacheCollector
-        from kube.source import load_api_client
 
         feed = live_snapshots(args)
         # The webhook's own cache: its figures (synced, stale agent inventories, ...) are

@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).parent.parent / "kube"))
 from fake_apiserver import FakeApiServer
 
 from kube.annotations import placement_annotations
+from kube.api_source import ApiBinder, ApiSource
 from kube.cache import ClusterCache
 from kube.groups.inputs import GroupInputs
 from kube.groups.lws import LwsPoller
@@ -32,7 +33,6 @@ from kube.groups.reservations import (
     record_of,
 )
 from kube.leader import LeaseWatcher
-from kube.source import ApiBinder, ApiSource
 from packing.status import Status
 from scheduler.groups.loop import ReservationBook
 from scheduler.groups.plugin import GroupVerbs
