@@ -33,7 +33,7 @@ from dataclasses import replace
 from typing import Any, Protocol
 
 from kube import annotations as A
-from kube.objects import INT32_MAX, INT32_MIN, ObjectError, pod_request
+from kube.objects import INT32_MAX, INT32_MIN, ObjectError, pod_key, pod_request
 from packing.catalog import CATALOG
 from packing.model import GPU_MILLI, PodRequest, RequestKind
 
@@ -63,6 +63,23 @@ def worst_case_request(obj: Mapping[str, Any], largest_gpu_mib: int | None = Non
         req = replace(req, gpu_memory_mib=largest_gpu_mib or LARGEST_GPU_MIB,
                       gpu_milli=GPU_MILLI)
     return req
+
+
+def unreadable_input(obj: Mapping[str, Any]) -> str | None:
+    """Why a sizing annotation of ``obj`` (``gpupack.io/gpu-memory``,
+    ``gpupack.io/gpu-compute``) cannot be read, naming the pod and the field, or None.
+    :func:`kube.objects.pod_request` reads a bound pod's unreadable sizing as declaring
+    nothing: counted so, a share would take no memory of its GPU."""
+    meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+    ann = meta.get("annotations") if isinstance(meta, Mapping) else None
+    if not isinstance(ann, Mapping):
+        return None
+    for read in (A.gpu_memory_mib, A.gpu_compute_milli):
+        try:
+            read({k: v for k, v in ann.items() if isinstance(v, str)})
+        except A.AnnotationError as e:
+            return f"Pod {pod_key(obj)}: metadata.annotations.{e.key}: {e}"
+    return None
 
 
 def _without_inputs(obj: Mapping[str, Any]) -> dict[str, Any]:

@@ -21,57 +21,26 @@ that does not fit beside the namespace's other reservations waits, holding nothi
 
 from __future__ import annotations
 
-import math
-import re
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from packing.model import PodRequest
-from scheduler.groups.rights import GroupRights, QuotaKey, devices
+from scheduler.groups.rights import (
+    DEFAULT_RESERVED_CAP,
+    GroupRights,
+    QuotaKey,
+    ReservedCap,
+    devices,
+    parse_reserved_cap,
+)
+
+__all__ = ["DEFAULT_RESERVED_CAP", "ReservedCap", "cap_key", "held_by_namespace",
+           "is_cap_key", "namespace_claims", "parse_reserved_cap"]
 
 # The resource name of the cap in quota keys and messages.
 CAP_RESOURCE = "GPUs in reservations"
 CAP_PREFIX = "namespace "
-DEFAULT_CAP = "50%"
-
-
-@dataclass(frozen=True)
-class ReservedCap:
-    """``gpus`` GPUs, or ``percent`` of the cluster's (exactly one of them is set)."""
-
-    gpus: int | None = None
-    percent: float | None = None
-
-    def of(self, cluster_gpus: int) -> int:
-        """The cap for a cluster of ``cluster_gpus`` GPUs (a share rounds down; at least
-        one GPU of a cluster that has any)."""
-        if self.gpus is not None:
-            return self.gpus
-        assert self.percent is not None
-        return max(1 if cluster_gpus else 0, math.floor(cluster_gpus * self.percent / 100))
-
-    def text(self, cluster_gpus: int) -> str:
-        if self.gpus is not None:
-            return str(self.gpus)
-        return f"{self.percent:g}% of the cluster's {cluster_gpus} GPUs"
-
-
-def parse_reserved_cap(text: str) -> ReservedCap:
-    """``"32"`` or ``"50%"``; ValueError naming the value otherwise."""
-    raw = text.strip()
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)%", raw)
-    if m:
-        pct = float(m.group(1))
-        if not 0 < pct <= 100:
-            raise ValueError(f"{text!r}: a share must be above 0% and at most 100%")
-        return ReservedCap(percent=pct)
-    if raw.isdigit():
-        return ReservedCap(gpus=int(raw))
-    raise ValueError(f"{text!r} is not a number of GPUs (32) or a share of the cluster (50%)")
-
-
-DEFAULT_RESERVED_CAP = parse_reserved_cap(DEFAULT_CAP)
 
 
 def cap_key(namespace: str) -> QuotaKey:

@@ -35,9 +35,10 @@ the members not created yet.
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from kube.annotations import small_int
 from kube.constraints import PodConstraints, Taint, why_not
@@ -45,9 +46,6 @@ from kube.groups.lws import LwsShape
 from kube.quotas import Quota, covers, gpu_resources
 from packing.model import PodRequest, RequestKind
 from packing.status import Status
-
-if TYPE_CHECKING:
-    from scheduler.groups.namespace_cap import ReservedCap
 
 QuotaKey = tuple[str, str]  # ("namespace/quota-name", GPU resource)
 
@@ -67,6 +65,44 @@ class NodeFacts:
     name: str
     labels: Mapping[str, str]
     taints: tuple[Taint, ...] = ()
+
+
+@dataclass(frozen=True)
+class ReservedCap:
+    """``gpus`` GPUs, or ``percent`` of the cluster's (exactly one of them is set)."""
+
+    gpus: int | None = None
+    percent: float | None = None
+
+    def of(self, cluster_gpus: int) -> int:
+        """The cap for a cluster of ``cluster_gpus`` GPUs (a share rounds down; at least
+        one GPU of a cluster that has any)."""
+        if self.gpus is not None:
+            return self.gpus
+        assert self.percent is not None
+        return max(1 if cluster_gpus else 0, math.floor(cluster_gpus * self.percent / 100))
+
+    def text(self, cluster_gpus: int) -> str:
+        if self.gpus is not None:
+            return str(self.gpus)
+        return f"{self.percent:g}% of the cluster's {cluster_gpus} GPUs"
+
+
+def parse_reserved_cap(text: str) -> ReservedCap:
+    """``"32"`` or ``"50%"``; ValueError naming the value otherwise."""
+    raw = text.strip()
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)%", raw)
+    if m:
+        pct = float(m.group(1))
+        if not 0 < pct <= 100:
+            raise ValueError(f"{text!r}: a share must be above 0% and at most 100%")
+        return ReservedCap(percent=pct)
+    if raw.isdigit():
+        return ReservedCap(gpus=int(raw))
+    raise ValueError(f"{text!r} is not a number of GPUs (32) or a share of the cluster (50%)")
+
+
+DEFAULT_RESERVED_CAP = parse_reserved_cap("50%")
 
 
 @dataclass(frozen=True)
