@@ -66,6 +66,9 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 CHART = REPO / "manifests" / "helm" / "gpupack"
 NAMESPACE = "gpupack"  # the release namespace the chart is rendered into
+# The node agent's namespace (the chart's default: <release namespace>-node-agent, at
+# Pod Security's privileged level; gpupack's own is restricted).
+AGENT_NAMESPACE = f"{NAMESPACE}-node-agent"
 RELEASE = "gpupack"
 SCHEDULER_NAME = "gpupack"
 PLAIN_SCHEDULER_NAME = "plain-kube-scheduler"
@@ -148,7 +151,8 @@ APPLIED_KINDS = ("Namespace", "ServiceAccount", "Secret", "ClusterRole", "Cluste
 # Metadata of every request made by a ServiceAccount of gpupack's namespace; nothing else.
 AUDIT_POLICY = {
     "apiVersion": "audit.k8s.io/v1", "kind": "Policy", "omitStages": ["RequestReceived"],
-    "rules": [{"level": "Metadata", "userGroups": [f"system:serviceaccounts:{NAMESPACE}"]},
+    "rules": [{"level": "Metadata", "userGroups": [f"system:serviceaccounts:{NAMESPACE}",
+                                                   f"system:serviceaccounts:{AGENT_NAMESPACE}"]},
               {"level": "None"}],
 }
 
@@ -771,7 +775,8 @@ def up(dir_: Path, *, extender_args: Sequence[str] = (), plain: bool = True,
         # token of a DaemonSet pod is: it names the node, which the chart's
         # ValidatingAdmissionPolicy checks. The extender's is its token Secret's.
         bound = agent_pod(admin, account) if component == "node-agent" and agent else None
-        token = secret_tokens.get(account) or service_account_token(admin, NAMESPACE,
+        namespace = AGENT_NAMESPACE if component == "node-agent" else NAMESPACE
+        token = secret_tokens.get(account) or service_account_token(admin, namespace,
                                                                     account, bound)
         write_kubeconfig(path, server, pki / "ca.crt", token=token)
         kubeconfigs[component] = path
@@ -981,16 +986,16 @@ def agent_pod(admin: Any, account: str) -> tuple[str, str]:
     core: Any = client.CoreV1Api(admin)
     name = f"{RELEASE}-node-agent-e2e"
     body = {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": NAMESPACE},
+            "metadata": {"name": name, "namespace": AGENT_NAMESPACE},
             "spec": {"nodeName": AGENT_NODE, "serviceAccountName": account,
                      "tolerations": [{"operator": "Exists"}],
                      "containers": [{"name": "agent", "image": "registry.example/gpupack:e2e"}]}}
     try:
-        made = core.create_namespaced_pod(NAMESPACE, body)
+        made = core.create_namespaced_pod(AGENT_NAMESPACE, body)
     except client.ApiException as e:
         if e.status != 409:
             raise
-        made = core.read_namespaced_pod(name, NAMESPACE)
+        made = core.read_namespaced_pod(name, AGENT_NAMESPACE)
     return name, str(made.metadata.uid)
 
 

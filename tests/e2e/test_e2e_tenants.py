@@ -13,17 +13,14 @@ the forged claims are live, and count where a burst of one workload lives).
 from __future__ import annotations
 
 import contextlib
-import http.client
+import copy
 import json
-import ssl
 import time
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from cluster import (
-    GPU,
     LWS,
     MANUAL_SCHEDULER,
     bind_with_records,
@@ -32,7 +29,6 @@ from cluster import (
     create_pods,
     force_delete_pods,
     group_outcomes,
-    h100_mig,
     h100_whole,
     l40s_shared,
     lws_member,
@@ -51,82 +47,27 @@ from controlplane import (
     extender_metrics,
     metric_sample,
 )
-
-MIG = "nvidia.com/mig-3g.40gb"
-SHARED = "nvidia.com/gpu.shared"
-CLIQUE = "nvidia.com/gpu.clique"
-
-
-def _webhook_port(stack: Stack) -> int:
-    argv = stack.state()["components"]["webhook"]["argv"]
-    return int(argv[argv.index("--port") + 1])
-
-
-def _context(stack: Stack, client: str | None) -> ssl.SSLContext:
-    ctx = ssl.create_default_context(cafile=str(stack.dir / "webhook-tls" / "ca.crt"))
-    ctx.check_hostname = False  # the certificate names the Service; we call 127.0.0.1
-    if client is not None:
-        pki = stack.dir / "pki"
-        ctx.load_cert_chain(str(pki / f"{client}.crt"), str(pki / f"{client}.key"))
-    return ctx
-
-
-def _post(stack: Stack, body: dict[str, Any], client: str | None) -> tuple[int, dict[str, Any]]:
-    conn = http.client.HTTPSConnection("127.0.0.1", _webhook_port(stack), timeout=15,
-                                       context=_context(stack, client))
-    try:
-        conn.request("POST", "/mutate", body=json.dumps(body),
-                     headers={"Content-Type": "application/json"})
-        resp = conn.getresponse()
-        return resp.status, json.loads(resp.read() or b"{}")
-    finally:
-        conn.close()
-
-
-def _review(obj: dict[str, Any], namespace: str) -> dict[str, Any]:
-    """An AdmissionReview as the API server would send it for creating ``obj``."""
-    obj = {**obj, "metadata": {**obj["metadata"], "namespace": namespace}}
-    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-            "request": {"uid": str(uuid.uuid4()),
-                        "kind": {"group": "", "version": "v1", "kind": "Pod"},
-                        "resource": {"group": "", "version": "v1", "resource": "pods"},
-                        "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
-                        "name": obj["metadata"]["name"], "namespace": namespace,
-                        "operation": "CREATE",
-                        "userInfo": {"username": f"system:serviceaccount:{namespace}:default"},
-                        "object": obj, "oldObject": None, "dryRun": False,
-                        "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"}}}
-
-
-def _forge(stack: Stack, pool: str, namespace: str, n: int, client: str | None) -> list[int]:
-    out = []
-    for i in range(n):
-        body = _review(pod(f"forged-{i}", annotations={"gpupack.io/gpu-memory": "30Gi"},
-                           pool=pool), namespace)
-        status, answer = _post(stack, body, client)
-        out.append(status)
-        if status == 200:
-            assert answer["response"]["allowed"] is True, answer
-    return out
-
-
-def _decision(core: Any, ns: str, pool: str) -> tuple[str, str]:
-    """The victim's server-side dry run through the real API server and webhook."""
-    probe = pod("victim", annotations={"gpupack.io/gpu-memory": "30Gi"}, pool=pool)
-    out = core.api_client.sanitize_for_serialization(
-        core.create_namespaced_pod(ns, probe, dry_run="All"))
-    (resource,) = out["spec"]["containers"][0]["resources"]["limits"]
-    reason = json.loads(out["metadata"]["annotations"]["gpupack.io/decision"])["reason"]
-    return resource, reason
+from tenants import (
+    CLIQUE,
+    LWS_CRD,
+    MIG,
+    SHARED,
+    admitted,
+    decision,
+    forge,
+    issue_pool,
+    labelled,
+    post_review,
+    ready,
+    records,
+    refused,
+    review,
+)
 
 
 def _pool(core: Any, space: Space) -> str:
-    """The issue's pool: 8 free 3g.40gb slices and 12 time-sliced L40S shares."""
-    space.nodes += create_nodes(core, [
-        l40s_shared(f"{space.name}-l40s", space.name, gpus=3),
-        h100_mig(f"{space.name}-mig-b", space.name, {"3g.40gb": 4}),
-        h100_mig(f"{space.name}-mig-a", space.name, {"3g.40gb": 4}),
-    ])
+    """The issue's pool in ``space``'s own node pool."""
+    space.nodes += issue_pool(core, space.name)
     return space.name
 
 
@@ -136,18 +77,18 @@ def test_only_the_api_servers_certificate_may_post_reviews(
     pool = _pool(core, space)
     wait_for_webhook(core, ns, pod("probe", annotations={"gpupack.io/gpu-memory": "30Gi"},
                                    pool=pool), MIG)
-    body = _review(pod("forged", annotations={"gpupack.io/gpu-memory": "30Gi"}, pool=pool),
+    body = review(pod("forged", annotations={"gpupack.io/gpu-memory": "30Gi"}, pool=pool),
                    f"{ns}-evil")
-    status, answer = _post(stack, body, None)
+    status, answer = post_review(stack, body, None)
     assert status == 401 and "client certificate is required" in answer["error"], answer
     # A certificate of the cluster's own CA, but not the API server's name.
-    status, answer = _post(stack, body, "admin")
+    status, answer = post_review(stack, body, "admin")
     assert status == 403 and "e2e-admin" in answer["error"], answer
     # What the API server itself sends is answered.
-    status, answer = _post(stack, body, "webhook-client")
+    status, answer = post_review(stack, body, "webhook-client")
     assert status == 200 and answer["response"]["allowed"] is True
     # And pods created through the API server are sized as ever.
-    assert _decision(core, ns, pool)[0] == MIG
+    assert decision(core, ns, pool)[0] == MIG
 
 
 def test_forged_reviews_of_another_namespace_leave_a_victims_decision(
@@ -156,18 +97,18 @@ def test_forged_reviews_of_another_namespace_leave_a_victims_decision(
     pool = _pool(core, space)
     wait_for_webhook(core, ns, pod("probe", annotations={"gpupack.io/gpu-memory": "30Gi"},
                                    pool=pool), MIG)
-    before = _decision(core, ns, pool)
+    before = decision(core, ns, pool)
     assert before[0] == MIG
     # Without the certificate nothing is even read.
-    assert set(_forge(stack, pool, f"{ns}-evil", 24, None)) == {401}
-    assert _decision(core, ns, pool) == before
+    assert set(forge(stack, pool, f"{ns}-evil", 24, None)) == {401}
+    assert decision(core, ns, pool) == before
     # With it (as if the webhook could not verify its caller): 24 forged claims, as many
     # as the pool has slices and shares, all for the other namespace.
-    assert set(_forge(stack, pool, f"{ns}-evil", 24, "webhook-client")) == {200}
-    after = _decision(core, ns, pool)
+    assert set(forge(stack, pool, f"{ns}-evil", 24, "webhook-client")) == {200}
+    after = decision(core, ns, pool)
     # The control: 8 such reviews naming the victim's namespace are counted there.
-    assert set(_forge(stack, pool, ns, 8, "webhook-client")) == {200}
-    own = _decision(core, ns, pool)
+    assert set(forge(stack, pool, ns, 8, "webhook-client")) == {200}
+    own = decision(core, ns, pool)
     with capsys.disabled():
         print(f"\n  e2e forged reviews: victim before {before[0]}, after 24 forged for "
               f"another namespace {after[0]}, after 8 naming its own {own[0]}")
@@ -176,27 +117,6 @@ def test_forged_reviews_of_another_namespace_leave_a_victims_decision(
 
 
 # ---- item 2: reservations within a tenant's rights -----------------------------------------
-
-RECORDS = "app.kubernetes.io/managed-by=gpupack,app.kubernetes.io/component=group-reservation"
-
-
-def _records(core: Any, ns: str) -> dict[str, dict[str, Any]]:
-    """The reservation records of groups of namespace ``ns``: group key -> record."""
-    out = {}
-    for cm in core.list_namespaced_config_map(NAMESPACE, label_selector=RECORDS).items:
-        rec = json.loads((cm.data or {}).get("reservation", "{}"))
-        if str(rec.get("g", "")).startswith(ns + "/"):
-            out[rec["g"]] = rec
-    return out
-
-
-def _labelled(name: str, size: int, gpus: int, pool: str, worker: int = 0) -> dict[str, Any]:
-    """A pod of a group named only by gpupack's labels (no LeaderWorkerSet object)."""
-    return pod(name if worker == 0 else f"{name}-{worker}", pool=pool,
-               limits={GPU: str(gpus)},
-               annotations={"gpupack.io/group": name, "gpupack.io/group-size": str(size),
-                            "gpupack.io/class": "whole"})
-
 
 def test_reservations_stay_within_a_namespaces_rights(
         core: Any, space: Space, capsys: Any) -> None:
@@ -208,10 +128,10 @@ def test_reservations_stay_within_a_namespaces_rights(
     evil, other = space.namespace(), space.namespace("-b")
     p = space.name
     space.nodes += create_nodes(core, [h100_whole(f"{p}-{i:02d}", p) for i in range(16)])
-    create_pods(core, evil, [_labelled("a", 64, 1, p), _labelled("b", 64, 1, p)])
-    create_pods(core, other, [_labelled("x", 2, 8, p)])
+    create_pods(core, evil, [labelled("a", 64, 1, p), labelled("b", 64, 1, p)])
+    create_pods(core, other, [labelled("x", 2, 8, p)])
     start = time.monotonic()
-    first = wait_for(lambda: _records(core, evil), 30, "a reservation in the namespace")
+    first = wait_for(lambda: records(core, evil), 30, "a reservation in the namespace")
     assert len(first) == 1 and len(next(iter(first.values()))["m"]) == 64, first
     (held_by,) = first
     waiting = "b" if held_by.endswith("/a") else "a"
@@ -219,21 +139,21 @@ def test_reservations_stay_within_a_namespaces_rights(
         pending_report(core, evil)), 30, "the second group's reason")
     assert f"namespace {evil} may hold 0 more GPUs in reservations" in reason or \
         f"namespace {evil} may hold 1 more GPUs in reservations" in reason, reason
-    assert _records(core, other), "another namespace's group is not charged for evil's"
+    assert records(core, other), "another namespace's group is not charged for evil's"
     time.sleep(5)
-    assert set(_records(core, evil)) == {held_by}, "two groups of 64 held in one namespace"
+    assert set(records(core, evil)) == {held_by}, "two groups of 64 held in one namespace"
     # The first expires (TTL 60 s): the second gets the namespace's room.
     second = wait_for(lambda: (lambda r: r if f"{evil}/{waiting}" in r else None)(
-        _records(core, evil)), E2E_GROUP_TTL_S + 30, "the second group after the expiry")
+        records(core, evil)), E2E_GROUP_TTL_S + 30, "the second group after the expiry")
     assert held_by not in second, "the expired group re-reserved beside the second"
     # x (other namespace) expired too: its worker never came. The pool has room, yet it
     # is not reserved again at once ...
-    wait_for(lambda: not _records(core, other), 30, "x's reservation to expire")
+    wait_for(lambda: not records(core, other), 30, "x's reservation to expire")
     expired = time.monotonic()
     time.sleep(15)
-    assert not _records(core, other), "an expired group re-reserved at once"
+    assert not records(core, other), "an expired group re-reserved at once"
     # ... until its worker appears.
-    create_pods(core, other, [_labelled("x", 2, 8, p, worker=1)])
+    create_pods(core, other, [labelled("x", 2, 8, p, worker=1)])
     wait_for(lambda: len(bound(pods_in(core, other))) == 2, 30, "group x to bind")
     with capsys.disabled():
         print(f"\n  e2e reservations: 2 groups of 64 in one namespace -> one held at a time "
@@ -242,15 +162,6 @@ def test_reservations_stay_within_a_namespaces_rights(
               "its worker came")
 
 
-LWS_CRD = {
-    "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
-    "metadata": {"name": "leaderworkersets.leaderworkerset.x-k8s.io"},
-    "spec": {"group": "leaderworkerset.x-k8s.io", "scope": "Namespaced",
-             "names": {"plural": "leaderworkersets", "singular": "leaderworkerset",
-                       "kind": "LeaderWorkerSet", "listKind": "LeaderWorkerSetList"},
-             "versions": [{"name": "v1", "served": True, "storage": True, "schema": {
-                 "openAPIV3Schema": {"type": "object",
-                                     "x-kubernetes-preserve-unknown-fields": True}}}]}}
 # Namespaces and LeaderWorkerSets of the tests below, made before the extenders list.
 LWS_NS, LWS_EVIL = "e2e-tenants-lws", "e2e-tenants-lws-evil"
 LWS_OBJECTS = ((LWS_NS, "big", 80, None), (LWS_NS, "vllm", 2, CLIQUE),
@@ -325,7 +236,7 @@ def test_a_group_sized_by_its_leaderworkerset_is_capped(
     reason = wait_for(lambda: (lambda r: r if "--max-group-gpus" in r else None)(
         pending_report(core, LWS_NS)), 60, "the group's refusal")
     assert f"sized by LeaderWorkerSet {LWS_NS}/big), more than --max-group-gpus 64" in reason
-    assert not _records(core, LWS_NS)
+    assert not records(core, LWS_NS)
     force_delete_pods(core, LWS_NS)
 
 
@@ -379,7 +290,7 @@ def test_a_share_rewritten_after_binding_keeps_its_gpu_after_a_restart(
         return pod(name, pool=p, limits={SHARED: "1"}, scheduler="gpupack",
                    annotations={"gpupack.io/gpu-memory": memory})
 
-    wait_for(lambda: _admitted(core, ns, share("probe", "40Gi")), 30,
+    wait_for(lambda: admitted(core, ns, share("probe", "40Gi")), 30,
              "the webhook to see the new L40S")
     create_pods(core, ns, [share("big", "40Gi")])
     wait_for(lambda: "big" in bound(pods_in(core, ns)), 60, "the 40Gi share's bind")
@@ -387,7 +298,7 @@ def test_a_share_rewritten_after_binding_keeps_its_gpu_after_a_restart(
         "gpupack.io/gpu-memory": "lots"}}})
     active = "extender" + active_replica(stack, admin)
     stack.restart(active)
-    wait_for(lambda: _ready(stack, active), 60, "the restarted extender to be ready")
+    wait_for(lambda: ready(stack, active), 60, "the restarted extender to be ready")
     create_pods(core, ns, [share("small", "20Gi")])
     time.sleep(10)
     assert "small" not in bound(pods_in(core, ns)), "a share was put beside an unreadable one"
@@ -407,43 +318,7 @@ def test_a_share_rewritten_after_binding_keeps_its_gpu_after_a_restart(
               f"{event[0].message[:90]}...")
 
 
-def _admitted(core: Any, ns: str, body: dict[str, Any]) -> bool:
-    """Whether a dry-run create of ``body`` passes admission (the webhook refuses a share
-    no time-sliced GPU of its view holds: its view has not seen a new node yet)."""
-    from kubernetes.client.rest import ApiException
-
-    try:
-        core.create_namespaced_pod(ns, body, dry_run="All")
-    except ApiException as e:
-        if e.status in (400, 403):
-            return False
-        raise
-    return True
-
-
-def _ready(stack: Stack, component: str) -> bool:
-    import urllib.request
-
-    url = stack.state()["components"][component]["url"] + "/readyz"
-    try:
-        with urllib.request.urlopen(url, timeout=2) as resp:
-            return bool(resp.status == 200)
-    except OSError:
-        return False
-
-
 # ---- item 4: the extender holds only the extender's rights --------------------------------
-
-
-def _refused(call: Any, needle: str = "") -> str:
-    from kubernetes.client.rest import ApiException
-
-    with pytest.raises(ApiException) as err:
-        call()
-    assert err.value.status == 403, (err.value.status, err.value.body)
-    body = str(err.value.body)
-    assert needle in body, body
-    return body
 
 
 def test_the_extenders_account_cannot_act_as_kube_scheduler(
@@ -466,31 +341,31 @@ def test_the_extenders_account_cannot_act_as_kube_scheduler(
     victim = create_pods(core, ns, [pod("victim", pool=space.name,
                                         scheduler=MANUAL_SCHEDULER)])[0]
     # kube-scheduler's rights, not the extender's (RBAC).
-    _refused(lambda: ext.delete_namespaced_pod("victim", ns, grace_period_seconds=0))
-    _refused(lambda: ext.create_persistent_volume({
+    refused(lambda: ext.delete_namespaced_pod("victim", ns, grace_period_seconds=0))
+    refused(lambda: ext.create_persistent_volume({
         "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": f"{ns}-pv"},
         "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
                  "hostPath": {"path": "/tmp/x"}}}))
-    _refused(lambda: ext.patch_persistent_volume("any", {"metadata": {"labels": {"x": "1"}}}))
+    refused(lambda: ext.patch_persistent_volume("any", {"metadata": {"labels": {"x": "1"}}}))
     lease = coordination.read_namespaced_lease(f"{RELEASE}-scheduler", NAMESPACE)
     lease.spec.holder_identity = "evil_0"
-    _refused(lambda: coordination.replace_namespaced_lease(f"{RELEASE}-scheduler", NAMESPACE,
+    refused(lambda: coordination.replace_namespaced_lease(f"{RELEASE}-scheduler", NAMESPACE,
                                                            lease))
     # Its grants, narrowed by the chart's ValidatingAdmissionPolicies.
-    _refused(lambda: ext.patch_node(node, {"spec": {"taints": [
+    refused(lambda: ext.patch_node(node, {"spec": {"taints": [
         {"key": "evil", "effect": "NoSchedule"}]}}), "may change only a Node's")
-    _refused(lambda: ext.patch_node(node, {"metadata": {"labels": {
+    refused(lambda: ext.patch_node(node, {"metadata": {"labels": {
         "gpupack.io/mig-reconfigure": "true"}}}), "may change only a Node's")
     ext.patch_node(node, {"metadata": {"annotations": {"gpupack.io/mig-change": "probe"}}})
-    _refused(lambda: ext.patch_namespaced_pod_status("victim", ns, {"metadata": {
+    refused(lambda: ext.patch_namespaced_pod_status("victim", ns, {"metadata": {
         "labels": {"app": "evil"}}}), "only gpupack.io/ conditions")
     ext.patch_namespaced_pod_status("victim", ns, {"status": {"conditions": [
         {"type": "gpupack.io/E2EProbe", "status": "True"}]}})
     config = ext.read_namespaced_config_map(f"{RELEASE}-scheduler-config", NAMESPACE)
     config.data["evil"] = "1"
-    _refused(lambda: ext.replace_namespaced_config_map(
+    refused(lambda: ext.replace_namespaced_config_map(
         f"{RELEASE}-scheduler-config", NAMESPACE, config), "writes only its own ConfigMaps")
-    _refused(lambda: ext.create_namespaced_config_map(NAMESPACE, {
+    refused(lambda: ext.create_namespaced_config_map(NAMESPACE, {
         "metadata": {"name": "evil"}, "data": {}}), "writes only its own ConfigMaps")
     conds = {c.type for c in core.read_namespaced_pod("victim", ns).status.conditions or []}
     assert "gpupack.io/E2EProbe" in conds
@@ -507,9 +382,59 @@ def test_a_status_update_may_not_touch_the_placement_records(core: Any, space: S
     for every user (these requests are the cluster admin's)."""
     ns = space.namespace()
     create_pods(core, ns, [pod("p", scheduler=MANUAL_SCHEDULER)])
-    body = _refused(lambda: core.patch_namespaced_pod_status("p", ns, {"metadata": {
+    body = refused(lambda: core.patch_namespaced_pod_status("p", ns, {"metadata": {
         "annotations": {"gpupack.io/gpus": "0,1"}}}), "gpupack.io/gpus")
     assert "placement records are written only through the pod's Binding" in body
     # Other annotations may still change through the status (kubelet, controllers).
     core.patch_namespaced_pod_status("p", ns, {"metadata": {"annotations": {"team.io/x": "1"}}})
     assert core.read_namespaced_pod("p", ns).metadata.annotations["team.io/x"] == "1"
+
+
+# ---- item 6: Pod Security for gpupack's namespaces ----------------------------------------
+
+
+def _template_pod(workload: dict[str, Any], namespace: str) -> dict[str, Any]:
+    """A workload's pod template as a Pod of ``namespace`` (for a server-side dry run)."""
+    tmpl = copy.deepcopy(workload["spec"]["template"])
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": f"{workload['metadata']['name']}-e2e-psa",
+                         "namespace": namespace, "labels": tmpl["metadata"].get("labels", {})},
+            "spec": tmpl["spec"]}
+
+
+def test_pod_security_restricts_gpupacks_namespace_and_not_the_agents(
+        admin: Any, core: Any) -> None:
+    """The chart labels its namespace restricted (Pod Security admission, on by default in
+    kube-apiserver) and the node agent's privileged: the scheduler and webhook pods as
+    the chart renders them are admitted in gpupack's namespace, the agent's only in its
+    own, and a pod on the host's network is refused in gpupack's."""
+    from controlplane import AGENT_NAMESPACE, CHART_VALUES, render_chart
+    from kubernetes import client
+
+    labels = core.read_namespace(NAMESPACE).metadata.labels
+    assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
+    assert core.read_namespace(AGENT_NAMESPACE).metadata.labels[
+        "pod-security.kubernetes.io/enforce"] == "privileged"
+    # The agent's runtime class exists on a GPU cluster (the NVIDIA container runtime).
+    node_api = client.NodeV1Api(admin)
+    with contextlib.suppress(client.ApiException):
+        node_api.create_runtime_class({"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
+                                       "metadata": {"name": "nvidia"}, "handler": "nvidia"})
+    objs = render_chart("eA==", CHART_VALUES)
+    workloads = {o["metadata"]["name"]: o for o in objs
+                 if o.get("kind") in ("Deployment", "DaemonSet")}
+    for name in ("gpupack-scheduler", "gpupack-webhook"):
+        core.create_namespaced_pod(NAMESPACE, _template_pod(workloads[name], NAMESPACE),
+                                   dry_run="All")
+    agent = workloads["gpupack-node-agent"]
+    misplaced = _template_pod(agent, NAMESPACE)
+    misplaced["spec"]["serviceAccountName"] = "default"  # its own account is not there
+    body = refused(lambda: core.create_namespaced_pod(NAMESPACE, misplaced, dry_run="All"),
+                   "violates PodSecurity")
+    assert "hostPID" in body and "hostPath" in body
+    core.create_namespaced_pod(AGENT_NAMESPACE, _template_pod(agent, AGENT_NAMESPACE),
+                               dry_run="All")
+    evil = pod("evil", scheduler=MANUAL_SCHEDULER)
+    evil["spec"]["hostNetwork"] = True  # (privileged containers: this API server refuses)
+    refused(lambda: core.create_namespaced_pod(NAMESPACE, evil, dry_run="All"),
+             "violates PodSecurity")

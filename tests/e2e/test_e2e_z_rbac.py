@@ -17,7 +17,14 @@ from datetime import datetime
 from typing import Any
 
 from cluster import wait_for
-from controlplane import AGENT_NODE, CHART_VALUES, NAMESPACE, Stack, render_chart
+from controlplane import (
+    AGENT_NAMESPACE,
+    AGENT_NODE,
+    CHART_VALUES,
+    NAMESPACE,
+    Stack,
+    render_chart,
+)
 from test_e2e_agent import PROBE_AGENT
 
 
@@ -50,12 +57,13 @@ def grants(objs: Iterable[Mapping[str, Any]]) -> dict[str, set[tuple[str, str, s
 
 
 def used(events: Iterable[Mapping[str, Any]]) -> dict[str, set[tuple[str, str, str]]]:
-    prefix = f"system:serviceaccount:{NAMESPACE}:"
+    prefixes = [f"system:serviceaccount:{ns}:" for ns in (NAMESPACE, AGENT_NAMESPACE)]
     out: dict[str, set[tuple[str, str, str]]] = defaultdict(set)
     for e in events:
         user = e.get("user", {}).get("username", "")
         ref = e.get("objectRef") or {}
-        if not user.startswith(prefix) or "resource" not in ref:
+        prefix = next((p for p in prefixes if user.startswith(p)), None)
+        if prefix is None or "resource" not in ref:
             continue
         resource = ref["resource"] + (f"/{ref['subresource']}" if ref.get("subresource") else "")
         out[user[len(prefix):]].add((ref.get("apiGroup", ""), resource, e["verb"]))

@@ -159,7 +159,24 @@ def _percentage_of_nodes_to_score(objs: list[Obj]) -> None:
 
 
 def _namespace(objs: list[Obj]) -> None:
-    assert find(objs, "Namespace")["metadata"]["name"] == "gpupack"
+    ns = find(objs, "Namespace", "gpupack")
+    # Pod Security: restricted for gpupack's own pods (the agent has its own namespace).
+    assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+
+
+def _agent_namespace(objs: list[Obj]) -> None:
+    ns = find(objs, "Namespace", "gpu-agents")
+    assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
+    assert find(objs, "DaemonSet")["metadata"]["namespace"] == "gpu-agents"
+    assert find(objs, "ServiceAccount", "gp-prod-node-agent")["metadata"]["namespace"] == (
+        "gpu-agents")
+    binding = find(objs, "ClusterRoleBinding", "gp-prod-node-agent")
+    assert binding["subjects"][0]["namespace"] == "gpu-agents"
+    policy = find(objs, "ValidatingAdmissionPolicy", "gp-prod-node-agent-own-node")
+    assert "system:serviceaccount:gpu-agents:gp-prod-node-agent" in (
+        policy["spec"]["matchConditions"][0]["expression"])
+    sm = find(objs, "ServiceMonitor", "gp-prod-node-agent")
+    assert sm["spec"]["namespaceSelector"] == {"matchNames": ["gpu-agents"]}
 
 
 def _replicas_scheduler(objs: list[Obj]) -> None:
@@ -542,6 +559,7 @@ CASES: dict[str, tuple[dict[str, Any] | None, Callable[[list[Obj]], None]]] = {
     "tls.secretName": (None, _tls_secret_name),
     "tls.caBundle": (None, _ca_bundle),
     "nodeAgent.enabled": ({"nodeAgent": {"enabled": False}}, _agent_disabled),
+    "nodeAgent.namespace": (None, _agent_namespace),
     "nodeAgent.interval": (None, _agent_interval),
     "nodeAgent.metricsPort": (None, _agent_metrics_port),
     "nodeAgent.runtimeClassName": (None, _agent_runtime_class),
@@ -684,6 +702,8 @@ def test_names_derive_from_the_release(release: str, values: dict[str, Any] | No
                                        prefix: str, helm_dir: Path) -> None:
     objs, _ = helm_template(values, helm_dir, release=release)
     for o in objs:
+        if o["kind"] == "Namespace":
+            continue  # named after the release's namespace (the agent's: <ns>-node-agent)
         name = o["metadata"]["name"]
         assert name == prefix or name.startswith(prefix + "-"), (o["kind"], name)
     check_references(objs)

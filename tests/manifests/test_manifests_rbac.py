@@ -36,7 +36,9 @@ def grants(objs: list[Obj]) -> tuple[dict[str, set[Grant]], dict[str, set[str]]]
         ns = b["metadata"].get("namespace", "*")
         ref = b["roleRef"]
         for s in b["subjects"]:
-            assert s["kind"] == "ServiceAccount" and s["namespace"] == "gpupack"
+            # The node agent's account is in its own namespace (Pod Security).
+            assert s["kind"] == "ServiceAccount" and s["namespace"] == (
+                "gpupack-node-agent" if s["name"] == "gpupack-node-agent" else "gpupack")
             key = s["name"]
             if ref["name"] in BUILTIN:
                 builtin.setdefault(key, set()).add(f"{ref['kind']}/{ref['name']}@{ns}")

@@ -140,3 +140,12 @@ that a Binding's outcome is known before kube-scheduler gives up on the bind ver
 {{- $bind := round (divf (mulf $seconds 2) 3) 3 -}}
 {{- if gt $bind 30.0 }}30{{ else }}{{ $bind }}{{ end -}}
 {{- end -}}
+
+{{/*
+The node agent's namespace (nodeAgent.namespace, else <release namespace>-node-agent): the
+agent needs hostPID, hostPath and root, which Pod Security's restricted level (that of
+the release namespace) forbids; it runs in a namespace of its own at the privileged level.
+*/}}
+{{- define "gpupack.agentNamespace" -}}
+{{- default (printf "%s-node-agent" .Release.Namespace) .Values.nodeAgent.namespace -}}
+{{- end -}}
