@@ -14,6 +14,7 @@ from typing import Any
 from packing.catalog import GpuModel, match_product
 from packing.mig import layout_from_counts
 from packing.model import (
+    MAX_NODE_GPUS,
     GpuInfo,
     GpuMode,
     GroupRef,
@@ -56,49 +57,7 @@ def parse_scenario(data: Any) -> Scenario:
     if not isinstance(data, Mapping):
         raise ScenarioError("scenario: expected a mapping at the top")
     seed = _get(data, "seed", "scenario", int) if "seed" in data else 0
-    nodes: list[NodeInfo] = []
-    for i, spec in enumerate(_get(data, "nodes", "scenario", list)):
-        where = f"nodes[{i}]"
-        if not isinstance(spec, Mapping):
-            raise ScenarioError(f"{where}: expected a mapping")
-        try:
-            model = match_product(_get(spec, "product", where, str))
-        except ValueError as e:
-            raise ScenarioError(f"{where}.product: {e}") from None
-        mode_text = spec.get("mode", "whole")
-        try:
-            mode = GpuMode(mode_text)
-        except ValueError:
-            raise ScenarioError(
-                f"{where}.mode: {mode_text!r} is not one of whole, mig, shared"
-            ) from None
-        if mode is GpuMode.MIG and not model.mig_capable:
-            raise ScenarioError(f"{where}.mode: {model.name} has no MIG")
-        layout = _mig_layout(spec, model, mode, where)
-        opt_in = spec.get("mig-reconfigure")
-        if opt_in is not None and not isinstance(opt_in, bool):
-            raise ScenarioError(f"{where}.mig-reconfigure: {opt_in!r} is not true or false")
-        # The actuator is a setting of the run (with_mig_actuator), not of the scenario.
-        reconfigure = MigReconfigure.of(opt_in, actuator=False)
-        replicas = spec.get("replicas", 1)
-        n_gpus = _get(spec, "gpus", where, int)
-        labels = {str(k): str(v) for k, v in (spec.get("labels") or {}).items()}
-        for k in range(_get(spec, "count", where, int)):
-            name = f"{_get(spec, 'prefix', where, str)}-{k}"
-            gpus = tuple(
-                GpuInfo(g, model.name, model.memory_mib, mode, layout, replicas=replicas)
-                for g in range(n_gpus)
-            )
-            nodes.append(
-                NodeInfo(
-                    name,
-                    _qty(cpu_milli, spec.get("cpu", 64), f"{where}.cpu"),
-                    _qty(memory_mib, spec.get("memory", "256Gi"), f"{where}.memory"),
-                    gpus,
-                    {**labels, "kubernetes.io/hostname": name},
-                    mig_reconfigure=reconfigure,
-                )
-            )
+    nodes = [n for _, pool in parse_pools(_get(data, "nodes", "scenario", list)) for n in pool]
     classes = _get(data, "classes", "scenario", list)
     templates = [_template(c, f"classes[{i}]") for i, c in enumerate(classes)]
     n = _get(data, "arrivals", "scenario", int)
@@ -122,6 +81,67 @@ def parse_scenario(data: Any) -> Scenario:
         )
         arrivals.append(members)
     return Scenario(tuple(nodes), tuple(arrivals))
+
+
+def parse_pools(specs: Sequence[Any]) -> list[tuple[str, list[NodeInfo]]]:
+    """The nodes of a scenario's ``nodes`` list, one pool (its ``prefix``) per entry:
+    ``count`` nodes named ``<prefix>-<k>``. ScenarioError names the field."""
+    pools: list[tuple[str, list[NodeInfo]]] = []
+    for i, spec in enumerate(specs):
+        where = f"nodes[{i}]"
+        if not isinstance(spec, Mapping):
+            raise ScenarioError(f"{where}: expected a mapping")
+        try:
+            model = match_product(_get(spec, "product", where, str))
+        except ValueError as e:
+            raise ScenarioError(f"{where}.product: {e}") from None
+        mode_text = spec.get("mode", "whole")
+        try:
+            mode = GpuMode(mode_text)
+        except ValueError:
+            raise ScenarioError(
+                f"{where}.mode: {mode_text!r} is not one of whole, mig, shared"
+            ) from None
+        if mode is GpuMode.MIG and not model.mig_capable:
+            raise ScenarioError(f"{where}.mode: {model.name} has no MIG")
+        layout = _mig_layout(spec, model, mode, where)
+        opt_in = spec.get("mig-reconfigure")
+        if opt_in is not None and not isinstance(opt_in, bool):
+            raise ScenarioError(f"{where}.mig-reconfigure: {opt_in!r} is not true or false")
+        # The actuator is a setting of the run (with_mig_actuator), not of the scenario.
+        reconfigure = MigReconfigure.of(opt_in, actuator=False)
+        replicas = spec.get("replicas", 1)
+        if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 0:
+            raise ScenarioError(f"{where}.replicas: {replicas!r} is not a count")
+        n_gpus = _get(spec, "gpus", where, int)
+        if not 0 <= n_gpus <= MAX_NODE_GPUS:
+            raise ScenarioError(f"{where}.gpus: {n_gpus} is not within 0..{MAX_NODE_GPUS}")
+        count = _get(spec, "count", where, int)
+        if count < 0:
+            raise ScenarioError(f"{where}.count: {count} is negative")
+        labels = {str(k): str(v) for k, v in (spec.get("labels") or {}).items()}
+        prefix = _get(spec, "prefix", where, str)
+        if any(prefix == p for p, _ in pools):
+            raise ScenarioError(f"{where}.prefix: {prefix!r} is used twice")
+        pool = []
+        for k in range(count):
+            name = f"{prefix}-{k}"
+            gpus = tuple(
+                GpuInfo(g, model.name, model.memory_mib, mode, layout, replicas=replicas)
+                for g in range(n_gpus)
+            )
+            pool.append(
+                NodeInfo(
+                    name,
+                    _qty(cpu_milli, spec.get("cpu", 64), f"{where}.cpu"),
+                    _qty(memory_mib, spec.get("memory", "256Gi"), f"{where}.memory"),
+                    gpus,
+                    {**labels, "kubernetes.io/hostname": name},
+                    mig_reconfigure=reconfigure,
+                )
+            )
+        pools.append((prefix, pool))
+    return pools
 
 
 def _mig_layout(spec: Mapping[str, Any], model: GpuModel, mode: GpuMode, where: str

@@ -236,11 +236,19 @@ class ClusterView:
 
     @classmethod
     def of(cls, snapshot: Snapshot) -> ClusterView:
-        state = ClusterState(snapshot)
         seen = frozenset(
             [req.admission for req, _ in snapshot.running if req.admission]
             + [req.admission for req in snapshot.pending if req.admission]
         )
+        return cls.of_state(ClusterState(snapshot), snapshot.pending, seen)
+
+    @classmethod
+    def of_state(cls, state: ClusterState, pending: Iterable[PodRequest],
+                 seen: frozenset[str] = frozenset()) -> ClusterView:
+        """The view of ``state`` (its running pods applied) with ``pending`` waiting for
+        the scheduler. The view reads ``state`` while it is used (its scoped views
+        condense from it): the caller must not change ``state`` meanwhile (the day
+        replay asks one admission at a time, between placements)."""
         root = _Root(state, seen)
         reach, excluded = root.reach(NodeLevel())
         root.base_reach, root.base_models = frozenset(reach), _condense(state, reach)
@@ -249,7 +257,7 @@ class ClusterView:
         # Pods waiting for the scheduler hold no GPU in the snapshot yet, but each will
         # take the slice or share it asks for: a burst the webhook sized must not be
         # offered the same free slice again.
-        return view.with_claims(pending_claims(snapshot.pending, root.of_selector))
+        return view.with_claims(pending_claims(pending, root.of_selector))
 
     def scoped(self, level: NodeLevel) -> ClusterView:
         """This view restricted to the nodes a pod with node-level constraints ``level``
