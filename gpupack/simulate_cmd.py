@@ -201,7 +201,7 @@ def _load(name: str | None) -> tuple[Any, str] | int:
     if name is None or (name in BUNDLED and not Path(name).exists()):
         bundled = name or "default"
         ref = importlib.resources.files("gpupack") / "scenarios" / f"{bundled}.yaml"
-        source, text = f"{bundled} scenario", ref.read_text(encoding="utf-8")
+        source, text = f"the bundled {bundled} scenario", ref.read_text(encoding="utf-8")
     else:
         source = name
         try:

@@ -9,7 +9,8 @@ extender's priority (gpupack's profile keeps the default plugins and adds the ex
 at weight 5: ``manifests/base/scheduler-config.yaml``).
 
 **Filter** (NodeResourcesFit, NodeAffinity, NodeUnschedulable): the node is not
-cordoned, its labels match the pod's node selector, the pod's CPU and memory fit, and
+cordoned, its labels match the pod's node selector and its GPU model is one the pod is
+pinned to (if any), the pod's CPU and memory fit, and
 the node has the pod's device resource free *by count*: ``n`` idle whole GPUs
 (``nvidia.com/gpu``), a free instance of the pod's MIG profile
 (``nvidia.com/mig-<profile>``; kube-scheduler cannot create one), or a free replica of a
@@ -90,6 +91,8 @@ def kube_fits(state: ClusterState, pod: PodRequest, name: str) -> bool:
     node = state.nodes[name]
     if fits_node(pod, node) is not None:
         return False
+    if pod.gpu_models and not node.info.gpu_models & pod.gpu_models:
+        return False  # NodeAffinity: the pod is pinned to other GPU products
     if pod.kind is RequestKind.SHARED:
         return free_replicas(node) > 0
     if pod.kind is RequestKind.MIG:
@@ -101,7 +104,9 @@ def kube_fits(state: ClusterState, pod: PodRequest, name: str) -> bool:
     return True
 
 
-def _least_requested(requested: int, capacity: int) -> int:
+def least_requested(requested: int, capacity: int) -> int:
+    """leastRequestedScore of one resource: ``(capacity - requested) * 100 // capacity``,
+    0 when over."""
     if capacity <= 0 or requested > capacity:
         return 0
     return (capacity - requested) * MAX_NODE_SCORE // capacity
@@ -110,7 +115,7 @@ def _least_requested(requested: int, capacity: int) -> int:
 def least_allocated(node: NodeState, pod: PodRequest) -> int:
     cpu_req = node.info.cpu_milli - node.cpu_free + pod.cpu_milli
     mem_req = node.info.memory_mib - node.mem_free + pod.memory_mib
-    parts = [_least_requested(r, c) for r, c in ((cpu_req, node.info.cpu_milli),
+    parts = [least_requested(r, c) for r, c in ((cpu_req, node.info.cpu_milli),
                                                    (mem_req, node.info.memory_mib)) if c > 0]
     return sum(parts) // len(parts) if parts else 0
 
