@@ -21,8 +21,20 @@ from typing import Any
 
 import yaml
 
+from gpupack.inputs import read_objects
+from kube.listing import ListingError, list_cluster
+from kube.objects import ObjectError
+from kube.replay_inputs import ClusterDay, cluster_day
 from packing.cpsat import SolverParams
-from packing.day import Day, DayResult, Placer, Sizing, replay, size_cluster
+from packing.day import (
+    Day,
+    DayResult,
+    Placer,
+    Sizing,
+    pool_fragmentation,
+    replay,
+    size_cluster,
+)
 from packing.day_scenario import is_day, parse_day
 from packing.model import with_mig_actuator
 from packing.policies import REGISTRY
@@ -72,6 +84,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="arrival scenario: nodes with mig-reconfigure: true may be re-partitioned "
                    "on demand, as `gpupack serve --mig-actuator` does on a cluster "
                    "(default off, as there: MIG layouts stay as the scenario gives them)")
+    cluster = p.add_argument_group(
+        "your cluster", "replay its pods in creation order on its nodes, under plain "
+        "kube-scheduler and gpupack (read-only; docs/simulate.md)")
+    cluster.add_argument("--from-cluster", action="store_true",
+                         help="read the Nodes and Pods of the cluster of --kubeconfig")
+    cluster.add_argument("--kubeconfig", default=None,
+                         help="kubeconfig (default: $KUBECONFIG or ~/.kube/config)")
+    cluster.add_argument("--context", default=None, help="kubeconfig context (default: "
+                         "its current one)")
+    cluster.add_argument("--namespace", default=None,
+                         help="--from-cluster: replay the pods of this namespace only")
+    cluster.add_argument("--node-selector", default=None, metavar="SELECTOR",
+                         help="--from-cluster: the nodes matching this label selector only")
+    cluster.add_argument("--nodes", type=Path, default=None,
+                         help="Nodes YAML (kubectl get nodes -o yaml)")
+    cluster.add_argument("--pods", type=Path, default=None,
+                         help="Pods YAML (kubectl get pods -A -o yaml)")
     p.add_argument("--quiet", action="store_true",
                    help="no progress on stderr (progress is only shown on a terminal anyway)")
 
@@ -101,6 +130,8 @@ def run(args: argparse.Namespace) -> int:
     except ImportError:
         print(SIM_EXTRA_MISSING, file=sys.stderr)
         return 2
+    if args.from_cluster or args.nodes is not None or args.pods is not None:
+        return run_cluster(args)
     loaded = _load(args.scenario)
     if isinstance(loaded, int):
         return loaded
@@ -258,7 +289,12 @@ def run_day(args: argparse.Namespace, data: Any, source: str) -> int:
                           "cluster": cluster_json(sc.day),
                           "results": [row_json(r) for r in rows]}, indent=2))
         return 0
-    for line in day_table(sc.day, source, rows):
+    pools = ", ".join(f"{p.base} {p.name}" for p in sc.day.pools)
+    first = rows[0].result
+    header = (f"scenario: {source}: a day on {len(sc.day.nodes)} nodes ({pools}), "
+              f"{sum(len(n.gpus) for n in sc.day.nodes)} GPUs; {first.pods_created} pods "
+              f"and {first.groups_created} LLM groups created over {sc.day.end / 3600:g} h")
+    for line in day_table(sc.day, header, rows):
         print(line)
     print(f"picture: {png}")
     return 0
@@ -297,7 +333,7 @@ def row_json(row: DayRow) -> dict[str, Any]:
         "gpus_allocated_peak": r.gpus_allocated_peak,
         "pods_created": r.pods_created,
         "groups_created": r.groups_created,
-        "refused": r.refused,
+        "refused": [{"pod": k, "why": why} for k, why in r.refusals],
         "overcommit_examples": list(r.overcommit_examples),
         "waited": [{"pod": w.key, "workload": w.workload, "seconds": w.seconds,
                     "why": w.reason} for w in r.waited],
@@ -322,14 +358,10 @@ def _duration(s: float) -> str:
     return f"{s / 3600:.1f} h"
 
 
-def day_table(day: Day, source: str, rows: Sequence[DayRow]) -> list[str]:
+def day_table(day: Day, header: str, rows: Sequence[DayRow]) -> list[str]:
     """The table ``gpupack simulate`` prints for a day (the README shows it verbatim)."""
     gpus = sum(len(n.gpus) for n in day.nodes)
-    pools = ", ".join(f"{p.base} {p.name}" for p in day.pools)
-    created = rows[0].result if rows else None
-    lines = [f"scenario: {source}: a day on {len(day.nodes)} nodes ({pools}), {gpus} GPUs"
-             + (f"; {created.pods_created} pods and {created.groups_created} LLM groups "
-                f"created over {day.end / 3600:g} h" if created else "")]
+    lines = [header]
     lines.append("| policy | GPUs needed | nodes needed | pods waiting (peak) "
                  "| LLM groups waiting (peak) | wait p99 | over-committed "
                  "| GPUs in use (peak) |")
@@ -341,3 +373,105 @@ def day_table(day: Day, source: str, rows: Sequence[DayRow]) -> list[str]:
                      f"| {r.groups_waiting_peak} | {_duration(r.wait_p99_s)} "
                      f"| {r.overcommitted} | {r.gpus_in_use_peak}/{gpus} |")
     return lines
+
+
+WAITED_SHOWN = 10  # pods listed per policy in the table's notes (the JSON lists all)
+
+
+def _read_cluster(args: argparse.Namespace) -> tuple[str, ClusterDay] | str:
+    """The cluster's day and what to call it, or why it cannot be read."""
+    if args.from_cluster:
+        if args.nodes is not None or args.pods is not None:
+            return "give --from-cluster or --nodes and --pods, not both"
+        try:
+            nodes, pods = list_cluster(args.kubeconfig, args.context, args.namespace,
+                                       args.node_selector)
+        except ListingError as e:
+            return str(e)
+        source = f"cluster of {args.kubeconfig or 'the default kubeconfig'}" + (
+            f" (context {args.context})" if args.context else "")
+        try:
+            return source, cluster_day(nodes, pods)
+        except ObjectError as e:
+            return f"{source}: {e}"
+    if args.nodes is None or args.pods is None:
+        return ("--nodes and --pods go together (kubectl get nodes -o yaml, kubectl get pods "
+                "-A -o yaml)")
+    if args.namespace or args.node_selector:
+        return "--namespace and --node-selector apply to --from-cluster"
+    try:
+        nodes = read_objects(args.nodes, "Node")
+        pods = read_objects(args.pods, "Pod")
+    except ObjectError as e:
+        return str(e)
+    try:
+        return f"{args.nodes} and {args.pods}", cluster_day(nodes, pods)
+    except ObjectError as e:
+        culprit = args.nodes if str(e).startswith("Node") else args.pods
+        return f"{culprit}: {e}"
+
+
+def run_cluster(args: argparse.Namespace) -> int:
+    """Your cluster's pods replayed on its nodes under both schedulers (docs/simulate.md)."""
+    from gpupack.render_day import render_day
+
+    if args.scenario is not None or args.mig_actuator or args.window > 1:
+        print("gpupack simulate: --scenario, --mig-actuator and --window do not apply to a "
+              "cluster's replay", file=sys.stderr)
+        return 2
+    got = _read_cluster(args)
+    if isinstance(got, str):
+        print(f"gpupack simulate: {got}", file=sys.stderr)
+        return 2
+    source, cd = got
+    names = [n for n in (args.policies or DAY_POLICIES).split(",") if n]
+    unknown = [n for n in names if n not in DAY_PLACERS]
+    if unknown or not names:
+        print(f"gpupack simulate: unknown policy {(unknown or [''])[0]!r}; known: "
+              f"{', '.join(DAY_PLACERS)}", file=sys.stderr)
+        return 2
+    day = cd.day
+    rows = [day_row(day, DAY_PLACERS[n](args.seed), size=True) for n in names]
+    frags = {r.result.policy: pool_fragmentation(day, r.result) for r in rows}
+    png = render_day([r.result for r in rows], day.nodes, (args.out or Path("out"))
+                     / "packing.png")
+    if args.format == "json":
+        results = []
+        for r in rows:
+            doc = row_json(r)
+            doc["fragmentation"] = [f.__dict__ for f in frags[r.result.policy]]
+            results.append(doc)
+        print(json.dumps({"source": source, "kind": "cluster", "png": str(png),
+                          "cluster": cluster_json(day), "replayed": cd.replayed,
+                          "unmodelled": list(cd.unmodelled), "notes": list(cd.notes),
+                          "results": results}, indent=2))
+        return 0
+    pools = ", ".join(f"{p.base} {p.name}" for p in day.pools)
+    header = (f"cluster: {source}: {len(day.nodes)} nodes ({pools}), "
+              f"{sum(len(n.gpus) for n in day.nodes)} GPUs; {cd.replayed} pods replayed in "
+              f"creation order over {_duration(day.end)}")
+    for line in day_table(day, header, rows):
+        print(line)
+    for r in rows:
+        res = r.result
+        if res.waited:
+            print(f"{res.policy}: {len(res.waited)} pod(s) would wait"
+                  + (f" ({WAITED_SHOWN} longest)" if len(res.waited) > WAITED_SHOWN else "")
+                  + ":")
+            for w in res.waited[:WAITED_SHOWN]:
+                print(f"  {w.key}: {_duration(w.seconds)}, {w.reason}")
+        for g, secs in res.groups_waited:
+            print(f"  group {g} not running whole for {_duration(secs)}")
+        for key, why in res.refusals:
+            print(f"{res.policy}: {key} refused as written ({why}); replayed as it asks")
+        parts = [f"{f.pool} {f.unusable_gpus:g} of {f.free_gpus:g} free GPUs"
+                 for f in frags[res.policy] if f.free_gpus]
+        if parts:
+            print(f"{res.policy}: fragmentation at the end (free GPU capacity the pods' "
+                  f"shapes cannot use): {'; '.join(parts)}")
+    for u in cd.unmodelled:
+        print(f"not modelled: {u}")
+    for note in cd.notes:
+        print(f"note: {note}")
+    print(f"picture: {png}")
+    return 0

@@ -15,11 +15,12 @@ the controllers' part and the scheduler's:
   the groups one at a time, highest index first, each only when the previous new group
   runs (``maxUnavailable`` 1, ``maxSurge`` 0, the defaults): delete, then recreate;
 * the **scheduler** (a :class:`Placer`) admits each pod when it is created (an admission
-  webhook may change what it asks for; a denial leaves it waiting and it is asked again
-  after the next change) and places it at once if it can. A pod that does not fit waits;
-  waiting pods are tried again, by priority then age, whenever pods are deleted (the
-  queue's move on a Pod delete event), since nothing else frees room. A placer that
-  places groups all or nothing is handed a group's waiting members together.
+  webhook may change what it asks for; a pod it denies as written is listed in
+  ``refusals`` and replayed as its manifest asks) and places it at once if it can. A
+  pod that does not fit waits; waiting pods are tried again, by priority then age,
+  whenever pods are deleted (the queue's move on a Pod delete event), since nothing
+  else frees room. A placer that places groups all or nothing is handed a group's
+  waiting members together once all of them exist.
 
 Time is in seconds from the start of the day; scheduling takes no time. Every figure
 the replay reports is measured on the replayed state: pods waiting and LLM groups not
@@ -40,6 +41,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from packing.model import NodeInfo, Placement, PodRequest, Snapshot
+from packing.policies.fgd import node_fragmentation, typical_shapes
 from packing.state import ClusterState, describe
 from packing.validate import validate
 
@@ -179,8 +181,7 @@ class _Pod:
     pod: DayPod
     created: float
     seq: int
-    request: PodRequest | None = None  # None: not admitted (denied so far)
-    denied: str = ""
+    request: PodRequest | None = None  # as admitted
     placement: Placement | None = None
     started: float | None = None
     group: str | None = None  # group key (LeaderWorkerSet or annotated group)
@@ -221,13 +222,14 @@ class DayResult:
     series: tuple[Sample, ...]
     busiest_at: float
     busiest: tuple[tuple[PodRequest, Placement], ...]  # running pods at busiest_at
+    final: tuple[tuple[PodRequest, Placement], ...]  # running pods at the end
     waited: tuple[Waited, ...]  # every pod that waited, longest first
     groups_waited: tuple[tuple[str, float], ...]  # group key, seconds not running whole
-    refused: int  # admissions denied
+    refusals: tuple[tuple[str, str], ...]  # (pod, why) admissions denied as written
 
     @property
     def served(self) -> bool:
-        """Nobody waited all day: no pod, no group, no denial."""
+        """Nobody waited all day: no pod, no group."""
         return self.pods_waiting_peak == 0 and self.groups_waiting_peak == 0
 
 
@@ -261,7 +263,7 @@ class _Replay:
         self.waited: list[Waited] = []
         self.samples: list[Sample] = []
         self.over: dict[str, str] = {}
-        self.refused = 0
+        self.refusals: list[tuple[str, str]] = []
         self.groups_made = 0  # group instances created (a rollout makes new ones)
         self.busiest_at = day.busiest_time()
         self.busiest: tuple[tuple[PodRequest, Placement], ...] = ()
@@ -301,10 +303,12 @@ class _Replay:
                    if k != rec.pod.key and (req := self.pods[k].request) is not None]
         got = self.placer.admit(rec.pod, self.state, pending)
         if isinstance(got, str):
-            rec.denied = got
-            self.refused += 1
-        else:
-            rec.request, rec.denied = got, ""
+            # Denied as written: listed, and replayed as its manifest asks (as if its
+            # author took out what the admission refused), so that nodes are not sized
+            # around a pod that a fixed manifest would run.
+            self.refusals.append((rec.pod.key, got))
+            got = rec.pod.request
+        rec.request = got
 
     def delete(self, key: str, t: float) -> None:
         rec = self.pods.get(key)
@@ -320,11 +324,13 @@ class _Replay:
             del self.pending[key]
         self._drop_group_member(rec, t)
 
-    def _waited(self, rec: _Pod, t: float) -> None:
+    def _waited(self, rec: _Pod, t: float, at_end: bool = False) -> None:
         wait = t - rec.created
         self.waits.append(wait)
-        if wait > 0:
-            why = rec.denied or _asked(rec.request or rec.pod.request)
+        if wait > 0 or at_end:
+            why = _asked(rec.request or rec.pod.request)
+            if at_end:
+                why = f"still waiting at the end; {why}"
             self.waited.append(Waited(rec.pod.key, rec.pod.workload, wait, why))
 
     def _drop_group_member(self, rec: _Pod, t: float) -> None:
@@ -448,9 +454,7 @@ class _Replay:
             if rec.pod.key not in self.pending:
                 continue
             if rec.request is None:
-                self._admit(rec)
-                if rec.request is None:
-                    continue
+                continue
             if self.placer.all_or_nothing and rec.group is not None:
                 if rec.group in tried:
                     continue
@@ -462,11 +466,11 @@ class _Replay:
                 self._start(rec, p, t)
 
     def _place_group(self, group: str, t: float) -> None:
-        members = [self.pods[k] for k in self.group_members.get(group, [])
-                   if k in self.pending]
-        for m in members:
-            if m.request is None:
-                self._admit(m)
+        keys = self.group_members.get(group, [])
+        ref = self.pods[keys[0]].pod.request.group if keys else None
+        if ref is None or len(keys) < ref.size:
+            return  # members not created yet: the group's room is not taken in part
+        members = [self.pods[k] for k in keys if k in self.pending]
         if not members or any(m.request is None for m in members):
             return
         got = self.placer.place_group(self.state, [m.request for m in members
@@ -533,7 +537,7 @@ class _Replay:
     def result(self) -> DayResult:
         end = self.day.end
         for key in list(self.pending):
-            self._waited(self.pods[key], end)
+            self._waited(self.pods[key], end, at_end=True)
         for group, since in self.group_since.items():
             self.group_waits.append((group, end - since))
         if self.record and not self.busiest:
@@ -555,10 +559,11 @@ class _Replay:
             series=samples,
             busiest_at=self.busiest_at,
             busiest=self.busiest,
+            final=tuple(self.running.values()) if self.record else (),
             waited=tuple(sorted(self.waited, key=lambda w: (-w.seconds, w.key))),
             groups_waited=tuple(sorted(((g, w) for g, w in self.group_waits if w > 0),
                                        key=lambda gw: (-gw[1], gw[0]))),
-            refused=self.refused,
+            refusals=tuple(self.refusals),
         )
 
 
@@ -649,3 +654,28 @@ def size_cluster(day: Day, make_placer: Callable[[], Placer], grow: int = 2) -> 
             counts[pool.name] = hi
     gpus = sum(counts[p.name] * p.gpus_per_node for p in day.pools)
     return Sizing(counts, gpus, sum(counts.values()), ok, replays)
+
+
+@dataclass(frozen=True)
+class PoolFragment:
+    """A pool's free GPU capacity at the end of a replay, and how much of it the day's
+    pods could not use (FGD's fragment measure over their typical shapes)."""
+
+    pool: str
+    nodes: int
+    free_gpus: float
+    unusable_gpus: float
+
+
+def pool_fragmentation(day: Day, result: DayResult) -> list[PoolFragment]:
+    """Where the fragmentation is at the end of ``result``, per pool of ``day``."""
+    state = ClusterState(Snapshot(day.nodes, result.final))
+    shapes = typical_shapes([req for req, _ in result.final])
+    out = []
+    for pool in day.pools:
+        names = [n.name for n in pool.nodes[: pool.base] if n.name in state.nodes]
+        free = sum(g.free_milli for n in names for g in state.nodes[n].gpus)
+        frag = sum(node_fragmentation(state.nodes[n], shapes) for n in names)
+        out.append(PoolFragment(pool.name, len(names), round(free / 1000, 2),
+                                round(frag / 1000, 2)))
+    return out
