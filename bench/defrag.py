@@ -1,4 +1,4 @@
-"""Defragmentation plans (``packing/defrag.py``) on fragmented clusters: evictions per
+"""Defragmentation plans (``packing/defrag/plan.py``) on fragmented clusters: evictions per
 LLM group placed against the optimum and against a naive policy, and the time to plan.
 
     python bench/defrag.py [--nodes 1000] [--seeds 5] [--mix openb speech] [--no-optimum]
@@ -39,7 +39,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from packing.catalog import get_model
-from packing.defrag import (
+from packing.defrag.landing import land
+from packing.defrag.plan import (
     DefragParams,
     DisruptionBudget,
     Evictability,
@@ -47,7 +48,6 @@ from packing.defrag import (
     plan_defrag,
     priority_tiers,
 )
-from packing.defrag_landing import land
 from packing.model import (
     GpuInfo,
     GpuMode,

@@ -1,5 +1,5 @@
 """Cost of placing one LLM group when its first pod is seen: CP-SAT
-(``packing/group_solver.py``) against the member-by-member greedy pass, on a generated
+(``packing/groups/solver.py``) against the member-by-member greedy pass, on a generated
 cluster of 8-GPU nodes, some partly used, with and without NVLink clique labels.
 
     python bench/group_placement.py [--nodes 5000] [--clique-size 18] [--members 4]
@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from packing.group_placement import place_members
+from packing.groups.placement import place_members
 from packing.model import (
     GpuInfo,
     GpuMode,

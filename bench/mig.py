@@ -40,9 +40,9 @@ Policies (each replays the same stream on its own copy of the cluster):
   kube-scheduler's resource fit allows) by the extender's scorer
   (``packing.policies.gpupack.make_gpupack_scorer``, refreshed from a snapshot every
   ``--scorer-refresh`` s as the planner does). Every ``--tick`` seconds (the extender's
-  poll) the MIG actuator's own decision, ``scheduler.mig_actuator.decide_mig`` with the
+  poll) the MIG actuator's own decision, ``scheduler.mig.decide.decide_mig`` with the
   shipped default ``Settings`` and the planner's default solver parameters, runs over an
-  ``ActuatorState`` built from the simulated cluster as ``scheduler/mig_loop.py`` builds
+  ``ActuatorState`` built from the simulated cluster as ``scheduler/mig/loop.py`` builds
   it from the cache (every node opted in; GPUs with their holders; the changes in flight;
   pending MIG pods with their arrival, pending whole pods; back-off; when each MIG GPU
   became idle; the unmet arrivals its forecast decays), and the decision is applied as the
@@ -53,7 +53,7 @@ Policies (each replays the same stream on its own copy of the cluster):
   its state label cleared. The MIG manager is modelled as
   ``tests/e2e/mig_manager_double.py``: after ``--reconfig-delay`` seconds it applies the
   node's mig-parted entry (a GPU whose config already matches is left alone; instances
-  placed by ``packing.mig.layout_from_counts``; a change of MIG mode needs every GPU of
+  placed by ``packing.mig.layout.layout_from_counts``; a change of MIG mode needs every GPU of
   the node idle, as mig-parted's mode step clears them all) and reports ``success``;
   the next decision ends the change (a Finish) and releases the holds. Everything the
   actuator rules (settle time for bursts, min idle before a MIG GPU changes, one node
@@ -63,9 +63,9 @@ Policies (each replays the same stream on its own copy of the cluster):
   ``success`` counts as ``invalid``.
 - ``gpupack-compact``: the same, with ``--mig-compact`` (off in the product's default):
   after the actuator's decision, compaction's own
-  (``scheduler.mig_compact.decide_compaction``, the shipped default ``CompactSettings`` or
+  (``scheduler.mig.compact.decide.decide_compaction``, the shipped default ``CompactSettings`` or
   the ``--compact-*`` flags, which are the extender's ``--mig-compact-*``) over the same
-  gathered nodes, applied as ``scheduler/mig_compact_act.py`` applies it: drain holds
+  gathered nodes, applied as ``scheduler/mig/compact/loop.py`` applies it: drain holds
   taken and given back, evictions accepted (no PodDisruptionBudget here), the evicted pod
   gone ``--evict-grace`` s later (its slice held for the drain in the same step), its
   replacement pending from the eviction (a Deployment makes it at once) with the rest of
@@ -75,7 +75,7 @@ Policies (each replays the same stream on its own copy of the cluster):
 
 Every placement any policy makes is checked with ``packing.validate.validate`` on the
 node it lands on (the node's MIG layouts and running pods replayed, then the new one),
-and every layout a policy creates with ``packing.mig.layout_errors``; any error is counted
+and every layout a policy creates with ``packing.mig.layout.layout_errors``; any error is counted
 in ``invalid`` and makes the run exit 2.
 
 Figures, time-averaged after ``--warmup-h`` (the cluster starts empty), to the end:
@@ -85,7 +85,7 @@ Figures, time-averaged after ``--warmup-h`` (the cluster starts empty), to the e
   layout_bound     the lower bound with MIG's layout rules kept: the fewest valid layouts
                    (allowed starts, per-profile maxima) holding the running instances,
                    plus the whole GPUs, as if every pod could move at every instant
-                   (``packing.mig.fewest_layouts``); ratio_to_layout_bound = gpus_used / it
+                   (``packing.mig.layout.fewest_layouts``); ratio_to_layout_bound = gpus_used / it
   demand_bound     the same over the pods running or waiting
   idle_slices_on_used  memory slices no pod holds on used MIG GPUs (free instances and
                    room without an instance): what keeps gpus_used above the bound
@@ -120,7 +120,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from packing.catalog import get_model
 from packing.cpsat import SolverParams
-from packing.mig import (
+from packing.mig.layout import (
     MigSlot,
     fewest_layouts,
     free_starts,
@@ -128,7 +128,7 @@ from packing.mig import (
     layout_from_counts,
     slice_bound,
 )
-from packing.mig_plan import DEFAULT_PARAMS, NodeChange
+from packing.mig.plan import DEFAULT_PARAMS, NodeChange
 from packing.model import (
     GpuInfo,
     GpuMode,
@@ -146,7 +146,16 @@ from packing.policies.scores import bestfit
 from packing.scoring import Scorer, best_option
 from packing.state import _VERSIONS, ClusterState, GpuState, NodeState
 from packing.validate import validate
-from scheduler.mig_actuator import (
+from scheduler.mig.compact.decide import (
+    DEFAULT_COMPACT,
+    DRAIN_PREFIX,
+    CompactSettings,
+    CompactState,
+    Drain,
+    Tenant,
+    decide_compaction,
+)
+from scheduler.mig.decide import (
     DEFAULT_SETTINGS,
     HOLD_PREFIX,
     ActuatorState,
@@ -159,15 +168,6 @@ from scheduler.mig_actuator import (
     WholePod,
     decide_mig,
     unmet_pods,
-)
-from scheduler.mig_compact import (
-    DEFAULT_COMPACT,
-    DRAIN_PREFIX,
-    CompactSettings,
-    CompactState,
-    Drain,
-    Tenant,
-    decide_compaction,
 )
 
 MODELS = ("H100-80GB", "A100-80GB")
@@ -289,7 +289,7 @@ def bound(slices: dict[str, list[int]]) -> int:
 
 def layout_bound(instances: dict[str, Counter[str | None]]) -> int:
     """``bound`` with MIG's layout rules kept: whole GPUs plus the fewest valid layouts
-    that hold the running instances (``packing.mig.fewest_layouts``), per model."""
+    that hold the running instances (``packing.mig.layout.fewest_layouts``), per model."""
     out = 0
     for m, held in instances.items():
         geom = get_model(m).mig
@@ -746,9 +746,9 @@ class FirstFit(Sim):
 
 class Gpupack(ScoredPlacement):
     """What ships: pods on existing slices by the extender's scorer, and the MIG actuator's
-    own decision (``scheduler.mig_actuator.decide_mig``, default ``Settings``) every ``--tick``
+    own decision (``scheduler.mig.decide.decide_mig``, default ``Settings``) every ``--tick``
     seconds over an ``ActuatorState`` built from the simulated cluster, applied as
-    ``scheduler/mig_loop.py`` applies it; the MIG manager modelled as the e2e double."""
+    ``scheduler/mig/loop.py`` applies it; the MIG manager modelled as the e2e double."""
 
     name = "gpupack"
 
@@ -783,7 +783,7 @@ class Gpupack(ScoredPlacement):
         else:
             super().handle(ev)
 
-    # -- the actuator's input, as scheduler/mig_loop.py gathers it from the cache ----------
+    # -- the actuator's input, as scheduler/mig/loop.py gathers it from the cache ----------
 
     def gather(self) -> ActuatorState:
         nodes = []
@@ -832,7 +832,7 @@ class Gpupack(ScoredPlacement):
         self.seen = {k: a for k, a in self.seen.items() if a[0] >= horizon}
         return replace(base, arrivals=tuple(sorted(self.seen.values(), key=lambda a: a[0])))
 
-    # -- one step: decide_mig and apply (scheduler/mig_loop.py's MigActuator.apply) -----------
+    # -- one step: decide_mig and apply (scheduler/mig/loop.py's MigActuator.apply) -----------
 
     def step(self) -> None:
         state = self.gather()
@@ -991,8 +991,8 @@ class Gpupack(ScoredPlacement):
 
 class GpupackCompact(Gpupack):
     """gpupack with ``--mig-compact``: after the actuator's decision, compaction's own
-    (``scheduler.mig_compact.decide_compaction``, default ``CompactSettings``) over the same
-    gathered nodes, applied as ``scheduler/mig_loop.py`` applies it: drain holds taken and
+    (``scheduler.mig.compact.decide.decide_compaction``, default ``CompactSettings``) over the same
+    gathered nodes, applied as ``scheduler/mig/loop.py`` applies it: drain holds taken and
     given back, evictions accepted (no PodDisruptionBudget here), the evicted pod gone
     ``--evict-grace`` s later (its instance held for the drain in the same step, the
     cache's on_pod_gone), its replacement pending from the eviction (a Deployment makes it

@@ -1,7 +1,7 @@
 """``gpupack defrag``: which evictions would let each waiting whole-GPU group in.
 
 Reads a Node file and a pods file (Pods, and PodDisruptionBudgets in the same List or
-documents), plans with :func:`packing.defrag.plan_defrag` and prints the moves. It only
+documents), plans with :func:`packing.defrag.plan.plan_defrag` and prints the moves. It only
 plans: nothing is evicted. Exit status: 0 when every waiting group has a move (or none
 waits), 1 when some group still waits (each with its reason), 2 on unusable input (the
 message names the file, the object and the field).
@@ -16,12 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from gpupack.inputs import read_objects
-from kube.defrag_inputs import PDB, evictability
+from kube.defrag.inputs import PDB, evictability
 from kube.files import split_objects
 from kube.objects import ObjectError
 from kube.owners import RECREATING_KINDS
 from kube.snapshot import BuiltSnapshot, build_snapshot
-from packing.defrag import DefragParams, DefragPlan, InvalidDefragPlan, plan_defrag
+from packing.defrag.plan import DefragParams, DefragPlan, InvalidDefragPlan, plan_defrag
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

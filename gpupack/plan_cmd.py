@@ -10,7 +10,7 @@ from pathlib import Path
 from gpupack.inputs import add_mig_actuator_argument, load_cluster
 from kube.objects import ObjectError
 from packing.cpsat import SolverParams
-from packing.groups import group_statuses, is_reservation, with_reservations
+from packing.groups.members import group_statuses, is_reservation, with_reservations
 from packing.model import PlanResult, Snapshot
 from packing.policies import get_policy, policy_names
 from packing.policies.fgd import typical_shapes, workload_of

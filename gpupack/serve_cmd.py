@@ -20,8 +20,8 @@ files (``--nodes``/``--pods``), else the bundled example cluster.
 
 With ``--webhook-port`` the same worker also serves the mutating admission webhook over
 HTTPS (:class:`serving.https.HttpsListener`), its cluster view fed by the extender's
-cache (:mod:`scheduler.webhook_host`). The background planner's solves run in a solver
-child process (:mod:`scheduler.solve`).
+cache (:mod:`gpupack.webhook_host`). The background planner's solves run in a solver
+child process (:mod:`scheduler.planner.solve`).
 """
 
 from __future__ import annotations
@@ -172,7 +172,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="MIG actuator: also empty MIG GPUs whose few pods fit in free slices "
                         "of GPUs in use, by evicting them (PodDisruptionBudgets honoured; "
                         "pods a controller recreates only; docs/mig.md)")
-    from scheduler.mig_compact import DEFAULT_COMPACT as dc
+    from scheduler.mig.compact.decide import DEFAULT_COMPACT as dc
 
     p.add_argument("--mig-compact-evictions-per-hour", type=int,
                    default=dc.evictions_per_hour,
@@ -211,11 +211,9 @@ class Components:
         from prometheus_client import CollectorRegistry
 
         from kube.cache import ClusterCache
-        from kube.group_inputs import GroupInputs
-        from kube.leader import AlwaysLeader, Leadership, LeaseWatcher
-        from kube.lws import LwsPoller
-        from kube.pod_conditions import ApiPodStatusStore
-        from kube.reservations import (
+        from kube.groups.inputs import GroupInputs
+        from kube.groups.lws import LwsPoller
+        from kube.groups.reservations import (
             RECORD_SELECTOR,
             ApiRecordStore,
             RecordStore,
@@ -223,6 +221,8 @@ class Components:
             ReservationTap,
             StaticRecordStore,
         )
+        from kube.leader import AlwaysLeader, Leadership, LeaseWatcher
+        from kube.pod_conditions import ApiPodStatusStore
         from kube.source import (
             ApiBinder,
             ApiSource,
@@ -232,9 +232,9 @@ class Components:
             load_api_client,
         )
         from packing.cpsat import SolverParams
-        from scheduler.app import AppConfig, create_extender_app
-        from scheduler.groups import ReservationBook
-        from scheduler.planner import Planner
+        from scheduler.extender.app import AppConfig, create_extender_app
+        from scheduler.groups.loop import ReservationBook
+        from scheduler.planner.loop import Planner
         from serving.metrics_auth import Guard
 
         self.cache = ClusterCache(
@@ -305,7 +305,7 @@ class Components:
         self.tap = ReservationTap(self.cache, self.groups)
         # Who recreates each pod (kube.owners): what defragmentation and MIG compaction
         # may evict. Fed by the source in front of the cache.
-        from kube.defrag_inputs import PodOwners
+        from kube.defrag.inputs import PodOwners
 
         self.owners: PodOwners | None = None
         if args.defrag != "off" or (args.mig_compact and api is not None):
@@ -313,26 +313,26 @@ class Components:
             self.tap = ReservationTap(self.owners, self.groups)
         # The MIG actuator (docs/mig.md): on the leader only, against a cluster only. Its
         # metrics exist on every extender (zero when it is off).
-        from scheduler.mig_loop import MigActuator, MigMetrics, SliceFigures
+        from scheduler.mig.loop import MigActuator, MigMetrics, SliceFigures
 
         self.mig: MigActuator | None = None
         mig_metrics = MigMetrics(self.registry, SliceFigures(self.cache, lambda: self.mig))
-        from scheduler.mig_compact_act import CompactMetrics, Compactor
+        from scheduler.mig.compact.loop import CompactMetrics, Compactor
 
         compact_metrics = CompactMetrics(self.registry)
         if args.mig_actuator and (args.kubeconfig or args.in_cluster):
-            from kube.mig import MigApi
-            from scheduler.mig_actuator import MigSettings
+            from kube.mig.api import MigApi
+            from scheduler.mig.decide import MigSettings
 
             cm_ns, _, cm_name = args.mig_config_map.rpartition("/")
             mig_api = MigApi(api, cm_ns or args.namespace, cm_name)
             compactor = None
             if args.mig_compact and self.owners is not None:
-                from kube.compaction_memory import ApiMemoryReader
                 from kube.evictions import ApiEvents, ApiEvictor
-                from scheduler.mig_compact import CompactSettings
+                from kube.mig.compaction_memory import ApiMemoryReader
+                from scheduler.mig.compact.decide import CompactSettings
 
-                # The budget and cool-downs outlive a leader (kube.compaction_memory).
+                # The budget and cool-downs outlive a leader (kube.mig.compaction_memory).
                 self.compaction_writer = RecordWriter(
                     ApiRecordStore(api, args.namespace), is_leader=self.leader.is_leader,
                     what="compaction memory")
@@ -358,7 +358,7 @@ class Components:
                 metrics=mig_metrics, requeue=self.requeue_writer)
         # Defragmentation (docs/defrag.md): its metrics exist on every extender (zero
         # when it is off), so the dashboards and alerts always have their series.
-        from scheduler.defrag_act import DefragMetrics
+        from scheduler.defrag.loop import DefragMetrics
 
         self.defrag_metrics = DefragMetrics(self.registry)
         self.defrag: Any = None
@@ -366,7 +366,7 @@ class Components:
             self.defrag = defragmenter(args, self, api)
         # Pods refused just before a node changed in the cache are woken (scheduler/
         # refusals.py): kube-scheduler retried them on that change before we saw it.
-        from scheduler.refusals import RecentRefusals
+        from scheduler.extender.refusals import RecentRefusals
 
         self.refusals = RecentRefusals()
         if self.requeue_writer is not None:
@@ -390,7 +390,7 @@ class Components:
         self.webhook: Any = None
         if args.webhook_port:
             from gpupack.webhook_cmd import config_from_args
-            from scheduler.webhook_host import SnapshotFeed
+            from gpupack.webhook_host import SnapshotFeed
             from serving.https import HttpsListener
             from webhook.app import REVIEW_LIMITS, create_webhook_app
 
@@ -431,7 +431,7 @@ class Components:
         if not self.no_planner:
             self.planner.start()
         if self.metrics_port:
-            from scheduler.metrics_http import MetricsServer
+            from scheduler.extender.metrics_http import MetricsServer
 
             # The kubelet probes the extender here: ready exactly when its /readyz is.
             MetricsServer(self.app.extensions["gpupack.exposition"], self.metrics_host,
@@ -484,8 +484,8 @@ class Components:
 def defragmenter(args: argparse.Namespace, c: Components, api: Any) -> Any:
     """The defragmenter (``--defrag`` not off), fed pod owners by ``c.owners``."""
     from kube.evictions import ApiEvents, ApiEvictor, EventSink, LogEvents
-    from scheduler.defrag_act import Defragmenter
-    from scheduler.defrag_decide import DefragSettings, parse_window
+    from scheduler.defrag.decide import DefragSettings, parse_window
+    from scheduler.defrag.loop import Defragmenter
 
     owners = c.owners
     assert owners is not None
@@ -567,7 +567,7 @@ def check_args(args: argparse.Namespace) -> str | None:
     if args.defrag_interval <= 0:
         return "--defrag-interval must be positive"
     if args.defrag_consolidate:
-        from scheduler.defrag_decide import parse_window
+        from scheduler.defrag.decide import parse_window
 
         if args.defrag != "act":
             return "--defrag-consolidate needs --defrag=act"

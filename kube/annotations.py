@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from packing.groups import CLIQUE_LABEL, KEEP_WHOLE_NODES_LABEL
+from packing.groups.members import CLIQUE_LABEL, KEEP_WHOLE_NODES_LABEL
 from packing.model import Placement
 
 # The most pods one group may have: larger sizes come from a typo or a hostile object,
@@ -59,7 +59,7 @@ GPU_MEMORY_LABEL = NV + "gpu.memory"
 GPU_COUNT = NV + "gpu.count"
 GPU_REPLICAS = NV + "gpu.replicas"
 SHARING_STRATEGY = NV + "gpu.sharing-strategy"
-CLIQUE = CLIQUE_LABEL  # packing.group_placement keeps groups inside one clique
+CLIQUE = CLIQUE_LABEL  # packing.groups.placement keeps groups inside one clique
 KEEP_WHOLE_NODES = KEEP_WHOLE_NODES_LABEL  # whole nodes kept for groups to come
 ZONE = "topology.kubernetes.io/zone"
 

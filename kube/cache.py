@@ -153,7 +153,7 @@ class ClusterCache:
         self._signatures = SignatureBook()
         self._holds: set[str] = set()  # keys hold() counted (some may be gone since)
         self._planned_elsewhere: list[Callable[[], Set[str]]] = []  # see add_pending_filter
-        # For group rights (scheduler.group_rights): node taints, the pods of each group
+        # For group rights (scheduler.groups.rights): node taints, the pods of each group
         # (any scheduler, bound or not), and the GPU pods of each namespace (quota use).
         self._taints: dict[str, tuple[Taint, ...]] = {}
         self._group_pods: dict[str, set[str]] = {}
@@ -198,7 +198,7 @@ class ClusterCache:
         """Seconds since this view of ``node`` (its pods, GPUs, allocatable) last changed;
         infinite when it never did. kube-scheduler's own view may lag a change by a
         moment (its informer, a pod still terminating there), so an answer of its that
-        contradicts a change this recent is no verdict (scheduler.group_verbs)."""
+        contradicts a change this recent is no verdict (scheduler.groups.plugin)."""
         at = self._touched_at.get(node)
         return math.inf if at is None else max(0.0, time.monotonic() - at)
 
@@ -1109,7 +1109,7 @@ class ClusterCache:
             self.synced = True
             self._changed()
 
-    # ---- group reservation holds (scheduler/groups.py) -----------------------------------
+    # ---- group reservation holds (scheduler/groups/loop.py) -----------------------------------
 
     def hold(self, req: PodRequest, placement: Placement) -> str | None:
         """Count a group reservation member (a synthetic key, never a pod's) on its node,

@@ -35,7 +35,7 @@ from packing.catalog import (
 from packing.device_plugin import AllocationPolicy
 from packing.inventory import GpuInventory, Inventory, InventoryError
 from packing.inventory import decode_inventory as decode_inventory
-from packing.mig import MigSlot, layout_errors, layout_from_counts
+from packing.mig.layout import MigSlot, layout_errors, layout_from_counts
 from packing.model import (
     GPU_MILLI,
     MAX_NODE_GPUS,

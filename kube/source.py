@@ -105,7 +105,7 @@ class RecordSink(Protocol):
 
 
 class ObjectSink(Protocol):
-    """Where the objects of one more kind go (ResourceQuotas: kube.group_inputs)."""
+    """Where the objects of one more kind go (ResourceQuotas: kube.groups.inputs)."""
 
     def upsert(self, obj: Mapping[str, Any]) -> None: ...
 
@@ -242,7 +242,7 @@ class StaticSource:
 
     def start(self, sink: Sink, records: RecordSink | None = None,
               quotas: ObjectSink | None = None) -> None:
-        # Static records live in kube.reservations.StaticRecordStore; static mode has no
+        # Static records live in kube.groups.reservations.StaticRecordStore; static mode has no
         # ResourceQuotas (its GroupInputs starts listed and empty).
         del records, quotas
         self.sink = sink

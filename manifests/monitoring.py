@@ -5,7 +5,7 @@ tests read the *rendered* manifests, so what is checked is what ships.
 
 Metric sources (see the code for their definitions):
 
-* scheduler extender, ``scheduler/metrics.py``: ``gpupack_gpu_allocated{node,gpu}``,
+* scheduler extender, ``scheduler/extender/metrics.py``: ``gpupack_gpu_allocated{node,gpu}``,
   ``gpupack_gpu_memory_{booked,observed,total}_mib{node,gpu}``,
   ``gpupack_device_plugin_disagreements_total{kind}``,
   ``gpupack_whole_gpus_free``, ``gpupack_whole_nodes_free``,
@@ -13,14 +13,14 @@ Metric sources (see the code for their definitions):
   ``gpupack_extender_requests_total{verb,outcome}``,
   ``gpupack_extender_request_seconds{verb}`` (histogram), ``gpupack_binds_total{result}``,
   ``gpupack_plan_solve_seconds``, ``gpupack_plan_age_seconds``,
-  ``gpupack_plan_status{status}``; MIG actuator, ``scheduler/mig_loop.py``:
+  ``gpupack_plan_status{status}``; MIG actuator, ``scheduler/mig/loop.py``:
   ``gpupack_mig_slices{profile,state}``, ``gpupack_mig_reconfigurations_total{result}``,
   ``gpupack_mig_reconfigurations_in_flight``, ``gpupack_mig_gpus_converted_total{to}``,
   ``gpupack_mig_gpus_held``, ``gpupack_mig_nodes_backed_off``; MIG compaction,
-  ``scheduler/mig_compact_act.py``: ``gpupack_mig_drains_total{result}``,
+  ``scheduler/mig/compact/loop.py``: ``gpupack_mig_drains_total{result}``,
   ``gpupack_mig_compaction_evictions_total{outcome}``, ``gpupack_mig_drains_in_flight``;
   defragmentation,
-  ``scheduler/defrag_act.py``: ``gpupack_defrag_moves_planned_total``,
+  ``scheduler/defrag/loop.py``: ``gpupack_defrag_moves_planned_total``,
   ``gpupack_defrag_evictions_total{outcome}``, ``gpupack_defrag_gpus_freed_total``,
   ``gpupack_defrag_campaigns_stopped_total{reason}``, ``gpupack_defrag_active``,
   ``gpupack_defrag_group_wait_seconds`` (histogram).

@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 # SolverParams and the batch weights without ever solving.
 
 from packing.catalog import get_model
-from packing.mig import MigSlot, memory_range
+from packing.mig.layout import MigSlot, memory_range
 from packing.model import GpuMode, Placement, PodRequest, RequestKind
 from packing.state import ClusterState, GpuState
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from packing.catalog import GpuModel, match_product
-from packing.mig import layout_from_counts
+from packing.mig.layout import layout_from_counts
 from packing.model import (
     MAX_NODE_GPUS,
     GpuInfo,

@@ -4,7 +4,7 @@ A policy is a *scorer*: for a pod and one concrete option (node, GPU, MIG start)
 a sort key, lower is better. :func:`best_option` is the best option of a pod over some
 nodes; :func:`topology_domains` the node lists of a group's domains. The engine that
 walks the pending pods is :mod:`packing.policies.engine`; group placement is
-:mod:`packing.group_placement`.
+:mod:`packing.groups.placement`.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from packing.device_plugin import (
     ReplicatedGpu,
     plugin_allocation,
 )
-from packing.mig import MigSlot, free_starts, memory_range
+from packing.mig.layout import MigSlot, free_starts, memory_range
 from packing.model import (
     GPU_MILLI,
     GpuInfo,

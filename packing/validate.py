@@ -18,7 +18,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 
 from packing.catalog import get_model
-from packing.mig import layout_errors
+from packing.mig.layout import layout_errors
 from packing.model import GpuMode, Placement, PodRequest, Snapshot
 from packing.state import ClusterState, PlacementError
 

@@ -1,5 +1,5 @@
 """A long-lived worker child process, and the loop it runs: what the solver
-(:mod:`scheduler.solve`) and the memo warmer (:mod:`scheduler.warm`) have in common.
+(:mod:`scheduler.planner.solve`) and the memo warmer (:mod:`scheduler.memo.loop`) have in common.
 
 Both keep CPU-bound Python out of the process that answers kube-scheduler, whose
 request threads would otherwise wait for the GIL. The parent side,

@@ -60,7 +60,7 @@ class GatedThreadWorker(ThreadWorker):
     oversize: ClassVar[str] = "dispatch"
     health_paths: ClassVar[frozenset[str]] = HEALTH_PATHS
     # Served by one thread of their own too, so scrapes (paced, see
-    # scheduler.metrics.Exposition) never take the request threads.
+    # scheduler.extender.metrics.Exposition) never take the request threads.
     side_paths: ClassVar[frozenset[str]] = frozenset({"/metrics"})
 
     @classmethod

@@ -134,7 +134,7 @@ def test_mig_bench_check_catches_an_overlapping_instance() -> None:
     sim = mod.FirstFit(nodes, [], args)
     name = nodes[0].name
     g = sim.state.gpu(name, 0)
-    from packing.mig import MigSlot
+    from packing.mig.layout import MigSlot
 
     # A 3g at start 0 and a 2g at start 2 overlap on memory slices 2-3.
     sim.set_layout(name, g, GpuMode.MIG, [MigSlot("3g.40gb", 0), MigSlot("2g.20gb", 2)])

@@ -29,7 +29,7 @@ from types import MappingProxyType
 from kube import annotations as A
 from packing.catalog import GpuModel, get_model, mps_client_mib
 from packing.constraints import BLOCKING, NodeLevel, exclusion, reach_text, tolerates
-from packing.mig import MigSlot, free_starts
+from packing.mig.layout import MigSlot, free_starts
 from packing.model import (
     GPU_MILLI,
     GpuInfo,

@@ -3,7 +3,7 @@
 The engine walks the pending pods (higher priority first, otherwise in arrival order),
 scores every feasible option on every node with the policy's scorer
 (:mod:`packing.scoring`), applies the best one, and moves on. A group is placed
-all-or-nothing by :func:`packing.group_placement.place_members` (member by member, in
+all-or-nothing by :func:`packing.groups.placement.place_members` (member by member, in
 the first topology domain that takes them all); if it does not fit, every member is
 reported unschedulable with the refusal's reasons.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 
-from packing.group_placement import exclusive_domains_in_use, place_members
+from packing.groups.placement import exclusive_domains_in_use, place_members
 from packing.model import Placement, PodRequest, Unschedulable
 from packing.scoring import Scorer, best_option, explain_unplaceable, order_pods
 from packing.state import ClusterState

@@ -30,7 +30,7 @@ from typing import Any
 
 from packing.catalog import get_model
 from packing.fragmentation import fragment_value
-from packing.mig import MigSlot, free_starts
+from packing.mig.layout import MigSlot, free_starts
 from packing.model import (
     GPU_MILLI,
     GpuMode,

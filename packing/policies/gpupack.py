@@ -25,7 +25,7 @@ from packing.fragmentation import (
     fragment_stats,
     typical_shape_table,
 )
-from packing.group_placement import exclusive_domains_in_use
+from packing.groups.placement import exclusive_domains_in_use
 from packing.model import (
     GPU_MILLI,
     Placement,

@@ -222,7 +222,7 @@ def extender_priorities(prefs: Mapping[str, Score], names: Sequence[str],
     """The extender's prioritize answer (0..10) over ``names`` from gpupack's
     preference per node (lower is better; absent: the node does not fit): the rank among
     the distinct preferences, the best ``top``, the worst 0, linear between; a node
-    without a preference 0. Mirrors ``scheduler/verbs.py``'s prioritize without a
+    without a preference 0. Mirrors ``scheduler/extender/verbs.py``'s prioritize without a
     planner node (tests/test_day.py checks the two agree)."""
     distinct = sorted(set(prefs.values()))
     rank = {k: i for i, k in enumerate(distinct)}

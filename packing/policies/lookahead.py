@@ -53,7 +53,7 @@ from packing.fragmentation import (
     TypicalShapes,
     fragment_delta,
 )
-from packing.groups import CLIQUE_LABEL, KEEP_WHOLE_NODES_LABEL
+from packing.groups.members import CLIQUE_LABEL, KEEP_WHOLE_NODES_LABEL
 from packing.model import GPU_MILLI, Snapshot
 
 # A share that does not fit a GPU scores this (never chosen).

@@ -15,10 +15,10 @@ plugins and adds the extender at weight 5 (``manifests/base/scheduler-config.yam
 the feasible nodes are those both kube-scheduler's filter and the extender's (gpupack's
 view of slices, shares and whole GPUs) accept; a node's total is the default plugins'
 score plus ``weight x 10 x`` the extender's priority (0..10, the rank of gpupack's
-preference for the node among the candidates, as ``scheduler/verbs.py`` answers
+preference for the node among the candidates, as ``scheduler/extender/verbs.py`` answers
 prioritize); ties at random; and the extender binds the pod to gpupack's best option on
 the chosen node (which slice, which GPU). Groups are placed whole or not at all
-(:func:`packing.group_placement.place_members`, as the extender reserves a group's room).
+(:func:`packing.groups.placement.place_members`, as the extender reserves a group's room).
 The preference is the extender's scorer (:func:`make_gpupack_scorer`), made from the
 pods present (running and waiting) and made anew when their typical shapes change, as
 the planner does (``SHAPE_TOLERANCE``). Not modelled: the background planner (the node
@@ -32,7 +32,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 
 from packing.day import Day, DayPod
-from packing.group_placement import exclusive_domains_in_use, place_members
+from packing.groups.placement import exclusive_domains_in_use, place_members
 from packing.model import Placement, PodRequest, Snapshot
 from packing.policies.fgd import Shape, typical_shapes
 from packing.policies.gpupack import make_gpupack_scorer
@@ -53,7 +53,7 @@ from packing.status import Status
 # gpupack's extender weight in its scheduler profile (manifests/base/scheduler-config.yaml).
 EXTENDER_WEIGHT = 5
 # The planner replaces its scorer when a typical shape's frequency moves by more (as
-# scheduler/planner.py's SHAPE_TOLERANCE).
+# scheduler/planner/loop.py's SHAPE_TOLERANCE).
 SHAPE_TOLERANCE = 0.05
 
 Admit = Callable[[DayPod, ClusterState, Sequence[PodRequest]], PodRequest | str]

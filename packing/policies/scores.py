@@ -10,7 +10,7 @@ from __future__ import annotations
 import zlib
 
 from packing.catalog import get_model
-from packing.mig import MigSlot, free_starts
+from packing.mig.layout import MigSlot, free_starts
 from packing.model import GPU_MILLI, GpuMode, Placement, PodRequest, RequestKind
 from packing.scoring import Score
 from packing.state import ClusterState, GpuState, NodeState

@@ -157,8 +157,8 @@ def test_serve_defrag_is_off_by_default() -> None:
 
 def test_serve_plan_mode_wires_the_defragmenter_in_front_of_the_cache() -> None:
     from gpupack.serve_cmd import Components
-    from kube.defrag_inputs import PodOwners
-    from scheduler.defrag_act import Defragmenter
+    from kube.defrag.inputs import PodOwners
+    from scheduler.defrag.loop import Defragmenter
 
     c = Components(_serve_args("--defrag", "plan"))
     assert isinstance(c.defrag, Defragmenter) and c.defrag.mode == "plan"

@@ -21,7 +21,7 @@ the config label), it
    and GPU Feature Discovery would show it: ``status.allocatable``/``capacity``
    (``nvidia.com/gpu`` for the whole GPUs, ``nvidia.com/mig-<profile>`` counts), the GFD
    labels ``nvidia.com/mig-<p>.count``, and the node agent's ``gpupack.io/inventory``
-   (each instance at a valid start, from ``packing.mig.layout_from_counts``);
+   (each instance at a valid start, from ``packing.mig.layout.layout_from_counts``);
 5. half a second later sets the state ``success`` (the device plugin restarts before
    the manager reports success, so allocatable moves first).
 
@@ -50,7 +50,7 @@ from kubernetes.client.rest import ApiException  # noqa: E402
 
 from packing.catalog import match_product  # noqa: E402
 from packing.inventory import GpuInventory, Inventory, decode_inventory, encode_inventory  # noqa: E402
-from packing.mig import layout_from_counts  # noqa: E402
+from packing.mig.layout import layout_from_counts  # noqa: E402
 from packing.model import GpuMode, MigInstance  # noqa: E402
 
 CONFIG_LABEL = "nvidia.com/mig.config"

@@ -29,7 +29,7 @@ from controlplane import E2E_GROUP_TTL_S, NAMESPACE
 from kubernetes.client.rest import ApiException
 
 from kube.pod_conditions import ROOM_RESERVED
-from scheduler.groups import DEFAULT_VIEW_SETTLE_S
+from scheduler.groups.loop import DEFAULT_VIEW_SETTLE_S
 
 RECORDS = "app.kubernetes.io/managed-by=gpupack,app.kubernetes.io/component=group-reservation"
 ZONE = "topology.kubernetes.io/zone"

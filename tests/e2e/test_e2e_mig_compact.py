@@ -37,8 +37,8 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from kube.annotations import GPUS, MIG, NODE
-from kube.compaction_memory import KEY, CompactionMemory, decode
-from kube.compaction_memory import NAME as MEMORY
+from kube.mig.compaction_memory import KEY, CompactionMemory, decode
+from kube.mig.compaction_memory import NAME as MEMORY
 
 SLICE = "nvidia.com/mig-1g.10gb"
 

@@ -3,7 +3,7 @@
 kube-scheduler retries a pod that nothing could take when a node is added or its
 allocatable grows; its informer may show that before gpupack's watch does. The extender
 then answers with an error (retried after kube-scheduler's backoff) rather than refusing
-the pod, which would park it until some later cluster event (scheduler/verbs.py,
+the pod, which would park it until some later cluster event (scheduler/extender/verbs.py,
 filter_nodes). Here the node comes in three writes (created, its allocatable, its
 not-ready taint lifted), each an event that requeues the pod, so this test shows the
 scenario works end to end on the real stack but cannot force the race: the branches

@@ -1,5 +1,5 @@
 """ResourceQuotas (list + watch through kube.source.ApiSource) and LeaderWorkerSets (a
-periodic list through kube.lws.LwsPoller) from a FAKE API server, through the real
+periodic list through kube.groups.lws.LwsPoller) from a FAKE API server, through the real
 ``kubernetes`` client: the first lists gate readiness, a quota change reaches the
 inputs, and an absent CRD (404 on the list) means "not installed", not an error loop."""
 
@@ -18,8 +18,8 @@ sys.path.insert(0, str(Path(__file__).parent.parent / "scheduler"))
 from sched_builders import node
 
 from kube.cache import ClusterCache
-from kube.group_inputs import GroupInputs
-from kube.lws import LwsPoller
+from kube.groups.inputs import GroupInputs
+from kube.groups.lws import LwsPoller
 from kube.source import ApiSource
 
 

@@ -25,7 +25,7 @@ from kube.cache import ClusterCache
 from kube.objects import pod_request
 from packing.model import Placement
 from packing.status import Status
-from scheduler.group_verbs import GroupVerbs
+from scheduler.groups.plugin import GroupVerbs
 
 KEY = "x/a"
 

@@ -1,6 +1,6 @@
 """Evictions and Events through the real ``kubernetes`` client over real HTTP
 (kube/evictions.py), against a tiny server answering as kube-apiserver does, and the
-pod-owner sink the defragmenter reads (kube.defrag_inputs.PodOwners)."""
+pod-owner sink the defragmenter reads (kube.defrag.inputs.PodOwners)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from kube.defrag_inputs import PodOwners
+from kube.defrag.inputs import PodOwners
 from kube.evictions import ApiEvents, ApiEvictor, PodRef, outcome_of
 from kube.responses import finish
 from kube.source import ApiBinder

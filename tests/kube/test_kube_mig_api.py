@@ -1,4 +1,4 @@
-"""The MIG actuator's ConfigMap I/O (kube/mig.py) with a fake CoreV1Api: a config.yaml
+"""The MIG actuator's ConfigMap I/O (kube/mig/api.py) with a fake CoreV1Api: a config.yaml
 that cannot be read hides no change in flight and is never overwritten; gpupack's own
 entries are kept while some node's label is unknown."""
 
@@ -9,7 +9,14 @@ from typing import Any
 
 import pytest
 
-from kube.mig import CHANGES_KEY, CONFIG_KEY, MigApi, MigConfigError, merged_config, parse_config
+from kube.mig.api import (
+    CHANGES_KEY,
+    CONFIG_KEY,
+    MigApi,
+    MigConfigError,
+    merged_config,
+    parse_config,
+)
 
 
 class FakeCore:

@@ -1,5 +1,5 @@
-"""PodDisruptionBudgets, ownerReferences and mixed-kind pod files (kube/pdb.py,
-kube/owners.py, kube/defrag_inputs.py): what the defragmentation planner is told."""
+"""PodDisruptionBudgets, ownerReferences and mixed-kind pod files (kube/defrag/pdb.py,
+kube/owners.py, kube/defrag/inputs.py): what the defragmentation planner is told."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 
-from kube.defrag_inputs import evictability
+from kube.defrag.inputs import evictability
+from kube.defrag.pdb import read_budget
 from kube.files import split_objects
 from kube.objects import ObjectError
 from kube.owners import recreator
-from kube.pdb import read_budget
 
 
 def pod(name: str, labels: dict[str, str] | None = None, ns: str = "app", bound: bool = True,

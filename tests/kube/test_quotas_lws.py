@@ -1,5 +1,5 @@
-"""kube.quotas and kube.lws: ResourceQuota GPU limits and scopes, LeaderWorkerSet shapes;
-kube.group_inputs keeps them, and the version moves on every change."""
+"""kube.quotas and kube.groups.lws: ResourceQuota GPU limits and scopes, LeaderWorkerSet shapes;
+kube.groups.inputs keeps them, and the version moves on every change."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from kube.constraints import PodConstraints
-from kube.group_inputs import GroupInputs
-from kube.lws import lws_of
+from kube.groups.inputs import GroupInputs
+from kube.groups.lws import lws_of
 from kube.objects import ObjectError
 from kube.quotas import Quota, ScopeRule, covers, quota_of
 

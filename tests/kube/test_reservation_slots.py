@@ -1,4 +1,4 @@
-"""kube/reservations.py ``decode_reservation``: a record's members are exactly slots 0 to
+"""kube/groups/reservations.py ``decode_reservation``: a record's members are exactly slots 0 to
 size-1 (a record that skips one would hold room for fewer members than the group has)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).parent.parent / "scheduler"))
 from sched_builders import node
 from test_groups_builders import lws_pod, rig
 
-from kube.reservations import (
+from kube.groups.reservations import (
     RECORD_KEY,
     ReservationError,
     ReservationRecord,

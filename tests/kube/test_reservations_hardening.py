@@ -1,5 +1,6 @@
-"""kube/reservations.py ``decode_reservation`` against hostile or corrupt records, and the restore
-of a record whose expiry lies further ahead than the TTL (scheduler/groups.py)."""
+"""kube/groups/reservations.py ``decode_reservation`` against hostile or corrupt records,
+and the restore of a record whose expiry lies further ahead than the TTL
+(scheduler/groups/loop.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).parent.parent / "scheduler"))
 from sched_builders import FakeClock, node
 from test_groups_builders import lws_pod, rig
 
-from kube.reservations import (
+from kube.groups.reservations import (
     ReservationError,
     ReservationRecord,
     decode_reservation,

@@ -1,12 +1,12 @@
 """A stopped RecordWriter flushes what it holds before its thread ends (a shutdown), but
-only while this replica leads and only for a bounded time (kube.reservations)."""
+only while this replica leads and only for a bounded time (kube.groups.reservations)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
-from kube.reservations import RecordWriter, StaticRecordStore
+from kube.groups.reservations import RecordWriter, StaticRecordStore
 
 
 def obj(name: str) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Defragmentation plans (packing/defrag.py): what is and is never evicted, PDB limits,
+"""Defragmentation plans (packing/defrag/plan.py): what is and is never evicted, PDB limits,
 landing, several groups in one plan; and the planner against brute force (Hypothesis)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from packing_builders import cpu_pod, group, node, whole
 
-from packing.defrag import (
+from packing.defrag.plan import (
     GROUP_KIND,
     NO_LANDING,
     NO_MOVE,

@@ -1,4 +1,4 @@
-"""CP-SAT placement of one whole-GPU group (packing/group_solver.py): the domain and
+"""CP-SAT placement of one whole-GPU group (packing/groups/solver.py): the domain and
 nodes it prefers, its reductions, and properties against the greedy pass and the
 validator."""
 
@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from packing_builders import group, mig, node, whole
 
-from packing.group_solver import applicable, solve_group
+from packing.groups.solver import applicable, solve_group
 from packing.model import GroupRef, NodeInfo, Placement, PodRequest, Snapshot
 from packing.scoring import topology_domains
 from packing.state import ClusterState

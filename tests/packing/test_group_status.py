@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from packing_builders import group, node
 
-from packing.group_placement import (
+from packing.groups.placement import (
     EXCLUSIVE_DOMAIN,
     GROUP_FIT,
     TOPOLOGY_LABEL,
@@ -18,7 +18,7 @@ from packing.model import Snapshot
 from packing.policies.gpupack import make_gpupack_scorer
 from packing.state import ClusterState
 from packing.status import Code, Status
-from scheduler.group_placement import wait_category
+from scheduler.groups.keys import wait_category
 
 RACK = "example.com/rack"
 

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from packing_builders import group, mig, node
 
 from packing.cpsat import SolverParams
-from packing.groups import group_statuses, is_reservation, with_reservations
+from packing.groups.members import group_statuses, is_reservation, with_reservations
 from packing.model import GpuMode, Snapshot
 from packing.policies.gpupack import GpupackPolicy
 from packing.validate import validate

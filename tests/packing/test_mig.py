@@ -10,7 +10,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from packing.catalog import CATALOG, MigGeometry, get_model
-from packing.mig import (
+from packing.mig.layout import (
     MigSlot,
     fewest_layouts,
     free_starts,

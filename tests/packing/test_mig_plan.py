@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from packing.catalog import get_model
 from packing.cpsat import SolverParams
-from packing.mig import MigSlot, layout_from_counts
-from packing.mig_plan import (
+from packing.mig.layout import MigSlot, layout_from_counts
+from packing.mig.plan import (
     DeviceConfig,
     MigDemand,
     MigGpu,

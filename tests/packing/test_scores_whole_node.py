@@ -17,7 +17,7 @@ import pytest
 from packing_builders import mig, node, shared, whole
 
 from packing.fragmentation import MilliRequest
-from packing.groups import CLIQUE_LABEL, KEEP_WHOLE_NODES_LABEL
+from packing.groups.members import CLIQUE_LABEL, KEEP_WHOLE_NODES_LABEL
 from packing.model import (
     GPU_MILLI,
     GpuMode,

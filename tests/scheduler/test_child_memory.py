@@ -26,8 +26,8 @@ def test_the_warm_child_builds_its_scorer_without_or_tools() -> None:
     loaded = _run("""
         import sys
         from multiprocessing import Pipe
-        from scheduler.warm import _WarmHandler
-        from scheduler.solve import pickle_chunks
+        from scheduler.memo.loop import _WarmHandler
+        from scheduler.planner.solve import pickle_chunks
         from packing.model import PodRequest, Placement, RequestKind
         running = [(PodRequest("a/p", 1000, 1024, RequestKind.WHOLE, gpu_count=1),
                     Placement("a/p", "n", (0,)))]

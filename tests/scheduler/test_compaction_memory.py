@@ -1,4 +1,4 @@
-"""MIG compaction's memory across leaders (kube/compaction_memory.py): the codec, whose
+"""MIG compaction's memory across leaders (kube/mig/compaction_memory.py): the codec, whose
 errors name the field, and the handler, which reads it back before it moves anything
 and writes it when the evictions of the last hour or the cool-downs change."""
 
@@ -11,7 +11,7 @@ import pytest
 from test_groups_builders import RecordingWriter
 from test_mig_compact_act import drain_holds, setup
 
-from kube.compaction_memory import (
+from kube.mig.compaction_memory import (
     NAME,
     CompactionMemory,
     CompactionMemoryError,
@@ -20,7 +20,7 @@ from kube.compaction_memory import (
     encode,
     memory_object,
 )
-from scheduler.mig_compact import DRAIN_PREFIX
+from scheduler.mig.compact.decide import DRAIN_PREFIX
 
 DRAIN = DrainRecord("a", 0, "H100-80GB", ("default/lone", "default/two"), 900.0,
                     frozenset({"default/lone"}))

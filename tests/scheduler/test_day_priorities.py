@@ -1,6 +1,6 @@
 """The day replay's model of the extender's prioritize answer
 (packing.policies.kube_default.extender_priorities) is the extender's own mapping
-(scheduler/verbs.py prioritize, no planner node) on the same preferences."""
+(scheduler/extender/verbs.py prioritize, no planner node) on the same preferences."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from sched_builders import filter_args, make_cache, mig_pod, node, shared_pod, w
 from packing.model import Snapshot
 from packing.policies.gpupack import make_gpupack_scorer
 from packing.policies.kube_default import extender_priorities
-from scheduler.verbs import Memo, NoPlan, ScorerRef, preferences, prioritize, read_pod
-from scheduler.wire import ExtenderArgs
+from scheduler.extender.verbs import Memo, NoPlan, ScorerRef, preferences, prioritize, read_pod
+from scheduler.extender.wire import ExtenderArgs
 
 NODES = [
     node("mig-a", mig={"1g.10gb": 7}),

@@ -1,4 +1,4 @@
-"""The defragmenter's handler (scheduler/defrag_act.py) on a real cache and reservation
+"""The defragmenter's handler (scheduler/defrag/loop.py) on a real cache and reservation
 book: a group waits, a controller-owned pod is evicted, the freed GPUs are held so no
 other pod (the replacement included) gets them, the group is reserved there; a 429 is
 tried again; a standby does nothing; plan mode only tells."""
@@ -15,15 +15,15 @@ from test_groups_builders import bound, lws_pod
 
 from kube.assumptions import AssumeError
 from kube.cache import ClusterCache
-from kube.defrag_inputs import PodOwners
+from kube.defrag.inputs import PodOwners
 from kube.evictions import EvictionResult, PodRef
+from kube.groups.reservations import ReservationTap
 from kube.objects import pod_request
-from kube.reservations import ReservationTap
-from packing.defrag import DefragParams
+from packing.defrag.plan import DefragParams
 from packing.model import Placement
-from scheduler.defrag_act import Defragmenter, defrag_hold_key
-from scheduler.defrag_decide import DefragSettings
-from scheduler.groups import ReservationBook, hold_key
+from scheduler.defrag.decide import DefragSettings
+from scheduler.defrag.loop import Defragmenter, defrag_hold_key
+from scheduler.groups.loop import ReservationBook, hold_key
 
 GROUP = "llm/vllm/0"
 

@@ -1,4 +1,4 @@
-"""The defragmenter's pure decision (scheduler/defrag_decide.py), table-driven: rate
+"""The defragmenter's pure decision (scheduler/defrag/decide.py), table-driven: rate
 limit, one campaign (one domain) at a time, 429 backoff, stopping when the need goes,
 holding the freed room, handing it over."""
 
@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from packing.defrag import Eviction, Move
+from packing.defrag.plan import Eviction, Move
 from packing.model import Placement
-from scheduler.defrag_decide import (
+from scheduler.defrag.decide import (
     Attempt,
     Campaign,
     Consolidation,

@@ -1,4 +1,4 @@
-"""LLM leader/worker groups: whole-group reservations in the extender (scheduler/groups.py)."""
+"""LLM leader/worker groups: whole-group reservations in the extender (scheduler/groups/loop.py)."""
 
 from __future__ import annotations
 
@@ -12,23 +12,23 @@ from test_groups_builders import RecordingWriter, bound, lws_pod, rig
 
 from kube.annotations import placement_annotations
 from kube.cache import ClusterCache
-from kube.pod_conditions import ROOM_RESERVED
-from kube.reservations import (
+from kube.groups.reservations import (
     RecordWriter,
     StaticRecordStore,
     record_name,
     record_object,
     record_of,
 )
+from kube.pod_conditions import ROOM_RESERVED
 from kube.source import StaticSource
 from packing.model import PodRequest
 from packing.status import Status
-from scheduler.app import AppConfig, create_extender_app
-from scheduler.group_verbs import RESERVED_NODE, GroupVerbs
-from scheduler.groups import ReservationBook, hold_key
-from scheduler.metrics import ExtenderMetrics
-from scheduler.planner import Planner
-from scheduler.wire import ExtenderArgs, PreemptionArgs
+from scheduler.extender.app import AppConfig, create_extender_app
+from scheduler.extender.metrics import ExtenderMetrics
+from scheduler.extender.wire import ExtenderArgs, PreemptionArgs
+from scheduler.groups.loop import ReservationBook, hold_key
+from scheduler.groups.plugin import RESERVED_NODE, GroupVerbs
+from scheduler.planner.loop import Planner
 
 TWO = [node("n1", reconfigurable=False), node("n2", reconfigurable=False)]
 A, B = "llm/a/0", "llm/b/0"
@@ -397,7 +397,7 @@ def test_nvlink_clique_is_the_default_domain() -> None:
 
 def test_group_gets_the_best_fit_clique_not_the_first_one() -> None:
     # Clique c1 (first by name) has three whole nodes, c2 exactly the two the group needs:
-    # the reservation (CP-SAT, packing/group_solver.py) takes c2 and leaves c1 whole for
+    # the reservation (CP-SAT, packing/groups/solver.py) takes c2 and leaves c1 whole for
     # a bigger group; a member-by-member first-fit pass would have broken into c1.
     nodes = [node(f"a{i}", reconfigurable=False, labels={"nvidia.com/gpu.clique": "c1"})
              for i in range(3)]

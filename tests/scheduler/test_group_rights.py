@@ -1,4 +1,4 @@
-"""scheduler.group_rights: a group's size, allowed nodes and quota claims, as a pure
+"""scheduler.groups.rights: a group's size, allowed nodes and quota claims, as a pure
 function of its pods, the nodes, the quotas and the LeaderWorkerSet object (table)."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 import pytest
 
 from kube.constraints import PodConstraints, Taint, Toleration
-from kube.lws import LwsShape
+from kube.groups.lws import LwsShape
 from kube.quotas import Quota, ScopeRule
 from packing.model import GroupRef, PodRequest, RequestKind
-from scheduler.group_rights import (
+from scheduler.groups.rights import (
     GroupRights,
     MemberFacts,
     NodeFacts,

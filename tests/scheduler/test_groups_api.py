@@ -21,10 +21,9 @@ from fake_apiserver import FakeApiServer
 
 from kube.annotations import placement_annotations
 from kube.cache import ClusterCache
-from kube.group_inputs import GroupInputs
-from kube.leader import LeaseWatcher
-from kube.lws import LwsPoller
-from kube.reservations import (
+from kube.groups.inputs import GroupInputs
+from kube.groups.lws import LwsPoller
+from kube.groups.reservations import (
     RECORD_SELECTOR,
     ApiRecordStore,
     RecordWriter,
@@ -32,10 +31,11 @@ from kube.reservations import (
     record_name,
     record_of,
 )
+from kube.leader import LeaseWatcher
 from kube.source import ApiBinder, ApiSource
 from packing.status import Status
-from scheduler.group_verbs import GroupVerbs
-from scheduler.groups import ReservationBook
+from scheduler.groups.loop import ReservationBook
+from scheduler.groups.plugin import GroupVerbs
 
 A = "llm/a/0"
 NS = "gpupack"
@@ -229,7 +229,7 @@ def test_quota_and_lws_reach_the_book_through_the_api(fake: FakeApiServer) -> No
         wait_for(lambda: r.inputs is not None and r.inputs.lws("llm", "a") is not None)
         # The record stays (its size was right when written); a new group of this LWS
         # would be sized 1. The rights now say 1:
-        from scheduler.group_facts import judge
+        from scheduler.groups.facts import judge
 
         with r.cache.lock:
             got = judge(r.cache, r.book.inputs, r.book.rights, [A], r.book.records)

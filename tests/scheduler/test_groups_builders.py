@@ -9,8 +9,8 @@ from typing import Any
 from sched_builders import FakeClock, whole_pod
 
 from kube.cache import ClusterCache
-from kube.reservations import ReservationTap, record_name
-from scheduler.groups import ReservationBook, hold_key
+from kube.groups.reservations import ReservationTap, record_name
+from scheduler.groups.loop import ReservationBook, hold_key
 
 LWS = "leaderworkerset.sigs.k8s.io/"
 

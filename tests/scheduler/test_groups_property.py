@@ -13,10 +13,10 @@ from sched_builders import node, whole_pod
 from test_groups_builders import bound, lws_pod, rig
 
 from kube.annotations import placement_annotations
-from packing.groups import RESERVE_MARK
+from packing.groups.members import RESERVE_MARK
 from packing.status import Status
-from scheduler.group_verbs import GroupVerbs
-from scheduler.groups import hold_key
+from scheduler.groups.loop import hold_key
+from scheduler.groups.plugin import GroupVerbs
 
 NAMES = ("a", "b", "c", "d")
 SHAPES = {"a": (2, 4), "b": (2, 4), "c": (3, 2), "d": (1, 4)}  # size, GPUs per pod

@@ -10,11 +10,11 @@ from typing import Any
 from sched_builders import filter_args, node, whole_pod
 from test_groups_builders import Rig, lws_pod, rig
 
-from kube.group_inputs import GroupInputs
-from kube.reservations import record_object
-from packing.groups import RESERVE_MARK
-from scheduler.group_verbs import GroupVerbs
-from scheduler.wire import ExtenderArgs, PreemptionArgs
+from kube.groups.inputs import GroupInputs
+from kube.groups.reservations import record_object
+from packing.groups.members import RESERVE_MARK
+from scheduler.extender.wire import ExtenderArgs, PreemptionArgs
+from scheduler.groups.plugin import GroupVerbs
 
 ZONE = "topology.kubernetes.io/zone"
 A = "llm/a/0"

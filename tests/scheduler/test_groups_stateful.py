@@ -40,13 +40,13 @@ from test_groups_builders import bound, lws_pod
 
 from kube.annotations import GPUS, placement_annotations
 from kube.cache import ClusterCache
+from kube.groups.reservations import RESERVATION, RecordWriter, ReservationTap, record_of
 from kube.objects import pod_request
-from kube.reservations import RESERVATION, RecordWriter, ReservationTap, record_of
-from packing.groups import RESERVE_MARK
+from packing.groups.members import RESERVE_MARK
 from packing.status import Status
-from scheduler.group_verbs import GroupVerbs
-from scheduler.groups import ReservationBook, hold_key
-from scheduler.wire import ExtenderArgs
+from scheduler.extender.wire import ExtenderArgs
+from scheduler.groups.loop import ReservationBook, hold_key
+from scheduler.groups.plugin import GroupVerbs
 
 CLIQUE = "nvidia.com/gpu.clique"
 NODES = [node(f"n{i}", gpus=4, reconfigurable=False,

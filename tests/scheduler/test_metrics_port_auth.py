@@ -1,5 +1,5 @@
 """``/metrics`` behind delegated authentication on real sockets: the extender's
-``--metrics-port`` listener (scheduler.metrics_http) and the node agent's listener, each
+``--metrics-port`` listener (scheduler.extender.metrics_http) and the node agent's listener, each
 with a :class:`serving.metrics_auth.ScrapeGuard` over fake reviews (the real ones are
 ``kube.delegated_auth``, exercised against a real API server in
 tests/e2e/test_e2e_metrics_auth.py)."""
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import pytest
 from prometheus_client import CollectorRegistry, Counter
 
-from scheduler.metrics_http import MetricsServer
+from scheduler.extender.metrics_http import MetricsServer
 from serving.metrics_auth import ScrapeGuard
 
 BODY = b"# HELP gpupack_probe_total a probe\ngpupack_probe_total 1.0\n"

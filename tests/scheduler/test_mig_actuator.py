@@ -1,4 +1,4 @@
-"""The MIG actuator's pure decision (scheduler/mig_actuator.py): one table row per rule,
+"""The MIG actuator's pure decision (scheduler/mig/decide.py): one table row per rule,
 builders for nodes and pods, and a Hypothesis property that no action touches a GPU that
 a pod or a reservation holds."""
 
@@ -12,10 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from packing.cpsat import SolverParams
-from packing.mig import MigSlot
-from packing.mig_plan import WHOLE
+from packing.mig.layout import MigSlot
+from packing.mig.plan import WHOLE
 from packing.model import MigReconfigure
-from scheduler.mig_actuator import (
+from scheduler.mig.decide import (
     CONFIG_PREFIX,
     ActuatorState,
     Backoff,

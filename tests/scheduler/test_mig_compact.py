@@ -1,4 +1,4 @@
-"""MIG compaction's pure decision (scheduler/mig_compact.py): one table row per rule,
+"""MIG compaction's pure decision (scheduler/mig/compact/decide.py): one table row per rule,
 builders for GPUs and their pods, and a Hypothesis property: a drain only starts where
 every pod it moves has a free slice of its profile on another GPU in use."""
 
@@ -10,10 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from packing.mig import MigSlot
+from packing.mig.layout import MigSlot
 from packing.model import MigReconfigure
-from scheduler.mig_actuator import GpuView, MigPod, NodeView
-from scheduler.mig_compact import (
+from scheduler.mig.compact.decide import (
     DRAIN_PREFIX,
     CompactSettings,
     CompactState,
@@ -21,6 +20,7 @@ from scheduler.mig_compact import (
     Tenant,
     decide_compaction,
 )
+from scheduler.mig.decide import GpuView, MigPod, NodeView
 
 H100, A100 = "H100-80GB", "A100-80GB"
 NOW = 10_000.0

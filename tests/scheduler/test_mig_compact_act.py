@@ -1,4 +1,4 @@
-"""MIG compaction's handler (scheduler/mig_compact_act.py) inside the actuator's step, on a
+"""MIG compaction's handler (scheduler/mig/compact/loop.py) inside the actuator's step, on a
 real cache with a fake Eviction API: drains start on the leader only, the drained GPU's
 free instances are held before the eviction, the evicted pod's slice is held the moment
 it goes, an emptied drain gives everything back, a refused eviction ends the drain and
@@ -15,13 +15,13 @@ from sched_builders import FakeClock, make_cache, node, pod
 from test_mig_loop import FAST, FakeApi
 
 from kube.annotations import placement_annotations
-from kube.defrag_inputs import PodOwners
+from kube.defrag.inputs import PodOwners
 from kube.evictions import EvictionResult, PodRef
 from packing.model import Placement
-from scheduler.mig_actuator import MigSettings
-from scheduler.mig_compact import DRAIN_PREFIX, CompactSettings
-from scheduler.mig_compact_act import CompactMetrics, Compactor
-from scheduler.mig_loop import MigActuator
+from scheduler.mig.compact.decide import DRAIN_PREFIX, CompactSettings
+from scheduler.mig.compact.loop import CompactMetrics, Compactor
+from scheduler.mig.decide import MigSettings
+from scheduler.mig.loop import MigActuator
 
 OWNED = [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "asr", "uid": "rs-1",
           "controller": True}]

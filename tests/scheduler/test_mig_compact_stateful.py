@@ -19,13 +19,13 @@ from test_mig_compact_act import OWNED, FakeEvents
 from test_mig_loop import FAST, FakeApi
 
 from kube.annotations import placement_annotations
-from kube.defrag_inputs import PodOwners
+from kube.defrag.inputs import PodOwners
 from kube.evictions import EvictionResult, PodRef
 from packing.model import Placement
-from scheduler.mig_actuator import MigSettings
-from scheduler.mig_compact import DRAIN_PREFIX, CompactSettings
-from scheduler.mig_compact_act import Compactor
-from scheduler.mig_loop import MigActuator
+from scheduler.mig.compact.decide import DRAIN_PREFIX, CompactSettings
+from scheduler.mig.compact.loop import Compactor
+from scheduler.mig.decide import MigSettings
+from scheduler.mig.loop import MigActuator
 
 GPUS = 3
 

@@ -1,4 +1,4 @@
-"""The MIG actuator's handler (scheduler/mig_loop.py) on a real cache with a fake API:
+"""The MIG actuator's handler (scheduler/mig/loop.py) on a real cache with a fake API:
 leader only, holds taken before anything is written (and the start cancelled when a pod
 got the GPU), holds kept until the new layout appears, failure gives the GPUs back and
 backs off, a new leader follows the changes in flight, metrics."""
@@ -16,14 +16,14 @@ from sched_builders import FakeClock, make_cache, mig_pod, node
 from kube.pod_conditions import SLICES_CREATED
 from packing.cpsat import SolverParams
 from packing.model import Placement, PodRequest, RequestKind
-from scheduler.mig_actuator import (
+from scheduler.mig.decide import (
     HOLD_PREFIX,
     Backoff,
     MigSettings,
     backoff_from_json,
     changes_json,
 )
-from scheduler.mig_loop import MigActuator, MigMetrics, SliceFigures
+from scheduler.mig.loop import MigActuator, MigMetrics, SliceFigures
 
 FAST = SolverParams(max_time_s=2.0, workers=1, seed=1)
 
@@ -135,7 +135,7 @@ def test_the_label_follows_the_entry_once_it_can_have_reached_the_manager() -> N
 def test_pod_on_the_gpu_since_the_decision_cancels_the_start() -> None:
     cache, api, act, clock, _ = setup()
     state = act.gather(clock())
-    from scheduler.mig_actuator import decide_mig
+    from scheduler.mig.decide import decide_mig
 
     d = decide_mig(state, clock(), act.settings, FAST)
     gpu = d.starts[0].change.targets[0][0]
@@ -306,7 +306,7 @@ def test_slice_figures_from_the_cache_without_an_actuator() -> None:
 
 
 def test_the_reservation_book_leaves_mig_holds_alone_and_does_not_count_them() -> None:
-    from scheduler.groups import ReservationBook
+    from scheduler.groups.loop import ReservationBook
 
     cache, _, act, _, _ = setup()
     act.step()
@@ -434,7 +434,7 @@ def test_a_foreign_backoff_is_kept_when_this_leaders_own_for_the_node_expired() 
 
 
 class _FailsAfterUpdate(FakeApi):
-    """As kube.mig.MigApi.write: update() runs, then the replace may fail (5xx)."""
+    """As kube.mig.api.MigApi.write: update() runs, then the replace may fail (5xx)."""
 
     fail_after_update = False
 

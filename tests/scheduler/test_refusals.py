@@ -1,4 +1,4 @@
-"""Pods refused just before a node changed in the cache (scheduler/refusals.py): what is
+"""Pods refused just before a node changed in the cache (scheduler/extender/refusals.py): what is
 remembered, for how long, and the cache's node-change hook that asks for them."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import copy
 from prometheus_client import CollectorRegistry
 from sched_builders import FakeClock, filter_args, make_cache, node, pod, shared_pod
 
-from scheduler.app import AppConfig, create_extender_app
-from scheduler.planner import Planner
-from scheduler.refusals import RecentRefusals
+from scheduler.extender.app import AppConfig, create_extender_app
+from scheduler.extender.refusals import RecentRefusals
+from scheduler.planner.loop import Planner
 
 
 def test_a_refusal_is_stale_once_for_a_candidate_within_the_window() -> None:

@@ -1,4 +1,4 @@
-"""scheduler/request_pods.py: request-only pods are remembered until their bind, bounded
+"""scheduler/extender/request_pods.py: request-only pods are remembered until their bind, bounded
 in count and in time."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 from sched_builders import FakeClock, whole_pod
 
 from kube.objects import pod_request
-from scheduler.request_pods import RequestPods
+from scheduler.extender.request_pods import RequestPods
 
 
 def remember(mem: RequestPods, name: str, uid: str | None = None) -> None:

@@ -9,7 +9,7 @@ from sched_builders import filter_args, make_cache, node, whole_pod
 
 from packing.model import Snapshot
 from packing.policies.gpupack import make_gpupack_scorer
-from scheduler.verbs import (
+from scheduler.extender.verbs import (
     UNKNOWN_LISTED,
     UNKNOWN_NODE,
     Memo,
@@ -18,7 +18,7 @@ from scheduler.verbs import (
     filter_nodes,
     prioritize,
 )
-from scheduler.wire import ExtenderArgs, encode_priorities
+from scheduler.extender.wire import ExtenderArgs, encode_priorities
 
 KNOWN = [f"gpu-{i}" for i in range(20)]
 

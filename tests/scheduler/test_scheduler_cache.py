@@ -15,7 +15,7 @@ from sched_builders import FakeClock, make_cache, mig_pod, node, pod, whole_pod
 from kube.assumptions import AssumeError
 from packing.model import Placement
 from packing.validate import validate
-from scheduler.metrics import GpuRows, node_rows
+from scheduler.extender.metrics import GpuRows, node_rows
 
 
 def bound(p: dict[str, Any], node_name: str, placement: Placement | None = None) -> dict[str, Any]:

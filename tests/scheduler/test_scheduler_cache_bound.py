@@ -15,8 +15,8 @@ from sched_builders import L40S, make_cache, mig_pod, node, pod, shared_pod, who
 
 from packing.model import Placement, RequestKind
 from packing.state import ClusterState
-from scheduler.verbs import preempt
-from scheduler.wire import PreemptionArgs, Victims
+from scheduler.extender.verbs import preempt
+from scheduler.extender.wire import PreemptionArgs, Victims
 
 
 def consistent(cache: Any) -> None:

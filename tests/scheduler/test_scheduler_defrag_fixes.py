@@ -1,4 +1,4 @@
-"""The defragmenter's handler (scheduler/defrag_act.py) on the cases a review found:
+"""The defragmenter's handler (scheduler/defrag/loop.py) on the cases a review found:
 
 * a kept move must never count on room freed by a move that is not carried out (a lone
   pod's, a group's that cannot get a campaign now): only the units a move may serve
@@ -18,9 +18,9 @@ from test_groups_builders import lws_pod
 
 from kube.assumptions import AssumeError
 from kube.objects import pod_request
-from packing.defrag import DefragParams, DefragPlan, Evictability, plan_defrag
+from packing.defrag.plan import DefragParams, DefragPlan, Evictability, plan_defrag
 from packing.model import Placement, Snapshot
-from scheduler.defrag_act import defrag_hold_key
+from scheduler.defrag.loop import defrag_hold_key
 
 
 def sel(p: dict[str, Any], **labels: str) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Reservation book fixes (scheduler/groups.py, group_reconcile.py, group_verbs.py): a group
+"""Reservation book fixes (scheduler/groups: loop.py, decide.py, plugin.py): a group
 complete only once every bind is confirmed, deadlines across a clock step back, writes
 dropped during a lapse of the lease, rooms on nodes kube-scheduler rules out, revision
 maps that do not grow for ever, and group names that contain the hold-key mark."""
@@ -12,20 +12,20 @@ from test_groups_builders import bound, lws_pod, rig
 
 from kube.annotations import placement_annotations
 from kube.cache import ClusterCache
-from kube.objects import pod_request
-from kube.reservations import (
+from kube.groups.reservations import (
     RecordWriter,
     ReservationTap,
     StaticRecordStore,
     record_name,
     record_of,
 )
+from kube.objects import pod_request
 from packing.model import Placement
 from packing.status import Status
-from scheduler.group_placement import hold_key, split_hold_key
-from scheduler.group_verbs import SAMPLED_MIN, GroupVerbs
-from scheduler.groups import MAX_RETIRED, ReservationBook
-from scheduler.wire import ExtenderArgs, FilterResult
+from scheduler.extender.wire import ExtenderArgs, FilterResult
+from scheduler.groups.keys import hold_key, split_hold_key
+from scheduler.groups.loop import MAX_RETIRED, ReservationBook
+from scheduler.groups.plugin import SAMPLED_MIN, GroupVerbs
 
 A, B = "llm/a/0", "llm/b/0"
 ONE = [node("n1", gpus=8, reconfigurable=False)]

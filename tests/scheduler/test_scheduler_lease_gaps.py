@@ -25,16 +25,16 @@ from test_mig_compact_act import setup as compact_setup
 from test_mig_loop import mig_holds
 from test_mig_loop import setup as mig_setup
 
-import scheduler.mig_loop as mig_loop
-from kube.compaction_memory import NAME, CompactionMemory, decode
-from kube.reservations import (
+import scheduler.mig.loop as mig_loop
+from kube.groups.reservations import (
     RecordWriter,
     StaticRecordStore,
     record_name,
     record_object,
 )
-from packing.mig_plan import WHOLE
-from scheduler.mig_actuator import Change, changes_json
+from kube.mig.compaction_memory import NAME, CompactionMemory, decode
+from packing.mig.plan import WHOLE
+from scheduler.mig.decide import Change, changes_json
 
 # ---- MIG actuator ----------------------------------------------------------------------------
 

@@ -12,8 +12,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 from sched_builders import FakeClock, make_cache, mig_pod, node, shared_pod, whole_pod
 
-from scheduler.metrics import Exposition, ExtenderMetrics, Refreshed
-from scheduler.planner import Planner
+from scheduler.extender.metrics import Exposition, ExtenderMetrics, Refreshed
+from scheduler.planner.loop import Planner
 
 
 def families(body: bytes) -> dict[str, Any]:

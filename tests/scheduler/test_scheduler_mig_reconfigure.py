@@ -9,9 +9,9 @@ import pytest
 from sched_builders import filter_args, mig_pod, node
 
 from kube.cache import ClusterCache
-from scheduler.verbs import Memo, filter_nodes
-from scheduler.view_lag import ViewLag
-from scheduler.wire import ExtenderArgs
+from scheduler.extender.verbs import Memo, filter_nodes
+from scheduler.extender.view_lag import ViewLag
+from scheduler.extender.wire import ExtenderArgs
 
 KEY = "gpupack.io/mig-reconfigure"
 

@@ -20,8 +20,8 @@ from packing.policies.fgd import (
 )
 from packing.state import ClusterState
 from packing.validate import validate
-from scheduler.planner import Planner, pick_candidates
-from scheduler.solve import compact_workload, expand_workload, solve
+from scheduler.planner.loop import Planner, pick_candidates
+from scheduler.planner.solve import compact_workload, expand_workload, solve
 
 
 def diverse(n: int, used: int = 1) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -181,7 +181,7 @@ def test_the_plans_scorer_sees_the_whole_clusters_shapes() -> None:
 def test_the_planners_cp_sat_search_is_not_interleaved() -> None:
     # Interleaved search holds every subsolver's copy of the model at once (~90 MiB more
     # at 64 nodes); the planner keeps the other settings as given.
-    from scheduler.solve import planner_params
+    from scheduler.planner.solve import planner_params
 
     given = SolverParams(max_time_s=1.5, workers=2, seed=7, max_wall_s=1.5)
     params = planner_params(given)
@@ -235,7 +235,7 @@ def test_a_shape_gets_nodes_for_all_its_pods_before_others_get_more_choice() -> 
 
 
 def test_node_capacity_counts_pods_one_after_another() -> None:
-    from scheduler.planner import node_capacity
+    from scheduler.planner.loop import node_capacity
 
     cache = make_cache([node("w", gpus=8, reconfigurable=False)],
                        [whole_pod("six", 5, node="w"), whole_pod("p", 1)])

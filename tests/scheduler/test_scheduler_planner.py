@@ -11,8 +11,8 @@ from sched_builders import FakeClock, make_cache, mig_pod, node, whole_pod
 
 from packing.cpsat import SolverParams
 from packing.validate import validate
-from scheduler.planner import Planner
-from scheduler.solve import SnapshotPacker, SolveJob, solve, solve_packed, unpack
+from scheduler.planner.loop import Planner
+from scheduler.planner.solve import SnapshotPacker, SolveJob, solve, solve_packed, unpack
 
 
 def test_solve_once_plans_every_pending_pod_validly() -> None:
@@ -179,8 +179,8 @@ class _Unstartable:
 def test_a_child_that_cannot_start_is_reported_and_retried_not_half_kept(
     which: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from scheduler.solve import SolverError, SolverProcess
-    from scheduler.warm import WarmChild
+    from scheduler.memo.loop import WarmChild
+    from scheduler.planner.solve import SolverError, SolverProcess
 
     child: Any = SolverProcess() if which == "solver" else WarmChild()
     monkeypatch.setattr(child._ctx, "Process", _Unstartable)

@@ -1,4 +1,4 @@
-"""The background planner (scheduler/planner.py) on the cases a review found:
+"""The background planner (scheduler/planner/loop.py) on the cases a review found:
 
 * a lasting fault: the failure backoff overflowed after 1,025 failures in a row, in the
   thread's exception handler, and the planner thread ended for good;
@@ -22,8 +22,8 @@ import pytest
 from sched_builders import make_cache, node, whole_pod
 
 from packing.cpsat import SolverParams
-from scheduler.planner import Planner, pick_candidates
-from scheduler.solve import SolveJob, SolveOutcome, solve
+from scheduler.planner.loop import Planner, pick_candidates
+from scheduler.planner.solve import SolveJob, SolveOutcome, solve
 
 FAST = SolverParams(max_time_s=0.2, workers=1)
 
@@ -72,7 +72,7 @@ def test_the_thread_survives_a_long_run_of_failures() -> None:
 
 
 def test_the_backoff_is_1_2_4_up_to_60_seconds_for_ever() -> None:
-    from scheduler.planner import backoff_s
+    from scheduler.planner.loop import backoff_s
 
     assert [backoff_s(n) for n in range(1, 9)] == [1, 2, 4, 8, 16, 32, 60, 60]
     assert backoff_s(1025) == backoff_s(10**9) == 60
@@ -265,7 +265,7 @@ def test_no_solver_child_is_started_after_stop() -> None:
 
 
 def test_after_stop_the_planner_starts_no_child_and_stops_its_own() -> None:
-    from scheduler.solve import SolverError
+    from scheduler.planner.solve import SolverError
 
     cache = make_cache([node("w", gpus=8, reconfigurable=False)], [whole_pod("a", 1)])
     planner = Planner(cache, "gpupack", FAST)

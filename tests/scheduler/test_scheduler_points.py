@@ -1,4 +1,4 @@
-"""scheduler.points: the extension points called directly, typed arguments in and typed
+"""scheduler.extender.points: the extension points called directly, typed arguments in and typed
 results out, no HTTP (the HTTP contract is pinned by test_scheduler_http*.py)."""
 
 from __future__ import annotations
@@ -10,21 +10,21 @@ from prometheus_client import CollectorRegistry, Counter
 from sched_builders import FakeClock, filter_args, make_cache, node, whole_pod
 
 from kube.source import BindError
-from scheduler.groups import ReservationBook
-from scheduler.planner import Planner
-from scheduler.points import BindClaim, ExtensionPoints
-from scheduler.refusals import RecentRefusals
-from scheduler.request_pods import RequestPods
-from scheduler.verbs import Memo, VerbError
-from scheduler.view_lag import ViewLag
-from scheduler.warm import Warmer
-from scheduler.wire import (
+from scheduler.extender.points import BindClaim, ExtensionPoints
+from scheduler.extender.refusals import RecentRefusals
+from scheduler.extender.request_pods import RequestPods
+from scheduler.extender.verbs import Memo, VerbError
+from scheduler.extender.view_lag import ViewLag
+from scheduler.extender.wire import (
     BindingArgs,
     BindingResult,
     ExtenderArgs,
     FilterResult,
     PreemptionArgs,
 )
+from scheduler.groups.loop import ReservationBook
+from scheduler.memo.loop import Warmer
+from scheduler.planner.loop import Planner
 
 
 class Binder:

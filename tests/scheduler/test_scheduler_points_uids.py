@@ -1,6 +1,6 @@
-"""scheduler.points: a failed Binding frees its own claim only (not the assumption of a
+"""scheduler.extender.points: a failed Binding frees its own claim only (not the assumption of a
 pod recreated under the same name since), and a refused filter remembers a bounded
-number of candidate names (scheduler.refusals)."""
+number of candidate names (scheduler.extender.refusals)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from sched_builders import FakeClock, filter_args, whole_pod
 from test_scheduler_points import points
 
 from kube.source import BindError
-from scheduler.points import BindClaim
-from scheduler.refusals import UNKNOWN_KEPT, RecentRefusals, remembered
-from scheduler.wire import BindingArgs, BindingResult, ExtenderArgs
+from scheduler.extender.points import BindClaim
+from scheduler.extender.refusals import UNKNOWN_KEPT, RecentRefusals, remembered
+from scheduler.extender.wire import BindingArgs, BindingResult, ExtenderArgs
 
 
 class UidBinder:

@@ -1,4 +1,4 @@
-"""scheduler.verbs.preempt: it reads the live cache state and leaves it exactly as it
+"""scheduler.extender.verbs.preempt: it reads the live cache state and leaves it exactly as it
 was (a guessed share stays a guess), and it never answers a node with no victims
 (kube-scheduler fails the whole preemption for that)."""
 
@@ -11,8 +11,8 @@ from sched_builders import make_cache, node, pod, shared_pod, whole_pod
 from test_scheduler_truth import fits, guessed_shares
 
 from kube.cache import ClusterCache
-from scheduler.verbs import preempt
-from scheduler.wire import PreemptionArgs
+from scheduler.extender.verbs import preempt
+from scheduler.extender.wire import PreemptionArgs
 
 # ---- guessed shares stay guessed ----------------------------------------------------------
 

@@ -12,7 +12,7 @@ from sched_builders import filter_args, make_cache, mig_pod, node, whole_pod
 
 from packing.model import Placement, Snapshot
 from packing.policies.gpupack import make_gpupack_scorer
-from scheduler.verbs import (
+from scheduler.extender.verbs import (
     Memo,
     NoPlan,
     ScorerRef,
@@ -21,8 +21,8 @@ from scheduler.verbs import (
     prioritize,
     read_pod,
 )
-from scheduler.warm import Warmer
-from scheduler.wire import ExtenderArgs
+from scheduler.extender.wire import ExtenderArgs
+from scheduler.memo.loop import Warmer
 
 NAMES = [f"w{i}" for i in range(6)]
 
@@ -176,7 +176,7 @@ def test_unresolvable_counts_idle_whole_gpus_of_a_reconfigurable_node() -> None:
 
 
 def test_warm_child_process_gives_the_same_answers_as_the_request_path() -> None:
-    from scheduler.planner import Planner
+    from scheduler.planner.loop import Planner
 
     nodes = [*whole_nodes(), node("m", mig={"1g.10gb": 7}), node("m2", mig={"2g.20gb": 3})]
     pods = [mig_pod("asr"), whole_pod("llm", 2), whole_pod("r", 3, node="w1"),

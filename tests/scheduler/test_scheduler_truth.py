@@ -186,8 +186,8 @@ def test_metrics_count_memory_booked_shares_and_show_booked_beside_observed() ->
     from prometheus_client import CollectorRegistry
     from prometheus_client.parser import text_string_to_metric_families
 
-    from scheduler.metrics import ExtenderMetrics
-    from scheduler.planner import Planner
+    from scheduler.extender.metrics import ExtenderMetrics
+    from scheduler.planner.loop import Planner
 
     half = f"{GFD_L40S_MIB // 2}Mi"
     no_compute = [pod(n, {"nvidia.com/gpu.shared": "1"}, node="n1",

@@ -20,7 +20,7 @@ from sched_builders import (
 from packing.model import Placement, Snapshot
 from packing.policies.gpupack import make_gpupack_scorer
 from packing.status import Code, Status
-from scheduler.verbs import (
+from scheduler.extender.verbs import (
     NODE_FIT,
     NODE_KNOWN,
     UNKNOWN_NODE,
@@ -35,8 +35,8 @@ from scheduler.verbs import (
     preference,
     prioritize,
 )
-from scheduler.view_lag import ViewLag
-from scheduler.wire import ExtenderArgs, PreemptionArgs
+from scheduler.extender.view_lag import ViewLag
+from scheduler.extender.wire import ExtenderArgs, PreemptionArgs
 
 NODES = [
     node("mig-a", mig={"1g.10gb": 7}),  # GPU 0: 7 x 1g.10gb; GPUs 1..7 MIG, empty

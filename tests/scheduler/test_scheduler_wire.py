@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from scheduler.wire import (
+from scheduler.extender.wire import (
     BindingArgs,
     ExtenderArgs,
     FilterResult,

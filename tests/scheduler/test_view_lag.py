@@ -1,4 +1,4 @@
-"""The grace of "gpupack's view is behind" answers (scheduler/view_lag.py), alone and in
+"""The grace of "gpupack's view is behind" answers (scheduler/extender/view_lag.py), alone and in
 the filter and the group verbs: an error while it lasts, the old refusal after."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from prometheus_client import CollectorRegistry, Counter
 from sched_builders import FakeClock, filter_args, make_cache, mig_pod, node
 from test_groups_builders import lws_pod, rig
 
-from scheduler.group_verbs import GroupVerbs
-from scheduler.verbs import UNKNOWN_NODE, Memo, capacity_behind, filter_nodes
-from scheduler.view_lag import ViewLag
-from scheduler.wire import ExtenderArgs
+from scheduler.extender.verbs import UNKNOWN_NODE, Memo, capacity_behind, filter_nodes
+from scheduler.extender.view_lag import ViewLag
+from scheduler.extender.wire import ExtenderArgs
+from scheduler.groups.plugin import GroupVerbs
 
 
 def lag(clock: FakeClock, grace_s: float = 30.0, limit: int = 100) -> tuple[ViewLag, Any]:

@@ -262,8 +262,8 @@ def test_serve_shape_counts_claims_on_the_extenders_cache() -> None:
     SnapshotFeed, which hands out a new snapshot at most once a second. A burst inside
     that second is spread by the claims; once the cache shows the converted pods
     (pending), their claims end and the pods are counted once."""
+    from gpupack.webhook_host import SnapshotFeed
     from kube.cache import ClusterCache
-    from scheduler.webhook_host import SnapshotFeed
 
     cache = ClusterCache("gpupack")
     for n in (node("h100", mig={"3g.40gb": 1}), node("l40s", "L40S", 2, "shared")):

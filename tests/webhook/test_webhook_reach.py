@@ -278,8 +278,8 @@ def test_serve_shape_scopes_on_the_extenders_cache() -> None:
     """``gpupack serve --webhook-port``: nodes, labels and taints come from the
     extender's cache (SnapshotFeed); a pool pod and a pod that does not tolerate a
     taint are converted by what they can reach."""
+    from gpupack.webhook_host import SnapshotFeed
     from kube.cache import ClusterCache
-    from scheduler.webhook_host import SnapshotFeed
 
     cache = ClusterCache("gpupack")
     for n in (node("in", mig={"3g.40gb": 1}, labels={"pool": "p"}),

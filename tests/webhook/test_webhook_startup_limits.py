@@ -159,8 +159,8 @@ def _children(pid: int) -> list[int]:
 
 
 def test_the_extenders_feed_gives_no_snapshot_until_the_cache_is_synced() -> None:
+    from gpupack.webhook_host import SnapshotFeed
     from kube.cache import ClusterCache
-    from scheduler.webhook_host import SnapshotFeed
 
     cache = ClusterCache("gpupack", mig_actuator=True)
     cache.upsert_node(opted_in(node("h0")))  # no slices yet: made on demand

@@ -1,0 +1,612 @@
+"""The background planner: a placement plan for every pending pod of our scheduler.
+
+A daemon thread waits for cache changes, lets them settle for ``debounce_s`` (a burst of
+watch events becomes one solve), takes a snapshot and has it solved with the configured
+policy (``gpupack``: greedy portfolio, then CP-SAT under an explicit time limit, worker
+count and seed). The solve runs in a separate solver process (:mod:`scheduler.planner.solve`):
+at 1,000-5,000 nodes it is seconds of CPU-bound Python, which in this process would hold
+the GIL away from the request threads. The thread picks the nodes to plan over (for a
+batch without group members: :func:`pick_candidates`, at most ``max_nodes``, the classes
+of equal nodes the scorer likes best for each shape of the batch first), packs them with
+their pods and waits for the answer; it also takes the cluster's fragmentation figure,
+one evaluation per node state, where every node's signature is already known. The verbs
+read the latest published :class:`Plan` without waiting; a pod the plan does not know
+yet gets the greedy answer from the scorer.
+
+The planner also publishes the policy's scorer for the verbs. The FGD-based scorers
+depend on the workload's typical shapes and their frequencies, which move a little with
+every pod; the scorer is replaced only when the shapes change or a frequency moves by
+more than ``SHAPE_TOLERANCE``, because each replacement invalidates every memoized
+per-node score (a latency spike on the next requests) for no real change in preference.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from itertools import islice
+from typing import Any
+
+from kube.cache import ClusterCache
+from packing.constraints import selector_miss
+from packing.cpsat import SolverParams
+from packing.model import NodeInfo, Placement, PodRequest, Snapshot
+from packing.policies.fgd import (
+    Shape,
+    node_fragmentation,
+    shape_workload,
+    typical_shapes,
+    workload_of,
+)
+from packing.policies.lookahead import keeps_whole_nodes
+from packing.scoring import Score, order_pods
+from packing.state import ClusterState
+from scheduler.backoff import doubling
+from scheduler.extender.verbs import ScorerRef, best_key, shape_key
+from scheduler.planner.solve import (
+    SolveJob,
+    SolveOutcome,
+    SolverError,
+    SolverProcess,
+    compact_workload,
+    make_policy,
+    solve,
+)
+
+log = logging.getLogger("gpupack.scheduler.planner")
+
+SHAPE_TOLERANCE = 0.05
+PLAN_NODES = 64  # default cap on the nodes one plan is made over (see pick_candidates)
+# After a failed solve the next is tried in 1, 2, 4 .. BACKOFF_MAX_S seconds (backoff_s).
+BACKOFF_MAX_S = 60.0
+
+CAPACITY_LIMIT = 8  # pods of one shape counted on one node (see node_capacity)
+
+# (pod without its selector, its node's signature, a node of that signature) -> the
+# scorer's best key there and how many pods of the shape the node takes (at most
+# CAPACITY_LIMIT), or None where the pod does not fit.
+Rank = Callable[[PodRequest, int, str], tuple[Score, int] | None]
+
+
+def node_capacity(info: NodeInfo, running: Sequence[tuple[PodRequest, Placement]],
+                  pod: PodRequest, limit: int = CAPACITY_LIMIT) -> int:
+    """How many pods like ``pod`` fit on the node one after another (each on the first
+    option left), up to ``limit``: on a copy of the node alone."""
+    state = ClusterState(Snapshot((info,), tuple(running)))
+    for i in range(limit):
+        copy = replace(pod, key=f"{pod.key}#{i}")
+        options = state.options(copy, info.name, dedupe=True)
+        if not options:
+            return i
+        state.apply(copy, options[0])
+    return limit
+
+
+@dataclass
+class _Shape:
+    need: int  # pods of the shape in the batch
+    classes: list[tuple[list[str], int]]  # (nodes allowed, pods one of them takes), best first
+    covered: int = 0  # pods the nodes picked for it could take
+    next: int = 0  # the next class to take nodes from
+
+
+def pick_candidates(labels: Callable[[str], Mapping[str, str]], signatures: Mapping[str, int],
+                    batch: Sequence[PodRequest], per_class: int, max_nodes: int,
+                    rank: Rank) -> tuple[list[str], set[str]]:
+    """The nodes to plan ``batch`` over, best first, and the batch pods that fit no node.
+
+    Nodes with equal signatures (:func:`kube.signatures.node_signature`) are
+    interchangeable to the policies but for their labels. For each shape of the batch the
+    classes of equal nodes it fits are ranked by ``rank`` (the policy's scorer on one
+    node of the class: the classes the greedy answer would pick come first). Then, round
+    by round and higher priority first, each shape whose pods the nodes picked so far
+    could not all take gets nodes of its next-best class: as many as its pods still need
+    (by how many one node takes), at most ``per_class``, that satisfy the shape's node
+    selector. Once every shape is covered, more rounds give each shape its next class
+    (up to ``per_class`` nodes, at most one per pod of the shape) for the plan to choose
+    from, until ``max_nodes`` (0: no cap) are picked. So a plan is made over at most
+    ``max_nodes`` nodes however many nodes and classes the cluster has. A node is
+    counted for one shape only: a shape whose class another shape took nodes of gets the
+    class's other nodes (two shapes of 8 pods that take a whole node each, on a class of
+    20 equal nodes, get 16 of them, not the same 8 counted twice); the plan, not this,
+    decides who gets which node.
+    """
+    classes: dict[int, list[str]] = {}
+    for name, sid in signatures.items():
+        classes.setdefault(sid, []).append(name)
+    by_shape: dict[tuple[Any, ...], list[PodRequest]] = {}
+    for pod in order_pods(batch):
+        by_shape.setdefault(shape_key(pod), []).append(pod)
+    placeable: set[str] = set()
+    shapes: list[_Shape] = []
+    for pods in by_shape.values():
+        pod = pods[0]
+        selector = tuple(pod.node_selector.items())
+        bare = replace(pod, node_selector={}) if selector else pod
+        ranked: list[tuple[Score, int, list[str], int]] = []
+        for sid, members in classes.items():
+            found = rank(bare, sid, members[0])
+            if found is None:
+                continue
+            allowed = [m for m in members
+                       if all(labels(m).get(k) == v for k, v in selector)]
+            if allowed:
+                ranked.append((found[0], sid, allowed, max(1, found[1])))
+        if ranked:
+            placeable.update(p.key for p in pods)
+            ranked.sort(key=lambda r: (r[0], r[1]))
+            shapes.append(_Shape(len(pods), [(r[2], r[3]) for r in ranked]))
+    keep: dict[str, None] = {}
+
+    def full() -> bool:
+        return bool(max_nodes) and len(keep) >= max_nodes
+
+    def take(shape: _Shape, count: int) -> None:
+        members, capacity = shape.classes[shape.next]
+        shape.next += 1
+        # Only nodes no shape has yet: one another shape took holds its pods, so it covers
+        # none of this shape's (counting it again left pods without a node in the job).
+        for m in islice((m for m in members if m not in keep), count):
+            if full():
+                return
+            keep[m] = None
+            shape.covered += capacity
+
+    # Cover every shape's pods first, then more choice, round by round.
+    while not full():
+        short = [x for x in shapes if x.covered < x.need and x.next < len(x.classes)]
+        if not short:
+            break
+        for x in short:
+            members, capacity = x.classes[x.next]
+            take(x, min(per_class, -(-(x.need - x.covered) // capacity)))
+    while not full():
+        left = [x for x in shapes if x.next < len(x.classes)]
+        if not left:
+            break
+        for x in left:
+            take(x, min(per_class, x.need))
+    return list(keep), placeable
+
+
+def backoff_s(failures: int) -> float:
+    """Seconds to wait after ``failures`` solves in a row failed: 2^(failures - 1), at
+    most BACKOFF_MAX_S (:func:`scheduler.backoff.doubling`)."""
+    return doubling(1.0, failures, BACKOFF_MAX_S)
+
+
+def _selector_reason(selector: Sequence[tuple[str, str]], labels: Mapping[str, str]
+                     ) -> str | None:
+    """:func:`packing.state.fits_node`'s reason for a node whose labels miss the pod's
+    node selector (None: they match)."""
+    miss = selector_miss(selector, labels)
+    return None if miss is None else f"node selector {miss[0]}={miss[1]} does not match"
+
+
+def explain_by_class(pod: PodRequest, classes: Mapping[int, Sequence[str]],
+                     labels: Callable[[str], Mapping[str, str]],
+                     misfit: Mapping[int, tuple[str, bool]]) -> str:
+    """:func:`packing.scoring.explain_unplaceable` of ``pod`` over every node of the
+    cluster, from one evaluation per class of equal nodes: the text a plan over every
+    node gives (a plan over candidate nodes holds none the pod fits, and said "no nodes").
+
+    ``misfit[sid]``: for the pod without its node selector on a node of class ``sid``,
+    (the node's reason, whether its labels cannot change it); no entry where it fits.
+    A node's reason is ``unresolvable or reason`` (as explain_unplaceable takes it); only
+    ``reason`` depends on the labels, through the node selector, which
+    :func:`packing.state.fits_node` checks after the cordon and before the rest. So the
+    labels count only on a node that could take the pod some day and is not cordoned,
+    and where the pod without its selector fits, the selector is the reason."""
+    selector = tuple(pod.node_selector.items())
+    reasons: Counter[str] = Counter()
+    for sid, members in classes.items():
+        got = misfit.get(sid)
+        if got is not None and (got[1] or not selector):
+            reasons[got[0]] += len(members)
+            continue
+        for m in members:
+            why = _selector_reason(selector, labels(m))
+            reasons[why or ("fits" if got is None else got[0])] += 1
+    if not reasons:
+        return "no nodes"
+    top = sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))[:2]
+    return "; ".join(f"{n} node(s): {r}" for r, n in top)
+
+
+def _bare_shapes(batch: Sequence[PodRequest]) -> dict[tuple[Any, ...], PodRequest]:
+    """One pod of each shape of ``batch`` without its node selector (selectors are checked
+    per node by :func:`pick_candidates`; a node state's memo entries hold for any), by
+    :func:`scheduler.extender.verbs.shape_key`."""
+    out: dict[tuple[Any, ...], PodRequest] = {}
+    for pod in batch:
+        bare = replace(pod, node_selector={}) if pod.node_selector else pod
+        out.setdefault(shape_key(bare), bare)
+    return out
+
+
+@dataclass(frozen=True)
+class Plan:
+    placements: Mapping[str, Placement] = field(default_factory=dict)
+    unschedulable: Mapping[str, str] = field(default_factory=dict)  # pod key -> reason
+    pending_class: Mapping[str, str] = field(default_factory=dict)  # pod key -> class
+    status: str = "none"  # none | idle | greedy | OPTIMAL | FEASIBLE | ... | error
+    solved_at: float | None = None  # clock time the solve finished
+    solve_seconds: float = 0.0
+    cache_version: int = -1
+    fragmentation: float = 0.0
+    error: str = ""
+
+    def placement_of(self, pod_key: str) -> Placement | None:
+        return self.placements.get(pod_key)
+
+
+class Planner:
+    """Keeps :attr:`plan` and :attr:`scorer` current in a background thread."""
+
+    def __init__(
+        self,
+        cache: ClusterCache,
+        policy: str = "gpupack",
+        params: SolverParams | None = None,
+        debounce_s: float = 0.5,
+        min_interval_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+        max_batch: int = 64,
+        in_process: bool = False,
+        per_class: int = 16,
+        max_nodes: int = PLAN_NODES,
+    ) -> None:
+        self.cache = cache
+        self.policy_name = policy
+        self.params = params or SolverParams(max_time_s=2.0, workers=2, seed=0)
+        self.policy = make_policy(policy, self.params)
+        self.debounce_s = debounce_s
+        self.min_interval_s = min_interval_s
+        self.max_batch = max_batch
+        self.clock = clock
+        self.plan = Plan()
+        self._shapes: list[tuple[Shape, float]] = []
+        self._keep_whole_nodes = False
+        self._scorer_gen = 0
+        self.scorer = ScorerRef(self.policy.make_scorer(Snapshot(nodes=())), 0,
+                                name_sensitive=policy == "random", policy=policy,
+                                source=Snapshot(nodes=()))
+        self.solves = 0
+        # in_process: solve in the calling thread (tests, tools); else in the child.
+        self.in_process = in_process
+        # Plan over candidate nodes (pick_candidates): up to per_class nodes of a class
+        # of equal nodes, max_nodes in all (0: no cap); per_class 0: every node.
+        self.per_class = per_class
+        self.max_nodes = max_nodes
+        # Memos by node signature (ids are never reused for another state), kept for the
+        # signatures some node has now: (shape, signature) -> the scorer's best key there
+        # and the node's capacity for the shape (for the scorer of _rank_gen), and where
+        # the shape does not fit, why (explain_by_class's misfit), both kept for the
+        # shapes of the latest batch planned over candidates only (a shape no pod has any
+        # more is not kept for ever); signature -> (fragmentation, idle GPU milli) for the
+        # current shapes.
+        self._rank_memo: dict[tuple[tuple[Any, ...], int], tuple[Score, int] | None] = {}
+        self._why_memo: dict[tuple[tuple[Any, ...], int], tuple[str, bool]] = {}
+        self._rank_gen = -1
+        self._rank_scorer = self.scorer.scorer
+        self._frag_memo: dict[int, tuple[float, int]] = {}
+        self._workload: tuple[tuple[PodRequest, int, int], ...] = ()
+        self.last_job_nodes = 0  # nodes the latest job was planned over
+        # Pending pods the latest plan that held them left unschedulable: a batch takes
+        # them only where room is left (see make_job).
+        self._unplaced: set[str] = set()
+        self._solver: SolverProcess | None = None
+        self._solver_lock = threading.Lock()  # _solver's creation against stop()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        cache.subscribe(self._wake.set)
+
+    # ---- lifecycle -----------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._loop, name="gpupack-planner", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop the thread (waiting for it at most ``timeout``) and the solver child. A
+        thread still busy then starts no child any more (``_child``), and its solve in
+        flight fails at once: the child is shut down for good, not restarted."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        self._shutdown_solver()
+
+    def age(self) -> float | None:
+        """Seconds since the latest plan was solved; None before the first."""
+        at = self.plan.solved_at
+        return None if at is None else max(0.0, self.clock() - at)
+
+    def _loop(self) -> None:
+        try:
+            self._run()
+        finally:
+            # However the thread ends, no solver child outlives it.
+            self._shutdown_solver()
+
+    def _run(self) -> None:
+        last = 0.0
+        failures = 0
+        while not self._stop.is_set():
+            self._wake.wait()
+            if self._stop.is_set():
+                return
+            # Debounce: solve once the events stop coming for a moment, and not more
+            # often than min_interval_s, since a solve can take its full time limit.
+            time.sleep(self.debounce_s)
+            wait = self.min_interval_s - (time.monotonic() - last)
+            if wait > 0:
+                self._stop.wait(wait)
+            if self._stop.is_set():
+                return  # stopped while waiting: no solve (and no solver child) after it
+            self._wake.clear()
+            try:
+                if not self.cache.synced:
+                    continue
+                last = time.monotonic()
+                self.solve_once()
+                failures = 0
+            except Exception as e:  # a planner bug must not kill the extender: log, retry
+                failures += 1
+                self._failed(e)
+                # Try again without waiting for the next cache change (a dead solver
+                # child is restarted by the next solve), backing off 1, 2, 4 .. 60 s.
+                if not self._stop.wait(backoff_s(failures)):
+                    self._wake.set()
+
+    def _failed(self, e: Exception) -> None:
+        """Log a failed solve and publish an error plan; nothing raised here may end the
+        thread (this runs in its exception handler)."""
+        try:
+            log.exception("planning failed")
+            self.plan = Plan(status="error", solved_at=self.clock(), error=str(e),
+                             cache_version=self.cache.version)
+        except Exception:  # the thread outlives its own error path (the next try logs)
+            pass
+
+    # ---- one solve -------------------------------------------------------------------------
+
+    def solve_once(self) -> Plan:
+        """Snapshot, refresh the scorer, pick the nodes to plan over, solve, publish.
+        Called by the thread and tests."""
+        job, version, frag = self.make_job()
+        started = time.monotonic()
+        # Nothing to plan: answered here (an empty job), no child is started or woken.
+        local = self.in_process or not job.batch
+        if not local and self._stop.is_set():
+            # stop() came while the snapshot was taken: it has shut the solver down, or
+            # found none, and no child may be started after it.
+            return self.plan
+        outcome = solve(job) if local else self._child().solve(job, self.timeout_s())
+        plan = self._publish(outcome, job, version, frag, time.monotonic() - started)
+        return plan
+
+    def make_job(self) -> tuple[SolveJob, int, float]:
+        """The job for the solver, the cache version it was taken at, and the cluster's
+        fragmentation figure (taken here, where every node's signature is known: one
+        evaluation per node state, not per node).
+
+        The job holds only what the plan is made over: for a batch without group members
+        the candidate nodes (:func:`pick_candidates`, at most ``max_nodes``) and the pods
+        on them, so the solver child's memory does not grow with the cluster. A batch with
+        group members is planned over every node: a group's topology domains and the
+        exclusive domains taken by running groups are read from all nodes and pods. An
+        empty batch holds no nodes."""
+        cache = self.cache
+        version = cache.version
+        snapshot = cache.snapshot()
+        self._refresh_scorer(snapshot)  # outside the lock: it reads every pod's shape
+        batch = snapshot.pending
+        self._unplaced.intersection_update(p.key for p in batch)
+        if len(batch) > self.max_batch:
+            # A bounded batch keeps every solve bounded; pods beyond it, lower priority
+            # or newer, get the greedy answer until an earlier batch has been bound. Pods
+            # the latest plan that held them could not place come last, whatever their
+            # priority: a few pods that fit no node (too many GPUs, a selector no node
+            # matches) at a high priority otherwise filled every batch, and the pods
+            # behind them were never planned. They are planned again where room is left
+            # (and kept last until a plan places them); the verbs answer them meanwhile.
+            ordered = order_pods(batch)
+            batch = tuple(([p for p in ordered if p.key not in self._unplaced]
+                           + [p for p in ordered if p.key in self._unplaced])[: self.max_batch])
+        capped = bool(batch) and bool(self.per_class) and not any(p.group for p in batch)
+        shapes = _bare_shapes(batch) if capped else {}
+        if self._rank_gen != self.scorer.gen:
+            # A scorer of the planner's own (the verbs' one keeps a memo by node state
+            # version that copies must not touch), rebuilt from the same workload.
+            self._rank_memo.clear()
+            self._why_memo.clear()
+            self._rank_gen = self.scorer.gen
+            self._rank_scorer = self.policy.make_scorer(
+                self.scorer.source or Snapshot(nodes=()))
+        if capped:
+            # Only this batch's shapes are kept: at most max_batch shapes for each node
+            # state (one-off shapes of pods long gone stayed for as long as their node
+            # states did, the typical shapes' often for ever).
+            self._rank_memo = {k: v for k, v in self._rank_memo.items() if k[0] in shapes}
+            self._why_memo = {k: v for k, v in self._why_memo.items() if k[0] in shapes}
+        with cache.lock:
+            # Under the lock only reads: the signatures, the (immutable) NodeInfos, and a
+            # node's pods for each node state not evaluated yet; the evaluations run on
+            # copies after it (a first solve evaluates every state: ~0.2 s at 5,000 nodes).
+            signatures = dict(cache.signatures())
+            infos = {name: n.info for name, n in cache.state.nodes.items()}
+            new: dict[int, tuple[NodeInfo, tuple[tuple[PodRequest, Placement], ...]]] = {}
+            for name, sid in signatures.items():
+                if sid not in new and (
+                        sid not in self._frag_memo
+                        or any((k, sid) not in self._rank_memo for k in shapes)):
+                    new[sid] = (infos[name], tuple(cache.pods_on(name)))
+        self._evaluate(new, shapes)
+        frag = self._fragmentation(signatures)
+        if not batch:
+            job = SolveJob(self.policy_name, self.params, Snapshot(nodes=()), ())
+        elif capped:
+            names, placeable = pick_candidates(
+                lambda m: infos[m].labels, signatures, batch, self.per_class, self.max_nodes,
+                lambda pod, sid, _node: self._rank_memo[shape_key(pod), sid])
+            with cache.lock:
+                # The nodes and pods as they are now: pods bound since the snapshot are
+                # left out of the batch (they run on the nodes now).
+                batch = tuple(p for p in batch if cache.pending_pod(p.key) is not None)
+                names = [n for n in names if n in cache.state.nodes]
+                nodes = tuple(cache.state.nodes[n].info for n in names)
+                running = tuple(r for n in names for r in cache.pods_on(n))
+            unplaceable = [p for p in batch if p.key not in placeable]
+            job = SolveJob(self.policy_name, self.params, Snapshot(nodes, running, ()),
+                           batch, self._workload, frozenset(p.key for p in unplaceable),
+                           self._explain(unplaceable, signatures, infos))
+        else:
+            job = SolveJob(self.policy_name, self.params,
+                           Snapshot(snapshot.nodes, snapshot.running, ()), tuple(batch),
+                           self._workload)
+        self.last_job_nodes = len(job.snapshot.nodes)
+        return job, version, frag
+
+    def _evaluate(self, new: Mapping[int, tuple[NodeInfo, Sequence[tuple[PodRequest,
+                                                                             Placement]]]],
+                  shapes: Mapping[tuple[Any, ...], PodRequest]) -> None:
+        """Fill the memos for node states not evaluated yet, each on a copy of one node
+        in that state (its NodeInfo and pods): its fragmentation figures, and per batch
+        shape the planner's scorer's best key there and how many pods of the shape the
+        node takes (:func:`node_capacity`), None where the shape does not fit."""
+        for sid, (info, pods) in new.items():
+            copy = ClusterState(Snapshot((info,), tuple(pods)))
+            n = copy.nodes[info.name]
+            if sid not in self._frag_memo:
+                self._frag_memo[sid] = (
+                    node_fragmentation(n, self._shapes) if self._shapes else 0.0,
+                    sum(g.free_milli for g in n.gpus))
+            for k, pod in shapes.items():
+                if (k, sid) in self._rank_memo:
+                    continue
+                key = best_key(copy, pod, info.name, self._rank_scorer)
+                self._rank_memo[k, sid] = None if key is None else (
+                    key, node_capacity(info, pods, pod))
+                if key is None:
+                    # Why not (explain_by_class): whether the node could never take it or
+                    # is cordoned, either one before the node selector (the labels).
+                    never = copy.unresolvable(pod, info.name)
+                    self._why_memo[k, sid] = (
+                        (never, True) if never is not None
+                        else (copy.reason(pod, info.name), info.unschedulable))
+
+    def _explain(self, pods: Sequence[PodRequest], signatures: Mapping[str, int],
+                 infos: Mapping[str, NodeInfo]) -> tuple[tuple[str, str], ...]:
+        """(pod key, reason) for the batch pods that fit no node, over the whole
+        cluster (:func:`explain_by_class`, from the memos of ``_evaluate``): the plan
+        over candidate nodes holds none of the nodes they were refused by."""
+        if not pods:
+            return ()
+        classes: dict[int, list[str]] = {}
+        for name, sid in signatures.items():
+            classes.setdefault(sid, []).append(name)
+        out: dict[tuple[Any, ...], str] = {}  # one text per shape, its selector included
+        reasons = []
+        for pod in pods:
+            # (the selector in its order: fits_node names the first pair a node misses)
+            k = (*shape_key(pod), tuple(pod.node_selector.items()))
+            if k not in out:
+                bare = shape_key(replace(pod, node_selector={}))
+                misfit = {sid: w for (b, sid), w in self._why_memo.items() if b == bare}
+                out[k] = explain_by_class(pod, classes, lambda m: infos[m].labels, misfit)
+            reasons.append((pod.key, out[k]))
+        return tuple(reasons)
+
+    def _fragmentation(self, signatures: Mapping[str, int]) -> float:
+        """:func:`packing.policies.fgd.cluster_fragmentation` of the cache's state: the
+        share of idle GPU capacity the typical shapes cannot use, from each node state's
+        memoized figures. Also drops the memos' entries of signatures no node has now."""
+        live = set(signatures.values())
+        self._rank_memo = {k: v for k, v in self._rank_memo.items() if k[1] in live}
+        self._why_memo = {k: v for k, v in self._why_memo.items() if k[1] in live}
+        self._frag_memo = {k: v for k, v in self._frag_memo.items() if k in live}
+        if not self._shapes:
+            return 0.0
+        frag = idle = 0.0
+        for sid in signatures.values():
+            f, i = self._frag_memo[sid]
+            frag += f
+            idle += i
+        return frag / idle if idle else 0.0
+
+    def timeout_s(self) -> float:
+        """How long to wait for the child: the time limit plus a generous margin (the
+        greedy passes, model building and the fragmentation figure come on top)."""
+        return 4 * self.params.max_time_s + 120.0
+
+    def _child(self) -> SolverProcess:
+        with self._solver_lock:
+            if self._stop.is_set():  # stop() shuts the solver down once, for good
+                raise SolverError("the planner is stopped: no solver child is started")
+            if self._solver is None:
+                self._solver = SolverProcess()
+            return self._solver
+
+    def _shutdown_solver(self) -> None:
+        with self._solver_lock:
+            solver, self._solver = self._solver, None
+        if solver is not None:
+            solver.shutdown()
+
+    @property
+    def solver_pid(self) -> int | None:
+        return None if self._solver is None else self._solver.pid
+
+    def _publish(self, outcome: SolveOutcome, job: SolveJob, version: int, frag: float,
+                 wall: float) -> Plan:
+        del wall  # the solve's own time (outcome.seconds) is what the metric reports
+        plan = Plan(
+            placements={p.pod: p for p in outcome.placements},
+            unschedulable=dict(outcome.unschedulable),
+            pending_class={p.key: p.klass for p in job.batch},
+            status=outcome.status,
+            solved_at=self.clock(),
+            solve_seconds=outcome.seconds,
+            cache_version=version,
+            fragmentation=frag,
+        )
+        self.plan = plan
+        self.solves += 1
+        for p in job.batch:  # what the next batches take last (make_job)
+            if p.key in plan.unschedulable:
+                self._unplaced.add(p.key)
+            else:
+                self._unplaced.discard(p.key)
+        return plan
+
+    def _refresh_scorer(self, snapshot: Snapshot) -> None:
+        shapes = typical_shapes(workload_of(snapshot))
+        # The gpupack scorer's other input: whether whole nodes are kept for groups (a
+        # clique label or the first group pod can come without any shape changing).
+        keep = keeps_whole_nodes(snapshot)
+        if _close(shapes, self._shapes) and keep == self._keep_whole_nodes:
+            return
+        self._shapes = shapes
+        self._keep_whole_nodes = keep
+        self._frag_memo = {}
+        self._scorer_gen += 1
+        source = shape_workload(snapshot)
+        self._workload = compact_workload(source)
+        self.scorer = ScorerRef(self.policy.make_scorer(snapshot), self._scorer_gen,
+                                name_sensitive=self.policy_name == "random",
+                                policy=self.policy_name, source=source)
+
+
+def _close(a: list[tuple[Shape, float]], b: list[tuple[Shape, float]]) -> bool:
+    if Counter(s for s, _ in a) != Counter(s for s, _ in b):
+        return False
+    wb = dict(b)
+    return all(abs(w - wb[s]) <= SHAPE_TOLERANCE for s, w in a)
