@@ -27,13 +27,11 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
 from matplotlib.gridspec import GridSpec
-from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import MaxNLocator
 
-from gpupack.render import COLOURS, DPI, IDLE_SLICE, LEGEND, OTHER, OUTLINE, WIDTH_PX
-from packing.catalog import get_model
+from gpupack.render import DPI, OTHER, WIDTH_PX, draw_legend, draw_nodes
 from packing.day import DayResult
-from packing.model import GpuMode, NodeInfo, Snapshot
+from packing.model import NodeInfo, Snapshot
 from packing.state import ClusterState
 
 HASH_KEY = "gpupack-picture-sha256:"
@@ -93,7 +91,8 @@ def render_day(results: Sequence[DayResult], nodes: Sequence[NodeInfo], path: Pa
     _draw_series(gpus_ax, wait_ax, results, total_gpus)
     for i, r in enumerate(results):
         _draw_packing(fig.add_subplot(grid[1, i]), r, nodes, rows, cols)
-    _draw_legend(fig.add_subplot(grid[:, len(results)]))
+    draw_legend(fig.add_subplot(grid[:, len(results)]), EXPLANATION, fontsize=8.5,
+                loc="center left", anchor=(0.0, 0.42))
     fig.tight_layout(pad=0.6, h_pad=1.2, w_pad=0.8)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=DPI, metadata={"Description": HASH_KEY + picture_hash(data)})
@@ -136,33 +135,8 @@ def _draw_packing(ax: Axes, r: DayResult, nodes: Sequence[NodeInfo], rows: int,
                   cols: int) -> None:
     state = ClusterState(Snapshot(tuple(nodes), r.busiest))
     klass = {req.key: req.klass for req, _ in r.busiest}
-    shared_mem = {req.key: req.gpu_memory_mib for req, _ in r.busiest}
-    for i, node in enumerate(state.nodes.values()):
-        y = rows - 1 - i
-        for g in node.gpus:
-            x = g.info.index
-            if g.whole_owner is not None:
-                ax.add_patch(Rectangle((x, y), 0.92, 0.8, color=COLOURS.get(
-                    klass.get(g.whole_owner, ""), OTHER)))
-            elif g.mode is GpuMode.MIG:
-                geom = get_model(g.info.model).mig
-                assert geom is not None
-                for start, (profile, owner) in g.instances.items():
-                    size = geom.profile(profile).memory_slices / geom.memory_slices
-                    colour = COLOURS.get(klass.get(owner, ""), OTHER) if owner else IDLE_SLICE
-                    ax.add_patch(Rectangle((x + 0.92 * start / geom.memory_slices, y),
-                                           0.92 * size - 0.01, 0.8, color=colour))
-            else:
-                off = 0.0
-                for owner, (milli, _) in g.shared_owners.items():
-                    share = (milli / 1000 if milli
-                             else shared_mem.get(owner, 0) / max(g.info.memory_mib, 1))
-                    w = 0.92 * min(share, 1.0)
-                    ax.add_patch(Rectangle((x + off, y), max(w - 0.01, 0.02), 0.8,
-                                           color=COLOURS.get(klass.get(owner, ""), OTHER)))
-                    off += w
-            ax.add_patch(Rectangle((x, y), 0.92, 0.8, fill=False, lw=0.6, ec=OUTLINE))
-        ax.text(-0.15, y + 0.4, node.info.name, ha="right", va="center", fontsize=7.5)
+    memory = {req.key: req.gpu_memory_mib for req, _ in r.busiest}
+    draw_nodes(ax, state.nodes.values(), rows, klass, memory, name_size=7.5)
     at = next((s for s in r.series if s.t >= r.busiest_at), None)
     waiting = f", {_count(at.pending, 'pod')} waiting" if at is not None else ""
     used = at.gpus_in_use if at is not None else 0
@@ -172,16 +146,6 @@ def _draw_packing(ax: Axes, r: DayResult, nodes: Sequence[NodeInfo], rows: int,
     ax.set_xlim(-2.4, cols)
     ax.set_ylim(-0.2, rows)
     ax.axis("off")
-
-
-def _draw_legend(ax: Axes) -> None:
-    ax.axis("off")
-    handles = [Patch(facecolor=c, edgecolor=OUTLINE, label=label) for c, label in LEGEND]
-    ax.legend(handles=handles, loc="center left", fontsize=8.5, frameon=False,
-              title="colour = what holds the room", title_fontsize=8.5,
-              bbox_to_anchor=(0.0, 0.42))
-    ax.text(0.0, 0.02, EXPLANATION, transform=ax.transAxes, fontsize=8, va="bottom",
-            ha="left", linespacing=1.3)
 
 
 def png_hash(path: Path) -> str | None:

@@ -253,6 +253,18 @@ DAY_PLACERS: dict[str, Callable[[int], Callable[[], Placer]]] = {
 }
 
 
+def _day_policies(args: argparse.Namespace) -> list[str] | None:
+    """The policies of ``--policies`` for a day or a cluster; None (said on stderr) when
+    one is not known."""
+    names = [n for n in (args.policies or DAY_POLICIES).split(",") if n]
+    unknown = [n for n in names if n not in DAY_PLACERS]
+    if unknown or not names:
+        print(f"gpupack simulate: unknown policy {(unknown or [''])[0]!r} for a day; known: "
+              f"{', '.join(DAY_PLACERS)}", file=sys.stderr)
+        return None
+    return names
+
+
 @dataclass(frozen=True)
 class DayRow:
     result: DayResult
@@ -275,11 +287,8 @@ def run_day(args: argparse.Namespace, data: Any, source: str) -> int:
     except ScenarioError as e:
         print(f"gpupack simulate: {source}: {e}", file=sys.stderr)
         return 2
-    names = [n for n in (args.policies or DAY_POLICIES).split(",") if n]
-    unknown = [n for n in names if n not in DAY_PLACERS]
-    if unknown or not names:
-        print(f"gpupack simulate: unknown policy {(unknown or [''])[0]!r} for a day; known: "
-              f"{', '.join(DAY_PLACERS)}", file=sys.stderr)
+    names = _day_policies(args)
+    if names is None:
         return 2
     rows = [day_row(sc.day, DAY_PLACERS[n](args.seed), size=True) for n in names]
     png = render_day([r.result for r in rows], sc.day.nodes, (args.out or Path("out"))
@@ -424,11 +433,8 @@ def run_cluster(args: argparse.Namespace) -> int:
         print(f"gpupack simulate: {got}", file=sys.stderr)
         return 2
     source, cd = got
-    names = [n for n in (args.policies or DAY_POLICIES).split(",") if n]
-    unknown = [n for n in names if n not in DAY_PLACERS]
-    if unknown or not names:
-        print(f"gpupack simulate: unknown policy {(unknown or [''])[0]!r}; known: "
-              f"{', '.join(DAY_PLACERS)}", file=sys.stderr)
+    names = _day_policies(args)
+    if names is None:
         return 2
     day = cd.day
     rows = [day_row(day, DAY_PLACERS[n](args.seed), size=True) for n in names]

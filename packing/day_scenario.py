@@ -35,8 +35,8 @@ from typing import Any
 from packing.catalog import models_with_profile, profile_from_resource
 from packing.day import Day, DayPod, Event, Pool, Rollout, Scale, Workload
 from packing.model import GroupRef, NodeInfo, PodRequest, RequestKind
-from packing.quantity import QuantityError, cpu_milli, memory_mib
-from packing.scenario import ScenarioError, parse_pools
+from packing.quantity import cpu_milli, memory_mib
+from packing.scenario import ScenarioError, get_field, parse_pools, quantity
 
 DAY_S = 24 * 3600
 SHARED_RESOURCE = "nvidia.com/gpu.shared"
@@ -50,25 +50,6 @@ def is_day(data: Any) -> bool:
     """Whether decoded YAML is a day scenario (it has ``services``), not an arrival
     scenario (:mod:`packing.scenario`)."""
     return isinstance(data, Mapping) and "services" in data
-
-
-def _get(d: Mapping[str, Any], key: str, where: str, kind: type | tuple[type, ...],
-         default: Any = None) -> Any:
-    if key not in d:
-        if default is not None:
-            return default
-        raise ScenarioError(f"{where}.{key}: missing")
-    v = d[key]
-    if not isinstance(v, kind) or isinstance(v, bool):
-        raise ScenarioError(f"{where}.{key}: {v!r} has the wrong type")
-    return v
-
-
-def _qty(conv: Any, v: Any, where: str) -> int:
-    try:
-        return int(conv(v))
-    except QuantityError as e:
-        raise ScenarioError(f"{where}: {e}") from None
 
 
 def clock(text: Any, where: str) -> float:
@@ -112,8 +93,8 @@ def _curve(v: Any, where: str) -> Curve:
         return Curve(v, v, 0.0, 0.0)
     if not isinstance(v, Mapping):
         raise ScenarioError(f"{where}: expected a count or {{night, peak, peak-at}}")
-    night = _get(v, "night", where, int)
-    peak = _get(v, "peak", where, int)
+    night = get_field(v, "night", where, int)
+    peak = get_field(v, "peak", where, int)
     if night < 0 or peak < 0:
         raise ScenarioError(f"{where}: counts must not be negative")
     noise = v.get("noise", 0.0)
@@ -192,15 +173,15 @@ class Service:
 def _service(c: Any, where: str) -> tuple[Service, Curve, tuple[float, ...]]:
     if not isinstance(c, Mapping):
         raise ScenarioError(f"{where}: expected a mapping")
-    name = _get(c, "name", where, str)
-    namespace = _get(c, "namespace", where, str, "default")
-    gpus = _get(c, "gpus", where, int, 0) if "gpus" in c else 0
+    name = get_field(c, "name", where, str)
+    namespace = get_field(c, "namespace", where, str, "default")
+    gpus = get_field(c, "gpus", where, int, 0) if "gpus" in c else 0
     if gpus < 0:
         raise ScenarioError(f"{where}.gpus: {gpus} is negative")
     size = 0
     if "lws" in c:
-        lws = _get(c, "lws", where, Mapping)
-        size = _get(lws, "size", f"{where}.lws", int)
+        lws = get_field(c, "lws", where, Mapping)
+        size = get_field(lws, "size", f"{where}.lws", int)
         if size < 1:
             raise ScenarioError(f"{where}.lws.size: {size} must be at least 1")
         if not gpus:
@@ -209,20 +190,20 @@ def _service(c: Any, where: str) -> tuple[Service, Curve, tuple[float, ...]]:
     gpu_mem = 0
     resource = ""
     if not gpus:
-        gpu_mem = _qty(memory_mib, _get(c, "gpu-memory", where, (str, int)),
+        gpu_mem = quantity(memory_mib, get_field(c, "gpu-memory", where, (str, int)),
                        f"{where}.gpu-memory")
         if gpu_mem <= 0:
             raise ScenarioError(f"{where}.gpu-memory: must be more than zero")
-        resource = _get(c, "without-gpupack", where, str)
+        resource = get_field(c, "without-gpupack", where, str)
         profile = profile_from_resource(resource)
         if resource != SHARED_RESOURCE and (profile is None or not models_with_profile(profile)):
             raise ScenarioError(f"{where}.without-gpupack: {resource!r} is neither "
                                 f"{SHARED_RESOURCE} nor a MIG resource of a known GPU")
-    svc = Service(namespace, name, _qty(cpu_milli, c.get("cpu", 1), f"{where}.cpu"),
-                  _qty(memory_mib, c.get("memory", "1Gi"), f"{where}.memory"), gpus, gpu_mem,
+    svc = Service(namespace, name, quantity(cpu_milli, c.get("cpu", 1), f"{where}.cpu"),
+                  quantity(memory_mib, c.get("memory", "1Gi"), f"{where}.memory"), gpus, gpu_mem,
                   str(c.get("class", "whole" if gpus else "small")), resource, size)
     key = "groups" if size else "replicas"
-    curve = _curve(_get(c, key, where, (int, Mapping)), f"{where}.{key}")
+    curve = _curve(get_field(c, key, where, (int, Mapping)), f"{where}.{key}")
     rollouts = c.get("rollouts", [])
     if rollouts and not size:
         raise ScenarioError(f"{where}.rollouts: only a LeaderWorkerSet (lws) rolls out here")
@@ -243,17 +224,17 @@ class DayScenario:
 def parse_day(data: Any) -> DayScenario:
     if not isinstance(data, Mapping):
         raise ScenarioError("scenario: expected a mapping at the top")
-    seed = _get(data, "seed", "scenario", int, 0) if "seed" in data else 0
-    hours = _get(data, "hours", "scenario", (int, float), 24)
+    seed = get_field(data, "seed", "scenario", int, 0) if "seed" in data else 0
+    hours = get_field(data, "hours", "scenario", (int, float), 24)
     if not 0 < hours <= 24 * 7:
         raise ScenarioError(f"scenario.hours: {hours} is not within (0, 168]")
     step = duration(data.get("step", "15m"), "scenario.step")
-    specs_nodes = _get(data, "nodes", "scenario", list)
+    specs_nodes = get_field(data, "nodes", "scenario", list)
     pools = parse_pools(specs_nodes)
     nodes: list[NodeInfo] = [n for _, p in pools for n in p]
     # Nodes the sizing search may add: as many again of each kind.
     spare = parse_pools([{**spec, "count": 2 * spec["count"]} for spec in specs_nodes])
-    specs = _get(data, "services", "scenario", list)
+    specs = get_field(data, "services", "scenario", list)
     services: list[Service] = []
     events: list[tuple[float, int, Event]] = []
     rng = random.Random(seed)

@@ -37,8 +37,13 @@ class Scenario:
     arrivals: tuple[tuple[PodRequest, ...], ...]  # one pod, or all members of a group
 
 
-def _get(d: Mapping[str, Any], key: str, where: str, kind: type | tuple[type, ...]) -> Any:
+def get_field(d: Mapping[str, Any], key: str, where: str, kind: type | tuple[type, ...],
+              default: Any = None) -> Any:
+    """``d[key]`` checked to be a ``kind`` (never a bool); ``default`` when it is absent
+    and a default is given; ScenarioError naming ``where.key`` otherwise."""
     if key not in d:
+        if default is not None:
+            return default
         raise ScenarioError(f"{where}.{key}: missing")
     v = d[key]
     if not isinstance(v, kind) or isinstance(v, bool):
@@ -46,21 +51,24 @@ def _get(d: Mapping[str, Any], key: str, where: str, kind: type | tuple[type, ..
     return v
 
 
-def _qty(conv: Any, v: Any, where: str) -> int:
+
+def quantity(conv: Any, v: Any, where: str) -> int:
+    """``conv(v)`` (a Kubernetes quantity) as an int; ScenarioError naming ``where``."""
     try:
         return int(conv(v))
     except QuantityError as e:
         raise ScenarioError(f"{where}: {e}") from None
 
 
+
 def parse_scenario(data: Any) -> Scenario:
     if not isinstance(data, Mapping):
         raise ScenarioError("scenario: expected a mapping at the top")
-    seed = _get(data, "seed", "scenario", int) if "seed" in data else 0
-    nodes = [n for _, pool in parse_pools(_get(data, "nodes", "scenario", list)) for n in pool]
-    classes = _get(data, "classes", "scenario", list)
+    seed = get_field(data, "seed", "scenario", int) if "seed" in data else 0
+    nodes = [n for _, pool in parse_pools(get_field(data, "nodes", "scenario", list)) for n in pool]
+    classes = get_field(data, "classes", "scenario", list)
     templates = [_template(c, f"classes[{i}]") for i, c in enumerate(classes)]
-    n = _get(data, "arrivals", "scenario", int)
+    n = get_field(data, "arrivals", "scenario", int)
     rng = random.Random(seed)
     weights = [w for _, w, _ in templates]
     arrivals: list[tuple[PodRequest, ...]] = []
@@ -92,7 +100,7 @@ def parse_pools(specs: Sequence[Any]) -> list[tuple[str, list[NodeInfo]]]:
         if not isinstance(spec, Mapping):
             raise ScenarioError(f"{where}: expected a mapping")
         try:
-            model = match_product(_get(spec, "product", where, str))
+            model = match_product(get_field(spec, "product", where, str))
         except ValueError as e:
             raise ScenarioError(f"{where}.product: {e}") from None
         mode_text = spec.get("mode", "whole")
@@ -113,14 +121,14 @@ def parse_pools(specs: Sequence[Any]) -> list[tuple[str, list[NodeInfo]]]:
         replicas = spec.get("replicas", 1)
         if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 0:
             raise ScenarioError(f"{where}.replicas: {replicas!r} is not a count")
-        n_gpus = _get(spec, "gpus", where, int)
+        n_gpus = get_field(spec, "gpus", where, int)
         if not 0 <= n_gpus <= MAX_NODE_GPUS:
             raise ScenarioError(f"{where}.gpus: {n_gpus} is not within 0..{MAX_NODE_GPUS}")
-        count = _get(spec, "count", where, int)
+        count = get_field(spec, "count", where, int)
         if count < 0:
             raise ScenarioError(f"{where}.count: {count} is negative")
         labels = {str(k): str(v) for k, v in (spec.get("labels") or {}).items()}
-        prefix = _get(spec, "prefix", where, str)
+        prefix = get_field(spec, "prefix", where, str)
         if any(prefix == p for p, _ in pools):
             raise ScenarioError(f"{where}.prefix: {prefix!r} is used twice")
         pool = []
@@ -133,8 +141,8 @@ def parse_pools(specs: Sequence[Any]) -> list[tuple[str, list[NodeInfo]]]:
             pool.append(
                 NodeInfo(
                     name,
-                    _qty(cpu_milli, spec.get("cpu", 64), f"{where}.cpu"),
-                    _qty(memory_mib, spec.get("memory", "256Gi"), f"{where}.memory"),
+                    quantity(cpu_milli, spec.get("cpu", 64), f"{where}.cpu"),
+                    quantity(memory_mib, spec.get("memory", "256Gi"), f"{where}.memory"),
                     gpus,
                     {**labels, "kubernetes.io/hostname": name},
                     mig_reconfigure=reconfigure,
@@ -152,7 +160,7 @@ def _mig_layout(spec: Mapping[str, Any], model: GpuModel, mode: GpuMode, where: 
         return ()
     if mode is not GpuMode.MIG or model.mig is None:
         raise ScenarioError(f"{where}.mig-devices: only for mode: mig on a MIG-capable GPU")
-    devices = _get(spec, "mig-devices", where, Mapping)
+    devices = get_field(spec, "mig-devices", where, Mapping)
     counts: dict[str, int] = {}
     for profile, n in devices.items():
         if not model.mig.has_profile(str(profile)):
@@ -176,10 +184,10 @@ def _with(tmpl: PodRequest, key: str, group: GroupRef | None) -> PodRequest:
 def _template(c: Any, where: str) -> tuple[PodRequest, float, tuple[int, str | None] | None]:
     if not isinstance(c, Mapping):
         raise ScenarioError(f"{where}: expected a mapping")
-    name = _get(c, "name", where, str)
-    weight = _get(c, "weight", where, (int, float))
-    cpu = _qty(cpu_milli, c.get("cpu", 1), f"{where}.cpu")
-    mem = _qty(memory_mib, c.get("memory", "1Gi"), f"{where}.memory")
+    name = get_field(c, "name", where, str)
+    weight = get_field(c, "weight", where, (int, float))
+    cpu = quantity(cpu_milli, c.get("cpu", 1), f"{where}.cpu")
+    mem = quantity(memory_mib, c.get("memory", "1Gi"), f"{where}.memory")
     kinds = [k for k in ("mig", "shared", "whole") if k in c]
     if len(kinds) > 1:
         raise ScenarioError(f"{where}: give one of mig, shared, whole (got {', '.join(kinds)})")
@@ -189,11 +197,11 @@ def _template(c: Any, where: str) -> tuple[PodRequest, float, tuple[int, str | N
     milli = 0
     gmem = 0
     if "mig" in c:
-        kind, profile = RequestKind.MIG, _get(c, "mig", where, str)
+        kind, profile = RequestKind.MIG, get_field(c, "mig", where, str)
     elif "shared" in c:
-        s = _get(c, "shared", where, Mapping)
+        s = get_field(c, "shared", where, Mapping)
         kind = RequestKind.SHARED
-        gmem = _qty(memory_mib, s.get("memory", "1Gi"), f"{where}.shared.memory")
+        gmem = quantity(memory_mib, s.get("memory", "1Gi"), f"{where}.shared.memory")
         try:
             milli = int(parse_quantity(s.get("compute", 0)) * 1000)
         except QuantityError as e:
@@ -201,11 +209,11 @@ def _template(c: Any, where: str) -> tuple[PodRequest, float, tuple[int, str | N
         if not 0 <= milli <= 1000:
             raise ScenarioError(f"{where}.shared.compute: must be within 0..1")
     elif "whole" in c:
-        kind, count = RequestKind.WHOLE, _get(c, "whole", where, int)
+        kind, count = RequestKind.WHOLE, get_field(c, "whole", where, int)
     group = None
     if "group" in c:
-        g = _get(c, "group", where, Mapping)
-        group = (_get(g, "size", f"{where}.group", int), g.get("topology"))
+        g = get_field(c, "group", where, Mapping)
+        group = (get_field(g, "size", f"{where}.group", int), g.get("topology"))
     tmpl = PodRequest(
         key=name,
         cpu_milli=cpu,
