@@ -85,7 +85,17 @@ if [ "$check" = 1 ]; then
   ctr="$("${B[@]}" from -q "$tag")"
   run=("${B[@]}" run --isolation chroot --user 65532:65532 "$ctr" --)
   "${run[@]}" gpupack --version
-  "${run[@]}" python -c 'import os, gpupack.agent_cmd, gpupack.serve_cmd, gpupack.webhook_cmd, nodeagent.nvml, scheduler.app, webhook.app; print("servers import as uid", os.getuid())'
+  # Every module of the servers' packages, and the three server commands.
+  "${run[@]}" python -c '
+import importlib, os, pkgutil
+n = 0
+for pkg in ("scheduler", "webhook", "nodeagent", "kube", "serving"):
+    for info in pkgutil.walk_packages(importlib.import_module(pkg).__path__, pkg + "."):
+        importlib.import_module(info.name)
+        n += 1
+for cmd in ("serve_cmd", "webhook_cmd", "agent_cmd"):
+    importlib.import_module("gpupack." + cmd)
+print(f"servers import as uid {os.getuid()} ({n} modules)")'
   if "${run[@]}" python -c 'import matplotlib' 2>/dev/null; then
     echo "build.sh: matplotlib is in the image; it must not be (the [sim] extra)" >&2
     exit 1

@@ -45,7 +45,7 @@ def test_image_builds_and_runs_as_its_user(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     out = r.stdout
     assert re.search(r"^gpupack \d+\.\d+\.\d+$", out, re.M), out[-2000:]
-    assert "servers import as uid 65532" in out
+    assert "servers import as uid 65532 (" in out
     size = re.search(r"^image localhost/gpupack:test: (.+)$", out, re.M)
     assert size is not None, out[-2000:]
     print(f"image size: {size.group(1)}")
