@@ -14,7 +14,7 @@ from gpupack.webhook_cmd import add_config_arguments, config_from_args
 from kube.objects import ObjectError
 from webhook.admit import Admission, admit
 from webhook.capacity import ClusterView
-from webhook.decide import Kind
+from webhook.decision import Kind
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

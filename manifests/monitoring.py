@@ -23,7 +23,9 @@ Metric sources (see the code for their definitions):
   ``scheduler/defrag/loop.py``: ``gpupack_defrag_moves_planned_total``,
   ``gpupack_defrag_evictions_total{outcome}``, ``gpupack_defrag_gpus_freed_total``,
   ``gpupack_defrag_campaigns_stopped_total{reason}``, ``gpupack_defrag_active``,
-  ``gpupack_defrag_group_wait_seconds`` (histogram).
+  ``gpupack_defrag_group_wait_seconds`` (histogram); every background loop (reservation
+  book, planner, warmer, MIG actuator, defragmentation), ``scheduler/engine.py``:
+  ``gpupack_loop_steps_total{loop,outcome}``, ``gpupack_loop_step_seconds{loop}``.
 * webhook, ``webhook/metrics.py``: ``gpupack_webhook_reviews_total{outcome,class}``,
   ``gpupack_webhook_warnings_total{class}``, ``gpupack_webhook_latency_seconds``; against
   a cluster, its own cache's figures too (``kube/cache_metrics.py``, the same names as

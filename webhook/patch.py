@@ -18,7 +18,8 @@ from typing import Any
 from kube import annotations as A
 from packing.quantity import QuantityError, parse_quantity
 from webhook.config import WebhookConfig
-from webhook.decide import DEFAULT_SCHEDULER, PRODUCT_KEY, SHARING_KEY, AdmissionDecision, Kind
+from webhook.decision import AdmissionDecision, Kind
+from webhook.pod import DEFAULT_SCHEDULER, PRODUCT_KEY, SHARING_KEY
 
 Path = Sequence[str | int]
 _REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"

@@ -37,7 +37,6 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import math
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
@@ -46,13 +45,14 @@ from typing import Any, Protocol
 from prometheus_client.core import GaugeMetricFamily
 
 from kube.cache import ClusterCache
-from kube.groups.reservations import Submitter, join_thread
+from kube.groups.reservations import Submitter
 from kube.mig.api import merged_config
 from kube.pod_conditions import slices_created
 from packing.cpsat import SolverParams
 from packing.mig.layout import MigSlot
 from packing.mig.plan import DEFAULT_PARAMS, WHOLE
 from packing.model import GpuMode, RequestKind
+from scheduler.engine import Lead, LeaderGate, Loop, LoopMetrics, Outcome
 from scheduler.mig.compact.loop import Compactor
 from scheduler.mig.decide import (
     CONFIG_LABEL,
@@ -200,7 +200,8 @@ class MigActuator:
                  clock: Clock = time.time, metrics: MigMetrics | None = None,
                  min_interval_s: float = 1.0, compactor: Compactor | None = None,
                  requeue: Submitter | None = None,
-                 ready: Callable[[], bool] = lambda: True) -> None:
+                 ready: Callable[[], bool] = lambda: True,
+                 loop_metrics: LoopMetrics | None = None) -> None:
         self.cache = cache
         # Whether the reservation book has rebuilt its holds (GroupBook.check_ready):
         # until then a reserved room's GPUs look idle, and a change or a drain could
@@ -211,18 +212,17 @@ class MigActuator:
         self.requeue = requeue
         self.woken = 0
         self.api = api
-        self.is_leader = is_leader
+        self.gate = LeaderGate(is_leader)
         self.reserved = reserved  # pending group members whose room is reserved
         self.settings = settings
         self.params = params
         self.clock = clock
         self.metrics = metrics
-        self.min_interval_s = min_interval_s
         self.compactor = compactor  # --mig-compact: drains MIG GPUs in the same step
-        if compactor is not None and compactor.is_leader is None:
-            # It evicts after this step's slow part: it asks, before each eviction,
-            # whether this actuator still leads (late-bound: is_leader may be replaced).
-            compactor.is_leader = lambda: self.is_leader()
+        if compactor is not None and compactor.gate is None:
+            # It evicts after this step's slow part: it asks this actuator's gate, before
+            # each eviction, whether this replica still leads.
+            compactor.gate = self.gate
         self.changes: dict[str, Change] | None = None  # None: not read back yet
         # Per node, the change as this leader last read it from the ConfigMap or wrote it
         # (or tried to): a change re-read that differs is another writer's (_merged).
@@ -236,11 +236,21 @@ class MigActuator:
         self.first_seen: dict[tuple[str, str], float] = {}
         self.last: MigDecision | None = None
         self.views = Views(cache)
-        self._was_leader = False
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        cache.subscribe(self._wake.set)
+        self.outcome = Outcome.IDLE  # what the last step did (the loop counts it)
+        # A step on every cache change (at most one per min_interval_s), and at least
+        # every poll_s (the changes in flight: timeouts, labels to write).
+        self.loop = Loop("mig-actuator", self._turn, poll_s=2.0,
+                         min_interval_s=min_interval_s, log=log, metrics=loop_metrics)
+        cache.subscribe(self.loop.wake)
+
+    @property
+    def is_leader(self) -> Callable[[], bool]:
+        """Whether this replica leads (the gate's check; may be replaced)."""
+        return self.gate.is_leader
+
+    @is_leader.setter
+    def is_leader(self, check: Callable[[], bool]) -> None:
+        self.gate.is_leader = check
 
     # ---- gathering -------------------------------------------------------------------------
 
@@ -294,9 +304,10 @@ class MigActuator:
     def step(self) -> MigDecision | None:
         """On the leader, with a synced cache and a rebuilt reservation book: decide_mig and
         apply. None when it did not act."""
-        leader = self.is_leader()
-        if not leader:
-            if self._was_leader:
+        lead = self.gate.step()
+        if not lead.leading:
+            self.outcome = Outcome.STANDBY
+            if lead is Lead.LOST:
                 log.info("no longer leading: MIG holds given back")
                 self._sync_holds(())
                 if self.compactor is not None:
@@ -306,11 +317,11 @@ class MigActuator:
                 # leading again, this replica reads them back from the ConfigMap.
                 self.backoff = {}
                 self._known_backoff = {}
-            self._was_leader = False
             return None
+        self.outcome = Outcome.IDLE
         if not self.cache.synced or not self.ready():
             return None
-        self._was_leader = True
+        self.gate.act()
         now = self.clock()
         if self.changes is None:
             try:
@@ -334,6 +345,7 @@ class MigActuator:
             if self.changes:
                 log.info("leading: following %d MIG change(s) in flight: %s",
                          len(self.changes), ", ".join(sorted(self.changes)))
+        self.outcome = Outcome.DONE
         state = self.gather(now)
         d = decide_mig(state, now, self.settings, self.params)
         self.apply(d, now)
@@ -634,35 +646,20 @@ class MigActuator:
     # ---- the thread ------------------------------------------------------------------------
 
     def start(self, poll_s: float = 2.0) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, args=(poll_s,), daemon=True,
-                                            name="gpupack-mig-actuator")
-            self._thread.start()
+        self.loop.poll_s = poll_s
+        self.loop.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        self._wake.set()
+        self.loop.stop()
 
     def join(self, timeout_s: float) -> bool:
         """Wait up to ``timeout_s`` seconds for the thread (stopped) to end its step in
         progress; whether it has (or never ran). A shutdown then flushes the writers."""
-        return join_thread(self._thread, timeout_s)
+        return self.loop.join(timeout_s)
 
-    def _loop(self, poll_s: float) -> None:
-        last = -math.inf
-        while not self._stop.is_set():
-            self._wake.wait(poll_s)
-            if self._stop.is_set():
-                return
-            wait = last + self.min_interval_s - time.monotonic()
-            if wait > 0:
-                self._stop.wait(wait)
-            self._wake.clear()
-            last = time.monotonic()
-            try:
-                self.step()
-            except Exception:  # a bug must not stop the actuator: logged, tried again
-                log.exception("MIG actuator step failed")
+    def _turn(self) -> Outcome:
+        self.step()
+        return self.outcome
 
 
 def _merge(cfg: dict[str, Any], add: Mapping[str, Any], referenced: set[str] | None

@@ -3,6 +3,6 @@
 ``loop`` is the planner's thread (debounced re-plans, the published plan and scorer);
 ``solve`` the solver process it hands each plan to.
 
-May import, of :mod:`scheduler`: the shared helpers (``child``, ``backoff``) and, for
-now, :mod:`scheduler.extender` (the scoring helpers of its verbs).
+May import, of :mod:`scheduler`: :mod:`scheduler.memo` (the scoring helpers) and the
+shared helpers (``child``, ``backoff``). Never the extender, whose verbs read the plan.
 """

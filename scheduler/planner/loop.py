@@ -46,14 +46,14 @@ from packing.policies.lookahead import keeps_whole_nodes
 from packing.scoring import Score, order_pods
 from packing.state import ClusterState
 from scheduler.backoff import doubling
-from scheduler.extender.verbs import ScorerRef, best_key, shape_key
+from scheduler.engine import Loop, LoopMetrics, Outcome
+from scheduler.memo.decide import ScorerRef, best_key, make_policy, shape_key
 from scheduler.planner.solve import (
     SolveJob,
     SolveOutcome,
     SolverError,
     SolverProcess,
     compact_workload,
-    make_policy,
     solve,
 )
 
@@ -220,7 +220,7 @@ def explain_by_class(pod: PodRequest, classes: Mapping[int, Sequence[str]],
 def _bare_shapes(batch: Sequence[PodRequest]) -> dict[tuple[Any, ...], PodRequest]:
     """One pod of each shape of ``batch`` without its node selector (selectors are checked
     per node by :func:`pick_candidates`; a node state's memo entries hold for any), by
-    :func:`scheduler.extender.verbs.shape_key`."""
+    :func:`scheduler.memo.decide.shape_key`."""
     out: dict[tuple[Any, ...], PodRequest] = {}
     for pod in batch:
         bare = replace(pod, node_selector={}) if pod.node_selector else pod
@@ -259,13 +259,12 @@ class Planner:
         in_process: bool = False,
         per_class: int = 16,
         max_nodes: int = PLAN_NODES,
+        loop_metrics: LoopMetrics | None = None,
     ) -> None:
         self.cache = cache
         self.policy_name = policy
         self.params = params or SolverParams(max_time_s=2.0, workers=2, seed=0)
         self.policy = make_policy(policy, self.params)
-        self.debounce_s = debounce_s
-        self.min_interval_s = min_interval_s
         self.max_batch = max_batch
         self.clock = clock
         self.plan = Plan()
@@ -301,27 +300,30 @@ class Planner:
         self._unplaced: set[str] = set()
         self._solver: SolverProcess | None = None
         self._solver_lock = threading.Lock()  # _solver's creation against stop()
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        cache.subscribe(self._wake.set)
+        # The planner's thread (scheduler.engine): woken by cache changes, it lets them
+        # settle for debounce_s (a burst of watch events becomes one solve) and solves at
+        # most every min_interval_s, since a solve can take its full time limit. After a
+        # failed solve it tries again without waiting for a change (a dead solver child is
+        # restarted by the next solve), backing off 1, 2, 4 .. BACKOFF_MAX_S seconds. No
+        # solver child outlives the thread.
+        self.loop = Loop("planner", self._turn, settle_s=debounce_s,
+                         min_interval_s=min_interval_s, backoff=backoff_s,
+                         retry=True, on_failure=lambda e, _: self._failed(e),
+                         on_exit=self._shutdown_solver, log=log, clock=time.monotonic,
+                         metrics=loop_metrics)
+        cache.subscribe(self.loop.wake)
 
     # ---- lifecycle -----------------------------------------------------------------------
 
     def start(self) -> None:
-        if self._thread is not None:
-            return
-        self._thread = threading.Thread(target=self._loop, name="gpupack-planner", daemon=True)
-        self._thread.start()
+        self.loop.start()
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop the thread (waiting for it at most ``timeout``) and the solver child. A
         thread still busy then starts no child any more (``_child``), and its solve in
         flight fails at once: the child is shut down for good, not restarted."""
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
+        self.loop.stop()
+        self.loop.join(timeout)
         self._shutdown_solver()
 
     def age(self) -> float | None:
@@ -329,52 +331,17 @@ class Planner:
         at = self.plan.solved_at
         return None if at is None else max(0.0, self.clock() - at)
 
-    def _loop(self) -> None:
-        try:
-            self._run()
-        finally:
-            # However the thread ends, no solver child outlives it.
-            self._shutdown_solver()
-
-    def _run(self) -> None:
-        last = 0.0
-        failures = 0
-        while not self._stop.is_set():
-            self._wake.wait()
-            if self._stop.is_set():
-                return
-            # Debounce: solve once the events stop coming for a moment, and not more
-            # often than min_interval_s, since a solve can take its full time limit.
-            time.sleep(self.debounce_s)
-            wait = self.min_interval_s - (time.monotonic() - last)
-            if wait > 0:
-                self._stop.wait(wait)
-            if self._stop.is_set():
-                return  # stopped while waiting: no solve (and no solver child) after it
-            self._wake.clear()
-            try:
-                if not self.cache.synced:
-                    continue
-                last = time.monotonic()
-                self.solve_once()
-                failures = 0
-            except Exception as e:  # a planner bug must not kill the extender: log, retry
-                failures += 1
-                self._failed(e)
-                # Try again without waiting for the next cache change (a dead solver
-                # child is restarted by the next solve), backing off 1, 2, 4 .. 60 s.
-                if not self._stop.wait(backoff_s(failures)):
-                    self._wake.set()
+    def _turn(self) -> Outcome:
+        if not self.cache.synced:
+            return Outcome.IDLE
+        self.solve_once()
+        return Outcome.DONE
 
     def _failed(self, e: Exception) -> None:
-        """Log a failed solve and publish an error plan; nothing raised here may end the
-        thread (this runs in its exception handler)."""
-        try:
-            log.exception("planning failed")
-            self.plan = Plan(status="error", solved_at=self.clock(), error=str(e),
-                             cache_version=self.cache.version)
-        except Exception:  # the thread outlives its own error path (the next try logs)
-            pass
+        """Publish an error plan for a failed solve (the loop has logged it; it outlives
+        anything raised here)."""
+        self.plan = Plan(status="error", solved_at=self.clock(), error=str(e),
+                         cache_version=self.cache.version)
 
     # ---- one solve -------------------------------------------------------------------------
 
@@ -385,7 +352,7 @@ class Planner:
         started = time.monotonic()
         # Nothing to plan: answered here (an empty job), no child is started or woken.
         local = self.in_process or not job.batch
-        if not local and self._stop.is_set():
+        if not local and self.loop.stopped:
             # stop() came while the snapshot was taken: it has shut the solver down, or
             # found none, and no child may be started after it.
             return self.plan
@@ -549,7 +516,7 @@ class Planner:
 
     def _child(self) -> SolverProcess:
         with self._solver_lock:
-            if self._stop.is_set():  # stop() shuts the solver down once, for good
+            if self.loop.stopped:  # stop() shuts the solver down once, for good
                 raise SolverError("the planner is stopped: no solver child is started")
             if self._solver is None:
                 self._solver = SolverProcess()

@@ -17,10 +17,10 @@ from fake_apiserver import FakeApiServer
 sys.path.insert(0, str(Path(__file__).parent.parent / "scheduler"))
 from sched_builders import node
 
+from kube.api_source import ApiSource
 from kube.cache import ClusterCache
 from kube.groups.inputs import GroupInputs
 from kube.groups.lws import LwsPoller
-from kube.source import ApiSource
 
 
 def wait_for(cond: Callable[[], bool], timeout: float = 10.0) -> None:

@@ -246,7 +246,7 @@ class Cluster(RuleBasedStateMachine):
         req = r.cache.pending_pod(key)
         assert req is not None
         node = r.book.reservations[group].slots[slot].node
-        got = GroupVerbs(r.book).bind_member(req, req.uid, node)
+        got = GroupVerbs(r.book).reserve(req, req.uid, node)
         if got is not None and not isinstance(got, Status):
             event("a member bound to its room")
             self._bind(r, key, got)

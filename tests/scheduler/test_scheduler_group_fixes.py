@@ -34,11 +34,11 @@ THREE = [node(f"n{i}", reconfigurable=False) for i in (1, 2, 3)]
 
 
 def claim(r: Any, pod: dict[str, Any], node_name: str) -> Any:
-    """bind_member as the app's bind does it: the member is assumed, its Binding in
+    """reserve as the app's bind does it: the member is assumed, its Binding in
     flight."""
     req = r.cache.pending_pod(f"{pod['metadata']['namespace']}/{pod['metadata']['name']}")
     assert req is not None
-    p = GroupVerbs(r.book).bind_member(req, req.uid, node_name)
+    p = GroupVerbs(r.book).reserve(req, req.uid, node_name)
     assert p is not None and not isinstance(p, Status), p
     return p
 
