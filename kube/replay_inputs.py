@@ -33,13 +33,11 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from kube import annotations as A
+from kube.node_objects import inventory_text, node_info, observation_of
 from kube.objects import (
     ObjectError,
-    inventory_text,
     is_finished,
-    node_info,
     object_name,
-    observation_of,
     parse_time,
     pod_key,
     pod_request,
