@@ -2,7 +2,7 @@
 
 A day scenario (the default, ``gpupack/scenarios/default.yaml``) goes through the day
 replay (:mod:`packing.day`) under plain kube-scheduler and under gpupack, and the cluster
-is sized for each (:func:`packing.day.size_cluster`); an arrival scenario (``--scenario
+is sized for each (:func:`packing.day_sizing.size_cluster`); an arrival scenario (``--scenario
 arrivals``, or a file with ``arrivals:``) through the arrival-only replay
 (:mod:`packing.simulate`) under the registry's policies.
 """
@@ -26,16 +26,9 @@ from kube.listing import ListingError, list_cluster
 from kube.objects import ObjectError
 from kube.replay_inputs import ClusterDay, cluster_day
 from packing.cpsat import SolverParams
-from packing.day import (
-    Day,
-    DayResult,
-    Placer,
-    Sizing,
-    pool_fragmentation,
-    replay,
-    size_cluster,
-)
+from packing.day import Day, DayResult, Placer, replay
 from packing.day_scenario import is_day, parse_day
+from packing.day_sizing import Sizing, pool_fragmentation, size_cluster
 from packing.model import with_mig_actuator
 from packing.policies import REGISTRY
 from packing.policies.placers import GpupackPlacer, KubeSchedulerPlacer

@@ -23,8 +23,8 @@ from packing.day import (
     Workload,
     p99,
     replay,
-    size_cluster,
 )
+from packing.day_sizing import size_cluster
 from packing.model import (
     GpuMode,
     GroupRef,
