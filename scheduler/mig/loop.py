@@ -53,6 +53,13 @@ from packing.mig.layout import MigSlot
 from packing.mig.plan import DEFAULT_PARAMS, WHOLE
 from packing.model import GpuMode, RequestKind
 from scheduler.engine import Lead, LeaderGate, Loop, LoopMetrics, Outcome
+from scheduler.mig.changes import (
+    Backoff,
+    Change,
+    backoff_from_json,
+    changes_from_json,
+    changes_json,
+)
 from scheduler.mig.compact.loop import Compactor
 from scheduler.mig.decide import (
     CONFIG_LABEL,
@@ -60,8 +67,6 @@ from scheduler.mig.decide import (
     HOLD_PREFIX,
     STATE_LABEL,
     ActuatorState,
-    Backoff,
-    Change,
     GpuView,
     Hold,
     MigDecision,
@@ -70,9 +75,6 @@ from scheduler.mig.decide import (
     NodeView,
     WholePod,
     backed_off,
-    backoff_from_json,
-    changes_from_json,
-    changes_json,
     decide_mig,
     unmet_pods,
     waiting_demand,

@@ -34,7 +34,7 @@ from kube.groups.reservations import (
 )
 from kube.mig.compaction_memory import NAME, CompactionMemory, decode
 from packing.mig.plan import WHOLE
-from scheduler.mig.decide import Change, changes_json
+from scheduler.mig.changes import Change, changes_json
 
 # ---- MIG actuator ----------------------------------------------------------------------------
 
