@@ -161,7 +161,8 @@ class Components:
             self.tap = ReservationTap(self.owners, self.groups)
         # The MIG actuator (docs/mig.md): on the leader only, against a cluster only. Its
         # metrics exist on every extender (zero when it is off).
-        from scheduler.mig.loop import MigActuator, MigMetrics, SliceFigures
+        from scheduler.mig.loop import MigActuator
+        from scheduler.mig.metrics import MigMetrics, SliceFigures
 
         self.mig: MigActuator | None = None
         mig_metrics = MigMetrics(self.registry, SliceFigures(self.cache, lambda: self.mig))

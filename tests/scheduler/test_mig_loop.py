@@ -18,7 +18,8 @@ from packing.cpsat import SolverParams
 from packing.model import Placement, PodRequest, RequestKind
 from scheduler.mig.changes import Backoff, backoff_from_json, changes_json
 from scheduler.mig.decide import HOLD_PREFIX, MigSettings
-from scheduler.mig.loop import MigActuator, MigMetrics, SliceFigures
+from scheduler.mig.loop import MigActuator
+from scheduler.mig.metrics import MigMetrics, SliceFigures
 
 FAST = SolverParams(max_time_s=2.0, workers=1, seed=1)
 
