@@ -208,7 +208,7 @@ class Components:
                 loop_metrics=self.loop_metrics)
         # Defragmentation (docs/defrag.md): its metrics exist on every extender (zero
         # when it is off), so the dashboards and alerts always have their series.
-        from scheduler.defrag.loop import DefragMetrics
+        from scheduler.defrag.metrics import DefragMetrics
 
         self.defrag_metrics = DefragMetrics(self.registry)
         self.defrag: Any = None
