@@ -63,16 +63,10 @@ class Components:
         from kube.cache import ClusterCache
         from kube.groups.inputs import GroupInputs
         from kube.groups.lws import LwsPoller
-        from kube.groups.reservations import (
-            RECORD_SELECTOR,
-            ApiRecordStore,
-            RecordStore,
-            RecordWriter,
-            ReservationTap,
-            StaticRecordStore,
-        )
+        from kube.groups.reservations import RECORD_SELECTOR, ReservationTap
         from kube.leader import AlwaysLeader, Leadership, LeaseWatcher
         from kube.pod_conditions import ApiPodStatusStore
+        from kube.record_writer import ApiRecordStore, RecordStore, RecordWriter, StaticRecordStore
         from kube.source import Binder, Source, StaticSource
         from packing.cpsat import SolverParams
         from scheduler.engine import LoopMetrics

@@ -23,7 +23,7 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from kube.groups.reservations import RecordWriter
+from kube.record_writer import RecordWriter
 
 OUTCOMES = ("written", "retried_later", "dropped", "given_up")
 

@@ -49,15 +49,14 @@ from dataclasses import dataclass, replace
 from kube.cache import ClusterCache
 from kube.groups.inputs import GroupInputs
 from kube.groups.reservations import (
-    RecordWriter,
     ReservationError,
     ReservationRecord,
-    Submitter,
     record_name,
     record_object,
     record_of,
 )
 from kube.pod_conditions import room_reserved
+from kube.record_writer import RecordWriter, Submitter
 from packing.groups.members import is_reservation
 from packing.model import Placement, PodRequest, RequestKind
 from packing.policies.scores import bestfit

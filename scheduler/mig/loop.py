@@ -42,9 +42,9 @@ from dataclasses import replace
 from typing import Any, Protocol
 
 from kube.cache import ClusterCache
-from kube.groups.reservations import Submitter
 from kube.mig.api import merged_config
 from kube.pod_conditions import slices_created
+from kube.record_writer import Submitter
 from packing.cpsat import SolverParams
 from packing.mig.plan import DEFAULT_PARAMS, WHOLE
 from packing.model import RequestKind

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from kube.groups.reservations import RecordWriter
+from kube.record_writer import RecordWriter
 
 
 class ApiError(Exception):
