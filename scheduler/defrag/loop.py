@@ -28,6 +28,11 @@ nodes of its kind are free than it needs, the planner is asked for one more whol
 on the cluster without the whole nodes already free (a virtual lone pod of a node's
 GPUs, at that group's priority), and a move that evicts few pods is carried out; its
 hand-over only gives the holds back.
+
+Past 600 lines as one handler: the facts it gathers, the holds it keeps as pods go (on
+the watch's thread) and the decision it applies share one campaign's state and the
+order of the cache lock; the pure parts are :mod:`scheduler.defrag.decide` and
+:mod:`packing.defrag`, the figures :mod:`scheduler.defrag.metrics`.
 """
 
 from __future__ import annotations

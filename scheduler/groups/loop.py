@@ -34,6 +34,12 @@ The clock is injected (wall-clock seconds: expiries are written to the API and m
 survive a restart). A step of that clock backwards moves every deadline the book keeps in
 memory (expiries, retry times, first-seen times) back by the same step, so a reservation
 never outlives ``ttl`` and a waiting group is not stalled by it (see :meth:`_now`).
+
+Past 600 lines as one handler: mirroring the records the watch reports, holding their
+rooms, applying the decision and writing again what a lapse of the lease dropped all
+change the same books (records, revisions, waiting groups, ruled-out nodes) under the
+cache lock; the decision is :mod:`scheduler.groups.decide`, the rights
+:mod:`scheduler.groups.rights`, the answers to members :mod:`scheduler.groups.plugin`.
 """
 
 from __future__ import annotations
