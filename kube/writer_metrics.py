@@ -1,4 +1,4 @@
-"""What the background writers (:class:`kube.groups.reservations.RecordWriter`) did, as metrics.
+"""What the background writers (:class:`kube.record_writer.RecordWriter`) did, as metrics.
 
 ``gpupack_record_writes_total{what, outcome}``: ``written``; ``retried_later`` (failed its
 quick retries, tried again later); ``dropped`` (this replica stopped leading before it was

@@ -18,7 +18,7 @@ write or release, waiting groups). This handler
 * mirrors the records it is told about (the record watch) and holds what they ask for,
   on every replica, so a standby's cache is warm and equal to the leader's;
 * runs ``reconcile`` and applies its decision (local records at once, the API writes
-  queued for :class:`kube.groups.reservations.RecordWriter`) **only on the leader**
+  queued for :class:`kube.record_writer.RecordWriter`) **only on the leader**
   (``is_leader``) and only once :meth:`synced` has rebuilt the holds from the first
   full lists of nodes, pods and records. No read (a view, a snapshot, a scrape) ever
   reserves or writes anything;
