@@ -17,8 +17,9 @@ yet gets the greedy answer from the scorer.
 The planner also publishes the policy's scorer for the verbs. The FGD-based scorers
 depend on the workload's typical shapes and their frequencies, which move a little with
 every pod; the scorer is replaced only when the shapes change or a frequency moves by
-more than ``scheduler.planner.decide.SHAPE_TOLERANCE``, because each replacement invalidates every memoized
-per-node score (a latency spike on the next requests) for no real change in preference.
+more than ``scheduler.planner.decide.SHAPE_TOLERANCE``, because each replacement
+invalidates every memoized per-node score (a latency spike on the next requests) for no
+real change in preference.
 """
 
 from __future__ import annotations
