@@ -146,6 +146,7 @@ from packing.policies.scores import bestfit
 from packing.scoring import Scorer, best_option
 from packing.state import _VERSIONS, ClusterState, GpuState, NodeState
 from packing.validate import validate
+from scheduler.mig.changes import Backoff, Change
 from scheduler.mig.compact.decide import (
     DEFAULT_COMPACT,
     DRAIN_PREFIX,
@@ -159,8 +160,6 @@ from scheduler.mig.decide import (
     DEFAULT_SETTINGS,
     HOLD_PREFIX,
     ActuatorState,
-    Backoff,
-    Change,
     GpuView,
     Hold,
     MigPod,
