@@ -13,7 +13,8 @@ has gets :meth:`ClusterView.scoped`: the same counts over the nodes
 :func:`packing.constraints.exclusion` lets it reach, condensed once per distinct constraint
 signature and view (LRU of :data:`SCOPES_KEPT`) and then kept up to date as claims are
 added. A claim records the nodes its pod could reach and is taken only from views that
-share a node with them. Pure: no I/O.
+share a node with them. Pure: no I/O. It runs past 600 lines as one purpose: the view
+and the claims that update it share the private reach state (``_Root``).
 """
 
 from __future__ import annotations
