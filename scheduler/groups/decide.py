@@ -16,11 +16,8 @@ Rules, per record (groups by priority, higher first, then first seen, then key):
   in flight may yet fail, and its room is held again only while a record names it):
   complete, released;
 * expired (``now >= expires``) with members not bound: released, and the group waits
-  so other groups get a turn: ``cooldown_s`` after its first expiry, doubling with each
-  expiry in a row up to ``max_backoff_s``, unless it gets more member pods than it had
-  when it expired (up to its size: a LeaderWorkerSet creating its workers once the
-  leader is Ready), which makes it due at once. A group whose members never come no
-  longer re-reserves right after each expiry;
+  so other groups get a turn (:func:`scheduler.groups.keys.expiry_wait`: longer after
+  each expiry in a row, unless it gains member pods);
 * members are matched to slots: the record's own pod names first; a bound member the
   record does not name goes to the slot whose room is on its node (bound members are
   the truth, wherever they are); a pending one to its worker index, else a free slot;
@@ -38,11 +35,9 @@ lower-priority records none of whose members is bound.
 Rights (:mod:`scheduler.groups.rights`, judged by the handler): a refused group waits
 (``no_rights``) holding nothing, and a record of a group refused for good (``never``)
 is released; new placements and re-placed rooms use only the nodes ``allowed``; a
-group's quota claims (its ResourceQuotas', and its namespace's cap on GPUs held in
-reservations, :mod:`scheduler.groups.namespace_cap`) must fit in what is left after
-the groups reserved before it in the same pass, and are charged when it is reserved; a
-group in ``not_exclusive`` (its pods ask for exclusive topology, its LeaderWorkerSet
-object does not) is placed and recorded without exclusivity.
+group's quota claims (ResourceQuotas, :mod:`scheduler.groups.namespace_cap`) must fit
+in what is left after the groups reserved before it in the same pass, and are charged
+when it is reserved; a group in ``not_exclusive`` is placed without exclusivity.
 """
 
 from __future__ import annotations
@@ -57,31 +52,11 @@ from packing.model import GroupRef, Placement, PodRequest, Snapshot, exclusive_k
 from packing.scoring import Scorer
 from packing.state import ClusterState, NodeState
 from packing.status import Status
-from scheduler.groups.keys import hold_key, split_hold_key, wait_category
-from scheduler.groups.namespace_cap import is_cap_key
+from scheduler.groups.keys import Waiting, expiry_wait, hold_key, split_hold_key, wait_category
+from scheduler.groups.namespace_cap import short_message
 
 # Status.check of a room that changed under the reconciler while it placed a member.
 ROOM_CHANGED = "RoomChanged"
-
-
-@dataclass(frozen=True)
-class Waiting:
-    reason: str  # for people
-    category: str  # one of scheduler.groups.keys.WAIT_REASONS
-    next_try: float
-    # Cache version when the attempt failed: a group that did not fit is tried again only
-    # once the cluster changed (-1: the handler sets it after applying; None: time alone).
-    seen: int | None = -1
-    # After an expiry: how many member pods the group had then (-1: not an expiry). It is
-    # due at once when it has more (see grew).
-    members: int = -1
-
-    def due(self, now: float, version: int) -> bool:
-        return now >= self.next_try and self.seen != version
-
-    def grew(self, members: int) -> bool:
-        """Whether a group that expired with ``self.members`` pods now has more."""
-        return 0 <= self.members < members
 
 
 @dataclass(frozen=True)
@@ -109,8 +84,7 @@ class GroupSettings:
     ttl: float = 600.0
     retry_s: float = 1.0
     cooldown_s: float = 30.0
-    # The longest wait after expiries in a row (the cool-down doubles up to it).
-    max_backoff_s: float = 3600.0
+    max_backoff_s: float = 3600.0  # the longest wait after expiries in a row
 
 
 @dataclass(frozen=True)
@@ -142,10 +116,8 @@ class BookState:
     # volume's zone, topology spread): a member's room on a node not offered is lost, and
     # no room of its group is placed on such a node.
     offered: Mapping[str, frozenset[str]] = field(default_factory=dict)
-    # Groups whose pods ask for exclusive topology that no LeaderWorkerSet object states.
-    not_exclusive: frozenset[str] = frozenset()
-    # Group -> its expiries in a row (the cool-down after the next one doubles).
-    strikes: Mapping[str, int] = field(default_factory=dict)
+    not_exclusive: frozenset[str] = frozenset()  # exclusive pods, no LWS object saying so
+    strikes: Mapping[str, int] = field(default_factory=dict)  # group -> expiries in a row
 
 
 @dataclass(frozen=True)
@@ -367,13 +339,9 @@ class _Reconcile:
         if not all_bound and self.now >= rec.expires:
             self._drop(g, "expired")
             strikes = self.strikes[g] = self.strikes.get(g, 0) + 1
-            wait = min(self.cfg.cooldown_s * 2 ** min(strikes - 1, 32), self.cfg.max_backoff_s)
-            n = min(len(members), rec.size)
-            self.waiting[g] = Waiting(
-                f"group {g} waits whole: its reservation expired after "
-                f"{self.cfg.ttl:.0f}s without all members bound ({strikes} in a row); other "
-                f"groups go first for {wait:.0f}s, or until it has more than its {n} "
-                "member pods", "expired", self.now + wait, None, members=n)
+            self.waiting[g] = expiry_wait(g, strikes, min(len(members), rec.size), self.now,
+                                          self.cfg.ttl, self.cfg.cooldown_s,
+                                          self.cfg.max_backoff_s)
             return
         slots = dict(rec.slots)
         for slot, m in assigned.items():
@@ -522,13 +490,8 @@ class _Reconcile:
         """Why the rest of the group's quota claim does not fit in what is left now."""
         for (quota, res), (total, existing) in sorted(self.s.claims.get(g, {}).items()):
             left = self.quota_left.get((quota, res))
-            if left is not None and total - existing > left and is_cap_key(quota):
-                return (f"{quota} may hold {max(left, 0)} more {res} "
-                        f"(--max-namespace-reserved-gpus); the group's reservation would "
-                        f"hold {total - existing}")
             if left is not None and total - existing > left:
-                return (f"ResourceQuota {quota} has {max(left, 0)} {res} left; the group "
-                        f"needs {total - existing} more for its members not created yet")
+                return short_message(quota, res, left, total - existing)
         return None
 
     def _hide_forbidden(self, group: str) -> HiddenNodes:

@@ -36,7 +36,7 @@ from scheduler.groups.rights import (
 )
 
 __all__ = ["DEFAULT_RESERVED_CAP", "ReservedCap", "cap_key", "held_by_namespace",
-           "is_cap_key", "namespace_claims", "parse_reserved_cap"]
+           "is_cap_key", "namespace_claims", "parse_reserved_cap", "short_message"]
 
 # The resource name of the cap in quota keys and messages.
 CAP_RESOURCE = "GPUs in reservations"
@@ -49,6 +49,16 @@ def cap_key(namespace: str) -> QuotaKey:
 
 def is_cap_key(quota: str) -> bool:
     return quota.startswith(CAP_PREFIX)
+
+
+def short_message(quota: str, resource: str, left: int, need: int) -> str:
+    """Why a group's claim of ``need`` does not fit in the ``left`` of ``quota``: a
+    ResourceQuota's, or its namespace's cap on GPUs held in reservations."""
+    if is_cap_key(quota):
+        return (f"{quota} may hold {max(left, 0)} more {resource} "
+                f"(--max-namespace-reserved-gpus); the group's reservation would hold {need}")
+    return (f"ResourceQuota {quota} has {max(left, 0)} {resource} left; the group needs "
+            f"{need} more for its members not created yet")
 
 
 def held_by_namespace(holds: Iterable[tuple[str, PodRequest]]) -> Counter[str]:
