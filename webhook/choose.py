@@ -107,6 +107,11 @@ def _blocked(view: ClusterView, ask: Ask) -> list[str]:
 
 
 def _products(caps: Sequence[ModelCapacity]) -> tuple[str, ...]:
+    """The product labels to pin the pod to; none when a node of one of these models
+    carries no label (a DRA node without GPU Feature Discovery), which a pin would keep
+    the pod off."""
+    if any(c.unlabelled for c in caps):
+        return ()
     return tuple(sorted({p for c in caps for p in c.products}))
 
 
@@ -378,4 +383,38 @@ def _no_fit_text(view: ClusterView, ask: Ask) -> AdmissionDecision:
         f"{where}{ask.label}"
         + (f" and {A.GPU_COMPUTE}={ask.compute_milli / GPU_MILLI:g}" if ask.compute_milli else "")
         + f": {what}; ask for whole GPUs with {A.CLASS}: whole instead",
+    )
+
+
+def choose_whole(view: ClusterView, ask: Ask, need_free: bool) -> AdmissionDecision | None:
+    """A whole GPU of a DRA node (``nvidia.com/gpu``, served there by the NVIDIA driver's
+    class): the last resort of a small pod that no MIG slice or share holds, on DRA nodes
+    only (a device-plugin node's whole GPUs stay for whole-GPU pods, as before). The
+    smallest model whose GPU holds the memory; every model of that memory allowed.
+    ``isolation: any`` only: the pod accepted any kind, and a whole GPU is one."""
+    if ask.isolation is not Isolation.ANY:
+        return None
+    caps = [c for c in view.models.values()
+            if c.whole_gpus and c.model.memory_mib >= ask.memory_mib
+            and (c.whole_free or not need_free)]
+    if not caps:
+        return None
+    smallest = min(c.model.memory_mib for c in caps)
+    same = sorted((c for c in caps if c.model.memory_mib == smallest),
+                  key=lambda c: c.model.name)
+    models = tuple(c.model.name for c in same)
+    free = sum(c.whole_free for c in same)
+    why = (f"whole GPU of {'|'.join(models)} on a DRA node: no MIG slice or share holds "
+           f"{gib(ask.memory_mib)}; "
+           + (f"{free} free now" if free else "none free now, the pod waits for one"))
+    return AdmissionDecision(
+        Kind.GPU,
+        ask.klass,
+        why,
+        resource=A.GPU_RESOURCE,
+        models=models,
+        products=_products(same),
+        memory_mib=ask.memory_mib,
+        compute_milli=ask.compute_milli,
+        defaults=ask.defaults,
     )

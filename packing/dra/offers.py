@@ -117,6 +117,10 @@ def sequential_fits(node: Node, pools: Sequence[Pool], klass: DeviceClass,
         if not pool.usable:
             continue
         left = available_counters(pool, allocated.in_use)
+        # A counter already below zero (over-allocated claims) fails every device that
+        # consumes counters, as the allocator checks all of the pool's; the burst's own
+        # charges never take one below zero.
+        broken = any(v < 0 for counters in left.values() for v in counters.values())
         for s, d in pool.devices():
             did = device_id(s.driver, s.pool, d.name)
             per_device = 0
@@ -143,7 +147,7 @@ def sequential_fits(node: Node, pools: Sequence[Pool], klass: DeviceClass,
                     break
                 # Counters: a shared device pays them with its first allocation only.
                 pays = bool(d.consumes_counters) and not (multi and did in shared)
-                if pays and not _counters_fit(left, d):
+                if pays and (broken or not _counters_fit(left, d)):
                     break
                 if any(t.effect in BLOCKING for t in d.taints):
                     break
@@ -181,18 +185,13 @@ def _class_matches(klass: DeviceClass, d: Device, driver: str) -> tuple[Outcome,
 
 
 def _counters_fit(left: Mapping[str, Mapping[str, Decimal]], d: Device) -> bool:
-    """Whether the pool's counters stay non-negative, every one of them, once ``d`` takes
-    its share (the allocator's ``take_counters``: a counter already below zero, which
-    over-allocated claims can leave, fails every device that consumes counters)."""
+    """Whether what ``d`` consumes is left (with no counter of the pool below zero, the
+    allocator's ``take_counters`` fails only on one of these)."""
     wants: dict[tuple[str, str], Decimal] = {}
     for use in d.consumes_counters:
         for c, v in use.counters.items():
             wants[(use.counter_set, c)] = wants.get((use.counter_set, c), Decimal(0)) + v
-    for set_name, counters in left.items():
-        for c, have in counters.items():
-            if have < wants.get((set_name, c), Decimal(0)):
-                return False
-    return True
+    return all(left.get(s, {}).get(c, Decimal(0)) >= v for (s, c), v in wants.items())
 
 
 def _charge(left: dict[str, dict[str, Decimal]], d: Device) -> None:
