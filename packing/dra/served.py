@@ -52,6 +52,7 @@ def _klass(name: str, expression: str, resource: str) -> dict[str, Any]:
     return {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
             "metadata": {"name": name,
                          "labels": {"app.kubernetes.io/name": "gpupack",
+                                    "app.kubernetes.io/component": "webhook",
                                     "app.kubernetes.io/part-of": "gpupack"}},
             "spec": {"selectors": [{"cel": {"expression": expression}}],
                      "extendedResourceName": resource}}
