@@ -1,0 +1,228 @@
+"""The webhook on DRA nodes (docs/dra.md, "The webhook on DRA nodes"), through the real
+kube-scheduler v1.37.2 and its DRA allocator: nodes whose GPUs are ResourceSlices of the
+NVIDIA driver double (two DynamicMIG H100s; an L40S published shareable, the driver's
+ConsumableShares; an L40S without), gpupack's DeviceClasses from the chart. Sized ASR
+and TTS pods are admitted with their gpupack annotations only; kube-scheduler makes each
+pod's claim from the class that serves the resource the webhook wrote (KEP-5004) and the
+allocator hands out the device: for every pod, the smallest that holds it (the smallest
+MIG profile of the H100, a share of the L40S, a whole L40S last). A bad annotation is
+refused by the API server with the webhook's message naming the field.
+
+The pods name the plain kube-scheduler profile: gpupack's extender does not place pods
+on DRA nodes yet (docs/dra.md, "What is not handled"); the webhook keeps another
+scheduler's name."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import pytest
+from cluster import L40S, POOL, H100, NodeSpec, create_nodes, pod
+from conftest import Space
+from controlplane import Stack, render_chart
+from dra_driver_double import DraDriverDouble
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from kube.snapshot import build_snapshot
+from packing.catalog import get_model, smallest_fitting_profile
+from packing.dra import nvidia
+from packing.dra.world import world_from_api
+from webhook.admit import admit
+from webhook.capacity import ClusterView
+from webhook.config import WebhookConfig
+
+GROUP, VERSION = "resource.k8s.io", "v1"
+PLAIN = "plain-kube-scheduler"
+CLAIM_ANNOTATION = "resource.kubernetes.io/extended-resource-claim"
+MIB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def device_classes(stack: Stack, admin: Any) -> Iterator[list[dict[str, Any]]]:
+    """gpupack's DeviceClasses as the chart renders them, for this module's tests."""
+    objects = client.CustomObjectsApi(admin)
+    classes = [o for o in render_chart("eA==") if o["kind"] == "DeviceClass"]
+    assert classes, "the chart renders no DeviceClass"
+    DraDriverDouble(admin).install_classes()
+    for body in classes:
+        try:
+            objects.create_cluster_custom_object(GROUP, VERSION, "deviceclasses", body)
+        except ApiException as e:
+            if e.status != 409:
+                raise
+    try:
+        yield classes
+    finally:
+        for body in classes:
+            with contextlib.suppress(ApiException):
+                objects.delete_cluster_custom_object(GROUP, VERSION, "deviceclasses",
+                                                     body["metadata"]["name"])
+
+
+def _dra_node(name: str, pool: str, product: str) -> NodeSpec:
+    """A node whose GPUs are ResourceSlices only: GPU Feature Discovery's product label,
+    no GPU in its allocatable."""
+    return NodeSpec(name, {POOL: pool, "nvidia.com/gpu.product": product}, {})
+
+
+class _Api:
+    def __init__(self, admin: Any, ns: str) -> None:
+        self.core = client.CoreV1Api(admin)
+        self.objects = client.CustomObjectsApi(admin)
+        self.ns = ns
+
+    def cluster(self, plural: str) -> list[dict[str, Any]]:
+        return list(self.objects.list_cluster_custom_object(GROUP, VERSION, plural)["items"])
+
+    def view(self) -> ClusterView:
+        api = client.ApiClient()
+        nodes = [api.sanitize_for_serialization(n) for n in self.core.list_node().items]
+        pods = [api.sanitize_for_serialization(p)
+                for p in self.core.list_pod_for_all_namespaces().items]
+        world, errors = world_from_api(self.cluster("resourceslices"),
+                                       self.cluster("deviceclasses"),
+                                       self.cluster("resourceclaims"))
+        assert errors == [], errors
+        return ClusterView.of(build_snapshot(nodes, pods, "gpupack").snapshot, dra=world)
+
+    def allocated(self, pod_name: str) -> dict[str, Any]:
+        """The device the scheduler allocated to the pod's extended-resource claim, as
+        the slices publish it."""
+        for c in self.objects.list_namespaced_custom_object(GROUP, VERSION, self.ns,
+                                                            "resourceclaims")["items"]:
+            owners = c["metadata"].get("ownerReferences") or []
+            if c["metadata"].get("annotations", {}).get(CLAIM_ANNOTATION) == "true" and any(
+                    o["name"] == pod_name for o in owners):
+                (result,) = c["status"]["allocation"]["devices"]["results"]
+                for s in self.cluster("resourceslices"):
+                    if s["spec"]["pool"]["name"] != result["pool"]:
+                        continue
+                    for d in s["spec"].get("devices") or []:
+                        if d["name"] == result["device"]:
+                            return {"node": s["spec"]["nodeName"], **d}
+                raise AssertionError(f"{result} is in no slice")
+        raise AssertionError(f"pod {pod_name} has no allocated extended-resource claim")
+
+    def pending(self, name: str, timeout_s: float = 30) -> str:
+        """The message of the pod's PodScheduled=False condition."""
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end:
+            p = self.core.read_namespaced_pod(name, self.ns)
+            assert not p.spec.node_name, f"pod {name} bound to {p.spec.node_name}"
+            for c in p.status.conditions or []:
+                if c.type == "PodScheduled" and c.status == "False" and c.message:
+                    return str(c.message)
+            time.sleep(0.2)
+        raise AssertionError(f"pod {name}: no PodScheduled condition in {timeout_s} s")
+
+    def bound(self, name: str, timeout_s: float = 60) -> str:
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end:
+            p = self.core.read_namespaced_pod(name, self.ns)
+            if p.spec.node_name:
+                return str(p.spec.node_name)
+            time.sleep(0.2)
+        conds = [(c.reason, c.message) for c in p.status.conditions or []]
+        raise AssertionError(f"pod {name} not bound in {timeout_s} s: {conds}")
+
+
+def _admit_and_create(api: _Api, body: dict[str, Any]) -> Any:
+    """The webhook's decision for ``body`` from the objects the API server holds now,
+    the pod created as the webhook leaves it."""
+    adm = admit(body, api.view(), WebhookConfig(), admission_id=body["metadata"]["name"])
+    assert adm.allowed, adm.decision.reason
+    made = api.core.create_namespaced_pod(api.ns, dict(adm.result))
+    return adm.decision, made
+
+
+def _attr(d: Mapping[str, Any], name: str) -> Any:
+    value = d.get("attributes", {}).get(name, {})
+    return next(iter(value.values()), None)
+
+
+SIZED: Sequence[tuple[str, dict[str, str], str]] = (
+    # name, annotations, what the allocator must hand out
+    ("asr-0", {"gpupack.io/class": "asr"}, "mig"),
+    ("tts-0", {"gpupack.io/class": "tts"}, "mig"),
+    ("emb-12", {"gpupack.io/gpu-memory": "12Gi"}, "mig"),
+    ("asr-1", {"gpupack.io/class": "asr", "gpupack.io/gpu-compute": "0.25"}, "mig"),
+    ("tts-30", {"gpupack.io/gpu-memory": "30Gi"}, "mig"),
+    ("big-60", {"gpupack.io/gpu-memory": "60Gi"}, "mig"),
+    ("shared-8", {"gpupack.io/gpu-memory": "8Gi", "gpupack.io/isolation": "shared"},
+     "shared"),
+)
+
+
+def test_sized_pods_get_the_smallest_dra_device_that_holds_them(
+        space: Space, admin: Any, device_classes: list[dict[str, Any]]) -> None:
+    ns = space.namespace()
+    api = _Api(admin, ns)
+    double = DraDriverDouble(admin)
+    h, s, w = (f"{space.name}-{k}"[:50] for k in ("h", "s", "w"))
+    space.nodes += create_nodes(api.core, [_dra_node(h, space.name, H100),
+                                           _dra_node(s, space.name, L40S),
+                                           _dra_node(w, f"{space.name}-w", L40S)])
+    try:
+        double.publish(h, [nvidia.GpuSpec(g, "H100-80GB") for g in range(3)])
+        double.publish(s, [nvidia.GpuSpec(0, "L40S")],
+                       info=nvidia.DriverInfo(consumable_shares="4"))
+        double.publish(w, [nvidia.GpuSpec(0, "L40S")])
+        time.sleep(1.0)  # the scheduler's slice tracker takes the slices in
+        for name, ann, kind in SIZED:
+            body = pod(name, annotations=ann, pool=space.name, scheduler=PLAIN)
+            decision, made = _admit_and_create(api, body)
+            assert made.spec.scheduler_name == PLAIN
+            node = api.bound(name)
+            device = api.allocated(name)
+            assert device["node"] == node
+            memory = decision.memory_mib
+            if kind == "mig":
+                want = smallest_fitting_profile(get_model("H100-80GB"), memory,
+                                                decision.compute_milli)
+                assert want is not None
+                assert (node, _attr(device, "type"), _attr(device, "profile")) == (
+                    h, "mig", want.name), (name, decision.reason, device["name"])
+                assert decision.resource == want.resource_name
+            else:
+                assert (node, _attr(device, "type"), device.get("allowMultipleAllocations")
+                        ) == (s, "gpu", True), (name, decision.reason, device["name"])
+        # First fit packs the H100s in order: gpu-0 takes the 1g, 1g.20gb and 2g slices,
+        # the 3g.40gb no longer fits there and opens gpu-1, the 7g.80gb gpu-2.
+        assert [api.allocated(n)["name"].split("-mig-")[0] for n, _a, _k in SIZED[:6]] == [
+            "gpu-0", "gpu-0", "gpu-0", "gpu-0", "gpu-1", "gpu-2"]
+        # Nothing left that holds another 60Gi: the webhook says the pod waits for its
+        # slice, and the scheduler keeps it pending.
+        body = pod("big-60b", annotations={"gpupack.io/gpu-memory": "60Gi"}, pool=space.name,
+                   scheduler=PLAIN)
+        decision, _made = _admit_and_create(api, body)
+        assert decision.profile == "7g.80gb" and "the pod waits for one" in decision.reason, (
+            decision.reason)
+        assert "cannot allocate all claims" in api.pending("big-60b")
+        # The last resort: on the pool of the plain L40S, a whole GPU.
+        body = pod("whole-8", annotations={"gpupack.io/gpu-memory": "8Gi"},
+                   pool=f"{space.name}-w", scheduler=PLAIN)
+        decision, _made = _admit_and_create(api, body)
+        assert decision.resource == "nvidia.com/gpu", decision.reason
+        assert api.bound("whole-8") == w
+        device = api.allocated("whole-8")
+        assert (device["name"], _attr(device, "type")) == ("gpu-0", "gpu")
+    finally:
+        for node in (h, s, w):
+            double.unpublish(node)
+
+
+def test_bad_annotation_refused_naming_the_field(space: Space, admin: Any,
+                                                 device_classes: list[dict[str, Any]]
+                                                 ) -> None:
+    ns = space.namespace()
+    core = client.CoreV1Api(admin)
+    bad = pod("bad", annotations={"gpupack.io/gpu-memory": "8Gi",
+                                  "gpupack.io/isolation": "vm"}, scheduler=PLAIN)
+    with pytest.raises(ApiException) as err:
+        core.create_namespaced_pod(ns, bad)
+    text = str(err.value.body)
+    assert "metadata.annotations.gpupack.io/isolation" in text and "'vm'" in text, text
