@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from cluster import L40S, POOL, H100, NodeSpec, create_nodes, pod
 from conftest import Space
-from controlplane import Stack, render_chart
+from controlplane import Stack, claim_controller, render_chart
 from dra_driver_double import DraDriverDouble
 from kubernetes import client
 from kubernetes.client.rest import ApiException
@@ -226,3 +226,86 @@ def test_bad_annotation_refused_naming_the_field(space: Space, admin: Any,
         core.create_namespaced_pod(ns, bad)
     text = str(err.value.body)
     assert "metadata.annotations.gpupack.io/isolation" in text and "'vm'" in text, text
+
+
+def test_the_alternative_a_claim_template_with_first_available(
+        stack: Stack, space: Space, admin: Any, device_classes: list[dict[str, Any]]
+) -> None:
+    """What the mechanism not chosen (docs/dra.md, "Why DeviceClasses and not claim
+    templates") does on the same allocator: a ResourceClaimTemplate whose request lists
+    MIG profiles small to large, then a share with a memory request, gets the smallest
+    profile free (kube-scheduler's DynamicResources score prefers the node where an earlier
+    subrequest fits), the share once no profile is left; where the driver accounts
+    memory (ConsumableShares ``memory``) shares of 12, 16 and 16Gi fit one L40S, where a
+    share through an extended resource (no capacity request: the policy's default, the
+    whole memory) no longer does."""
+    ns = space.namespace()
+    api = _Api(admin, ns)
+    double = DraDriverDouble(admin)
+    h, s = (f"{space.name}-{k}"[:50] for k in ("h", "s"))
+    space.nodes += create_nodes(api.core, [_dra_node(h, space.name, H100),
+                                           _dra_node(s, space.name, L40S)])
+    mig = "device.attributes['gpu.nvidia.com']"
+
+    def sub(name: str, klass: str, expr: str | None = None,
+            memory: str | None = None) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": name, "deviceClassName": klass}
+        if expr:
+            out["selectors"] = [{"cel": {"expression": expr}}]
+        if memory:
+            out["capacity"] = {"requests": {"memory": memory}}
+        return out
+
+    def template(name: str, subs: list[dict[str, Any]]) -> None:
+        api.objects.create_namespaced_custom_object(GROUP, VERSION, ns,
+                                                    "resourceclaimtemplates", {
+            "apiVersion": f"{GROUP}/{VERSION}", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name},
+            "spec": {"spec": {"devices": {"requests": [
+                {"name": "gpu", "firstAvailable": subs}]}}}})
+
+    def claim_pod(name: str, tmpl: str, pool: str) -> None:
+        body = pod(name, pool=pool, scheduler=PLAIN)
+        body["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": tmpl}]
+        body["spec"]["containers"][0]["resources"]["claims"] = [{"name": "gpu"}]
+        api.core.create_namespaced_pod(ns, body)
+
+    def device_of(name: str) -> str:
+        for c in api.objects.list_namespaced_custom_object(GROUP, VERSION, ns,
+                                                           "resourceclaims")["items"]:
+            owners = c["metadata"].get("ownerReferences") or []
+            if any(o["name"] == name for o in owners) and c.get("status", {}).get(
+                    "allocation"):
+                results = c["status"]["allocation"]["devices"]["results"]
+                return f"{results[0]['request']}:{results[0]['device']}"
+        raise AssertionError(f"{name}: no allocated claim")
+
+    try:
+        double.publish(h, [nvidia.GpuSpec(0, "H100-80GB")])
+        double.publish(s, [nvidia.GpuSpec(0, "L40S")],
+                       info=nvidia.DriverInfo(consumable_shares="memory"))
+        time.sleep(1.0)
+        ladder = [sub(p.replace(".", "-"), "mig.nvidia.com", f"{mig}.profile == '{p}'")
+                  for p in ("1g.20gb", "2g.20gb", "3g.40gb", "7g.80gb")]
+        template("twelve", [*ladder, sub("share", "gpupack-gpu-shared", memory="12Gi")])
+        template("sixteen", [sub("share", "gpupack-gpu-shared", memory="16Gi")])
+        with claim_controller(stack):
+            got = []
+            for i in range(5):
+                claim_pod(f"t{i}", "twelve", space.name)
+                got.append((api.bound(f"t{i}"), device_of(f"t{i}")))
+            # Four 1g.20gb placements, then the 2g/3g/7g ones overlap them: the share.
+            assert got == [(h, f"gpu/1g-20gb:gpu-0-mig-1g20gb-15-{i}") for i in (0, 2, 4, 6)
+                           ] + [(s, "gpu/share:gpu-0")], got
+            for i in range(2):
+                claim_pod(f"m{i}", "sixteen", space.name)
+                assert api.bound(f"m{i}") == s
+            # Through the extended resource the share's default is the whole memory.
+            adm = pod("ext", limits={"nvidia.com/gpu.shared": "1"}, pool=space.name,
+                      scheduler=PLAIN)
+            adm["metadata"]["annotations"] = {}
+            api.core.create_namespaced_pod(ns, adm)
+            assert "cannot allocate all claims" in api.pending("ext")
+    finally:
+        for node in (h, s):
+            double.unpublish(node)
