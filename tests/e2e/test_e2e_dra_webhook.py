@@ -20,7 +20,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import pytest
-from cluster import L40S, POOL, H100, NodeSpec, create_nodes, pod
+from cluster import H100, L40S, POOL, NodeSpec, create_nodes, pod
 from conftest import Space
 from controlplane import Stack, claim_controller, render_chart
 from dra_driver_double import DraDriverDouble
