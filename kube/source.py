@@ -93,6 +93,17 @@ class ObjectSink(Protocol):
     def replace(self, objs: list[Mapping[str, Any]]) -> None: ...
 
 
+class DraSink(Protocol):
+    """Where the ``resource.k8s.io`` objects go (:class:`kube.cache.ClusterCache`), by
+    kind (the plural resource names of :data:`kube.dra_store.KINDS`)."""
+
+    def upsert_dra(self, kind: str, obj: Mapping[str, Any]) -> bool: ...
+
+    def delete_dra(self, kind: str, key: str) -> None: ...
+
+    def replace_dra(self, kind: str, objs: Iterable[Mapping[str, Any]]) -> None: ...
+
+
 class Source(Protocol):
     """Where the cluster comes from (:class:`kube.api_source.ApiSource`,
     :class:`StaticSource`): feeds one sink from ``start`` on, until ``stop``;
@@ -100,7 +111,7 @@ class Source(Protocol):
     sinks) has been listed."""
 
     def start(self, sink: Sink, records: RecordSink | None = None,
-              quotas: ObjectSink | None = None) -> None: ...
+              quotas: ObjectSink | None = None, dra: DraSink | None = None) -> None: ...
 
     def stop(self) -> None: ...
 
@@ -218,10 +229,10 @@ class StaticSource:
         return source
 
     def start(self, sink: Sink, records: RecordSink | None = None,
-              quotas: ObjectSink | None = None) -> None:
+              quotas: ObjectSink | None = None, dra: DraSink | None = None) -> None:
         # Static records live in kube.groups.reservations.StaticRecordStore; static mode has no
-        # ResourceQuotas (its GroupInputs starts listed and empty).
-        del records, quotas
+        # ResourceQuotas (its GroupInputs starts listed and empty) and no DRA objects.
+        del records, quotas, dra
         self.sink = sink
         with self.lock:
             sink.replace(self.nodes, self.pods.objects())
