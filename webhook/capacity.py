@@ -268,9 +268,12 @@ class ClusterView:
     def of(cls, snapshot: Snapshot, dra: DraWorld | None = None,
            shared_resource: str = A.SHARED_RESOURCE,
            memo: DraMemo | None = None) -> ClusterView:
-        """``dra``: the cluster's DRA objects (None: no DRA); ``shared_resource``: the
-        resource the webhook writes for a share (whose DeviceClass serves it on DRA
-        nodes); ``memo``: CEL outcomes kept from the previous view's world."""
+        """``dra``: the cluster's DRA objects (default: the snapshot's, ``Snapshot.dra``;
+        None there: no DRA); ``shared_resource``: the resource the webhook writes for a
+        share (whose DeviceClass serves it on DRA nodes); ``memo``: what the previous
+        view judged of each DRA node (:class:`webhook.dra_view.DraMemo`)."""
+        if dra is None:
+            dra = snapshot.dra
         state = ClusterState(snapshot)
         seen = frozenset(
             [req.admission for req, _ in snapshot.running if req.admission]

@@ -15,25 +15,22 @@ scheduler's name."""
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import pytest
-from cluster import H100, L40S, POOL, NodeSpec, create_nodes, pod
+from cluster import H100, L40S, POOL, NodeSpec, create_nodes, pod, wait_for, wait_for_webhook
 from conftest import Space
 from controlplane import Stack, claim_controller, render_chart
 from dra_driver_double import DraDriverDouble
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from kube.snapshot import build_snapshot
+from kube import annotations as A
 from packing.catalog import get_model, smallest_fitting_profile
 from packing.dra import nvidia
-from packing.dra.world import world_from_api
-from webhook.admit import admit
-from webhook.capacity import ClusterView
-from webhook.config import WebhookConfig
 
 GROUP, VERSION = "resource.k8s.io", "v1"
 PLAIN = "plain-kube-scheduler"
@@ -78,17 +75,6 @@ class _Api:
     def cluster(self, plural: str) -> list[dict[str, Any]]:
         return list(self.objects.list_cluster_custom_object(GROUP, VERSION, plural)["items"])
 
-    def view(self) -> ClusterView:
-        api = client.ApiClient()
-        nodes = [api.sanitize_for_serialization(n) for n in self.core.list_node().items]
-        pods = [api.sanitize_for_serialization(p)
-                for p in self.core.list_pod_for_all_namespaces().items]
-        world, errors = world_from_api(self.cluster("resourceslices"),
-                                       self.cluster("deviceclasses"),
-                                       self.cluster("resourceclaims"))
-        assert errors == [], errors
-        return ClusterView.of(build_snapshot(nodes, pods, "gpupack").snapshot, dra=world)
-
     def allocated(self, pod_name: str) -> dict[str, Any]:
         """The device the scheduler allocated to the pod's extended-resource claim, as
         the slices publish it."""
@@ -130,13 +116,23 @@ class _Api:
         raise AssertionError(f"pod {name} not bound in {timeout_s} s: {conds}")
 
 
-def _admit_and_create(api: _Api, body: dict[str, Any]) -> Any:
-    """The webhook's decision for ``body`` from the objects the API server holds now,
-    the pod created as the webhook leaves it."""
-    adm = admit(body, api.view(), WebhookConfig(), admission_id=body["metadata"]["name"])
-    assert adm.allowed, adm.decision.reason
-    made = api.core.create_namespaced_pod(api.ns, dict(adm.result))
-    return adm.decision, made
+def _create(api: _Api, body: dict[str, Any]) -> tuple[dict[str, Any], Any]:
+    """The pod created through the real webhook: its decision (gpupack.io/decision) and
+    the pod as stored."""
+    made = api.core.create_namespaced_pod(api.ns, body)
+    decision = json.loads(made.metadata.annotations["gpupack.io/decision"])
+    return decision, made
+
+
+def _until_decided(api: _Api, body: dict[str, Any], words: str) -> dict[str, Any]:
+    """A dry-run create of ``body`` until the webhook's decision says ``words`` (its view
+    has caught up with the claims allocated last)."""
+    def decided() -> Any:
+        out = api.core.create_namespaced_pod(api.ns, body, dry_run="All")
+        doc = json.loads(out.metadata.annotations["gpupack.io/decision"])
+        return doc if words in doc["reason"] else None
+
+    return dict(wait_for(decided, 30, f"the webhook to say {words!r}"))
 
 
 def _attr(d: Mapping[str, Any], name: str) -> Any:
@@ -145,15 +141,16 @@ def _attr(d: Mapping[str, Any], name: str) -> Any:
 
 
 SIZED: Sequence[tuple[str, dict[str, str], str]] = (
-    # name, annotations, what the allocator must hand out
-    ("asr-0", {"gpupack.io/class": "asr"}, "mig"),
-    ("tts-0", {"gpupack.io/class": "tts"}, "mig"),
-    ("emb-12", {"gpupack.io/gpu-memory": "12Gi"}, "mig"),
-    ("asr-1", {"gpupack.io/class": "asr", "gpupack.io/gpu-compute": "0.25"}, "mig"),
-    ("tts-30", {"gpupack.io/gpu-memory": "30Gi"}, "mig"),
-    ("big-60", {"gpupack.io/gpu-memory": "60Gi"}, "mig"),
+    # name, annotations, the device the allocator must hand out: the smallest MIG profile
+    # of an H100 that holds the pod, or a share of the L40S
+    ("asr-0", {"gpupack.io/class": "asr"}, "1g.10gb"),
+    ("tts-0", {"gpupack.io/class": "tts"}, "1g.10gb"),
+    ("emb-12", {"gpupack.io/gpu-memory": "12Gi"}, "1g.20gb"),
+    ("asr-1", {"gpupack.io/class": "asr", "gpupack.io/gpu-compute": "0.25"}, "2g.20gb"),
+    ("tts-30", {"gpupack.io/gpu-memory": "30Gi"}, "3g.40gb"),
+    ("big-60", {"gpupack.io/gpu-memory": "60Gi"}, "7g.80gb"),
     ("shared-8", {"gpupack.io/gpu-memory": "8Gi", "gpupack.io/isolation": "shared"},
-     "shared"),
+     "share"),
 )
 
 
@@ -171,25 +168,30 @@ def test_sized_pods_get_the_smallest_dra_device_that_holds_them(
         double.publish(s, [nvidia.GpuSpec(0, "L40S")],
                        info=nvidia.DriverInfo(consumable_shares="4"))
         double.publish(w, [nvidia.GpuSpec(0, "L40S")])
-        time.sleep(1.0)  # the scheduler's slice tracker takes the slices in
-        for name, ann, kind in SIZED:
+        # Until the webhook's view has the DRA nodes (their slices and classes).
+        wait_for_webhook(api.core, ns, pod("probe", annotations={
+            "gpupack.io/gpu-memory": "60Gi"}, pool=space.name, scheduler=PLAIN),
+            "nvidia.com/mig-7g.80gb")
+        for name, ann, want in SIZED:
             body = pod(name, annotations=ann, pool=space.name, scheduler=PLAIN)
-            decision, made = _admit_and_create(api, body)
+            decision, made = _create(api, body)
             assert made.spec.scheduler_name == PLAIN
+            limits = made.spec.containers[0].resources.limits
             node = api.bound(name)
             device = api.allocated(name)
             assert device["node"] == node
-            memory = decision.memory_mib
-            if kind == "mig":
-                want = smallest_fitting_profile(get_model("H100-80GB"), memory,
-                                                decision.compute_milli)
-                assert want is not None
+            if want != "share":
+                memory = A.gpu_memory_mib(made.metadata.annotations) or 0
+                compute = A.gpu_compute_milli(made.metadata.annotations) or 0
+                smallest = smallest_fitting_profile(get_model("H100-80GB"), memory, compute)
+                assert smallest is not None and smallest.name == want
+                assert limits == {smallest.resource_name: "1"}, limits
                 assert (node, _attr(device, "type"), _attr(device, "profile")) == (
-                    h, "mig", want.name), (name, decision.reason, device["name"])
-                assert decision.resource == want.resource_name
+                    h, "mig", want), (name, decision["reason"], device["name"])
             else:
+                assert limits == {"nvidia.com/gpu.shared": "1"}, limits
                 assert (node, _attr(device, "type"), device.get("allowMultipleAllocations")
-                        ) == (s, "gpu", True), (name, decision.reason, device["name"])
+                        ) == (s, "gpu", True), (name, decision["reason"], device["name"])
         # First fit packs the H100s in order: gpu-0 takes the 1g, 1g.20gb and 2g slices,
         # the 3g.40gb no longer fits there and opens gpu-1, the 7g.80gb gpu-2.
         assert [api.allocated(n)["name"].split("-mig-")[0] for n, _a, _k in SIZED[:6]] == [
@@ -198,15 +200,16 @@ def test_sized_pods_get_the_smallest_dra_device_that_holds_them(
         # slice, and the scheduler keeps it pending.
         body = pod("big-60b", annotations={"gpupack.io/gpu-memory": "60Gi"}, pool=space.name,
                    scheduler=PLAIN)
-        decision, _made = _admit_and_create(api, body)
-        assert decision.profile == "7g.80gb" and "the pod waits for one" in decision.reason, (
-            decision.reason)
+        _until_decided(api, body, "the pod waits for one")
+        decision, _made = _create(api, body)
+        assert decision["profile"] == "7g.80gb", decision
         assert "cannot allocate all claims" in api.pending("big-60b")
         # The last resort: on the pool of the plain L40S, a whole GPU.
         body = pod("whole-8", annotations={"gpupack.io/gpu-memory": "8Gi"},
                    pool=f"{space.name}-w", scheduler=PLAIN)
-        decision, _made = _admit_and_create(api, body)
-        assert decision.resource == "nvidia.com/gpu", decision.reason
+        decision, made = _create(api, body)
+        assert decision["kind"] == "gpu", decision
+        assert made.spec.containers[0].resources.limits == {"nvidia.com/gpu": "1"}
         assert api.bound("whole-8") == w
         device = api.allocated("whole-8")
         assert (device["name"], _attr(device, "type")) == ("gpu-0", "gpu")
