@@ -21,7 +21,17 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import pytest
-from cluster import H100, L40S, POOL, NodeSpec, create_nodes, pod, wait_for, wait_for_webhook
+from cluster import (
+    H100,
+    L40S,
+    POOL,
+    NodeSpec,
+    create_nodes,
+    h100_mig,
+    pod,
+    wait_for,
+    wait_for_webhook,
+)
 from conftest import Space
 from controlplane import Stack, claim_controller, render_chart
 from dra_driver_double import DraDriverDouble
@@ -312,3 +322,50 @@ def test_the_alternative_a_claim_template_with_first_available(
     finally:
         for node in (h, s):
             double.unpublish(node)
+
+
+def test_mixed_pool_device_plugin_and_dra_nodes(space: Space, admin: Any,
+                                                device_classes: list[dict[str, Any]]) -> None:
+    """One pool, a device-plugin MIG node with one free 3g.40gb and a DRA H100: the
+    webhook counts both, writes the same resource for either, and kube-scheduler serves
+    it per node (KEP-5004): from the device plugin where the node's allocatable has it
+    (no claim), from the DRA class where it has not. An 8Gi pod gets a 1g.10gb, which
+    only the DRA node has; two 30Gi pods get the two 3g.40gb left, one on each node; the
+    third waits."""
+    ns = space.namespace()
+    api = _Api(admin, ns)
+    double = DraDriverDouble(admin)
+    dp, dra = (f"{space.name}-{k}"[:50] for k in ("dp", "dra"))
+    space.nodes += create_nodes(api.core, [h100_mig(dp, space.name, {"3g.40gb": 1}),
+                                           _dra_node(dra, space.name, H100)])
+    try:
+        double.publish(dra, [nvidia.GpuSpec(0, "H100-80GB")])
+        wait_for_webhook(api.core, ns, pod("probe", annotations={
+            "gpupack.io/gpu-memory": "8Gi"}, pool=space.name, scheduler=PLAIN),
+            "nvidia.com/mig-1g.10gb")
+        _create(api, pod("p8", annotations={"gpupack.io/gpu-memory": "8Gi"}, pool=space.name,
+                         scheduler=PLAIN))
+        assert api.bound("p8") == dra
+        assert api.allocated("p8")["name"] == "gpu-0-mig-1g10gb-19-0"
+        where = {}
+        for name in ("q1", "q2"):
+            body = pod(name, annotations={"gpupack.io/gpu-memory": "30Gi"}, pool=space.name,
+                       scheduler=PLAIN)
+            _until_decided(api, body, "free on H100-80GB")
+            decision, made = _create(api, body)
+            assert made.spec.containers[0].resources.limits == {
+                "nvidia.com/mig-3g.40gb": "1"}, decision
+            where[name] = api.bound(name)
+        assert sorted(where.values()) == sorted([dp, dra]), where
+        on_dra = next(n for n, node in where.items() if node == dra)
+        on_dp = next(n for n, node in where.items() if node == dp)
+        assert api.allocated(on_dra)["name"] == "gpu-0-mig-3g40gb-9-4"
+        with pytest.raises(AssertionError, match="no allocated extended-resource claim"):
+            api.allocated(on_dp)  # the device plugin's slice: no claim
+        body = pod("q3", annotations={"gpupack.io/gpu-memory": "30Gi"}, pool=space.name,
+                   scheduler=PLAIN)
+        _until_decided(api, body, "the pod waits for one")
+        _create(api, body)
+        api.pending("q3")
+    finally:
+        double.unpublish(dra)
