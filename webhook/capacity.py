@@ -13,7 +13,10 @@ has gets :meth:`ClusterView.scoped`: the same counts over the nodes
 :func:`packing.constraints.exclusion` lets it reach, condensed once per distinct constraint
 signature and view (LRU of :data:`SCOPES_KEPT`) and then kept up to date as claims are
 added. A claim records the nodes its pod could reach and is taken only from views that
-share a node with them. Pure: no I/O.
+share a node with them. DRA nodes are counted from their devices
+(:mod:`webhook.dra_view`), a claim taken there placed as the allocator would. Pure: no
+I/O. It runs past 600 lines as one purpose: the view and the claims that update it share
+the private reach state (``_Root``), DRA nodes included.
 """
 
 from __future__ import annotations
@@ -274,11 +277,23 @@ class ClusterView:
         view judged of each DRA node (:class:`webhook.dra_view.DraMemo`)."""
         if dra is None:
             dra = snapshot.dra
-        state = ClusterState(snapshot)
         seen = frozenset(
             [req.admission for req, _ in snapshot.running if req.admission]
             + [req.admission for req in snapshot.pending if req.admission]
         )
+        return cls.of_state(ClusterState(snapshot), snapshot.pending, seen, dra=dra,
+                            shared_resource=shared_resource, memo=memo)
+
+    @classmethod
+    def of_state(cls, state: ClusterState, pending: Iterable[PodRequest],
+                 seen: frozenset[str] = frozenset(), *, dra: DraWorld | None = None,
+                 shared_resource: str = A.SHARED_RESOURCE,
+                 memo: DraMemo | None = None) -> ClusterView:
+        """The view of ``state`` (its running pods applied) with ``pending`` waiting for
+        the scheduler, and the DRA nodes of ``dra`` (see :meth:`of`). The view reads
+        ``state`` while it is used (its scoped views condense from it): the caller must
+        not change ``state`` meanwhile (the day replay asks one admission at a time,
+        between placements)."""
         root = _Root(state, seen, dra_view(dra, {n: s.info for n, s in state.nodes.items()},
                                            shared_resource, memo))
         reach, excluded = root.reach(NodeLevel())
@@ -289,7 +304,7 @@ class ClusterView:
         # Pods waiting for the scheduler hold no GPU in the snapshot yet, but each will
         # take the slice or share it asks for: a burst the webhook sized must not be
         # offered the same free slice again.
-        return view.with_claims(pending_claims(snapshot.pending, root.of_selector))
+        return view.with_claims(pending_claims(pending, root.of_selector))
 
     def scoped(self, level: NodeLevel) -> ClusterView:
         """This view restricted to the nodes a pod with node-level constraints ``level``
