@@ -294,8 +294,9 @@ class ClusterView:
         ``state`` while it is used (its scoped views condense from it): the caller must
         not change ``state`` meanwhile (the day replay asks one admission at a time,
         between placements)."""
-        root = _Root(state, seen, dra_view(dra, {n: s.info for n, s in state.nodes.items()},
-                                           shared_resource, memo))
+        dra_nodes = (dra_view(dra, {n: s.info for n, s in state.nodes.items()},
+                              shared_resource, memo) if dra is not None else None)
+        root = _Root(state, seen, dra_nodes)
         reach, excluded = root.reach(NodeLevel())
         root.base_reach, root.base_models = frozenset(reach), _condense(state, reach, root.dra)
         view = cls(root.base_models, seen, root.base_reach, "",

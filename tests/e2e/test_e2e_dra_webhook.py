@@ -34,6 +34,7 @@ from cluster import (
 )
 from conftest import Space
 from controlplane import Stack, claim_controller, render_chart
+from dra_differential import _Cluster
 from dra_driver_double import DraDriverDouble
 from kubernetes import client
 from kubernetes.client.rest import ApiException
@@ -76,14 +77,8 @@ def _dra_node(name: str, pool: str, product: str) -> NodeSpec:
     return NodeSpec(name, {POOL: pool, "nvidia.com/gpu.product": product}, {})
 
 
-class _Api:
-    def __init__(self, admin: Any, ns: str) -> None:
-        self.core = client.CoreV1Api(admin)
-        self.objects = client.CustomObjectsApi(admin)
-        self.ns = ns
-
-    def cluster(self, plural: str) -> list[dict[str, Any]]:
-        return list(self.objects.list_cluster_custom_object(GROUP, VERSION, plural)["items"])
+class _Api(_Cluster):
+    """The differential test's API helpers, and what this module reads of pods."""
 
     def allocated(self, pod_name: str) -> dict[str, Any]:
         """The device the scheduler allocated to the pod's extended-resource claim, as
@@ -94,7 +89,7 @@ class _Api:
             if c["metadata"].get("annotations", {}).get(CLAIM_ANNOTATION) == "true" and any(
                     o["name"] == pod_name for o in owners):
                 (result,) = c["status"]["allocation"]["devices"]["results"]
-                for s in self.cluster("resourceslices"):
+                for s in self.list("resourceslices"):
                     if s["spec"]["pool"]["name"] != result["pool"]:
                         continue
                     for d in s["spec"].get("devices") or []:
@@ -270,8 +265,7 @@ def test_the_alternative_a_claim_template_with_first_available(
         return out
 
     def template(name: str, subs: list[dict[str, Any]]) -> None:
-        api.objects.create_namespaced_custom_object(GROUP, VERSION, ns,
-                                                    "resourceclaimtemplates", {
+        api.create("resourceclaimtemplates", {
             "apiVersion": f"{GROUP}/{VERSION}", "kind": "ResourceClaimTemplate",
             "metadata": {"name": name},
             "spec": {"spec": {"devices": {"requests": [
