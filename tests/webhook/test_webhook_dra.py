@@ -161,6 +161,12 @@ def test_the_patch_pins_the_product_only_where_every_node_is_labelled() -> None:
     assert "affinity" not in unlabelled.result["spec"]
 
 
+def test_every_kind_goes_to_gpupacks_scheduler() -> None:
+    for snap, w in (H100_DRA, L40S_SHARES, L40S_PLAIN):
+        a = admit(pod(annotations={MEM: "8Gi"}), view(snap, w), CFG)
+        assert a.result["spec"]["schedulerName"] == "gpupack", a.decision.kind
+
+
 def test_reinvocation_keeps_each_kind() -> None:
     for snap, w in (H100_DRA, L40S_SHARES, L40S_PLAIN):
         v = view(snap, w)
