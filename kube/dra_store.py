@@ -298,17 +298,7 @@ class DraObjects:
         if found is None:
             return
         pk, f = found
-        predicted = tuple(sorted(f"{d.driver}/{d.pool}/{d.device}" for d in f.claims[flight_key]))
-        actual = tuple(sorted(f"{d.driver}/{d.pool}/{d.device}"
-                              for d in c.claim.allocation.results))
-        if predicted == actual:
-            self.agreements += 1
-        else:
-            self.disagreements += 1
-            log.warning("claim %s: predicted %s, allocated %s", key, ", ".join(predicted),
-                        ", ".join(actual))
-            for fn in self.on_disagreement:
-                fn(key, predicted, actual)
+        self.compare(key, f.claims[flight_key], c.claim.allocation.results)
         rest = {k: v for k, v in f.claims.items() if k != flight_key}
         nodes = {self._device_node.get(f"{d.driver}/{d.pool}/{d.device}")
                  for d in f.claims[flight_key]}
@@ -318,6 +308,22 @@ class DraObjects:
             del self.in_flight[pk]
         nodes.discard(None)
         self._touch(nodes)
+
+    def compare(self, key: str, predicted: Iterable[AllocatedDevice],
+                allocated: Iterable[AllocatedDevice]) -> bool:
+        """Count (and log, and tell ``on_disagreement``) whether the devices predicted
+        for claim ``key`` are the ones allocated; whether they are."""
+        want = tuple(sorted(f"{d.driver}/{d.pool}/{d.device}" for d in predicted))
+        got = tuple(sorted(f"{d.driver}/{d.pool}/{d.device}" for d in allocated))
+        if want == got:
+            self.agreements += 1
+            return True
+        self.disagreements += 1
+        log.warning("claim %s: predicted %s, allocated %s", key, ", ".join(want) or "nothing",
+                    ", ".join(got) or "nothing")
+        for fn in self.on_disagreement:
+            fn(key, want, got)
+        return False
 
     def assume(self, pod: str, claims: Mapping[str, tuple[AllocatedDevice, ...]]) -> None:
         """Count ``claims`` (claim key -> devices predicted) as allocated until the watch
