@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry
 
 from kube.cache import ClusterCache
 from kube.source import Binder
+from scheduler.dra.metrics import DraCollector
 from scheduler.dra.plugin import DraVerbs
 from scheduler.engine import LoopMetrics
 from scheduler.extender.app import AppConfig, InFlight, add_info_routes, add_verb_routes
@@ -74,6 +75,7 @@ def create_extender_app(
     # Group members first (their room is reserved), then pods with DRA claims.
     dra = DraVerbs(cache, warmer.current, memo, lag)
     app.extensions["gpupack.dra"] = dra
+    registry.register(DraCollector(cache, dra))
     points = ExtensionPoints(cache, planner, binder, (GroupVerbs(book, lag), dra), memo,
                              warmer, request_pods, metrics.binds, cfg.policy, cfg.filter_top,
                              lag, refusals)

@@ -57,6 +57,9 @@ CLAIMS = "resourceclaims"
 TEMPLATES = "resourceclaimtemplates"
 RULES = "devicetaintrules"
 KINDS = (SLICES, CLASSES, CLAIMS, TEMPLATES, RULES)
+# The object kinds of those resources (a file of objects names them so).
+KIND_NAMES = {"ResourceSlice": SLICES, "DeviceClass": CLASSES, "ResourceClaim": CLAIMS,
+              "ResourceClaimTemplate": TEMPLATES, "DeviceTaintRule": RULES}
 # The in-flight key of the claim kube-scheduler makes for a pod's DRA-backed extended
 # resources (its API name is generated): <namespace>/<pod><EXTENDED_MARK>.
 EXTENDED_MARK = "#extended-resources"

@@ -43,7 +43,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
 
-from packing.catalog import GpuModel, match_product
+from packing.catalog import GpuModel, get_model, match_product
 from packing.constraints import BLOCKING
 from packing.dra.cel import Outcome, evaluate
 from packing.dra.objects import (
@@ -379,3 +379,44 @@ def whole_gpu_demand(claims: Iterable[ResourceClaim], classes: Mapping[str, Devi
             if klass is not None and whole_gpu_class(klass):
                 n += req.count
     return n
+
+
+def device_states(inventory: DraInventory, held: set[str] | frozenset[str]
+                  ) -> dict[tuple[str, str, str], int]:
+    """(GPU model, profile, state) -> devices of the node, for the metrics: ``profile``
+    is the MIG profile, ``gpu`` for a whole GPU; ``state`` is ``used`` (a claim holds
+    it), ``unavailable`` (not held, but what is held of its GPU overlaps it: the whole
+    GPU, or MIG memory slices it covers; or its GPU is tainted) or ``free``."""
+    models = {g.index: g.model for g in inventory.gpus}
+    by_gpu: dict[int, list[GpuDevice]] = {}
+    for d in inventory.devices.values():
+        if d.id in held:
+            by_gpu.setdefault(d.gpu, []).append(d)
+    out: dict[tuple[str, str, str], int] = {}
+    for d in inventory.devices.values():
+        model = models.get(d.gpu)
+        if model is None:
+            continue
+        if d.id in held:
+            state = "used"
+        elif d.gpu in inventory.tainted or any(
+                _overlaps(model, d, h) for h in by_gpu.get(d.gpu, ())):
+            state = "unavailable"
+        else:
+            state = "free"
+        key = (model, d.profile or "gpu", state)
+        out[key] = out.get(key, 0) + 1
+    return out
+
+
+def _overlaps(model: str, a: GpuDevice, b: GpuDevice) -> bool:
+    """Whether two devices of one GPU cannot both be held (a shared whole GPU with
+    shares left over admits more shares, never a MIG partition)."""
+    if a.profile is None or b.profile is None:
+        return not (a.profile is None and b.profile is None and a.shared and b.shared)
+    geom = get_model(model).mig
+    if geom is None or a.start is None or b.start is None:
+        return True
+    ra = range(a.start, a.start + geom.profile(a.profile).memory_slices)
+    rb = range(b.start, b.start + geom.profile(b.profile).memory_slices)
+    return ra.start < rb.stop and rb.start < ra.stop
