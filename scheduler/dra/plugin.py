@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from kube.assumptions import AssumeError
@@ -33,7 +33,8 @@ from kube.cache import ClusterCache
 from kube.dra_pods import PodClaims, read_pod_claims
 from packing.constraints import selector_miss
 from packing.dra.allocator import Verdict
-from packing.dra.objects import AllocatedDevice, Node, frozen_map
+from packing.dra.objects import AllocatedDevice, Node, ResourceClaim, frozen_map
+from packing.groups.members import is_reservation
 from packing.model import Placement, PodRequest, RequestKind
 from packing.state import fits_node
 from packing.status import Status
@@ -58,6 +59,7 @@ from scheduler.memo.decide import Memo, ScorerRef
 
 log = logging.getLogger("gpupack.scheduler.dra")
 REMEMBERED = 10_000  # pods (and their last answers) kept for their binds
+MEMO_LIMIT = 50_000  # memoized node answers; past it the table starts over
 CYCLE_KEY = "dra"
 
 # Checks of a refused DRA bind (Status.check).
@@ -87,6 +89,9 @@ class DraVerbs:
         # Outcomes of the nodes answered, by verdict (allocated, unschedulable, error,
         # unknown, kept): the gpupack_dra_predictions_total metric.
         self.verdicts: dict[str, int] = {}
+        # Answers by node state (see answer): key -> (the node judged, its answer).
+        self._memo: dict[tuple[object, ...], tuple[str, NodeAnswer]] = {}
+        self.memo_hits = 0
 
     # ---- the pod ---------------------------------------------------------------------
 
@@ -115,8 +120,18 @@ class DraVerbs:
         asks only extended resources and the node advertises GPUs, or has no slices)."""
         return bool(pc.own) or self.cache.is_dra_node(node)
 
-    def answer(self, pc: PodClaims, pod: PodRequest, node: str) -> NodeAnswer:
-        """The node's answer for the pod (the cache lock held)."""
+    def answer(self, pc: PodClaims, pod: PodRequest, node: str,
+               shapes: dict[bool, tuple[list[tuple[str, ResourceClaim]], str, str]] | None = None,
+               sigs: Mapping[str, int] | None = None) -> NodeAnswer:
+        """The node's answer for the pod (the cache lock held). ``shapes`` and ``sigs``:
+        what the caller keeps for all the nodes of one request (the claims to allocate,
+        by whether the device plugin serves the pod's extended resources; the cache's
+        node signatures).
+
+        Memoized: nodes whose slices read the same (:meth:`DraObjects.fingerprint`),
+        with the same devices held, the same state (its signature) and the same GPUs
+        kept for groups get the same fit up to the pool's name, so a node equal to one
+        already judged costs a lookup (a 2,000-node cluster is a few such states)."""
         state = self.cache.state
         ns = state.nodes[node]
         info = ns.info
@@ -129,17 +144,56 @@ class DraVerbs:
         why = fits_node(cpu_only(pod), ns)
         if why is not None:
             return NodeAnswer(False, why)
-        world = self.cache.dra.world()
-        claims, misfit = pc.to_allocate(list(world.classes.values()),
-                                        device_plugin=not self.cache.is_dra_node(node))
+        dra = self.cache.dra
+        world = dra.world()
+        plugin = not self.cache.is_dra_node(node)
+        shapes = {} if shapes is None else shapes
+        if plugin not in shapes:
+            claims, misfit = pc.to_allocate(list(world.classes.values()), device_plugin=plugin)
+            shapes[plugin] = (claims, misfit, repr((misfit, [(c.requests, c.constraints)
+                                                              for _, c in claims])))
+        claims, misfit, shape = shapes[plugin]
+        ref = self.scorer()
+        key = self._memo_key(node, shape, pod, ref.gen, sigs)
+        if key is not None:
+            found = self._memo.get(key)
+            if found is not None:
+                self.memo_hits += 1
+                ans = relabel(found[1], found[0], node)
+                self._count(ans)
+                self._remember(pc.key, node, ans)
+                return ans
         ans = evaluate(state, world, node, info.labels, self.cache.dra_inventory(node),
-                       claims, misfit, pod, self.scorer().scorer)
+                       claims, misfit, pod, ref.scorer)
+        if key is not None:
+            self._memo[key] = (node, ans)
+            if len(self._memo) > MEMO_LIMIT:
+                self._memo.clear()
+        self._count(ans)
+        self._remember(pc.key, node, ans)
+        return ans
+
+    def _memo_key(self, node: str, shape: str, pod: PodRequest, gen: int,
+                  sigs: Mapping[str, int] | None) -> tuple[object, ...] | None:
+        dra = self.cache.dra
+        fp = dra.fingerprint(node)
+        if fp is None:
+            return None
+        sig = (sigs if sigs is not None else self.cache.signatures()).get(node)
+        if sig is None:
+            return None
+        kept = tuple(g.info.index for g in self.cache.state.nodes[node].gpus
+                     if any(o is not None and is_reservation(o) for o in (
+                         g.whole_owner, *(w for _, w in g.instances.values()),
+                         *g.shared_owners)))
+        return (fp, dra.held_on(node), kept, sig, dra.classes_version, shape,
+                pod.cpu_milli, pod.memory_mib, gen)
+
+    def _count(self, ans: NodeAnswer) -> None:
         verdict = ("kept" if not ans.fits and ans.prediction is not None
                    and ans.prediction.verdict is Verdict.ALLOCATED
                    else ans.prediction.verdict.value if ans.prediction is not None else "none")
         self.verdicts[verdict] = self.verdicts.get(verdict, 0) + 1
-        self._remember(pc.key, node, ans)
-        return ans
 
     # ---- filter and prioritize -------------------------------------------------------
 
@@ -158,6 +212,8 @@ class DraVerbs:
         failed: dict[str, str] = {}
         never: dict[str, str] = {}
         plugin_nodes: list[str] = []
+        shapes: dict[bool, tuple[list[tuple[str, ResourceClaim]], str, str]] = {}
+        sigs = self.cache.signatures()
         for name in dict.fromkeys(args.candidate_names):
             if not self.cache.has_node(name):
                 if self.cache.unreadable_node(name):
@@ -168,7 +224,7 @@ class DraVerbs:
             if not self._dra_here(pc, name):
                 plugin_nodes.append(name)
                 continue
-            ans = self.answer(pc, pod, name)
+            ans = self.answer(pc, pod, name, shapes, sigs)
             if ans.fits:
                 keep.append(name)
             elif ans.unresolvable:
@@ -200,10 +256,12 @@ class DraVerbs:
         names = [n for n in dict.fromkeys(args.candidate_names) if self.cache.has_node(n)]
         prefs = {}
         plugin_nodes = [n for n in names if not self._dra_here(pc, n)]
+        shapes: dict[bool, tuple[list[tuple[str, ResourceClaim]], str, str]] = {}
+        sigs = self.cache.signatures()
         for name in names:
             if name in plugin_nodes:
                 continue
-            ans = self.answer(pc, pod, name)
+            ans = self.answer(pc, pod, name, shapes, sigs)
             if ans.fits and ans.pref is not None:
                 prefs[name] = ans.pref
         if plugin_nodes:
@@ -277,6 +335,17 @@ class DraVerbs:
 
     def unreserve(self, key: str) -> None:
         self.cache.forget_dra(key)
+
+
+def relabel(ans: NodeAnswer, source: str, node: str) -> NodeAnswer:
+    """``ans``, judged for ``source``, as the answer of ``node`` (a node in the same
+    state): the predicted devices' pools named after ``node`` as they were after
+    ``source`` (the NVIDIA driver names a node's pool after the node)."""
+    if source == node or ans.prediction is None or not ans.prediction.results:
+        return ans
+    results = tuple(tuple(replace(d, pool=d.pool.replace(source, node)) for d in c)
+                    for c in ans.prediction.results)
+    return replace(ans, prediction=replace(ans.prediction, results=results))
 
 
 def read_pod_claims_now(cache: ClusterCache, pc: PodClaims) -> PodClaims:
