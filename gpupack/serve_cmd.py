@@ -63,16 +63,10 @@ class Components:
         from kube.cache import ClusterCache
         from kube.groups.inputs import GroupInputs
         from kube.groups.lws import LwsPoller
-        from kube.groups.reservations import (
-            RECORD_SELECTOR,
-            ApiRecordStore,
-            RecordStore,
-            RecordWriter,
-            ReservationTap,
-            StaticRecordStore,
-        )
+        from kube.groups.reservations import RECORD_SELECTOR, ReservationTap
         from kube.leader import AlwaysLeader, Leadership, LeaseWatcher
         from kube.pod_conditions import ApiPodStatusStore
+        from kube.record_writer import ApiRecordStore, RecordStore, RecordWriter, StaticRecordStore
         from kube.source import Binder, Source, StaticSource
         from packing.cpsat import SolverParams
         from scheduler.engine import LoopMetrics
@@ -162,7 +156,8 @@ class Components:
             self.tap = ReservationTap(self.owners, self.groups)
         # The MIG actuator (docs/mig.md): on the leader only, against a cluster only. Its
         # metrics exist on every extender (zero when it is off).
-        from scheduler.mig.loop import MigActuator, MigMetrics, SliceFigures
+        from scheduler.mig.loop import MigActuator
+        from scheduler.mig.metrics import MigMetrics, SliceFigures
 
         self.mig: MigActuator | None = None
         mig_metrics = MigMetrics(self.registry, SliceFigures(self.cache, lambda: self.mig))
@@ -208,7 +203,7 @@ class Components:
                 loop_metrics=self.loop_metrics)
         # Defragmentation (docs/defrag.md): its metrics exist on every extender (zero
         # when it is off), so the dashboards and alerts always have their series.
-        from scheduler.defrag.loop import DefragMetrics
+        from scheduler.defrag.metrics import DefragMetrics
 
         self.defrag_metrics = DefragMetrics(self.registry)
         self.defrag: Any = None

@@ -107,7 +107,7 @@ class ClusterCache:
         # Which nodes' inventories are trusted, until when, and what to re-read each node
         # from once its inventory expires.
         self._trust = InventoryTrust(inventory_age)
-        # Whether MIG layouts of nodes that opt in may change (kube.objects.node_info).
+        # Whether MIG layouts of nodes that opt in may change (kube.node_objects.node_info).
         self.mig_actuator = mig_actuator
         self.lock = threading.RLock()
         self.state = ClusterState(Snapshot(nodes=()))

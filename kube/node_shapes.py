@@ -1,6 +1,6 @@
 """Node objects read into NodeInfos, memoized per node shape.
 
-Inferring MIG layouts from allocatable counts (:func:`kube.objects.node_info`) is a
+Inferring MIG layouts from allocatable counts (:func:`kube.node_objects.node_info`) is a
 search that can take a tenth of a second per node, and large clusters are made of few
 node shapes; :class:`NodeShapes` reads each shape once and copies it for the other
 nodes of that shape (with their own name and labels).

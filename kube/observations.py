@@ -66,7 +66,7 @@ class Observations:
     docstring)."""
 
     def __init__(self) -> None:
-        # What each node's agent observed (kube.objects.NodeObservation), by node, with
+        # What each node's agent observed (kube.node_objects.NodeObservation), by node, with
         # the inventory text it was read from (read again only when that changes).
         self.obs: dict[str, NodeObservation] = {}
         self.text: dict[str, str | None] = {}

@@ -239,7 +239,7 @@ class StaticSource:
 
     def start(self, sink: Sink, records: RecordSink | None = None,
               quotas: ObjectSink | None = None, dra: DraSink | None = None) -> None:
-        # Static records live in kube.groups.reservations.StaticRecordStore; static mode has no
+        # Static records live in kube.record_writer.StaticRecordStore; static mode has no
         # ResourceQuotas (its GroupInputs starts listed and empty).
         del records, quotas
         self.sink = sink

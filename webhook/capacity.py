@@ -13,7 +13,8 @@ has gets :meth:`ClusterView.scoped`: the same counts over the nodes
 :func:`packing.constraints.exclusion` lets it reach, condensed once per distinct constraint
 signature and view (LRU of :data:`SCOPES_KEPT`) and then kept up to date as claims are
 added. A claim records the nodes its pod could reach and is taken only from views that
-share a node with them. Pure: no I/O.
+share a node with them. Pure: no I/O. It runs past 600 lines as one purpose: the view
+and the claims that update it share the private reach state (``_Root``).
 """
 
 from __future__ import annotations
@@ -236,11 +237,19 @@ class ClusterView:
 
     @classmethod
     def of(cls, snapshot: Snapshot) -> ClusterView:
-        state = ClusterState(snapshot)
         seen = frozenset(
             [req.admission for req, _ in snapshot.running if req.admission]
             + [req.admission for req in snapshot.pending if req.admission]
         )
+        return cls.of_state(ClusterState(snapshot), snapshot.pending, seen)
+
+    @classmethod
+    def of_state(cls, state: ClusterState, pending: Iterable[PodRequest],
+                 seen: frozenset[str] = frozenset()) -> ClusterView:
+        """The view of ``state`` (its running pods applied) with ``pending`` waiting for
+        the scheduler. The view reads ``state`` while it is used (its scoped views
+        condense from it): the caller must not change ``state`` meanwhile (the day
+        replay asks one admission at a time, between placements)."""
         root = _Root(state, seen)
         reach, excluded = root.reach(NodeLevel())
         root.base_reach, root.base_models = frozenset(reach), _condense(state, reach)
@@ -249,7 +258,7 @@ class ClusterView:
         # Pods waiting for the scheduler hold no GPU in the snapshot yet, but each will
         # take the slice or share it asks for: a burst the webhook sized must not be
         # offered the same free slice again.
-        return view.with_claims(pending_claims(snapshot.pending, root.of_selector))
+        return view.with_claims(pending_claims(pending, root.of_selector))
 
     def scoped(self, level: NodeLevel) -> ClusterView:
         """This view restricted to the nodes a pod with node-level constraints ``level``

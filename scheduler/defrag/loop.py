@@ -28,6 +28,11 @@ nodes of its kind are free than it needs, the planner is asked for one more whol
 on the cluster without the whole nodes already free (a virtual lone pod of a node's
 GPUs, at that group's priority), and a move that evicts few pods is carried out; its
 hand-over only gives the holds back.
+
+Past 600 lines as one handler: the facts it gathers, the holds it keeps as pods go (on
+the watch's thread) and the decision it applies share one campaign's state and the
+order of the cache lock; the pure parts are :mod:`scheduler.defrag.decide` and
+:mod:`packing.defrag`, the figures :mod:`scheduler.defrag.metrics`.
 """
 
 from __future__ import annotations
@@ -39,11 +44,11 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry
 
 from kube.cache import ClusterCache
 from kube.defrag.inputs import PodOwners
-from kube.evictions import OUTCOMES, EventSink, Evictor, PodRef
+from kube.evictions import EventSink, Evictor, PodRef
 from packing.defrag.plan import (
     DefragParams,
     DefragPlan,
@@ -56,7 +61,6 @@ from packing.groups.members import is_reservation
 from packing.model import Placement, PodRequest, RequestKind, Snapshot
 from scheduler.defrag.decide import (
     CONSOLIDATE,
-    STOP_REASONS,
     Attempt,
     Campaign,
     Consolidation,
@@ -74,15 +78,14 @@ from scheduler.defrag.decide import (
     wanted_room_holds,
     wants_plan,
 )
+from scheduler.defrag.metrics import DefragMetrics
 from scheduler.engine import LeaderGate, Loop, LoopMetrics, Outcome
 from scheduler.groups.loop import ReservationBook
 
 log = logging.getLogger("gpupack.scheduler.defrag")
-
 HOLD_MARK = "#defrag-"
 Clock = Callable[[], float]
 Planner = Callable[[Snapshot, Evictability, DefragParams], DefragPlan]
-WAIT_BUCKETS = (10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0, 3600.0, 7200.0)
 
 
 def defrag_hold_key(group: str, node: str) -> str:
@@ -96,33 +99,6 @@ def room_hold_request(key: str, gpus: int, cpu_milli: int = 0, memory_mib: int =
     kind = RequestKind.WHOLE if gpus else RequestKind.NONE
     return PodRequest(key=key, kind=kind, gpu_count=gpus, cpu_milli=cpu_milli,
                       memory_mib=memory_mib, klass="whole" if gpus else "cpu")
-
-
-class DefragMetrics:
-    def __init__(self, registry: CollectorRegistry | None) -> None:
-        reg = registry if registry is not None else CollectorRegistry()
-        self.planned = Counter("gpupack_defrag_moves_planned",
-                               "Moves planned for waiting groups (plan: each new move told; "
-                               "act: each move started)", registry=reg)
-        self.evictions = Counter("gpupack_defrag_evictions",
-                                 "Evictions asked of the Eviction API, by outcome (evicted; "
-                                 "refused: pdb = 429, forbidden = 403, error; gone)",
-                                 ["outcome"], registry=reg)
-        for o in OUTCOMES:
-            self.evictions.labels(o)
-        self.freed = Counter("gpupack_defrag_gpus_freed",
-                             "GPUs freed by evictions and handed to a waiting group",
-                             registry=reg)
-        self.stopped = Counter("gpupack_defrag_campaigns_stopped",
-                               "Campaigns ended, by reason", ["reason"], registry=reg)
-        for r in STOP_REASONS:
-            self.stopped.labels(r)
-        self.active = Gauge("gpupack_defrag_active",
-                            "1 while a campaign frees a domain for a group", registry=reg)
-        self.wait = Histogram("gpupack_defrag_group_wait_seconds",
-                              "Seconds from a group first waiting to its room being reserved, "
-                              "for groups the defragmenter freed room for",
-                              buckets=WAIT_BUCKETS, registry=reg)
 
 
 @dataclass(frozen=True)

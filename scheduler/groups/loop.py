@@ -18,7 +18,7 @@ write or release, waiting groups). This handler
 * mirrors the records it is told about (the record watch) and holds what they ask for,
   on every replica, so a standby's cache is warm and equal to the leader's;
 * runs ``reconcile`` and applies its decision (local records at once, the API writes
-  queued for :class:`kube.groups.reservations.RecordWriter`) **only on the leader**
+  queued for :class:`kube.record_writer.RecordWriter`) **only on the leader**
   (``is_leader``) and only once :meth:`synced` has rebuilt the holds from the first
   full lists of nodes, pods and records. No read (a view, a snapshot, a scrape) ever
   reserves or writes anything;
@@ -34,6 +34,12 @@ The clock is injected (wall-clock seconds: expiries are written to the API and m
 survive a restart). A step of that clock backwards moves every deadline the book keeps in
 memory (expiries, retry times, first-seen times) back by the same step, so a reservation
 never outlives ``ttl`` and a waiting group is not stalled by it (see :meth:`_now`).
+
+Past 600 lines as one handler: mirroring the records the watch reports, holding their
+rooms, applying the decision and writing again what a lapse of the lease dropped all
+change the same books (records, revisions, waiting groups, ruled-out nodes) under the
+cache lock; the decision is :mod:`scheduler.groups.decide`, the rights
+:mod:`scheduler.groups.rights`, the answers to members :mod:`scheduler.groups.plugin`.
 """
 
 from __future__ import annotations
@@ -49,15 +55,14 @@ from dataclasses import dataclass, replace
 from kube.cache import ClusterCache
 from kube.groups.inputs import GroupInputs
 from kube.groups.reservations import (
-    RecordWriter,
     ReservationError,
     ReservationRecord,
-    Submitter,
     record_name,
     record_object,
     record_of,
 )
 from kube.pod_conditions import room_reserved
+from kube.record_writer import RecordWriter, Submitter
 from packing.groups.members import is_reservation
 from packing.model import Placement, PodRequest, RequestKind
 from packing.policies.scores import bestfit

@@ -417,7 +417,12 @@ class Stack:
                                     start_new_session=True)
         self.pid_file(component).write_text(f"{proc.pid}\n")
         started = time.time()
-        self.wait_ready(component, proc)
+        try:
+            self.wait_ready(component, proc, float(spec.get("ready_timeout_s", 120.0)))
+        except BaseException:
+            # Not ready (or interrupted): what was started is stopped, not left behind.
+            self.stop(component)
+            raise
         state = self.state()
         state["components"][component].setdefault("history", []).append([started, time.time()])
         self.save(state)
@@ -608,11 +613,27 @@ GPUPACK_ENV = {"PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
 def up(dir_: Path, *, extender_args: Sequence[str] = (), plain: bool = True,
        agent: bool = True, standby: bool = True,
        profile_overrides: Mapping[str, Any] | None = None) -> Stack:
-    """Start everything and wait until every component is ready."""
+    """Start everything and wait until every component is ready. When any step fails
+    (a component not ready in time, an object the API refuses, an interrupt), every
+    component already started is stopped before the error goes on: a failed start leaves
+    no process behind."""
     dir_ = dir_.resolve()
     stack = Stack(dir_)
     if stack.state_file.exists() and any(stack.alive(c) for c in stack.state()["components"]):
         raise StackError(f"{dir_} already holds a running stack: run down first")
+    try:
+        return _up(stack, extender_args=extender_args, plain=plain, agent=agent,
+                   standby=standby, profile_overrides=profile_overrides)
+    except BaseException:
+        if stack.state_file.exists():
+            with contextlib.suppress(Exception):
+                stack.down()
+        raise
+
+
+def _up(stack: Stack, *, extender_args: Sequence[str], plain: bool, agent: bool,
+        standby: bool, profile_overrides: Mapping[str, Any] | None) -> Stack:
+    dir_ = stack.dir
     for sub in ("pids", "logs", "pki", "kubeconfigs", "config"):
         (dir_ / sub).mkdir(parents=True, exist_ok=True)
     bins = build_binaries()

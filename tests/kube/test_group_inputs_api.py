@@ -1,4 +1,4 @@
-"""ResourceQuotas (list + watch through kube.source.ApiSource) and LeaderWorkerSets (a
+"""ResourceQuotas (list + watch through kube.api_source.ApiSource) and LeaderWorkerSets (a
 periodic list through kube.groups.lws.LwsPoller) from a FAKE API server, through the real
 ``kubernetes`` client: the first lists gate readiness, a quota change reaches the
 inputs, and an absent CRD (404 on the list) means "not installed", not an error loop."""

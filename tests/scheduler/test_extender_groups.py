@@ -13,14 +13,9 @@ from test_groups_builders import RecordingWriter, bound, lws_pod, rig
 from gpupack.extender_app import create_extender_app
 from kube.annotations import placement_annotations
 from kube.cache import ClusterCache
-from kube.groups.reservations import (
-    RecordWriter,
-    StaticRecordStore,
-    record_name,
-    record_object,
-    record_of,
-)
+from kube.groups.reservations import record_name, record_object, record_of
 from kube.pod_conditions import ROOM_RESERVED
+from kube.record_writer import RecordWriter, StaticRecordStore
 from kube.source import StaticSource
 from packing.model import PodRequest
 from packing.status import Status

@@ -24,15 +24,9 @@ from kube.api_source import ApiBinder, ApiSource
 from kube.cache import ClusterCache
 from kube.groups.inputs import GroupInputs
 from kube.groups.lws import LwsPoller
-from kube.groups.reservations import (
-    RECORD_SELECTOR,
-    ApiRecordStore,
-    RecordWriter,
-    ReservationTap,
-    record_name,
-    record_of,
-)
+from kube.groups.reservations import RECORD_SELECTOR, ReservationTap, record_name, record_of
 from kube.leader import LeaseWatcher
+from kube.record_writer import ApiRecordStore, RecordWriter
 from packing.status import Status
 from scheduler.groups.loop import ReservationBook
 from scheduler.groups.plugin import GroupVerbs

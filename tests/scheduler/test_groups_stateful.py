@@ -40,8 +40,9 @@ from test_groups_builders import bound, lws_pod
 
 from kube.annotations import GPUS, placement_annotations
 from kube.cache import ClusterCache
-from kube.groups.reservations import RESERVATION, RecordWriter, ReservationTap, record_of
+from kube.groups.reservations import RESERVATION, ReservationTap, record_of
 from kube.objects import pod_request
+from kube.record_writer import RecordWriter
 from packing.groups.members import RESERVE_MARK
 from packing.status import Status
 from scheduler.extender.wire import ExtenderArgs

@@ -12,14 +12,9 @@ from test_groups_builders import bound, lws_pod, rig
 
 from kube.annotations import placement_annotations
 from kube.cache import ClusterCache
-from kube.groups.reservations import (
-    RecordWriter,
-    ReservationTap,
-    StaticRecordStore,
-    record_name,
-    record_of,
-)
+from kube.groups.reservations import ReservationTap, record_name, record_of
 from kube.objects import pod_request
+from kube.record_writer import RecordWriter, StaticRecordStore
 from packing.model import Placement
 from packing.status import Status
 from scheduler.extender.wire import ExtenderArgs, FilterResult

@@ -22,7 +22,8 @@ import pytest
 from sched_builders import make_cache, node, whole_pod
 
 from packing.cpsat import SolverParams
-from scheduler.planner.loop import Planner, pick_candidates
+from scheduler.planner.decide import pick_candidates
+from scheduler.planner.loop import Planner
 from scheduler.planner.solve import SolveJob, SolveOutcome, solve
 
 FAST = SolverParams(max_time_s=0.2, workers=1)
@@ -72,7 +73,7 @@ def test_the_thread_survives_a_long_run_of_failures() -> None:
 
 
 def test_the_backoff_is_1_2_4_up_to_60_seconds_for_ever() -> None:
-    from scheduler.planner.loop import backoff_s
+    from scheduler.planner.decide import backoff_s
 
     assert [backoff_s(n) for n in range(1, 9)] == [1, 2, 4, 8, 16, 32, 60, 60]
     assert backoff_s(1025) == backoff_s(10**9) == 60

@@ -44,8 +44,8 @@ from typing import Any, Protocol
 
 from kube.cache import ClusterCache
 from kube.evictions import EventSink, EvictionResult, Evictor, PodRef
-from kube.groups.reservations import Submitter
 from kube.mig.compaction_memory import NAME, CompactionMemory, DrainRecord, memory_object
+from kube.record_writer import Submitter
 from packing.model import MigReconfigure
 from scheduler.engine import LeaderGate
 from scheduler.mig.compact.decide import (
