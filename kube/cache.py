@@ -21,14 +21,22 @@ shape, signature): thousands of nodes of a few kinds in a few states cost a hand
 evaluations. Signatures are recomputed only for the nodes an event touched, before the
 change is published.
 
-:class:`ClusterCache` is one class of about 900 lines on purpose: every handler (a node,
-a pod, a hold, an assumption) changes the same indexes and the one
-:class:`~packing.state.ClusterState` under one lock, keeping one invariant (each pod
-counted once, where it holds what it holds). What needs none of that state is its own
-module: where a bound pod is counted and what the node agents observed
+*Dynamic Resource Allocation*: a node whose GPUs are devices of ResourceSlices gets them
+from its slices (:func:`packing.dra.inventory.with_dra_gpus`), what allocated claims
+hold there (allocations the extender assumed included) is counted as the claims' own
+entries beside its pods (which hold CPU and memory there), and its claims' entries never
+displace a hold or an assumption (:meth:`ClusterCache._dra_apply`). The objects
+themselves are :class:`kube.dra_store.DraObjects`.
+
+:class:`ClusterCache` is one class of about 1,200 lines on purpose: every handler (a
+node, a pod, a hold, an assumption, a DRA object) changes the same indexes and the one
+:class:`~packing.state.ClusterState` under one lock, keeping one invariant (each pod and
+each claim counted once, where it holds what it holds). What needs none of that state is
+its own module: where a bound pod is counted and what the node agents observed
 (:mod:`kube.observations`), node shapes (:mod:`kube.node_shapes`), the trust in agent
 inventories by age (:mod:`kube.inventory_age`), assumed binds (:mod:`kube.assumptions`),
-state signatures (:mod:`kube.signatures`).
+state signatures (:mod:`kube.signatures`), the DRA objects (:mod:`kube.dra_store`) and
+what a pod asks of them (:mod:`kube.dra_pods`).
 """
 
 from __future__ import annotations
