@@ -64,6 +64,7 @@ KIND_NAMES = {"ResourceSlice": SLICES, "DeviceClass": CLASSES, "ResourceClaim": 
 # out of a node's fingerprint (DraObjects.fingerprint).
 _NODE_OWN = frozenset({"uuid", "parentUUID", "gpu.nvidia.com/uuid",
                        "gpu.nvidia.com/parentUUID"})
+CHECKED_KEPT = 100_000  # claims whose prediction was compared, remembered (see compare)
 # The in-flight key of the claim kube-scheduler makes for a pod's DRA-backed extended
 # resources (its API name is generated): <namespace>/<pod><EXTENDED_MARK>.
 EXTENDED_MARK = "#extended-resources"
@@ -132,6 +133,7 @@ class DraObjects:
     _held: dict[str, frozenset[str]] | None = None  # node -> names of its devices held
     _fingerprints: dict[str, str] = field(default_factory=dict)
     classes_version: int = 0  # changes whenever a DeviceClass does
+    _checked: dict[str, None] = field(default_factory=dict)  # claims compared (in order)
 
     # ---- state -----------------------------------------------------------------------
 
@@ -327,9 +329,15 @@ class DraObjects:
     def compare(self, key: str, predicted: Iterable[AllocatedDevice],
                 allocated: Iterable[AllocatedDevice]) -> bool:
         """Count (and log, and tell ``on_disagreement``) whether the devices predicted
-        for claim ``key`` are the ones allocated; whether they are."""
+        for claim ``key`` are the ones allocated; whether they are. A claim is counted
+        once (its first comparison; the latest claims remembered)."""
         want = tuple(sorted(f"{d.driver}/{d.pool}/{d.device}" for d in predicted))
         got = tuple(sorted(f"{d.driver}/{d.pool}/{d.device}" for d in allocated))
+        if key in self._checked:
+            return want == got
+        self._checked[key] = None
+        if len(self._checked) > CHECKED_KEPT:
+            del self._checked[next(iter(self._checked))]
         if want == got:
             self.agreements += 1
             return True

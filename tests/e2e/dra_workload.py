@@ -16,10 +16,12 @@ The pool (one per scheduler, identical):
   DynamicMIG H100 nodes (``dyn``: every MIG placement a device, with counters).
 
 The workload: ASR pods with a claim for a ``1g.10gb`` MIG partition, TTS pods for
-``2g.20gb``, embedders with a claim for 6Gi of a shared L40S, rerankers asking
-``nvidia.com/gpu: 1`` (served by DRA: the ``gpu.nvidia.com`` class names it, KEP-5004),
-and LeaderWorkerSet groups of 2 pods each asking 8 GPUs through a ResourceClaimTemplate.
-Small pods come first (the fragmenting order).
+``2g.20gb``, embedders with a claim for 6Gi of a shared L40S, rerankers with a claim for
+one whole GPU (or asking ``nvidia.com/gpu: 1``, served by DRA: the ``gpu.nvidia.com``
+class names it, KEP-5004), and LeaderWorkerSet groups of 2 pods each asking 8 GPUs
+through a ResourceClaimTemplate. Every claim comes from a ResourceClaimTemplate (the
+resourceclaim controller makes it). Small pods come first (the fragmenting order). No pod
+carries a ``gpupack.io/`` annotation: the webhook does not size them.
 """
 
 from __future__ import annotations
@@ -119,6 +121,7 @@ MIG_1G = _claim_spec(nvidia.MIG_CLASS, [f"{ATTR}.profile == '1g.10gb'"])
 MIG_2G = _claim_spec(nvidia.MIG_CLASS, [f"{ATTR}.profile == '2g.20gb'"])
 SHARE = _claim_spec(nvidia.GPU_CLASS, [f"{ATTR}.productName == 'NVIDIA L40S'"],
                     capacity={"memory": "6Gi"})
+ONE = _claim_spec(nvidia.GPU_CLASS)
 EIGHT = _claim_spec(nvidia.GPU_CLASS, count=8)
 
 
@@ -148,19 +151,21 @@ def _pod(name: str, pool_name: str, scheduler: str, *, template: str | None = No
 
 
 def workload(pool_name: str, scheduler: str, *, asr: int = 10, tts: int = 4, embed: int = 6,
-             rerank: int = 4, groups: int = 3) -> Workload:
-    """The pods (small ones first, then the groups) and the claim templates they use."""
+             rerank: int = 4, groups: int = 3, extended: bool = False) -> Workload:
+    """The pods (small ones first, then the groups) and the claim templates they use.
+    ``extended``: rerankers ask ``nvidia.com/gpu: 1`` (served by DRA, KEP-5004) instead
+    of a claim for one GPU; such pods go through gpupack's webhook, which must then know
+    DRA nodes."""
     templates = [{"apiVersion": f"{GROUP}/{VERSION}", "kind": "ResourceClaimTemplate",
                   "metadata": {"name": name}, "spec": {"spec": spec}}
                  for name, spec in (("mig-1g", MIG_1G), ("mig-2g", MIG_2G), ("share", SHARE),
-                                    ("eight", EIGHT))]
+                                    ("one", ONE), ("eight", EIGHT))]
     pods = []
-    pods += [_pod(f"asr-{i}", pool_name, scheduler, template="mig-1g",
-                  annotations={"gpupack.io/class": "asr"}) for i in range(asr)]
-    pods += [_pod(f"tts-{i}", pool_name, scheduler, template="mig-2g",
-                  annotations={"gpupack.io/class": "tts"}) for i in range(tts)]
+    pods += [_pod(f"asr-{i}", pool_name, scheduler, template="mig-1g") for i in range(asr)]
+    pods += [_pod(f"tts-{i}", pool_name, scheduler, template="mig-2g") for i in range(tts)]
     pods += [_pod(f"embed-{i}", pool_name, scheduler, template="share") for i in range(embed)]
     pods += [_pod(f"rerank-{i}", pool_name, scheduler, limits={nvidia.EXTENDED_RESOURCE: "1"})
+             if extended else _pod(f"rerank-{i}", pool_name, scheduler, template="one")
              for i in range(rerank)]
     for g in range(groups):
         for w in range(2):
@@ -168,8 +173,7 @@ def workload(pool_name: str, scheduler: str, *, asr: int = 10, tts: int = 4, emb
             pods.append(_pod(name, pool_name, scheduler, template="eight", labels={
                 LWS + "name": f"llm-{g}", LWS + "group-index": "0",
                 LWS + "worker-index": str(w)}, annotations={
-                LWS + "size": "2", LWS + "exclusive-topology": CLIQUE,
-                "gpupack.io/class": "whole"}))
+                LWS + "size": "2"}))
     return Workload(templates, pods)
 
 

@@ -32,7 +32,7 @@ def test_dra_workload_gpupack_and_plain(space: Space, admin: Any, core: Any, sta
             for v in nodes.values():
                 space.nodes += W.publish(admin, v)
             fams = extender_metrics(stack, admin, scraper)
-            before = sample(fams, "gpupack_dra_predictions_checked_total",
+            before = sample(fams, "gpupack_dra_predictions_checked",
                             outcome="disagree") if fams else None
             work = W.workload(ours_pool, "gpupack")
             W.submit(admin, ns, work)
@@ -42,7 +42,7 @@ def test_dra_workload_gpupack_and_plain(space: Space, admin: Any, core: Any, sta
             ours = W.outcome(admin, ns, placed, names[ours_pool])
             theirs = W.outcome(admin, plain_ns, plain, names[plain_pool])
             fams = extender_metrics(stack, admin, scraper)
-            after = {o: sample(fams, "gpupack_dra_predictions_checked_total", outcome=o)
+            after = {o: sample(fams, "gpupack_dra_predictions_checked", outcome=o)
                      for o in ("agree", "disagree")} if fams else {}
     finally:
         W.cleanup(admin, [ns, plain_ns], [n for v in names.values() for n in v])
