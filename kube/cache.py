@@ -21,14 +21,22 @@ shape, signature): thousands of nodes of a few kinds in a few states cost a hand
 evaluations. Signatures are recomputed only for the nodes an event touched, before the
 change is published.
 
-:class:`ClusterCache` is one class of about 900 lines on purpose: every handler (a node,
-a pod, a hold, an assumption) changes the same indexes and the one
-:class:`~packing.state.ClusterState` under one lock, keeping one invariant (each pod
-counted once, where it holds what it holds). What needs none of that state is its own
-module: where a bound pod is counted and what the node agents observed
+*Dynamic Resource Allocation*: a node whose GPUs are devices of ResourceSlices gets them
+from its slices (:func:`packing.dra.inventory.with_dra_gpus`), what allocated claims
+hold there (allocations the extender assumed included) is counted as the claims' own
+entries beside its pods (which hold CPU and memory there), and its claims' entries never
+displace a hold or an assumption (:meth:`ClusterCache._dra_apply`). The objects
+themselves are :class:`kube.dra_store.DraObjects`.
+
+:class:`ClusterCache` is one class of about 1,200 lines on purpose: every handler (a
+node, a pod, a hold, an assumption, a DRA object) changes the same indexes and the one
+:class:`~packing.state.ClusterState` under one lock, keeping one invariant (each pod and
+each claim counted once, where it holds what it holds). What needs none of that state is
+its own module: where a bound pod is counted and what the node agents observed
 (:mod:`kube.observations`), node shapes (:mod:`kube.node_shapes`), the trust in agent
 inventories by age (:mod:`kube.inventory_age`), assumed binds (:mod:`kube.assumptions`),
-state signatures (:mod:`kube.signatures`).
+state signatures (:mod:`kube.signatures`), the DRA objects (:mod:`kube.dra_store`) and
+what a pod asks of them (:mod:`kube.dra_pods`).
 """
 
 from __future__ import annotations
@@ -45,6 +53,7 @@ from typing import Any
 
 from kube.assumptions import AssumedBinds, AssumeError, Assumption, same_uid
 from kube.constraints import PodConstraints, Taint, node_taints, pod_constraints
+from kube.dra_pods import read_pod_claims
 from kube.dra_store import DraObjects
 from kube.inventory_age import (
     InventoryAge,
@@ -72,7 +81,13 @@ from kube.objects import (
 )
 from kube.observations import Observations, PodEntry, as_counted, same_slot
 from kube.signatures import SignatureBook
-from packing.dra.inventory import claim_uses, taint_uses, with_dra_gpus
+from packing.dra.inventory import (
+    DraInventory,
+    claim_uses,
+    taint_uses,
+    whole_gpu_demand,
+    with_dra_gpus,
+)
 from packing.dra.objects import AllocatedDevice
 from packing.dra.world import DraWorld
 from packing.model import NodeInfo, Placement, PodRequest, RequestKind, Snapshot
@@ -149,6 +164,14 @@ class ClusterCache:
         self._dra_nodes: set[str] = set()
         self._dra_keys: dict[str, set[str]] = {}
         self._dra_want: dict[str, dict[str, tuple[PodRequest, Placement]]] = {}
+        self._dra_inv: dict[str, DraInventory] = {}  # DRA nodes' inventories
+        # Nodes where a claim entry is counted without its GPUs: another entry (a group's
+        # hold, an assumed bind with GPUs) held them when the claim's allocation came.
+        self._dra_degraded: set[str] = set()
+        self._dra_retrying = False
+        # Group members whose claims (or templates) the watch has not shown yet: read
+        # again when it does (their GPU demand comes from their claims).
+        self._dra_waiting: dict[str, Mapping[str, Any]] = {}
 
     # ---- listeners and views ---------------------------------------------------------------
 
@@ -157,6 +180,14 @@ class ClusterCache:
         self._listeners.append(fn)
 
     def _changed(self) -> None:
+        if self._dra_degraded and not self._dra_retrying:
+            # Claim entries counted without their GPUs (another entry held them): tried
+            # again after every change, until what held the GPUs lets go.
+            self._dra_retrying = True
+            try:
+                self._dra_sync_nodes(set(self._dra_degraded))
+            finally:
+                self._dra_retrying = False
         self._refresh_signatures()
         self.version += 1
         for fn in self._listeners:
@@ -267,7 +298,10 @@ class ClusterCache:
             return
         ns = key.split("/", 1)[0]
         books = []
-        if entry.req.group is not None:
+        if entry.req.group is not None and not (add and key in self._dra_waiting):
+            # A member whose claims are not seen yet is not shown to the book: its GPU
+            # demand is not known (an unseen member is one the filter answers with an
+            # error, retried).
             books.append((self._group_pods, entry.req.group.key))
         if entry.req.kind is not RequestKind.NONE:
             books.append((self._gpu_pods, ns))
@@ -420,6 +454,7 @@ class ClusterCache:
                 obs = self.observed
                 if current is not None and (
                         current[0] != obs.effective(entry).req
+                        or (entry.node in self._dra_nodes and current[1].gpus)
                         or (obs.observed_placement(entry, self.state) is not None
                             and not obs.agrees(entry, current[1], self.state))):
                     self._unapply(key)
@@ -436,7 +471,7 @@ class ClusterCache:
             return
         if entry.node is None:
             self._unapply(key)
-            if entry.scheduler == self.scheduler_name:
+            if entry.scheduler == self.scheduler_name and key not in self._dra_waiting:
                 self._pending[key] = entry.req
             return
         current = self._counted.get(key)
@@ -732,6 +767,8 @@ class ClusterCache:
             self._dra_nodes.discard(name)
             self._dra_keys.pop(name, None)
             self._dra_want.pop(name, None)
+            self._dra_inv.pop(name, None)
+            self._dra_degraded.discard(name)
             self.observed.forget_node(name)
             self._trust.forget(name)
             del self._infos[name]
@@ -773,6 +810,9 @@ class ClusterCache:
             started=started_at(obj),
         )
         with self.lock:
+            if req.group is not None and req.kind is RequestKind.NONE and isinstance(
+                    spec, Mapping) and spec.get("resourceClaims"):
+                entry.req = self._dra_member_request(obj, req)
             old = self._pods.get(req.key)
             if old == entry:
                 return True
@@ -865,11 +905,27 @@ class ClusterCache:
         with self.lock:
             self.bad_objects += 1
 
+    def _dra_member_request(self, obj: Mapping[str, Any], req: PodRequest) -> PodRequest:
+        """A group member asking GPUs through its claims: the whole GPUs they ask for
+        (:func:`packing.dra.inventory.whole_gpu_demand`) as its request, so the
+        reservation book places its group as it places members asking ``nvidia.com/gpu``.
+        A member whose claims are not seen yet is read again when they are."""
+        pc = read_pod_claims(obj, self.dra)
+        if pc.behind:
+            self._dra_waiting[req.key] = obj
+        else:
+            self._dra_waiting.pop(req.key, None)
+        n = whole_gpu_demand([c for _, c in pc.own], self.dra.classes)
+        if not n:
+            return req
+        return replace(req, kind=RequestKind.WHOLE, gpu_count=n)
+
     def delete_pod(self, key: str) -> None:
         """The watch's DELETED (or a list without the pod). It is the incarnation the
         watch showed last (events of one name come in order); an assumption made for
         another UID is left alone and stays counted (kube.assumptions)."""
         with self.lock:
+            self._dra_waiting.pop(key, None)
             entry = self._pods.pop(key, None)
             self._index(key, entry, add=False)
             self.observed.forget_pod(key)
@@ -957,6 +1013,10 @@ class ClusterCache:
     def dra_nodes(self) -> frozenset[str]:
         return frozenset(self._dra_nodes)
 
+    def dra_inventory(self, name: str) -> DraInventory | None:
+        """A DRA node's GPUs as its slices publish them (None: not a DRA node)."""
+        return self._dra_inv.get(name)
+
     def assume_dra(self, pod: str, claims: Mapping[str, tuple[AllocatedDevice, ...]]) -> None:
         """Count the allocations predicted for ``pod``'s claims (claim key -> devices) as
         held until the claim watch shows them (kube-scheduler's PreBind writes them just
@@ -975,13 +1035,15 @@ class ClusterCache:
         if dirty is None:
             dirty = set(self._dra_nodes) | self.dra.slice_nodes()
         self._dra_sync_nodes(dirty)
+        for obj in list(self._dra_waiting.values()):
+            self.upsert_pod(obj)  # its claims may be seen now
         self._changed()
 
     def _dra_relevant(self, name: str) -> bool:
         return (name in self._dra_nodes or bool(self._dra_keys.get(name))
                 or self.dra.has_slices(name))
 
-    def _dra_info(self, base: NodeInfo, inventory: Any) -> NodeInfo:
+    def _dra_info(self, base: NodeInfo, inventory: DraInventory | None) -> NodeInfo:
         """``base`` with its slices' GPUs (membership of ``_dra_nodes`` updated)."""
         info, is_dra = with_dra_gpus(base, inventory,
                                      device_plugin=base.name in self._device_plugin)
@@ -1004,11 +1066,14 @@ class ClusterCache:
             changed |= self._dra_apply(name, inventory, uses)
         return changed
 
-    def _dra_apply(self, name: str, inventory: Any,
+    def _dra_apply(self, name: str, inventory: DraInventory | None,
                    uses: list[tuple[str, tuple[AllocatedDevice, ...]]]) -> bool:
         info = self._dra_info(self._base_infos[name], inventory)
         want: dict[str, tuple[PodRequest, Placement]] = {}
+        self._dra_inv.pop(name, None)
         if name in self._dra_nodes:
+            assert inventory is not None
+            self._dra_inv[name] = inventory
             held: set[int] = set()
             for key, results in uses:
                 for req, p in claim_uses(inventory, key, results):
@@ -1017,7 +1082,7 @@ class ClusterCache:
             for req, p in taint_uses(inventory, held):
                 want[req.key] = (req, p)
         if (info == self._infos.get(name) and want == self._dra_want.get(name, {})
-                and all(k in self._counted for k in want)):
+                and name not in self._dra_degraded and all(k in self._counted for k in want)):
             return False
         for key in self._dra_keys.pop(name, set()):
             self._unapply(key)
@@ -1025,8 +1090,22 @@ class ClusterCache:
         if rebuilt:
             self._rebuild_node(info)
             self._reaccount_node(name)
+        degraded = False
         for req, p in want.values():
-            self._apply(req, p)
+            # What the API shows allocated is the truth, but so is what holds the GPUs
+            # now (a group's hold, a bind assumed with GPUs): neither is displaced; the
+            # claim's entry counts without GPUs until the other lets go (_changed).
+            if self.state.shape_error(req, p) is not None:
+                log.debug("claim entry %s on %s: its GPUs are held; counted without them "
+                          "for now", req.key, name)
+                p = Placement(req.key, name)
+                degraded = True
+            self.state.apply(req, p, allow_overcommit=True)
+            self._record(req, p)
+        if degraded:
+            self._dra_degraded.add(name)
+        else:
+            self._dra_degraded.discard(name)
         self._dra_keys[name] = set(want)
         self._dra_want[name] = want
         self._touch(name)

@@ -57,6 +57,14 @@ CLAIMS = "resourceclaims"
 TEMPLATES = "resourceclaimtemplates"
 RULES = "devicetaintrules"
 KINDS = (SLICES, CLASSES, CLAIMS, TEMPLATES, RULES)
+# The object kinds of those resources (a file of objects names them so).
+KIND_NAMES = {"ResourceSlice": SLICES, "DeviceClass": CLASSES, "ResourceClaim": CLAIMS,
+              "ResourceClaimTemplate": TEMPLATES, "DeviceTaintRule": RULES}
+# Attributes every GPU has its own value of, that selectors in practice never name: left
+# out of a node's fingerprint (DraObjects.fingerprint).
+_NODE_OWN = frozenset({"uuid", "parentUUID", "gpu.nvidia.com/uuid",
+                       "gpu.nvidia.com/parentUUID"})
+CHECKED_KEPT = 100_000  # claims whose prediction was compared, remembered (see compare)
 # The in-flight key of the claim kube-scheduler makes for a pod's DRA-backed extended
 # resources (its API name is generated): <namespace>/<pod><EXTENDED_MARK>.
 EXTENDED_MARK = "#extended-resources"
@@ -122,7 +130,10 @@ class DraObjects:
     _by_node: dict[str, tuple[ResourceSlice, ...]] = field(default_factory=dict)
     _node_slices: dict[str, set[str]] = field(default_factory=dict)  # node -> slice names
     _device_node: dict[str, str] = field(default_factory=dict)  # device id -> node
-    _inventories: dict[str, DraInventory | None] = field(default_factory=dict)
+    _held: dict[str, frozenset[str]] | None = None  # node -> names of its devices held
+    _fingerprints: dict[str, str] = field(default_factory=dict)
+    classes_version: int = 0  # changes whenever a DeviceClass does
+    _checked: dict[str, None] = field(default_factory=dict)  # claims compared (in order)
 
     # ---- state -----------------------------------------------------------------------
 
@@ -143,6 +154,7 @@ class DraObjects:
 
     def _touch(self, nodes: Iterable[str | None]) -> None:
         self._world = None
+        self._held = None
         for n in nodes:
             if n is None:
                 self._all_dirty = True
@@ -171,6 +183,7 @@ class DraObjects:
                 self._put_slice(key, parse_resource_slice(obj))
             elif kind == CLASSES:
                 self.classes[key] = parse_device_class(obj)
+                self.classes_version += 1
                 self._touch(())
             elif kind == CLAIMS:
                 claim = parse_resource_claim(obj)
@@ -197,6 +210,7 @@ class DraObjects:
                 self._unindex_slice(key, old)
         elif kind == CLASSES:
             if self.classes.pop(key, None) is not None:
+                self.classes_version += 1
                 self._touch(())
         elif kind == CLAIMS:
             self._put_claim(key, None)
@@ -234,6 +248,7 @@ class DraObjects:
         if node:
             self._node_slices.setdefault(node, set()).add(key)
             self._by_node.pop(node, None)
+            self._fingerprints.pop(node, None)
             for d in s.devices:
                 self._device_node[f"{s.driver}/{s.pool}/{d.name}"] = node
         self._touch((node or None,))
@@ -247,6 +262,7 @@ class DraObjects:
                 if not names:
                     del self._node_slices[node]
             self._by_node.pop(node, None)
+            self._fingerprints.pop(node, None)
             for d in s.devices:
                 did = f"{s.driver}/{s.pool}/{d.name}"
                 if self._device_node.get(did) == node:
@@ -258,6 +274,7 @@ class DraObjects:
         for key, s in self.raw_slices.items():
             self.slices[key] = apply_taint_rules([s], rules)[0] if rules else s
         self._by_node.clear()
+        self._fingerprints.clear()
         self._touch((None,))
 
     # ---- claims ----------------------------------------------------------------------
@@ -298,17 +315,7 @@ class DraObjects:
         if found is None:
             return
         pk, f = found
-        predicted = tuple(sorted(f"{d.driver}/{d.pool}/{d.device}" for d in f.claims[flight_key]))
-        actual = tuple(sorted(f"{d.driver}/{d.pool}/{d.device}"
-                              for d in c.claim.allocation.results))
-        if predicted == actual:
-            self.agreements += 1
-        else:
-            self.disagreements += 1
-            log.warning("claim %s: predicted %s, allocated %s", key, ", ".join(predicted),
-                        ", ".join(actual))
-            for fn in self.on_disagreement:
-                fn(key, predicted, actual)
+        self.compare(key, f.claims[flight_key], c.claim.allocation.results)
         rest = {k: v for k, v in f.claims.items() if k != flight_key}
         nodes = {self._device_node.get(f"{d.driver}/{d.pool}/{d.device}")
                  for d in f.claims[flight_key]}
@@ -318,6 +325,28 @@ class DraObjects:
             del self.in_flight[pk]
         nodes.discard(None)
         self._touch(nodes)
+
+    def compare(self, key: str, predicted: Iterable[AllocatedDevice],
+                allocated: Iterable[AllocatedDevice]) -> bool:
+        """Count (and log, and tell ``on_disagreement``) whether the devices predicted
+        for claim ``key`` are the ones allocated; whether they are. A claim is counted
+        once (its first comparison; the latest claims remembered)."""
+        want = tuple(sorted(f"{d.driver}/{d.pool}/{d.device}" for d in predicted))
+        got = tuple(sorted(f"{d.driver}/{d.pool}/{d.device}" for d in allocated))
+        if key in self._checked:
+            return want == got
+        self._checked[key] = None
+        if len(self._checked) > CHECKED_KEPT:
+            del self._checked[next(iter(self._checked))]
+        if want == got:
+            self.agreements += 1
+            return True
+        self.disagreements += 1
+        log.warning("claim %s: predicted %s, allocated %s", key, ", ".join(want) or "nothing",
+                    ", ".join(got) or "nothing")
+        for fn in self.on_disagreement:
+            fn(key, want, got)
+        return False
 
     def assume(self, pod: str, claims: Mapping[str, tuple[AllocatedDevice, ...]]) -> None:
         """Count ``claims`` (claim key -> devices predicted) as allocated until the watch
@@ -381,6 +410,46 @@ class DraObjects:
             claims={c.key: c for c in claims}, by_node=by_node, unbound=unbound,
             indexed=True)
         return self._world
+
+    def held_on(self, node: str) -> frozenset[str]:
+        """Names of ``node``'s devices that allocated claims (or allocations in flight)
+        hold."""
+        if self._held is None:
+            held: dict[str, set[str]] = {}
+            for did in self.world().allocated.in_use:
+                n = self._device_node.get(did)
+                if n is not None:
+                    held.setdefault(n, set()).add(did.rsplit("/", 1)[1])
+            self._held = {n: frozenset(v) for n, v in held.items()}
+        return self._held.get(node, frozenset())
+
+    def fingerprint(self, node: str) -> str | None:
+        """What the allocator reads of ``node``'s own slices, with the node's name and its
+        GPUs' UUIDs taken out: nodes of equal fingerprints (and equal devices held) get
+        the same allocation, up to the pool's name. None when node-independent slices
+        exist (they would be read too)."""
+        found = self._fingerprints.get(node)
+        if found is not None:
+            return found
+        world = self.world()
+        if world.unbound:
+            return None
+        parts = []
+        # Slices by their rank in name order (the allocator's order within a pool): the
+        # API server gives each a random suffix.
+        for rank, s in enumerate(sorted(world.by_node.get(node, ()), key=lambda s: s.name)):
+            devices = tuple((d.name, tuple(sorted((k, repr(v)) for k, v in d.attributes.items()
+                                                  if k not in _NODE_OWN)),
+                             repr(d.capacity), repr(d.consumes_counters), d.taints,
+                             d.allow_multiple_allocations, d.binding_conditions,
+                             d.node_name == node, d.all_nodes, repr(d.node_selector))
+                            for d in s.devices)
+            parts.append((rank, s.driver, s.pool.replace(node, "\0"),
+                          s.generation, s.resource_slice_count, s.node_name == node,
+                          repr(s.shared_counters), devices))
+        text = repr(sorted(parts))
+        self._fingerprints[node] = text
+        return text
 
     def node_views(self, nodes: Iterable[str]
                    ) -> dict[str, tuple[DraInventory | None,

@@ -43,9 +43,18 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
 
-from packing.catalog import GpuModel, match_product
+from packing.catalog import GpuModel, get_model, match_product
 from packing.constraints import BLOCKING
-from packing.dra.objects import AllocatedDevice, Device, ResourceSlice, frozen_map
+from packing.dra.cel import Outcome, evaluate
+from packing.dra.objects import (
+    AllocatedDevice,
+    AllocationMode,
+    Device,
+    DeviceClass,
+    ResourceClaim,
+    ResourceSlice,
+    frozen_map,
+)
 from packing.groups.members import CLIQUE_LABEL
 from packing.model import (
     GPU_MILLI,
@@ -332,3 +341,82 @@ def _consumed_mib(r: AllocatedDevice, device_mib: int) -> int:
 def held_devices(results: Iterable[AllocatedDevice]) -> set[str]:
     """Ids of the devices ``results`` hold (admin access holds nothing)."""
     return {f"{r.driver}/{r.pool}/{r.device}" for r in results if not r.admin_access}
+
+
+# A whole NVIDIA GPU and one of its MIG partitions, as the driver publishes them: what a
+# DeviceClass's selectors are tried on to tell a class of whole GPUs.
+_PROBE_GPU = Device("gpu-0", frozen_map({"type": "gpu", "uuid": "GPU-probe",
+                                         "productName": "NVIDIA H100 80GB HBM3"}))
+_PROBE_MIG = Device("gpu-0-mig-1g10gb-19-0", frozen_map({
+    "type": "mig", "parentUUID": "GPU-probe", "profile": "1g.10gb",
+    "productName": "NVIDIA H100 80GB HBM3"}))
+
+
+def whole_gpu_class(klass: DeviceClass) -> bool:
+    """Whether ``klass`` selects whole NVIDIA GPUs and not their MIG partitions (its
+    selectors tried on a probe of each, :mod:`packing.dra.cel`; an expression outside
+    the subset or an error counts as not selecting)."""
+    def selects(d: Device) -> bool:
+        return all(evaluate(e, d, GPU_DRIVER).outcome is Outcome.TRUE
+                   for e in klass.selectors)
+
+    return bool(klass.selectors) and selects(_PROBE_GPU) and not selects(_PROBE_MIG)
+
+
+def whole_gpu_demand(claims: Iterable[ResourceClaim], classes: Mapping[str, DeviceClass]
+                     ) -> int:
+    """How many whole GPUs ``claims`` ask for: the counts of their ``ExactCount``
+    requests of a whole-GPU class (:func:`whole_gpu_class`). Requests of other classes,
+    ``All`` requests and ``firstAvailable`` lists count 0 (their devices are not
+    known before allocation)."""
+    n = 0
+    for c in claims:
+        for r in c.requests:
+            req = r.exactly
+            if req is None or req.allocation_mode != AllocationMode.EXACT_COUNT:
+                continue
+            klass = classes.get(req.device_class_name)
+            if klass is not None and whole_gpu_class(klass):
+                n += req.count
+    return n
+
+
+def device_states(inventory: DraInventory, held: set[str] | frozenset[str]
+                  ) -> dict[tuple[str, str, str], int]:
+    """(GPU model, profile, state) -> devices of the node, for the metrics: ``profile``
+    is the MIG profile, ``gpu`` for a whole GPU; ``state`` is ``used`` (a claim holds
+    it), ``unavailable`` (not held, but what is held of its GPU overlaps it: the whole
+    GPU, or MIG memory slices it covers; or its GPU is tainted) or ``free``."""
+    models = {g.index: g.model for g in inventory.gpus}
+    by_gpu: dict[int, list[GpuDevice]] = {}
+    for d in inventory.devices.values():
+        if d.id in held:
+            by_gpu.setdefault(d.gpu, []).append(d)
+    out: dict[tuple[str, str, str], int] = {}
+    for d in inventory.devices.values():
+        model = models.get(d.gpu)
+        if model is None:
+            continue
+        if d.id in held:
+            state = "used"
+        elif d.gpu in inventory.tainted or any(
+                _overlaps(model, d, h) for h in by_gpu.get(d.gpu, ())):
+            state = "unavailable"
+        else:
+            state = "free"
+        key = (model, d.profile or "gpu", state)
+        out[key] = out.get(key, 0) + 1
+    return out
+
+
+def _overlaps(model: str, a: GpuDevice, b: GpuDevice) -> bool:
+    """Whether two devices of one GPU cannot both be held (a shared whole GPU with
+    shares left over admits more shares, never a MIG partition)."""
+    if a.profile is None or b.profile is None:
+        return not (a.profile is None and b.profile is None and a.shared and b.shared)
+    geom = get_model(model).mig
+    if geom is None or a.start is None or b.start is None:
+        return True
+    ra = range(a.start, a.start + geom.profile(a.profile).memory_slices)
+    rb = range(b.start, b.start + geom.profile(b.profile).memory_slices)
+    return ra.start < rb.stop and rb.start < ra.stop

@@ -270,3 +270,19 @@ def test_a_cluster_without_resource_k8s_io_is_synced_without_dra(fake: FakeApiSe
         assert cache.dra_world() is None and "resourceslices" in source.not_served
     finally:
         source.stop()
+
+
+def test_a_claim_allocated_on_a_held_gpu_takes_it_when_the_hold_lets_go() -> None:
+    from packing.model import Placement, PodRequest, RequestKind
+
+    cache = make([dra_node("d")], h100_slices("d", 1))
+    hold = PodRequest("llm/g#reserve-0", kind=RequestKind.WHOLE, gpu_count=1)
+    assert cache.hold(hold, Placement(hold.key, "d", (0,))) is None
+    # The group's member was bound there: PreBind wrote its claim before the bind swapped
+    # the hold for the pod. Neither is displaced; the claim counts without the GPU...
+    cache.upsert_dra(CLAIMS, claim("m", results=[result("d", "gpu-0")]))
+    assert gpus(cache, "d") == [("whole", "llm/g#reserve-0", {})]
+    assert cache.counted("default/m#dra")[1].gpus == ()
+    # ... until the hold lets go: then the claim holds the GPU.
+    cache.unhold(hold.key)
+    assert gpus(cache, "d") == [("whole", "default/m#dra", {})]

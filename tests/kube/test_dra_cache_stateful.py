@@ -191,9 +191,13 @@ class DraCacheMachine(RuleBasedStateMachine):
     def _view(cache: ClusterCache) -> dict[str, Any]:
         out = {}
         for name, n in sorted(cache.state.nodes.items()):
-            out[name] = (n.cpu_free, n.info.gpus, [
-                (g.whole_owner, sorted(g.instances.items()), sorted(g.shared_owners))
-                for g in n.gpus])
+            gpus = [(g.whole_owner or "", sorted(g.instances.items()), sorted(g.shared_owners))
+                    for g in n.gpus]
+            if not cache.is_dra_node(name):
+                # A device-plugin pod without a recorded GPU is counted on the first free
+                # one, which depends on what came before: its GPU, not which, is the fact.
+                gpus.sort()
+            out[name] = (n.cpu_free, n.info.gpus, gpus)
         return {"nodes": out, "dra": sorted(cache.dra_nodes())}
 
     @invariant()
