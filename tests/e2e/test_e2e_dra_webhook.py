@@ -6,11 +6,9 @@ and TTS pods are admitted with their gpupack annotations only; kube-scheduler ma
 pod's claim from the class that serves the resource the webhook wrote (KEP-5004) and the
 allocator hands out the device: for every pod, the smallest that holds it (the smallest
 MIG profile of the H100, a share of the L40S, a whole L40S last). A bad annotation is
-refused by the API server with the webhook's message naming the field.
-
-The pods name the plain kube-scheduler profile: gpupack's extender does not place pods
-on DRA nodes yet (docs/dra.md, "What is not handled"); the webhook keeps another
-scheduler's name."""
+refused by the API server with the webhook's message naming the field. The pods go to
+gpupack's scheduler profile (the webhook names it), whose extender places pods on DRA
+nodes by the allocator model; the alternative mechanism's pods name the plain one."""
 
 from __future__ import annotations
 
@@ -175,12 +173,11 @@ def test_sized_pods_get_the_smallest_dra_device_that_holds_them(
         double.publish(w, [nvidia.GpuSpec(0, "L40S")])
         # Until the webhook's view has the DRA nodes (their slices and classes).
         wait_for_webhook(api.core, ns, pod("probe", annotations={
-            "gpupack.io/gpu-memory": "60Gi"}, pool=space.name, scheduler=PLAIN),
-            "nvidia.com/mig-7g.80gb")
+            "gpupack.io/gpu-memory": "60Gi"}, pool=space.name), "nvidia.com/mig-7g.80gb")
         for name, ann, want in SIZED:
-            body = pod(name, annotations=ann, pool=space.name, scheduler=PLAIN)
+            body = pod(name, annotations=ann, pool=space.name)
             decision, made = _create(api, body)
-            assert made.spec.scheduler_name == PLAIN
+            assert made.spec.scheduler_name == "gpupack"
             limits = made.spec.containers[0].resources.limits
             node = api.bound(name)
             device = api.allocated(name)
@@ -203,15 +200,14 @@ def test_sized_pods_get_the_smallest_dra_device_that_holds_them(
             "gpu-0", "gpu-0", "gpu-0", "gpu-0", "gpu-1", "gpu-2"]
         # Nothing left that holds another 60Gi: the webhook says the pod waits for its
         # slice, and the scheduler keeps it pending.
-        body = pod("big-60b", annotations={"gpupack.io/gpu-memory": "60Gi"}, pool=space.name,
-                   scheduler=PLAIN)
+        body = pod("big-60b", annotations={"gpupack.io/gpu-memory": "60Gi"}, pool=space.name)
         _until_decided(api, body, "the pod waits for one")
         decision, _made = _create(api, body)
         assert decision["profile"] == "7g.80gb", decision
         assert "cannot allocate all claims" in api.pending("big-60b")
         # The last resort: on the pool of the plain L40S, a whole GPU.
         body = pod("whole-8", annotations={"gpupack.io/gpu-memory": "8Gi"},
-                   pool=f"{space.name}-w", scheduler=PLAIN)
+                   pool=f"{space.name}-w")
         decision, made = _create(api, body)
         assert decision["kind"] == "gpu", decision
         assert made.spec.containers[0].resources.limits == {"nvidia.com/gpu": "1"}
@@ -229,7 +225,7 @@ def test_bad_annotation_refused_naming_the_field(space: Space, admin: Any,
     ns = space.namespace()
     core = client.CoreV1Api(admin)
     bad = pod("bad", annotations={"gpupack.io/gpu-memory": "8Gi",
-                                  "gpupack.io/isolation": "vm"}, scheduler=PLAIN)
+                                  "gpupack.io/isolation": "vm"})
     with pytest.raises(ApiException) as err:
         core.create_namespaced_pod(ns, bad)
     text = str(err.value.body)
@@ -335,16 +331,13 @@ def test_mixed_pool_device_plugin_and_dra_nodes(space: Space, admin: Any,
     try:
         double.publish(dra, [nvidia.GpuSpec(0, "H100-80GB")])
         wait_for_webhook(api.core, ns, pod("probe", annotations={
-            "gpupack.io/gpu-memory": "8Gi"}, pool=space.name, scheduler=PLAIN),
-            "nvidia.com/mig-1g.10gb")
-        _create(api, pod("p8", annotations={"gpupack.io/gpu-memory": "8Gi"}, pool=space.name,
-                         scheduler=PLAIN))
+            "gpupack.io/gpu-memory": "8Gi"}, pool=space.name), "nvidia.com/mig-1g.10gb")
+        _create(api, pod("p8", annotations={"gpupack.io/gpu-memory": "8Gi"}, pool=space.name))
         assert api.bound("p8") == dra
         assert api.allocated("p8")["name"] == "gpu-0-mig-1g10gb-19-0"
         where = {}
         for name in ("q1", "q2"):
-            body = pod(name, annotations={"gpupack.io/gpu-memory": "30Gi"}, pool=space.name,
-                       scheduler=PLAIN)
+            body = pod(name, annotations={"gpupack.io/gpu-memory": "30Gi"}, pool=space.name)
             _until_decided(api, body, "free on H100-80GB")
             decision, made = _create(api, body)
             assert made.spec.containers[0].resources.limits == {
@@ -356,8 +349,7 @@ def test_mixed_pool_device_plugin_and_dra_nodes(space: Space, admin: Any,
         assert api.allocated(on_dra)["name"] == "gpu-0-mig-3g40gb-9-4"
         with pytest.raises(AssertionError, match="no allocated extended-resource claim"):
             api.allocated(on_dp)  # the device plugin's slice: no claim
-        body = pod("q3", annotations={"gpupack.io/gpu-memory": "30Gi"}, pool=space.name,
-                   scheduler=PLAIN)
+        body = pod("q3", annotations={"gpupack.io/gpu-memory": "30Gi"}, pool=space.name)
         _until_decided(api, body, "the pod waits for one")
         _create(api, body)
         api.pending("q3")
