@@ -11,7 +11,11 @@ inventory aged past ``--inventory-max-age`` and is ignored),
 ``gpupack_device_plugin_disagreements_total{kind}``, ``gpupack_pods_counted_worst_case``
 (bound pods whose gpupack inputs cannot be read, counted at their worst:
 :mod:`kube.worst_case`) and ``gpupack_pod_counted_worst_case{namespace,pod}`` naming each
-(at most :data:`NAMED_WORST_CASE` of them, by name).
+(at most :data:`NAMED_WORST_CASE` of them, by name); with DRA objects,
+``gpupack_dra_predictions_checked_total{outcome}`` (each allocation assumed at bind
+compared with the one kube-scheduler wrote: ``agree`` or ``disagree``, each disagreement
+logged with both device lists) and ``gpupack_dra_nodes`` (nodes whose GPUs are
+ResourceSlices).
 
 A collector reads the cache under its lock at scrape time: a handful of counters, so a
 scrape costs the verbs nothing measurable.
@@ -53,6 +57,8 @@ class CacheCollector(Collector):
             stale = cache.stale_inventories
             disagreements = dict(cache.disagreements)
             worst = sorted(cache.worst_case_pods())
+            checked = (cache.dra.agreements, cache.dra.disagreements)
+            dra_nodes = len(cache.dra_nodes())
         yield gauge("gpupack_cache_nodes", "Nodes in this process's cache", counts["nodes"])
         yield gauge("gpupack_cache_pods", "Pods in this process's cache", counts["pods"])
         yield gauge("gpupack_cache_assumed_pods",
@@ -83,3 +89,12 @@ class CacheCollector(Collector):
             ns, _, name = key.partition("/")
             named.add_metric([ns, name], 1.0)
         yield named
+        fam = CounterMetricFamily(
+            "gpupack_dra_predictions_checked",
+            "Claim allocations gpupack assumed at bind, compared with the one kube-scheduler "
+            "wrote into status.allocation, by outcome (agree, disagree)", labels=["outcome"])
+        fam.add_metric(["agree"], checked[0])
+        fam.add_metric(["disagree"], checked[1])
+        yield fam
+        yield gauge("gpupack_dra_nodes", "Nodes whose GPUs are devices of ResourceSlices "
+                    "(Dynamic Resource Allocation)", dra_nodes)

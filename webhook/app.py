@@ -42,6 +42,7 @@ from webhook.capacity import ClusterView
 from webhook.claim_scope import ScopedViews, pod_names, pod_of
 from webhook.claims import ClaimBook
 from webhook.config import WebhookConfig
+from webhook.dra_view import SHARED_RESOURCE, DraMemo
 from webhook.metrics import WebhookMetrics
 from webhook.wire import (
     AdmissionResponse,
@@ -74,12 +75,20 @@ class ViewCache:
     reach of a pod's selector, affinity and tolerations) that the previous view served.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, shared_resource: str = SHARED_RESOURCE) -> None:
         self._lock = threading.Lock()
         self._snapshot: Snapshot | None = None
         self._view: ClusterView | None = None
         self._names: frozenset[str] = frozenset()  # the pods of _view's snapshot
         self._building: Snapshot | None = None
+        self._shared_resource = shared_resource
+        # What the last view judged of each DRA node, for the next (one is built at a
+        # time, in the background; the first in the request).
+        self._dra_memo = DraMemo()
+
+    def _of(self, snapshot: Snapshot) -> ClusterView:
+        return ClusterView.of(snapshot, shared_resource=self._shared_resource,
+                              memo=self._dra_memo)
 
     def names_of(self, view: ClusterView) -> frozenset[str]:
         """The "namespace/name" of the pods ``view`` counts (empty once a newer view has
@@ -97,7 +106,7 @@ class ViewCache:
                 threading.Thread(target=self._rebuild, args=(snapshot,), daemon=True,
                                  name="gpupack-webhook-view").start()
                 return view
-        view = ClusterView.of(snapshot)  # first use: nothing older to serve
+        view = self._of(snapshot)  # first use: nothing older to serve
         names = pod_names(snapshot)
         with self._lock:
             if self._view is None:
@@ -106,7 +115,7 @@ class ViewCache:
 
     def _rebuild(self, snapshot: Snapshot) -> None:
         try:
-            view = ClusterView.of(snapshot)
+            view = self._of(snapshot)
             with self._lock:
                 previous = self._view
             if previous is not None:
@@ -173,7 +182,7 @@ def create_webhook_app(
     server's client certificate); default: anyone who reaches the port."""
     app = Flask("gpupack.webhook")
     metrics = WebhookMetrics(registry)
-    views = ViewCache()
+    views = ViewCache(config.shared_resource)
     claims = claim_book if claim_book is not None else ClaimBook()
     deciding = threading.Lock()
     scoped = ScopedViews()

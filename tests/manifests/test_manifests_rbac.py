@@ -78,17 +78,22 @@ def test_least_privilege(which: str, request: pytest.FixtureRequest) -> None:
     # condition that requeues a refused group member); group records only in gpupack's
     # own namespace.
     # Group rights: ResourceQuotas by an informer, LeaderWorkerSets by a periodic list.
+    dra = {("*", "resource.k8s.io", res, v)
+           for res in ("resourceslices", "deviceclasses", "resourceclaims",
+                       "resourceclaimtemplates", "devicetaintrules")
+           for v in ("list", "watch")}
     assert own["gpupack-extender"] == (
         core("*", "nodes", "list", "watch")
         | core("*", "pods", "list", "watch") | core("*", "pods/status", "patch")
         | core("*", "bindings", "create") | {("gpupack", "coordination.k8s.io", "leases", "get")}
         | core("gpupack", "configmaps", "get", "list", "watch", "create", "update", "delete")
         | core("*", "resourcequotas", "list", "watch")
-        | {("*", "leaderworkerset.x-k8s.io", "leaderworkersets", "list")}
+        | {("*", "leaderworkerset.x-k8s.io", "leaderworkersets", "list")} | dra
         # A Warning Event on a bound pod whose inputs cannot be read (kube.worst_case).
         | core("*", "events", "create"))
+    # The webhook reads what DRA nodes offer (docs/dra.md) as the extender does.
     assert own["gpupack-webhook"] == (core("*", "nodes", "list", "watch")
-                                      | core("*", "pods", "list", "watch"))
+                                      | core("*", "pods", "list", "watch") | dra)
     assert own["gpupack-node-agent"] == core("*", "nodes", "patch") | core("*", "pods", "list")
     accounts = {o["metadata"]["name"] for o in find_all(objs, "ServiceAccount")}
     assert accounts == set(own)

@@ -14,6 +14,8 @@ import pytest
 import yaml
 from manifests_helpers import CHART, K8S_VERSION, Obj, find, find_all, helm_template, tool
 
+from packing.dra import served
+
 CRD_KINDS = {"ServiceMonitor", "PrometheusRule", "Certificate", "Issuer", "LeaderWorkerSet"}
 BASE_KINDS = {
     "Namespace": 2, "ServiceAccount": 4, "Secret": 1, "ClusterRole": 3, "ClusterRoleBinding": 8,
@@ -22,6 +24,7 @@ BASE_KINDS = {
     "ServiceMonitor": 3, "PrometheusRule": 1,
     "ValidatingAdmissionPolicy": 5, "ValidatingAdmissionPolicyBinding": 5,
     "NetworkPolicy": 4,
+    "DeviceClass": len(served.device_classes()),
 }
 
 
