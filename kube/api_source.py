@@ -2,7 +2,9 @@
 ``kubernetes`` client.
 
 - :class:`ApiSource`: list + watch of Nodes and Pods (and, when asked, reservation
-  records and ResourceQuotas). A watch resumes from the last resourceVersion it saw
+  records, ResourceQuotas, and kube-scheduler's PodGroups and Workloads when the API
+  server serves them: a list answered 404 means not served, asked again every
+  ``rediscover_s``). A watch resumes from the last resourceVersion it saw
   (bookmarks included); ``410 Gone`` means that version is too old, so it lists again;
   a dropped connection (``ProtocolError``, timeouts, 5xx) reconnects with capped
   exponential backoff.
@@ -36,6 +38,7 @@ from typing import Any
 import orjson
 
 from kube.annotations import small_int
+from kube.groups import workload_api as wa
 from kube.objects import pod_key
 from kube.responses import finish
 from kube.source import BindError, Codec, Decoded, ObjectSink, RecordSink, Sink
@@ -80,7 +83,9 @@ class ApiSource:
     """List + watch of Nodes and Pods into a sink, in two daemon threads; with
     ``records_namespace``, also gpupack's reservation records (ConfigMaps labelled
     ``records_selector`` in that namespace) into a record sink, in a third; with
-    ``watch_quotas``, every ResourceQuota into a quota sink, in a fourth."""
+    ``watch_quotas``, every ResourceQuota into a quota sink, in a fourth; with
+    ``workload_api``, every PodGroup and Workload (``scheduling.k8s.io/v1beta1``) into
+    that sink, in two more, while the API server serves them."""
 
     def __init__(
         self,
@@ -94,6 +99,8 @@ class ApiSource:
         watch_quotas: bool = False,
         list_page: int = 500,
         clock: Callable[[], float] = time.monotonic,
+        workload_api: wa.WorkloadSink | None = None,
+        rediscover_s: float = 60.0,
     ) -> None:
         from kubernetes import client
 
@@ -113,6 +120,13 @@ class ApiSource:
             kinds.append("records")
         if watch_quotas:
             kinds.append("quotas")
+        # kube-scheduler's Workload API: optional kinds (the gate is off by default).
+        self._workload_api = workload_api
+        self.rediscover_s = rediscover_s
+        self.custom: Any = None
+        if workload_api is not None:
+            kinds += [wa.PODGROUPS, wa.WORKLOADS]
+            self.custom = client.CustomObjectsApi(api_client)
         self._kinds = tuple(kinds)
         self._listed = {k: threading.Event() for k in self._kinds}
         self.relists = dict.fromkeys(self._kinds, 0)
@@ -123,6 +137,7 @@ class ApiSource:
         self._watches: list[Any] = []  # open watch responses, closed by stop()
         self._records: RecordSink | None = None
         self._quotas: ObjectSink | None = None
+        self._served: dict[str, bool] = {}  # PodGroups, Workloads: served when last asked
         self.list_page = list_page
 
     def start(self, sink: Sink, records: RecordSink | None = None,
@@ -170,6 +185,10 @@ class ApiSource:
             return records
         if kind == "quotas":
             return self.core.list_resource_quota_for_all_namespaces
+        if kind in (wa.PODGROUPS, wa.WORKLOADS):
+            def scheduling(**kw: Any) -> Any:
+                return self.custom.list_cluster_custom_object(wa.GROUP, wa.VERSION, kind, **kw)
+            return scheduling
         return self.core.list_node if kind == "nodes" else self.core.list_pod_for_all_namespaces
 
     def _run(self, kind: str, sink: Sink) -> None:
@@ -208,6 +227,8 @@ class ApiSource:
                                 kind, backoff)
                     backoff = self._backoff(kind, backoff)
             except ApiException as e:
+                if kind in (wa.PODGROUPS, wa.WORKLOADS) and self._not_served(kind, e):
+                    continue
                 if e.status == 410:
                     log.info("%s watch: resourceVersion %s is gone; listing again", kind, rv)
                     self.relists[kind] += 1
@@ -242,6 +263,36 @@ class ApiSource:
                 self._resume[kind] = None
                 backoff = self._backoff(kind, backoff)
 
+    def _not_served(self, kind: str, e: Any) -> bool:
+        """A PodGroup or Workload list/watch failed with ``e``. 404: the API server does
+        not serve the kind (``GenericWorkload`` off, or ``scheduling.k8s.io/v1beta1`` not
+        in its ``--runtime-config``): the sink is told so (its groups by
+        ``spec.schedulingGroup`` wait, as kube-scheduler's would), the kind counts as
+        listed, and it is asked again after ``rediscover_s`` (a restarted API server may
+        serve it). Any other error on the first attempt also lets the kind count as
+        listed (the verbs must not wait on an optional kind; 403: the chart's RBAC is
+        missing) and then goes the usual way (back-off, retry). True: handled here."""
+        assert self._workload_api is not None
+        if e.status == 404:
+            if self._served.get(kind) is not False:
+                log.info("%s/%s %s not served by the API server (feature gate "
+                         "GenericWorkload off, or the version not enabled): pods' "
+                         "spec.schedulingGroup names no group gpupack can read; asking "
+                         "again every %.0fs", wa.GROUP, wa.VERSION, kind, self.rediscover_s)
+            self._served[kind] = False
+            self._workload_api.replace_workload_objects(kind, [], served=False)
+            self._listed[kind].set()
+            self._resume[kind] = None
+            self._stop.wait(self.rediscover_s)
+            return True
+        if not self._listed[kind].is_set():
+            log.warning("%s/%s %s: API error %s %s; groups by spec.schedulingGroup wait "
+                        "until it can be listed", wa.GROUP, wa.VERSION, kind, e.status,
+                        e.reason)
+            self._workload_api.workload_listed(kind)
+            self._listed[kind].set()
+        return False
+
     def _backoff(self, kind: str, current: float) -> float:
         self.reconnects[kind] += 1
         self.sleep(current * (0.5 + random.random() / 2))  # jitter: no thundering herd
@@ -259,6 +310,13 @@ class ApiSource:
         elif kind == "quotas":
             assert self._quotas is not None
             self._quotas.replace([o for o in items if isinstance(o, Mapping)])
+        elif kind in (wa.PODGROUPS, wa.WORKLOADS):
+            assert self._workload_api is not None
+            if self._served.get(kind) is not True:
+                log.info("%s/%s %s served: watching them", wa.GROUP, wa.VERSION, kind)
+            self._served[kind] = True
+            self._workload_api.replace_workload_objects(
+                kind, [o for o in items if isinstance(o, Mapping)], served=True)
         elif kind == "nodes":
             sink.replace(items, None)
         else:
@@ -399,6 +457,13 @@ class ApiSource:
                 self._quotas.delete(obj)
             else:
                 self._quotas.upsert(obj)
+            return
+        if kind in (wa.PODGROUPS, wa.WORKLOADS):
+            assert self._workload_api is not None
+            if etype == "DELETED":
+                self._workload_api.delete_workload_object(kind, obj)
+            else:
+                self._workload_api.upsert_workload_object(kind, obj)
             return
         if kind == "nodes":
             if etype == "DELETED":
