@@ -39,6 +39,11 @@ Rights (:mod:`scheduler.groups.rights`, judged by the handler): a refused group 
 is released; new placements and re-placed rooms use only the nodes ``allowed``; a
 group's quota claim must fit in what its quotas have left after the groups reserved
 before it in the same pass, and is charged when it is reserved.
+
+Past 600 lines as one module: the rules for existing records and for new groups (the
+minimum's fallback included) act on one overlay of holds and one set of books in a
+single pass, and the slot helpers here are what the handler and the participant share
+with it.
 """
 
 from __future__ import annotations
@@ -288,6 +293,8 @@ class _Reconcile:
             self.first_seen.setdefault(g, self.now)
         for rec in sorted(self.s.records.values(), key=order_key):
             self._keep_or_release(rec, members.get(rec.group, ()))
+        for g in pending:  # a record complete at its minimum leaves members pending
+            self.first_seen.setdefault(g, self.now)
         for g in list(self.waiting):
             if g not in pending and g not in self.records:
                 del self.waiting[g]

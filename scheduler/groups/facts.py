@@ -115,12 +115,15 @@ def _pod_group_members(inputs: GroupInputs, ns: str, name: str, members: list[Me
     LeaderWorkerSet its Workload names as controller (LWS creates a group's leader first,
     so the pods still to come are workers); or the rights that refuse the group."""
     shape = inputs.pod_group(ns, name)
-    ref = next(m.req.group for m in members if m.req.group is not None)
+    ref = next(m.req.group for m in members
+               if m.req.group is not None and m.req.group.pod_group)
     if shape is None:
         served = inputs.served.get(PODGROUPS)
         why = ("the API server does not serve scheduling.k8s.io/v1beta1 PodGroups"
                if served is False else "gpupack has not seen it (yet)")
-        return GroupRights(ref.size, refused=(
+        # never: a record is released (a PodGroup deleted: kube-scheduler no longer
+        # schedules its pods); the group is judged again when the PodGroups change.
+        return GroupRights(ref.size, never=True, refused=(
             f"its pods name PodGroup {ns}/{name} in spec.schedulingGroup, and {why}"))
     new = resolve(ref, len(members), shape)
     if new is None:

@@ -69,14 +69,17 @@ def test_least_privilege(which: str, request: pytest.FixtureRequest) -> None:
     # resource and carry the annotations (no pod patch; a pod's status only, for the
     # condition that requeues a refused group member); group records only in gpupack's
     # own namespace.
-    # Group rights: ResourceQuotas by an informer, LeaderWorkerSets by a periodic list.
+    # Group rights: ResourceQuotas by an informer, LeaderWorkerSets by a periodic list;
+    # kube-scheduler's PodGroups and Workloads by an informer while served.
     assert own["gpupack-scheduler"] == (
         core("*", "nodes", "list", "watch")
         | core("*", "pods", "list", "watch") | core("*", "pods/status", "patch")
         | core("*", "bindings", "create") | leases
         | core("gpupack", "configmaps", "get", "list", "watch", "create", "update", "delete")
         | core("*", "resourcequotas", "list", "watch")
-        | {("*", "leaderworkerset.x-k8s.io", "leaderworkersets", "list")})
+        | {("*", "leaderworkerset.x-k8s.io", "leaderworkersets", "list")}
+        | {("*", "scheduling.k8s.io", r, v) for r in ("podgroups", "workloads")
+           for v in ("list", "watch")})
     assert own["gpupack-webhook"] == (core("*", "nodes", "list", "watch")
                                       | core("*", "pods", "list", "watch"))
     assert own["gpupack-node-agent"] == core("*", "nodes", "patch") | core("*", "pods", "list")
