@@ -1,8 +1,9 @@
 """LLM groups beside kube-scheduler's own gang scheduling (issue 39), on the real control
-plane twice: the session's stack, where the ``GenericWorkload`` gate is off (v1.37.2's
-default: the API server drops ``spec.schedulingGroup`` and serves no PodGroup), and a
-second stack that differs only there (the gate on kube-apiserver and kube-scheduler,
-``--runtime-config=scheduling.k8s.io/v1beta1=true``), started for this module alone.
+plane twice: two stacks of this module's own, started one after the other and alike but
+for the ``GenericWorkload`` gate: off (v1.37.2's default: the API server drops
+``spec.schedulingGroup`` and serves no PodGroup), and on (kube-apiserver and
+kube-scheduler, ``--runtime-config=scheduling.k8s.io/v1beta1=true``). The session's
+stack, which the other tests share, is left as it is.
 
 The same workload on both, on the same pools as ``test_e2e_workload.py``: the singles
 (ASR and TTS pods the webhook converts to MIG slices, embedders on shares, single-GPU
@@ -60,39 +61,53 @@ RUNTIME = ("scheduling.k8s.io/v1beta1=true",)
 GROUPS = 4  # 2 x 8 GPUs each; the pool's whole nodes hold three
 
 
-@pytest.fixture(scope="module")
-def gated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[controlplane.Stack]:
-    """The second stack: GenericWorkload on, scheduling.k8s.io/v1beta1 served."""
+@pytest.fixture(scope="module", params=["off", "on"])
+def twin(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+         ) -> Iterator[tuple[controlplane.Stack, bool]]:
+    """A stack of this module's own, one at a time, alike but for the gate (so that their
+    timings compare): kube-apiserver and one kube-scheduler with its extender, the
+    webhook and the MIG manager double (no plain scheduler, no agent, no standby); "on"
+    adds GenericWorkload and serves scheduling.k8s.io/v1beta1. (The session's stack,
+    with the gate off, is left as the other tests know it.)"""
     if shutil.which("go") is None:
         pytest.skip("Go is not installed: the real control plane is built from its Go "
                     "modules (tests/e2e/build.sh)")
-    keep = os.environ.get("GPUPACK_E2E_GATED_DIR")
-    base = Path(keep) if keep else tmp_path_factory.mktemp("control-plane-gated")
+    gate = request.param == "on"
+    keep = os.environ.get("GPUPACK_E2E_TWIN_DIR")
+    base = (Path(keep) / request.param if keep
+            else tmp_path_factory.mktemp(f"control-plane-gate-{request.param}"))
     try:
         s = controlplane.up(base, plain=False, agent=False, standby=False,
-                            feature_gates=GATES, runtime_config=RUNTIME)
+                            feature_gates=GATES if gate else (),
+                            runtime_config=RUNTIME if gate else ())
     except controlplane.StackError as e:
         st = controlplane.Stack(base.resolve())
         if st.state_file.exists():
             st.down()
-        raise AssertionError(f"the gated control plane did not come up: {e}") from None
+        raise AssertionError(f"the control plane (gate {request.param}) did not come up: "
+                             f"{e}") from None
     # Its audit log counts for the chart's grants (test_e2e_z_rbac.py): the PodGroup and
-    # Workload watches happen only here.
+    # Workload watches happen only on the gated one.
     controlplane.EXTRA_AUDIT_LOGS.append(s.dir / "logs" / "audit.log")
     try:
-        yield s
+        yield s, gate
     finally:
         s.down()
 
 
+Room = tuple[str, tuple[int, ...], str | None]  # node, GPUs, the pod it names (if any)
+
+
 class RecordWatch:
-    """Every reservation record gpupack writes while it runs (a watch, so that records
-    that live a second are seen): pod -> (node, GPUs) of its slot, the last seen."""
+    """Every reservation record gpupack writes while it runs (a watch resumed from the
+    last version, so that records that live a second are seen): group -> its rooms as
+    the last revision seen says. (A revision naming a member created after the room was
+    reserved may never reach the API: the writer keeps only the latest write per record,
+    and a delete at completion replaces it.)"""
 
     def __init__(self, core: Any) -> None:
         self.core = core
-        self.rooms: dict[str, tuple[str, tuple[int, ...]]] = {}
-        self.groups: set[str] = set()
+        self.rooms: dict[str, list[Room]] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -129,10 +144,8 @@ class RecordWatch:
         if not obj.data or "reservation" not in obj.data:
             return
         rec = json.loads(obj.data["reservation"])
-        self.groups.add(rec["g"])
-        for room in rec["m"].values():
-            if room.get("p"):
-                self.rooms[room["p"]] = (room["n"], tuple(room["g"]))
+        self.rooms[rec["g"]] = [(room["n"], tuple(room["g"]), room.get("p"))
+                                for room in rec["m"].values()]
 
 
 def group_members(pool: str, g: int, gang: bool) -> list[dict[str, Any]]:
@@ -209,7 +222,8 @@ def run(core: Any, admin: Any, stack: controlplane.Stack, space: Space, gang: bo
 
 
 def check(core: Any, stack: controlplane.Stack, got: dict[str, Any], label: str,
-          capsys: Any) -> dict[str, Any]:
+          capsys: Any, key: Any) -> dict[str, Any]:
+    """``key(lws name)``: gpupack's key of that group on this stack."""
     ns, pods, outcomes = got["ns"], got["pods"], got["outcomes"]
     whole = [g for g in outcomes.values() if g.complete]
     times = sorted(got["complete_s"].values())
@@ -224,6 +238,8 @@ def check(core: Any, stack: controlplane.Stack, got: dict[str, Any], label: str,
         "median (s)": round(statistics.median(times), 2) if times else None,
         "max (s)": round(max(times), 2) if times else None,
         "over-committed": len(overcommits(core, pods)),
+        "groups with a record seen in the API": sum(
+            1 for g in whole if key(g.name) in got["records"].rooms),
     }
     with capsys.disabled():
         print(f"\n  e2e groups, {label}: {json.dumps(figures)}")
@@ -233,50 +249,76 @@ def check(core: Any, stack: controlplane.Stack, got: dict[str, Any], label: str,
     assert len(whole) == GROUPS - 1 and figures["groups holding nothing"] == 1, trail
     assert figures["singles bound"] == got["total"] - 2 * GROUPS, trail
     assert figures["over-committed"] == 0
-    # The room gpupack reserved is where each member landed: node and GPUs.
+    # The rooms gpupack reserved are where the members landed: nodes and GPUs, and each
+    # member a record named on its own room. A group that completes before its record's
+    # write left the queue has no record in the API at all (the writer keeps the latest
+    # write per record: the delete); the extender's log then says where its room was.
     rooms = got["records"].rooms
-    for p in pods:
-        name = p["metadata"]["name"]
-        if not name.startswith("llm-") or not p["spec"].get("nodeName"):
+    reserved = reservations_logged(stack, ns)
+    for g in whole:
+        members = [p for p in pods if (p["metadata"].get("labels") or {}).get(
+            "leaderworkerset.sigs.k8s.io/name") == g.name]
+        landed = {}
+        for p in members:
+            gpus = tuple(int(i) for i in
+                         p["metadata"]["annotations"]["gpupack.io/gpus"].split(","))
+            assert len(gpus) == 8 and int(
+                p["spec"]["containers"][0]["resources"]["limits"][GPU]) == 8
+            landed[f"{ns}/{p['metadata']['name']}"] = (p["spec"]["nodeName"], gpus)
+        held = rooms.get(key(g.name))
+        if held is None:
+            assert key(g.name) in reserved, f"{g.name}: no record, no reservation logged"
+            assert {n for n, _ in landed.values()} == reserved[key(g.name)], (
+                landed, reserved[key(g.name)])
             continue
-        key = f"{ns}/{name}"
-        assert key in rooms, f"{key} bound without a record naming it: {sorted(rooms)}"
-        gpus = tuple(int(i) for i in p["metadata"]["annotations"]["gpupack.io/gpus"].split(","))
-        assert rooms[key] == (p["spec"]["nodeName"], gpus), (key, rooms[key])
-        assert len(gpus) == 8 and int(p["spec"]["containers"][0]["resources"]["limits"][GPU]) == 8
+        assert sorted(landed.values()) == sorted((n, gs) for n, gs, _ in held), (landed, held)
+        for n, gs, pod_key in held:
+            assert pod_key is None or landed[pod_key] == (n, gs), (pod_key, landed, held)
+    mine = {k for k in rooms if k.startswith(f"{ns}/")}  # the stack's other tests' aside
+    assert mine <= {key(f"llm-{i}") for i in range(GROUPS)}, sorted(mine)
     return figures
 
 
-def test_groups_with_the_gate_off_gpupacks_own_all_or_nothing(
-        space: Space, core: Any, admin: Any, stack: controlplane.Stack, capsys: Any) -> None:
+def reservations_logged(stack: controlplane.Stack, ns: str) -> dict[str, set[str]]:
+    """Group -> the nodes of its room, from the extender's "reserved room for group ..."
+    lines (the last one of each group in ``ns``)."""
+    out: dict[str, set[str]] = {}
+    marker = "reserved room for group "
+    for line in stack.log_file("extender").read_text(errors="replace").splitlines():
+        if marker not in line:
+            continue
+        group, _, rest = line.split(marker, 1)[1].partition(" (")
+        if group.startswith(f"{ns}/"):
+            out[group] = {n.strip() for n in rest.split(" on ", 1)[1].split(",")}
+    return out
+
+
+def test_groups_beside_kube_schedulers_gang(twin: tuple[controlplane.Stack, bool],
+                                            capsys: Any) -> None:
+    """Gate off: gpupack's own all-or-nothing, the groups by their LWS labels (the API
+    server dropped spec.schedulingGroup). Gate on: gpupack's groups are the PodGroups
+    (the one rule) and kube-scheduler's gang places each in one cycle, where gpupack's
+    rooms are."""
     from kubernetes import client
 
-    # The session's stack serves no PodGroup: a LWS controller's create would fail so.
-    with pytest.raises(client.ApiException) as e:
-        client.CustomObjectsApi(admin).list_cluster_custom_object(
-            "scheduling.k8s.io", "v1beta1", "podgroups")
-    assert e.value.status == 404
-    got = run(core, admin, stack, space, gang=False)
-    check(core, stack, got, "GenericWorkload off (gpupack's all-or-nothing)", capsys)
-    # The groups are the LeaderWorkerSets' (labels): the field was dropped.
-    assert got["records"].groups
-    assert got["records"].groups <= {f"{got['ns']}/llm-{g}/0" for g in range(GROUPS)}
-
-
-def test_groups_with_the_gate_on_gpupack_and_the_gang_agree(
-        gated: controlplane.Stack, capsys: Any) -> None:
-    from kubernetes import client
-
-    admin = controlplane._api(gated.kubeconfig)
+    stack, gang = twin
+    admin = controlplane._api(stack.kubeconfig)
     core = client.CoreV1Api(admin)
-    space = Space(core, admin, "e2e-gated-groups")
+    space = Space(core, admin, f"e2e-groups-gate-{'on' if gang else 'off'}")
+    if not gang:  # no PodGroup is served: LWS's controller could not create one
+        with pytest.raises(client.ApiException) as e:
+            client.CustomObjectsApi(admin).list_cluster_custom_object(
+                "scheduling.k8s.io", "v1beta1", "podgroups")
+        assert e.value.status == 404
     try:
-        got = run(core, admin, gated, space, gang=True)
-        check(core, gated, got, "GenericWorkload on (kube-scheduler's gang + gpupack)", capsys)
+        got = run(core, admin, stack, space, gang=gang)
         ns = got["ns"]
-        # gpupack's groups are the PodGroups (the one rule), not the LWS label groups.
-        assert got["records"].groups
-        assert got["records"].groups <= {f"{ns}/llm-{g}" for g in range(GROUPS)}
+        label = ("GenericWorkload on (kube-scheduler's gang + gpupack)" if gang
+                 else "GenericWorkload off (gpupack's all-or-nothing)")
+        check(core, stack, got, label, capsys,
+              key=(lambda name: f"{ns}/{name}") if gang else (lambda name: f"{ns}/{name}/0"))
+        if not gang:
+            return
         whole = {name for name, g in got["outcomes"].items() if g.complete}
         for name, (status, reason) in got["conditions"].items():
             if name in whole:
@@ -284,11 +326,11 @@ def test_groups_with_the_gate_on_gpupack_and_the_gang_agree(
             else:
                 assert (status, reason) == ("False", "Unschedulable"), (name, status, reason)
         # kube-scheduler's gang cycle placed them, each PodGroup in one cycle.
-        log = gated.log_file("scheduler").read_text(errors="replace")
+        log = stack.log_file("scheduler").read_text(errors="replace")
         for name in whole:
             assert any("Successfully scheduled a pod group" in line and f"{ns}/{name}" in line
                        for line in log.splitlines()), f"no pod group cycle for {name}"
-        ext = gated.log_file("extender").read_text(errors="replace")
+        ext = stack.log_file("extender").read_text(errors="replace")
         assert "podgroups served: watching them" in ext
     finally:
         space.cleanup()
