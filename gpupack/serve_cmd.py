@@ -111,7 +111,7 @@ class Components:
             self.inputs = GroupInputs(workload_api_listed=False)
             self.source = ApiSource(api, records_namespace=args.namespace,
                                     records_selector=RECORD_SELECTOR, watch_quotas=True,
-                                    workload_api=self.inputs)
+                                    watch_dra=args.dra != "off", workload_api=self.inputs)
             self.lws = LwsPoller(api, self.inputs)
             self.inputs.on_unknown_lws = self.lws.nudge
             self.binder = ApiBinder(api)
@@ -270,7 +270,7 @@ class Components:
             self.mig.start()
         if self.lws is not None:
             self.lws.start()
-        self.source.start(self.tap, self.tap, self.inputs)
+        self.source.start(self.tap, self.tap, self.inputs, self.cache)
         start_expiry(self.cache, self._expiry_stop)
         threading.Thread(target=self._freeze_when_synced, name="gpupack-gc-freeze",
                          daemon=True).start()

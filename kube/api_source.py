@@ -2,12 +2,17 @@
 ``kubernetes`` client.
 
 - :class:`ApiSource`: list + watch of Nodes and Pods (and, when asked, reservation
-  records, ResourceQuotas, and kube-scheduler's PodGroups and Workloads when the API
-  server serves them: a list answered 404 means not served, asked again every
-  ``rediscover_s``). A watch resumes from the last resourceVersion it saw
-  (bookmarks included); ``410 Gone`` means that version is too old, so it lists again;
-  a dropped connection (``ProtocolError``, timeouts, 5xx) reconnects with capped
-  exponential backoff.
+  records, ResourceQuotas, and the ``resource.k8s.io/v1`` objects of Dynamic Resource
+  Allocation: ResourceSlices, DeviceClasses, ResourceClaims, ResourceClaimTemplates,
+  DeviceTaintRules; and kube-scheduler's PodGroups and Workloads,
+  ``scheduling.k8s.io/v1beta1``). A cluster that does not serve ``resource.k8s.io/v1``
+  (404) has no DRA: the kind counts as listed, empty, and is asked again every
+  ``backoff_max_s``; one that does not serve ``scheduling.k8s.io/v1beta1`` (the
+  ``GenericWorkload`` gate off, the default) has no PodGroup: the same, asked again
+  every ``rediscover_s``.
+  A watch resumes from the last resourceVersion it saw (bookmarks included); ``410
+  Gone`` means that version is too old, so it lists again; a dropped connection
+  (``ProtocolError``, timeouts, 5xx) reconnects with capped exponential backoff.
 - :class:`ApiBinder`: ``POST .../pods/{name}/binding`` with the pod's UID as a
   precondition and the placement annotations on the Binding (the API server copies them
   onto the pod in the same write, so no pod patch and no ``patch pods`` right). The
@@ -18,6 +23,10 @@
 Objects go to the cache as plain dicts (the API's JSON), which is what
 :mod:`kube.objects` reads; the client's model classes are never built for them. The
 ``kubernetes`` package is imported inside the functions that use it.
+
+Past 600 lines as one module: every kind, the optional ones (DRA's, PodGroups and
+Workloads) included, goes through the one list and watch loop here, which owns resuming,
+410 Gone, back-off and "not served"; the binder beside it shares the client's quirks.
 """
 
 from __future__ import annotations
@@ -38,14 +47,20 @@ from typing import Any
 import orjson
 
 from kube.annotations import small_int
+from kube.dra_store import KINDS as DRA_KINDS
+from kube.dra_store import object_key
 from kube.groups import workload_api as wa
 from kube.objects import pod_key
 from kube.responses import finish
-from kube.source import BindError, Codec, Decoded, ObjectSink, RecordSink, Sink
+from kube.source import BindError, Codec, Decoded, DraSink, ObjectSink, RecordSink, Sink
 
 # A watch that ends sooner than this without an event counts as a failure (client-go:
 # a watch of under a second with no events backs off before it is opened again).
 log = logging.getLogger("gpupack.kube.source")
+WORKLOAD_KINDS = (wa.PODGROUPS, wa.WORKLOADS)
+WORKLOAD_API_OFF = (" (scheduling.k8s.io/v1beta1: feature gate GenericWorkload off, or the "
+                    "version not enabled; pods' spec.schedulingGroup names no group gpupack "
+                    "can read)")
 # A watch that ends sooner than this without an event counts as a failure (client-go:
 # a watch of under a second with no events backs off before it is opened again).
 QUICK_WATCH_S = 1.0
@@ -84,8 +99,9 @@ class ApiSource:
     ``records_namespace``, also gpupack's reservation records (ConfigMaps labelled
     ``records_selector`` in that namespace) into a record sink, in a third; with
     ``watch_quotas``, every ResourceQuota into a quota sink, in a fourth; with
-    ``workload_api``, every PodGroup and Workload (``scheduling.k8s.io/v1beta1``) into
-    that sink, in two more, while the API server serves them."""
+    ``watch_dra``, each DRA kind into a DRA sink, a thread each; with ``workload_api``,
+    every PodGroup and Workload into that sink, a thread each. The sink is marked synced
+    once every kind has been listed (or found not served)."""
 
     def __init__(
         self,
@@ -97,6 +113,7 @@ class ApiSource:
         records_namespace: str | None = None,
         records_selector: str = "",
         watch_quotas: bool = False,
+        watch_dra: bool = False,
         list_page: int = 500,
         clock: Callable[[], float] = time.monotonic,
         workload_api: wa.WorkloadSink | None = None,
@@ -105,6 +122,7 @@ class ApiSource:
         from kubernetes import client
 
         self.core = client.CoreV1Api(api_client)
+        self.resource = client.ResourceV1Api(api_client)
         self.clock = clock  # times a watch: how long it stayed open
         self.watch_timeout_s = watch_timeout_s
         self.backoff_initial_s = backoff_initial_s
@@ -120,6 +138,8 @@ class ApiSource:
             kinds.append("records")
         if watch_quotas:
             kinds.append("quotas")
+        if watch_dra:
+            kinds.extend(DRA_KINDS)
         # kube-scheduler's Workload API: optional kinds (the gate is off by default).
         self._workload_api = workload_api
         self.rediscover_s = rediscover_s
@@ -137,17 +157,22 @@ class ApiSource:
         self._watches: list[Any] = []  # open watch responses, closed by stop()
         self._records: RecordSink | None = None
         self._quotas: ObjectSink | None = None
-        self._served: dict[str, bool] = {}  # PodGroups, Workloads: served when last asked
+        self._dra: DraSink | None = None
+        # Optional kinds (DRA, PodGroups, Workloads) the API server does not serve (404).
+        self.not_served: set[str] = set()
         self.list_page = list_page
 
     def start(self, sink: Sink, records: RecordSink | None = None,
-              quotas: ObjectSink | None = None) -> None:
+              quotas: ObjectSink | None = None, dra: DraSink | None = None) -> None:
         if self.records_namespace and records is None:
             raise ValueError("ApiSource with records_namespace needs a record sink")
         if "quotas" in self._kinds and quotas is None:
             raise ValueError("ApiSource with watch_quotas needs a quota sink")
+        if DRA_KINDS[0] in self._kinds and dra is None:
+            raise ValueError("ApiSource with watch_dra needs a DRA sink")
         self._records = records
         self._quotas = quotas
+        self._dra = dra
         for kind in self._kinds:
             t = threading.Thread(
                 target=self._run, args=(kind, sink), daemon=True, name=f"gpupack-watch-{kind}"
@@ -185,6 +210,14 @@ class ApiSource:
             return records
         if kind == "quotas":
             return self.core.list_resource_quota_for_all_namespaces
+        dra: dict[str, Callable[..., Any]] = {"resourceslices": self.resource.list_resource_slice,
+               "deviceclasses": self.resource.list_device_class,
+               "resourceclaims": self.resource.list_resource_claim_for_all_namespaces,
+               "resourceclaimtemplates":
+                   self.resource.list_resource_claim_template_for_all_namespaces,
+               "devicetaintrules": self.resource.list_device_taint_rule}
+        if kind in dra:
+            return dra[kind]
         if kind in (wa.PODGROUPS, wa.WORKLOADS):
             def scheduling(**kw: Any) -> Any:
                 return self.custom.list_cluster_custom_object(wa.GROUP, wa.VERSION, kind, **kw)
@@ -227,8 +260,32 @@ class ApiSource:
                                 kind, backoff)
                     backoff = self._backoff(kind, backoff)
             except ApiException as e:
-                if kind in (wa.PODGROUPS, wa.WORKLOADS) and self._not_served(kind, e):
+                if e.status == 404 and (kind in DRA_KINDS or kind in WORKLOAD_KINDS):
+                    # The API server does not serve resource.k8s.io/v1, or
+                    # scheduling.k8s.io/v1beta1 (or this kind of it): no such objects.
+                    # Listed, empty; asked again later.
+                    if kind not in self.not_served:
+                        log.info("%s: not served by the API server (404); treated as none%s",
+                                 kind, "" if kind in DRA_KINDS else WORKLOAD_API_OFF)
+                    self.not_served.add(kind)
+                    if kind in DRA_KINDS:
+                        assert self._dra is not None
+                        self._dra.replace_dra(kind, [])
+                    else:
+                        assert self._workload_api is not None
+                        self._workload_api.replace_workload_objects(kind, [], served=False)
+                    self._listed[kind].set()
+                    self._resume[kind] = None
+                    self.sleep(self.backoff_max_s if kind in DRA_KINDS else self.rediscover_s)
                     continue
+                if kind in WORKLOAD_KINDS and not self._listed[kind].is_set():
+                    # The verbs must not wait on an optional kind (403: the chart's RBAC
+                    # is missing): listed, as it was; retried the usual way below.
+                    log.warning("%s: API error %s %s; groups by spec.schedulingGroup wait "
+                                "until it can be listed", kind, e.status, e.reason)
+                    assert self._workload_api is not None
+                    self._workload_api.workload_listed(kind)
+                    self._listed[kind].set()
                 if e.status == 410:
                     log.info("%s watch: resourceVersion %s is gone; listing again", kind, rv)
                     self.relists[kind] += 1
@@ -263,36 +320,6 @@ class ApiSource:
                 self._resume[kind] = None
                 backoff = self._backoff(kind, backoff)
 
-    def _not_served(self, kind: str, e: Any) -> bool:
-        """A PodGroup or Workload list/watch failed with ``e``. 404: the API server does
-        not serve the kind (``GenericWorkload`` off, or ``scheduling.k8s.io/v1beta1`` not
-        in its ``--runtime-config``): the sink is told so (its groups by
-        ``spec.schedulingGroup`` wait, as kube-scheduler's would), the kind counts as
-        listed, and it is asked again after ``rediscover_s`` (a restarted API server may
-        serve it). Any other error on the first attempt also lets the kind count as
-        listed (the verbs must not wait on an optional kind; 403: the chart's RBAC is
-        missing) and then goes the usual way (back-off, retry). True: handled here."""
-        assert self._workload_api is not None
-        if e.status == 404:
-            if self._served.get(kind) is not False:
-                log.info("%s/%s %s not served by the API server (feature gate "
-                         "GenericWorkload off, or the version not enabled): pods' "
-                         "spec.schedulingGroup names no group gpupack can read; asking "
-                         "again every %.0fs", wa.GROUP, wa.VERSION, kind, self.rediscover_s)
-            self._served[kind] = False
-            self._workload_api.replace_workload_objects(kind, [], served=False)
-            self._listed[kind].set()
-            self._resume[kind] = None
-            self._stop.wait(self.rediscover_s)
-            return True
-        if not self._listed[kind].is_set():
-            log.warning("%s/%s %s: API error %s %s; groups by spec.schedulingGroup wait "
-                        "until it can be listed", wa.GROUP, wa.VERSION, kind, e.status,
-                        e.reason)
-            self._workload_api.workload_listed(kind)
-            self._listed[kind].set()
-        return False
-
     def _backoff(self, kind: str, current: float) -> float:
         self.reconnects[kind] += 1
         self.sleep(current * (0.5 + random.random() / 2))  # jitter: no thundering herd
@@ -310,11 +337,15 @@ class ApiSource:
         elif kind == "quotas":
             assert self._quotas is not None
             self._quotas.replace([o for o in items if isinstance(o, Mapping)])
-        elif kind in (wa.PODGROUPS, wa.WORKLOADS):
+        elif kind in DRA_KINDS:
+            assert self._dra is not None
+            self.not_served.discard(kind)
+            self._dra.replace_dra(kind, [o for o in items if isinstance(o, Mapping)])
+        elif kind in WORKLOAD_KINDS:
             assert self._workload_api is not None
-            if self._served.get(kind) is not True:
+            if kind in self.not_served or not self._listed[kind].is_set():
                 log.info("%s/%s %s served: watching them", wa.GROUP, wa.VERSION, kind)
-            self._served[kind] = True
+            self.not_served.discard(kind)
             self._workload_api.replace_workload_objects(
                 kind, [o for o in items if isinstance(o, Mapping)], served=True)
         elif kind == "nodes":
@@ -458,12 +489,21 @@ class ApiSource:
             else:
                 self._quotas.upsert(obj)
             return
-        if kind in (wa.PODGROUPS, wa.WORKLOADS):
+        if kind in WORKLOAD_KINDS:
             assert self._workload_api is not None
             if etype == "DELETED":
                 self._workload_api.delete_workload_object(kind, obj)
             else:
                 self._workload_api.upsert_workload_object(kind, obj)
+            return
+        if kind in DRA_KINDS:
+            assert self._dra is not None
+            key = object_key(kind, obj)
+            if etype == "DELETED":
+                if key is not None:
+                    self._dra.delete_dra(kind, key)
+            else:
+                self._dra.upsert_dra(kind, obj)
             return
         if kind == "nodes":
             if etype == "DELETED":
