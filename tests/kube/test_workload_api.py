@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from fake_apiserver import FakeApiServer
+from test_group_inputs_api import wait_for
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "scheduler"))
-from sched_builders import node, whole_pod
+from sched_builders import whole_pod
 
 from kube.api_source import ApiSource
 from kube.cache import ClusterCache
@@ -165,32 +165,6 @@ def test_a_scheduling_group_gpupack_cannot_read(sg: Any) -> None:
 
 
 # ---- the watch ----------------------------------------------------------------------------------
-
-
-def wait_for(cond: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.02)
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeApiServer]:
-    server = FakeApiServer().start()
-    server.put("nodes", node("gpu-a", gpus=2, reconfigurable=False))
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture
-def api(fake: FakeApiServer) -> Any:
-    from kubernetes import client
-
-    cfg = client.Configuration()
-    cfg.host = fake.url
-    return client.ApiClient(cfg)
 
 
 def test_not_served_is_listed_at_once_and_asked_again_later(fake: FakeApiServer,
