@@ -106,11 +106,13 @@ class Components:
             self.metrics_guard = metrics_guard(
                 args.metrics_auth, load_api_client(args.kubeconfig, args.in_cluster))
             # Group rights: ResourceQuotas watched with the cluster, LeaderWorkerSets
-            # polled (the CRD may be absent); both listed before the verbs answer.
-            self.inputs = GroupInputs()
+            # polled (the CRD may be absent), kube-scheduler's PodGroups and Workloads
+            # watched while served (the GenericWorkload gate is off by default); all
+            # listed (or found not served) before the verbs answer.
+            self.inputs = GroupInputs(workload_api_listed=False)
             self.source = ApiSource(api, records_namespace=args.namespace,
                                     records_selector=RECORD_SELECTOR, watch_quotas=True,
-                                    watch_dra=args.dra != "off")
+                                    watch_dra=args.dra != "off", workload_api=self.inputs)
             self.lws = LwsPoller(api, self.inputs)
             self.inputs.on_unknown_lws = self.lws.nudge
             self.binder = ApiBinder(api, timeout_s=args.bind_timeout)

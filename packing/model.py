@@ -176,6 +176,17 @@ class GroupRef:
     index: int = 0  # worker index; 0 is the leader
     topology_key: str | None = None  # all members inside one domain of this label
     exclusive: bool = False  # one group per topology domain (of its namespace)
+    # The fewest members that make the group whole (a PodGroup's gang ``minCount``); 0:
+    # every one of ``size``. Its room is held for at least this many at once.
+    minimum: int = 0
+    # The PodGroup (``scheduling.k8s.io``) the pod's ``spec.schedulingGroup`` names, in
+    # the pod's namespace: its size, minimum and topology come from that object.
+    pod_group: str | None = None
+
+    @property
+    def min_count(self) -> int:
+        """Members that make the group whole: ``minimum`` when set, else ``size``."""
+        return min(self.minimum, self.size) if self.minimum > 0 else self.size
 
     @property
     def exclusive_key(self) -> str:

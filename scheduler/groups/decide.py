@@ -30,7 +30,10 @@ Rules, per record (groups by priority, higher first, then first seen, then key):
 Then every group with pending pods and no record, in the same order, unless it waits:
 the whole group is placed at once (:func:`packing.groups.placement.place_members`) or
 waits holding nothing; a higher-priority group that does not fit may displace
-lower-priority records none of whose members is bound.
+lower-priority records none of whose members is bound. A group whole at fewer members
+than it has (a PodGroup's ``minCount``, :attr:`packing.model.GroupRef.min_count`) that
+does not fit whole is reserved for that minimum alone, if that fits: its record is the
+minimum's, and the other members are placed beside it once it completes.
 
 Rights (:mod:`scheduler.groups.rights`, judged by the handler): a refused group waits
 (``no_rights``) holding nothing, and a record of a group refused for good (``never``)
@@ -38,6 +41,11 @@ is released; new placements and re-placed rooms use only the nodes ``allowed``; 
 group's quota claims (ResourceQuotas, :mod:`scheduler.groups.namespace_cap`) must fit
 in what is left after the groups reserved before it in the same pass, and are charged
 when it is reserved; a group in ``not_exclusive`` is placed without exclusivity.
+
+Past 600 lines as one module: the rules for existing records and for new groups (the
+minimum's fallback included) act on one overlay of holds and one set of books in a
+single pass, and the slot helpers here are what the handler and the participant share
+with it.
 """
 
 from __future__ import annotations
@@ -280,6 +288,8 @@ class _Reconcile:
             self.first_seen.setdefault(g, self.now)
         for rec in sorted(self.s.records.values(), key=order_key):
             self._keep_or_release(rec, members.get(rec.group, ()))
+        for g in pending:  # a record complete at its minimum leaves members pending
+            self.first_seen.setdefault(g, self.now)
         for g in list(self.waiting):
             if g not in pending and g not in self.records:
                 del self.waiting[g]
@@ -451,6 +461,10 @@ class _Reconcile:
             displaced: list[str] = []
             if isinstance(got, Status):
                 displaced, got = self._displace(to_place, taken, domain, prio, got)
+            if isinstance(got, Status):
+                smaller = self._at_minimum(g, members, ref, taken)
+                if smaller is not None:
+                    ref, slots, to_place, domain, got = smaller
         finally:
             hidden.restore()
         if isinstance(got, Status):
@@ -485,6 +499,29 @@ class _Reconcile:
         for qk, (total, existing) in self.s.claims.get(g, {}).items():
             if qk in self.quota_left:
                 self.quota_left[qk] -= total - existing
+
+    def _at_minimum(self, g: str, members: Sequence[Member], ref: GroupRef,
+                    taken: set[tuple[str, str]]
+                    ) -> tuple[GroupRef, dict[int, Member], list[PodRequest], str | None,
+                               GroupFit] | None:
+        """When the whole group does not fit but it is whole at fewer members (a
+        PodGroup's ``minCount``, below the pods naming it): room for that minimum alone,
+        its bound members first, then its pending ones by worker index, then rooms for
+        pods not created yet. The record is then that minimum's (the others wait until
+        it completes, and are then placed beside it). None: no smaller group, or it does
+        not fit either."""
+        need = ref.min_count
+        bound = [m for m in members if m.bound]
+        if need >= ref.size or len(bound) >= need:
+            return None
+        pending = sorted((m for m in members if not m.bound),
+                         key=lambda m: (m.req.group.index if m.req.group else 0, m.req.key))
+        sub_ref, slots, to_place, domain = group_slots(
+            self.o.state, g, bound + pending[:need - len(bound)], need)
+        got = place_members(self.o.state, to_place, self.scorer, taken, domain)
+        if isinstance(got, Status):
+            return None
+        return sub_ref, slots, to_place, domain, got
 
     def _quota_short(self, g: str) -> str | None:
         """Why the rest of the group's quota claim does not fit in what is left now."""

@@ -90,6 +90,7 @@ def looks_grouped(pod: Mapping[str, Any]) -> bool:
         return False
     labels = meta.get("labels")
     ann = meta.get("annotations")
+    spec = pod.get("spec")
     return (isinstance(labels, Mapping) and A.LWS_NAME in labels) or (
         isinstance(ann, Mapping) and A.GROUP in ann
-    )
+    ) or (isinstance(spec, Mapping) and spec.get("schedulingGroup") is not None)

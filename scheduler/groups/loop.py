@@ -49,7 +49,7 @@ import logging
 import math
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from kube.cache import ClusterCache
@@ -64,7 +64,7 @@ from kube.groups.reservations import (
 from kube.pod_conditions import room_reserved
 from kube.record_writer import RecordWriter, Submitter
 from packing.groups.members import is_reservation
-from packing.model import Placement, PodRequest, RequestKind
+from packing.model import GroupRef, Placement, PodRequest, RequestKind
 from packing.policies.scores import bestfit
 from packing.scoring import Scorer
 from scheduler.engine import Lead, LeaderGate, Loop, LoopMetrics, Outcome
@@ -82,6 +82,7 @@ from scheduler.groups.decide import (
 from scheduler.groups.facts import RightsPass, judge
 from scheduler.groups.keys import WAIT_REASONS, hold_key
 from scheduler.groups.namespace_cap import ReservedCap
+from scheduler.groups.pod_groups import is_gang, resolve_members, resolve_requests
 from scheduler.groups.rights import RightsSettings
 
 __all__ = ["DEFAULT_TTL", "WAIT_REASONS", "ReservationBook", "hold_key"]
@@ -327,7 +328,18 @@ class ReservationBook:
             (req, p) for req, p in self.cache.snapshot().running if req.group is not None]
         assumed = {req.key for req, _ in pods if self.cache.is_assumed(req.key)}
         pods += [(p, None) for p in self.cache.pending() if p.group is not None]
-        return members_of(pods, assumed)
+        # PodGroup members as their PodGroup says now (scheduler.groups.pod_groups).
+        return resolve_members(members_of(pods, assumed), self.inputs.pod_group)
+
+    def resolved(self, pods: Sequence[PodRequest]) -> tuple[PodRequest, ...]:
+        """Pending pods with their PodGroups' sizes (scheduler.groups.pod_groups), for
+        the rooms that plan for waiting groups beside the book."""
+        return resolve_requests(pods, self.inputs.pod_group)
+
+    def is_gang(self, ref: GroupRef) -> bool:
+        """Whether a member of ``ref`` is in an all-or-nothing group (not a basic
+        PodGroup's pod, which is placed alone)."""
+        return is_gang(ref, self.inputs.pod_group)
 
     def _apply_holds(self, members: Mapping[str, list[Member]] | None = None) -> None:
         """Hold what the records ask for (records in priority order; a room that is not

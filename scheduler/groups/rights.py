@@ -10,7 +10,11 @@ LeaderWorkerSet object -> :class:`GroupRights`. Nothing here reads the cache or 
   Either way the whole group may ask for at most ``max_group_gpus`` GPUs: a label costs
   nothing to write, and neither does a LeaderWorkerSet object in a namespace its author
   may create one in (what a namespace may hold in reservations altogether is
-  :mod:`scheduler.groups.namespace_cap`).
+  :mod:`scheduler.groups.namespace_cap`). A PodGroup's group (``spec.schedulingGroup``,
+  :mod:`scheduler.groups.pod_groups`) is sized by its PodGroup and is a group sized by
+  its pods here: the PodGroup costs its author no more than a label does. A group whose
+  pods name it in different ways (a PodGroup and an annotation of the same name) is
+  refused.
 * **Exclusive topology**: a group whose pods ask for LeaderWorkerSet's exclusive
   placement keeps that domain from other groups (of its own namespace, see
   :func:`packing.model.exclusive_key`) only when its LeaderWorkerSet object says so too
@@ -19,7 +23,8 @@ LeaderWorkerSet object -> :class:`GroupRights`. Nothing here reads the cache or 
 * **Scheduler**: every member not bound yet must have gpupack's ``schedulerName``; a
   member another scheduler places would never take its room.
 * **Nodes**: a node is allowed when every member, and every template of the
-  LeaderWorkerSet (the members not created yet), could run on it
+  LeaderWorkerSet (the members not created yet; for a PodGroup's group, the worker
+  template of the LeaderWorkerSet its Workload names), could run on it
   (:func:`kube.constraints.why_not`: node selector, required node affinity, NoSchedule
   and NoExecute taints against tolerations).
 * **Quota**: per ResourceQuota of the namespace that covers the members, and per GPU
@@ -40,7 +45,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from kube.annotations import small_int
+from kube.annotations import MAX_GROUP_SIZE, small_int
 from kube.constraints import PodConstraints, Taint, why_not
 from kube.groups.lws import LwsShape
 from kube.quotas import Quota, covers, gpu_resources
@@ -189,11 +194,19 @@ def allowed_nodes(constraints: Iterable[PodConstraints], nodes: Iterable[NodeFac
 
 
 def group_rights(key: str, members: Sequence[MemberFacts], nodes: Sequence[NodeFacts],
-                 quotas: Sequence[Quota], lws: LwsShape | None, settings: RightsSettings
-                 ) -> GroupRights:
-    """The rights of group ``key`` (see the module docstring)."""
+                 quotas: Sequence[Quota], lws: LwsShape | None, settings: RightsSettings,
+                 templates: Sequence[PodConstraints] = ()) -> GroupRights:
+    """The rights of group ``key`` (see the module docstring). ``templates``: pod
+    templates that also bound the nodes of the members not created yet (a PodGroup's,
+    through its Workload's controller)."""
     namespace = key.split("/", 1)[0]
     size, from_lws, why = group_size(key, members, lws)
+    if why is None and len({m.req.group.pod_group is not None for m in members
+                            if m.req.group is not None}) > 1:
+        why = ("its pods name it in different ways (some by spec.schedulingGroup, some by "
+               "labels or annotations)")
+    if why is None and size > MAX_GROUP_SIZE:
+        why = f"{size} pods is more than gpupack places as one group (at most {MAX_GROUP_SIZE})"
     if why is not None:
         return GroupRights(size, refused=why, never=True)
     for m in members:
@@ -249,6 +262,8 @@ def group_rights(key: str, members: Sequence[MemberFacts], nodes: Sequence[NodeF
     sets = [m.constraints for m in members if isinstance(m.constraints, PodConstraints)]
     if lws is not None:
         sets += list(lws.templates)
+    if missing > 0:
+        sets += list(templates)
     allowed = allowed_nodes(sets, nodes)
     if isinstance(allowed, Status):
         return GroupRights(size, refused=(

@@ -28,10 +28,13 @@ kube-controller-manager runs only inside :func:`controllers` (the tests that nee
 ReplicaSets, Deployments or PodDisruptionBudget status) and, as a second instance with
 only the resourceclaim controller, inside :func:`claim_controller` (the DRA tests), so
 namespaces get no ``default`` ServiceAccount by themselves: :func:`ensure_namespace`
-creates it with the namespace. No feature gate is set anywhere: DRA runs at v1.37.2's
-defaults (structured parameters, prioritized lists, admin access, extended resources and
-device taints GA; partitionable devices, consumable capacity and binding conditions beta
-and on).
+creates it with the namespace. No feature gate is set anywhere by default: DRA runs at
+v1.37.2's defaults (structured parameters, prioritized lists, admin access, extended
+resources and device taints GA; partitionable devices, consumable capacity and binding
+conditions beta and on). ``up(feature_gates=..., runtime_config=...)`` starts a stack
+that differs only there (the Workload API tests' second stack: ``GenericWorkload`` on
+kube-apiserver, kube-scheduler and kube-controller-manager, ``scheduling.k8s.io/v1beta1``
+served).
 
 It writes ``DIR/kubeconfig`` (cluster admin), ``DIR/pids/<component>.pid``,
 ``DIR/logs/<component>.log`` and ``DIR/state.json`` (ports and each component's command,
@@ -148,6 +151,10 @@ APPLIED_KINDS = ("Namespace", "ServiceAccount", "Secret", "ClusterRole", "Cluste
                  "Role", "RoleBinding", "ConfigMap", "MutatingWebhookConfiguration",
                  "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
 
+# Audit logs of other stacks started in this session (the Workload API tests' gated one):
+# test_e2e_z_rbac.py counts what gpupack's accounts did there too.
+EXTRA_AUDIT_LOGS: list[Path] = []
+
 # Metadata of every request made by a ServiceAccount of gpupack's namespace; nothing else.
 AUDIT_POLICY = {
     "apiVersion": "audit.k8s.io/v1", "kind": "Policy", "omitStages": ["RequestReceived"],
@@ -180,10 +187,20 @@ class StackError(RuntimeError):
 # -- small helpers ----------------------------------------------------------------------------
 
 
+_GIVEN: set[int] = set()  # ports free_port handed out in this process
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback port nothing listens on, never one handed out before in this process:
+    the kernel may give a port just released again, and two components of one stack (or
+    of two stacks) would then both be told to listen on it."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _GIVEN:
+            _GIVEN.add(port)
+            return port
 
 
 def run(argv: Sequence[str], **kw: Any) -> str:
@@ -673,18 +690,24 @@ GPUPACK_ENV = {"PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
 
 def up(dir_: Path, *, extender_args: Sequence[str] = (), plain: bool = True,
        agent: bool = True, standby: bool = True,
-       profile_overrides: Mapping[str, Any] | None = None) -> Stack:
+       profile_overrides: Mapping[str, Any] | None = None,
+       feature_gates: Sequence[str] = (), runtime_config: Sequence[str] = ()) -> Stack:
     """Start everything and wait until every component is ready. When any step fails
     (a component not ready in time, an object the API refuses, an interrupt), every
     component already started is stopped before the error goes on: a failed start leaves
-    no process behind."""
+    no process behind. ``feature_gates`` ("Name=true") go to kube-apiserver, every
+    kube-scheduler and kube-controller-manager; ``runtime_config`` ("group/version=true")
+    to kube-apiserver."""
     dir_ = dir_.resolve()
     stack = Stack(dir_)
     if stack.state_file.exists() and any(stack.alive(c) for c in stack.state()["components"]):
         raise StackError(f"{dir_} already holds a running stack: run down first")
     try:
         return _up(stack, extender_args=extender_args, plain=plain, agent=agent,
-                   standby=standby, profile_overrides=profile_overrides)
+                   standby=standby, profile_overrides=profile_overrides,
+                   gates=[f"--feature-gates={','.join(feature_gates)}"] if feature_gates else [],
+                   runtime=([f"--runtime-config={','.join(runtime_config)}"]
+                            if runtime_config else []))
     except BaseException:
         if stack.state_file.exists():
             with contextlib.suppress(Exception):
@@ -693,7 +716,8 @@ def up(dir_: Path, *, extender_args: Sequence[str] = (), plain: bool = True,
 
 
 def _up(stack: Stack, *, extender_args: Sequence[str], plain: bool, agent: bool,
-        standby: bool, profile_overrides: Mapping[str, Any] | None) -> Stack:
+        standby: bool, profile_overrides: Mapping[str, Any] | None,
+        gates: Sequence[str] = (), runtime: Sequence[str] = ()) -> Stack:
     dir_ = stack.dir
     for sub in ("pids", "logs", "pki", "kubeconfigs", "config"):
         (dir_ / sub).mkdir(parents=True, exist_ok=True)
@@ -753,7 +777,7 @@ def _up(stack: Stack, *, extender_args: Sequence[str], plain: bool, agent: bool,
                  f"--audit-policy-file={audit_policy}",
                  f"--audit-log-path={dir_ / 'logs' / 'audit.log'}",
                  "--audit-log-format=json", "--audit-log-maxsize=0",
-                 "--v=1"],
+                 *gates, *runtime, "--v=1"],
         "ready": {"url": f"{server}/readyz", "client_cert": True},
         # It stops listening at once on SIGTERM but lingers in shutdown for long; all
         # its state is in etcd, so a short grace keeps "restart" an outage of seconds.
@@ -824,7 +848,7 @@ def _up(stack: Stack, *, extender_args: Sequence[str], plain: bool, agent: bool,
     for suffix in replicas:
         components.update(scheduler_pair(objs, bins, dir_, kubeconfigs, ports, suffix,
                                          (*E2E_EXTENDER_ARGS, *extender_args),
-                                         profile_overrides or {}))
+                                         profile_overrides or {}, gates))
     if plain:
         plain_cfg = dir_ / "config" / "plain-scheduler-config.yaml"
         plain_cfg.write_text(yaml.safe_dump(plain_scheduler_config(plain_kc)))
@@ -833,7 +857,7 @@ def _up(stack: Stack, *, extender_args: Sequence[str], plain: bool, agent: bool,
                      "--bind-address=127.0.0.1", f"--secure-port={ports['plain_scheduler']}",
                      f"--cert-dir={dir_ / 'plain-scheduler-certs'}",
                      f"--authentication-kubeconfig={plain_kc}",
-                     f"--authorization-kubeconfig={plain_kc}", "--v=1"],
+                     f"--authorization-kubeconfig={plain_kc}", *gates, "--v=1"],
             "ready": {"url": f"https://127.0.0.1:{ports['plain_scheduler']}/healthz"},
             "restart": "always"}
     # kube-controller-manager as a kubeadm cluster runs it: its own identity
@@ -848,7 +872,7 @@ def _up(stack: Stack, *, extender_args: Sequence[str], plain: bool, agent: bool,
                      "--bind-address=127.0.0.1", f"--secure-port={port}",
                      f"--cert-dir={dir_ / f'{name}-certs'}", "--leader-elect=false",
                      "--use-service-account-credentials=true",
-                     f"--controllers={','.join(controllers)}", "--v=1"],
+                     f"--controllers={','.join(controllers)}", *gates, "--v=1"],
             "ready": {"url": f"https://127.0.0.1:{port}/healthz"}}
 
     components["controller-manager"] = controller_manager("controller-manager", CONTROLLERS)
@@ -954,8 +978,8 @@ STANDBY_HOSTNAME = "gpupack-scheduler-b"
 
 def scheduler_pair(objs: Sequence[Mapping[str, Any]], bins: Path, dir_: Path,
                    kubeconfigs: Mapping[str, Path], ports: Mapping[str, int], suffix: str,
-                   extender_args: Sequence[str], profile_overrides: Mapping[str, Any]
-                   ) -> dict[str, dict[str, Any]]:
+                   extender_args: Sequence[str], profile_overrides: Mapping[str, Any],
+                   gates: Sequence[str] = ()) -> dict[str, dict[str, Any]]:
     """kube-scheduler and its extender sidecar, as one replica of the chart's scheduler
     Deployment. ``suffix`` "" is the host's replica; "-b" runs under a host name of its
     own (a UTS namespace: root only)."""
@@ -979,7 +1003,7 @@ def scheduler_pair(objs: Sequence[Mapping[str, Any]], bins: Path, dir_: Path,
             "--bind-address=127.0.0.1", f"--secure-port={sched_port}",
             f"--cert-dir={dir_ / f'scheduler{suffix}-certs'}",
             f"--authentication-kubeconfig={kubeconfigs['scheduler']}",
-            f"--authorization-kubeconfig={kubeconfigs['scheduler']}", "--v=2"]
+            f"--authorization-kubeconfig={kubeconfigs['scheduler']}", *gates, "--v=2"]
     if suffix:
         argv = ["unshare", "--uts", "sh", "-c", f'hostname {STANDBY_HOSTNAME} && exec "$@"',
                 "kube-scheduler", *argv]

@@ -31,23 +31,10 @@ def wait_for(cond: Callable[[], bool], timeout: float = 10.0,
 
 
 @pytest.fixture
-def fake() -> Iterator[FakeApiServer]:
-    server = FakeApiServer().start()
-    server.put("nodes", node("gpu-a", gpus=2, reconfigurable=False))
-    server.put("pods", whole_pod("p0", 1, uid="uid-p0"))
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture
-def api(fake: FakeApiServer) -> Any:
-    from kubernetes import client
-
-    cfg = client.Configuration()
-    cfg.host = fake.url
-    return client.ApiClient(cfg)
+def fake(fake: FakeApiServer) -> FakeApiServer:
+    """conftest's fake API server, with a pending pod too (``api`` is a client of it)."""
+    fake.put("pods", whole_pod("p0", 1, uid="uid-p0"))
+    return fake
 
 
 @pytest.fixture

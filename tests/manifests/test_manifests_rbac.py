@@ -77,7 +77,8 @@ def test_least_privilege(which: str, request: pytest.FixtureRequest) -> None:
     # resource and carry the annotations (no pod patch; a pod's status only, for the
     # condition that requeues a refused group member); group records only in gpupack's
     # own namespace.
-    # Group rights: ResourceQuotas by an informer, LeaderWorkerSets by a periodic list.
+    # Group rights: ResourceQuotas by an informer, LeaderWorkerSets by a periodic list;
+    # kube-scheduler's PodGroups and Workloads by an informer while served.
     dra = {("*", "resource.k8s.io", res, v)
            for res in ("resourceslices", "deviceclasses", "resourceclaims",
                        "resourceclaimtemplates", "devicetaintrules")
@@ -90,7 +91,9 @@ def test_least_privilege(which: str, request: pytest.FixtureRequest) -> None:
         | core("*", "resourcequotas", "list", "watch")
         | {("*", "leaderworkerset.x-k8s.io", "leaderworkersets", "list")} | dra
         # A Warning Event on a bound pod whose inputs cannot be read (kube.worst_case).
-        | core("*", "events", "create"))
+        | core("*", "events", "create")
+        | {("*", "scheduling.k8s.io", r, v) for r in ("podgroups", "workloads")
+           for v in ("list", "watch")})
     # The webhook reads what DRA nodes offer (docs/dra.md) as the extender does.
     assert own["gpupack-webhook"] == (core("*", "nodes", "list", "watch")
                                       | core("*", "pods", "list", "watch") | dra)
