@@ -12,8 +12,9 @@ GPUs as they see device-plugin GPUs:
   is the catalog's for ``productName`` (:func:`packing.catalog.match_product`, with the
   whole GPU's ``memory`` capacity to pick a variant).
 * **Whole GPU**: the GPU's own device. A GPU whose device has ``allowMultipleAllocations``
-  (consumable capacity, KEP-5075) is a shared GPU (mode SHARED, replicas unlimited: the
-  memory capacity bounds it).
+  (consumable capacity, KEP-5075) is split by the claims' consumed memory (mode
+  FRACTIONAL: each share takes its memory's fraction of the GPU, gpupack's own choice of
+  GPU, no device plugin picking a replica; an idle one can still be taken whole).
 * **MIG**: with static MIG (no counters) the MIG devices that exist are the GPU's layout
   (mode MIG). With partitionable devices (DynamicMIG, KEP-4815: counters), every
   placement is a device and an instance exists only while a claim holds it: the GPU is
@@ -222,14 +223,14 @@ def node_inventory(node: str, slices: Iterable[ResourceSlice],
         if g.whole is None or held_migs or (g.migs and index not in partitionable):
             mode = GpuMode.MIG
         elif g.whole[1].allow_multiple_allocations:
-            mode = GpuMode.SHARED
+            mode = GpuMode.FRACTIONAL
         else:
             mode = GpuMode.WHOLE
         infos.append(GpuInfo(
             index=index, model=model.name, memory_mib=memory, mode=mode,
             mig=tuple(sorted(instances, key=lambda i: i.start)) if mode is GpuMode.MIG
             else (),
-            replicas=0 if mode is GpuMode.SHARED else 1,
+            replicas=1,
             memory_source="dra" if whole_mib else "catalog"))
         cliques.add(g.clique)
         own = [g.whole[1]] if g.whole is not None else [d for _, d in g.migs]
