@@ -26,6 +26,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import orjson
+
 from packing.dra.allocator import allocated_state
 from packing.dra.inventory import DraInventory, node_inventory
 from packing.dra.objects import (
@@ -65,6 +67,27 @@ KIND_NAMES = {"ResourceSlice": SLICES, "DeviceClass": CLASSES, "ResourceClaim": 
 _NODE_OWN = frozenset({"uuid", "parentUUID", "gpu.nvidia.com/uuid",
                        "gpu.nvidia.com/parentUUID"})
 CHECKED_KEPT = 100_000  # claims whose prediction was compared, remembered (see compare)
+def slice_fingerprint(obj: Mapping[str, Any], node: str) -> bytes:
+    """A slice's spec as JSON (sorted keys) with the node's name taken out of it and the
+    attributes each GPU has its own value of left out: equal for the slices of two equal
+    nodes (see :meth:`DraObjects.fingerprint`)."""
+    spec = dict(obj.get("spec") or {})
+    spec.pop("nodeName", None)
+    pool = spec.get("pool")
+    if isinstance(pool, Mapping):
+        spec["pool"] = {**pool, "name": str(pool.get("name", "")).replace(node, "\0")}
+    devices = spec.get("devices")
+    if isinstance(devices, list):
+        spec["devices"] = [
+            {**d, "attributes": {k: v for k, v in (d.get("attributes") or {}).items()
+                                 if k not in _NODE_OWN}} if isinstance(d, Mapping) else d
+            for d in devices]
+    try:
+        return orjson.dumps(spec, option=orjson.OPT_SORT_KEYS)
+    except TypeError:
+        return repr(spec).encode()
+
+
 # The in-flight key of the claim kube-scheduler makes for a pod's DRA-backed extended
 # resources (its API name is generated): <namespace>/<pod><EXTENDED_MARK>.
 EXTENDED_MARK = "#extended-resources"
@@ -131,7 +154,9 @@ class DraObjects:
     _node_slices: dict[str, set[str]] = field(default_factory=dict)  # node -> slice names
     _device_node: dict[str, str] = field(default_factory=dict)  # device id -> node
     _held: dict[str, frozenset[str]] | None = None  # node -> names of its devices held
-    _fingerprints: dict[str, str] = field(default_factory=dict)
+    _fingerprints: dict[str, tuple[object, ...]] = field(default_factory=dict)
+    _slice_fp: dict[str, bytes] = field(default_factory=dict)  # slice name -> its own
+    _unbound_slices: int = 0  # slices of no one node (allNodes, selectors)
     classes_version: int = 0  # changes whenever a DeviceClass does
     _checked: dict[str, None] = field(default_factory=dict)  # claims compared (in order)
 
@@ -181,6 +206,9 @@ class DraObjects:
         try:
             if kind == SLICES:
                 self._put_slice(key, parse_resource_slice(obj))
+                if self.raw_slices[key].node_name:
+                    self._slice_fp[key] = slice_fingerprint(obj,
+                                                            str(self.raw_slices[key].node_name))
             elif kind == CLASSES:
                 self.classes[key] = parse_device_class(obj)
                 self.classes_version += 1
@@ -206,6 +234,7 @@ class DraObjects:
         if kind == SLICES:
             old = self.raw_slices.pop(key, None)
             self.slices.pop(key, None)
+            self._slice_fp.pop(key, None)
             if old is not None:
                 self._unindex_slice(key, old)
         elif kind == CLASSES:
@@ -242,6 +271,8 @@ class DraObjects:
         if old is not None:
             self._unindex_slice(key, old)
         self.raw_slices[key] = s
+        if not s.node_name:
+            self._unbound_slices += 1
         rules = list(self.rules.values())
         self.slices[key] = apply_taint_rules([s], rules)[0] if rules else s
         node = s.node_name
@@ -255,6 +286,8 @@ class DraObjects:
 
     def _unindex_slice(self, key: str, s: ResourceSlice) -> None:
         node = s.node_name
+        if not node:
+            self._unbound_slices -= 1
         if node:
             names = self._node_slices.get(node)
             if names is not None:
@@ -423,33 +456,27 @@ class DraObjects:
             self._held = {n: frozenset(v) for n, v in held.items()}
         return self._held.get(node, frozenset())
 
-    def fingerprint(self, node: str) -> str | None:
+    def fingerprint(self, node: str) -> tuple[object, ...] | None:
         """What the allocator reads of ``node``'s own slices, with the node's name and its
         GPUs' UUIDs taken out: nodes of equal fingerprints (and equal devices held) get
         the same allocation, up to the pool's name. None when node-independent slices
-        exist (they would be read too)."""
+        exist (they would be read too). Made of each slice's fingerprint, taken from its
+        JSON when it arrives (:func:`slice_fingerprint`), in name order (the allocator's
+        order within a pool; the API server gives each name a random suffix), and the
+        taints DeviceTaintRules add."""
         found = self._fingerprints.get(node)
         if found is not None:
             return found
-        world = self.world()
-        if world.unbound:
+        if self._unbound_slices:
             return None
-        parts = []
-        # Slices by their rank in name order (the allocator's order within a pool): the
-        # API server gives each a random suffix.
-        for rank, s in enumerate(sorted(world.by_node.get(node, ()), key=lambda s: s.name)):
-            devices = tuple((d.name, tuple(sorted((k, repr(v)) for k, v in d.attributes.items()
-                                                  if k not in _NODE_OWN)),
-                             repr(d.capacity), repr(d.consumes_counters), d.taints,
-                             d.allow_multiple_allocations, d.binding_conditions,
-                             d.node_name == node, d.all_nodes, repr(d.node_selector))
-                            for d in s.devices)
-            parts.append((rank, s.driver, s.pool.replace(node, "\0"),
-                          s.generation, s.resource_slice_count, s.node_name == node,
-                          repr(s.shared_counters), devices))
-        text = repr(sorted(parts))
-        self._fingerprints[node] = text
-        return text
+        names = sorted(self._node_slices.get(node, ()))
+        rules: tuple[object, ...] = ()
+        if self.rules:
+            rules = tuple((d.name, d.taints) for n in names for d in self.slices[n].devices
+                          if d.taints)
+        found = (tuple(self._slice_fp.get(n, b"") for n in names), rules)
+        self._fingerprints[node] = found
+        return found
 
     def node_views(self, nodes: Iterable[str]
                    ) -> dict[str, tuple[DraInventory | None,
