@@ -101,7 +101,7 @@ class DraVerbs:
         # Pods whose filter-time fit is assumed (until its bind): pod key -> deadline.
         self._tentative: dict[str, float] = {}
         # Answers by node state (see answer): key -> (the node judged, its answer).
-        self._memo: dict[tuple[object, ...], tuple[str, NodeAnswer]] = {}
+        self._memo: dict[tuple[object, ...], tuple[str, NodeAnswer, str]] = {}
         self.memo_hits = 0
         # GPUs of each node a group's reservation holds, for the node's generation.
         self._kept: dict[str, tuple[int, tuple[int, ...]]] = {}
@@ -175,11 +175,10 @@ class DraVerbs:
         why = fits_node(cpu_only(pod), ns)
         if why is not None:
             return NodeAnswer(False, why), node
-        dra = self.cache.dra
-        world = dra.world()
         plugin = not self.cache.is_dra_node(node)
         if plugin not in shapes:
-            claims, misfit = pc.to_allocate(list(world.classes.values()), device_plugin=plugin)
+            classes = list(self.cache.dra.classes.values())
+            claims, misfit = pc.to_allocate(classes, device_plugin=plugin)
             shapes[plugin] = (claims, misfit, repr((misfit, [(c.requests, c.constraints)
                                                               for _, c in claims])))
         claims, misfit, shape = shapes[plugin]
@@ -189,15 +188,15 @@ class DraVerbs:
             found = self._memo.get(key)
             if found is not None:
                 self.memo_hits += 1
-                self._count(found[1])
+                self.verdicts[found[2]] = self.verdicts.get(found[2], 0) + 1
                 return found[1], found[0]
-        ans = evaluate(state, world, node, info.labels, self.cache.dra_inventory(node),
-                       claims, misfit, pod, ref.scorer)
+        ans = evaluate(state, self.cache.dra.world(), node, info.labels,
+                       self.cache.dra_inventory(node), claims, misfit, pod, ref.scorer)
+        verdict = self._count(ans)
         if key is not None:
-            self._memo[key] = (node, ans)
+            self._memo[key] = (node, ans, verdict)
             if len(self._memo) > MEMO_LIMIT:
                 self._memo.clear()
-        self._count(ans)
         return ans, node
 
     def _memo_key(self, node: str, shape: str, pod: PodRequest, scorer_gen: int,
@@ -221,11 +220,12 @@ class DraVerbs:
         return (fp, dra.held_on(node), kept, sig, dra.classes_version, shape,
                 pod.cpu_milli, pod.memory_mib, scorer_gen)
 
-    def _count(self, ans: NodeAnswer) -> None:
+    def _count(self, ans: NodeAnswer) -> str:
         verdict = ("kept" if not ans.fits and ans.prediction is not None
                    and ans.prediction.verdict is Verdict.ALLOCATED
                    else ans.prediction.verdict.value if ans.prediction is not None else "none")
         self.verdicts[verdict] = self.verdicts.get(verdict, 0) + 1
+        return verdict
 
     # ---- filter and prioritize -------------------------------------------------------
 
