@@ -384,11 +384,6 @@ def _consumed_mib(r: AllocatedDevice, device_mib: int) -> int:
     return int((mem + Decimal(MIB - 1)) // MIB)
 
 
-def held_devices(results: Iterable[AllocatedDevice]) -> set[str]:
-    """Ids of the devices ``results`` hold (admin access holds nothing)."""
-    return {f"{r.driver}/{r.pool}/{r.device}" for r in results if not r.admin_access}
-
-
 # A whole NVIDIA GPU and one of its MIG partitions, as the driver publishes them: what a
 # DeviceClass's selectors are tried on to tell a class of whole GPUs.
 _PROBE_GPU = Device("gpu-0", frozen_map({"type": "gpu", "uuid": "GPU-probe",
