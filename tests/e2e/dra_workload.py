@@ -217,6 +217,9 @@ class Outcome:
     groups: int = 0
     groups_complete: int = 0  # every member bound, all in one clique
     gpus_touched: int = 0  # GPUs with any device allocated
+    # GPUs holding a MIG partition or a share: the part of gpus_touched a scheduler's
+    # choice changes (a whole-GPU claim takes its GPUs wherever it goes)
+    partial_gpus_touched: int = 0
     whole_nodes_free: int = 0  # nodes of the pool with no device allocated
     claims: int = 0
     claims_allocated: int = 0
@@ -263,6 +266,7 @@ def outcome(admin: Any, namespace: str, pods: Sequence[Mapping[str, Any]],
         and len({cliques.get(m or "", "") for m in members} - {""}) == 1)
     held: dict[str, str] = {}
     touched: set[tuple[str, str]] = set()
+    partial: set[tuple[str, str]] = set()
     used_nodes: set[str] = set()
     for c in claims_in(admin, namespace):
         out.claims += 1
@@ -275,6 +279,8 @@ def outcome(admin: Any, namespace: str, pods: Sequence[Mapping[str, Any]],
             if pool_name not in node_set:
                 continue
             touched.add((pool_name, _gpu_of(device)))
+            if r.get("shareID") or "-mig-" in device:
+                partial.add((pool_name, _gpu_of(device)))
             used_nodes.add(pool_name)
             if r.get("shareID"):
                 continue  # a share of a device that takes many
@@ -293,6 +299,7 @@ def outcome(admin: Any, namespace: str, pods: Sequence[Mapping[str, Any]],
         if gpu in devices and len(devices) > 1:
             out.double_allocated.append(f"{node}/{gpu}: whole and {sorted(devices)}")
     out.gpus_touched = len(touched)
+    out.partial_gpus_touched = len(partial)
     out.whole_nodes_free = len(node_set - used_nodes)
     return out
 
