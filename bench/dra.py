@@ -157,13 +157,13 @@ def main(argv: list[str] | None = None) -> int:
             a1, d1 = checked(stack, admin, token)
             log(f"gpupack: {ours} (claims {o.claims_allocated}/{o.claims} allocated, "
                 f"{len(o.double_allocated)} devices allocated twice; "
-                f"{o.partial_gpus_touched} GPUs hold MIG partitions or shares)")
+                f"{o.ungrouped_gpus_touched} GPUs touched by pods outside groups)")
             clear(admin)
             theirs, t = run(admin, controlplane.PLAIN_SCHEDULER_NAME, args.pods, nodes,
                             args.timeout)
             log(f"default: {theirs} (claims {t.claims_allocated}/{t.claims} allocated, "
                 f"{len(t.double_allocated)} devices allocated twice; "
-                f"{t.partial_gpus_touched} GPUs hold MIG partitions or shares)")
+                f"{t.ungrouped_gpus_touched} GPUs touched by pods outside groups)")
             clear(admin)
     finally:
         if nodes:
