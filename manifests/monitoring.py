@@ -14,6 +14,7 @@ Metric sources (see the code for their definitions):
   ``gpupack_extender_request_seconds{verb}`` (histogram), ``gpupack_binds_total{result}``,
   ``gpupack_plan_solve_seconds``, ``gpupack_plan_age_seconds``,
   ``gpupack_plan_status{status}``, ``gpupack_dra_devices{model,profile,state}``,
+  ``gpupack_dra_shared_memory_mib{model,state}``,
   ``gpupack_dra_node_answers_total{verdict}`` (``scheduler/dra/metrics.py``),
   ``gpupack_dra_predictions_checked_total{outcome}``, ``gpupack_dra_nodes``
   (``kube/cache_metrics.py``); MIG actuator, ``scheduler/mig/loop.py``:
@@ -229,9 +230,16 @@ CLUSTER = Dashboard(
             Q("sum by (profile, state) (gpupack_dra_devices)", "{{profile}} {{state}}"),),
             stacked=True, width=12,
             description="Devices the DRA driver publishes in ResourceSlices (gpu: a whole "
-                        "GPU; else a MIG profile), by state: used (a claim holds it), free, "
-                        "unavailable (what is held of its GPU overlaps it, or the GPU is "
-                        "tainted). docs/dra.md."),
+                        "GPU; share: a whole GPU claims share by memory; else a MIG "
+                        "profile), by state: used (a claim holds it, or a share of it), "
+                        "free, unavailable (what is held of its GPU overlaps it, or the "
+                        "GPU is tainted). docs/dra.md."),
+        Panel("DRA: memory of shared GPUs", (
+            Q("sum by (model, state) (gpupack_dra_shared_memory_mib) * 1048576",
+              "{{model}} {{state}}"),), unit="bytes", stacked=True, width=12,
+            description="MiB of the GPUs that DRA claims share (consumable capacity): used "
+                        "(the memory the shares consumed), free, unavailable (the GPU is "
+                        "tainted or a MIG device of it is held). docs/dra.md."),
         Panel("DRA: allocations predicted vs allocated", (
             Q("sum by (outcome) (increase(gpupack_dra_predictions_checked_total"
               "[$__rate_interval]))", "{{outcome}}"),
@@ -488,6 +496,15 @@ RULE_GROUPS: list[dict[str, Any]] = [
                    "{{ $value }} evictions for waiting LLM groups were refused in the last "
                    "30 minutes (PodDisruptionBudgets answering 429, or RBAC/API errors); "
                    "the groups keep waiting. See the DefragEvictionRefused Events."),
+            _alert("GpupackDraPredictionsDisagree",
+                   "sum(increase(gpupack_dra_predictions_checked_total"
+                   '{outcome="disagree"}[1h]))',
+                   ">", "0", "0m", "warning",
+                   "kube-scheduler allocated DRA devices gpupack did not predict",
+                   "{{ $value }} claim(s) in the last hour were allocated other devices "
+                   "than gpupack's model of kube-scheduler's allocator predicted: the room "
+                   "gpupack books on DRA nodes is wrong there. The extender logs each one "
+                   "with both device lists."),
             _alert("GpupackFragmentationHigh",
                    "max(gpupack_fragmentation_ratio)",
                    ">", str(FRAGMENTATION_THRESHOLD), "30m", "info",

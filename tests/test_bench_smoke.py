@@ -224,3 +224,37 @@ def test_day_bench_runs_one_seed() -> None:
     assert row["gpupack"]["overcommitted"] == 0
     assert row["gpupack_over_kube_gpus"] == round(
         row["gpupack"]["gpus_needed"] / row["kube-scheduler"]["gpus_needed"], 3)
+
+
+def test_dra_bench_sizes_and_its_json_keys_are_the_issues() -> None:
+    # bench/dra.py needs the real control plane (minutes); its pool, its workload and
+    # the keys of its JSON (issue 33's interface) are checked here without it.
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_dra", ROOT / "bench" / "dra.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    nodes = mod.pool_for(60)
+    assert len(nodes) == 60
+    assert sum(1 for n in nodes if "dyn" in n.name) == 15
+    assert sum(1 for n in nodes if "l40s" in n.name) == 6
+    w = mod.workload_for(120, "gpupack")
+    names = [p["metadata"]["name"] for p in w.pods]
+    assert len(names) == 120
+    assert {k: sum(1 for n in names if n.startswith(k + "-")) for k in
+            ("asr", "tts", "embed", "rerank", "llm")} == {
+        "asr": 48, "tts": 18, "embed": 18, "rerank": 12, "llm": 24}
+    assert set(mod.W.Outcome().as_json(1.0)) == {
+        "pods_bound", "groups_complete", "gpus_touched", "whole_nodes_free", "pods_per_s"}
+    # The extender it starts runs with the product's defaults for groups.
+    import argparse
+
+    from gpupack.serve_args import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    defaults = parser.parse_args([])
+    given = parser.parse_args(list(mod.EXTENDER_ARGS))
+    assert (given.group_ttl, given.max_namespace_reserved_gpus) == (
+        defaults.group_ttl, defaults.max_namespace_reserved_gpus)

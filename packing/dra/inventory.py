@@ -379,9 +379,12 @@ def claim_uses(inventory: DraInventory, claim_key: str,
 def _consumed_mib(r: AllocatedDevice, device_mib: int) -> int:
     consumed = r.consumed_capacity or {}
     mem = consumed.get("memory")
-    if mem is None:
-        return device_mib
-    return int((mem + Decimal(MIB - 1)) // MIB)
+    return device_mib if mem is None else _mib_up(mem)
+
+
+def _mib_up(size: Decimal) -> int:
+    """Bytes in MiB, rounded up (a share holds whole MiB)."""
+    return int((size + Decimal(MIB - 1)) // MIB)
 
 
 # A whole NVIDIA GPU and one of its MIG partitions, as the driver publishes them: what a
@@ -422,12 +425,23 @@ def whole_gpu_demand(claims: Iterable[ResourceClaim], classes: Mapping[str, Devi
     return n
 
 
+SHARE_PROFILE = "share"  # the metrics' profile of a whole GPU that claims share
+WHOLE_PROFILE = "gpu"
+
+
+def metric_profile(d: GpuDevice) -> str:
+    """A device's profile as the metrics name it: its MIG profile, ``share`` for a whole
+    GPU with ``allowMultipleAllocations`` (consumable capacity), else ``gpu``."""
+    return d.profile or (SHARE_PROFILE if d.shared else WHOLE_PROFILE)
+
+
 def device_states(inventory: DraInventory, held: set[str] | frozenset[str]
                   ) -> dict[tuple[str, str, str], int]:
     """(GPU model, profile, state) -> devices of the node, for the metrics: ``profile``
-    is the MIG profile, ``gpu`` for a whole GPU; ``state`` is ``used`` (a claim holds
-    it), ``unavailable`` (not held, but what is held of its GPU overlaps it: the whole
-    GPU, or MIG memory slices it covers; or its GPU is tainted) or ``free``."""
+    as :func:`metric_profile` names it; ``state`` is ``used`` (a claim holds it; a shared
+    GPU while any share of it is held), ``unavailable`` (not held, but what is held of its
+    GPU overlaps it: the whole GPU, or MIG memory slices it covers; or its GPU is
+    tainted) or ``free``."""
     models = {g.index: g.model for g in inventory.gpus}
     by_gpu: dict[int, list[GpuDevice]] = {}
     for d in inventory.devices.values():
@@ -445,8 +459,37 @@ def device_states(inventory: DraInventory, held: set[str] | frozenset[str]
             state = "unavailable"
         else:
             state = "free"
-        key = (model, d.profile or "gpu", state)
+        key = (model, metric_profile(d), state)
         out[key] = out.get(key, 0) + 1
+    return out
+
+
+def shared_memory(inventory: DraInventory, held: set[str] | frozenset[str],
+                  consumed: Mapping[str, Mapping[str, Decimal]]
+                  ) -> dict[tuple[str, str], int]:
+    """(GPU model, state) -> MiB of the node's shared GPUs (whole GPUs with
+    ``allowMultipleAllocations``), for the metrics. ``held``: the device ids claims hold
+    (whole or shares); ``consumed``: capacity consumed per device id (the allocator's
+    ``AllocatedState``). ``used`` = min(the GPU's memory, the ``memory`` its shares
+    consumed), all of it when it is held but no share wrote a consumed memory (as
+    :func:`claim_uses` counts such a share); ``free`` = the rest, ``unavailable``
+    instead where the GPU is tainted or a MIG device of it is held."""
+    models = {g.index: g.model for g in inventory.gpus}
+    mig_held = {d.gpu for d in inventory.devices.values()
+                if d.profile is not None and d.id in held}
+    out: dict[tuple[str, str], int] = {}
+    for d in inventory.devices.values():
+        model = models.get(d.gpu)
+        if model is None or not d.shared or d.profile is not None:
+            continue
+        mem = (consumed.get(d.id) or {}).get("memory")
+        if mem is not None:
+            used = min(d.memory_mib, _mib_up(mem))
+        else:
+            used = d.memory_mib if d.id in held else 0
+        rest = "unavailable" if d.gpu in inventory.tainted or d.gpu in mig_held else "free"
+        for state, mib in (("used", used), (rest, d.memory_mib - used)):
+            out[(model, state)] = out.get((model, state), 0) + mib
     return out
 
 

@@ -1,10 +1,16 @@
 """The DRA participant's figures and the devices of DRA nodes, as Prometheus metrics.
 
 * ``gpupack_dra_devices{model,profile,state}``: devices published in ResourceSlices by
-  GPU model, profile (a MIG profile, ``gpu`` for a whole GPU) and state (``used``,
-  ``free``, ``unavailable``: :func:`packing.dra.inventory.device_states`). Each node's
-  counts are kept for its generation in the cache and recomputed only for nodes that
-  changed, so a scrape costs a lookup per DRA node under the cache lock.
+  GPU model, profile (a MIG profile, ``gpu`` for a whole GPU, ``share`` for a whole GPU
+  that claims share by consumable capacity) and state (``used``, ``free``,
+  ``unavailable``: :func:`packing.dra.inventory.device_states`).
+* ``gpupack_dra_shared_memory_mib{model,state}``: the memory of shared GPUs, ``used``
+  by the shares' consumed ``memory``, ``free`` or ``unavailable``
+  (:func:`packing.dra.inventory.shared_memory`): a shared GPU is one device, so its
+  device count says only whether any share is held.
+
+Each node's figures are kept for its generation in the cache and recomputed only for
+nodes that changed, so a scrape costs a lookup per DRA node under the cache lock.
 * ``gpupack_dra_node_answers_total{verdict}``: the nodes the participant judged, by the
   allocator's predicted verdict (``allocated``, ``unschedulable``, ``error``,
   ``unknown``, ``kept``: allocated, but on room kept for a group).
@@ -21,7 +27,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from kube.cache import ClusterCache
-from packing.dra.inventory import device_states
+from packing.dra.inventory import device_states, shared_memory
 from scheduler.dra.plugin import DraVerbs
 
 VERDICTS = ("allocated", "unschedulable", "error", "unknown", "kept")
@@ -32,34 +38,53 @@ class DraCollector(Collector):
     def __init__(self, cache: ClusterCache, verbs: DraVerbs) -> None:
         self.cache = cache
         self.verbs = verbs
-        self._nodes: dict[str, tuple[int, dict[tuple[str, str, str], int]]] = {}
+        # node -> (its generation, its device counts, its shared memory)
+        self._nodes: dict[str, tuple[int, dict[tuple[str, str, str], int],
+                                     dict[tuple[str, str], int]]] = {}
 
     def collect(self) -> Iterator[Metric]:
         cache = self.cache
         total: dict[tuple[str, str, str], int] = {}
+        memory: dict[tuple[str, str], int] = {}
         with cache.lock:
             names = cache.dra_nodes()
-            held = cache.dra.world().allocated.in_use if names else frozenset()
+            allocated = cache.dra.world().allocated if names else None
+            held = allocated.in_use if allocated is not None else frozenset()
+            consumed = allocated.capacity if allocated is not None else {}
             for name in names:
                 gen = cache.gen(name)
                 kept = self._nodes.get(name)
                 if kept is None or kept[0] != gen:
                     inv = cache.dra_inventory(name)
-                    kept = (gen, {} if inv is None else device_states(
-                        inv, {d for d in inv.devices if d in held}))
+                    if inv is None:
+                        kept = (gen, {}, {})
+                    else:
+                        mine = {d for d in inv.devices if d in held}
+                        kept = (gen, device_states(inv, mine),
+                                shared_memory(inv, mine, consumed))
                     self._nodes[name] = kept
                 for k, v in kept[1].items():
                     total[k] = total.get(k, 0) + v
+                for m, mib in kept[2].items():
+                    memory[m] = memory.get(m, 0) + mib
             for gone in [n for n in self._nodes if n not in names]:
                 del self._nodes[gone]
             verdicts = dict(self.verbs.verdicts)
         fam = GaugeMetricFamily("gpupack_dra_devices",
                                 "Devices of DRA nodes by GPU model, profile (gpu: a whole "
-                                "GPU) and state (used, free, unavailable)",
+                                "GPU; share: a whole GPU claims share) and state (used, "
+                                "free, unavailable)",
                                 labels=["model", "profile", "state"])
         for (model, profile, state), n in sorted(total.items()):
             fam.add_metric([model, profile, state], n)
         yield fam
+        mem = GaugeMetricFamily("gpupack_dra_shared_memory_mib",
+                                "MiB of shared GPUs (consumable capacity) of DRA nodes by "
+                                "GPU model and state (used: consumed by shares, free, "
+                                "unavailable)", labels=["model", "state"])
+        for (model, state), mib in sorted(memory.items()):
+            mem.add_metric([model, state], mib)
+        yield mem
         answers = CounterMetricFamily("gpupack_dra_node_answers",
                                       "Nodes judged for pods with claims, by the allocator's "
                                       "predicted verdict", labels=["verdict"])

@@ -143,10 +143,16 @@ class DraVerbs:
     def _for_node(self, pc: PodClaims, ans: NodeAnswer, source: str, node: str,
                   shapes: Shapes) -> NodeAnswer:
         """``ans`` (judged for ``source``, a node in the same state) as ``node``'s, with
-        the pod's claim keys; remembered for the pod's bind."""
-        if source != node:
-            claims = shapes.get(not self.cache.is_dra_node(node), ([], "", ""))[0]
-            ans = replace(relabel(ans, source, node), keys=tuple(k for k, _ in claims))
+        the pod's claim keys; remembered for the pod's bind.
+
+        The keys are set even when ``source`` is ``node``: a memoized answer is the
+        first asking pod's, keys included (a second reranker judged on the same node
+        assumed the first one's claim for itself, and that claim's allocation elsewhere
+        was counted as a disagreement)."""
+        claims = shapes.get(not self.cache.is_dra_node(node), ([], "", ""))[0]
+        keys = tuple(k for k, _ in claims)
+        if source != node or ans.keys != keys:
+            ans = replace(relabel(ans, source, node), keys=keys)
         self._remember(pc.key, node, ans)
         return ans
 

@@ -22,6 +22,7 @@ from scheduler.groups.keys import split_hold_key
 from scheduler.groups.namespace_cap import held_by_namespace, namespace_claims
 from scheduler.groups.pod_groups import resolve
 from scheduler.groups.rights import (
+    AllowedMemo,
     GroupRights,
     MemberFacts,
     NodeFacts,
@@ -71,6 +72,7 @@ def judge(cache: ClusterCache, inputs: GroupInputs, settings: RightsSettings,
           groups: Iterable[str], records: Mapping[str, ReservationRecord]) -> RightsPass:
     """The rights of ``groups`` and what the quotas of their namespaces have left."""
     nodes: list[NodeFacts] | None = None
+    allowed: AllowedMemo = {}  # for these nodes, by constraint sets
     rights: dict[str, GroupRights] = {}
     namespaces: set[str] = set()
     for g in sorted(set(groups)):
@@ -102,7 +104,8 @@ def judge(cache: ClusterCache, inputs: GroupInputs, settings: RightsSettings,
             nodes = [NodeFacts(n, cache.node_labels(n), cache.taints(n))
                      for n in sorted(cache.node_names())]
         quotas = inputs.quotas(ns)
-        rights[g] = group_rights(g, members, nodes, quotas, lws, settings, templates)
+        rights[g] = group_rights(g, members, nodes, quotas, lws, settings, templates,
+                                 allowed)
         if quotas:
             namespaces.add(ns)
     left: dict[QuotaKey, int] = {}

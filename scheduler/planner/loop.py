@@ -264,9 +264,12 @@ class Planner:
                 lambda m: infos[m].labels, signatures, batch, self.per_class, self.max_nodes,
                 lambda pod, sid, _node: self._rank_memo[shape_key(pod), sid])
             with cache.lock:
-                # The nodes and pods as they are now: pods bound since the snapshot are
-                # left out of the batch (they run on the nodes now).
-                batch = tuple(p for p in batch if cache.pending_pod(p.key) is not None)
+                # The nodes and pods as they are now: pods bound or assumed since the
+                # snapshot are left out of the batch (they are counted on the nodes now:
+                # a pod assumed at its bind in between was both, and the plan was refused
+                # as placing it twice).
+                batch = tuple(p for p in batch if cache.pending_pod(p.key) is not None
+                              and cache.counted(p.key) is None)
                 names = [n for n in names if n in cache.state.nodes]
                 nodes = tuple(cache.state.nodes[n].info for n in names)
                 running = tuple(r for n in names for r in cache.pods_on(n))

@@ -217,6 +217,9 @@ class Outcome:
     groups: int = 0
     groups_complete: int = 0  # every member bound, all in one clique
     gpus_touched: int = 0  # GPUs with any device allocated
+    # GPUs touched by the claims of pods outside groups: the part of gpus_touched that
+    # packing changes (a group member's 8 GPUs are 8 GPUs wherever it goes)
+    ungrouped_gpus_touched: int = 0
     whole_nodes_free: int = 0  # nodes of the pool with no device allocated
     claims: int = 0
     claims_allocated: int = 0
@@ -263,6 +266,9 @@ def outcome(admin: Any, namespace: str, pods: Sequence[Mapping[str, Any]],
         and len({cliques.get(m or "", "") for m in members} - {""}) == 1)
     held: dict[str, str] = {}
     touched: set[tuple[str, str]] = set()
+    ungrouped: set[tuple[str, str]] = set()
+    grouped = {p["metadata"]["name"] for p in pods
+               if (p["metadata"].get("labels") or {}).get(LWS + "name") is not None}
     used_nodes: set[str] = set()
     for c in claims_in(admin, namespace):
         out.claims += 1
@@ -270,11 +276,15 @@ def outcome(admin: Any, namespace: str, pods: Sequence[Mapping[str, Any]],
         if not alloc:
             continue
         out.claims_allocated += 1
+        owner = next((o["name"] for o in c["metadata"].get("ownerReferences") or []
+                      if o.get("kind") == "Pod"), None)
         for r in (alloc.get("devices") or {}).get("results") or []:
             pool_name, device = r["pool"], r["device"]
             if pool_name not in node_set:
                 continue
             touched.add((pool_name, _gpu_of(device)))
+            if owner not in grouped:
+                ungrouped.add((pool_name, _gpu_of(device)))
             used_nodes.add(pool_name)
             if r.get("shareID"):
                 continue  # a share of a device that takes many
@@ -293,6 +303,7 @@ def outcome(admin: Any, namespace: str, pods: Sequence[Mapping[str, Any]],
         if gpu in devices and len(devices) > 1:
             out.double_allocated.append(f"{node}/{gpu}: whole and {sorted(devices)}")
     out.gpus_touched = len(touched)
+    out.ungrouped_gpus_touched = len(ungrouped)
     out.whole_nodes_free = len(node_set - used_nodes)
     return out
 

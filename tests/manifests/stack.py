@@ -230,24 +230,34 @@ def prometheus_config(extender_port: int, agent_port: int, webhook_port: int, ca
 
 
 def dra_nodes_file(workdir: Path) -> Path:
-    """The example nodes plus one node whose GPUs are ResourceSlices (two H100s of the
-    NVIDIA DRA driver, one of them held by an allocated claim): the extender's DRA
-    figures have data."""
+    """The example nodes plus two nodes whose GPUs are ResourceSlices of the NVIDIA DRA
+    driver: ``dra-0`` with two H100s, one held by an allocated claim; ``dra-1`` with an
+    L40S that claims share by memory, one share (12Gi) held. The extender's DRA figures
+    (devices by profile, shared memory) have data."""
     from packing.dra import nvidia
 
-    node = {"apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": "dra-0", "labels": {"kubernetes.io/hostname": "dra-0"}},
-            "status": {"allocatable": {"cpu": "64", "memory": "512Gi", "pods": "110"}}}
-    claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-             "metadata": {"name": "held", "namespace": "default"},
-             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-                 "deviceClassName": nvidia.GPU_CLASS}}]}},
-             "status": {"allocation": {"devices": {"results": [{
-                 "request": "gpu", "driver": nvidia.DRIVER, "pool": "dra-0",
-                 "device": "gpu-0"}]}}}}
-    objs = [*_items(EXAMPLES / "nodes.yaml"), node,
+    def node(name: str) -> dict[str, Any]:
+        return {"apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+                "status": {"allocatable": {"cpu": "64", "memory": "512Gi", "pods": "110"}}}
+
+    def claim(name: str, result: dict[str, Any]) -> dict[str, Any]:
+        return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                "metadata": {"name": name, "namespace": "default"},
+                "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                    "deviceClassName": nvidia.GPU_CLASS}}]}},
+                "status": {"allocation": {"devices": {"results": [{
+                    "request": "gpu", "driver": nvidia.DRIVER, **result}]}}}}
+
+    objs = [*_items(EXAMPLES / "nodes.yaml"), node("dra-0"), node("dra-1"),
             *nvidia.node_slices("dra-0", [nvidia.GpuSpec(g, "H100-80GB") for g in range(2)]),
-            *nvidia.device_classes(), claim]
+            *nvidia.node_slices("dra-1", [nvidia.GpuSpec(0, "L40S")],
+                                layout=nvidia.Layout.STATIC,
+                                info=nvidia.DriverInfo(consumable_shares="memory")),
+            *nvidia.device_classes(),
+            claim("held", {"pool": "dra-0", "device": "gpu-0"}),
+            claim("share", {"pool": "dra-1", "device": "gpu-0", "shareID": "s1",
+                            "consumedCapacity": {"memory": "12Gi"}})]
     path = workdir / "nodes-with-dra.yaml"
     path.write_text(yaml.safe_dump_all(objs, sort_keys=False))
     return path

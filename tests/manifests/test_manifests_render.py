@@ -286,3 +286,39 @@ def test_dashboards_are_grafana_configmaps(base: list[Obj]) -> None:
                    "gpupack_pod_gpu_memory_growth_bytes_per_second",
                    "gpupack_extender_request_seconds_bucket", "gpupack_plan_solve_seconds"):
         assert needle in main
+
+
+PRODUCT_DIRS = ("gpupack", "scheduler", "kube", "webhook", "nodeagent")
+METRIC = re.compile(r"\bgpupack_[a-z0-9_]+")
+
+
+def exported_names() -> set[str]:
+    """Every ``gpupack_*`` name a product module writes as a string (a metric family's
+    name; prometheus_client adds ``_total`` to counters, ``_bucket``/``_sum``/``_count``
+    to histograms)."""
+    repo = Path(__file__).resolve().parents[2]
+    names: set[str] = set()
+    for d in PRODUCT_DIRS:
+        for f in (repo / d).rglob("*.py"):
+            names.update(re.findall(r"[\"'](gpupack_[a-z0-9_]+)[\"']", f.read_text()))
+    return names
+
+
+def test_every_dashboard_query_and_alert_names_an_exported_metric(base: list[Obj]) -> None:
+    # The Prometheus test sees data only for the metrics its stack can feed; this one
+    # catches a misspelt name in any panel (DRA's included) or alert.
+    names = exported_names()
+    assert "gpupack_dra_shared_memory_mib" in names
+    exprs = [t["expr"] for cm in find_all(base, "ConfigMap")
+             if cm["metadata"].get("labels", {}).get("grafana_dashboard") == "1"
+             for text in cm["data"].values() for p in json.loads(text)["panels"]
+             for t in p["targets"]]
+    exprs += [r["expr"] for g in find(base, "PrometheusRule", "gpupack")["spec"]["groups"]
+              for r in g["rules"]]
+    unknown = set()
+    for expr in exprs:
+        for m in METRIC.findall(expr):
+            base_name = re.sub(r"_(total|bucket|sum|count)$", "", m)
+            if m not in names and base_name not in names:
+                unknown.add(m)
+    assert not unknown, sorted(unknown)

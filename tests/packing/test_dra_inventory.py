@@ -13,6 +13,7 @@ from packing.dra.inventory import (
     claim_uses,
     device_states,
     node_inventory,
+    shared_memory,
     whole_gpu_class,
     whole_gpu_demand,
     with_dra_gpus,
@@ -100,6 +101,44 @@ def test_a_share_counts_its_consumed_memory() -> None:
     (use,) = claim_uses(inv, "ns/a", [dev("gpu-0", share_id="s1", consumed_capacity={
         "memory": Decimal(12 * 1024 ** 3)})])
     assert use[0].kind is RequestKind.SHARED and use[0].gpu_memory_mib == 12 * 1024
+
+
+L40S_ID = "gpu.nvidia.com/n/gpu-0"
+
+
+SHARED_CASES = [
+    ("idle", set(), {}, False, {"used": 0, "free": 48 * 1024}),
+    ("shares", {L40S_ID}, {L40S_ID: {"memory": Decimal(12 * 1024 ** 3 + 1)}}, False,
+     {"used": 12 * 1024 + 1, "free": 36 * 1024 - 1}),
+    ("consumed past the GPU", {L40S_ID}, {L40S_ID: {"memory": Decimal(60 * 1024 ** 3)}},
+     False, {"used": 48 * 1024, "free": 0}),
+    ("held, nothing consumed", {L40S_ID}, {}, False, {"used": 48 * 1024, "free": 0}),
+    ("tainted", set(), {}, True, {"used": 0, "unavailable": 48 * 1024}),
+]
+
+
+@pytest.mark.parametrize(("held", "consumed", "tainted", "expected"),
+                         [c[1:] for c in SHARED_CASES], ids=[c[0] for c in SHARED_CASES])
+def test_shared_memory_by_state(held: set[str], consumed: dict[str, Any],
+                                tainted: bool, expected: dict[str, int]) -> None:
+    taint = {"key": "gpu.nvidia.com/unhealthy", "effect": "NoSchedule"}
+    info = nvidia.DriverInfo(consumable_shares="memory",
+                             taints={"gpu-0": [taint]} if tainted else {})
+    inv = node_inventory("n", slices([nvidia.GpuSpec(0, "L40S")], layout=nvidia.Layout.STATIC,
+                                     info=info), held)
+    assert inv is not None
+    got = shared_memory(inv, held, consumed)
+    assert got == {("L40S", s): v for s, v in expected.items()}
+    states = device_states(inv, held)
+    assert list(states) == [("L40S", "share", "used" if held else
+                             "unavailable" if tainted else "free")]
+
+
+def test_a_whole_gpu_that_is_not_shared_has_no_shared_memory() -> None:
+    inv = node_inventory("n", slices([nvidia.GpuSpec(0, H100)]), set())
+    assert inv is not None
+    assert shared_memory(inv, set(), {}) == {}
+    assert (H100, "gpu", "free") in device_states(inv, set())
 
 
 def test_whole_gpu_demand_of_claims() -> None:

@@ -55,3 +55,32 @@ def test_device_states_and_predictions_checked() -> None:
                                    results=[result("d", "gpu-0-mig-1g10gb-19-2")]))
     got = samples(registry)
     assert got[checked % "disagree"] == 1 and got[checked % "agree"] == 0
+
+
+def test_shared_gpus_by_device_and_by_memory() -> None:
+    # An L40S node whose GPUs claims share by memory (consumable capacity): GPU 0 holds
+    # two shares (12 GiB and 6 GiB), GPU 1 none.
+    cache = ClusterCache("gpupack")
+    cache.replace([dra_node("s")], [])
+    cache.replace_dra(SLICES, nvidia.node_slices(
+        "s", [nvidia.GpuSpec(0, "L40S"), nvidia.GpuSpec(1, "L40S")],
+        layout=nvidia.Layout.STATIC, info=nvidia.DriverInfo(consumable_shares="memory")))
+    cache.replace_dra(CLASSES, nvidia.device_classes())
+    cache.replace_dra(CLAIMS, [
+        claim("a", results=[result("s", "gpu-0", share="s1", memory="12Gi")]),
+        claim("b", results=[result("s", "gpu-0", share="s2", memory="6Gi")])])
+    cache.mark_synced()
+    registry = CollectorRegistry()
+    registry.register(DraCollector(cache, DraVerbs(cache, lambda: None)))  # type: ignore[arg-type]
+    got = samples(registry)
+    dev = 'gpupack_dra_devices{model="L40S",profile="share",state="%s"}'
+    assert got[dev % "used"] == 1 and got[dev % "free"] == 1
+    mem = 'gpupack_dra_shared_memory_mib{model="L40S",state="%s"}'
+    assert got[mem % "used"] == 18 * 1024
+    assert got[mem % "free"] == 2 * 48 * 1024 - 18 * 1024
+    # A third share: the node's figures follow (recomputed for its new generation).
+    cache.upsert_dra(CLAIMS, claim("c", results=[result("s", "gpu-1", share="s3",
+                                                        memory="24Gi")]))
+    got = samples(registry)
+    assert got[dev % "used"] == 2 and (dev % "free") not in got
+    assert got[mem % "used"] == 42 * 1024

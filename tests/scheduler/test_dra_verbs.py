@@ -105,6 +105,28 @@ def test_the_filter_time_fit_is_assumed_until_bind_or_it_expires() -> None:
     assert owners == ["default/e#dra", "default/d#dra"]
 
 
+def test_an_answer_from_the_memo_carries_the_asking_pods_claims() -> None:
+    # p is judged on a (the answer memoized with p's claim) and never bound; once its
+    # assumption expires, a is in the same state and q's answer comes from the memo:
+    # it must assume q's claim, not p's (p's claim allocated elsewhere was counted as a
+    # disagreement at 2,000 nodes).
+    p, q = claim_pod("p", claims=["c"]), claim_pod("q", claims=["d"])
+    pts, dra, _ = setup([dra_node("a")], h100_slices("a", 2), [claim("c"), claim("d")], [p, q])
+    now = [0.0]
+    dra.clock = lambda: now[0]
+    assert pts.filter(args(p, ["a"])).node_names == ("a",)
+    now[0] = 31.0
+    hits = dra.memo_hits
+    assert pts.filter(args(q, ["a"])).node_names == ("a",)
+    assert dra.memo_hits == hits + 1
+    assert [g.whole_owner for g in pts.cache.state.nodes["a"].gpus] == ["default/d#dra", None]
+    assert pts.bind(BindingArgs("q", "default", "uid-default-q", "a")).error == ""
+    pts.cache.upsert_dra(CLAIMS, claim("d", results=[result("a", "gpu-0")],
+                                       reserved_for=["q"]))
+    pts.cache.upsert_dra(CLAIMS, claim("c", results=[result("b", "gpu-0")]))
+    assert (pts.cache.dra.agreements, pts.cache.dra.disagreements) == (1, 0)
+
+
 def test_a_node_whose_first_fit_takes_a_kept_gpu_is_not_offered() -> None:
     p = claim_pod("p", claims=["c"])
     pts, _, _ = setup([dra_node("a"), dra_node("b")],

@@ -11,6 +11,7 @@ import pytest
 from sched_builders import make_cache, mig_pod, node, pod, whole_pod
 
 from packing.cpsat import SolverParams
+from packing.model import Placement
 from packing.policies.fgd import (
     Shape,
     cluster_fragmentation,
@@ -53,6 +54,32 @@ def test_the_job_holds_at_most_max_nodes_nodes_and_only_their_pods() -> None:
     # per_class 0: the whole cluster, as before.
     everything = Planner(cache, "gpupack-greedy", in_process=True, per_class=0)
     assert len(everything.make_job()[0].snapshot.nodes) == 60
+
+
+def test_a_pod_assumed_after_the_snapshot_leaves_the_batch() -> None:
+    # A bind assumes a pending pod between the planner's snapshot and its job: the pod is
+    # counted on its node now, so the job must not plan it again (the solver's plan was
+    # refused as placing it twice, and the planner's step failed).
+    nodes, running = diverse(20)
+    pending = [whole_pod(f"p{i}", 1) for i in range(4)]
+    cache = make_cache(nodes, running + pending)
+    planner = Planner(cache, "gpupack", SolverParams(max_time_s=0.5, workers=1),
+                      in_process=True, per_class=16, max_nodes=8)
+    taken = cache.snapshot
+
+    def snapshot_then_bind() -> Any:
+        snap = taken()
+        req = cache.pending_pod("default/p0")
+        if req is not None and cache.counted(req.key) is None:
+            cache.assume(req, "uid-default-p0", Placement("default/p0", "w000", gpus=(7,)))
+        return snap
+
+    cache.snapshot = snapshot_then_bind  # type: ignore[method-assign]
+    job, _, _ = planner.make_job()
+    assert "default/p0" not in {p.key for p in job.batch}
+    assert {p.key for p in job.batch} == {"default/p1", "default/p2", "default/p3"}
+    plan = planner.solve_once()
+    assert set(plan.placements) == {"default/p1", "default/p2", "default/p3"}
 
 
 def test_a_capped_plan_still_places_the_batch_where_it_fits() -> None:
