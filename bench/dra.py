@@ -1,14 +1,15 @@
 """Placing GPU claims on the real control plane: gpupack (kube-scheduler with gpupack's
 extender) against plain kube-scheduler's first fit, on GPUs published as ResourceSlices.
 
-    python bench/dra.py [--nodes N] [--pods P] [--format json] [--dir /tmp/cp]
+    python bench/dra.py [--nodes N] [--pods P] [--groups G] [--format json] [--dir /tmp/cp]
 
 One pool of ``N`` nodes (tests/e2e/dra_workload.py): a quarter DynamicMIG H100 nodes
 (every MIG placement a device, with counters), a tenth L40S nodes with shared GPUs
 (consumable memory), the rest whole-GPU H100 nodes in NVLink cliques of four. ``P``
 pods, small ones first: 40% ASR (a claim for a 1g.10gb partition), 15% TTS (2g.20gb),
 15% embedders (6Gi of a shared L40S), 10% rerankers (one whole GPU), the rest in
-LeaderWorkerSet groups of 2 pods x 8 GPUs (claim templates). Every claim comes from a
+LeaderWorkerSet groups of 2 pods x 8 GPUs (claim templates; ``--groups G``: G groups
+instead, as issue 33's mixed workload has three among the small pods). Every claim comes from a
 ResourceClaimTemplate. The workload runs under gpupack, then (its pods and claims
 deleted) the same under the ``plain-kube-scheduler`` profile on the same pool.
 
@@ -68,9 +69,12 @@ def pool_for(n: int) -> list[W.DraNode]:
     return W.pool("dra", cliques=cliques, small=0, l40s=l40s, dyn=dyn)
 
 
-def workload_for(p: int, scheduler: str) -> W.Workload:
+def workload_for(p: int, scheduler: str, groups: int | None = None) -> W.Workload:
+    """``p`` pods in the mix's shares; ``groups`` (None: the pods left after the small
+    ones and the rerankers, two per group) LeaderWorkerSet groups of 2 x 8 GPUs."""
     asr, tts, embed, rerank = round(0.4 * p), round(0.15 * p), round(0.15 * p), round(0.1 * p)
-    groups = max(0, (p - asr - tts - embed - rerank) // 2)
+    if groups is None:
+        groups = max(0, (p - asr - tts - embed - rerank) // 2)
     return W.workload("dra", scheduler, asr=asr, tts=tts, embed=embed, rerank=rerank,
                       groups=groups)
 
@@ -83,10 +87,10 @@ def publish(admin: Any, nodes: list[W.DraNode]) -> list[str]:
     return [nodes[0].name] + [x for names in done for x in names]
 
 
-def run(admin: Any, scheduler: str, pods: int, nodes: list[str], timeout_s: float
-        ) -> tuple[dict[str, Any], W.Outcome]:
+def run(admin: Any, scheduler: str, pods: int, nodes: list[str], timeout_s: float,
+        groups: int | None = None) -> tuple[dict[str, Any], W.Outcome]:
     core = client.CoreV1Api(admin)
-    w = workload_for(pods, scheduler)
+    w = workload_for(pods, scheduler, groups)
     objects = client.CustomObjectsApi(admin)
     for t in w.templates:
         objects.create_namespaced_custom_object(W.GROUP, W.VERSION, NS,
@@ -133,6 +137,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="seconds each profile's pods may take to bind (default 900)")
     p.add_argument("--dir", type=Path, default=None,
                    help="a stack folder: reuse the stack running there, else start one")
+    p.add_argument("--groups", type=int, default=None,
+                   help="LeaderWorkerSet groups of 2 x 8 GPUs (default: the 20%% of --pods "
+                        "left after the small pods and rerankers, two pods a group); "
+                        "issue 33's mixed workload has three")
     p.add_argument("--format", choices=["table", "json"], default="table")
     args = p.parse_args(argv)
     log = (lambda _m: None) if args.format == "json" else (lambda m: print(m, flush=True))
@@ -153,14 +161,15 @@ def main(argv: list[str] | None = None) -> int:
             log(f"pool: {len(nodes)} nodes published in {time.monotonic() - t0:.0f} s")
             time.sleep(5.0)  # the extender's and the schedulers' watches catch up
             a0, d0 = checked(stack, admin, token)
-            ours, o = run(admin, controlplane.SCHEDULER_NAME, args.pods, nodes, args.timeout)
+            ours, o = run(admin, controlplane.SCHEDULER_NAME, args.pods, nodes, args.timeout,
+                           args.groups)
             a1, d1 = checked(stack, admin, token)
             log(f"gpupack: {ours} (claims {o.claims_allocated}/{o.claims} allocated, "
                 f"{len(o.double_allocated)} devices allocated twice; "
                 f"{o.ungrouped_gpus_touched} GPUs touched by pods outside groups)")
             clear(admin)
             theirs, t = run(admin, controlplane.PLAIN_SCHEDULER_NAME, args.pods, nodes,
-                            args.timeout)
+                            args.timeout, args.groups)
             log(f"default: {theirs} (claims {t.claims_allocated}/{t.claims} allocated, "
                 f"{len(t.double_allocated)} devices allocated twice; "
                 f"{t.ungrouped_gpus_touched} GPUs touched by pods outside groups)")

@@ -245,6 +245,9 @@ def test_dra_bench_sizes_and_its_json_keys_are_the_issues() -> None:
     assert {k: sum(1 for n in names if n.startswith(k + "-")) for k in
             ("asr", "tts", "embed", "rerank", "llm")} == {
         "asr": 48, "tts": 18, "embed": 18, "rerank": 12, "llm": 24}
+    # --groups 3: issue 33's mixed workload, three 2 x 8 groups among the same small pods.
+    three = [p["metadata"]["name"] for p in mod.workload_for(120, "gpupack", 3).pods]
+    assert len(three) == 96 + 6 and sum(1 for n in three if n.startswith("llm-")) == 6
     assert set(mod.W.Outcome().as_json(1.0)) == {
         "pods_bound", "groups_complete", "gpus_touched", "whole_nodes_free", "pods_per_s"}
     # The extender it starts runs with the product's defaults for groups.
