@@ -38,7 +38,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gpupack.openb_cmd import find_trace_dir
 from packing.catalog import get_model
 from packing.defrag.landing import land
 from packing.defrag.plan import (
@@ -63,13 +62,10 @@ from packing.policies.gpupack import GpupackScorer
 from packing.policies.scores import spread
 from packing.scoring import Scorer
 from packing.state import ClusterState
+from sim.openb import bundled
 from sim.traces import parse_pods, to_pod_request
 
 CLIQUE = "nvidia.com/gpu.clique"
-# The nearest shared/traces/openb at or above the checkout, as `gpupack simulate` looks.
-TRACE = (find_trace_dir(Path(__file__).resolve().parents[1])
-         or Path(__file__).resolve().parents[2] / "shared/traces/openb"
-         ) / "openb_pod_list_default.csv"
 HIGH = 1000  # priority of the pods the group may not evict
 APPS = 40
 SAMPLE = 40  # nodes scored per arrival
@@ -239,9 +235,12 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--mix", nargs="+", default=["openb", "speech"], choices=["openb", "speech"])
     ap.add_argument("--util", type=float, default=0.8, help="GPU allocation the replay keeps")
-    ap.add_argument("--trace", type=Path, default=TRACE)
+    ap.add_argument("--trace", type=Path, default=None,
+                    help="openb pod CSV (default: the default trace shipped in sim/openb/data)")
     ap.add_argument("--no-optimum", action="store_true")
     args = ap.parse_args()
+    if args.trace is None:
+        args.trace = bundled.trace_dir() / bundled.DEFAULT_PODS
     print(f"{args.nodes} nodes x 8 GPUs, cliques of {args.clique}; group 2 x 8 GPUs waits")
     print(f"{'mix':7} {'seed':>4} {'events':>7} {'alloc':>6} {'pods':>6} | "
           f"{'gpupack':>14} {'ms':>6} | {'optimum':>14} {'ms':>8} | {'naive':>14}")

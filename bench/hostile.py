@@ -16,7 +16,7 @@ reconnects, so the pressure stays at ``--clients`` until the end):
 While they run, each ``--path`` is requested on a fresh connection every 0.2 s and the
 answer times are printed (max and p50), with the number of times the server cut a
 hostile client. Only 127.0.0.1 is ever contacted; every loop is bounded by --seconds.
-Used by ``tests/test_hostile_clients.py`` (the functions below) as well.
+Used by ``tests/serving/test_serving_hostile.py`` (the functions below) as well.
 """
 
 from __future__ import annotations

@@ -141,10 +141,12 @@ from packing.model import (
     Snapshot,
 )
 from packing.policies.gpupack import make_gpupack_scorer
+from packing.policies.kube_default import least_requested
 from packing.policies.scores import bestfit
 from packing.scoring import Scorer, best_option
 from packing.state import _VERSIONS, ClusterState, GpuState, NodeState
 from packing.validate import validate
+from scheduler.mig.changes import Backoff, Change
 from scheduler.mig.compact.decide import (
     DEFAULT_COMPACT,
     DRAIN_PREFIX,
@@ -158,8 +160,6 @@ from scheduler.mig.decide import (
     DEFAULT_SETTINGS,
     HOLD_PREFIX,
     ActuatorState,
-    Backoff,
-    Change,
     GpuView,
     Hold,
     MigPod,
@@ -649,7 +649,9 @@ class StaticDefault(Static):
     seven), so the fractions of both in use are equal. Among the best-scored nodes it
     picks one at random (its ``selectHost``). The kubelet then takes the device the NVIDIA
     device plugin prefers: for MIG devices and single whole GPUs every candidate ties, so
-    any free one (modelled at random)."""
+    any free one (modelled at random). The score is
+    ``packing.policies.kube_default``'s, the model the day replay of ``gpupack simulate``
+    places plain kube-scheduler's pods with (there with the pods' own CPU and memory)."""
 
     name = "static-default"
     CPU_PER_SLICE = 4_000  # millicores a pod asks per compute slice of its GPU share
@@ -672,8 +674,8 @@ class StaticDefault(Static):
                 continue
             slices = sum(slices_of(self.by_key[k])[0] for k in node.pods) + slices_of(pod)[0]
             cpu, mem = node.info.cpu_milli, node.info.memory_mib
-            score = (max(0, cpu - slices * self.CPU_PER_SLICE) * 100 // cpu
-                     + max(0, mem - slices * self.MEM_PER_SLICE) * 100 // mem) // 2
+            score = (least_requested(slices * self.CPU_PER_SLICE, cpu)
+                     + least_requested(slices * self.MEM_PER_SLICE, mem)) // 2
             if score > top:
                 top, best = score, [(name, fits)]
             elif score == top:

@@ -1,6 +1,6 @@
 """Benchmark: the FGD paper's openb experiment through ``gpupack.openb_cmd``.
 
-python bench/openb.py --pods ../shared/traces/openb/openb_pod_list_default.csv --seeds 10
+python bench/openb.py --pods default --seeds 10   (a trace shipped in sim/openb/data, or a CSV path)
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Runs each trace's pod list in its own process (``--jobs`` at a time; every proce
 all policies over the same seeds, so each trace's comparison holds on a noisy machine),
 keeps each trace's JSON, markdown table, plot and series under ``--out``, and prints a
 summary at 130% arrived load next to the published FGD figure over the same seeds
-(``shared/reference/fgd-results/fgd_allo.csv``).
+(the paper's ``analysis_allo_discrete.csv``, shipped in ``sim/openb/data``).
 
     python bench/openb_all.py --seeds 10 --jobs 2 --out bench/results/openb-all
     python bench/openb_all.py --traces default,multigpu50 --seeds 3
@@ -29,7 +29,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gpupack.openb_cmd import find_trace_dir  # noqa: E402
+from sim.openb import bundled  # noqa: E402
 from sim.openb.replay import PUBLISHED_SEEDS  # noqa: E402
 
 PUBLISHED_FGD = "06-FGD"
@@ -177,13 +177,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.seeds < 1 or args.jobs < 1:
         print("error: --seeds and --jobs must be >= 1", file=sys.stderr)
         return 2
-    tdir = find_trace_dir(ROOT)
-    if tdir is None:
-        print("error: no shared/traces/openb directory found", file=sys.stderr)
-        return 2
-    ref = tdir.parent.parent / "reference" / "fgd-results" / "fgd_allo.csv"
+    tdir = bundled.trace_dir()
     seeds = [PUBLISHED_SEEDS[0] + i for i in range(args.seeds)]
-    published = published_means(ref.read_text(), PUBLISHED_FGD, seeds) if ref.is_file() else {}
+    published = published_means(bundled.published_series(), PUBLISHED_FGD, seeds)
     available = {p.stem.removeprefix(PREFIX): p for p in sorted(tdir.glob(f"{PREFIX}*.csv"))}
     if args.traces == "all":
         names = list(available)

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.openb_all import PREFIX, family  # noqa: E402
-from gpupack.openb_cmd import find_trace_dir  # noqa: E402
+from sim.openb import bundled  # noqa: E402
 from sim.openb.bound import allocation_bound, make_instance  # noqa: E402
 from sim.openb.cluster import Nodes, Pods  # noqa: E402
 from sim.openb.replay import PUBLISHED_SEEDS, build_workload  # noqa: E402
@@ -114,10 +114,7 @@ def main() -> int:
     ap.add_argument("--out", default="bench/results/openb-bound")
     ap.add_argument("--policies", help="a bench/openb_all.py --out folder (its <trace>.json)")
     args = ap.parse_args()
-    trace_dir = find_trace_dir(ROOT) or find_trace_dir(Path.cwd())
-    if trace_dir is None:
-        print("error: no shared/traces/openb found", file=sys.stderr)
-        return 2
+    trace_dir = bundled.trace_dir()  # the traces shipped in sim/openb/data
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     seeds = [PUBLISHED_SEEDS[0] + i for i in range(args.seeds)]

@@ -14,7 +14,7 @@ from gpupack.webhook_cmd import add_config_arguments, config_from_args
 from kube.objects import ObjectError
 from webhook.admit import Admission, admit
 from webhook.capacity import ClusterView
-from webhook.decide import Kind
+from webhook.decision import Kind
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -36,6 +36,10 @@ def _what(adm: Admission) -> str:
         return f"MIG slice {d.resource}{pin}"
     if d.kind is Kind.SHARED:
         return f"time-sliced share {d.resource}{pin}"
+    if d.kind is Kind.MPS:
+        return f"MPS share {d.resource}{pin}"
+    if d.kind is Kind.GPU:
+        return f"whole GPU {d.resource} of a DRA node{pin}"
     if d.kind is Kind.DENY:
         return f"DENIED (HTTP-style code {d.status_code})"
     return {

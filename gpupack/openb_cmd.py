@@ -20,7 +20,9 @@ from typing import TypeVar
 
 import numpy as np
 
+from sim.openb import bundled
 from sim.openb.bound import allocation_bound, make_instance
+from sim.openb.bundled import BundleError
 from sim.openb.cluster import Nodes, Pods
 from sim.openb.offline import offline_bound
 from sim.openb.policies import POLICIES, make
@@ -36,16 +38,18 @@ from sim.openb.replay import (
 from sim.traces import TraceError, parse_nodes, parse_pods
 
 DEFAULT_POLICIES = "random,bestfit,fgd,gpupack"
-DEFAULT_PODS = "openb_pod_list_default.csv"
-DEFAULT_NODES = "openb_node_list_gpu_node.csv"
+DEFAULT_PODS = bundled.DEFAULT_PODS
+DEFAULT_NODES = bundled.DEFAULT_NODES
 FRAG_LOAD = 130  # the load at which ``frag_rate`` is reported
 T = TypeVar("T")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trace", choices=["openb"], default="openb")
-    parser.add_argument("--pods", help=f"pod CSV (default: shared/traces/openb/{DEFAULT_PODS})")
-    parser.add_argument("--nodes", help=f"node CSV (default: shared/traces/openb/{DEFAULT_NODES})")
+    parser.add_argument("--pods", help="pod CSV, or the name of a trace shipped with gpupack "
+                        f"({', '.join(bundled.trace_names())}; default: default)")
+    parser.add_argument("--nodes", help="node CSV (default: the shipped "
+                        f"{DEFAULT_NODES})")
     parser.add_argument(
         "--policies",
         default=DEFAULT_POLICIES,
@@ -85,29 +89,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def find_trace_dir(start: Path) -> Path | None:
-    """The nearest ``shared/traces/openb`` at or above ``start`` (also as ``../shared``)."""
-    for base in (start, *start.parents):
-        for cand in (
-            base / "shared" / "traces" / "openb",
-            base.parent / "shared" / "traces" / "openb",
-        ):
-            if cand.is_dir():
-                return cand
-    return None
-
-
 def _resolve(given: str | None, default_name: str) -> Path:
-    if given:
-        return Path(given)
-    repo = Path(__file__).resolve().parent.parent
-    found = find_trace_dir(repo) or find_trace_dir(Path.cwd())
-    if found is None:
-        raise FileNotFoundError(
-            f"no shared/traces/openb directory above {repo} or {Path.cwd()}; "
-            f"pass --pods/--nodes explicitly"
-        )
-    return found / default_name
+    """The file to read: ``given`` when it names a file; a trace shipped with gpupack
+    (``sim/openb/data``) when ``given`` is one's name (``cpu250``, or
+    ``openb_pod_list_cpu250.csv``) and no such file exists here; the shipped
+    ``default_name`` when nothing is given."""
+    if not given:
+        return bundled.trace_dir() / default_name
+    path = Path(given)
+    if path.exists():
+        return path
+    if given in bundled.trace_names():
+        return bundled.trace_dir() / f"{bundled.POD_PREFIX}{given}.csv"
+    if given in bundled.names():
+        return bundled.trace_dir() / given
+    return path
 
 
 class TraceInputError(ValueError):
@@ -146,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
         nodes_path = _resolve(args.nodes, DEFAULT_NODES)
         node_rows = _read_trace(nodes_path, parse_nodes)
         pod_rows = _read_trace(pods_path, parse_pods)
-    except (OSError, TraceInputError) as e:
+    except (OSError, TraceInputError, BundleError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     names = [p.strip() for p in args.policies.split(",") if p.strip()]

@@ -7,8 +7,9 @@ GPUs show the compute share of each pod. Colours by pod class. 1280 px wide.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Literal
 
 import matplotlib
 
@@ -20,6 +21,7 @@ from matplotlib.patches import Patch, Rectangle
 from packing.catalog import get_model
 from packing.model import GpuMode
 from packing.simulate import SimResult
+from packing.state import NodeState
 
 COLOURS = {
     "asr": "#4C72B0",
@@ -75,7 +77,7 @@ def render(results: Sequence[SimResult], path: Path) -> Path:
         _draw_policy(ax, res, rows, cols)
     for ax in cells[len(results):]:
         ax.axis("off")
-    _draw_legend(cells[len(results)])
+    draw_legend(cells[len(results)])
     fig.tight_layout(pad=0.6, h_pad=1.0, w_pad=0.8)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=DPI)
@@ -83,9 +85,12 @@ def render(results: Sequence[SimResult], path: Path) -> Path:
     return path
 
 
-def _draw_policy(ax: Axes, res: SimResult, rows: int, cols: int) -> None:
-    klass = {p.key: p.klass for p, _ in res.placements}
-    for r, node in enumerate(res.state.nodes.values()):
+def draw_nodes(ax: Axes, nodes: Iterable[NodeState], rows: int, klass: Mapping[str, str],
+               share_memory: Mapping[str, int] | None = None, name_size: float = 8) -> None:
+    """One row per node, one box per GPU (see the module docstring). A time-sliced pod's
+    bar is as wide as its compute share, or, when it declares none, as its GPU memory
+    over the GPU's (``share_memory``: pod key -> MiB)."""
+    for r, node in enumerate(nodes):
         y = rows - 1 - r
         for g in node.gpus:
             x = g.info.index
@@ -104,12 +109,20 @@ def _draw_policy(ax: Axes, res: SimResult, rows: int, cols: int) -> None:
             else:
                 off = 0.0
                 for owner, (milli, _) in g.shared_owners.items():
-                    w = 0.92 * milli / 1000
+                    share = milli / 1000
+                    if not milli and share_memory is not None:
+                        share = share_memory.get(owner, 0) / max(g.info.memory_mib, 1)
+                    w = 0.92 * min(share, 1.0)
                     ax.add_patch(Rectangle((x + off, y), max(w - 0.01, 0.02), 0.8,
                                            color=COLOURS.get(klass.get(owner, ""), OTHER)))
                     off += w
             ax.add_patch(Rectangle((x, y), 0.92, 0.8, fill=False, lw=0.6, ec=OUTLINE))
-        ax.text(-0.15, y + 0.4, node.info.name, ha="right", va="center", fontsize=8)
+        ax.text(-0.15, y + 0.4, node.info.name, ha="right", va="center", fontsize=name_size)
+
+
+def _draw_policy(ax: Axes, res: SimResult, rows: int, cols: int) -> None:
+    klass = {p.key: p.klass for p, _ in res.placements}
+    draw_nodes(ax, res.state.nodes.values(), rows, klass)
     s = res.summary
     ax.set_title(
         f"{res.policy} ({res.mode}): {res.pods_placed}/{res.pods_total} pods, "
@@ -122,10 +135,14 @@ def _draw_policy(ax: Axes, res: SimResult, rows: int, cols: int) -> None:
     ax.axis("off")
 
 
-def _draw_legend(ax: Axes) -> None:
+def draw_legend(ax: Axes, explanation: str = EXPLANATION, fontsize: float = 9,
+                loc: Literal["upper left", "center left"] = "upper left",
+                anchor: tuple[float, float] | None = None) -> None:
+    """The legend panel: what colours mean, and how to read a box."""
     ax.axis("off")
     handles = [Patch(facecolor=c, edgecolor=OUTLINE, label=label) for c, label in LEGEND]
-    ax.legend(handles=handles, loc="upper left", fontsize=9, frameon=False,
-              title="colour = what holds the room", title_fontsize=9)
-    ax.text(0.0, 0.0, EXPLANATION, transform=ax.transAxes, fontsize=8.5, va="bottom",
-            ha="left", linespacing=1.3)
+    ax.legend(handles=handles, loc=loc, fontsize=fontsize, frameon=False,
+              title="colour = what holds the room", title_fontsize=fontsize,
+              bbox_to_anchor=anchor)
+    ax.text(0.0, 0.0, explanation, transform=ax.transAxes, fontsize=fontsize - 0.5,
+            va="bottom", ha="left", linespacing=1.3)

@@ -1,4 +1,5 @@
-"""``gpupack serve``: the scheduler extender under gunicorn (composition only).
+"""``gpupack serve``: the scheduler extender under gunicorn (composition only; its command
+line and the checks of it are :mod:`gpupack.serve_args`).
 
 gunicorn runs in this process through its ``BaseApplication`` with one worker process
 and the threaded worker class: one worker, because the cluster cache and its assumed
@@ -30,7 +31,6 @@ import argparse
 import gc
 import logging
 import os
-import socket
 import sys
 import threading
 import time
@@ -40,14 +40,10 @@ from typing import Any
 
 from gunicorn.app.base import BaseApplication
 
-from gpupack.inputs import add_mig_actuator_argument
-from gpupack.inventory_expiry import (
-    add_inventory_age_argument,
-    inventory_age,
-    inventory_age_error,
-    start_expiry,
-)
-from gpupack.metrics_auth import add_metrics_auth_argument, metrics_auth_error, metrics_guard
+from gpupack.inventory_expiry import inventory_age, start_expiry
+from gpupack.metrics_auth import metrics_guard
+from gpupack.serve_args import add_arguments as add_arguments
+from gpupack.serve_args import check_args
 from gpupack.startup import announce_when_synced, source_words, startup_line
 
 EXAMPLES = Path(__file__).parent / "examples"
@@ -56,183 +52,25 @@ SHUTDOWN_S = 5.0  # the whole shutdown: loops' last steps, then the writers' flu
 GRACEFUL_TIMEOUT_S = 10  # gunicorn's: requests in flight, then worker_exit, then SIGKILL
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    from packing.policies import policy_names
-
-    p.add_argument("--host", default="127.0.0.1",
-                   help="address to listen on (default 127.0.0.1: kube-scheduler calls the "
-                        "extender over loopback as a sidecar)")
-    p.add_argument("--port", type=int, default=8888, help="extender port (default 8888)")
-    p.add_argument("--nodes", type=Path, default=None,
-                   help="static mode: Node objects (YAML/JSON, as for `gpupack plan`)")
-    p.add_argument("--pods", type=Path, default=None,
-                   help="static mode: Pod objects (YAML/JSON, as for `gpupack plan`)")
-    p.add_argument("--kubeconfig", default=None, help="watch the cluster of this kubeconfig")
-    p.add_argument("--in-cluster", action="store_true",
-                   help="watch the cluster with the pod's service account")
-    p.add_argument("--scheduler-name", default="gpupack",
-                   help="pending pods with this schedulerName are planned (default gpupack)")
-    add_inventory_age_argument(p)
-    p.add_argument("--policy", default="gpupack", choices=policy_names(),
-                   help="placement policy for scores, binds and plans (default gpupack)")
-    p.add_argument("--time-limit", type=float, default=2.0,
-                   help="CP-SAT seconds per background plan (default 2)")
-    p.add_argument("--solver-workers", type=int, default=2, help="CP-SAT workers (default 2)")
-    p.add_argument("--seed", type=int, default=0, help="CP-SAT random seed (default 0)")
-    p.add_argument("--debounce", type=float, default=0.5,
-                   help="seconds of quiet before re-planning after cluster events (default 0.5)")
-    p.add_argument("--plan-batch", type=int, default=64,
-                   help="most pending pods per background plan (default 64)")
-    p.add_argument("--plan-per-class", type=int, default=16,
-                   help="plan over candidate nodes: at most this many of each class of nodes "
-                        "in equal states (default 16; 0 plans over every node)")
-    p.add_argument("--no-warm", action="store_true",
-                   help="do not warm the verbs' memo in the background (requests fill it)")
-    p.add_argument("--filter-top", type=int, default=0, metavar="N",
-                   help="filter hands kube-scheduler at most N fitting nodes, those the "
-                        "policy prefers (default 0: every fitting node); at thousands of "
-                        "nodes this shortens kube-scheduler's cycle (docs/install.md)")
-    p.add_argument("--no-planner", action="store_true",
-                   help="do not run the background planner (verbs answer greedily)")
-    # Deprecated: assumed binds no longer expire (kube-scheduler dropped its assume expiry
-    # too: a stalled watch made expired assumptions hand out GPUs twice). Still accepted
-    # so existing command lines keep working; ignored with a warning.
-    p.add_argument("--assume-ttl", type=float, default=None, help=argparse.SUPPRESS)
-    p.add_argument("--group-ttl", type=float, default=600.0,
-                   help="seconds an LLM group's reservation waits for all its members to be "
-                        "bound before it is released (default 600)")
-    p.add_argument("--max-group-gpus", type=int, default=64,
-                   help="the most GPUs one LLM group sized by its pods' labels may reserve "
-                        "(default 64); a group whose LeaderWorkerSet object is readable "
-                        "takes its size from the object, bounded by its namespace's "
-                        "ResourceQuota")
-    p.add_argument("--namespace", default=os.environ.get("POD_NAMESPACE") or "gpupack",
-                   help="gpupack's namespace: where the group reservation records "
-                        "(ConfigMaps) live (default: $POD_NAMESPACE, else gpupack)")
-    p.add_argument("--leader-lease", default=None, metavar="NAMESPACE/NAME",
-                   help="act (reserve, write records, answer the verbs) only while the "
-                        "kube-scheduler beside this extender holds this Lease (its "
-                        "leaderElection resourceNamespace/resourceName); default: off, this "
-                        "replica always acts (one replica, or static mode)")
-    p.add_argument("--leader-identity", default=socket.gethostname(),
-                   help="this replica's identity in the Lease: kube-scheduler's "
-                        "holderIdentity up to its last '_' (default: the hostname, which "
-                        "both containers of the pod share)")
-    p.add_argument("--max-body", type=int, default=8 * 1024 * 1024,
-                   help="largest request body in bytes (default 8 MiB); larger ones get 400")
-    p.add_argument("--threads", type=int, default=8, help="threads of the worker (default 8)")
-    p.add_argument("--http-worker", default="sticky", choices=["sticky", "gthread"],
-                   help="gunicorn worker class: sticky (default: serves a busy keep-alive "
-                        "connection's next request on the same thread) or gthread (the stock "
-                        "hand-offs); both read each request whole before a thread sees it")
-    p.add_argument("--metrics-port", type=int, default=0,
-                   help="also serve /metrics on this port (default 0: only on --port)")
-    p.add_argument("--metrics-host", default=None,
-                   help="address of --metrics-port (default: --host); the verbs can stay on "
-                        "loopback while Prometheus scrapes 0.0.0.0:<metrics-port>")
-    add_metrics_auth_argument(p)  # --metrics-port's and the webhook's /metrics
-    p.add_argument("--webhook-port", type=int, default=0,
-                   help="also serve the mutating admission webhook (POST /mutate) over HTTPS "
-                        "on this port, on the extender's live cache (default 0: off)")
-    p.add_argument("--webhook-host", default="0.0.0.0",
-                   help="address of the webhook (default 0.0.0.0: the API server calls it "
-                        "through a Service)")
-    p.add_argument("--tls-cert", type=Path, default=None,
-                   help="webhook serving certificate (PEM); reloaded when the file changes")
-    p.add_argument("--tls-key", type=Path, default=None, help="its private key (PEM)")
-    p.add_argument("--shared-resource", default="nvidia.com/gpu.shared",
-                   help="webhook: time-sliced resource name (default nvidia.com/gpu.shared)")
-    p.add_argument("--default-isolation", default="any", choices=["mig", "mps", "shared", "any"],
-                   help="webhook: isolation of pods without gpupack.io/isolation (default any)")
-    p.add_argument("--strict-namespace", action="append", default=[], metavar="NS",
-                   help="webhook: treat namespace NS as opted in to strict mode (repeatable)")
-    add_mig_actuator_argument(p)
-    p.add_argument("--mig-config-map", default="gpupack-mig-parted-config",
-                   metavar="[NAMESPACE/]NAME",
-                   help="MIG actuator: the mig-parted ConfigMap gpupack writes and the GPU "
-                        "Operator's MIG manager reads, in NAMESPACE (default --namespace; "
-                        "the MIG manager reads its own namespace's) (default "
-                        "gpupack-mig-parted-config; docs/mig.md)")
-    p.add_argument("--mig-timeout", type=float, default=900.0,
-                   help="MIG actuator: seconds after which a layout change not applied "
-                        "counts as failed (default 900)")
-    p.add_argument("--mig-backoff", type=float, default=60.0,
-                   help="MIG actuator: seconds a node is left alone after its first failed "
-                        "change, doubling per failure up to an hour (default 60)")
-    p.add_argument("--mig-config-propagation", type=float, default=90.0,
-                   help="MIG actuator: seconds between writing a change's mig-parted entry "
-                        "and setting the node's nvidia.com/mig.config label: the MIG "
-                        "manager reads the kubelet's copy of the ConfigMap, refreshed at "
-                        "the kubelet's sync (1 min by default); 0 labels at once (default "
-                        "90)")
-    p.add_argument("--mig-min-idle", type=float, default=60.0,
-                   help="MIG actuator: seconds a MIG GPU must have been idle before its "
-                        "layout changes (no flapping while pods come and go; default 60)")
-    p.add_argument("--mig-compact", action="store_true",
-                   help="MIG actuator: also empty MIG GPUs whose few pods fit in free slices "
-                        "of GPUs in use, by evicting them (PodDisruptionBudgets honoured; "
-                        "pods a controller recreates only; docs/mig.md)")
-    from scheduler.mig.compact.decide import DEFAULT_COMPACT as dc
-
-    p.add_argument("--mig-compact-evictions-per-hour", type=int,
-                   default=dc.evictions_per_hour,
-                   help="MIG compaction: accepted evictions in any hour (default "
-                        f"{dc.evictions_per_hour})")
-    p.add_argument("--mig-compact-min-age", type=float, default=dc.min_pod_age_s,
-                   help="MIG compaction: seconds a pod must have run on its slice before it "
-                        f"is moved (default {dc.min_pod_age_s:g})")
-    p.add_argument("--mig-compact-max-pods", type=int, default=dc.max_pods,
-                   help=f"MIG compaction: most pods evicted to empty one GPU (default "
-                        f"{dc.max_pods})")
-    p.add_argument("--mig-compact-min-excess", type=int, default=dc.min_excess,
-                   help="MIG compaction: act on a GPU model only while its MIG GPUs in use "
-                        f"exceed the slice bound of their pods by this many (default "
-                        f"{dc.min_excess})")
-    p.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
-    # Defragmentation (docs/defrag.md): on the active extender only.
-    p.add_argument("--defrag", default="off", choices=["off", "plan", "act"],
-                   help="free a domain for a waiting LLM group: plan (Events, metrics, log; "
-                        "evicts nothing) or act (evicts through the Eviction API); default off")
-    p.add_argument("--defrag-evictions-per-minute", type=int, default=2, metavar="K",
-                   help="--defrag=act: at most K evictions in any minute (default 2)")
-    p.add_argument("--defrag-consolidate", default="", metavar="HH:MM-HH:MM",
-                   help="--defrag=act: in this daily UTC window, also evict the few pods "
-                        "of nearly empty nodes to keep whole nodes free for the largest "
-                        "LLM group seen (default: never)")
-    p.add_argument("--defrag-interval", type=float, default=30.0, metavar="S",
-                   help="plan for waiting groups at most every S seconds (sooner when the "
-                        "cluster changed, at most every 5 s; default 30)")
-
-
 class Components:
     """Everything one extender process runs, built from the parsed arguments."""
 
     def __init__(self, args: argparse.Namespace) -> None:
         from prometheus_client import CollectorRegistry
 
+        from gpupack.extender_app import create_extender_app
+        from kube.api_source import ApiBinder, ApiSource, load_api_client
         from kube.cache import ClusterCache
         from kube.groups.inputs import GroupInputs
         from kube.groups.lws import LwsPoller
-        from kube.groups.reservations import (
-            RECORD_SELECTOR,
-            ApiRecordStore,
-            RecordStore,
-            RecordWriter,
-            ReservationTap,
-            StaticRecordStore,
-        )
+        from kube.groups.reservations import RECORD_SELECTOR, ReservationTap
         from kube.leader import AlwaysLeader, Leadership, LeaseWatcher
         from kube.pod_conditions import ApiPodStatusStore
-        from kube.source import (
-            ApiBinder,
-            ApiSource,
-            Binder,
-            Source,
-            StaticSource,
-            load_api_client,
-        )
+        from kube.record_writer import ApiRecordStore, RecordStore, RecordWriter, StaticRecordStore
+        from kube.source import Binder, Source, StaticSource
         from packing.cpsat import SolverParams
-        from scheduler.extender.app import AppConfig, create_extender_app
+        from scheduler.engine import LoopMetrics
+        from scheduler.extender.app import AppConfig
         from scheduler.groups.loop import ReservationBook
         from scheduler.planner.loop import Planner
         from serving.metrics_auth import Guard
@@ -245,8 +83,11 @@ class Components:
         params = SolverParams(max_time_s=args.time_limit, max_wall_s=args.time_limit,
                               workers=args.solver_workers,
                               seed=args.seed)
+        # Every background loop's steps, by outcome (scheduler.engine).
+        self.loop_metrics = LoopMetrics(self.registry)
         self.planner = Planner(self.cache, args.policy, params, debounce_s=args.debounce,
-                               max_batch=args.plan_batch, per_class=args.plan_per_class)
+                               max_batch=args.plan_batch, per_class=args.plan_per_class,
+                               loop_metrics=self.loop_metrics)
         # Typed wiring: mypy checks that each part takes what the next one calls (the tap
         # must be a full kube.source.Sink for the source that feeds it).
         self.source: Source
@@ -267,7 +108,8 @@ class Components:
             # polled (the CRD may be absent); both listed before the verbs answer.
             self.inputs = GroupInputs()
             self.source = ApiSource(api, records_namespace=args.namespace,
-                                    records_selector=RECORD_SELECTOR, watch_quotas=True)
+                                    records_selector=RECORD_SELECTOR, watch_quotas=True,
+                                    watch_dra=args.dra != "off")
             self.lws = LwsPoller(api, self.inputs)
             self.inputs.on_unknown_lws = self.lws.nudge
             self.binder = ApiBinder(api)
@@ -301,7 +143,8 @@ class Components:
                                       scorer=lambda: self.planner.scorer.scorer,
                                       is_leader=self.leader.is_leader, namespace=args.namespace,
                                       inputs=self.inputs, max_group_gpus=args.max_group_gpus,
-                                      requeue=self.requeue_writer)
+                                      requeue=self.requeue_writer,
+                                      loop_metrics=self.loop_metrics)
         self.tap = ReservationTap(self.cache, self.groups)
         # Who recreates each pod (kube.owners): what defragmentation and MIG compaction
         # may evict. Fed by the source in front of the cache.
@@ -313,7 +156,8 @@ class Components:
             self.tap = ReservationTap(self.owners, self.groups)
         # The MIG actuator (docs/mig.md): on the leader only, against a cluster only. Its
         # metrics exist on every extender (zero when it is off).
-        from scheduler.mig.loop import MigActuator, MigMetrics, SliceFigures
+        from scheduler.mig.loop import MigActuator
+        from scheduler.mig.metrics import MigMetrics, SliceFigures
 
         self.mig: MigActuator | None = None
         mig_metrics = MigMetrics(self.registry, SliceFigures(self.cache, lambda: self.mig))
@@ -355,10 +199,11 @@ class Components:
                 settings=MigSettings(timeout_s=args.mig_timeout, backoff_s=args.mig_backoff,
                                      min_idle_s=args.mig_min_idle,
                                      config_propagation_s=args.mig_config_propagation),
-                metrics=mig_metrics, requeue=self.requeue_writer)
+                metrics=mig_metrics, requeue=self.requeue_writer,
+                loop_metrics=self.loop_metrics)
         # Defragmentation (docs/defrag.md): its metrics exist on every extender (zero
         # when it is off), so the dashboards and alerts always have their series.
-        from scheduler.defrag.loop import DefragMetrics
+        from scheduler.defrag.metrics import DefragMetrics
 
         self.defrag_metrics = DefragMetrics(self.registry)
         self.defrag: Any = None
@@ -375,7 +220,8 @@ class Components:
                                        AppConfig(max_body_bytes=args.max_body,
                                                  policy=args.policy, warm=not args.no_warm,
                                                  filter_top=args.filter_top),
-                                       groups=self.groups, refusals=self.refusals)
+                                       groups=self.groups, refusals=self.refusals,
+                                       loop_metrics=self.loop_metrics)
         self.no_planner = bool(args.no_planner)
         self.metrics_port = int(args.metrics_port)
         self.host = str(args.host)
@@ -422,7 +268,7 @@ class Components:
             self.mig.start()
         if self.lws is not None:
             self.lws.start()
-        self.source.start(self.tap, self.tap, self.inputs)
+        self.source.start(self.tap, self.tap, self.inputs, self.cache)
         start_expiry(self.cache, self._expiry_stop)
         threading.Thread(target=self._freeze_when_synced, name="gpupack-gc-freeze",
                          daemon=True).start()
@@ -455,8 +301,7 @@ class Components:
             loop.stop()
         half = clock() + budget_s / 2
         for loop in loops:
-            join = getattr(loop, "join", None)
-            if join is not None and not join(half - clock()):
+            if not loop.join(half - clock()):
                 log.warning("%s still in a step at shutdown; its last writes may be lost",
                             type(loop).__name__)
         writers = [w for w in (self.group_writer, self.requeue_writer,
@@ -497,92 +342,8 @@ def defragmenter(args: argparse.Namespace, c: Components, api: Any) -> Any:
                           plan_every_s=args.defrag_interval),
         metrics=c.defrag_metrics, is_leader=c.leader.is_leader,
         consolidate_window=parse_window(args.defrag_consolidate)
-        if args.defrag_consolidate else None)
+        if args.defrag_consolidate else None, loop_metrics=c.loop_metrics)
     return d
-
-
-def check_args(args: argparse.Namespace) -> str | None:
-    why = inventory_age_error(args)
-    if why is not None:
-        return why
-    if args.group_ttl <= 0:
-        return "--group-ttl must be positive"
-    if args.max_group_gpus < 1:
-        return "--max-group-gpus must be at least 1"
-    if args.leader_lease is not None:
-        ns, sep, name = args.leader_lease.partition("/")
-        if not sep or not ns or not name or "/" in name:
-            return (f"--leader-lease {args.leader_lease!r}: expected NAMESPACE/NAME (the "
-                    "kube-scheduler's leaderElection resourceNamespace/resourceName)")
-        if not (args.kubeconfig or args.in_cluster):
-            return "--leader-lease needs a cluster (--kubeconfig or --in-cluster)"
-    if not args.leader_identity or "_" in args.leader_identity:
-        return (f"--leader-identity {args.leader_identity!r}: must be non-empty and without "
-                "'_' (kube-scheduler's holderIdentity is <identity>_<uuid>)")
-    why = metrics_auth_error(args.metrics_auth, bool(args.kubeconfig or args.in_cluster))
-    if why is not None:
-        return why
-    if args.mig_timeout <= 0 or args.mig_backoff <= 0:
-        return "--mig-timeout and --mig-backoff must be positive"
-    if args.mig_min_idle < 0:
-        return "--mig-min-idle must be 0 or positive"
-    if not 0 <= args.mig_config_propagation < args.mig_timeout:
-        return (f"--mig-config-propagation {args.mig_config_propagation:g}: must be 0 or "
-                f"positive and below --mig-timeout ({args.mig_timeout:g})")
-    if args.mig_compact and not args.mig_actuator:
-        return "--mig-compact needs --mig-actuator (compaction runs in the actuator's step)"
-    if args.mig_compact and not (args.kubeconfig or args.in_cluster):
-        return "--mig-compact needs a cluster (--kubeconfig or --in-cluster) to evict through"
-    for flag, value in (("--mig-compact-evictions-per-hour",
-                         args.mig_compact_evictions_per_hour),
-                        ("--mig-compact-max-pods", args.mig_compact_max_pods),
-                        ("--mig-compact-min-excess", args.mig_compact_min_excess)):
-        if value < 1:
-            return f"{flag} {value}: must be at least 1"
-    if args.mig_compact_min_age < 0:
-        return f"--mig-compact-min-age {args.mig_compact_min_age}: must be 0 or positive"
-    ns, _, name = str(args.mig_config_map).rpartition("/")
-    if not name or "/" in ns or (str(args.mig_config_map).startswith("/")):
-        return (f"--mig-config-map {args.mig_config_map!r}: expected NAME or "
-                "NAMESPACE/NAME")
-    if args.filter_top < 0:
-        return "--filter-top must be 0 (every fitting node) or positive"
-    if args.plan_per_class < 0:
-        return "--plan-per-class must be 0 (every node) or positive"
-    if args.plan_batch < 1:  # 0 planned nothing at all; a negative one dropped pods
-        return f"--plan-batch {args.plan_batch}: must be at least 1"
-    if args.webhook_port:
-        if not (0 < args.webhook_port < 65536):
-            return "--webhook-port must be a TCP port (1-65535)"
-        if args.webhook_port == args.port:
-            return "--webhook-port must differ from --port"
-        if args.tls_cert is None or args.tls_key is None:
-            return "--webhook-port needs --tls-cert and --tls-key (the API server calls HTTPS)"
-    elif args.tls_cert is not None or args.tls_key is not None:
-        return "--tls-cert/--tls-key are for the webhook: give --webhook-port too"
-    if args.defrag == "act" and not (args.kubeconfig or args.in_cluster):
-        return "--defrag=act needs a cluster (--kubeconfig or --in-cluster) to evict through"
-    if args.defrag_evictions_per_minute < 1:
-        return "--defrag-evictions-per-minute must be at least 1"
-    if args.defrag_interval <= 0:
-        return "--defrag-interval must be positive"
-    if args.defrag_consolidate:
-        from scheduler.defrag.decide import parse_window
-
-        if args.defrag != "act":
-            return "--defrag-consolidate needs --defrag=act"
-        try:
-            parse_window(args.defrag_consolidate)
-        except ValueError as e:
-            return f"--defrag-consolidate {e}"
-    if (args.nodes is None) != (args.pods is None):
-        return "--nodes and --pods go together"
-    if args.nodes is not None and (args.kubeconfig or args.in_cluster):
-        return "give static files (--nodes/--pods) or a cluster (--kubeconfig/--in-cluster)"
-    for path in (args.nodes, args.pods):
-        if path is not None and not Path(path).is_file():
-            return f"{path}: no such file"
-    return None
 
 
 def run(args: argparse.Namespace, server: type[ExtenderServer] | None = None) -> int:
@@ -599,7 +360,7 @@ def run(args: argparse.Namespace, server: type[ExtenderServer] | None = None) ->
         log.warning("--assume-ttl is deprecated and ignored: assumed binds no longer expire "
                     "(they end when the bind fails, the pod is seen bound, or it is deleted)")
     if args.kubeconfig or args.in_cluster:
-        from kube.source import api_config_error
+        from kube.api_source import api_config_error
 
         why = api_config_error(args.kubeconfig, args.in_cluster)
         if why is not None:

@@ -27,13 +27,14 @@ from gpupack.inventory_expiry import (
 )
 from gpupack.metrics_auth import add_metrics_auth_argument, metrics_auth_error, metrics_guard
 from gpupack.startup import announce, announce_when_synced, source_words, startup_line
+from gpupack.webhook_host import SnapshotFeed
 from kube.objects import ObjectError
 from packing.model import Snapshot
 from serving.https import HttpsServer
 from serving.tls import check_tls
 from webhook.app import REVIEW_LIMITS, create_webhook_app
 from webhook.config import Isolation, WebhookConfig
-from webhook.decide import STRICT
+from webhook.pod import STRICT
 
 
 def add_config_arguments(p: argparse.ArgumentParser, nodes_help: str = (
@@ -86,40 +87,44 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=8, help="worker threads")
     add_metrics_auth_argument(p)
     add_inventory_age_argument(p)
+    p.add_argument("--dra", default="auto", choices=["auto", "off"],
+                   help="Dynamic Resource Allocation (docs/dra.md): auto watches the "
+                        "resource.k8s.io/v1 objects (none where the API server does not "
+                        "serve them) and counts what DRA nodes offer a sized pod; off "
+                        "ignores them (default auto)")
     p.add_argument("--log-level", default="info",
                    choices=["debug", "info", "warning", "error"])
     add_config_arguments(p)
 
 
 class LiveSnapshots:
-    """A snapshot provider backed by a watched cache. The same Snapshot object is
-    returned until the cache changes, so the webhook's per-snapshot view is rebuilt only
-    on change; None until the first list of nodes and pods is complete (the webhook
-    then decides nothing, see :mod:`webhook.app`)."""
+    """The standalone webhook's cluster view: a cache of its own, fed by a watch of the
+    API server, and the one snapshot feed over it (:class:`gpupack.webhook_host.
+    SnapshotFeed`, with no minimum interval: the same Snapshot object until the cache
+    changes, so the webhook's per-snapshot view is rebuilt only on change; None until the
+    first list of nodes and pods is complete, and the webhook then decides nothing, see
+    :mod:`webhook.app`)."""
 
     def __init__(self, args: argparse.Namespace) -> None:
+        from kube.api_source import ApiSource, load_api_client
         from kube.cache import ClusterCache
-        from kube.source import ApiSource, load_api_client
 
         self.cache = ClusterCache(args.scheduler_name, mig_actuator=args.mig_actuator,
                                   inventory_age=inventory_age(args, live=True))
-        self.source = ApiSource(load_api_client(args.kubeconfig, args.in_cluster))
-        self.source.start(self.cache)
+        # DRA objects (docs/dra.md): what DRA nodes offer a sized pod.
+        dra = args.dra != "off"
+        self.source = ApiSource(load_api_client(args.kubeconfig, args.in_cluster),
+                                watch_dra=dra)
+        self.source.start(self.cache, dra=self.cache if dra else None)
         self._expiry_stop = threading.Event()
         start_expiry(self.cache, self._expiry_stop)
-        self._last: tuple[int, Snapshot] | None = None
+        self.feed = SnapshotFeed(self.cache, min_interval_s=0.0)
 
     def ready(self) -> bool:
-        return bool(self.cache.synced)
+        return self.feed.ready()
 
     def __call__(self) -> Snapshot | None:
-        if not self.cache.synced:
-            return None
-        version = self.cache.version
-        last = self._last
-        if last is None or last[0] != version:
-            last = self._last = (version, self.cache.snapshot())
-        return last[1]
+        return self.feed()
 
     def stop(self) -> None:
         self._expiry_stop.set()
@@ -145,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"gpupack webhook: {why}", file=sys.stderr)
         return 2
     if live:
-        from kube.source import api_config_error
+        from kube.api_source import api_config_error
 
         why = api_config_error(args.kubeconfig, args.in_cluster)
         if why is not None:
@@ -178,8 +183,8 @@ def run(args: argparse.Namespace) -> int:
                 "nodes": len(snapshot.nodes), "pods": len(snapshot.running)
                 + len(snapshot.pending), "pending": len(snapshot.pending)}, where))
             return create_webhook_app(lambda: snapshot, CollectorRegistry(), config)
+        from kube.api_source import load_api_client
         from kube.cache_metrics import CacheCollector
-        from kube.source import load_api_client
 
         feed = live_snapshots(args)
         # The webhook's own cache: its figures (synced, stale agent inventories, ...) are

@@ -1,18 +1,23 @@
-"""The admission webhook's cluster view when the extender process serves it: the live cache.
+"""The admission webhook's cluster view: the one snapshot feed over a watched cache.
 
-``gpupack serve --webhook-port`` runs the webhook app (:func:`webhook.app.create_extender_app`)
-next to the extender in the same gunicorn worker process, over HTTPS from a daemon
-thread (:class:`serving.https.HttpsListener`), so its snapshot provider is the
-extender's own :class:`~kube.cache.ClusterCache` (assumed binds included), with no
-second watch of the API server.
+Both hosts of the webhook feed it through :class:`SnapshotFeed`:
 
-Until the cache's first list is complete, :class:`SnapshotFeed` gives no snapshot and
-the webhook answers 503 (see :mod:`webhook.app`: the failurePolicy applies).
+* ``gpupack serve --webhook-port`` runs the webhook app
+  (:func:`webhook.app.create_webhook_app`) next to the extender in the same gunicorn
+  worker process, over HTTPS from a daemon thread (:class:`serving.https.HttpsListener`),
+  so its feed is over the extender's own :class:`~kube.cache.ClusterCache` (assumed binds
+  included), with no second watch of the API server; a new snapshot at most once per
+  ``min_interval_s`` (1 s), so a busy cluster does not keep a rebuild running all the
+  time;
+* ``gpupack webhook --in-cluster/--kubeconfig`` keeps a cache of its own
+  (:class:`gpupack.webhook_cmd.LiveSnapshots`: the watch, the inventory expiry), fed the
+  same way with no minimum interval.
 
-The webhook's view is rebuilt (in its own background thread, see
-:class:`webhook.app.ViewCache`) only when the provider returns a new Snapshot object; the
-provider here returns the same object until the cache changes, and at most one new one
-per ``min_interval_s``, so a busy cluster does not keep a rebuild running all the time.
+Until the cache's first list is complete the feed gives no snapshot and the webhook
+answers 503 (see :mod:`webhook.app`: the failurePolicy applies). The webhook's view is
+rebuilt (in its own background thread, see :class:`webhook.app.ViewCache`) only when the
+feed returns a new Snapshot object; the feed returns the same object until the cache
+changes.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import time
 from kube.cache import ClusterCache
 from packing.model import Snapshot
 
-log = logging.getLogger("gpupack.scheduler.webhook")
+log = logging.getLogger("gpupack.webhook.feed")
 
 
 class SnapshotFeed:

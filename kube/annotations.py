@@ -1,9 +1,18 @@
-"""Names of the labels and annotations gpupack reads and writes, and their codecs."""
+"""Names of the labels and annotations gpupack reads and writes, and their codecs.
+
+One reader per annotation: every component that reads ``gpupack.io/gpu-memory`` or
+``gpupack.io/gpu-compute`` (the webhook sizing a pod, the extender reading a pod to place
+or one already bound) reads it through :func:`gpu_memory_mib` and
+:func:`gpu_compute_milli`, so a value means one thing everywhere.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from packing.groups.members import CLIQUE_LABEL, KEEP_WHOLE_NODES_LABEL
-from packing.model import Placement
+from packing.model import GPU_MILLI, Placement
+from packing.quantity import QuantityError, memory_mib, parse_quantity
 
 # The most pods one group may have: larger sizes come from a typo or a hostile object,
 # and a reservation holds one request per member (LeaderWorkerSet sizes are small).
@@ -62,6 +71,48 @@ SHARING_STRATEGY = NV + "gpu.sharing-strategy"
 CLIQUE = CLIQUE_LABEL  # packing.groups.placement keeps groups inside one clique
 KEEP_WHOLE_NODES = KEEP_WHOLE_NODES_LABEL  # whole nodes kept for groups to come
 ZONE = "topology.kubernetes.io/zone"
+
+
+class AnnotationError(ValueError):
+    """An annotation gpupack cannot use; ``key`` names it, the message says why (with the
+    value as written)."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+def gpu_memory_mib(ann: Mapping[str, str]) -> int | None:
+    """``gpupack.io/gpu-memory`` in MiB, None when absent. The one rule: a quantity of
+    more than zero ("8Gi", "8192Mi", "1e9"); anything else (not a quantity, zero or
+    negative, out of range) raises :class:`AnnotationError`. Zero is refused: a pod that
+    declares no GPU memory would be sized (and booked) as taking none, and a negative
+    figure would free memory other pods hold."""
+    raw = ann.get(GPU_MEMORY)
+    if raw is None:
+        return None
+    try:
+        mib = memory_mib(raw)
+    except QuantityError as e:
+        raise AnnotationError(GPU_MEMORY, str(e)) from None
+    if mib <= 0:
+        raise AnnotationError(GPU_MEMORY, f"{raw!r} must be more than zero")
+    return mib
+
+
+def gpu_compute_milli(ann: Mapping[str, str]) -> int | None:
+    """``gpupack.io/gpu-compute`` in thousandths of a GPU (rounded up), None when absent.
+    The one rule: a fraction in (0, 1]; anything else raises :class:`AnnotationError`."""
+    raw = ann.get(GPU_COMPUTE)
+    if raw is None:
+        return None
+    try:
+        frac = parse_quantity(raw)
+    except QuantityError as e:
+        raise AnnotationError(GPU_COMPUTE, str(e)) from None
+    if not 0 < frac <= 1:
+        raise AnnotationError(GPU_COMPUTE, f"{raw!r} must be a fraction in (0, 1]")
+    return int((frac * GPU_MILLI).to_integral_value(rounding="ROUND_CEILING"))
 
 
 def placement_annotations(p: Placement, policy: str) -> dict[str, str]:

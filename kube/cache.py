@@ -20,6 +20,23 @@ labels. Nodes in the same state share a signature, so the verbs memoize answers 
 shape, signature): thousands of nodes of a few kinds in a few states cost a handful of
 evaluations. Signatures are recomputed only for the nodes an event touched, before the
 change is published.
+
+*Dynamic Resource Allocation*: a node whose GPUs are devices of ResourceSlices gets them
+from its slices (:func:`packing.dra.inventory.with_dra_gpus`), what allocated claims
+hold there (allocations the extender assumed included) is counted as the claims' own
+entries beside its pods (which hold CPU and memory there), and its claims' entries never
+displace a hold or an assumption (:meth:`ClusterCache._dra_apply`). The objects
+themselves are :class:`kube.dra_store.DraObjects`.
+
+:class:`ClusterCache` is one class of about 1,200 lines on purpose: every handler (a
+node, a pod, a hold, an assumption, a DRA object) changes the same indexes and the one
+:class:`~packing.state.ClusterState` under one lock, keeping one invariant (each pod and
+each claim counted once, where it holds what it holds). What needs none of that state is
+its own module: where a bound pod is counted and what the node agents observed
+(:mod:`kube.observations`), node shapes (:mod:`kube.node_shapes`), the trust in agent
+inventories by age (:mod:`kube.inventory_age`), assumed binds (:mod:`kube.assumptions`),
+state signatures (:mod:`kube.signatures`), the DRA objects (:mod:`kube.dra_store`) and
+what a pod asks of them (:mod:`kube.dra_pods`).
 """
 
 from __future__ import annotations
@@ -31,82 +48,56 @@ import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Set
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
-from kube import annotations as A
 from kube.assumptions import AssumedBinds, AssumeError, Assumption, same_uid
 from kube.constraints import PodConstraints, Taint, node_taints, pod_constraints
+from kube.dra_pods import read_pod_claims
+from kube.dra_store import DraObjects
 from kube.inventory_age import (
     InventoryAge,
-    essentials,
+    InventoryTrust,
     steady_clock,
     without_inventory,
     written_at,
 )
-from kube.objects import (
-    NO_OBSERVATION,
+from kube.node_objects import (
     UNREADABLE_TAINTS,
     NodeObservation,
+    advertises_gpus,
+    inventory_text,
+)
+from kube.node_shapes import NodeShapes
+from kube.objects import (
     ObjectError,
     bound_node,
-    inventory_text,
     is_finished,
-    node_info,
     object_name,
-    observation_of,
     pod_key,
     pod_request,
     recorded_placement,
     started_at,
 )
+from kube.observations import Observations, PodEntry, as_counted, same_slot
 from kube.signatures import SignatureBook
-from kube.snapshot import observed_share, owned_instance, with_observed_peak
+from packing.dra.inventory import (
+    DraInventory,
+    claim_uses,
+    taint_uses,
+    whole_gpu_demand,
+    with_dra_gpus,
+)
+from packing.dra.objects import AllocatedDevice
+from packing.dra.world import DraWorld
 from packing.model import NodeInfo, Placement, PodRequest, RequestKind, Snapshot
 from packing.state import (
     ClusterState,
     PlacementError,
-    plugin_pick,
-    share_is_a_guess,
 )
 
 log = logging.getLogger("gpupack.kube.cache")
-IGNORED_NOTES_CAP = 10_000  # distinct ignored placements remembered (see _note_ignored)
 CONSTRAINTS_CAP = 10_000  # distinct pod constraints shared (see _shared_constraints)
-
-# Label and annotation prefixes node_info reads to find a node's GPUs.
-_GPU_LABELS = ("nvidia.com/", "gpupack.io/")
-
-def as_counted(state: ClusterState, p: Placement) -> Placement:
-    """``p`` as the cache counts it: a MIG slice the view's layout does not have yet is
-    counted as created (so giving it back removes it again, instead of leaving a free
-    slice that does not exist); one it has, as existing."""
-    if p.mig_profile is None or p.mig_start is None or not p.gpus:
-        return p
-    exists = p.mig_start in state.gpu(p.node, p.gpus[0]).instances
-    return p if p.mig_created != exists else replace(p, mig_created=not exists)
-
-
-def same_slot(a: Placement | None, b: Placement) -> bool:
-    """Equal placements, whether or not the slice was counted as created."""
-    return a is not None and replace(a, mig_created=False) == replace(b, mig_created=False)
-
-
-@dataclass(slots=True)
-class PodEntry:
-    """A pod as the watch last showed it."""
-
-    req: PodRequest
-    uid: str
-    node: str | None  # spec.nodeName
-    scheduler: str
-    finished: bool
-    recorded: Placement | None  # the placement gpupack recorded in the pod's annotations
-    # Where it may run and which quota scopes cover it (kube.constraints), read for GPU
-    # pods and group members only (what a group's rights depend on); a string says why
-    # it could not be read.
-    constraints: PodConstraints | str | None = None
-    started: float | None = None  # status.startTime (kube.objects.started_at)
 
 
 class ClusterCache:
@@ -121,12 +112,10 @@ class ClusterCache:
         # that system clock steps do not move: kube.inventory_age.steady_clock).
         self.inventory_age = inventory_age
         self._clock = clock if clock is not None else steady_clock()
-        self._stale_inventories: set[str] = set()
-        # node -> (ts, expiry) of the last inventory seen on it, stale ones included.
-        self._inventory_seen: dict[str, tuple[int, float]] = {}
-        # Nodes whose inventory is trusted now: what to re-read each from once it expires.
-        self._inventory_nodes: dict[str, dict[str, Any]] = {}
-        # Whether MIG layouts of nodes that opt in may change (kube.objects.node_info).
+        # Which nodes' inventories are trusted, until when, and what to re-read each node
+        # from once its inventory expires.
+        self._trust = InventoryTrust(inventory_age)
+        # Whether MIG layouts of nodes that opt in may change (kube.node_objects.node_info).
         self.mig_actuator = mig_actuator
         self.lock = threading.RLock()
         self.state = ClusterState(Snapshot(nodes=()))
@@ -144,12 +133,8 @@ class ClusterCache:
         self._next_gen = 0
         self.version = 0  # changes on every change that could change a plan
         self.bad_objects = 0  # objects that could not be read (logged, skipped)
-        # Placements already reported as ignored: a node is re-counted on every change of
-        # it, and the same mismatch must not fill the log each time (bounded: forgotten
-        # wholesale past a cap, so a mismatch is at worst reported again).
-        self._ignored_noted: set[tuple[str, str, str]] = set()
         self._listeners: list[Callable[[], None]] = []
-        self._shapes: dict[str, NodeInfo] = {}  # node shape -> NodeInfo (see _node_info)
+        self._shapes = NodeShapes(mig_actuator)  # node_info memoized per node shape
         self._signatures = SignatureBook()
         self._holds: set[str] = set()  # keys hold() counted (some may be gone since)
         self._planned_elsewhere: list[Callable[[], Set[str]]] = []  # see add_pending_filter
@@ -163,18 +148,30 @@ class ClusterCache:
         self._constraints: dict[PodConstraints, PodConstraints] = {}
         self._gone_hooks: list[Callable[[str], None]] = []  # see on_pod_gone
         self._node_hooks: list[Callable[[str], None]] = []  # see on_node_changed
-        # What each node's agent observed (kube.objects.NodeObservation), by node, with
-        # the inventory text it was read from (read again only when that changes).
-        self._obs: dict[str, NodeObservation] = {}
-        self._obs_text: dict[str, str | None] = {}
+        # What each node's agent observed, and where a bound pod is counted.
+        self.observed = Observations()
         # Nodes the watch showed whose objects could not be read, never read before: not
         # "unseen" (see unreadable_node), so a filter does not wait for them.
         self._unreadable: set[str] = set()
-        # The observed placement of each pod last compared with gpupack's, and the
-        # disagreements found (by kind: shared, mig): the device plugin or the node
-        # put a pod elsewhere than gpupack predicted or recorded.
-        self._seen_obs: dict[str, Placement] = {}
-        self.disagreements: dict[str, int] = {"shared": 0, "mig": 0}
+        # Dynamic Resource Allocation: the resource.k8s.io objects (kube.dra_store); each
+        # node as its Node object reads, before the GPUs of its slices are added; the
+        # nodes whose GPUs are DRA devices (their pods hold GPUs through claims, so a
+        # pod is counted there with CPU and memory only); and per node, the keys of what
+        # claims hold there, counted like holds (packing.dra.inventory.claim_uses).
+        self.dra = DraObjects()
+        self._base_infos: dict[str, NodeInfo] = {}
+        self._device_plugin: set[str] = set()  # nodes whose allocatable has GPU resources
+        self._dra_nodes: set[str] = set()
+        self._dra_keys: dict[str, set[str]] = {}
+        self._dra_want: dict[str, dict[str, tuple[PodRequest, Placement]]] = {}
+        self._dra_inv: dict[str, DraInventory] = {}  # DRA nodes' inventories
+        # Nodes where a claim entry is counted without its GPUs: another entry (a group's
+        # hold, an assumed bind with GPUs) held them when the claim's allocation came.
+        self._dra_degraded: set[str] = set()
+        self._dra_retrying = False
+        # Group members whose claims (or templates) the watch has not shown yet: read
+        # again when it does (their GPU demand comes from their claims).
+        self._dra_waiting: dict[str, Mapping[str, Any]] = {}
 
     # ---- listeners and views ---------------------------------------------------------------
 
@@ -183,6 +180,14 @@ class ClusterCache:
         self._listeners.append(fn)
 
     def _changed(self) -> None:
+        if self._dra_degraded and not self._dra_retrying:
+            # Claim entries counted without their GPUs (another entry held them): tried
+            # again after every change, until what held the GPUs lets go.
+            self._dra_retrying = True
+            try:
+                self._dra_sync_nodes(set(self._dra_degraded))
+            finally:
+                self._dra_retrying = False
         self._refresh_signatures()
         self.version += 1
         for fn in self._listeners:
@@ -293,7 +298,10 @@ class ClusterCache:
             return
         ns = key.split("/", 1)[0]
         books = []
-        if entry.req.group is not None:
+        if entry.req.group is not None and not (add and key in self._dra_waiting):
+            # A member whose claims are not seen yet is not shown to the book: its GPU
+            # demand is not known (an unseen member is one the filter answers with an
+            # error, retried).
             books.append((self._group_pods, entry.req.group.key))
         if entry.req.kind is not RequestKind.NONE:
             books.append((self._gpu_pods, ns))
@@ -309,7 +317,7 @@ class ClusterCache:
 
     def observation(self, node: str) -> NodeObservation:
         """What the node agent last reported for ``node`` (empty without an agent)."""
-        return self._obs.get(node, NO_OBSERVATION)
+        return self.observed.of(node)
 
     def pending_pod(self, key: str) -> PodRequest | None:
         entry = self._pods.get(key)
@@ -360,6 +368,7 @@ class ClusterCache:
                 tuple(self._infos.values()),
                 tuple(self._counted.values()),
                 tuple(p for k, p in self._pending.items() if k not in skip),
+                self.dra_world(),
             )
 
     # ---- accounting ------------------------------------------------------------------------
@@ -373,23 +382,9 @@ class ClusterCache:
             log.warning("pod %s on %s: %s; counted without GPUs", req.key, p.node, why)
             p = Placement(req.key, p.node)
         p = as_counted(self.state, p)
-        self.state.apply(req, p, allow_overcommit=True, unsure=self._is_guess(req, p))
+        guess = self.observed.is_guess(req, p, self.state)
+        self.state.apply(req, p, allow_overcommit=True, unsure=guess)
         self._record(req, p)
-
-    def _is_guess(self, req: PodRequest, p: Placement, state: ClusterState | None = None
-                  ) -> bool:
-        """Whether share ``req`` counted at ``p`` is gpupack's guess of where the device
-        plugin put it (packing.state.share_is_a_guess) on a node whose agent will say:
-        then it counts at its worst for later shares until the agent has seen it. On a
-        node without an agent the prediction is all there is."""
-        state = self.state if state is None else state
-        if req.kind is not RequestKind.SHARED or not p.gpus or p.node not in state.nodes:
-            return False
-        if self._obs_text.get(p.node) is None:
-            return False
-        if observed_share(self._obs.get(p.node), p.node, req) is not None:
-            return False
-        return share_is_a_guess(state.nodes[p.node], p)
 
     def _record(self, req: PodRequest, p: Placement) -> None:
         """Book-keeping of a placement already applied to ``state``."""
@@ -411,124 +406,26 @@ class ClusterCache:
             self.state.undo(req, p)
             self._touch(p.node)
 
-    def _placement_for(
-        self, entry: PodEntry, state: ClusterState | None = None
-    ) -> Placement | None:
-        """Where a bound pod sits in ``state`` (default: the cache's): where the node
-        agent saw it (its time-sliced GPU, its MIG instance), else what gpupack
-        recorded, else the first free fit (the GPU the device plugin would pick), else
-        CPU and memory only. The answer can
-        always be applied to ``state`` with over-commit; None when the node is unknown."""
-        assert entry.node is not None
-        state = self.state if state is None else state
-        if entry.node not in state.nodes:
-            return None
-        # What the node agent observed wins over any record: the device plugin picked
-        # the replica, and the pod holds the MIG slice it holds.
-        candidates = (
-            (self._observed_placement(entry, state), "placement the node agent observed"),
-            (entry.recorded, "recorded placement"),
-        )
-        for p, what in candidates:
-            if p is None:
-                continue
-            why = state.shape_error(entry.req, p)
-            if why is None:
-                return p
-            self._note_ignored(entry, what, p, why)
-        # Where it could be holding GPUs: a cordoned or CPU-full node still has them.
-        options = state.options(entry.req, entry.node, gpus_only=True)
-        if options:
-            return options[0]
-        # A share nobody has seen yet is where the device plugin put it, room or not.
-        pick = plugin_pick(state.nodes[entry.node]) if entry.req.kind is RequestKind.SHARED \
-            else None
-        if pick is not None:
-            return Placement(entry.req.key, entry.node, (pick.first,))
-        # Bound by someone else with no room we can see (our view lags, the node over-
-        # commits, or its devices do not match what we know of the node): count its CPU
-        # and memory at least, GPUs unknown.
-        return Placement(entry.req.key, entry.node)
-
-    def _note_ignored(self, entry: PodEntry, what: str, p: Placement, why: str) -> None:
-        """Log once per pod, source and placement that a placement was ignored, and why."""
-        key = (entry.req.key, what, str(p.to_json()))
-        if key in self._ignored_noted:
-            return
-        if len(self._ignored_noted) >= IGNORED_NOTES_CAP:
-            self._ignored_noted.clear()
-        self._ignored_noted.add(key)
-        log.warning("pod %s on %s: %s %s ignored: %s", entry.req.key, entry.node, what,
-                    p.to_json(), why)
-
-    def _observed_placement(self, entry: PodEntry, state: ClusterState | None = None
-                            ) -> Placement | None:
-        """Where the node agent saw bound pod ``entry``: the GPU of its time-sliced
-        replica, or the MIG instance it owns (None when not seen)."""
-        assert entry.node is not None
-        state = self.state if state is None else state
-        n = state.nodes.get(entry.node)
-        if n is None:
-            return None
-        if entry.req.kind is RequestKind.MIG:
-            return owned_instance(n.info, entry.req)
-        return observed_share(self._obs.get(entry.node), entry.node, entry.req)
-
-    def _effective(self, entry: PodEntry) -> PodEntry:
-        """``entry`` with its GPU memory as counted: a time-sliced pod's declared need or
-        its observed peak plus headroom, whichever is larger (the rule of ``plan``)."""
-        obs = self._obs.get(entry.node or "")
-        if obs is None or entry.req.kind is not RequestKind.SHARED:
-            return entry
-        req = with_observed_peak(entry.req, obs.peaks.get(entry.req.key))
-        return entry if req is entry.req else replace(entry, req=req)
-
-    def _agrees(self, entry: PodEntry, p: Placement) -> bool:
-        """Whether ``p`` is where the pod should be counted: where the node agent saw it,
-        else (not seen) where gpupack recorded it, if it did."""
-        observed = self._observed_placement(entry)
-        if observed is not None:
-            node = self.state.nodes.get(p.node)
-            if node is not None and entry.req.key in node.unsure:
-                return False  # a guess the agent has now seen: count it as seen
-            return same_slot(observed, p)
-        return entry.recorded is None or same_slot(entry.recorded, p)
-
-    def _note_observation(self, entry: PodEntry, before: Placement | None,
-                          state: ClusterState | None = None) -> None:
-        """Count a disagreement when the node agent's first sight of a pod's placement
-        (or a changed one) differs from where gpupack counted (predicted) it."""
-        observed = self._observed_placement(entry, state)
-        key = entry.req.key
-        if observed is None or self._seen_obs.get(key) == observed:
-            return
-        self._seen_obs[key] = observed
-        before = before if before is not None and before.gpus else entry.recorded
-        if before is not None and before.gpus and not same_slot(observed, before):
-            kind = "mig" if entry.req.kind is RequestKind.MIG else "shared"
-            self.disagreements[kind] += 1
-            log.info("pod %s on %s: the node agent saw %s, gpupack counted %s; counting "
-                     "the observation", key, entry.node, observed.to_json(), before.to_json())
-
     def _reaccount_node(self, name: str) -> None:
         """Count the bound pods of ``name`` anew when where they should be counted (the
         node agent's observation, their observed peaks) changed: all of them, the
         observed ones first, so no stale record holds a GPU the observation gives to
         another pod."""
+        obs = self.observed
         bound = [self._pods[k] for k in sorted(self._on_node.get(name, ()))
                  if k in self._pods and self._pods[k].node == name and k not in self._assumed
                  and k not in self._holds]
         stale = False
         for entry in bound:
             req, p = self._counted[entry.req.key]
-            self._note_observation(entry, p)
-            if req != self._effective(entry).req or not self._agrees(entry, p):
+            obs.note_observation(entry, p, self.state)
+            if req != obs.effective(entry).req or not obs.agrees(entry, p, self.state):
                 stale = True
         if not stale:
             return
         for entry in bound:
             self._unapply(entry.req.key)
-        for entry in sorted(bound, key=lambda e: self._observed_placement(e) is None):
+        for entry in sorted(bound, key=lambda e: obs.observed_placement(e, self.state) is None):
             self._count_bound(entry)
 
     def _account(self, key: str) -> None:
@@ -552,11 +449,14 @@ class ClusterCache:
                 # pod's own accounting (annotations, when present, say the same), unless
                 # the node agent has already seen the pod elsewhere.
                 self._assumed.drop(key)
-                self._note_observation(entry, assumption.placement)
+                self.observed.note_observation(entry, assumption.placement, self.state)
                 current = self._counted.get(key)
-                if current is not None and (current[0] != self._effective(entry).req
-                                            or (self._observed_placement(entry) is not None
-                                            and not self._agrees(entry, current[1]))):
+                obs = self.observed
+                if current is not None and (
+                        current[0] != obs.effective(entry).req
+                        or (entry.node in self._dra_nodes and current[1].gpus)
+                        or (obs.observed_placement(entry, self.state) is not None
+                            and not obs.agrees(entry, current[1], self.state))):
                     self._unapply(key)
                     self._count_bound(entry)
                 return
@@ -571,15 +471,17 @@ class ClusterCache:
             return
         if entry.node is None:
             self._unapply(key)
-            if entry.scheduler == self.scheduler_name:
+            if entry.scheduler == self.scheduler_name and key not in self._dra_waiting:
                 self._pending[key] = entry.req
             return
         current = self._counted.get(key)
         if (current is not None and current[1].node == entry.node
-                and current[0] == self._effective(entry).req
-                and self._agrees(entry, current[1])):
+                and current[0] == self.observed.effective(entry).req
+                and not (entry.node in self._dra_nodes and current[1].gpus)
+                and self.observed.agrees(entry, current[1], self.state)):
             return  # unchanged binding: nothing to redo (a new record is read below)
-        self._note_observation(entry, current[1] if current is not None else None)
+        self.observed.note_observation(entry, None if current is None else current[1],
+                                       self.state)
         self._unapply(key)
         self._count_bound(entry)
 
@@ -588,8 +490,8 @@ class ClusterCache:
         gpupack recorded for it is given up first (the leader's reconcile places that
         room again), so the pod gets its own GPUs, no GPU is counted for both, and giving
         the hold back later cannot free GPUs the pod holds."""
-        entry = self._effective(entry)
-        rec = self._observed_placement(entry) or entry.recorded
+        entry = self.observed.effective(entry)
+        rec = self.observed.observed_placement(entry, self.state) or entry.recorded
         overlapping: list[str] = []
         if rec is not None and rec.node == entry.node and rec.gpus:
             gpus = set(rec.gpus)
@@ -599,7 +501,7 @@ class ClusterCache:
         kept = [self._counted[k] for k in overlapping]
         for k in overlapping:
             self._unapply(k)
-        p = self._placement_for(entry)
+        p = self._placement_for(entry, self.state)
         if p is not None:
             self._apply(entry.req, p)
         for hreq, hp in kept:
@@ -609,6 +511,15 @@ class ClusterCache:
                 self._holds.discard(hreq.key)
                 log.info("hold %s on %s given up: pod %s is bound there", hreq.key, hp.node,
                          entry.req.key)
+
+    def _placement_for(self, entry: PodEntry, state: ClusterState) -> Placement | None:
+        """Where a bound pod is counted (:meth:`Observations.placement_for`), but on a
+        DRA node with CPU and memory only: its GPUs are its claims' devices, counted as
+        the claims' own entries (a pod asking ``nvidia.com/gpu`` there is served by DRA,
+        KEP-5004)."""
+        if entry.node in self._dra_nodes and entry.node in state.nodes:
+            return Placement(entry.req.key, entry.node)
+        return self.observed.placement_for(entry, state)
 
     def _room_free(self, req: PodRequest, p: Placement) -> bool:
         """Whether ``p``'s GPUs are free for ``req`` (cordons, CPU and memory aside: a
@@ -624,61 +535,29 @@ class ClusterCache:
 
     # ---- nodes -----------------------------------------------------------------------------
 
-    def _node_info(self, obj: Mapping[str, Any]) -> NodeInfo:
-        """``node_info`` memoized by what decides a node's GPUs.
-
-        Inferring MIG layouts from allocatable counts is a search that can take a tenth
-        of a second per node, and large clusters are made of few node shapes: nodes that
-        agree on allocatable, cordon, and the NVIDIA/gpupack labels and annotations get
-        the same GPUs, so the inference runs once per shape and the rest is a copy with
-        the node's own name and labels.
-        """
-        meta = obj.get("metadata") if isinstance(obj, Mapping) else None
-        if not isinstance(meta, Mapping) or not isinstance(meta.get("labels") or {}, Mapping):
-            return node_info(obj, mig_actuator=self.mig_actuator)
-        labels = meta.get("labels") or {}
-        annotations = meta.get("annotations") or {}
-        if isinstance(annotations, Mapping) and A.INVENTORY in annotations:
-            # A node agent's inventory is the node's own (it names the node) and changes
-            # with every write (its ts): no other node shares that shape, and keeping it
-            # would only fill the memo. Reading it is a decode, not an inference.
-            return node_info(obj, mig_actuator=self.mig_actuator)
-        status = obj.get("status") or {}
-        spec = obj.get("spec") or {}
-        try:
-            key = repr((
-                sorted((k, v) for k, v in labels.items() if k.startswith(_GPU_LABELS)),
-                sorted((k, v) for k, v in annotations.items() if k.startswith(_GPU_LABELS))
-                if isinstance(annotations, Mapping) else annotations,
-                sorted(status.get("allocatable", {}).items())
-                if isinstance(status, Mapping) and isinstance(status.get("allocatable"), Mapping)
-                else None,
-                spec.get("unschedulable") if isinstance(spec, Mapping) else spec,
-            ))
-        except (AttributeError, TypeError):
-            return node_info(obj, mig_actuator=self.mig_actuator)
-        shape = self._shapes.get(key)
-        if shape is None:
-            info = node_info(obj, mig_actuator=self.mig_actuator)
-            if len(self._shapes) < 10_000:
-                self._shapes[key] = info
-            return info
-        mine = node_info({"metadata": {"name": meta.get("name"), "labels": labels}})
-        return replace(shape, name=mine.name, labels=mine.labels)
-
     def upsert_node(self, obj: Mapping[str, Any]) -> bool:
         """Add or update a Node object; False when it cannot be read (logged, skipped).
 
         With an ``inventory_age``, a node whose agent inventory was not rewritten within
-        the limit is read as if it had none (``kube.inventory_age``)."""
+        the limit is read as if it had none (``kube.inventory_age``). A node with GPUs
+        in ResourceSlices gets them, and what its claims hold, after it is read."""
+        ok = self._upsert_node(obj)
+        name = object_name(obj)
+        if ok and isinstance(name, str):
+            with self.lock:
+                if self._dra_sync_nodes({name}):
+                    self._changed()
+        return ok
+
+    def _upsert_node(self, obj: Mapping[str, Any]) -> bool:
         age = self.inventory_age
         text = inventory_text(obj)
         # The inventory's ts, read once for both looks at its age (None: no limit).
         ts = written_at(text) if age is not None else None
         name = object_name(obj)
-        stale = self._inventory_stale(name, ts, self._clock()) is not None
+        stale = self._trust.stale(name, ts, self._clock()) is not None
         try:
-            info = self._node_info(without_inventory(obj) if stale else obj)
+            info = self._shapes.info(without_inventory(obj) if stale else obj)
         except ObjectError as e:
             log.warning("skipping node: %s", e)
             with self.lock:
@@ -699,21 +578,23 @@ class ClusterCache:
                 # Decided again under the lock, where expire_inventories runs: an
                 # inventory that crossed the limit since (or a clock stepped back) is
                 # applied as it is now, not as the first look found it.
-                why = self._inventory_stale(name, ts, self._clock(), record=True)
+                why = self._trust.stale(name, ts, self._clock(), record=True)
                 if (why is not None) != stale:
                     stale = why is not None
-                    info = replace(self._node_info(without_inventory(obj) if stale else obj),
+                    info = replace(self._shapes.info(without_inventory(obj) if stale else obj),
                                    taints=taints)
-                self._note_age(info.name, obj, why)
+                self._trust.note(info.name, obj, why)
             if stale:
                 text = None  # no peaks, shares or device owners from a stale inventory
             self._unreadable.discard(info.name)
-            seen = self._obs_text.get(info.name, None) == text and info.name in self._obs_text
-            if not seen:
-                self._obs_text[info.name] = text
-                obs = observation_of(text, info.name)
-                seen = self._obs.get(info.name, NO_OBSERVATION) == obs
-                self._obs[info.name] = obs
+            self._base_infos[info.name] = info
+            if advertises_gpus(obj):
+                self._device_plugin.add(info.name)
+            else:
+                self._device_plugin.discard(info.name)
+            if self._dra_relevant(info.name):
+                info = self._dra_info(info, self.dra.node_views([info.name])[info.name][0])
+            seen = self.observed.update(info.name, text)
             if self._taints.get(info.name, ()) != taints:
                 self._taints[info.name] = taints
                 old = self._infos.get(info.name)
@@ -739,43 +620,6 @@ class ClusterCache:
                 fn(info.name)
         return True
 
-    def _inventory_stale(self, name: str | None, ts: int | None, now: float,
-                         record: bool = False) -> str | None:
-        """Why node ``name``'s inventory, written with ``ts``, is not trusted at ``now``
-        (None: it is, or there is no limit, or it has no ``ts``); ``record`` (under the
-        lock) keeps its (ts, expiry) for the node."""
-        age = self.inventory_age
-        if age is None or name is None:
-            return None
-        if ts is None:
-            if record:
-                self._inventory_seen.pop(name, None)
-            return None
-        end = age.expires(ts, now, self._inventory_seen.get(name))
-        if record:
-            self._inventory_seen[name] = (ts, end)
-        return age.reason(ts, end, now)
-
-    def _note_age(self, name: str, obj: Mapping[str, Any], why: str | None) -> None:
-        """Which nodes' inventories are stale, and what to re-read each trusted one's node
-        from once it expires (under the lock)."""
-        if why is not None:
-            if name not in self._stale_inventories:
-                log.warning("node %s: %s", name, why)
-            self._stale_inventories.add(name)
-            self._inventory_nodes.pop(name, None)
-            return
-        if name in self._stale_inventories:
-            if name in self._inventory_seen:
-                log.info("node %s: the node agent's inventory is fresh again", name)
-            else:
-                log.info("node %s: its stale node agent inventory was removed", name)
-            self._stale_inventories.discard(name)
-        if name in self._inventory_seen:
-            self._inventory_nodes[name] = essentials(obj)
-        else:
-            self._inventory_nodes.pop(name, None)
-
     def expire_inventories(self) -> list[str]:
         """Read again, as inventory-less, every node whose inventory has just passed the
         age limit (no watch event comes when a node agent stops). The nodes re-read; one
@@ -783,12 +627,8 @@ class ClusterCache:
         if self.inventory_age is None:
             return []
         with self.lock:
-            now = self._clock()
-            due = sorted(n for n in self._inventory_nodes
-                         if self._inventory_seen.get(n, (0, math.inf))[1] <= now)
             done = []
-            for name in due:
-                doc = self._inventory_nodes.pop(name)
+            for name, doc in self._trust.due(self._clock()):
                 try:
                     self.upsert_node(doc)
                 except Exception:
@@ -801,7 +641,7 @@ class ClusterCache:
     @property
     def stale_inventories(self) -> int:
         """Nodes whose agent inventory is ignored as older than the age limit."""
-        return len(self._stale_inventories)
+        return self._trust.stale_count
 
     def _observed_changed(self, name: str) -> None:
         if name in self.state.nodes:
@@ -834,16 +674,18 @@ class ClusterCache:
             if entry is not None and entry.node == name and key not in self._assumed:
                 # A bound pod keeps where it was counted unless that is gone from the node,
                 # was counted without GPUs, or was a stand-in for its recorded placement.
-                observed = self._observed_placement(entry, scratch)
-                if fits and (p.gpus or req.kind is RequestKind.NONE) and (
+                observed = self.observed.observed_placement(entry, scratch)
+                on_dra = name in self._dra_nodes
+                if fits and (p.gpus or req.kind is RequestKind.NONE or on_dra) and not (
+                        on_dra and p.gpus) and (
                         same_slot(observed, p) if observed is not None
                         else entry.recorded is None or same_slot(entry.recorded, p)):
                     p = as_counted(scratch, p)
                     scratch.apply(req, p, allow_overcommit=True,
-                                  unsure=self._is_guess(req, p, scratch))
+                                  unsure=self.observed.is_guess(req, p, scratch))
                     kept.append((req, p))
                 else:
-                    self._note_observation(entry, p, scratch)
+                    self.observed.note_observation(entry, p, scratch)
                     refit.append(entry)
             else:
                 # An assumption or a hold. Its slice "to be created" may have appeared in
@@ -860,18 +702,18 @@ class ClusterCache:
                     if key in self._assumed and p != counted[key][1]:
                         existing[key] = p
                     scratch.apply(req, p, allow_overcommit=True,
-                                  unsure=self._is_guess(req, p, scratch))
+                                  unsure=self.observed.is_guess(req, p, scratch))
                     kept.append((req, p))
                 else:
                     redo.append(key)
-        refit.sort(key=lambda e: self._observed_placement(e, scratch) is None)
+        refit.sort(key=lambda e: self.observed.observed_placement(e, scratch) is None)
         for entry in refit:
-            entry = self._effective(entry)
+            entry = self.observed.effective(entry)
             fresh = self._placement_for(entry, scratch)
             assert fresh is not None  # the node is in scratch
             fresh = as_counted(scratch, fresh)
             scratch.apply(entry.req, fresh, allow_overcommit=True,
-                          unsure=self._is_guess(entry.req, fresh, scratch))
+                          unsure=self.observed.is_guess(entry.req, fresh, scratch))
             kept.append((entry.req, fresh))
         # Commit: nothing below can fail.
         for key in self._on_node.get(name, set()):
@@ -920,11 +762,15 @@ class ClusterCache:
                     del self._uid_key[req.uid]
             self._on_node.pop(name, None)
             self._taints.pop(name, None)
-            self._obs.pop(name, None)
-            self._obs_text.pop(name, None)
-            self._stale_inventories.discard(name)
-            self._inventory_seen.pop(name, None)
-            self._inventory_nodes.pop(name, None)
+            self._base_infos.pop(name, None)
+            self._device_plugin.discard(name)
+            self._dra_nodes.discard(name)
+            self._dra_keys.pop(name, None)
+            self._dra_want.pop(name, None)
+            self._dra_inv.pop(name, None)
+            self._dra_degraded.discard(name)
+            self.observed.forget_node(name)
+            self._trust.forget(name)
             del self._infos[name]
             self._touched_at.pop(name, None)
             del self.state.nodes[name]
@@ -964,6 +810,9 @@ class ClusterCache:
             started=started_at(obj),
         )
         with self.lock:
+            if req.group is not None and req.kind is RequestKind.NONE and isinstance(
+                    spec, Mapping) and spec.get("resourceClaims"):
+                entry.req = self._dra_member_request(obj, req)
             old = self._pods.get(req.key)
             if old == entry:
                 return True
@@ -1056,14 +905,30 @@ class ClusterCache:
         with self.lock:
             self.bad_objects += 1
 
+    def _dra_member_request(self, obj: Mapping[str, Any], req: PodRequest) -> PodRequest:
+        """A group member asking GPUs through its claims: the whole GPUs they ask for
+        (:func:`packing.dra.inventory.whole_gpu_demand`) as its request, so the
+        reservation book places its group as it places members asking ``nvidia.com/gpu``.
+        A member whose claims are not seen yet is read again when they are."""
+        pc = read_pod_claims(obj, self.dra)
+        if pc.behind:
+            self._dra_waiting[req.key] = obj
+        else:
+            self._dra_waiting.pop(req.key, None)
+        n = whole_gpu_demand([c for _, c in pc.own], self.dra.classes)
+        if not n:
+            return req
+        return replace(req, kind=RequestKind.WHOLE, gpu_count=n)
+
     def delete_pod(self, key: str) -> None:
         """The watch's DELETED (or a list without the pod). It is the incarnation the
         watch showed last (events of one name come in order); an assumption made for
         another UID is left alone and stays counted (kube.assumptions)."""
         with self.lock:
+            self._dra_waiting.pop(key, None)
             entry = self._pods.pop(key, None)
             self._index(key, entry, add=False)
-            self._seen_obs.pop(key, None)
+            self.observed.forget_pod(key)
             self._pending.pop(key, None)
             a = self._assumed.get(key)
             if a is not None and entry is not None and not same_uid(a.uid, entry.uid):
@@ -1108,6 +973,146 @@ class ClusterCache:
         with self.lock:
             self.synced = True
             self._changed()
+
+    # ---- Dynamic Resource Allocation ---------------------------------------------------------
+
+    def upsert_dra(self, kind: str, obj: Mapping[str, Any]) -> bool:
+        """Add or update a ``resource.k8s.io`` object of ``kind`` (kube.dra_store.KINDS);
+        False when it cannot be read (logged, counted, its previous version dropped)."""
+        with self.lock:
+            ok = self.dra.upsert(kind, obj)
+            if not ok:
+                self.bad_objects += 1
+            self._dra_changed()
+            return ok
+
+    def delete_dra(self, kind: str, key: str) -> None:
+        """The watch's DELETED (``key``: name, or namespace/name for claims and
+        templates)."""
+        with self.lock:
+            self.dra.delete(kind, key)
+            self._dra_changed()
+
+    def replace_dra(self, kind: str, objs: Iterable[Mapping[str, Any]]) -> None:
+        """A fresh list of ``kind``: objects not listed are gone."""
+        with self.lock:
+            before = self.dra.bad_objects
+            self.dra.replace(kind, objs)
+            self.bad_objects += self.dra.bad_objects - before
+            self._dra_changed()
+
+    def dra_world(self) -> DraWorld | None:
+        """The cluster's DRA objects for predictions; None when it has none."""
+        with self.lock:
+            return None if self.dra.empty else self.dra.world()
+
+    def is_dra_node(self, name: str) -> bool:
+        """Whether ``name``'s GPUs are devices of its ResourceSlices."""
+        return name in self._dra_nodes
+
+    def dra_nodes(self) -> frozenset[str]:
+        return frozenset(self._dra_nodes)
+
+    def dra_inventory(self, name: str) -> DraInventory | None:
+        """A DRA node's GPUs as its slices publish them (None: not a DRA node)."""
+        return self._dra_inv.get(name)
+
+    def assume_dra(self, pod: str, claims: Mapping[str, tuple[AllocatedDevice, ...]]) -> None:
+        """Count the allocations predicted for ``pod``'s claims (claim key -> devices) as
+        held until the claim watch shows them (kube-scheduler's PreBind writes them just
+        before the extender's bind): an assumed pod's claims, as an assumed bind is."""
+        with self.lock:
+            self.dra.assume(pod, claims)
+            self._dra_changed()
+
+    def forget_dra(self, pod: str) -> None:
+        with self.lock:
+            self.dra.forget(pod)
+            self._dra_changed()
+
+    def _dra_changed(self) -> None:
+        dirty = self.dra.take_dirty()
+        if dirty is None:
+            dirty = set(self._dra_nodes) | self.dra.slice_nodes()
+        self._dra_sync_nodes(dirty)
+        for obj in list(self._dra_waiting.values()):
+            self.upsert_pod(obj)  # its claims may be seen now
+        self._changed()
+
+    def _dra_relevant(self, name: str) -> bool:
+        return (name in self._dra_nodes or bool(self._dra_keys.get(name))
+                or self.dra.has_slices(name))
+
+    def _dra_info(self, base: NodeInfo, inventory: DraInventory | None) -> NodeInfo:
+        """``base`` with its slices' GPUs (membership of ``_dra_nodes`` updated)."""
+        info, is_dra = with_dra_gpus(base, inventory,
+                                     device_plugin=base.name in self._device_plugin)
+        if is_dra:
+            self._dra_nodes.add(base.name)
+        else:
+            self._dra_nodes.discard(base.name)
+        return info
+
+    def _dra_sync_nodes(self, names: Iterable[str]) -> bool:
+        """Bring the GPUs and claim entries of ``names`` in line with the DRA objects;
+        whether anything changed. Nodes the Node watch has not shown wait for it."""
+        relevant = {n for n in names if n in self._base_infos and self._dra_relevant(n)}
+        if not relevant:
+            return False
+        views = self.dra.node_views(relevant)
+        changed = False
+        for name in sorted(relevant):
+            inventory, uses = views[name]
+            changed |= self._dra_apply(name, inventory, uses)
+        return changed
+
+    def _dra_apply(self, name: str, inventory: DraInventory | None,
+                   uses: list[tuple[str, tuple[AllocatedDevice, ...]]]) -> bool:
+        info = self._dra_info(self._base_infos[name], inventory)
+        want: dict[str, tuple[PodRequest, Placement]] = {}
+        self._dra_inv.pop(name, None)
+        if name in self._dra_nodes:
+            assert inventory is not None
+            self._dra_inv[name] = inventory
+            held: set[int] = set()
+            for key, results in uses:
+                for req, p in claim_uses(inventory, key, results):
+                    want.setdefault(req.key, (req, p))  # a shared MIG device: once
+                    held.update(p.gpus)
+            for req, p in taint_uses(inventory, held):
+                want[req.key] = (req, p)
+        if (info == self._infos.get(name) and want == self._dra_want.get(name, {})
+                and name not in self._dra_degraded and all(k in self._counted for k in want)):
+            return False
+        for key in self._dra_keys.pop(name, set()):
+            self._unapply(key)
+        rebuilt = info != self._infos.get(name)
+        if rebuilt:
+            self._rebuild_node(info)
+            self._reaccount_node(name)
+        degraded = False
+        for req, p in want.values():
+            # What the API shows allocated is the truth, but so is what holds the GPUs
+            # now (a group's hold, a bind assumed with GPUs): neither is displaced; the
+            # claim's entry counts without GPUs until the other lets go (_changed).
+            if self.state.shape_error(req, p) is not None:
+                log.debug("claim entry %s on %s: its GPUs are held; counted without them "
+                          "for now", req.key, name)
+                p = Placement(req.key, name)
+                degraded = True
+            self.state.apply(req, p, allow_overcommit=True)
+            self._record(req, p)
+        if degraded:
+            self._dra_degraded.add(name)
+        else:
+            self._dra_degraded.discard(name)
+        self._dra_keys[name] = set(want)
+        self._dra_want[name] = want
+        self._touch(name)
+        if rebuilt:
+            for fn in self._node_hooks:
+                fn(name)
+        return True
 
     # ---- group reservation holds (scheduler/groups/loop.py) -----------------------------------
 
@@ -1188,3 +1193,9 @@ class ClusterCache:
             self._drop_assumption(key)
             self._account(key)
             self._changed()
+
+    @property
+    def disagreements(self) -> dict[str, int]:
+        """Pods the node agent saw elsewhere than gpupack counted them, by kind (shared,
+        mig): :attr:`kube.observations.Observations.disagreements`."""
+        return self.observed.disagreements

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from kube import annotations as A
-from kube.objects import ObjectError
+from kube.fields import ObjectError
 from packing.constraints import (
     BLOCKING,
     OPERATORS,

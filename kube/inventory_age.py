@@ -20,12 +20,15 @@ is not trusted afresh by each restart, unless the node's clock ran ahead of the
 extender's (its ``ts`` is then taken as now), and a node whose clock runs more than
 ``max_age_s - refresh`` behind is read as inventory-less until its agent's next write.
 
-Pure: the clock is the caller's.
+No clock of its own: the caller's. :class:`InventoryTrust` keeps, per node, what the cache
+needs to know of its inventory's age (and logs when one goes stale or fresh again).
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -33,6 +36,7 @@ from typing import Any
 
 from kube import annotations as A
 
+log = logging.getLogger("gpupack.kube.cache")
 DEFAULT_MAX_AGE_S = 900.0  # the extender's --inventory-max-age
 DEFAULT_REFRESH_S = 300.0  # the agent's --inventory-refresh
 MAX_TS = 2**53  # a ts past this (float's exact integers; year 285 million) is not a time
@@ -124,3 +128,72 @@ def essentials(node: Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(status, Mapping) and "allocatable" in status:
         out["status"] = {"allocatable": status["allocatable"]}
     return out
+
+
+class InventoryTrust:
+    """Which nodes' agent inventories are trusted now, under the age limit ``age`` (None:
+    no limit): per node, the (ts, expiry) of the last inventory seen, the nodes whose
+    inventory is stale, and, for each trusted one, what to read the node again from once
+    its inventory expires (no watch event comes when a node agent stops). Kept by
+    :class:`kube.cache.ClusterCache` (under its lock)."""
+
+    def __init__(self, age: InventoryAge | None) -> None:
+        self.age = age
+        self._stale: set[str] = set()
+        # node -> (ts, expiry) of the last inventory seen on it, stale ones included.
+        self._seen: dict[str, tuple[int, float]] = {}
+        # Nodes whose inventory is trusted now: what to re-read each from once it expires.
+        self._nodes: dict[str, dict[str, Any]] = {}
+
+    def stale(self, name: str | None, ts: int | None, now: float,
+              record: bool = False) -> str | None:
+        """Why node ``name``'s inventory, written with ``ts``, is not trusted at ``now``
+        (None: it is, or there is no limit, or it has no ``ts``); ``record`` keeps its
+        (ts, expiry) for the node."""
+        age = self.age
+        if age is None or name is None:
+            return None
+        if ts is None:
+            if record:
+                self._seen.pop(name, None)
+            return None
+        end = age.expires(ts, now, self._seen.get(name))
+        if record:
+            self._seen[name] = (ts, end)
+        return age.reason(ts, end, now)
+
+    def note(self, name: str, obj: Mapping[str, Any], why: str | None) -> None:
+        """Which nodes' inventories are stale (``why``: the reason, None: trusted), and
+        what to re-read each trusted one's node from once it expires."""
+        if why is not None:
+            if name not in self._stale:
+                log.warning("node %s: %s", name, why)
+            self._stale.add(name)
+            self._nodes.pop(name, None)
+            return
+        if name in self._stale:
+            if name in self._seen:
+                log.info("node %s: the node agent's inventory is fresh again", name)
+            else:
+                log.info("node %s: its stale node agent inventory was removed", name)
+            self._stale.discard(name)
+        if name in self._seen:
+            self._nodes[name] = essentials(obj)
+        else:
+            self._nodes.pop(name, None)
+
+    def due(self, now: float) -> list[tuple[str, dict[str, Any]]]:
+        """The nodes whose trusted inventory has expired by ``now``, with what to read
+        each again from (no longer kept: a node that fails to read is not tried again)."""
+        names = sorted(n for n in self._nodes if self._seen.get(n, (0, math.inf))[1] <= now)
+        return [(n, self._nodes.pop(n)) for n in names]
+
+    def forget(self, name: str) -> None:
+        """The node is gone."""
+        self._stale.discard(name)
+        self._seen.pop(name, None)
+        self._nodes.pop(name, None)
+
+    @property
+    def stale_count(self) -> int:
+        return len(self._stale)

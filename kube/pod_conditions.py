@@ -14,7 +14,7 @@ status, with one of these conditions, requeues it.
 
 A condition says what gpupack last did and when (``lastTransitionTime``), not what holds
 now: it is not taken back when a reservation ends. A wake whose write fails is retried
-by its :class:`kube.groups.reservations.RecordWriter` like any other write: a few quick tries,
+by its :class:`kube.record_writer.RecordWriter` like any other write: a few quick tries,
 then again every few seconds (doubling up to a minute) while this replica leads, until
 it passes, a newer wake of the same pod replaces it, or the API refuses it for good (400,
 422: dropped). A wake dropped because this replica stopped leading is not written by
@@ -49,7 +49,7 @@ REQUEST_TIMEOUT_S = 10  # one patch; the writer retries it (see the module docst
 def _patch(key: str, kind: str, reason: str, message: str, now: dt.datetime
            ) -> dict[str, Any]:
     """A status patch of pod ``key`` ("namespace/name") setting one True condition, in
-    the shape :class:`kube.groups.reservations.RecordWriter` queues (metadata names the pod)."""
+    the shape :class:`kube.record_writer.RecordWriter` queues (metadata names the pod)."""
     namespace, _, name = key.partition("/")
     return {
         "metadata": {"namespace": namespace, "name": name},
@@ -78,7 +78,7 @@ def slices_created(key: str, node: str, config: str, what: str, now: dt.datetime
 
 
 class ApiPodStatusStore:
-    """Writes those patches to the API (a :class:`kube.groups.reservations.RecordStore`)."""
+    """Writes those patches to the API (a :class:`kube.record_writer.RecordStore`)."""
 
     def __init__(self, api_client: Any) -> None:
         from kubernetes import client

@@ -11,15 +11,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from kube.node_objects import NodeObservation, inventory_text, node_info, observation_of
 from kube.objects import (
-    NodeObservation,
     ObjectError,
     bound_node,
-    inventory_text,
     is_finished,
-    node_info,
     object_name,
-    observation_of,
     pod_key,
     pod_request,
     recorded_placement,

@@ -1,4 +1,4 @@
-"""What the background writers (:class:`kube.groups.reservations.RecordWriter`) did, as metrics.
+"""What the background writers (:class:`kube.record_writer.RecordWriter`) did, as metrics.
 
 ``gpupack_record_writes_total{what, outcome}``: ``written``; ``retried_later`` (failed its
 quick retries, tried again later); ``dropped`` (this replica stopped leading before it was
@@ -23,7 +23,7 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from kube.groups.reservations import RecordWriter
+from kube.record_writer import RecordWriter
 
 OUTCOMES = ("written", "retried_later", "dropped", "given_up")
 

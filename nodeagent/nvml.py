@@ -14,6 +14,9 @@ device it concerns and the read goes on with the next call and the next device. 
 that cannot be loaded or initialised (no driver, no library) yields an empty
 :class:`GpuSnapshot` with an error; the next :meth:`NvmlAdapter.read` tries again,
 because a driver container may finish loading after the agent starts.
+
+Past 600 lines because it is the one module that touches ``pynvml`` (a test reads it for
+mutating calls): every getter the agent needs, each with its error containment, is here.
 """
 
 from __future__ import annotations

@@ -26,6 +26,10 @@ every term below is bounded by the batch and its variables; see _objective):
           - C * sum u[g]                        (keep whole GPUs free)
           - D * MIG instances created           (prefer existing, exact-profile slices)
           - E * sum t[n]                        (fewest nodes touched)
+
+Past 600 lines as one model: its variables, constraints and objective are written out
+above and built in the sections below in the same order; split, the objective would sit
+apart from the variables it weighs.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ from typing import Any
 from packing.catalog import GpuModel, match_product
 from packing.mig.layout import layout_from_counts
 from packing.model import (
+    MAX_NODE_GPUS,
     GpuInfo,
     GpuMode,
     GroupRef,
@@ -36,8 +37,13 @@ class Scenario:
     arrivals: tuple[tuple[PodRequest, ...], ...]  # one pod, or all members of a group
 
 
-def _get(d: Mapping[str, Any], key: str, where: str, kind: type | tuple[type, ...]) -> Any:
+def get_field(d: Mapping[str, Any], key: str, where: str, kind: type | tuple[type, ...],
+              default: Any = None) -> Any:
+    """``d[key]`` checked to be a ``kind`` (never a bool); ``default`` when it is absent
+    and a default is given; ScenarioError naming ``where.key`` otherwise."""
     if key not in d:
+        if default is not None:
+            return default
         raise ScenarioError(f"{where}.{key}: missing")
     v = d[key]
     if not isinstance(v, kind) or isinstance(v, bool):
@@ -45,63 +51,24 @@ def _get(d: Mapping[str, Any], key: str, where: str, kind: type | tuple[type, ..
     return v
 
 
-def _qty(conv: Any, v: Any, where: str) -> int:
+
+def quantity(conv: Any, v: Any, where: str) -> int:
+    """``conv(v)`` (a Kubernetes quantity) as an int; ScenarioError naming ``where``."""
     try:
         return int(conv(v))
     except QuantityError as e:
         raise ScenarioError(f"{where}: {e}") from None
 
 
+
 def parse_scenario(data: Any) -> Scenario:
     if not isinstance(data, Mapping):
         raise ScenarioError("scenario: expected a mapping at the top")
-    seed = _get(data, "seed", "scenario", int) if "seed" in data else 0
-    nodes: list[NodeInfo] = []
-    for i, spec in enumerate(_get(data, "nodes", "scenario", list)):
-        where = f"nodes[{i}]"
-        if not isinstance(spec, Mapping):
-            raise ScenarioError(f"{where}: expected a mapping")
-        try:
-            model = match_product(_get(spec, "product", where, str))
-        except ValueError as e:
-            raise ScenarioError(f"{where}.product: {e}") from None
-        mode_text = spec.get("mode", "whole")
-        try:
-            mode = GpuMode(mode_text)
-        except ValueError:
-            raise ScenarioError(
-                f"{where}.mode: {mode_text!r} is not one of whole, mig, shared"
-            ) from None
-        if mode is GpuMode.MIG and not model.mig_capable:
-            raise ScenarioError(f"{where}.mode: {model.name} has no MIG")
-        layout = _mig_layout(spec, model, mode, where)
-        opt_in = spec.get("mig-reconfigure")
-        if opt_in is not None and not isinstance(opt_in, bool):
-            raise ScenarioError(f"{where}.mig-reconfigure: {opt_in!r} is not true or false")
-        # The actuator is a setting of the run (with_mig_actuator), not of the scenario.
-        reconfigure = MigReconfigure.of(opt_in, actuator=False)
-        replicas = spec.get("replicas", 1)
-        n_gpus = _get(spec, "gpus", where, int)
-        labels = {str(k): str(v) for k, v in (spec.get("labels") or {}).items()}
-        for k in range(_get(spec, "count", where, int)):
-            name = f"{_get(spec, 'prefix', where, str)}-{k}"
-            gpus = tuple(
-                GpuInfo(g, model.name, model.memory_mib, mode, layout, replicas=replicas)
-                for g in range(n_gpus)
-            )
-            nodes.append(
-                NodeInfo(
-                    name,
-                    _qty(cpu_milli, spec.get("cpu", 64), f"{where}.cpu"),
-                    _qty(memory_mib, spec.get("memory", "256Gi"), f"{where}.memory"),
-                    gpus,
-                    {**labels, "kubernetes.io/hostname": name},
-                    mig_reconfigure=reconfigure,
-                )
-            )
-    classes = _get(data, "classes", "scenario", list)
+    seed = get_field(data, "seed", "scenario", int) if "seed" in data else 0
+    nodes = [n for _, pool in parse_pools(get_field(data, "nodes", "scenario", list)) for n in pool]
+    classes = get_field(data, "classes", "scenario", list)
     templates = [_template(c, f"classes[{i}]") for i, c in enumerate(classes)]
-    n = _get(data, "arrivals", "scenario", int)
+    n = get_field(data, "arrivals", "scenario", int)
     rng = random.Random(seed)
     weights = [w for _, w, _ in templates]
     arrivals: list[tuple[PodRequest, ...]] = []
@@ -124,6 +91,67 @@ def parse_scenario(data: Any) -> Scenario:
     return Scenario(tuple(nodes), tuple(arrivals))
 
 
+def parse_pools(specs: Sequence[Any]) -> list[tuple[str, list[NodeInfo]]]:
+    """The nodes of a scenario's ``nodes`` list, one pool (its ``prefix``) per entry:
+    ``count`` nodes named ``<prefix>-<k>``. ScenarioError names the field."""
+    pools: list[tuple[str, list[NodeInfo]]] = []
+    for i, spec in enumerate(specs):
+        where = f"nodes[{i}]"
+        if not isinstance(spec, Mapping):
+            raise ScenarioError(f"{where}: expected a mapping")
+        try:
+            model = match_product(get_field(spec, "product", where, str))
+        except ValueError as e:
+            raise ScenarioError(f"{where}.product: {e}") from None
+        mode_text = spec.get("mode", "whole")
+        try:
+            mode = GpuMode(mode_text)
+        except ValueError:
+            raise ScenarioError(
+                f"{where}.mode: {mode_text!r} is not one of whole, mig, shared"
+            ) from None
+        if mode is GpuMode.MIG and not model.mig_capable:
+            raise ScenarioError(f"{where}.mode: {model.name} has no MIG")
+        layout = _mig_layout(spec, model, mode, where)
+        opt_in = spec.get("mig-reconfigure")
+        if opt_in is not None and not isinstance(opt_in, bool):
+            raise ScenarioError(f"{where}.mig-reconfigure: {opt_in!r} is not true or false")
+        # The actuator is a setting of the run (with_mig_actuator), not of the scenario.
+        reconfigure = MigReconfigure.of(opt_in, actuator=False)
+        replicas = spec.get("replicas", 1)
+        if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 0:
+            raise ScenarioError(f"{where}.replicas: {replicas!r} is not a count")
+        n_gpus = get_field(spec, "gpus", where, int)
+        if not 0 <= n_gpus <= MAX_NODE_GPUS:
+            raise ScenarioError(f"{where}.gpus: {n_gpus} is not within 0..{MAX_NODE_GPUS}")
+        count = get_field(spec, "count", where, int)
+        if count < 0:
+            raise ScenarioError(f"{where}.count: {count} is negative")
+        labels = {str(k): str(v) for k, v in (spec.get("labels") or {}).items()}
+        prefix = get_field(spec, "prefix", where, str)
+        if any(prefix == p for p, _ in pools):
+            raise ScenarioError(f"{where}.prefix: {prefix!r} is used twice")
+        pool = []
+        for k in range(count):
+            name = f"{prefix}-{k}"
+            gpus = tuple(
+                GpuInfo(g, model.name, model.memory_mib, mode, layout, replicas=replicas)
+                for g in range(n_gpus)
+            )
+            pool.append(
+                NodeInfo(
+                    name,
+                    quantity(cpu_milli, spec.get("cpu", 64), f"{where}.cpu"),
+                    quantity(memory_mib, spec.get("memory", "256Gi"), f"{where}.memory"),
+                    gpus,
+                    {**labels, "kubernetes.io/hostname": name},
+                    mig_reconfigure=reconfigure,
+                )
+            )
+        pools.append((prefix, pool))
+    return pools
+
+
 def _mig_layout(spec: Mapping[str, Any], model: GpuModel, mode: GpuMode, where: str
                 ) -> tuple[MigInstance, ...]:
     """The MIG instances every GPU of a ``mode: mig`` node reports, from ``mig-devices``
@@ -132,7 +160,7 @@ def _mig_layout(spec: Mapping[str, Any], model: GpuModel, mode: GpuMode, where: 
         return ()
     if mode is not GpuMode.MIG or model.mig is None:
         raise ScenarioError(f"{where}.mig-devices: only for mode: mig on a MIG-capable GPU")
-    devices = _get(spec, "mig-devices", where, Mapping)
+    devices = get_field(spec, "mig-devices", where, Mapping)
     counts: dict[str, int] = {}
     for profile, n in devices.items():
         if not model.mig.has_profile(str(profile)):
@@ -156,10 +184,10 @@ def _with(tmpl: PodRequest, key: str, group: GroupRef | None) -> PodRequest:
 def _template(c: Any, where: str) -> tuple[PodRequest, float, tuple[int, str | None] | None]:
     if not isinstance(c, Mapping):
         raise ScenarioError(f"{where}: expected a mapping")
-    name = _get(c, "name", where, str)
-    weight = _get(c, "weight", where, (int, float))
-    cpu = _qty(cpu_milli, c.get("cpu", 1), f"{where}.cpu")
-    mem = _qty(memory_mib, c.get("memory", "1Gi"), f"{where}.memory")
+    name = get_field(c, "name", where, str)
+    weight = get_field(c, "weight", where, (int, float))
+    cpu = quantity(cpu_milli, c.get("cpu", 1), f"{where}.cpu")
+    mem = quantity(memory_mib, c.get("memory", "1Gi"), f"{where}.memory")
     kinds = [k for k in ("mig", "shared", "whole") if k in c]
     if len(kinds) > 1:
         raise ScenarioError(f"{where}: give one of mig, shared, whole (got {', '.join(kinds)})")
@@ -169,11 +197,11 @@ def _template(c: Any, where: str) -> tuple[PodRequest, float, tuple[int, str | N
     milli = 0
     gmem = 0
     if "mig" in c:
-        kind, profile = RequestKind.MIG, _get(c, "mig", where, str)
+        kind, profile = RequestKind.MIG, get_field(c, "mig", where, str)
     elif "shared" in c:
-        s = _get(c, "shared", where, Mapping)
+        s = get_field(c, "shared", where, Mapping)
         kind = RequestKind.SHARED
-        gmem = _qty(memory_mib, s.get("memory", "1Gi"), f"{where}.shared.memory")
+        gmem = quantity(memory_mib, s.get("memory", "1Gi"), f"{where}.shared.memory")
         try:
             milli = int(parse_quantity(s.get("compute", 0)) * 1000)
         except QuantityError as e:
@@ -181,11 +209,11 @@ def _template(c: Any, where: str) -> tuple[PodRequest, float, tuple[int, str | N
         if not 0 <= milli <= 1000:
             raise ScenarioError(f"{where}.shared.compute: must be within 0..1")
     elif "whole" in c:
-        kind, count = RequestKind.WHOLE, _get(c, "whole", where, int)
+        kind, count = RequestKind.WHOLE, get_field(c, "whole", where, int)
     group = None
     if "group" in c:
-        g = _get(c, "group", where, Mapping)
-        group = (_get(g, "size", f"{where}.group", int), g.get("topology"))
+        g = get_field(c, "group", where, Mapping)
+        group = (get_field(g, "size", f"{where}.group", int), g.get("topology"))
     tmpl = PodRequest(
         key=name,
         cpu_milli=cpu,

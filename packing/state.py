@@ -5,6 +5,11 @@ applied) and then placements are applied or undone one at a time. ``options`` li
 every concrete way one pod can go on one node (which GPU, which MIG start); policies
 score those options. Everything is in-process and deterministic; nothing here is shared
 between threads.
+
+Past 600 lines as one class: applying, undoing and listing options keep the same
+per-GPU book (instances, shares, whole owners, unsure shares) consistent, and every
+solver and the validator build on it; the device plugin's choice is
+:mod:`packing.device_plugin`, MIG geometry :mod:`packing.mig.layout`.
 """
 
 from __future__ import annotations

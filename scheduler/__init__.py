@@ -11,8 +11,12 @@
 
 One naming rule in every system: ``decide.py`` is the pure decision (no I/O, no lock, no
 clock: state in, decision out), ``loop.py`` the thin handler that gathers the state,
-applies the decision and runs in the background. The rules between the rooms are stated
-in each package's docstring and checked by ``tests/test_layers.py``.
+applies the decision and runs in the background on the one loop engine,
+:mod:`scheduler.engine` (thread, stop, bounded join, leader gate, back-off, outcome
+metrics). Shared helpers beside the rooms: ``engine``, ``backoff`` (the one back-off
+rule) and ``child`` (the long-lived child process of the solver and the warmer). The
+rules between the rooms are stated in each package's docstring and checked by
+``tests/test_layers.py``.
 
 May import: :mod:`packing` (the model and solvers), :mod:`kube` (Kubernetes I/O) and
 :mod:`serving` (listeners, TLS). Not :mod:`webhook`: the extender and the webhook stand

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Outside tools some tests drive for real: Prometheus and promtool (Debian's package) and
-# helm + kubectl (tests/manifests/install-k8s-tools.sh). Idempotent; a tool that cannot be
+# Outside tools some tests drive for real: Prometheus and promtool (Debian's package),
+# buildah and mmdebstrap (Debian's packages, for the image test: no daemon) and helm +
+# kubectl (tests/manifests/install-k8s-tools.sh). Idempotent; a tool that cannot be
 # installed is reported, and the tests that need it skip saying so.
 #
 # The tests start Prometheus themselves. Debian's package would also start and enable
@@ -59,6 +60,17 @@ if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2
 fi
 if [ "$(id -u)" = 0 ] && command -v dpkg-query >/dev/null 2>&1; then
   quiet_services
+fi
+# tests/manifests/test_image_build.py builds the image with buildah (vfs, chroot
+# isolation: no runtime, no daemon) on a base mmdebstrap makes; neither starts a service.
+if ! command -v buildah >/dev/null 2>&1 || ! command -v mmdebstrap >/dev/null 2>&1; then
+  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+        --no-install-recommends buildah mmdebstrap >/dev/null) \
+      || echo "install-tools: could not install buildah and mmdebstrap" >&2
+  else
+    echo "install-tools: buildah/mmdebstrap missing and apt-get (as root) unavailable" >&2
+  fi
 fi
 if [ "$(id -u)" = 0 ]; then
   bash "$here/manifests/install-k8s-tools.sh" || echo "install-tools: could not install helm/kubectl" >&2

@@ -198,3 +198,29 @@ def test_mig_bench_static_default_spreads_like_kube_scheduler() -> None:
         i += 1
     assert i == 9 and sum(1 for k in sim.running if k != big.req.key) == 8
     assert sim.invalid == []
+
+
+def test_cli_start_bench_runs() -> None:
+    import json
+
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "cli_start.py"), "--runs", "1",
+                          "--format", "json"], capture_output=True, text=True, timeout=120,
+                         check=True).stdout
+    figures = json.loads(out)
+    assert set(figures) == {"python -c pass", "gpupack --version", "gpupack --help"}
+    assert all(f["median_s"] > 0 for f in figures.values())
+
+
+def test_day_bench_runs_one_seed() -> None:
+    import json
+
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "day.py"), "--seeds", "1",
+                          "--format", "json"], capture_output=True, text=True, timeout=600,
+                         check=True).stdout
+    (row,) = json.loads(out)
+    assert row["seed"] == 1
+    for name in ("kube-scheduler", "gpupack"):
+        assert row[name]["gpus_needed"] > 0 and row[name]["nodes_needed"] > 0
+    assert row["gpupack"]["overcommitted"] == 0
+    assert row["gpupack_over_kube_gpus"] == round(
+        row["gpupack"]["gpus_needed"] / row["kube-scheduler"]["gpus_needed"], 3)

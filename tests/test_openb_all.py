@@ -81,11 +81,11 @@ def test_summary_without_published_figure_shows_a_dash() -> None:
 
 def test_unknown_trace_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                   capsys: pytest.CaptureFixture[str]) -> None:
-    # A trace directory of its own: the check runs whether or not shared/ is present.
-    traces = tmp_path / "shared" / "traces" / "openb"
+    # A trace directory of its own, so that the check does not depend on what ships.
+    traces = tmp_path / "openb"
     traces.mkdir(parents=True)
     (traces / "openb_pod_list_default.csv").write_text("name\n")
-    monkeypatch.setattr(openb_all, "find_trace_dir", lambda start: traces)
+    monkeypatch.setattr(openb_all.bundled, "trace_dir", lambda: traces)
     assert openb_all.main(["--traces", "nosuchtrace", "--seeds", "1"]) == 2
     err = capsys.readouterr().err
     assert "unknown --traces nosuchtrace; known: default" in err

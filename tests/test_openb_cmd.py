@@ -9,13 +9,12 @@ from pathlib import Path
 import pytest
 
 from gpupack import openb_cmd
+from sim.openb import bundled
 
-TRACES = openb_cmd.find_trace_dir(Path(__file__).resolve().parent)
-needs_trace = pytest.mark.skipif(TRACES is None, reason="shared/traces/openb not found")
+TRACES = bundled.trace_dir()  # shipped with gpupack: no skip, no folder beside the clone
 
 
 def _subset(tmp_path: Path, n_nodes: int = 60, n_pods: int = 400) -> tuple[Path, Path]:
-    assert TRACES is not None
     nodes = (TRACES / "openb_node_list_gpu_node.csv").read_text().splitlines()
     pods = (TRACES / "openb_pod_list_default.csv").read_text().splitlines()
     np_, pp = tmp_path / "nodes.csv", tmp_path / "pods.csv"
@@ -30,7 +29,6 @@ def _args(*argv: str) -> argparse.Namespace:
     return p.parse_args(list(argv))
 
 
-@needs_trace
 def test_json_smoke_random_below_bestfit(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -72,7 +70,6 @@ def test_json_smoke_random_below_bestfit(
     assert header[:2] == ["policy", "seed"] and header[-1] == "130"
 
 
-@needs_trace
 def test_table_windowed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     nodes, pods = _subset(tmp_path, 30, 200)
     rc = openb_cmd.run(
@@ -126,7 +123,6 @@ def test_bad_row_reported(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert "line 2" in err and "'gpu'" in err and "'x'" in err
 
 
-@needs_trace
 def test_bound_beside_the_policies(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # The interface of issue 38: a top-level "bound" with exactly alloc_130 and kind,
     # above every policy's alloc_130 (it is a certificate, seed by seed and so in mean).

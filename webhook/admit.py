@@ -12,7 +12,8 @@ from typing import Any
 from packing.model import Snapshot
 from webhook.capacity import ClusterView
 from webhook.config import WebhookConfig
-from webhook.decide import AdmissionDecision, Kind, decide_admission, deny
+from webhook.decide import decide_admission
+from webhook.decision import AdmissionDecision, Kind, deny
 from webhook.patch import build_patch, records_warning, stale_records
 
 

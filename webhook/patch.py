@@ -18,7 +18,8 @@ from typing import Any
 from kube import annotations as A
 from packing.quantity import QuantityError, parse_quantity
 from webhook.config import WebhookConfig
-from webhook.decide import DEFAULT_SCHEDULER, PRODUCT_KEY, SHARING_KEY, AdmissionDecision, Kind
+from webhook.decision import AdmissionDecision, Kind
+from webhook.pod import DEFAULT_SCHEDULER, PRODUCT_KEY, SHARING_KEY
 
 Path = Sequence[str | int]
 _REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
@@ -319,7 +320,7 @@ def build_patch(pod: Mapping[str, Any], decision: AdmissionDecision, config: Web
     b = _Builder(pod)
     for key in decision.strip:
         b.remove(["metadata", "annotations", key])
-    if decision.kind in (Kind.WHOLE, Kind.EXPLICIT, Kind.MIG, Kind.SHARED, Kind.MPS):
+    if decision.small or decision.kind in (Kind.WHOLE, Kind.EXPLICIT):
         _scheduler(b, config)
     if decision.kind is Kind.EXPLICIT and decision.admission and not decision.reused:
         _explicit_annotation(b, decision)

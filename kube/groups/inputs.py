@@ -1,5 +1,5 @@
 """What bounds a group's reservation besides the nodes and pods: the namespaces'
-ResourceQuotas (watched by :class:`kube.source.ApiSource`) and the LeaderWorkerSet
+ResourceQuotas (watched by :class:`kube.api_source.ApiSource`) and the LeaderWorkerSet
 objects (polled by :class:`kube.groups.lws.LwsPoller`), kept parsed for the reservation book.
 
 Copy-on-write: every change builds new mappings and swaps them in under a small lock,

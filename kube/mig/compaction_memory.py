@@ -16,7 +16,7 @@ What a new leader must not forget, or it would break a promise the last one kept
 
 Pod ages need no memory: they count from the pods' ``status.startTime``.
 
-Written by the leader only (through :class:`kube.groups.reservations.RecordWriter`, latest
+Written by the leader only (through :class:`kube.record_writer.RecordWriter`, latest
 wins), read once when it starts leading. Times are wall-clock seconds. The ConfigMap's
 ``data["memory.json"]``::
 

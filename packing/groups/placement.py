@@ -123,7 +123,7 @@ def _greedy_in(
     eligible: Sequence[tuple[list[str], str | None]],
 ) -> tuple[list[Placement], str | None] | int:
     """Member by member, largest first, in the first domain that takes them all (as
-    :func:`packing.scoring.place_group`); else the most members any domain
+    :func:`packing.policies.engine.greedy`); else the most members any domain
     took. ``state`` is left as it was."""
     best_fit = 0
     for nodes, value in eligible:

@@ -65,6 +65,11 @@ Solved with explicit limits, seed and workers; FEASIBLE is accepted; UNKNOWN, an
 model or an invalid answer falls back to the greedy plan, which is also the hint. Whole
 demand is matched only to nodes whose GPUs are all of one model (mixed nodes are left
 to the MIG side).
+
+Past 600 lines as one planner: the greedy fill and the CP-SAT plan choose among the
+same candidate layouts for the same demand and are checked by the same
+:func:`plan_errors`; split, the rules every plan keeps would be stated far from one of
+the two that must keep them.
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """The defragmenter in the extender (``gpupack serve --defrag=plan|act``): a thin handler.
 
-On the active extender only (``is_leader``; a standby does nothing and holds nothing),
-once the reservation book is ready, a background thread takes a pass about every
-second: it gathers the facts under the cache lock (which groups wait for room, what the
-running campaign's pods and room look like), plans with
-:func:`packing.defrag.plan.plan_defrag` when :func:`scheduler.defrag.decide.wants_plan` says
-so (outside the lock, on a snapshot), takes the pure decision
-(:func:`scheduler.defrag.decide.decide_defrag`) and applies it:
+On the active extender only (its :class:`scheduler.engine.LeaderGate`; a standby does
+nothing and holds nothing), once the reservation book is ready, a pass runs about every
+second on the loop engine (:class:`scheduler.engine.Loop`): it gathers the facts under
+the cache lock (which groups wait for room, what the running campaign's pods and room
+look like), plans with :func:`packing.defrag.plan.plan_defrag` when
+:func:`scheduler.defrag.decide.wants_plan` says so (outside the lock, on a snapshot),
+takes the pure decision (:func:`scheduler.defrag.decide.decide_defrag`) and applies it:
 
 * holds: the room's GPUs, as they free, are counted in the cache under the key
   ``<group>#defrag-<node>`` (:meth:`ClusterCache.hold`), so filter, bind and the planner
@@ -28,6 +28,11 @@ nodes of its kind are free than it needs, the planner is asked for one more whol
 on the cluster without the whole nodes already free (a virtual lone pod of a node's
 GPUs, at that group's priority), and a move that evicts few pods is carried out; its
 hand-over only gives the holds back.
+
+Past 600 lines as one handler: the facts it gathers, the holds it keeps as pods go (on
+the watch's thread) and the decision it applies share one campaign's state and the
+order of the cache lock; the pure parts are :mod:`scheduler.defrag.decide` and
+:mod:`packing.defrag`, the figures :mod:`scheduler.defrag.metrics`.
 """
 
 from __future__ import annotations
@@ -39,11 +44,11 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry
 
 from kube.cache import ClusterCache
 from kube.defrag.inputs import PodOwners
-from kube.evictions import OUTCOMES, EventSink, Evictor, PodRef
+from kube.evictions import EventSink, Evictor, PodRef
 from packing.defrag.plan import (
     DefragParams,
     DefragPlan,
@@ -56,7 +61,6 @@ from packing.groups.members import is_reservation
 from packing.model import Placement, PodRequest, RequestKind, Snapshot
 from scheduler.defrag.decide import (
     CONSOLIDATE,
-    STOP_REASONS,
     Attempt,
     Campaign,
     Consolidation,
@@ -74,14 +78,14 @@ from scheduler.defrag.decide import (
     wanted_room_holds,
     wants_plan,
 )
+from scheduler.defrag.metrics import DefragMetrics
+from scheduler.engine import LeaderGate, Loop, LoopMetrics, Outcome
 from scheduler.groups.loop import ReservationBook
 
 log = logging.getLogger("gpupack.scheduler.defrag")
-
 HOLD_MARK = "#defrag-"
 Clock = Callable[[], float]
 Planner = Callable[[Snapshot, Evictability, DefragParams], DefragPlan]
-WAIT_BUCKETS = (10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0, 3600.0, 7200.0)
 
 
 def defrag_hold_key(group: str, node: str) -> str:
@@ -95,33 +99,6 @@ def room_hold_request(key: str, gpus: int, cpu_milli: int = 0, memory_mib: int =
     kind = RequestKind.WHOLE if gpus else RequestKind.NONE
     return PodRequest(key=key, kind=kind, gpu_count=gpus, cpu_milli=cpu_milli,
                       memory_mib=memory_mib, klass="whole" if gpus else "cpu")
-
-
-class DefragMetrics:
-    def __init__(self, registry: CollectorRegistry | None) -> None:
-        reg = registry if registry is not None else CollectorRegistry()
-        self.planned = Counter("gpupack_defrag_moves_planned",
-                               "Moves planned for waiting groups (plan: each new move told; "
-                               "act: each move started)", registry=reg)
-        self.evictions = Counter("gpupack_defrag_evictions",
-                                 "Evictions asked of the Eviction API, by outcome (evicted; "
-                                 "refused: pdb = 429, forbidden = 403, error; gone)",
-                                 ["outcome"], registry=reg)
-        for o in OUTCOMES:
-            self.evictions.labels(o)
-        self.freed = Counter("gpupack_defrag_gpus_freed",
-                             "GPUs freed by evictions and handed to a waiting group",
-                             registry=reg)
-        self.stopped = Counter("gpupack_defrag_campaigns_stopped",
-                               "Campaigns ended, by reason", ["reason"], registry=reg)
-        for r in STOP_REASONS:
-            self.stopped.labels(r)
-        self.active = Gauge("gpupack_defrag_active",
-                            "1 while a campaign frees a domain for a group", registry=reg)
-        self.wait = Histogram("gpupack_defrag_group_wait_seconds",
-                              "Seconds from a group first waiting to its room being reserved, "
-                              "for groups the defragmenter freed room for",
-                              buckets=WAIT_BUCKETS, registry=reg)
 
 
 @dataclass(frozen=True)
@@ -177,6 +154,7 @@ class Defragmenter:
         clock: Clock = time.time,
         planner: Planner = plan_defrag,
         consolidate_window: tuple[int, int] | None = None,
+        loop_metrics: LoopMetrics | None = None,
     ) -> None:
         """``consolidate_window``: (start, end) minutes of the UTC day when, act mode
         only, consolidation may run (None: never). ``metrics``: registered by the caller
@@ -195,7 +173,7 @@ class Defragmenter:
         self.cfg = settings or DefragSettings()
         self.params = params or DefragParams()
         self.metrics = metrics if metrics is not None else DefragMetrics(registry)
-        self.is_leader = is_leader
+        self.gate = LeaderGate(is_leader)
         self.clock = clock
         self.planner = planner
         self.campaign: Campaign | None = None
@@ -214,8 +192,8 @@ class Defragmenter:
         self.seen: Seen | None = None
         self._seen_at = -math.inf
         self._pass = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        # A pass about every poll_s (a timer: the cache's changes are not its cue).
+        self.loop = Loop("defrag", self.tick, poll_s=1.0, log=log, metrics=loop_metrics)
         cache.on_pod_gone(self._pod_gone)
 
     # ---- facts (under the cache lock) -----------------------------------------------------
@@ -422,27 +400,28 @@ class Defragmenter:
 
     # ---- a pass -----------------------------------------------------------------------------
 
-    def tick(self) -> None:
+    def tick(self) -> Outcome:
         with self._pass:
-            self._tick()
+            return self._tick()
 
-    def _tick(self) -> None:
+    def _tick(self) -> Outcome:
         now = self.clock()
         if not self.book.ready:
-            return
+            return Outcome.IDLE
         with self.cache.lock:  # the hook sets it under this lock
             done, self._handed = self._handed, None
         if done is not None:
             self._finish(done[0], done[1], now)
-        if not self.is_leader():
+        if not self.gate.step().leading:
             if self.campaign is not None:
                 with self.cache.lock:
                     self._release(self.campaign.group)
                 self._end("leadership", now)
-            return
+            return Outcome.STANDBY
+        self.gate.act()
         with self.cache.lock:
             if self._handed is not None:
-                return  # handed over meanwhile: the next pass reports it
+                return Outcome.DONE  # handed over meanwhile: the next pass reports it
             f = self._facts(now)
         state = DefragState(
             mode=self.mode, campaign=self.campaign, needs=f.needs, placed=f.placed,
@@ -452,6 +431,7 @@ class Defragmenter:
         if wants_plan(state, now, self.last_plan, f.version != self.plan_version, self.cfg):
             state = self._plan(state, now, f.version)
         self._apply(decide_defrag(state, now, self.cfg), state, now)
+        return Outcome.DONE
 
     def _plan(self, state: DefragState, now: float, version: int) -> DefragState:
         snap = self.cache.snapshot()
@@ -649,17 +629,22 @@ class Defragmenter:
     # ---- the thread ---------------------------------------------------------------------------
 
     def start(self, poll_s: float = 1.0) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, args=(poll_s,), daemon=True,
-                                            name="gpupack-defrag")
-            self._thread.start()
+        self.loop.poll_s = poll_s
+        self.loop.start()
 
     def stop(self) -> None:
-        self._stop.set()
+        self.loop.stop()
 
-    def _loop(self, poll_s: float) -> None:
-        while not self._stop.wait(poll_s):
-            try:
-                self.tick()
-            except Exception:  # a bug must not stop the loop: logged, tried again
-                log.exception("defrag pass failed")
+    def join(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` seconds for the thread (stopped) to end its pass in
+        progress; whether it has (or never ran)."""
+        return self.loop.join(timeout_s)
+
+    @property
+    def is_leader(self) -> Callable[[], bool]:
+        """Whether this replica leads (the gate's check; may be replaced)."""
+        return self.gate.is_leader
+
+    @is_leader.setter
+    def is_leader(self, check: Callable[[], bool]) -> None:
+        self.gate.is_leader = check

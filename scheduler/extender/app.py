@@ -1,5 +1,6 @@
-"""The extender's Flask app: HTTP in, extension point, HTTP out. Built by a factory, no
-globals.
+"""The extender's Flask app: HTTP in, extension point, HTTP out. No globals: the command
+layer (:mod:`gpupack.extender_app`) builds the parts and hands them to
+:func:`add_verb_routes` and :func:`add_info_routes`.
 
 Each verb's route is a thin adapter (:func:`verb_route`): it refuses while not ready or
 not the leader (503), reads the body (bounded), decodes it with :mod:`scheduler.extender.wire`,
@@ -16,21 +17,17 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import orjson
 from flask import Flask, Response, request
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
+from prometheus_client import CONTENT_TYPE_LATEST
 from werkzeug.exceptions import HTTPException
 
 from kube.cache import ClusterCache
-from kube.source import Binder
-from scheduler.extender.metrics import ExtenderMetrics, GroupMetrics
+from scheduler.extender.cycle import VerbError
+from scheduler.extender.metrics import ExtenderMetrics
 from scheduler.extender.points import ExtensionPoints
-from scheduler.extender.refusals import RecentRefusals
-from scheduler.extender.request_pods import RequestPods
-from scheduler.extender.verbs import Memo, VerbError
-from scheduler.extender.view_lag import ViewLag
 from scheduler.extender.wire import (
     BindingArgs,
     BindingResult,
@@ -41,7 +38,7 @@ from scheduler.extender.wire import (
     WireError,
     encode_priorities,
 )
-from scheduler.groups.loop import ReservationBook
+from scheduler.memo.decide import Memo
 from scheduler.memo.loop import Warmer
 from scheduler.planner.loop import Planner
 
@@ -59,6 +56,19 @@ class AppConfig:
     # Filter hands back at most this many fitting nodes, the policy's best (0: all of
     # them); see scheduler.extender.verbs.BestCandidates.
     filter_top: int = 0
+
+
+class Readiness(Protocol):
+    """Whether the extender answers: its first lists are in and the reservations rebuilt
+    (``check_ready``; ``ready`` as last found), and this replica leads (``is_leader``).
+    The reservation book (:class:`scheduler.groups.loop.ReservationBook`) is it."""
+
+    ready: bool
+
+    def check_ready(self) -> bool: ...
+
+    @property
+    def is_leader(self) -> Callable[[], bool]: ...
 
 
 class InFlight:
@@ -120,7 +130,7 @@ def read_json(max_body: int) -> Any:
         raise BadRequest(f"body is not valid JSON: {e}") from None
 
 
-def check_serving(book: ReservationBook) -> None:
+def check_serving(book: Readiness) -> None:
     """No answer from a cache that has not finished its first lists of nodes, pods and
     reservation records and rebuilt the reservations, nor from a standby."""
     if not book.check_ready():
@@ -181,42 +191,13 @@ def verb_route(verb: str, decode: Callable[[Any], A], call: Callable[[A], R],
     return view
 
 
-def create_extender_app(
-    cache: ClusterCache,
-    planner: Planner,
-    binder: Binder,
-    registry: CollectorRegistry,
-    config: AppConfig | None = None,
-    groups: ReservationBook | None = None,
-    refusals: RecentRefusals | None = None,
-) -> Flask:
-    cfg = config or AppConfig()
-    app = Flask("gpupack.scheduler")
-    # LLM groups (scheduler/groups/loop.py): members are answered by the reservation book. A
-    # book made here has no record source: its records start empty.
-    book = groups or ReservationBook(cache, scorer=lambda: planner.scorer.scorer,
-                                     records_listed=True)
-    app.extensions["gpupack.groups"] = book
-    metrics = ExtenderMetrics(registry, cache, planner, active=book.is_leader)
-    memo = Memo(cfg.memo_limit)
-    inflight = InFlight(app.wsgi_app)
-    app.wsgi_app = inflight  # type: ignore[method-assign]
-    warmer = Warmer(cache, memo, lambda: planner.scorer, busy=inflight.busy)
-    app.extensions["gpupack.warmer"] = warmer
-    # What /metrics serves, for the other listeners of the same process (metrics port,
-    # webhook) so that every scrape sees the same families.
-    app.extensions["gpupack.exposition"] = metrics.exposition
-    if cfg.warm:
-        warmer.start()
-    # Pods seen only in filter/prioritize requests, for their bind (extender/request_pods).
-    request_pods = RequestPods()
-    app.extensions["gpupack.request_pods"] = request_pods
-    GroupMetrics(registry, book)
-    points = ExtensionPoints(cache, planner, binder, book, memo, warmer, request_pods,
-                             metrics.binds, cfg.policy, cfg.filter_top,
-                             ViewLag(answered=metrics.view_behind), refusals)
-    common: dict[str, Any] = {"gate": lambda: check_serving(book),
-                              "max_body": cfg.max_body_bytes, "metrics": metrics}
+def add_verb_routes(app: Flask, points: ExtensionPoints, readiness: Readiness,
+                    max_body: int, metrics: ExtenderMetrics) -> None:
+    """``POST /filter``, ``/prioritize``, ``/bind`` and ``/preempt``, each a
+    :func:`verb_route` to its extension point, answering only while ``readiness`` says
+    so (:func:`check_serving`)."""
+    common: dict[str, Any] = {"gate": lambda: check_serving(readiness),
+                              "max_body": max_body, "metrics": metrics}
     routes: tuple[tuple[str, Callable[[], Response]], ...] = (
         ("filter", verb_route("filter", ExtenderArgs.decode, points.filter,
                               FilterResult.encode, **common)),
@@ -230,11 +211,8 @@ def create_extender_app(
     for verb, view in routes:
         app.add_url_rule(f"/{verb}", f"{verb}_", view, methods=["POST"])
 
-    add_info_routes(app, cache, planner, book, memo, warmer, metrics)
-    return app
 
-
-def add_info_routes(app: Flask, cache: ClusterCache, planner: Planner, book: ReservationBook,
+def add_info_routes(app: Flask, cache: ClusterCache, planner: Planner, book: Readiness,
                     memo: Memo, warmer: Warmer, metrics: ExtenderMetrics) -> None:
     """Health, readiness, status and metrics, and JSON for Flask's own 4xx."""
 

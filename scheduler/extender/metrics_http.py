@@ -1,7 +1,7 @@
 """The separate ``--metrics-port`` listener of ``gpupack serve``.
 
 It serves the same body as the extender's own ``/metrics`` (the cached exposition of
-:class:`scheduler.extender.metrics.CachedExposition`), so Prometheus can scrape the pod IP while
+:class:`scheduler.extender.metrics.Exposition`), so Prometheus can scrape the pod IP while
 the verbs stay on loopback. A :class:`serving.listener.Listener`: an event loop reads each
 request whole under deadlines, two threads answer (a scrape only copies the cached
 body), connections are capped; it shares no thread with the verbs.

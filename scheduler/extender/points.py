@@ -1,10 +1,13 @@
 """The extender's four extension points as typed calls: decoded arguments in, a wire
 result out, no HTTP (kube-scheduler's framework style: one entry per extension point).
 
-Each point asks the reservation book first (an LLM group member is answered from its
-reserved room, see :mod:`scheduler.groups.loop`) and otherwise runs the pure verb of
-:mod:`scheduler.extender.verbs` on the cache's view, under the cache lock. Input a verb cannot
-use raises :class:`~scheduler.extender.verbs.VerbError` (the HTTP layer answers 400).
+Each request gets one :class:`~scheduler.extender.cycle.Cycle`: its pod read at most once
+and shared by everyone the point asks. Each point asks its participants first, in order
+(the LLM groups' plugin answers a group member from its reserved room, see
+:mod:`scheduler.groups.plugin`), and otherwise runs the pure verb of
+:mod:`scheduler.extender.verbs` on the cache's view, under the cache lock. Input a verb
+cannot use raises :class:`~scheduler.extender.cycle.VerbError` (the HTTP layer answers
+400).
 
 Bind has two steps: :meth:`ExtensionPoints.claim` chooses the GPUs on the node and
 reserves them in the cache (under the lock, so two racing binds cannot take the same
@@ -22,21 +25,18 @@ from prometheus_client import Counter
 from kube.annotations import placement_annotations
 from kube.assumptions import AssumeError
 from kube.cache import ClusterCache
-from kube.objects import pod_key
 from kube.source import Binder, BindError
 from packing.model import Placement, PodRequest
 from packing.status import Status
+from scheduler.extender.cycle import Cycle, Participant, VerbError
 from scheduler.extender.refusals import RecentRefusals, remembered
 from scheduler.extender.request_pods import RequestPod, RequestPods
 from scheduler.extender.verbs import (
     BestCandidates,
-    Memo,
-    VerbError,
     choose_placement,
     filter_nodes,
     preempt,
     prioritize,
-    read_pod,
 )
 from scheduler.extender.view_lag import ViewLag
 from scheduler.extender.wire import (
@@ -48,8 +48,7 @@ from scheduler.extender.wire import (
     PreemptionArgs,
     PreemptionResult,
 )
-from scheduler.groups.loop import ReservationBook
-from scheduler.groups.plugin import GroupVerbs
+from scheduler.memo.decide import Memo
 from scheduler.memo.loop import Warmer
 from scheduler.planner.loop import Planner
 
@@ -70,14 +69,15 @@ class BindClaim:
 
 @dataclass(frozen=True)
 class ExtensionPoints:
-    """filter, prioritize, bind and preempt over one cache. ``binds``: the bind outcome
-    counter (labels ok, conflict, api_error); ``filter_top``: see
-    :class:`scheduler.extender.verbs.BestCandidates` (0: every fitting node)."""
+    """filter, prioritize, bind and preempt over one cache. ``participants``: the plugins
+    asked first at each point (:class:`~scheduler.extender.cycle.Participant`);
+    ``binds``: the bind outcome counter (labels ok, conflict, api_error); ``filter_top``:
+    see :class:`scheduler.extender.verbs.BestCandidates` (0: every fitting node)."""
 
     cache: ClusterCache
     planner: Planner
     binder: Binder
-    book: ReservationBook
+    participants: tuple[Participant, ...]
     memo: Memo
     warmer: Warmer
     request_pods: RequestPods
@@ -85,43 +85,48 @@ class ExtensionPoints:
     policy: str
     filter_top: int = 0
     lag: ViewLag | None = None  # how long "the view is behind" is an error (view_lag)
-    refusals: RecentRefusals | None = None  # full refusals, for scheduler/extender/refusals.py
+    refusals: RecentRefusals | None = None  # full refusals (extender/refusals.py)
 
-    @property
-    def group_verbs(self) -> GroupVerbs:
-        return GroupVerbs(self.book, self.lag)
-
-    def remember(self, args: ExtenderArgs) -> None:
+    def remember(self, cycle: Cycle) -> None:
         """A pod no list has shown: kept for its bind (the bind request names it only)."""
-        key = pod_key(args.pod)
-        if self.cache.pod_entry(key) is None:
-            self.request_pods.remember(args.pod, read_pod(args.pod))
+        if self.cache.pod_entry(cycle.key) is None:
+            self.request_pods.remember(cycle.pod, cycle.req)
 
     def filter(self, args: ExtenderArgs) -> FilterResult:
-        self.remember(args)
+        cycle = Cycle.of(args.pod)
+        self.remember(cycle)
         with self.cache.view() as view:
             best = (BestCandidates(self.filter_top, self.warmer.current(), self.planner.plan)
                     if self.filter_top > 0 else None)
-            got = self.group_verbs.filter(args) or filter_nodes(args, view, self.memo, best,
-                                                                self.lag)
+            got = next((a for p in self.participants
+                        if (a := p.filter(args, cycle)) is not None), None)
+            if got is None:
+                got = filter_nodes(args, view, self.memo, best, self.lag, cycle.req)
         if (self.refusals is not None and not got.error and not got.node_names
                 and not got.nodes and args.candidate_names):
             with self.cache.view() as view:
                 names = remembered(args.candidate_names, view.has_node)
-            self.refusals.refused(pod_key(args.pod), names)
+            self.refusals.refused(cycle.key, names)
         return got
 
     def prioritize(self, args: ExtenderArgs) -> list[HostPriority]:
-        self.remember(args)
+        cycle = Cycle.of(args.pod)
+        self.remember(cycle)
         plan = self.planner.plan
         with self.cache.view() as view:
-            return self.group_verbs.prioritize(args) or prioritize(
-                args, view, self.memo, self.warmer.current(), plan)
+            got = next((a for p in self.participants
+                        if (a := p.prioritize(args, cycle)) is not None), None)
+            if got is not None:
+                return got
+            return prioritize(args, view, self.memo, self.warmer.current(), plan, cycle.req)
 
     def preempt(self, args: PreemptionArgs) -> PreemptionResult:
-        read_pod(args.pod)
+        cycle = Cycle.of(args.pod)
+        pod = cycle.req  # a pod it cannot read is a 400 before anyone is asked
         with self.cache.view() as view:
-            return self.group_verbs.preempt(args) or preempt(args, view)
+            got = next((a for p in self.participants
+                        if (a := p.preempt(args, cycle)) is not None), None)
+            return got if got is not None else preempt(args, view, pod)
 
     def bind(self, args: BindingArgs) -> BindingResult:
         claim = self.claim(args)
@@ -162,8 +167,10 @@ class ExtensionPoints:
                 return self.refuse(f"pod {args.pod_key} has UID {pod.uid}, not "
                                    f"{args.pod_uid}", seen)
             uid = args.pod_uid or pod.uid
-            # A group member gets its reserved room, already assumed (or why not).
-            member = self.group_verbs.bind_member(pod, uid, args.node)
+            # A participant's pod (a group member) gets the room it reserved, already
+            # assumed (or why not).
+            member = next((a for p in self.participants
+                           if (a := p.reserve(pod, uid, args.node)) is not None), None)
             ref = self.warmer.current()
             choice = member if member is not None else choose_placement(
                 view, pod, args.node, ref.scorer, plan, self.memo, ref.gen)
@@ -184,7 +191,9 @@ class ExtensionPoints:
         that the book takes too, so the assumption cannot change in between."""
         with self.cache.lock:
             if self.cache.is_assumed(claim.pod.key, claim.uid):
-                self.book.forget(claim.pod.key)  # a group member's room is held again
+                self.cache.forget(claim.pod.key)
+                for p in self.participants:
+                    p.unreserve(claim.pod.key)  # a group member's room is held again
 
     def write(self, args: BindingArgs, claim: BindClaim) -> BindingResult:
         """The Binding for a claim (outside the lock); a failed one frees the claim."""

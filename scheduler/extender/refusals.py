@@ -17,8 +17,8 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 
-from kube.groups.reservations import Submitter
 from kube.pod_conditions import node_changed
+from kube.record_writer import Submitter
 
 DEFAULT_WINDOW_S = 10.0
 # Candidates a refusal keeps that the cache does not know, at most. A node the watch has

@@ -27,7 +27,7 @@ Rules, per record (groups by priority, higher first, then first seen, then key):
   room finds no new place, the reservation is released and the group waits, whole.
 
 Then every group with pending pods and no record, in the same order, unless it waits:
-the whole group is placed at once (:func:`scheduler.groups.keys.place_members`) or
+the whole group is placed at once (:func:`packing.groups.placement.place_members`) or
 waits holding nothing; a higher-priority group that does not fit may displace
 lower-priority records none of whose members is bound.
 

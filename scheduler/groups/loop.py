@@ -18,7 +18,7 @@ write or release, waiting groups). This handler
 * mirrors the records it is told about (the record watch) and holds what they ask for,
   on every replica, so a standby's cache is warm and equal to the leader's;
 * runs ``reconcile`` and applies its decision (local records at once, the API writes
-  queued for :class:`kube.groups.reservations.RecordWriter`) **only on the leader**
+  queued for :class:`kube.record_writer.RecordWriter`) **only on the leader**
   (``is_leader``) and only once :meth:`synced` has rebuilt the holds from the first
   full lists of nodes, pods and records. No read (a view, a snapshot, a scrape) ever
   reserves or writes anything;
@@ -34,6 +34,12 @@ The clock is injected (wall-clock seconds: expiries are written to the API and m
 survive a restart). A step of that clock backwards moves every deadline the book keeps in
 memory (expiries, retry times, first-seen times) back by the same step, so a reservation
 never outlives ``ttl`` and a waiting group is not stalled by it (see :meth:`_now`).
+
+Past 600 lines as one handler: mirroring the records the watch reports, holding their
+rooms, applying the decision and writing again what a lapse of the lease dropped all
+change the same books (records, revisions, waiting groups, ruled-out nodes) under the
+cache lock; the decision is :mod:`scheduler.groups.decide`, the rights
+:mod:`scheduler.groups.rights`, the answers to members :mod:`scheduler.groups.plugin`.
 """
 
 from __future__ import annotations
@@ -41,7 +47,6 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import math
-import threading
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Mapping
@@ -50,20 +55,19 @@ from dataclasses import dataclass, replace
 from kube.cache import ClusterCache
 from kube.groups.inputs import GroupInputs
 from kube.groups.reservations import (
-    RecordWriter,
     ReservationError,
     ReservationRecord,
-    Submitter,
-    join_thread,
     record_name,
     record_object,
     record_of,
 )
 from kube.pod_conditions import room_reserved
+from kube.record_writer import RecordWriter, Submitter
 from packing.groups.members import is_reservation
 from packing.model import Placement, PodRequest, RequestKind
 from packing.policies.scores import bestfit
 from packing.scoring import Scorer
+from scheduler.engine import Lead, LeaderGate, Loop, LoopMetrics, Outcome
 from scheduler.groups.decide import (
     BookState,
     GroupDecision,
@@ -134,6 +138,7 @@ class ReservationBook:
         requeue: Submitter | None = None,
         ruled_out_s: float = DEFAULT_RULED_OUT_S,
         view_settle_s: float = DEFAULT_VIEW_SETTLE_S,
+        loop_metrics: LoopMetrics | None = None,
     ) -> None:
         """``records_listed``: no source of records will report (a book without an API,
         whose records start empty): ready as soon as the cache is synced. ``inputs``:
@@ -144,7 +149,9 @@ class ReservationBook:
         reserved (:mod:`kube.pod_conditions`; default: nowhere). ``ruled_out_s``: how long
         the nodes kube-scheduler ruled out for a member keep its group off them (see
         :meth:`rule_out`); ``view_settle_s``: a node whose state changed less long ago is
-        never taken as ruled out (kube-scheduler's view may lag the change)."""
+        never taken as ruled out (kube-scheduler's view may lag the change).
+        ``loop_metrics``: where the keeper thread's steps are counted (:mod:`scheduler.
+        engine`)."""
         self.cache = cache
         self.ttl = ttl
         self.clock = clock
@@ -156,7 +163,7 @@ class ReservationBook:
         self.woken = 0
         self.scorer = scorer or (lambda: bestfit)
         self.settings = GroupSettings(ttl=ttl, retry_s=retry_s, cooldown_s=cooldown_s)
-        self.is_leader = is_leader
+        self.gate = LeaderGate(is_leader)
         self.namespace = namespace
         self.inputs = inputs if inputs is not None else GroupInputs(True, True)
         self.rights = RightsSettings(max_group_gpus=max_group_gpus,
@@ -191,15 +198,24 @@ class ReservationBook:
         self._last_now: float | None = None  # the clock at the last step (see _now)
         self._seen_version = -1
         self._next_due = -math.inf
-        self._was_leader = False
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        # The keeper thread (scheduler.engine): a step on every cache change, and at
+        # least every poll_s (deadlines, and a change of leader).
+        self.loop = Loop("reservation-book", self.step, poll_s=1.0, log=log,
+                         metrics=loop_metrics)
         cache.add_pending_filter(self.held_members)
         cache.on_pod_gone(self._member_gone)
-        cache.subscribe(self._wake.set)
+        cache.subscribe(self.loop.wake)
 
     # ---- what others read ------------------------------------------------------------------
+
+    @property
+    def is_leader(self) -> Callable[[], bool]:
+        """Whether this replica leads (the gate's check; may be replaced)."""
+        return self.gate.is_leader
+
+    @is_leader.setter
+    def is_leader(self, check: Callable[[], bool]) -> None:
+        self.gate.is_leader = check
 
     @property
     def reservations(self) -> Mapping[str, ReservationRecord]:
@@ -227,7 +243,7 @@ class ReservationBook:
                     self._repair(name)
                 elif group is not None and self.records.pop(group, None) is not None:
                     self._record_gen += 1  # a standby mirrors the API
-                self._wake.set()
+                self.loop.wake()
                 return
             try:
                 rec = record_of(obj)
@@ -255,7 +271,7 @@ class ReservationBook:
             if self.records.get(rec.group) != rec:
                 self.records[rec.group] = rec
                 self._record_gen += 1
-            self._wake.set()
+            self.loop.wake()
 
     def records_listed(self, objs: Iterable[Mapping[str, object]]) -> None:
         with self.cache.lock:
@@ -335,26 +351,28 @@ class ReservationBook:
         if self._rebuilt and any(key in r.pods.values() for r in self.records.values()):
             self.step(force=True)
 
-    def step(self, force: bool = False) -> None:
+    def step(self, force: bool = False) -> Outcome:
         """Hold what the records ask for; on the leader, reconcile and apply."""
         with self.cache.lock:
             if not self._rebuilt:
-                return
+                return Outcome.IDLE
             now = self._now()
-            leader = self.is_leader()
-            if (not force and leader == self._was_leader and self._version() ==
+            lead = self.gate.step()
+            leader = lead.leading
+            if (not force and lead in (Lead.LEADS, Lead.STANDBY) and self._version() ==
                     self._seen_version and now < self._next_due
                     and not (leader and self._writes_dropped())):
-                return
+                return Outcome.DONE if leader else Outcome.STANDBY
             self._forget_ruled_out(now)
             members = self.members()
-            if leader and not self._was_leader:
+            if lead is Lead.GAINED:
                 log.info("leading: acting on %d records", len(self.records))
                 # The last leader may have refused any pending member (kube-scheduler
                 # parked it): each is woken when a record of this leader names it.
                 self.refused |= {m.req.key for ms in members.values() for m in ms
                                  if not m.bound}
-            self._was_leader = leader
+            if leader:
+                self.gate.act()
             self._apply_holds(members)
             if leader:
                 decision = reconcile(self._state(members, now), self.cache.state,
@@ -371,6 +389,7 @@ class ReservationBook:
             self.waiting = {g: (replace(w, seen=self._seen_version) if w.seen == -1 else w)
                             for g, w in self.waiting.items()}
             self._next_due = self._due()
+            return Outcome.DONE if leader else Outcome.STANDBY
 
     def _version(self) -> int:
         """Moves on every change that could change a decision: the cache's, the records
@@ -482,7 +501,7 @@ class ReservationBook:
             self._ruled_gen += 1
         while len(self._ruled) > MAX_RULED_OUT:
             del self._ruled[min(self._ruled, key=lambda k: self._ruled[k].until)]
-        self._wake.set()
+        self.loop.wake()
 
     def nodes_offered(self, key: str, names: Iterable[str]) -> None:
         """kube-scheduler offered ``names`` for member ``key``, its room's node among them
@@ -601,30 +620,16 @@ class ReservationBook:
     def start(self, poll_s: float = 1.0) -> None:
         """Step in the background: on every cache change, and at least every ``poll_s``
         (deadlines, and a change of leader)."""
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, args=(poll_s,), daemon=True,
-                                            name="gpupack-reservation-book")
-            self._thread.start()
+        self.loop.poll_s = poll_s
+        self.loop.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        self._wake.set()
+        self.loop.stop()
 
     def join(self, timeout_s: float) -> bool:
         """Wait up to ``timeout_s`` seconds for the thread (stopped) to end its step in
         progress; whether it has (or never ran). A shutdown then flushes the writers."""
-        return join_thread(self._thread, timeout_s)
-
-    def _loop(self, poll_s: float) -> None:
-        while not self._stop.is_set():
-            self._wake.wait(poll_s)
-            self._wake.clear()
-            if self._stop.is_set():
-                return
-            try:
-                self.step()
-            except Exception:  # a bug must not stop the book: logged, tried again
-                log.exception("reservation book step failed")
+        return self.loop.join(timeout_s)
 
     def forget(self, key: str) -> None:
         """The bind of ``key`` failed: drop its assumption and, for a group member, hold
@@ -632,6 +637,12 @@ class ReservationBook:
         the room was the member's until the bind failed)."""
         with self.cache.lock:
             self.cache.forget(key)
+            self.rehold(key)
+
+    def rehold(self, key: str) -> None:
+        """``key``'s assumption is gone (a failed bind): when it is a group member, its
+        room is held again at once (call under the cache lock)."""
+        with self.cache.lock:
             if self._rebuilt and any(key in r.pods.values() for r in self.records.values()):
                 self._apply_holds()
 

@@ -1,12 +1,17 @@
-"""The extender's answers for LLM group members: filter, prioritize, bind and preempt.
+"""LLM groups as one participant at the extender's extension points (as coscheduling is
+one plugin of kube-scheduler): filter, prioritize, reserve (the bind's GPUs), unreserve
+and preempt, for group members.
 
-Each verb asks :class:`~scheduler.groups.loop.ReservationBook` for the member's group (running
-its reconcile first on the leader, so a new group's room exists before its first pod is
-answered) and steers the member to its reserved room: filter keeps only the reserved
-node, prioritize gives it 10, bind swaps the member's hold for the pod at the reserved
-GPUs, preempt proposes the fewest lower-priority pods that free room for the whole
-group in one domain. Each returns None for a pod that is not a group member (the normal
-path answers it). The app answers nothing before the book is ready and leading.
+Each point asks :class:`~scheduler.groups.loop.ReservationBook` for the member's group
+(running its reconcile first on the leader, so a new group's room exists before its
+first pod is answered) and steers the member to its reserved room: filter keeps only the
+reserved node, prioritize gives it 10, reserve swaps the member's hold for the pod at
+the reserved GPUs, unreserve holds the room again after a refused Binding, preempt
+proposes the fewest lower-priority pods that free room for the whole group in one
+domain. Each returns None for a pod that is not a group member (the default verbs
+answer it). What it reads of the pod comes from the request's
+:class:`~scheduler.extender.cycle.Cycle` (read once for all the points). The app answers
+nothing before the book is ready and leading.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from packing.groups.members import is_reservation
 from packing.groups.placement import EvictionCandidate, group_victims
 from packing.model import Placement, PodRequest
 from packing.status import Code, Status
-from scheduler.extender.verbs import read_pod
+from scheduler.extender.cycle import Cycle
 from scheduler.extender.view_lag import ViewLag
 from scheduler.extender.wire import (
     MAX_PRIORITY,
@@ -53,7 +58,8 @@ SAMPLED_MIN = 100
 
 
 class GroupVerbs:
-    """The four verbs for group members, over one reservation book."""
+    """The groups' participant at the extension points, over one reservation book
+    (a :class:`scheduler.extender.cycle.Participant`)."""
 
     def __init__(self, book: ReservationBook, lag: ViewLag | None = None) -> None:
         self.book = book
@@ -99,12 +105,20 @@ class GroupVerbs:
                                            f"group {key} already has all {r.size} members")
             return r
 
-    def filter(self, args: ExtenderArgs) -> FilterResult | None:
-        """The answer for a group member (None for any other pod: the normal path)."""
+    @staticmethod
+    def member(args: ExtenderArgs | PreemptionArgs, cycle: Cycle | None) -> PodRequest | None:
+        """The request's pod when it is a group member (None for any other pod), read
+        once per cycle; the cheap look at its labels first, so a pod of no group is
+        never read here."""
         if not looks_grouped(args.pod):
             return None
-        pod = read_pod(args.pod)
-        if pod.group is None:
+        pod = (cycle or Cycle.of(args.pod)).req
+        return pod if pod.group is not None else None
+
+    def filter(self, args: ExtenderArgs, cycle: Cycle | None = None) -> FilterResult | None:
+        """The answer for a group member (None for any other pod: the default verb)."""
+        pod = self.member(args, cycle)
+        if pod is None or pod.group is None:
             return None
         names = args.candidate_names
         got = self.status(pod)
@@ -136,11 +150,10 @@ class GroupVerbs:
         nodes = tuple(n for n in args.nodes or () if n["metadata"]["name"] in keep)
         return FilterResult(nodes=nodes, failed=failed)
 
-    def prioritize(self, args: ExtenderArgs) -> list[HostPriority] | None:
-        if not looks_grouped(args.pod):
-            return None
-        pod = read_pod(args.pod)
-        if pod.group is None:
+    def prioritize(self, args: ExtenderArgs, cycle: Cycle | None = None
+                   ) -> list[HostPriority] | None:
+        pod = self.member(args, cycle)
+        if pod is None or pod.group is None:
             return None
         with self.book.cache.lock:
             r = self.book.records.get(pod.group.key)
@@ -151,7 +164,7 @@ class GroupVerbs:
         return [HostPriority(n, MAX_PRIORITY if n == node else 0)
                 for n in args.candidate_names]
 
-    def bind_member(self, pod: PodRequest, uid: str, node: str) -> Placement | Status | None:
+    def reserve(self, pod: PodRequest, uid: str, node: str) -> Placement | Status | None:
         """Bind path (under the cache lock): swap the member's hold for the pod at its
         reserved GPUs and assume it. None: not a group member (bind as usual); a Status:
         why the bind is refused (the status's checks, RESERVED_NODE, ASSUME)."""
@@ -184,17 +197,21 @@ class GroupVerbs:
                 return Status.unschedulable(ASSUME, f"group {got.group}: {e}")
             return placement
 
-    def preempt(self, args: PreemptionArgs) -> PreemptionResult | None:
+    def unreserve(self, key: str) -> None:
+        """The Binding of ``key`` failed and its assumption is gone (under the cache
+        lock): a group member's room is held again at once, so no other pod takes it."""
+        self.book.rehold(key)
+
+    def preempt(self, args: PreemptionArgs, cycle: Cycle | None = None
+                ) -> PreemptionResult | None:
         """For a group member: per proposed node, the proposed victims among the fewest
         lower-priority pods that free room for the whole group in one domain.
 
         kube-scheduler evicts the victims of one node per attempt, so a group spanning
         several nodes frees its domain over successive attempts (its pods are retried
         after each eviction)."""
-        if not looks_grouped(args.pod):
-            return None
-        pod = read_pod(args.pod)
-        if pod.group is None:
+        pod = self.member(args, cycle)
+        if pod is None or pod.group is None:
             return None
         key = pod.group.key
         with self.book.cache.lock:

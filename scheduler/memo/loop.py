@@ -31,7 +31,6 @@ while a request is in flight (``busy``), up to ``max_pause_s``.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -45,12 +44,22 @@ from packing.model import Placement, PodRequest, Snapshot
 from packing.scoring import Scorer
 from packing.state import ClusterState, GpuState, NodeState, PlacementError
 from scheduler.backoff import doubling
-from scheduler.child import ChildGone, ChildProcess, ChildTimeout, background, serve_messages
-from scheduler.extender.verbs import (
+from scheduler.child import (
+    ChildGone,
+    ChildProcess,
+    ChildTimeout,
+    background,
+    pickle_chunks,
+    serve_messages,
+    unpickle_chunks,
+)
+from scheduler.engine import Loop, LoopMetrics, Outcome
+from scheduler.memo.decide import (
     Memo,
     NodeEval,
     ScorerRef,
     evaluate_fit,
+    make_policy,
     scored,
     selector_free,
     shape_key,
@@ -123,8 +132,6 @@ class _WarmHandler:
         self.scorer: Scorer | None = None
 
     def __call__(self, msg: tuple[Any, ...]) -> Any:
-        from scheduler.planner.solve import make_policy, unpickle_chunks
-
         if msg[0] == "scorer":
             _, gen, policy, running, pending = msg
             source = Snapshot((), unpickle_chunks(running), unpickle_chunks(pending))
@@ -167,8 +174,6 @@ class WarmChild(ChildProcess):
             raise RuntimeError(f"warm child failed: {e}") from None
 
     def load_scorer(self, ref: ScorerRef) -> None:
-        from scheduler.planner.solve import pickle_chunks
-
         if ref.gen == self.gen and self.running():
             return
         assert ref.source is not None
@@ -188,7 +193,8 @@ class Warmer:
     def __init__(self, cache: ClusterCache, memo: Memo, scorer: Callable[[], ScorerRef],
                  interval_s: float = 1.0, settle_s: float = 0.001,
                  busy: Callable[[], bool] | None = None, max_pause_s: float = 0.05,
-                 in_process: bool = False, ahead: bool = True) -> None:
+                 in_process: bool = False, ahead: bool = True,
+                 loop_metrics: LoopMetrics | None = None) -> None:
         self.cache = cache
         self.in_process = in_process
         self.ahead = ahead  # also warm the states binds are about to create
@@ -200,11 +206,17 @@ class Warmer:
         self.interval_s = interval_s
         self.settle_s = settle_s
         self.warmed = 0  # answers computed here (fits and scores)
-        self.failures = 0  # passes failed in a row (a pause grows with them)
         self.max_retry_s = 60.0
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        # The warmer's thread (scheduler.engine): a pass on every cache change, and at
+        # least every interval_s (a new scorer), once a burst of events has landed
+        # (settle_s). A failed pass stops the child; without a pause, every cache event
+        # (many a second on a busy cluster) would start a fresh one for the same
+        # failure, so the next pass waits interval_s doubled per failure in a row, at
+        # most max_retry_s (retry_delay_s). Meanwhile the verbs compute what the memo
+        # lacks themselves.
+        self.loop = Loop("warm", self._turn, poll_s=interval_s, settle_s=settle_s,
+                         backoff=lambda _: self.retry_delay_s(), log=log,
+                         metrics=loop_metrics)
         self._seen: tuple[int, int] = (-1, -1)  # (cache version, scorer gen) last swept
         self._swept: tuple[int, frozenset[tuple[object, ...]]] | None = None  # gen, shapes
         self._shape_of: dict[str, tuple[PodRequest, tuple[object, ...], PodRequest]] = {}
@@ -217,40 +229,29 @@ class Warmer:
         self.max_lag_s = 30.0
         self._latest_gen = -1
         self._latest_since = time.monotonic()
-        cache.subscribe(self._wake.set)
+        cache.subscribe(self.loop.wake)
 
     def start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name="gpupack-warm", daemon=True)
-            self._thread.start()
+        self.loop.start()
 
     def stop(self, timeout: float = 5.0) -> None:
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
+        self.loop.stop()
+        self.loop.join(timeout)
         if self.child is not None:
             self.child.close()
 
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            self._wake.wait(self.interval_s)
-            if self._stop.is_set():
-                return
-            self._stop.wait(self.settle_s)  # let a burst of events land first
-            self._wake.clear()
-            try:
-                self.sweep()
-                self.failures = 0
-            except Exception:  # a warming bug must never take the extender down
-                self.failures += 1
-                delay = self.retry_delay_s()
-                log.exception("memo warming failed (%d in a row); next try in %.0f s",
-                              self.failures, delay)
-                # A failed pass stops the child; without a pause, every cache event
-                # (many a second on a busy cluster) would start a fresh one for the
-                # same failure. Meanwhile the verbs compute what the memo lacks themselves.
-                self._stop.wait(delay)
+    def _turn(self) -> Outcome:
+        self.sweep()
+        return Outcome.DONE
+
+    @property
+    def failures(self) -> int:
+        """Passes failed in a row (the pause before the next grows with them)."""
+        return self.loop.failures
+
+    @failures.setter
+    def failures(self, n: int) -> None:
+        self.loop.failures = n
 
     def retry_delay_s(self) -> float:
         """Seconds to wait after ``failures`` passes failed in a row: ``interval_s``
@@ -333,7 +334,7 @@ class Warmer:
         at most ``max_lag_s`` if warming falls behind."""
         latest = self.scorer()
         active = self.active
-        if self._thread is None or active is None or active.gen == latest.gen:
+        if not self.loop.started or active is None or active.gen == latest.gen:
             return latest
         if time.monotonic() - self._latest_since > self.max_lag_s:
             return latest
@@ -350,12 +351,12 @@ class Warmer:
         try:
             work = self._work(ref)
             for i in range(0, len(work), step):
-                if self._stop.is_set():
+                if self.loop.stopped:
                     return done
                 done += self._batch(work[i:i + step], ref, remote)
             ahead = self._successors(ref)
             for i in range(0, len(ahead), step):
-                if self._stop.is_set():
+                if self.loop.stopped:
                     return done
                 done += self._batch(ahead[i:i + step], ref, remote)
         except Exception:

@@ -36,53 +36,47 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import math
-import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any, Protocol
 
-from prometheus_client.core import GaugeMetricFamily
-
 from kube.cache import ClusterCache
-from kube.groups.reservations import Submitter, join_thread
 from kube.mig.api import merged_config
 from kube.pod_conditions import slices_created
+from kube.record_writer import Submitter
 from packing.cpsat import SolverParams
-from packing.mig.layout import MigSlot
 from packing.mig.plan import DEFAULT_PARAMS, WHOLE
-from packing.model import GpuMode, RequestKind
+from packing.model import RequestKind
+from scheduler.engine import Lead, LeaderGate, Loop, LoopMetrics, Outcome
+from scheduler.mig.changes import (
+    Backoff,
+    Change,
+    backoff_from_json,
+    changes_from_json,
+    changes_json,
+)
 from scheduler.mig.compact.loop import Compactor
 from scheduler.mig.decide import (
     CONFIG_LABEL,
     DEFAULT_SETTINGS,
     HOLD_PREFIX,
-    STATE_LABEL,
     ActuatorState,
-    Backoff,
-    Change,
-    GpuView,
     Hold,
     MigDecision,
     MigPod,
     MigSettings,
-    NodeView,
     WholePod,
     backed_off,
-    backoff_from_json,
-    changes_from_json,
-    changes_json,
     decide_mig,
     unmet_pods,
-    waiting_demand,
 )
 from scheduler.mig.holds import mig_hold_request, sync_holds, take_holds
+from scheduler.mig.metrics import MigMetrics
+from scheduler.mig.views import Views
 
 log = logging.getLogger("gpupack.scheduler.mig")
-
 Clock = Callable[[], float]
-RESULTS = ("started", "success", "failed", "timeout", "superseded", "error")
 
 
 class NotLeading(Exception):
@@ -104,92 +98,6 @@ class MigWriter(Protocol):
     def event(self, node: str, reason: str, message: str, warning: bool = False) -> None: ...
 
 
-class MigMetrics:
-    """``gpupack_mig_*`` on the extender's registry: registered by every extender (zero
-    when the actuator is off), so the dashboards and alerts have series everywhere.
-    ``gpupack_mig_slices{profile,state}`` is computed at scrape time (:class:`SliceFigures`)."""
-
-    def __init__(self, registry: Any, slices: SliceFigures | None = None) -> None:
-        from prometheus_client import Counter, Gauge
-
-        self.reconfigurations = Counter(
-            "gpupack_mig_reconfigurations", "MIG layout changes by result (started, "
-            "success, failed, timeout, superseded, error = not handed over)",
-            ["result"], registry=registry)
-        for r in RESULTS:
-            self.reconfigurations.labels(r)
-        self.in_flight = Gauge("gpupack_mig_reconfigurations_in_flight",
-                               "MIG layout changes handed to the MIG manager, not ended",
-                               registry=registry)
-        self.converted = Counter(
-            "gpupack_mig_gpus_converted", "GPUs whose layout a successful change set, by "
-            "what they became (mig, whole)", ["to"], registry=registry)
-        for t in ("mig", "whole"):
-            self.converted.labels(t)
-        if slices is not None:
-            registry.register(slices)
-        self.backoff = Gauge("gpupack_mig_nodes_backed_off",
-                             "nodes the MIG actuator leaves alone after a failed change",
-                             registry=registry)
-        self.held = Gauge("gpupack_mig_gpus_held",
-                          "GPUs held for MIG changes in flight", registry=registry)
-        self.requeued = Counter(
-            "gpupack_mig_pods_requeued", "Pending pods given a status condition when a MIG "
-            "change made what they wait for, so kube-scheduler tries them again",
-            registry=registry)
-
-
-def _node_view(cache: ClusterCache, name: str) -> NodeView:
-    ns = cache.state.nodes[name]
-    info = ns.info
-    gpus = []
-    for g in ns.gpus:
-        holders: set[str] = set()
-        if g.whole_owner is not None:
-            holders.add(g.whole_owner)
-        holders.update(g.shared_owners)
-        layout, free = [], []
-        for start, (profile, owner) in sorted(g.instances.items()):
-            if g.info.mode is GpuMode.MIG:
-                layout.append(MigSlot(profile, start))
-                if owner is None:
-                    free.append(MigSlot(profile, start))
-            if owner is not None:
-                holders.add(owner)
-        gpus.append(GpuView(g.info.index, g.info.model, g.info.mode is GpuMode.MIG,
-                            tuple(layout), tuple(free), frozenset(holders), g.info.inferred))
-    tainted = any(t.effect in ("NoSchedule", "NoExecute") for t in cache.taints(name))
-    return NodeView(name, info.mig_reconfigure, tuple(gpus), info.unschedulable,
-                    info.labels.get(CONFIG_LABEL), info.labels.get(STATE_LABEL), tainted)
-
-
-class Views:
-    """Every node as :func:`decide_mig` sees it, rebuilt only for the nodes whose generation
-    (anything on the node) or taints changed since the last call: a pass over a
-    5,000-node cache is then a dictionary lookup per node, not 40,000 GPU views."""
-
-    def __init__(self, cache: ClusterCache) -> None:
-        self.cache = cache
-        self._memo: dict[str, tuple[tuple[int, Any], NodeView]] = {}
-
-    def all(self) -> list[NodeView]:
-        """Call under the cache lock."""
-        cache = self.cache
-        out = []
-        names = cache.state.nodes
-        for name in names:
-            key = (cache.gen(name), cache.taints(name))
-            hit = self._memo.get(name)
-            if hit is None or hit[0] != key:
-                hit = (key, _node_view(cache, name))
-                self._memo[name] = hit
-            out.append(hit[1])
-        if len(self._memo) > len(names):
-            for gone in [n for n in self._memo if n not in names]:
-                del self._memo[gone]
-        return out
-
-
 class MigActuator:
     """See the module docstring."""
 
@@ -200,7 +108,8 @@ class MigActuator:
                  clock: Clock = time.time, metrics: MigMetrics | None = None,
                  min_interval_s: float = 1.0, compactor: Compactor | None = None,
                  requeue: Submitter | None = None,
-                 ready: Callable[[], bool] = lambda: True) -> None:
+                 ready: Callable[[], bool] = lambda: True,
+                 loop_metrics: LoopMetrics | None = None) -> None:
         self.cache = cache
         # Whether the reservation book has rebuilt its holds (GroupBook.check_ready):
         # until then a reserved room's GPUs look idle, and a change or a drain could
@@ -211,18 +120,17 @@ class MigActuator:
         self.requeue = requeue
         self.woken = 0
         self.api = api
-        self.is_leader = is_leader
+        self.gate = LeaderGate(is_leader)
         self.reserved = reserved  # pending group members whose room is reserved
         self.settings = settings
         self.params = params
         self.clock = clock
         self.metrics = metrics
-        self.min_interval_s = min_interval_s
         self.compactor = compactor  # --mig-compact: drains MIG GPUs in the same step
-        if compactor is not None and compactor.is_leader is None:
-            # It evicts after this step's slow part: it asks, before each eviction,
-            # whether this actuator still leads (late-bound: is_leader may be replaced).
-            compactor.is_leader = lambda: self.is_leader()
+        if compactor is not None and compactor.gate is None:
+            # It evicts after this step's slow part: it asks this actuator's gate, before
+            # each eviction, whether this replica still leads.
+            compactor.gate = self.gate
         self.changes: dict[str, Change] | None = None  # None: not read back yet
         # Per node, the change as this leader last read it from the ConfigMap or wrote it
         # (or tried to): a change re-read that differs is another writer's (_merged).
@@ -236,11 +144,21 @@ class MigActuator:
         self.first_seen: dict[tuple[str, str], float] = {}
         self.last: MigDecision | None = None
         self.views = Views(cache)
-        self._was_leader = False
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        cache.subscribe(self._wake.set)
+        self.outcome = Outcome.IDLE  # what the last step did (the loop counts it)
+        # A step on every cache change (at most one per min_interval_s), and at least
+        # every poll_s (the changes in flight: timeouts, labels to write).
+        self.loop = Loop("mig-actuator", self._turn, poll_s=2.0,
+                         min_interval_s=min_interval_s, log=log, metrics=loop_metrics)
+        cache.subscribe(self.loop.wake)
+
+    @property
+    def is_leader(self) -> Callable[[], bool]:
+        """Whether this replica leads (the gate's check; may be replaced)."""
+        return self.gate.is_leader
+
+    @is_leader.setter
+    def is_leader(self, check: Callable[[], bool]) -> None:
+        self.gate.is_leader = check
 
     # ---- gathering -------------------------------------------------------------------------
 
@@ -294,9 +212,10 @@ class MigActuator:
     def step(self) -> MigDecision | None:
         """On the leader, with a synced cache and a rebuilt reservation book: decide_mig and
         apply. None when it did not act."""
-        leader = self.is_leader()
-        if not leader:
-            if self._was_leader:
+        lead = self.gate.step()
+        if not lead.leading:
+            self.outcome = Outcome.STANDBY
+            if lead is Lead.LOST:
                 log.info("no longer leading: MIG holds given back")
                 self._sync_holds(())
                 if self.compactor is not None:
@@ -306,11 +225,11 @@ class MigActuator:
                 # leading again, this replica reads them back from the ConfigMap.
                 self.backoff = {}
                 self._known_backoff = {}
-            self._was_leader = False
             return None
+        self.outcome = Outcome.IDLE
         if not self.cache.synced or not self.ready():
             return None
-        self._was_leader = True
+        self.gate.act()
         now = self.clock()
         if self.changes is None:
             try:
@@ -334,6 +253,7 @@ class MigActuator:
             if self.changes:
                 log.info("leading: following %d MIG change(s) in flight: %s",
                          len(self.changes), ", ".join(sorted(self.changes)))
+        self.outcome = Outcome.DONE
         state = self.gather(now)
         d = decide_mig(state, now, self.settings, self.params)
         self.apply(d, now)
@@ -634,99 +554,25 @@ class MigActuator:
     # ---- the thread ------------------------------------------------------------------------
 
     def start(self, poll_s: float = 2.0) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, args=(poll_s,), daemon=True,
-                                            name="gpupack-mig-actuator")
-            self._thread.start()
+        self.loop.poll_s = poll_s
+        self.loop.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        self._wake.set()
+        self.loop.stop()
 
     def join(self, timeout_s: float) -> bool:
         """Wait up to ``timeout_s`` seconds for the thread (stopped) to end its step in
         progress; whether it has (or never ran). A shutdown then flushes the writers."""
-        return join_thread(self._thread, timeout_s)
+        return self.loop.join(timeout_s)
 
-    def _loop(self, poll_s: float) -> None:
-        last = -math.inf
-        while not self._stop.is_set():
-            self._wake.wait(poll_s)
-            if self._stop.is_set():
-                return
-            wait = last + self.min_interval_s - time.monotonic()
-            if wait > 0:
-                self._stop.wait(wait)
-            self._wake.clear()
-            last = time.monotonic()
-            try:
-                self.step()
-            except Exception:  # a bug must not stop the actuator: logged, tried again
-                log.exception("MIG actuator step failed")
+    def _turn(self) -> Outcome:
+        self.step()
+        return self.outcome
 
 
 def _merge(cfg: dict[str, Any], add: Mapping[str, Any], referenced: set[str] | None
            ) -> dict[str, Any]:
     return merged_config(cfg, add, referenced)
-
-
-def slice_figures(cache: ClusterCache, views: Views | None = None
-                  ) -> tuple[dict[tuple[str, str], int], dict[tuple[str, str], int]]:
-    """(free, waiting) slices per (model, profile) from the cache: what
-    :func:`~scheduler.mig.decide.waiting_demand` says without changes in flight."""
-    with cache.lock:
-        nodes = (views or Views(cache)).all()
-        pods = tuple(MigPod(p.key, p.mig_profile, p.gpu_models) for p in cache.pending()
-                     if p.kind is RequestKind.MIG and p.mig_profile)
-    waiting, free = waiting_demand(ActuatorState(tuple(nodes), mig_pods=pods))
-    return free, waiting
-
-
-class SliceFigures:
-    """Collector of ``gpupack_mig_slices{profile,state}``: the actuator's last decision
-    when it acts (its figures count slices being created), else computed from the cache
-    at most every ``max_age_s`` (a pass over every GPU, kept off the scrape path)."""
-
-    def __init__(self, cache: ClusterCache, actuator: Callable[[], MigActuator | None],
-                 max_age_s: float = 15.0, clock: Clock = time.monotonic) -> None:
-        self.cache = cache
-        self.actuator = actuator
-        self.max_age_s = max_age_s
-        self.clock = clock
-        self._at = -math.inf
-        self._views = Views(cache)
-        self._figures: tuple[Mapping[tuple[str, str], int], Mapping[tuple[str, str], int]] = (
-            {}, {})
-
-    def figures(self) -> tuple[Mapping[tuple[str, str], int], Mapping[tuple[str, str], int]]:
-        act = self.actuator()
-        if act is not None and act.last is not None and act.is_leader():
-            return act.last.free, act.last.waiting
-        if self.clock() - self._at >= self.max_age_s:
-            self._figures = slice_figures(self.cache, self._views)
-            self._at = self.clock()
-        return self._figures
-
-    def describe(self) -> Iterator[GaugeMetricFamily]:
-        """The family without samples: registering computes nothing."""
-        yield self._family()
-
-    def _family(self) -> GaugeMetricFamily:
-        return GaugeMetricFamily("gpupack_mig_slices", "MIG slices per profile: free (exist, "
-                              "no one holds them) and waiting (pending pods that no free "
-                              "slice and no slice being created serves)",
-                              labels=["profile", "state"])
-
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        g = self._family()
-        free, waiting = self.figures()
-        for state, figures in (("free", free), ("waiting", waiting)):
-            per_profile: dict[str, int] = {}
-            for (_, p), n in figures.items():
-                per_profile[p] = per_profile.get(p, 0) + n
-            for p, n in sorted(per_profile.items()):
-                g.add_metric([p, state], n)
-        yield g
 
 
 __all__ = ["MigActuator", "MigMetrics", "mig_hold_request"]

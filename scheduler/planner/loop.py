@@ -6,7 +6,8 @@ policy (``gpupack``: greedy portfolio, then CP-SAT under an explicit time limit,
 count and seed). The solve runs in a separate solver process (:mod:`scheduler.planner.solve`):
 at 1,000-5,000 nodes it is seconds of CPU-bound Python, which in this process would hold
 the GIL away from the request threads. The thread picks the nodes to plan over (for a
-batch without group members: :func:`pick_candidates`, at most ``max_nodes``, the classes
+batch without group members: :func:`scheduler.planner.decide.pick_candidates`, at most
+``max_nodes``, the classes
 of equal nodes the scorer likes best for each shape of the batch first), packs them with
 their pods and waits for the answer; it also takes the cluster's fragmentation figure,
 one evaluation per node state, where every node's signature is already known. The verbs
@@ -16,8 +17,9 @@ yet gets the greedy answer from the scorer.
 The planner also publishes the policy's scorer for the verbs. The FGD-based scorers
 depend on the workload's typical shapes and their frequencies, which move a little with
 every pod; the scorer is replaced only when the shapes change or a frequency moves by
-more than ``SHAPE_TOLERANCE``, because each replacement invalidates every memoized
-per-node score (a latency spike on the next requests) for no real change in preference.
+more than ``scheduler.planner.decide.SHAPE_TOLERANCE``, because each replacement
+invalidates every memoized per-node score (a latency spike on the next requests) for no
+real change in preference.
 """
 
 from __future__ import annotations
@@ -25,14 +27,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from itertools import islice
 from typing import Any
 
 from kube.cache import ClusterCache
-from packing.constraints import selector_miss
 from packing.cpsat import SolverParams
 from packing.model import NodeInfo, Placement, PodRequest, Snapshot
 from packing.policies.fgd import (
@@ -45,187 +44,27 @@ from packing.policies.fgd import (
 from packing.policies.lookahead import keeps_whole_nodes
 from packing.scoring import Score, order_pods
 from packing.state import ClusterState
-from scheduler.backoff import doubling
-from scheduler.extender.verbs import ScorerRef, best_key, shape_key
+from scheduler.engine import Loop, LoopMetrics, Outcome
+from scheduler.memo.decide import ScorerRef, best_key, make_policy, shape_key
+from scheduler.planner.decide import (
+    PLAN_NODES,
+    backoff_s,
+    bare_shapes,
+    close_shapes,
+    explain_by_class,
+    node_capacity,
+    pick_candidates,
+)
 from scheduler.planner.solve import (
     SolveJob,
     SolveOutcome,
     SolverError,
     SolverProcess,
     compact_workload,
-    make_policy,
     solve,
 )
 
 log = logging.getLogger("gpupack.scheduler.planner")
-
-SHAPE_TOLERANCE = 0.05
-PLAN_NODES = 64  # default cap on the nodes one plan is made over (see pick_candidates)
-# After a failed solve the next is tried in 1, 2, 4 .. BACKOFF_MAX_S seconds (backoff_s).
-BACKOFF_MAX_S = 60.0
-
-CAPACITY_LIMIT = 8  # pods of one shape counted on one node (see node_capacity)
-
-# (pod without its selector, its node's signature, a node of that signature) -> the
-# scorer's best key there and how many pods of the shape the node takes (at most
-# CAPACITY_LIMIT), or None where the pod does not fit.
-Rank = Callable[[PodRequest, int, str], tuple[Score, int] | None]
-
-
-def node_capacity(info: NodeInfo, running: Sequence[tuple[PodRequest, Placement]],
-                  pod: PodRequest, limit: int = CAPACITY_LIMIT) -> int:
-    """How many pods like ``pod`` fit on the node one after another (each on the first
-    option left), up to ``limit``: on a copy of the node alone."""
-    state = ClusterState(Snapshot((info,), tuple(running)))
-    for i in range(limit):
-        copy = replace(pod, key=f"{pod.key}#{i}")
-        options = state.options(copy, info.name, dedupe=True)
-        if not options:
-            return i
-        state.apply(copy, options[0])
-    return limit
-
-
-@dataclass
-class _Shape:
-    need: int  # pods of the shape in the batch
-    classes: list[tuple[list[str], int]]  # (nodes allowed, pods one of them takes), best first
-    covered: int = 0  # pods the nodes picked for it could take
-    next: int = 0  # the next class to take nodes from
-
-
-def pick_candidates(labels: Callable[[str], Mapping[str, str]], signatures: Mapping[str, int],
-                    batch: Sequence[PodRequest], per_class: int, max_nodes: int,
-                    rank: Rank) -> tuple[list[str], set[str]]:
-    """The nodes to plan ``batch`` over, best first, and the batch pods that fit no node.
-
-    Nodes with equal signatures (:func:`kube.signatures.node_signature`) are
-    interchangeable to the policies but for their labels. For each shape of the batch the
-    classes of equal nodes it fits are ranked by ``rank`` (the policy's scorer on one
-    node of the class: the classes the greedy answer would pick come first). Then, round
-    by round and higher priority first, each shape whose pods the nodes picked so far
-    could not all take gets nodes of its next-best class: as many as its pods still need
-    (by how many one node takes), at most ``per_class``, that satisfy the shape's node
-    selector. Once every shape is covered, more rounds give each shape its next class
-    (up to ``per_class`` nodes, at most one per pod of the shape) for the plan to choose
-    from, until ``max_nodes`` (0: no cap) are picked. So a plan is made over at most
-    ``max_nodes`` nodes however many nodes and classes the cluster has. A node is
-    counted for one shape only: a shape whose class another shape took nodes of gets the
-    class's other nodes (two shapes of 8 pods that take a whole node each, on a class of
-    20 equal nodes, get 16 of them, not the same 8 counted twice); the plan, not this,
-    decides who gets which node.
-    """
-    classes: dict[int, list[str]] = {}
-    for name, sid in signatures.items():
-        classes.setdefault(sid, []).append(name)
-    by_shape: dict[tuple[Any, ...], list[PodRequest]] = {}
-    for pod in order_pods(batch):
-        by_shape.setdefault(shape_key(pod), []).append(pod)
-    placeable: set[str] = set()
-    shapes: list[_Shape] = []
-    for pods in by_shape.values():
-        pod = pods[0]
-        selector = tuple(pod.node_selector.items())
-        bare = replace(pod, node_selector={}) if selector else pod
-        ranked: list[tuple[Score, int, list[str], int]] = []
-        for sid, members in classes.items():
-            found = rank(bare, sid, members[0])
-            if found is None:
-                continue
-            allowed = [m for m in members
-                       if all(labels(m).get(k) == v for k, v in selector)]
-            if allowed:
-                ranked.append((found[0], sid, allowed, max(1, found[1])))
-        if ranked:
-            placeable.update(p.key for p in pods)
-            ranked.sort(key=lambda r: (r[0], r[1]))
-            shapes.append(_Shape(len(pods), [(r[2], r[3]) for r in ranked]))
-    keep: dict[str, None] = {}
-
-    def full() -> bool:
-        return bool(max_nodes) and len(keep) >= max_nodes
-
-    def take(shape: _Shape, count: int) -> None:
-        members, capacity = shape.classes[shape.next]
-        shape.next += 1
-        # Only nodes no shape has yet: one another shape took holds its pods, so it covers
-        # none of this shape's (counting it again left pods without a node in the job).
-        for m in islice((m for m in members if m not in keep), count):
-            if full():
-                return
-            keep[m] = None
-            shape.covered += capacity
-
-    # Cover every shape's pods first, then more choice, round by round.
-    while not full():
-        short = [x for x in shapes if x.covered < x.need and x.next < len(x.classes)]
-        if not short:
-            break
-        for x in short:
-            members, capacity = x.classes[x.next]
-            take(x, min(per_class, -(-(x.need - x.covered) // capacity)))
-    while not full():
-        left = [x for x in shapes if x.next < len(x.classes)]
-        if not left:
-            break
-        for x in left:
-            take(x, min(per_class, x.need))
-    return list(keep), placeable
-
-
-def backoff_s(failures: int) -> float:
-    """Seconds to wait after ``failures`` solves in a row failed: 2^(failures - 1), at
-    most BACKOFF_MAX_S (:func:`scheduler.backoff.doubling`)."""
-    return doubling(1.0, failures, BACKOFF_MAX_S)
-
-
-def _selector_reason(selector: Sequence[tuple[str, str]], labels: Mapping[str, str]
-                     ) -> str | None:
-    """:func:`packing.state.fits_node`'s reason for a node whose labels miss the pod's
-    node selector (None: they match)."""
-    miss = selector_miss(selector, labels)
-    return None if miss is None else f"node selector {miss[0]}={miss[1]} does not match"
-
-
-def explain_by_class(pod: PodRequest, classes: Mapping[int, Sequence[str]],
-                     labels: Callable[[str], Mapping[str, str]],
-                     misfit: Mapping[int, tuple[str, bool]]) -> str:
-    """:func:`packing.scoring.explain_unplaceable` of ``pod`` over every node of the
-    cluster, from one evaluation per class of equal nodes: the text a plan over every
-    node gives (a plan over candidate nodes holds none the pod fits, and said "no nodes").
-
-    ``misfit[sid]``: for the pod without its node selector on a node of class ``sid``,
-    (the node's reason, whether its labels cannot change it); no entry where it fits.
-    A node's reason is ``unresolvable or reason`` (as explain_unplaceable takes it); only
-    ``reason`` depends on the labels, through the node selector, which
-    :func:`packing.state.fits_node` checks after the cordon and before the rest. So the
-    labels count only on a node that could take the pod some day and is not cordoned,
-    and where the pod without its selector fits, the selector is the reason."""
-    selector = tuple(pod.node_selector.items())
-    reasons: Counter[str] = Counter()
-    for sid, members in classes.items():
-        got = misfit.get(sid)
-        if got is not None and (got[1] or not selector):
-            reasons[got[0]] += len(members)
-            continue
-        for m in members:
-            why = _selector_reason(selector, labels(m))
-            reasons[why or ("fits" if got is None else got[0])] += 1
-    if not reasons:
-        return "no nodes"
-    top = sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))[:2]
-    return "; ".join(f"{n} node(s): {r}" for r, n in top)
-
-
-def _bare_shapes(batch: Sequence[PodRequest]) -> dict[tuple[Any, ...], PodRequest]:
-    """One pod of each shape of ``batch`` without its node selector (selectors are checked
-    per node by :func:`pick_candidates`; a node state's memo entries hold for any), by
-    :func:`scheduler.extender.verbs.shape_key`."""
-    out: dict[tuple[Any, ...], PodRequest] = {}
-    for pod in batch:
-        bare = replace(pod, node_selector={}) if pod.node_selector else pod
-        out.setdefault(shape_key(bare), bare)
-    return out
 
 
 @dataclass(frozen=True)
@@ -259,13 +98,12 @@ class Planner:
         in_process: bool = False,
         per_class: int = 16,
         max_nodes: int = PLAN_NODES,
+        loop_metrics: LoopMetrics | None = None,
     ) -> None:
         self.cache = cache
         self.policy_name = policy
         self.params = params or SolverParams(max_time_s=2.0, workers=2, seed=0)
         self.policy = make_policy(policy, self.params)
-        self.debounce_s = debounce_s
-        self.min_interval_s = min_interval_s
         self.max_batch = max_batch
         self.clock = clock
         self.plan = Plan()
@@ -301,27 +139,30 @@ class Planner:
         self._unplaced: set[str] = set()
         self._solver: SolverProcess | None = None
         self._solver_lock = threading.Lock()  # _solver's creation against stop()
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        cache.subscribe(self._wake.set)
+        # The planner's thread (scheduler.engine): woken by cache changes, it lets them
+        # settle for debounce_s (a burst of watch events becomes one solve) and solves at
+        # most every min_interval_s, since a solve can take its full time limit. After a
+        # failed solve it tries again without waiting for a change (a dead solver child is
+        # restarted by the next solve), backing off 1, 2, 4 .. BACKOFF_MAX_S seconds. No
+        # solver child outlives the thread.
+        self.loop = Loop("planner", self._turn, settle_s=debounce_s,
+                         min_interval_s=min_interval_s, backoff=backoff_s,
+                         retry=True, on_failure=lambda e, _: self._failed(e),
+                         on_exit=self._shutdown_solver, log=log, clock=time.monotonic,
+                         metrics=loop_metrics)
+        cache.subscribe(self.loop.wake)
 
     # ---- lifecycle -----------------------------------------------------------------------
 
     def start(self) -> None:
-        if self._thread is not None:
-            return
-        self._thread = threading.Thread(target=self._loop, name="gpupack-planner", daemon=True)
-        self._thread.start()
+        self.loop.start()
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop the thread (waiting for it at most ``timeout``) and the solver child. A
         thread still busy then starts no child any more (``_child``), and its solve in
         flight fails at once: the child is shut down for good, not restarted."""
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
+        self.loop.stop()
+        self.loop.join(timeout)
         self._shutdown_solver()
 
     def age(self) -> float | None:
@@ -329,52 +170,17 @@ class Planner:
         at = self.plan.solved_at
         return None if at is None else max(0.0, self.clock() - at)
 
-    def _loop(self) -> None:
-        try:
-            self._run()
-        finally:
-            # However the thread ends, no solver child outlives it.
-            self._shutdown_solver()
-
-    def _run(self) -> None:
-        last = 0.0
-        failures = 0
-        while not self._stop.is_set():
-            self._wake.wait()
-            if self._stop.is_set():
-                return
-            # Debounce: solve once the events stop coming for a moment, and not more
-            # often than min_interval_s, since a solve can take its full time limit.
-            time.sleep(self.debounce_s)
-            wait = self.min_interval_s - (time.monotonic() - last)
-            if wait > 0:
-                self._stop.wait(wait)
-            if self._stop.is_set():
-                return  # stopped while waiting: no solve (and no solver child) after it
-            self._wake.clear()
-            try:
-                if not self.cache.synced:
-                    continue
-                last = time.monotonic()
-                self.solve_once()
-                failures = 0
-            except Exception as e:  # a planner bug must not kill the extender: log, retry
-                failures += 1
-                self._failed(e)
-                # Try again without waiting for the next cache change (a dead solver
-                # child is restarted by the next solve), backing off 1, 2, 4 .. 60 s.
-                if not self._stop.wait(backoff_s(failures)):
-                    self._wake.set()
+    def _turn(self) -> Outcome:
+        if not self.cache.synced:
+            return Outcome.IDLE
+        self.solve_once()
+        return Outcome.DONE
 
     def _failed(self, e: Exception) -> None:
-        """Log a failed solve and publish an error plan; nothing raised here may end the
-        thread (this runs in its exception handler)."""
-        try:
-            log.exception("planning failed")
-            self.plan = Plan(status="error", solved_at=self.clock(), error=str(e),
-                             cache_version=self.cache.version)
-        except Exception:  # the thread outlives its own error path (the next try logs)
-            pass
+        """Publish an error plan for a failed solve (the loop has logged it; it outlives
+        anything raised here)."""
+        self.plan = Plan(status="error", solved_at=self.clock(), error=str(e),
+                         cache_version=self.cache.version)
 
     # ---- one solve -------------------------------------------------------------------------
 
@@ -385,7 +191,7 @@ class Planner:
         started = time.monotonic()
         # Nothing to plan: answered here (an empty job), no child is started or woken.
         local = self.in_process or not job.batch
-        if not local and self._stop.is_set():
+        if not local and self.loop.stopped:
             # stop() came while the snapshot was taken: it has shut the solver down, or
             # found none, and no child may be started after it.
             return self.plan
@@ -422,7 +228,7 @@ class Planner:
             batch = tuple(([p for p in ordered if p.key not in self._unplaced]
                            + [p for p in ordered if p.key in self._unplaced])[: self.max_batch])
         capped = bool(batch) and bool(self.per_class) and not any(p.group for p in batch)
-        shapes = _bare_shapes(batch) if capped else {}
+        shapes = bare_shapes(batch) if capped else {}
         if self._rank_gen != self.scorer.gen:
             # A scorer of the planner's own (the verbs' one keeps a memo by node state
             # version that copies must not touch), rebuilt from the same workload.
@@ -549,7 +355,7 @@ class Planner:
 
     def _child(self) -> SolverProcess:
         with self._solver_lock:
-            if self._stop.is_set():  # stop() shuts the solver down once, for good
+            if self.loop.stopped:  # stop() shuts the solver down once, for good
                 raise SolverError("the planner is stopped: no solver child is started")
             if self._solver is None:
                 self._solver = SolverProcess()
@@ -592,7 +398,7 @@ class Planner:
         # The gpupack scorer's other input: whether whole nodes are kept for groups (a
         # clique label or the first group pod can come without any shape changing).
         keep = keeps_whole_nodes(snapshot)
-        if _close(shapes, self._shapes) and keep == self._keep_whole_nodes:
+        if close_shapes(shapes, self._shapes) and keep == self._keep_whole_nodes:
             return
         self._shapes = shapes
         self._keep_whole_nodes = keep
@@ -603,10 +409,3 @@ class Planner:
         self.scorer = ScorerRef(self.policy.make_scorer(snapshot), self._scorer_gen,
                                 name_sensitive=self.policy_name == "random",
                                 policy=self.policy_name, source=source)
-
-
-def _close(a: list[tuple[Shape, float]], b: list[tuple[Shape, float]]) -> bool:
-    if Counter(s for s, _ in a) != Counter(s for s, _ in b):
-        return False
-    wb = dict(b)
-    return all(abs(w - wb[s]) <= SHAPE_TOLERANCE for s, w in a)

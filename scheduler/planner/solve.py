@@ -34,17 +34,23 @@ from typing import TYPE_CHECKING, Any
 
 from packing.cpsat import SolverParams
 from packing.model import NodeInfo, Placement, PlanResult, PodRequest, Snapshot
-from packing.policies import get_policy
 from packing.policies.base import Policy
-from packing.policies.gpupack import GpupackPolicy
-from scheduler.child import ChildGone, ChildProcess, ChildTimeout, background, serve_messages
+from scheduler.child import (
+    ChildGone,
+    ChildProcess,
+    ChildTimeout,
+    background,
+    pickle_chunks,
+    serve_messages,
+    unpickle_chunks,
+)
+from scheduler.memo.decide import make_policy
 
 if TYPE_CHECKING:
     from ortools.sat.python import cp_model
 
 log = logging.getLogger("gpupack.scheduler.solve")
 
-CHUNK = 128  # items per pickle call: ~1-2 ms of GIL at most
 
 
 @dataclass(frozen=True)
@@ -79,10 +85,6 @@ def planner_params(params: SolverParams) -> PlannerParams:
     return PlannerParams(**{f.name: getattr(params, f.name) for f in fields(params)})
 
 
-def make_policy(name: str, params: SolverParams) -> Policy:
-    if name == "gpupack":
-        return GpupackPolicy(params)
-    return get_policy(name)
 
 
 @dataclass(frozen=True)
@@ -214,14 +216,6 @@ class SnapshotPacker:
         )
 
 
-def pickle_chunks(items: Sequence[Any]) -> tuple[bytes, ...]:
-    """``items`` pickled CHUNK at a time (the GIL is free between chunks)."""
-    return tuple(pickle.dumps(tuple(items[i:i + CHUNK]), protocol=pickle.HIGHEST_PROTOCOL)
-                 for i in range(0, len(items), CHUNK))
-
-
-def unpickle_chunks(chunks: Sequence[bytes]) -> tuple[Any, ...]:
-    return tuple(x for b in chunks for x in pickle.loads(b))
 
 
 def unpack(packed: tuple[Any, ...]) -> SolveJob:

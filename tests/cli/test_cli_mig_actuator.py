@@ -59,8 +59,8 @@ def test_plan_mig_pod_on_an_opted_in_whole_h100(tmp_path: Path, flags: list[str]
 def test_simulate_bundled_scenario_with_and_without_the_actuator(tmp_path: Path) -> None:
     runs = {}
     for flags in ([], ["--mig-actuator"]):
-        r = gpupack("simulate", "--policies", "gpupack", "--format", "json",
-                    "--out", str(tmp_path), "--quiet", *flags)
+        r = gpupack("simulate", "--scenario", "arrivals", "--policies", "gpupack",
+                    "--format", "json", "--out", str(tmp_path), "--quiet", *flags)
         assert r.returncode == 0, r.stderr
         out = json.loads(r.stdout)
         runs[out["mig_actuator"]] = out["results"][0]

@@ -145,7 +145,7 @@ def test_plan_bad_input_exits_2(
 
 
 def test_simulate_small_scenario_json_and_png(tmp_path: Path) -> None:
-    default = Path(__file__).resolve().parents[2] / "gpupack" / "scenarios" / "default.yaml"
+    default = Path(__file__).resolve().parents[2] / "gpupack" / "scenarios" / "arrivals.yaml"
     scenario = yaml.safe_load(default.read_text())
     scenario["arrivals"] = 40
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(scenario))

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
-DEFAULT_SCENARIO = REPO / "gpupack" / "scenarios" / "default.yaml"
+DEFAULT_SCENARIO = REPO / "gpupack" / "scenarios" / "arrivals.yaml"
 
 NODES = """
 kind: NodeList

@@ -25,8 +25,13 @@
 No kubelet runs: tests create Node objects and set their capacity through the status
 subresource, as kube-scheduler's scheduler_perf does; pods are bound and never started.
 kube-controller-manager runs only inside :func:`controllers` (the tests that need
-ReplicaSets, Deployments or PodDisruptionBudget status), so namespaces get no ``default``
-ServiceAccount by themselves: :func:`ensure_namespace` creates it with the namespace.
+ReplicaSets, Deployments or PodDisruptionBudget status) and, as a second instance with
+only the resourceclaim controller, inside :func:`claim_controller` (the DRA tests), so
+namespaces get no ``default`` ServiceAccount by themselves: :func:`ensure_namespace`
+creates it with the namespace. No feature gate is set anywhere: DRA runs at v1.37.2's
+defaults (structured parameters, prioritized lists, admin access, extended resources and
+device taints GA; partitionable devices, consumable capacity and binding conditions beta
+and on).
 
 It writes ``DIR/kubeconfig`` (cluster admin), ``DIR/pids/<component>.pid``,
 ``DIR/logs/<component>.log`` and ``DIR/state.json`` (ports and each component's command,
@@ -65,11 +70,12 @@ RELEASE = "gpupack"
 SCHEDULER_NAME = "gpupack"
 PLAIN_SCHEDULER_NAME = "plain-kube-scheduler"
 AGENT_NODE = "e2e-agent-node"
-# Order of start; down stops in reverse. "controller-manager" is defined by up() but
-# started only by the tests that need it (start_controllers).
+# Order of start; down stops in reverse. "controller-manager" and "claim-controller" are
+# defined by up() but started only by the tests that need them (controllers(),
+# claim_controller()).
 COMPONENTS = ("etcd", "apiserver", "webhook", "extender", "scheduler", "extender-b",
               "scheduler-b", "plain-scheduler", "node-agent", "mig-manager",
-              "controller-manager")
+              "controller-manager", "claim-controller")
 # Chart values of the stack. The extender acts on waiting groups (docs/defrag.md), so its
 # grants (events, pods/eviction) are applied and audited like the others; it evicts only
 # pods a controller recreates: the tests' bare pods are never touched. The MIG actuator is
@@ -84,6 +90,11 @@ CHART_VALUES = ("--set", "defrag.mode=act", "--set", "migActuator.enabled=true",
 # status. Not the node lifecycle controller: the nodes here have no kubelet, and it
 # would taint and evict them.
 CONTROLLERS = ("replicaset-controller", "deployment-controller", "disruption-controller")
+# The DRA tests' controller, in a kube-controller-manager of its own ("claim-controller")
+# so that it may run beside the one above without either acting twice: it makes the
+# ResourceClaims of pods' ResourceClaimTemplates, removes a deleted pod from a claim's
+# reservedFor and then deallocates the claim (or deletes it, when it was the pod's).
+DRA_CONTROLLERS = ("resourceclaim-controller",)
 MIG_CONFIG_MAP = "gpupack-mig-parted-config"
 # The extender's MIG settings for tests: an idle MIG GPU may change after 2 s (not 60);
 # compaction moves pods of any age and acts from one GPU over the slice bound.
@@ -406,7 +417,12 @@ class Stack:
                                     start_new_session=True)
         self.pid_file(component).write_text(f"{proc.pid}\n")
         started = time.time()
-        self.wait_ready(component, proc)
+        try:
+            self.wait_ready(component, proc, float(spec.get("ready_timeout_s", 120.0)))
+        except BaseException:
+            # Not ready (or interrupted): what was started is stopped, not left behind.
+            self.stop(component)
+            raise
         state = self.state()
         state["components"][component].setdefault("history", []).append([started, time.time()])
         self.save(state)
@@ -597,11 +613,27 @@ GPUPACK_ENV = {"PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
 def up(dir_: Path, *, extender_args: Sequence[str] = (), plain: bool = True,
        agent: bool = True, standby: bool = True,
        profile_overrides: Mapping[str, Any] | None = None) -> Stack:
-    """Start everything and wait until every component is ready."""
+    """Start everything and wait until every component is ready. When any step fails
+    (a component not ready in time, an object the API refuses, an interrupt), every
+    component already started is stopped before the error goes on: a failed start leaves
+    no process behind."""
     dir_ = dir_.resolve()
     stack = Stack(dir_)
     if stack.state_file.exists() and any(stack.alive(c) for c in stack.state()["components"]):
         raise StackError(f"{dir_} already holds a running stack: run down first")
+    try:
+        return _up(stack, extender_args=extender_args, plain=plain, agent=agent,
+                   standby=standby, profile_overrides=profile_overrides)
+    except BaseException:
+        if stack.state_file.exists():
+            with contextlib.suppress(Exception):
+                stack.down()
+        raise
+
+
+def _up(stack: Stack, *, extender_args: Sequence[str], plain: bool, agent: bool,
+        standby: bool, profile_overrides: Mapping[str, Any] | None) -> Stack:
+    dir_ = stack.dir
     for sub in ("pids", "logs", "pki", "kubeconfigs", "config"):
         (dir_ / sub).mkdir(parents=True, exist_ok=True)
     bins = build_binaries()
@@ -734,15 +766,21 @@ def up(dir_: Path, *, extender_args: Sequence[str] = (), plain: bool = True,
     kcm_kc = dir_ / "kubeconfigs" / "controller-manager"
     write_kubeconfig(kcm_kc, server, pki / "ca.crt", cert=pki / "controller-manager.crt",
                      key=pki / "controller-manager.key")
-    kcm_port = free_port()
-    components["controller-manager"] = {
-        "argv": [str(bins / "kube-controller-manager"), f"--kubeconfig={kcm_kc}",
-                 f"--authentication-kubeconfig={kcm_kc}", f"--authorization-kubeconfig={kcm_kc}",
-                 "--bind-address=127.0.0.1", f"--secure-port={kcm_port}",
-                 f"--cert-dir={dir_ / 'controller-manager-certs'}", "--leader-elect=false",
-                 "--use-service-account-credentials=true",
-                 f"--controllers={','.join(CONTROLLERS)}", "--v=1"],
-        "ready": {"url": f"https://127.0.0.1:{kcm_port}/healthz"}}
+
+    def controller_manager(name: str, controllers: Sequence[str]) -> dict[str, Any]:
+        port = free_port()
+        return {
+            "argv": [str(bins / "kube-controller-manager"), f"--kubeconfig={kcm_kc}",
+                     f"--authentication-kubeconfig={kcm_kc}",
+                     f"--authorization-kubeconfig={kcm_kc}",
+                     "--bind-address=127.0.0.1", f"--secure-port={port}",
+                     f"--cert-dir={dir_ / f'{name}-certs'}", "--leader-elect=false",
+                     "--use-service-account-credentials=true",
+                     f"--controllers={','.join(controllers)}", "--v=1"],
+            "ready": {"url": f"https://127.0.0.1:{port}/healthz"}}
+
+    components["controller-manager"] = controller_manager("controller-manager", CONTROLLERS)
+    components["claim-controller"] = controller_manager("claim-controller", DRA_CONTROLLERS)
     if agent:
         components["node-agent"] = {
             "argv": [sys.executable, str(HERE / "agent_double.py"), "--socket-dir",
@@ -772,12 +810,28 @@ def up(dir_: Path, *, extender_args: Sequence[str] = (), plain: bool = True,
 @contextlib.contextmanager
 def controllers(stack: Stack) -> Iterator[None]:
     """kube-controller-manager (CONTROLLERS only) runs inside the block."""
-    if not stack.alive("controller-manager"):
-        stack.start("controller-manager")
+    with _running(stack, "controller-manager"):
+        yield
+
+
+@contextlib.contextmanager
+def claim_controller(stack: Stack) -> Iterator[None]:
+    """kube-controller-manager's resourceclaim controller (DRA_CONTROLLERS) runs inside
+    the block."""
+    with _running(stack, "claim-controller"):
+        yield
+
+
+@contextlib.contextmanager
+def _running(stack: Stack, component: str) -> Iterator[None]:
+    if component not in stack.state()["components"]:
+        raise StackError(f"this stack predates the {component} component: bring it up again")
+    if not stack.alive(component):
+        stack.start(component)
     try:
         yield
     finally:
-        stack.stop("controller-manager")
+        stack.stop(component)
 
 
 STANDBY_HOSTNAME = "gpupack-scheduler-b"

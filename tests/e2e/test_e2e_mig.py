@@ -40,7 +40,7 @@ from cluster import (
 from conftest import Space
 from controlplane import MIG_CONFIG_MAP, NAMESPACE
 
-from scheduler.mig.decide import changes_from_json
+from scheduler.mig.changes import changes_from_json
 
 MIG = "nvidia.com/mig-1g.10gb"
 CONFIG = "nvidia.com/mig.config"

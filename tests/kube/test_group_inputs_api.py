@@ -1,4 +1,4 @@
-"""ResourceQuotas (list + watch through kube.source.ApiSource) and LeaderWorkerSets (a
+"""ResourceQuotas (list + watch through kube.api_source.ApiSource) and LeaderWorkerSets (a
 periodic list through kube.groups.lws.LwsPoller) from a FAKE API server, through the real
 ``kubernetes`` client: the first lists gate readiness, a quota change reaches the
 inputs, and an absent CRD (404 on the list) means "not installed", not an error loop."""
@@ -17,10 +17,10 @@ from fake_apiserver import FakeApiServer
 sys.path.insert(0, str(Path(__file__).parent.parent / "scheduler"))
 from sched_builders import node
 
+from kube.api_source import ApiSource
 from kube.cache import ClusterCache
 from kube.groups.inputs import GroupInputs
 from kube.groups.lws import LwsPoller
-from kube.source import ApiSource
 
 
 def wait_for(cond: Callable[[], bool], timeout: float = 10.0) -> None:

@@ -22,7 +22,7 @@ from kube.inventory_age import (
     without_inventory,
     written_at,
 )
-from kube.objects import NO_OBSERVATION
+from kube.node_objects import NO_OBSERVATION
 
 T = 1_700_000_000
 LABELS = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "nvidia.com/gpu.count": "1",

@@ -11,7 +11,7 @@ from typing import Any
 from test_kube_objects import k8s_node, k8s_pod
 
 from kube.cache import ClusterCache
-from kube.objects import NO_OBSERVATION, node_info, observation_of
+from kube.node_objects import NO_OBSERVATION, node_info, observation_of
 from kube.snapshot import build_snapshot
 
 LABELS = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "nvidia.com/gpu.count": "1",

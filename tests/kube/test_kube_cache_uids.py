@@ -290,7 +290,7 @@ def test_a_recreated_group_member_has_its_room_held_again_at_once() -> None:
     member = lws_pod("a", 1, 2, 4)
     req = r.cache.pending_pod("llm/a-0-1")
     assert req is not None
-    placed = GroupVerbs(r.book).bind_member(req, req.uid, "n1")
+    placed = GroupVerbs(r.book).reserve(req, req.uid, "n1")
     assert isinstance(placed, Placement) and not isinstance(placed, Status)
     r.tap.upsert_pod(bound(member, "n1", placement_annotations(placed, "gpupack")))
     r.sync()

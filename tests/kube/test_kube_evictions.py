@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
+from kube.api_source import ApiBinder
 from kube.defrag.inputs import PodOwners
 from kube.evictions import ApiEvents, ApiEvictor, PodRef, outcome_of
 from kube.responses import finish
-from kube.source import ApiBinder
 
 
 class Api:

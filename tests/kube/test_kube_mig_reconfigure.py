@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from kube.objects import node_info
+from kube.node_objects import node_info
 from kube.snapshot import build_snapshot
 from packing.model import MigReconfigure
 

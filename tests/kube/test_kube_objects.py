@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 
 from kube.files import load_objects
-from kube.objects import ObjectError, node_info, pod_request
+from kube.node_objects import node_info
+from kube.objects import ObjectError, pod_request
 from kube.snapshot import build_snapshot
 from packing.model import GpuMode, RequestKind
 
@@ -345,7 +346,7 @@ def test_a_deeply_nested_inventory_annotation_falls_back_to_inference() -> None:
 
 
 def test_node_taints_are_read_into_the_node_info() -> None:
-    from kube.objects import UNREADABLE_TAINTS
+    from kube.node_objects import UNREADABLE_TAINTS
     from packing.model import Taint
 
     n = k8s_node("g0", {}, {"cpu": "8", "memory": "16Gi"})

@@ -11,17 +11,11 @@ from typing import Any
 
 import pytest
 
-from kube.objects import (
-    MAX_NODE_GPUS,
-    ObjectError,
-    bound_node,
-    node_info,
-    object_name,
-    pod_key,
-)
+from kube.node_objects import node_info
+from kube.objects import ObjectError, bound_node, object_name, pod_key
 from kube.snapshot import build_snapshot
 from packing.inventory import GpuInventory, Inventory, encode_inventory
-from packing.model import GpuMode, MigInstance, RequestKind
+from packing.model import MAX_NODE_GPUS, GpuMode, MigInstance, RequestKind
 
 H100 = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
 T4 = {"nvidia.com/gpu.product": "Tesla-T4"}

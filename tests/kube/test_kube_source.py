@@ -16,8 +16,9 @@ from fake_apiserver import FakeApiServer
 sys.path.insert(0, str(Path(__file__).parent.parent / "scheduler"))
 from sched_builders import node, whole_pod
 
+from kube.api_source import ApiBinder, ApiSource
 from kube.cache import ClusterCache
-from kube.source import ApiBinder, ApiSource, BindError
+from kube.source import BindError
 
 
 def wait_for(cond: Callable[[], bool], timeout: float = 10.0,

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from kube.objects import ObjectError, node_info, parse_time, recorded_placement, started_at
+from kube.node_objects import node_info
+from kube.objects import ObjectError, parse_time, recorded_placement, started_at
 from packing.model import Placement
 
 

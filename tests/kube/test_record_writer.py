@@ -1,4 +1,4 @@
-"""The background writer of records, wakes and memories (kube.groups.reservations.RecordWriter):
+"""The background writer of records, wakes and memories (kube.record_writer.RecordWriter):
 a write that fails all its quick retries is tried again later, with a doubling delay,
 until it passes, a newer object replaces it, the replica stops leading, or the API says
 it never will."""
@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from kube.groups.reservations import RecordWriter
+from kube.record_writer import RecordWriter
 
 
 class ApiError(Exception):

@@ -21,7 +21,7 @@ from fake_apiserver import FakeApiServer
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from kube.source import ApiSource
+from kube.api_source import ApiSource
 
 
 class RecordingSink:

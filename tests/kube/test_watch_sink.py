@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).parent.parent / "scheduler"))
 from sched_builders import node
 from test_groups_builders import rig
 
-from kube.source import ApiSource
+from kube.api_source import ApiSource
 
 
 @pytest.mark.parametrize("event", [

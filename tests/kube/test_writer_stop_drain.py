@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from kube.groups.reservations import RecordWriter, StaticRecordStore
+from kube.record_writer import RecordWriter, StaticRecordStore
 
 
 def obj(name: str) -> dict[str, Any]:

@@ -10,20 +10,16 @@ from prometheus_client import CollectorRegistry
 from sched_builders import FakeClock, filter_args, mig_pod, node, whole_pod
 from test_groups_builders import RecordingWriter, bound, lws_pod, rig
 
+from gpupack.extender_app import create_extender_app
 from kube.annotations import placement_annotations
 from kube.cache import ClusterCache
-from kube.groups.reservations import (
-    RecordWriter,
-    StaticRecordStore,
-    record_name,
-    record_object,
-    record_of,
-)
+from kube.groups.reservations import record_name, record_object, record_of
 from kube.pod_conditions import ROOM_RESERVED
+from kube.record_writer import RecordWriter, StaticRecordStore
 from kube.source import StaticSource
 from packing.model import PodRequest
 from packing.status import Status
-from scheduler.extender.app import AppConfig, create_extender_app
+from scheduler.extender.app import AppConfig
 from scheduler.extender.metrics import ExtenderMetrics
 from scheduler.extender.wire import ExtenderArgs, PreemptionArgs
 from scheduler.groups.loop import ReservationBook, hold_key
@@ -53,7 +49,7 @@ def req_of(r: Any, pod: dict[str, Any]) -> PodRequest:
 def bind(r: Any, pod: dict[str, Any], node_name: str) -> None:
     """Bind through the book (as the app's bind does) and confirm it through the watch."""
     req = req_of(r, pod)
-    placement = GroupVerbs(r.book).bind_member(req, req.uid, node_name)
+    placement = GroupVerbs(r.book).reserve(req, req.uid, node_name)
     assert not isinstance(placement, Status) and placement is not None, placement
     r.tap.upsert_pod(bound(pod, node_name, placement_annotations(placement, "gpupack")))
     r.sync()
@@ -360,7 +356,7 @@ def test_bind_elsewhere_is_refused() -> None:
     r = rig(TWO, [lws_pod("a", 0, 2, 8)])
     reserved = r.book.reservations[A].slots[0].node
     other = "n2" if reserved == "n1" else "n1"
-    got = GroupVerbs(r.book).bind_member(req_of(r, lws_pod("a", 0, 2, 8)), "", other)
+    got = GroupVerbs(r.book).reserve(req_of(r, lws_pod("a", 0, 2, 8)), "", other)
     assert isinstance(got, Status) and got.check == RESERVED_NODE and "reserved on" in got.message
 
 
@@ -478,7 +474,7 @@ def test_restart_mid_group_restores_the_reservation_without_double_booking() -> 
     leader_node, worker_node = res.slots[0].node, res.slots[1].node
     # The leader is bound, then the extender restarts.
     req = req_of(r1, lws_pod("a", 0, 2, 8))
-    placement = GroupVerbs(r1.book).bind_member(req, req.uid, leader_node)
+    placement = GroupVerbs(r1.book).reserve(req, req.uid, leader_node)
     assert placement is not None and not isinstance(placement, Status)
     source.binder().bind("llm", "a-0", req.uid, leader_node,
                          placement_annotations(placement, "gpupack"))
@@ -682,7 +678,7 @@ def test_a_member_whose_bind_fails_has_its_room_held_again_at_once() -> None:
     r = rig(TWO, [lws_pod("a", 0, 2, 8)])
     req = req_of(r, lws_pod("a", 0, 2, 8))
     node_name = r.book.reservations[A].slots[0].node
-    got = GroupVerbs(r.book).bind_member(req, req.uid, node_name)
+    got = GroupVerbs(r.book).reserve(req, req.uid, node_name)
     assert got is not None and not isinstance(got, Status)
     assert r.held(A) == [1]
     r.book.forget(req.key)  # what the app does when the Binding is refused

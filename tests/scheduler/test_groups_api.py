@@ -20,19 +20,13 @@ sys.path.insert(0, str(Path(__file__).parent.parent / "kube"))
 from fake_apiserver import FakeApiServer
 
 from kube.annotations import placement_annotations
+from kube.api_source import ApiBinder, ApiSource
 from kube.cache import ClusterCache
 from kube.groups.inputs import GroupInputs
 from kube.groups.lws import LwsPoller
-from kube.groups.reservations import (
-    RECORD_SELECTOR,
-    ApiRecordStore,
-    RecordWriter,
-    ReservationTap,
-    record_name,
-    record_of,
-)
+from kube.groups.reservations import RECORD_SELECTOR, ReservationTap, record_name, record_of
 from kube.leader import LeaseWatcher
-from kube.source import ApiBinder, ApiSource
+from kube.record_writer import ApiRecordStore, RecordWriter
 from packing.status import Status
 from scheduler.groups.loop import ReservationBook
 from scheduler.groups.plugin import GroupVerbs
@@ -132,7 +126,7 @@ def test_reservation_written_as_a_configmap_and_rebuilt_after_restart(
         with r1.cache.lock:
             req = r1.cache.pending_pod("llm/a-0")
             assert req is not None
-            placement = GroupVerbs(r1.book).bind_member(req, req.uid, leader_node)
+            placement = GroupVerbs(r1.book).reserve(req, req.uid, leader_node)
             assert placement is not None and not isinstance(placement, Status)
         ApiBinder(api(fake)).bind("llm", "a-0", req.uid, leader_node,
                                   placement_annotations(placement, "gpupack"))

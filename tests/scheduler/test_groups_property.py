@@ -83,7 +83,7 @@ def test_every_group_is_whole_or_holds_nothing(steps: list[tuple[str, Any, int]]
             slot = None if res is None else r.book.slot_of(res, key)
             if req is not None and res is not None and slot is not None:
                 target = res.slots[slot].node
-                got = GroupVerbs(r.book).bind_member(req, req.uid, target)
+                got = GroupVerbs(r.book).reserve(req, req.uid, target)
                 if got is not None and not isinstance(got, Status):
                     ann = placement_annotations(got, "gpupack")
                     world[key] = bound(world[key], target, ann)

@@ -40,8 +40,9 @@ from test_groups_builders import bound, lws_pod
 
 from kube.annotations import GPUS, placement_annotations
 from kube.cache import ClusterCache
-from kube.groups.reservations import RESERVATION, RecordWriter, ReservationTap, record_of
+from kube.groups.reservations import RESERVATION, ReservationTap, record_of
 from kube.objects import pod_request
+from kube.record_writer import RecordWriter
 from packing.groups.members import RESERVE_MARK
 from packing.status import Status
 from scheduler.extender.wire import ExtenderArgs
@@ -246,7 +247,7 @@ class Cluster(RuleBasedStateMachine):
         req = r.cache.pending_pod(key)
         assert req is not None
         node = r.book.reservations[group].slots[slot].node
-        got = GroupVerbs(r.book).bind_member(req, req.uid, node)
+        got = GroupVerbs(r.book).reserve(req, req.uid, node)
         if got is not None and not isinstance(got, Status):
             event("a member bound to its room")
             self._bind(r, key, got)

@@ -15,19 +15,21 @@ from packing.cpsat import SolverParams
 from packing.mig.layout import MigSlot
 from packing.mig.plan import WHOLE
 from packing.model import MigReconfigure
-from scheduler.mig.decide import (
+from scheduler.mig.changes import (
     CONFIG_PREFIX,
-    ActuatorState,
     Backoff,
     Change,
+    backoff_from_json,
+    changes_from_json,
+    changes_json,
+)
+from scheduler.mig.decide import (
+    ActuatorState,
     GpuView,
     MigPod,
     MigSettings,
     NodeView,
     WholePod,
-    backoff_from_json,
-    changes_from_json,
-    changes_json,
     decide_mig,
     forecast,
     holds_for,

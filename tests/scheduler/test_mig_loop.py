@@ -16,14 +16,10 @@ from sched_builders import FakeClock, make_cache, mig_pod, node
 from kube.pod_conditions import SLICES_CREATED
 from packing.cpsat import SolverParams
 from packing.model import Placement, PodRequest, RequestKind
-from scheduler.mig.decide import (
-    HOLD_PREFIX,
-    Backoff,
-    MigSettings,
-    backoff_from_json,
-    changes_json,
-)
-from scheduler.mig.loop import MigActuator, MigMetrics, SliceFigures
+from scheduler.mig.changes import Backoff, backoff_from_json, changes_json
+from scheduler.mig.decide import HOLD_PREFIX, MigSettings
+from scheduler.mig.loop import MigActuator
+from scheduler.mig.metrics import MigMetrics, SliceFigures
 
 FAST = SolverParams(max_time_s=2.0, workers=1, seed=1)
 

@@ -8,7 +8,8 @@ import copy
 from prometheus_client import CollectorRegistry
 from sched_builders import FakeClock, filter_args, make_cache, node, pod, shared_pod
 
-from scheduler.extender.app import AppConfig, create_extender_app
+from gpupack.extender_app import create_extender_app
+from scheduler.extender.app import AppConfig
 from scheduler.extender.refusals import RecentRefusals
 from scheduler.planner.loop import Planner
 

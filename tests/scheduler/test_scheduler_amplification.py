@@ -9,16 +9,9 @@ from sched_builders import filter_args, make_cache, node, whole_pod
 
 from packing.model import Snapshot
 from packing.policies.gpupack import make_gpupack_scorer
-from scheduler.extender.verbs import (
-    UNKNOWN_LISTED,
-    UNKNOWN_NODE,
-    Memo,
-    NoPlan,
-    ScorerRef,
-    filter_nodes,
-    prioritize,
-)
+from scheduler.extender.verbs import UNKNOWN_LISTED, UNKNOWN_NODE, NoPlan, filter_nodes, prioritize
 from scheduler.extender.wire import ExtenderArgs, encode_priorities
+from scheduler.memo.decide import Memo, ScorerRef
 
 KNOWN = [f"gpu-{i}" for i in range(20)]
 

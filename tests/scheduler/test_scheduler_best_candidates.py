@@ -10,8 +10,9 @@ from sched_builders import filter_args, make_cache, mig_pod, node, whole_pod
 from test_scheduler_verbs import FixedPlan, scorer
 
 from packing.model import Placement
-from scheduler.extender.verbs import BestCandidates, Memo, NoPlan, filter_nodes, prioritize
+from scheduler.extender.verbs import BestCandidates, NoPlan, filter_nodes, prioritize
 from scheduler.extender.wire import ExtenderArgs
+from scheduler.memo.decide import Memo
 
 USED = {"gpupack.io/gpus": "0", "gpupack.io/mig": "1g.10gb@0"}
 

@@ -440,7 +440,7 @@ def test_an_update_whose_accounting_fails_keeps_the_pod_as_it_was(
     cache = make_cache([node("w", gpus=2, reconfigurable=False)],
                        [whole_pod("a", 1, node="w", annotations=ann("0"))])
     before = cache.pod_entry("default/a")
-    real = cache._placement_for
+    real = cache.observed.placement_for
     calls = []
 
     def broken(*args: Any, **kw: Any) -> Any:
@@ -449,7 +449,7 @@ def test_an_update_whose_accounting_fails_keeps_the_pod_as_it_was(
             raise RuntimeError("a bug in the accounting")
         return real(*args, **kw)
 
-    monkeypatch.setattr(cache, "_placement_for", broken)
+    monkeypatch.setattr(cache.observed, "placement_for", broken)
     moved = whole_pod("a", 1, node="w", annotations=ann("1"))
     assert not cache.upsert_pod(moved)  # logged and counted as a bad object, not raised
     assert cache.bad_objects == 1

@@ -12,14 +12,9 @@ from test_groups_builders import bound, lws_pod, rig
 
 from kube.annotations import placement_annotations
 from kube.cache import ClusterCache
-from kube.groups.reservations import (
-    RecordWriter,
-    ReservationTap,
-    StaticRecordStore,
-    record_name,
-    record_of,
-)
+from kube.groups.reservations import ReservationTap, record_name, record_of
 from kube.objects import pod_request
+from kube.record_writer import RecordWriter, StaticRecordStore
 from packing.model import Placement
 from packing.status import Status
 from scheduler.extender.wire import ExtenderArgs, FilterResult
@@ -34,11 +29,11 @@ THREE = [node(f"n{i}", reconfigurable=False) for i in (1, 2, 3)]
 
 
 def claim(r: Any, pod: dict[str, Any], node_name: str) -> Any:
-    """bind_member as the app's bind does it: the member is assumed, its Binding in
+    """reserve as the app's bind does it: the member is assumed, its Binding in
     flight."""
     req = r.cache.pending_pod(f"{pod['metadata']['namespace']}/{pod['metadata']['name']}")
     assert req is not None
-    p = GroupVerbs(r.book).bind_member(req, req.uid, node_name)
+    p = GroupVerbs(r.book).reserve(req, req.uid, node_name)
     assert p is not None and not isinstance(p, Status), p
     return p
 

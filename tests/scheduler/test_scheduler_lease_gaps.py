@@ -26,15 +26,11 @@ from test_mig_loop import mig_holds
 from test_mig_loop import setup as mig_setup
 
 import scheduler.mig.loop as mig_loop
-from kube.groups.reservations import (
-    RecordWriter,
-    StaticRecordStore,
-    record_name,
-    record_object,
-)
+from kube.groups.reservations import record_name, record_object
 from kube.mig.compaction_memory import NAME, CompactionMemory, decode
+from kube.record_writer import RecordWriter, StaticRecordStore
 from packing.mig.plan import WHOLE
-from scheduler.mig.decide import Change, changes_json
+from scheduler.mig.changes import Change, changes_json
 
 # ---- MIG actuator ----------------------------------------------------------------------------
 

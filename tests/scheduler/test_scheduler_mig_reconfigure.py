@@ -9,9 +9,10 @@ import pytest
 from sched_builders import filter_args, mig_pod, node
 
 from kube.cache import ClusterCache
-from scheduler.extender.verbs import Memo, filter_nodes
+from scheduler.extender.verbs import filter_nodes
 from scheduler.extender.view_lag import ViewLag
 from scheduler.extender.wire import ExtenderArgs
+from scheduler.memo.decide import Memo
 
 KEY = "gpupack.io/mig-reconfigure"
 

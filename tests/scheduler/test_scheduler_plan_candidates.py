@@ -20,7 +20,8 @@ from packing.policies.fgd import (
 )
 from packing.state import ClusterState
 from packing.validate import validate
-from scheduler.planner.loop import Planner, pick_candidates
+from scheduler.planner.decide import pick_candidates
+from scheduler.planner.loop import Planner
 from scheduler.planner.solve import compact_workload, expand_workload, solve
 
 
@@ -235,7 +236,7 @@ def test_a_shape_gets_nodes_for_all_its_pods_before_others_get_more_choice() -> 
 
 
 def test_node_capacity_counts_pods_one_after_another() -> None:
-    from scheduler.planner.loop import node_capacity
+    from scheduler.planner.decide import node_capacity
 
     cache = make_cache([node("w", gpus=8, reconfigurable=False)],
                        [whole_pod("six", 5, node="w"), whole_pod("p", 1)])

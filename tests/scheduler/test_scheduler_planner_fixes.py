@@ -22,7 +22,8 @@ import pytest
 from sched_builders import make_cache, node, whole_pod
 
 from packing.cpsat import SolverParams
-from scheduler.planner.loop import Planner, pick_candidates
+from scheduler.planner.decide import pick_candidates
+from scheduler.planner.loop import Planner
 from scheduler.planner.solve import SolveJob, SolveOutcome, solve
 
 FAST = SolverParams(max_time_s=0.2, workers=1)
@@ -53,17 +54,17 @@ def test_the_thread_survives_a_long_run_of_failures() -> None:
         raise RuntimeError("a lasting fault")
 
     planner.solve_once = boom  # type: ignore[assignment, method-assign]
-    planner._stop = _NoWaitStop()
+    planner.loop._stop = _NoWaitStop()
     logger = logging.getLogger("gpupack.scheduler.planner")
     logger.disabled = True
     try:
         planner.start()
-        planner._wake.set()
-        assert planner._thread is not None
+        planner.loop.wake()
+        assert planner.loop._thread is not None
         deadline = time.monotonic() + 30
-        while calls < 1100 and planner._thread.is_alive() and time.monotonic() < deadline:
+        while calls < 1100 and planner.loop._thread.is_alive() and time.monotonic() < deadline:
             time.sleep(0.01)
-        alive = planner._thread.is_alive()
+        alive = planner.loop._thread.is_alive()
     finally:
         planner.stop(1)
         logger.disabled = False
@@ -72,7 +73,7 @@ def test_the_thread_survives_a_long_run_of_failures() -> None:
 
 
 def test_the_backoff_is_1_2_4_up_to_60_seconds_for_ever() -> None:
-    from scheduler.planner.loop import backoff_s
+    from scheduler.planner.decide import backoff_s
 
     assert [backoff_s(n) for n in range(1, 9)] == [1, 2, 4, 8, 16, 32, 60, 60]
     assert backoff_s(1025) == backoff_s(10**9) == 60
@@ -244,7 +245,7 @@ def test_no_solver_child_is_started_after_stop() -> None:
     started_after_stop = []
 
     def child() -> Any:
-        if planner._stop.is_set():
+        if planner.loop.stopped:
             started_after_stop.append(True)
         if planner._solver is None:
             planner._solver = _FakeChild()  # type: ignore[assignment]
@@ -253,13 +254,13 @@ def test_no_solver_child_is_started_after_stop() -> None:
     planner.make_job = slow_make_job  # type: ignore[method-assign]
     planner._child = child  # type: ignore[method-assign]
     planner.start()
-    planner._wake.set()
+    planner.loop.wake()
     assert entered.wait(10)
     planner.stop(timeout=0.1)
     release.set()
-    assert planner._thread is not None
-    planner._thread.join(10)
-    assert not planner._thread.is_alive()
+    assert planner.loop._thread is not None
+    planner.loop._thread.join(10)
+    assert not planner.loop._thread.is_alive()
     assert not started_after_stop
     assert planner._solver is None
 

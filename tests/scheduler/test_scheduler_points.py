@@ -3,17 +3,19 @@ results out, no HTTP (the HTTP contract is pinned by test_scheduler_http*.py).""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry, Counter
 from sched_builders import FakeClock, filter_args, make_cache, node, whole_pod
+from test_groups_builders import lws_pod
 
 from kube.source import BindError
+from scheduler.extender.cycle import VerbError
 from scheduler.extender.points import BindClaim, ExtensionPoints
 from scheduler.extender.refusals import RecentRefusals
 from scheduler.extender.request_pods import RequestPods
-from scheduler.extender.verbs import Memo, VerbError
 from scheduler.extender.view_lag import ViewLag
 from scheduler.extender.wire import (
     BindingArgs,
@@ -23,6 +25,8 @@ from scheduler.extender.wire import (
     PreemptionArgs,
 )
 from scheduler.groups.loop import ReservationBook
+from scheduler.groups.plugin import GroupVerbs
+from scheduler.memo.decide import Memo
 from scheduler.memo.loop import Warmer
 from scheduler.planner.loop import Planner
 
@@ -49,9 +53,10 @@ def points(pods: list[dict[str, Any]], binder: Any = None, gpus: int = 2,
     memo = Memo()
     book = ReservationBook(cache, scorer=lambda: planner.scorer.scorer, records_listed=True)
     binds = Counter("binds", "bind outcomes", ["result"], registry=CollectorRegistry())
-    return ExtensionPoints(cache, planner, binder, book, memo,
+    lag = ViewLag(clock=clock or FakeClock())
+    return ExtensionPoints(cache, planner, binder, (GroupVerbs(book, lag),), memo,
                            Warmer(cache, memo, lambda: planner.scorer), RequestPods(), binds,
-                           "gpupack", 0, ViewLag(clock=clock or FakeClock()), refusals)
+                           "gpupack", 0, lag, refusals)
 
 
 def bind_args(name: str, node_name: str = "n1") -> BindingArgs:
@@ -109,3 +114,85 @@ def test_preempt_reads_the_pod_first() -> None:
     with pytest.raises(VerbError):
         p.preempt(PreemptionArgs.decode({"Pod": {"metadata": {"name": "p"}, "spec": 1},
                                           "NodeNameToVictims": {}}))
+
+
+# ---- one cycle per request: the pod read once -------------------------------------------------
+
+
+def counting_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every read of a request's pod into a PodRequest (the one read path, cycle.read_pod),
+    by pod name."""
+    import scheduler.extender.cycle as cycle_module
+
+    read: list[str] = []
+    real = cycle_module.pod_request
+
+    def counted(pod: Any, strict: bool = True) -> Any:
+        read.append(pod["metadata"]["name"])
+        return real(pod, strict)
+
+    monkeypatch.setattr(cycle_module, "pod_request", counted)
+    return read
+
+
+CYCLE_PODS = [
+    ("a pod of no group, no list has shown it", whole_pod("lone", 1, namespace="x"), False),
+    ("a group member, no list has shown it", lws_pod("g", 0, 2, 1), False),
+    ("a group member the cache lists", lws_pod("h", 0, 2, 1), True),
+    ("a pod the cache lists", whole_pod("listed", 1, namespace="x"), True),
+]
+
+
+@pytest.mark.parametrize(("case", "obj", "listed"), CYCLE_PODS,
+                         ids=[c[0] for c in CYCLE_PODS])
+def test_each_point_reads_the_requests_pod_once(
+        monkeypatch: pytest.MonkeyPatch, case: str, obj: dict[str, Any], listed: bool) -> None:
+    p = points([obj] if listed else [])
+    read = counting_reads(monkeypatch)
+    name = obj["metadata"]["name"]
+    p.filter(ExtenderArgs.decode(filter_args(obj, ["n1"])))
+    assert read == [name], case  # remembered, asked of the groups, filtered: one read
+    read.clear()
+    p.prioritize(ExtenderArgs.decode(filter_args(obj, ["n1"])))
+    assert read == [name], case
+    read.clear()
+    p.preempt(PreemptionArgs.decode({"Pod": obj, "NodeNameToMetaVictims": {}}))
+    assert read == [name], case
+
+
+def test_a_participant_answers_before_the_default_verb_and_sees_the_same_cycle() -> None:
+    from scheduler.extender.cycle import Cycle
+
+    seen: list[Cycle] = []
+
+    class Claims:
+        """A participant that claims the pod named 'mine' and reads the shared cycle."""
+
+        def filter(self, args: ExtenderArgs, cycle: Cycle | None = None) -> Any:
+            assert cycle is not None
+            seen.append(cycle)
+            if cycle.req.key.endswith("/mine"):
+                return FilterResult(node_names=(), failed={"n1": "mine, refused"})
+            return None
+
+        def prioritize(self, args: ExtenderArgs, cycle: Cycle | None = None) -> Any:
+            return None
+
+        def preempt(self, args: PreemptionArgs, cycle: Cycle | None = None) -> Any:
+            return None
+
+        def reserve(self, pod: Any, uid: str, node: str) -> Any:
+            return None
+
+        def unreserve(self, key: str) -> None:
+            pass
+
+    base = points([])
+    p = dataclasses.replace(base, participants=(Claims(), *base.participants))
+    got = p.filter(ExtenderArgs.decode(filter_args(whole_pod("mine", 1, namespace="x"),
+                                                ["n1"])))
+    assert got.failed == {"n1": "mine, refused"} and got.node_names == ()
+    other = p.filter(ExtenderArgs.decode(filter_args(whole_pod("other", 1, namespace="x"),
+                                                  ["n1"])))
+    assert other.node_names == ("n1",)  # not claimed: the default verb answered
+    assert [c.key for c in seen] == ["x/mine", "x/other"]

@@ -12,16 +12,10 @@ from sched_builders import filter_args, make_cache, mig_pod, node, whole_pod
 
 from packing.model import Placement, Snapshot
 from packing.policies.gpupack import make_gpupack_scorer
-from scheduler.extender.verbs import (
-    Memo,
-    NoPlan,
-    ScorerRef,
-    choose_placement,
-    filter_nodes,
-    prioritize,
-    read_pod,
-)
+from scheduler.extender.cycle import read_pod
+from scheduler.extender.verbs import NoPlan, choose_placement, filter_nodes, prioritize
 from scheduler.extender.wire import ExtenderArgs
+from scheduler.memo.decide import Memo, ScorerRef
 from scheduler.memo.loop import Warmer
 
 NAMES = [f"w{i}" for i in range(6)]

@@ -229,7 +229,7 @@ def test_metrics_count_memory_booked_shares_and_show_booked_beside_observed() ->
 
 
 def test_share_policy_label_is_read_and_a_bad_one_is_named() -> None:
-    from kube.objects import node_info
+    from kube.node_objects import node_info
     from packing.device_plugin import AllocationPolicy
 
     notes: list[str] = []

@@ -20,23 +20,21 @@ from sched_builders import (
 from packing.model import Placement, Snapshot
 from packing.policies.gpupack import make_gpupack_scorer
 from packing.status import Code, Status
+from scheduler.extender.cycle import VerbError
 from scheduler.extender.verbs import (
     NODE_FIT,
     NODE_KNOWN,
     UNKNOWN_NODE,
     UNREADABLE_NODE,
-    Memo,
     NoPlan,
-    ScorerRef,
-    VerbError,
     choose_placement,
     filter_nodes,
     preempt,
-    preference,
     prioritize,
 )
 from scheduler.extender.view_lag import ViewLag
 from scheduler.extender.wire import ExtenderArgs, PreemptionArgs
+from scheduler.memo.decide import Memo, ScorerRef, preference
 
 NODES = [
     node("mig-a", mig={"1g.10gb": 7}),  # GPU 0: 7 x 1g.10gb; GPUs 1..7 MIG, empty

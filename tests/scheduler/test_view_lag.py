@@ -9,10 +9,11 @@ from prometheus_client import CollectorRegistry, Counter
 from sched_builders import FakeClock, filter_args, make_cache, mig_pod, node
 from test_groups_builders import lws_pod, rig
 
-from scheduler.extender.verbs import UNKNOWN_NODE, Memo, capacity_behind, filter_nodes
+from scheduler.extender.verbs import UNKNOWN_NODE, filter_nodes
 from scheduler.extender.view_lag import ViewLag
 from scheduler.extender.wire import ExtenderArgs
 from scheduler.groups.plugin import GroupVerbs
+from scheduler.memo.decide import Memo, capacity_behind
 
 
 def lag(clock: FakeClock, grace_s: float = 30.0, limit: int = 100) -> tuple[ViewLag, Any]:

@@ -13,7 +13,8 @@ import pytest
 from webhook_builders import OPT_IN, cluster, node, pod
 
 from webhook.config import WebhookConfig
-from webhook.decide import Kind, decide_admission
+from webhook.decide import decide_admission
+from webhook.decision import Kind
 
 FROZEN = {"gpupack.io/mig-reconfigure": "false"}
 MEM, ISO = "gpupack.io/gpu-memory", "gpupack.io/isolation"

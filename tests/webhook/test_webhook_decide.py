@@ -11,7 +11,8 @@ from packing.model import Snapshot
 from webhook.admit import admit
 from webhook.capacity import ClusterView
 from webhook.config import ClassDefault, WebhookConfig
-from webhook.decide import Kind, decide_admission
+from webhook.decide import decide_admission
+from webhook.decision import Kind
 
 CFG = WebhookConfig()
 H100 = dynamic(node("h0"), node("h1"))

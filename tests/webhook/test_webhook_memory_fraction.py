@@ -12,7 +12,7 @@ from webhook_builders import cluster, dynamic, node, pod
 
 from webhook.admit import admit
 from webhook.config import WebhookConfig
-from webhook.decide import Kind
+from webhook.decision import Kind
 
 CFG = WebhookConfig()
 L40S = cluster(node("s0", "L40S", 4, "shared"))  # 48Gi GPUs: a 12Gi share is 0.25

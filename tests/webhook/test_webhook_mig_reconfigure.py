@@ -15,7 +15,8 @@ from webhook_builders import OPT_IN, cluster, node, pod
 from packing.model import MigReconfigure
 from webhook.capacity import ClusterView
 from webhook.config import WebhookConfig
-from webhook.decide import Kind, decide_admission
+from webhook.decide import decide_admission
+from webhook.decision import Kind
 
 FROZEN = {"gpupack.io/mig-reconfigure": "false"}
 ASR = {"gpupack.io/class": "asr"}  # 8Gi by default

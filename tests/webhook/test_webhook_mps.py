@@ -12,14 +12,15 @@ import pytest
 from prometheus_client import CollectorRegistry
 from webhook_builders import cluster, node, pod, review
 
-from kube.objects import node_info
+from kube.node_objects import node_info
 from packing.model import GpuMode, Snapshot
 from webhook.admit import admit
 from webhook.app import create_webhook_app
 from webhook.capacity import ClusterView
 from webhook.claims import ClaimBook
 from webhook.config import WebhookConfig
-from webhook.decide import Kind, decide_admission
+from webhook.decide import decide_admission
+from webhook.decision import Kind
 
 CFG = WebhookConfig()
 STRATEGY = "nvidia.com/gpu.sharing-strategy"

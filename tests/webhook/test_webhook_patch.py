@@ -14,7 +14,7 @@ from webhook_builders import cluster, dynamic, node, pod
 
 from webhook.admit import admit
 from webhook.config import WebhookConfig
-from webhook.decide import Kind
+from webhook.decision import Kind
 from webhook.patch import escape, pointer
 
 CFG = WebhookConfig()

@@ -19,7 +19,8 @@ from webhook.app import create_webhook_app
 from webhook.capacity import SCOPES_KEPT, Claim, ClusterView, ShareKind
 from webhook.claims import ClaimBook, ClaimedView
 from webhook.config import WebhookConfig
-from webhook.decide import Kind, decide_admission
+from webhook.decide import decide_admission
+from webhook.decision import Kind
 
 CFG = WebhookConfig()
 MEM = "gpupack.io/gpu-memory"

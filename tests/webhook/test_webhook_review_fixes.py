@@ -25,7 +25,8 @@ from webhook.app import create_webhook_app
 from webhook.capacity import Claim, ClusterView, ShareKind
 from webhook.claims import ClaimBook, ClaimedView
 from webhook.config import WebhookConfig
-from webhook.decide import Kind, decide_admission
+from webhook.decide import decide_admission
+from webhook.decision import Kind
 from webhook.sizing import _shell
 
 H100 = "NVIDIA-H100-80GB-HBM3"

@@ -9,7 +9,8 @@ from webhook_builders import cluster, dynamic, node, pod
 
 from webhook.admit import admit
 from webhook.config import WebhookConfig
-from webhook.decide import Kind, decide_admission
+from webhook.decide import decide_admission
+from webhook.decision import Kind
 from webhook.sizing import find_self_sizing
 
 CFG = WebhookConfig()

@@ -174,3 +174,26 @@ def test_the_extenders_feed_gives_no_snapshot_until_the_cache_is_synced() -> Non
     assert snap is not None and [n.name for n in snap.nodes] == ["h0"]
     assert client.get("/readyz").status_code == 200
     assert client.post("/mutate", json=review(SIZED)).get_json()["response"]["allowed"]
+
+
+@pytest.mark.parametrize(("min_interval_s", "fresh_after_change"), [
+    (0.0, True),  # the standalone webhook's (LiveSnapshots): every change, at once
+    (3600.0, False),  # the extender's at most once per interval: still the old one
+])
+def test_one_feed_keeps_its_snapshot_until_the_cache_changes(
+        min_interval_s: float, fresh_after_change: bool) -> None:
+    from gpupack.webhook_host import SnapshotFeed
+    from kube.cache import ClusterCache
+
+    cache = ClusterCache("gpupack")
+    cache.upsert_node(node("h0"))
+    cache.mark_synced()
+    feed = SnapshotFeed(cache, min_interval_s=min_interval_s)
+    first = feed()
+    assert first is not None and feed() is first  # no change: the same object
+    cache.upsert_node(node("h1"))
+    second = feed()
+    assert (second is not first) is fresh_after_change
+    assert second is not None
+    assert [n.name for n in second.nodes] == (["h0", "h1"] if fresh_after_change else ["h0"])
+

@@ -20,7 +20,8 @@ Leadership is checked again right before each eviction and each Event: the actua
 step calls this after its own slow part (the decision, the ConfigMap and Node writes),
 and a replica whose lease ran out meanwhile must not evict (the drain it started is
 taken up, or not, by the new leader from the memory). Unless given its own
-``is_leader``, the compactor asks the actuator's.
+``is_leader``, the compactor asks the actuator's leader gate
+(:class:`scheduler.engine.LeaderGate`).
 
 A standby holds nothing. The evictions of the last hour, the cool-downs and the drains
 in flight are kept in :mod:`kube.mig.compaction_memory`: a new leader reads them back before
@@ -43,9 +44,10 @@ from typing import Any, Protocol
 
 from kube.cache import ClusterCache
 from kube.evictions import EventSink, EvictionResult, Evictor, PodRef
-from kube.groups.reservations import Submitter
 from kube.mig.compaction_memory import NAME, CompactionMemory, DrainRecord, memory_object
+from kube.record_writer import Submitter
 from packing.model import MigReconfigure
+from scheduler.engine import LeaderGate
 from scheduler.mig.compact.decide import (
     DEFAULT_COMPACT,
     DRAIN_PREFIX,
@@ -124,7 +126,7 @@ class Compactor:
         runs this compactor sets its own (:class:`scheduler.mig.loop.MigActuator`)."""
         self.cache = cache
         self.memory = memory
-        self.is_leader = is_leader
+        self.gate = None if is_leader is None else LeaderGate(is_leader)
         # What this leader last read or wrote of the memory (None: not read back yet).
         self._remembered: CompactionMemory | None = None
         # The memory writer's ``dropped`` count when the memory was last submitted.
@@ -382,8 +384,17 @@ class Compactor:
         if h is not None:
             hold_one(self.cache, h)
 
+    @property
+    def is_leader(self) -> Callable[[], bool] | None:
+        """The leader check asked before each eviction and Event (None: none yet)."""
+        return None if self.gate is None else self.gate.is_leader
+
+    @is_leader.setter
+    def is_leader(self, check: Callable[[], bool]) -> None:
+        self.gate = LeaderGate(check)  # its own, no longer the actuator's
+
     def _leading(self) -> bool:
-        return self.is_leader is None or self.is_leader()
+        return self.gate is None or self.gate()
 
     def _node_event(self, node: str, reason: str, message: str, warning: bool = False
                     ) -> None:
