@@ -171,3 +171,25 @@ def test_dominance(q: tuple[int, int, int, int], q2: tuple[int, int, int, int],
     pods = Pods.from_trace(_pods([q, q2]), nodes.models)
     inst = make_instance(nodes, pods, np.array([0, 1], dtype=np.int64), load_pct=10_000)
     assert dominates(inst, 0, 1) is expected
+
+
+def test_the_clairvoyant_run_is_legal_and_below_the_bound() -> None:
+    # The achievable side of the sandwich: a rolling-horizon CP-SAT run of the protocol
+    # never beats the certificate, never over-commits, and is deterministic.
+    from sim.openb.clairvoyant import clairvoyant_run
+
+    rng = np.random.default_rng(3)
+    nodes = Nodes.from_trace(_cluster([(32000, 131072, int(rng.choice([2, 4, 8])))
+                                       for _ in range(8)]))
+    shapes = [(1000, 2048, 1, 1000), (1000, 2048, 1, 810), (4000, 8192, 1, 470),
+              (2000, 4096, 1, 320), (500, 1024, 1, 160), (8000, 16384, 0, 0)]
+    pods = Pods.from_trace(_pods([shapes[int(rng.integers(len(shapes)))] for _ in range(60)]),
+                           nodes.models)
+    workload = build_workload(pods, nodes.gpu_capacity_milli, 3)
+    typical = trace_shapes(pods, nodes.models)
+    runs = [clairvoyant_run(nodes, pods, workload, typical, 3, start=0.3, window=20,
+                            time_limit=2.0) for _ in range(2)]
+    assert runs[0] == runs[1].__class__(**{**runs[1].__dict__, "seconds": runs[0].seconds})
+    assert runs[0].planned > 0 and runs[0].placed + runs[0].failed == len(workload)
+    found = allocation_bound(make_instance(nodes, pods, workload))
+    assert 0 < runs[0].alloc_130 <= found.alloc_130 + 1e-6

@@ -175,6 +175,8 @@ def clairvoyant_run(nodes: Nodes, pods: Pods, workload: IntArray, shapes: Typica
         total += int(demand[i])
         arrived[a] = total
         allocated[a] = state.allocated_milli
+    if (state.free_cpu < 0).any() or (state.free_mem < 0).any() or (state.free_gpu < 0).any():
+        raise RuntimeError("the clairvoyant run over-committed a node: a bug")
     return ClairvoyantRun(
         alloc_130=alloc_at(100.0 * arrived / cap, 100.0 * allocated / cap, 130),
         placed=placed, failed=failed, windows=windows, planned=planned,
