@@ -43,6 +43,7 @@ from packing.policies.lookahead import (
     FloatArray,
     FreshGpuRule,
     GpupackWeights,
+    KeepCoresRule,
     NodeArrays,
     keeps_whole_nodes,
     node_free_after,
@@ -137,6 +138,7 @@ class GpupackScorer:
         self.shapes: TypicalShapes = typical_shape_table(keys, self.models)
         self.cap = CapacityModel(self.shapes)
         self.fresh = FreshGpuRule.of(self.shapes)
+        self.keep = KeepCoresRule.of(self.shapes)
         self.weights = weights or GpupackWeights()
         # MilliRequest.model_ok: the score never reads it (the verbs filter by model).
         self._any_model = np.ones(len(self.models), dtype=bool)
@@ -190,7 +192,8 @@ class GpupackScorer:
         key = (req.cpu, req.mem, req.num_gpu, req.milli)
         found = evals.get(key)
         if found is None:
-            found = ranks(arrays, req, self.shapes, self.cap, self.weights, self.fresh)[0]
+            found = ranks(arrays, req, self.shapes, self.cap, self.weights, self.fresh,
+                          self.keep)[0]
             if len(evals) >= EVALS_PER_NODE:
                 evals.clear()
             evals[key] = found
