@@ -50,6 +50,8 @@ SHAPES = (
 MIXED = (30, 20, 10, 15, 8, 4, 5, 8)
 # Shares with few whole-GPU pods: the workload's FreshGpuRule is on (m* = 700 milli).
 SHARE_HEAVY = (30, 20, 25, 2, 0, 0, 0, 8)
+# Many CPU-only pods: cores run short, and the KeepCoresRule decides where they go.
+CPU_HEAVY = (10, 5, 5, 15, 8, 4, 5, 40)
 
 
 def _trace(seed: int, n_nodes: int, n_pods: int, weights: tuple[int, ...] = MIXED
@@ -71,7 +73,8 @@ def _shapes(pods: list[OpenbPod], models: tuple[str, ...]):  # type: ignore[no-u
 
 
 @pytest.mark.parametrize(("seed", "weights"), [(1, MIXED), (2, MIXED), (3, MIXED),
-                                               (4, SHARE_HEAVY), (5, SHARE_HEAVY)])
+                                               (4, SHARE_HEAVY), (5, SHARE_HEAVY),
+                                               (6, CPU_HEAVY), (11, CPU_HEAVY)])
 def test_the_replay_and_the_extenders_scorer_make_the_same_decisions(
         seed: int, weights: tuple[int, ...]) -> None:
     nodes, trace = _trace(seed, n_nodes=14, n_pods=260, weights=weights)  # late pods fail
@@ -85,6 +88,9 @@ def test_the_replay_and_the_extenders_scorer_make_the_same_decisions(
     assert FreshGpuRule.of(shapes).active is (weights == SHARE_HEAVY)
     if weights == SHARE_HEAVY:
         before = replay(arrays, pods, order, ProductPolicy(fresh_gpus=False), seed, shapes)
+        assert before.placements != run.placements
+    if weights == CPU_HEAVY:
+        before = replay(arrays, pods, order, ProductPolicy(keep_cores=False), seed, shapes)
         assert before.placements != run.placements
 
     requests = [to_pod_request(p) for p in trace]

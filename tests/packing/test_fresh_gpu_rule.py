@@ -1,9 +1,11 @@
-"""The fresh-GPU rule of gpupack's score (packing.policies.lookahead.FreshGpuRule).
+"""The fresh-GPU and keep-cores rules of gpupack's score
+(packing.policies.lookahead.FreshGpuRule, KeepCoresRule).
 
 Table-driven: when the workload turns it on (the gate on whole-GPU pods' share of the
 GPU demand), which shares it moves (too large for the common big share's sliver, smaller
 than that share), how many cores a node must keep per GPU left fully free, and that its
-term outranks any FGD level on exactly the fully free GPUs of such nodes.
+term outranks any FGD level on exactly the fully free GPUs of such nodes; which nodes keep
+the workload's cores per fully free GPU for a CPU-only pod.
 """
 
 from __future__ import annotations
@@ -12,7 +14,12 @@ import numpy as np
 import pytest
 
 from packing.fragmentation import MilliRequest, ShapeKey, make_shapes
-from packing.policies.lookahead import FRESH_GPU_GATE, FreshGpuRule
+from packing.policies.lookahead import (
+    FRESH_GPU_GATE,
+    FreshGpuRule,
+    KeepCoresRule,
+    cores_per_gpu,
+)
 
 ANY = np.ones(1, dtype=bool)
 
@@ -75,3 +82,37 @@ def test_bonus_on_fresh_gpus_of_nodes_that_keep_cores() -> None:
     assert not FreshGpuRule(active=False).applies(_req(470))
     whole = MilliRequest(cpu=1000, mem=1024, num_gpu=1, milli=1000, model_ok=ANY)
     assert not rule.applies(whole)
+
+
+def _cpu_only(cpu: int) -> MilliRequest:
+    return MilliRequest(cpu=cpu, mem=1024, num_gpu=0, milli=0, model_ok=ANY)
+
+
+@pytest.mark.parametrize(("mix", "active", "cores"), [
+    # cpu per GPU of demand: (0.5 x 3000 + 0.5 x 8000) / (0.5 x 810 + 0.5 x 470) x 1000
+    ([(_shape(3000, 1, 810), 0.5), (_shape(8000, 1, 470), 0.5)], True, 8593),
+    # CPU-only shapes do not count; a 2-GPU pod asks 2000 milli
+    ([(_shape(16000, 2, 1000), 0.5), (_shape(8000, 0, 0), 0.5)], True, 8000),
+    # no GPU shape: nothing to keep cores for
+    ([(_shape(8000, 0, 0), 1.0)], False, 0),
+])
+def test_keep_cores_of_the_workload(mix: list[tuple[ShapeKey, float]], active: bool,
+                                    cores: int) -> None:
+    shapes = make_shapes(mix, ("G2",))
+    rule = KeepCoresRule.of(shapes)
+    assert (rule.active, rule.cores) == (active, cores)
+    assert int(cores_per_gpu(shapes)) == cores
+
+
+def test_keep_cores_bonus_on_nodes_that_keep_cores_for_their_free_gpus() -> None:
+    rule = KeepCoresRule(active=True, cores=8000)
+    free = np.array([[1000, 1000, 500, 0],    # 2 fully free GPUs: must keep 16 cores
+                     [1000, 1000, 500, 0],    # same, one core short
+                     [600, 500, 0, 0],        # none fully free: always keeps
+                     [0, 0, 0, 0]])           # no GPU free (or none at all)
+    cpu = np.array([20_000, 19_999, 4_000, 4_000])
+    got = rule.bonus_of(free, cpu, _cpu_only(4000))
+    assert np.array_equal(got, np.array([rule.bonus, 0.0, rule.bonus, rule.bonus]))
+    assert rule.applies(_cpu_only(4000))
+    assert not rule.applies(_req(470)) and not KeepCoresRule(active=False).applies(
+        _cpu_only(4000))
