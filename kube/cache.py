@@ -84,6 +84,7 @@ from kube.signatures import SignatureBook
 from kube.worst_case import message as worst_case_message
 from kube.worst_case import unreadable_input, worst_case_request
 from packing.dra.inventory import (
+    USE_MARK,
     DraInventory,
     claim_uses,
     taint_uses,
@@ -1209,6 +1210,13 @@ class ClusterCache:
                 raise AssumeError(f"pod {req.key} is already bound to {entry.node}")
             if entry is not None and uid and entry.uid and entry.uid != uid:
                 raise AssumeError(f"pod {req.key} has UID {entry.uid}, not {uid}")
+            if self._claims_hold(placement):
+                # On a DRA node, GPUs its claims' entries hold already (kube-scheduler's
+                # PreBind wrote the allocation before this bind): the pod holds CPU and
+                # memory, the claims the GPUs (a group member's room, say).
+                req = replace(req, kind=RequestKind.NONE, gpu_count=0, mig_profile=None,
+                              gpu_milli=0, gpu_memory_mib=0)
+                placement = Placement(req.key, placement.node)
             why = self.state.check(req, placement)
             if why is not None:
                 raise AssumeError(f"pod {req.key}: {why}")
@@ -1220,6 +1228,21 @@ class ClusterCache:
                 self._assumed.drop(req.key)
                 raise AssumeError(str(e)) from None
             self._changed()
+
+    def _claims_hold(self, p: Placement) -> bool:
+        """Whether ``p`` names GPUs of a DRA node that claim entries hold, each of them."""
+        if not p.gpus or p.node not in self._dra_nodes:
+            return False
+        for i in p.gpus:
+            try:
+                g = self.state.gpu(p.node, i)
+            except KeyError:
+                return False
+            owners = {g.whole_owner, *(o for _, o in g.instances.values()), *g.shared_owners}
+            owners.discard(None)
+            if not owners or not all(o is not None and USE_MARK in o for o in owners):
+                return False
+        return True
 
     def forget(self, key: str, uid: str | None = None) -> None:
         """Drop an assumption (the bind failed): the resources are free again.

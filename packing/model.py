@@ -43,8 +43,9 @@ class GpuMode(StrEnum):
     MIG = "mig"  # partitioned into MIG instances (nvidia.com/mig-<profile>)
     SHARED = "shared"  # time-sliced replicas (nvidia.com/gpu.shared): no memory isolation
     # GPU-sharing schedulers of the openb trace: a GPU is either taken whole or split by
-    # milli-GPU among fractional pods. Kubernetes' device plugin has no such mode; it exists
-    # so the published trace experiment can be replayed through the same code.
+    # milli-GPU among fractional pods. Kubernetes' device plugin has no such mode; the
+    # published trace experiment is replayed through it, and a DRA device with consumable
+    # capacity (KEP-5075) is one (packing.dra.inventory: a share's milli is its memory's).
     FRACTIONAL = "fractional"
 
 

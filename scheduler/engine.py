@@ -249,4 +249,38 @@ class LeaderGate:
         self.acting = True
 
 
-__all__ = ["Lead", "LeaderGate", "Loop", "LoopMetrics", "Outcome"]
+class GatedHandler:
+    """What a leader-gated handler on the engine shows the command layer: its thread
+    (:meth:`start`, :meth:`stop`, :meth:`join`) and its leader check (``is_leader``, which
+    the command layer replaces with the lease's once the handler is made). A subclass sets
+    ``loop`` and ``gate`` in its constructor and ``default_poll_s``: how often it steps at
+    least without a wake (its deadlines and a change of leader)."""
+
+    loop: Loop
+    gate: LeaderGate
+    default_poll_s = 1.0
+
+    def start(self, poll_s: float | None = None) -> None:
+        """Step in the background: on every wake, and at least every ``poll_s``."""
+        self.loop.poll_s = self.default_poll_s if poll_s is None else poll_s
+        self.loop.start()
+
+    def stop(self) -> None:
+        self.loop.stop()
+
+    def join(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` seconds for the thread (stopped) to end its step in
+        progress; whether it has (or never ran). A shutdown then flushes the writers."""
+        return self.loop.join(timeout_s)
+
+    @property
+    def is_leader(self) -> Callable[[], bool]:
+        """Whether this replica leads (the gate's check; may be replaced)."""
+        return self.gate.is_leader
+
+    @is_leader.setter
+    def is_leader(self, check: Callable[[], bool]) -> None:
+        self.gate.is_leader = check
+
+
+__all__ = ["GatedHandler", "Lead", "LeaderGate", "Loop", "LoopMetrics", "Outcome"]

@@ -79,7 +79,7 @@ from scheduler.defrag.decide import (
     wants_plan,
 )
 from scheduler.defrag.metrics import DefragMetrics
-from scheduler.engine import LeaderGate, Loop, LoopMetrics, Outcome
+from scheduler.engine import GatedHandler, LeaderGate, Loop, LoopMetrics, Outcome
 from scheduler.groups.loop import ReservationBook
 
 log = logging.getLogger("gpupack.scheduler.defrag")
@@ -136,7 +136,7 @@ class Facts:
     consolidation: Consolidation | None = None
 
 
-class Defragmenter:
+class Defragmenter(GatedHandler):
     def __init__(
         self,
         cache: ClusterCache,
@@ -629,23 +629,4 @@ class Defragmenter:
 
     # ---- the thread ---------------------------------------------------------------------------
 
-    def start(self, poll_s: float = 1.0) -> None:
-        self.loop.poll_s = poll_s
-        self.loop.start()
 
-    def stop(self) -> None:
-        self.loop.stop()
-
-    def join(self, timeout_s: float) -> bool:
-        """Wait up to ``timeout_s`` seconds for the thread (stopped) to end its pass in
-        progress; whether it has (or never ran)."""
-        return self.loop.join(timeout_s)
-
-    @property
-    def is_leader(self) -> Callable[[], bool]:
-        """Whether this replica leads (the gate's check; may be replaced)."""
-        return self.gate.is_leader
-
-    @is_leader.setter
-    def is_leader(self, check: Callable[[], bool]) -> None:
-        self.gate.is_leader = check

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 from packing.dra.allocator import Prediction, Verdict
 from packing.dra.inventory import DraInventory, claim_uses
-from packing.dra.objects import DeviceClass, Node, ResourceClaim, frozen_map
+from packing.dra.objects import Node, ResourceClaim, frozen_map
 from packing.dra.world import DraWorld
 from packing.groups.members import is_reservation
 from packing.model import Placement, PodRequest
@@ -147,6 +147,3 @@ def evaluate(state: ClusterState, world: DraWorld, node: str, labels: Mapping[st
         return NodeAnswer(False, why, prediction=pred, keys=keys)
     return NodeAnswer(True, pref=score_uses(state, uses, scorer), prediction=pred, keys=keys)
 
-
-def class_list(world: DraWorld) -> list[DeviceClass]:
-    return list(world.classes.values())

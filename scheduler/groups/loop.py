@@ -67,7 +67,7 @@ from packing.groups.members import is_reservation
 from packing.model import GroupRef, Placement, PodRequest, RequestKind
 from packing.policies.scores import bestfit
 from packing.scoring import Scorer
-from scheduler.engine import Lead, LeaderGate, Loop, LoopMetrics, Outcome
+from scheduler.engine import GatedHandler, Lead, LeaderGate, Loop, LoopMetrics, Outcome
 from scheduler.groups.decide import (
     BookState,
     GroupDecision,
@@ -119,7 +119,7 @@ class RuledOut:
     until: float
 
 
-class ReservationBook:
+class ReservationBook(GatedHandler):
     """Records mirrored, holds derived, decisions applied on the leader; see the module
     docstring."""
 
@@ -215,14 +215,6 @@ class ReservationBook:
 
     # ---- what others read ------------------------------------------------------------------
 
-    @property
-    def is_leader(self) -> Callable[[], bool]:
-        """Whether this replica leads (the gate's check; may be replaced)."""
-        return self.gate.is_leader
-
-    @is_leader.setter
-    def is_leader(self, check: Callable[[], bool]) -> None:
-        self.gate.is_leader = check
 
     @property
     def reservations(self) -> Mapping[str, ReservationRecord]:
@@ -637,19 +629,6 @@ class ReservationBook:
 
     # ---- the keeper thread -----------------------------------------------------------------
 
-    def start(self, poll_s: float = 1.0) -> None:
-        """Step in the background: on every cache change, and at least every ``poll_s``
-        (deadlines, and a change of leader)."""
-        self.loop.poll_s = poll_s
-        self.loop.start()
-
-    def stop(self) -> None:
-        self.loop.stop()
-
-    def join(self, timeout_s: float) -> bool:
-        """Wait up to ``timeout_s`` seconds for the thread (stopped) to end its step in
-        progress; whether it has (or never ran). A shutdown then flushes the writers."""
-        return self.loop.join(timeout_s)
 
     def forget(self, key: str) -> None:
         """The bind of ``key`` failed: drop its assumption and, for a group member, hold

@@ -48,7 +48,7 @@ from kube.record_writer import Submitter
 from packing.cpsat import SolverParams
 from packing.mig.plan import DEFAULT_PARAMS, WHOLE
 from packing.model import RequestKind
-from scheduler.engine import Lead, LeaderGate, Loop, LoopMetrics, Outcome
+from scheduler.engine import GatedHandler, Lead, LeaderGate, Loop, LoopMetrics, Outcome
 from scheduler.mig.changes import (
     Backoff,
     Change,
@@ -98,8 +98,10 @@ class MigWriter(Protocol):
     def event(self, node: str, reason: str, message: str, warning: bool = False) -> None: ...
 
 
-class MigActuator:
+class MigActuator(GatedHandler):
     """See the module docstring."""
+
+    default_poll_s = 2.0  # the changes in flight: timeouts, labels to write
 
     def __init__(self, cache: ClusterCache, api: MigWriter, *,
                  is_leader: Callable[[], bool] = lambda: True,
@@ -151,14 +153,6 @@ class MigActuator:
                          min_interval_s=min_interval_s, log=log, metrics=loop_metrics)
         cache.subscribe(self.loop.wake)
 
-    @property
-    def is_leader(self) -> Callable[[], bool]:
-        """Whether this replica leads (the gate's check; may be replaced)."""
-        return self.gate.is_leader
-
-    @is_leader.setter
-    def is_leader(self, check: Callable[[], bool]) -> None:
-        self.gate.is_leader = check
 
     # ---- gathering -------------------------------------------------------------------------
 
@@ -553,17 +547,6 @@ class MigActuator:
 
     # ---- the thread ------------------------------------------------------------------------
 
-    def start(self, poll_s: float = 2.0) -> None:
-        self.loop.poll_s = poll_s
-        self.loop.start()
-
-    def stop(self) -> None:
-        self.loop.stop()
-
-    def join(self, timeout_s: float) -> bool:
-        """Wait up to ``timeout_s`` seconds for the thread (stopped) to end its step in
-        progress; whether it has (or never ran). A shutdown then flushes the writers."""
-        return self.loop.join(timeout_s)
 
     def _turn(self) -> Outcome:
         self.step()
