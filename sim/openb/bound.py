@@ -236,10 +236,16 @@ class CertifiedLP:
         self.vars[j].SetBounds(lb, ub)
 
     def solve(self, time_limit: float = 600.0) -> str:
-        """"optimal", "infeasible" (proven) or "unknown" (anything else)."""
+        """"optimal", "infeasible" (proven) or "unknown" (anything else). GLOP's presolve
+        can end in ABNORMAL on these LPs (gpuspec20, seed 46); then it solves once more
+        without presolve (same LP, so the dual bound stays a certificate)."""
         self.solver.Objective().SetMaximization()
         self.solver.SetTimeLimit(int(time_limit * 1000))
         status = self.solver.Solve()
+        if status == pywraplp.Solver.ABNORMAL:
+            params = pywraplp.MPSolverParameters()
+            params.SetIntegerParam(params.PRESOLVE, params.PRESOLVE_OFF)
+            status = self.solver.Solve(params)
         if status == pywraplp.Solver.OPTIMAL:
             return "optimal"
         return "infeasible" if status == pywraplp.Solver.INFEASIBLE else "unknown"
