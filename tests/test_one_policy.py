@@ -26,6 +26,7 @@ from packing.model import Snapshot
 from packing.policies.fgd import Shape
 from packing.policies.fgd import node_fragmentation as product_fragmentation
 from packing.policies.gpupack import GpupackScorer
+from packing.policies.lookahead import FreshGpuRule
 from packing.scoring import best_option
 from packing.state import ClusterState
 from sim.openb.cluster import Nodes, Pods
@@ -46,12 +47,19 @@ SHAPES = (
 )
 
 
-def _trace(seed: int, n_nodes: int, n_pods: int) -> tuple[list[OpenbNode], list[OpenbPod]]:
+MIXED = (30, 20, 10, 15, 8, 4, 5, 8)
+# Shares with few whole-GPU pods: the workload's FreshGpuRule is on (m* = 700 milli).
+SHARE_HEAVY = (30, 20, 25, 2, 0, 0, 0, 8)
+# Many CPU-only pods: cores run short, and the KeepCoresRule decides where they go.
+CPU_HEAVY = (10, 5, 5, 15, 8, 4, 5, 40)
+
+
+def _trace(seed: int, n_nodes: int, n_pods: int, weights: tuple[int, ...] = MIXED
+           ) -> tuple[list[OpenbNode], list[OpenbPod]]:
     rng = random.Random(seed)
     nodes = [OpenbNode(f"n{i:03d}", rng.choice((64000, 96000)), 262144,
                        rng.choice((2, 4, 8)), rng.choice(("G2", "T4")))
              for i in range(n_nodes)]
-    weights = (30, 20, 10, 15, 8, 4, 5, 8)
     pods = []
     for i in range(n_pods):
         cpu, k, milli, spec = rng.choices(SHAPES, weights)[0]
@@ -64,15 +72,26 @@ def _shapes(pods: list[OpenbPod], models: tuple[str, ...]):  # type: ignore[no-u
                            for p in pods], models)
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
-def test_the_replay_and_the_extenders_scorer_make_the_same_decisions(seed: int) -> None:
-    nodes, trace = _trace(seed, n_nodes=14, n_pods=260)  # over-full: late pods fail
+@pytest.mark.parametrize(("seed", "weights"), [(1, MIXED), (2, MIXED), (3, MIXED),
+                                               (4, SHARE_HEAVY), (5, SHARE_HEAVY),
+                                               (6, CPU_HEAVY), (11, CPU_HEAVY)])
+def test_the_replay_and_the_extenders_scorer_make_the_same_decisions(
+        seed: int, weights: tuple[int, ...]) -> None:
+    nodes, trace = _trace(seed, n_nodes=14, n_pods=260, weights=weights)  # late pods fail
     arrays = Nodes.from_trace(nodes)
     pods = Pods.from_trace(trace, arrays.models)
     shapes = _shapes(trace, arrays.models)
     order = np.arange(len(trace), dtype=np.int64)
     run = replay(arrays, pods, order, make("gpupack"), seed, shapes)
     replayed = {i: (arrays.names[n], gpus) for i, n, gpus in run.placements}
+    # The fresh-GPU rule is on exactly for the share-heavy mix, and there it decides.
+    assert FreshGpuRule.of(shapes).active is (weights == SHARE_HEAVY)
+    if weights == SHARE_HEAVY:
+        before = replay(arrays, pods, order, ProductPolicy(fresh_gpus=False), seed, shapes)
+        assert before.placements != run.placements
+    if weights == CPU_HEAVY:
+        before = replay(arrays, pods, order, ProductPolicy(keep_cores=False), seed, shapes)
+        assert before.placements != run.placements
 
     requests = [to_pod_request(p) for p in trace]
     state = ClusterState(Snapshot(to_snapshot_nodes(nodes)))

@@ -121,3 +121,20 @@ def test_bad_row_reported(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert rc == 2
     err = capsys.readouterr().err
     assert "line 2" in err and "'gpu'" in err and "'x'" in err
+
+
+def test_bound_beside_the_policies(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # The interface of issue 38: a top-level "bound" with exactly alloc_130 and kind,
+    # above every policy's alloc_130 (it is a certificate, seed by seed and so in mean).
+    nodes, pods = _subset(tmp_path, 40, 300)
+    common = ("--pods", str(pods), "--nodes", str(nodes), "--policies", "bestfit,gpupack",
+              "--seeds", "2", "--bound", "--out", str(tmp_path / "out"))
+    assert openb_cmd.run(_args(*common, "--format", "json")) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert set(doc) == {"policies", "bound"}
+    assert set(doc["bound"]) == {"alloc_130", "kind"} and doc["bound"]["kind"] == "certificate"
+    for row in doc["policies"].values():
+        assert row["alloc_130"] <= doc["bound"]["alloc_130"] + 0.01
+    assert openb_cmd.run(_args(*common)) == 0
+    assert "| bound (certificate) | - |" in capsys.readouterr().out
+    assert openb_cmd.run(_args(*common, "--bound-lps", "0")) == 2

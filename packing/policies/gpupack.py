@@ -41,7 +41,9 @@ from packing.policies.fgd import workload_of
 from packing.policies.lookahead import (
     CapacityModel,
     FloatArray,
+    FreshGpuRule,
     GpupackWeights,
+    KeepCoresRule,
     NodeArrays,
     keeps_whole_nodes,
     node_free_after,
@@ -135,6 +137,8 @@ class GpupackScorer:
         self._model_id = {m: i for i, m in enumerate(self.models)}
         self.shapes: TypicalShapes = typical_shape_table(keys, self.models)
         self.cap = CapacityModel(self.shapes)
+        self.fresh = FreshGpuRule.of(self.shapes)
+        self.keep = KeepCoresRule.of(self.shapes)
         self.weights = weights or GpupackWeights()
         # MilliRequest.model_ok: the score never reads it (the verbs filter by model).
         self._any_model = np.ones(len(self.models), dtype=bool)
@@ -188,7 +192,8 @@ class GpupackScorer:
         key = (req.cpu, req.mem, req.num_gpu, req.milli)
         found = evals.get(key)
         if found is None:
-            found = ranks(arrays, req, self.shapes, self.cap, self.weights)[0]
+            found = ranks(arrays, req, self.shapes, self.cap, self.weights, self.fresh,
+                          self.keep)[0]
             if len(evals) >= EVALS_PER_NODE:
                 evals.clear()
             evals[key] = found

@@ -160,6 +160,128 @@ class CapacityModel:
         return np.where(free >= req.milli, out, np.inf)
 
 
+# The fresh-GPU rule is on where whole-GPU pods ask less than this share of the
+# workload's GPU demand (measured: 0.40 gains, 0.60 loses; module docstring).
+FRESH_GPU_GATE = 0.5
+# The node keeps FRESH_GPU_CORES x (1 + 4 w^2) times the workload's cores per GPU of
+# demand for each GPU it leaves fully free, w the whole-GPU pods' share of the demand.
+FRESH_GPU_CORES = 2.0
+
+
+@dataclass(frozen=True)
+class FreshGpuRule:
+    """When a share should take a fully free GPU rather than fill a used one.
+
+    Under the openb protocol a pod is placed whenever it fits, so the workload's most
+    common large share m* (810 milli on the openb traces) lands on every GPU that still
+    has m* free and leaves a 1000 - m* sliver there that only the rare shares of at most
+    1000 - m* can use. Best fit keeps fully free GPUs for exactly those pods. Where
+    whole-GPU pods ask little of the workload's GPU demand (below ``FRESH_GPU_GATE``),
+    a fully free GPU is not worth keeping: a share too large for m*'s sliver and smaller
+    than m* (``lo`` <= milli <= ``hi``) takes one instead, on a node that keeps
+    ``cores`` of cpu per GPU still fully free after it (so the GPUs it leaves whole keep
+    the cpu to be used; more of it the more whole-GPU pods there are, which need such
+    GPUs: measured on gpushare60, w = 0.4, 2 x the cores per GPU lost 4 points, 3 to 5 x
+    gained 0.5-0.6, while gpushare80/100 gained most at 2 x), and m* finds no GPU
+    sooner. The rule is a lexicographic term:
+    such an option outranks every option that is not one (``bonus`` > any level step).
+    Measured on the openb gpushare traces (bench/README.md, "Packing quality"). Off
+    (``active`` False) where whole-GPU pods ask more, which keeps LLM groups' whole GPUs
+    and nodes as they were: their pods are whole-GPU pods.
+    """
+
+    active: bool
+    lo: int = GPU_MILLI
+    hi: int = 0
+    cores: int = 0
+    bonus: float = 1000.0
+
+    @staticmethod
+    def of(shapes: TypicalShapes) -> FreshGpuRule:
+        """The rule for a workload's typical shapes: m* the most frequent share above
+        half a GPU, the gate on whole-GPU pods' share w of the GPU demand, and ``cores``
+        = FRESH_GPU_CORES (1 + 4 w^2) x the workload's cpu per GPU of demand (GPU shapes
+        only)."""
+        gpu = np.array([k.num_gpu > 0 for k in shapes.keys], dtype=bool)
+        if not gpu.any():
+            return FreshGpuRule(active=False)
+        demand = np.array([k.num_gpu * k.gpu_milli for k in shapes.keys], dtype=np.float64)
+        weight = shapes.freq * demand
+        whole = np.array([k.gpu_milli >= GPU_MILLI for k in shapes.keys], dtype=bool)
+        whole_share = float(weight[whole].sum() / max(weight[gpu].sum(), 1e-12))
+        by_size: dict[int, float] = {}
+        for k, p in zip(shapes.keys, shapes.freq, strict=True):
+            if GPU_MILLI // 2 < k.gpu_milli < GPU_MILLI and k.num_gpu == 1:
+                by_size[k.gpu_milli] = by_size.get(k.gpu_milli, 0.0) + float(p)
+        if not by_size or whole_share >= FRESH_GPU_GATE:
+            return FreshGpuRule(active=False)
+        m_star = max(by_size, key=lambda m: (by_size[m], m))
+        cpu_per_gpu = cores_per_gpu(shapes)
+        factor = FRESH_GPU_CORES * (1.0 + 4.0 * whole_share ** 2)
+        return FreshGpuRule(active=True, lo=GPU_MILLI - m_star + 1, hi=m_star - 1,
+                            cores=int(factor * cpu_per_gpu))
+
+    def applies(self, req: MilliRequest) -> bool:
+        return self.active and req.shared and self.lo <= req.milli <= self.hi
+
+    def bonus_of(self, free: IntArray, cpu: IntArray, req: MilliRequest) -> FloatArray:
+        """``[n, G]``: ``bonus`` on the fully free GPUs of nodes that keep ``cores`` per
+        GPU still fully free after ``req`` takes one, else 0."""
+        fresh = free == GPU_MILLI
+        left_whole = np.maximum(fresh.sum(axis=-1) - 1, 0)
+        keeps = (cpu - req.cpu) >= self.cores * left_whole
+        return np.asarray(np.where(fresh & keeps[:, None], self.bonus, 0.0), dtype=np.float64)
+
+
+def cores_per_gpu(shapes: TypicalShapes) -> float:
+    """The workload's cpu (milli) per GPU of demand, over its GPU shapes:
+    sum_s p_s cpu_s / sum_s p_s d_s x 1000 (0 without GPU shapes)."""
+    gpu = np.array([k.num_gpu > 0 for k in shapes.keys], dtype=bool)
+    if not gpu.any():
+        return 0.0
+    demand = np.array([k.num_gpu * k.gpu_milli for k in shapes.keys], dtype=np.float64)
+    return (float((shapes.freq * shapes.cpu_milli)[gpu].sum())
+            / max(float((shapes.freq * demand)[gpu].sum()), 1e-12) * GPU_MILLI)
+
+
+@dataclass(frozen=True)
+class KeepCoresRule:
+    """Where a CPU-only pod takes its cores: first from nodes that keep enough for their
+    fully free GPUs.
+
+    Under the openb protocol CPU-only pods take whatever cores fit; on a CPU-scarce
+    workload (cpu250: 701 CPU-only pods failed while 115 fully free G2 GPUs idled for
+    want of cores, seed 42) they strand GPUs. The capacity loss sees this only at its
+    small weight under the FGD level. The rule is a lexicographic term like
+    :class:`FreshGpuRule`'s: a CPU-only option outranks every other one (``bonus``) on a
+    node that keeps, after it, ``cores`` (the workload's cpu per GPU of demand,
+    :func:`cores_per_gpu`) for each fully free GPU; a node without fully free GPUs
+    always keeps. So CPU-only pods fill nodes whose GPUs are spoken for (or which have
+    none) before they eat into the cores a free GPU needs. Measured (bench/README.md,
+    "Packing quality"): cpu250 +0.38 on seeds 42-44 (1 x the cores; 2 x: +0.34; per free
+    milli instead of per fully free GPU: +0.19); no change on cpu050-200, default,
+    gpushare100 (there it never decides against the rank). Off without GPU shapes.
+    """
+
+    active: bool
+    cores: int = 0
+    bonus: float = 1000.0
+
+    @staticmethod
+    def of(shapes: TypicalShapes) -> KeepCoresRule:
+        cpg = cores_per_gpu(shapes)
+        return KeepCoresRule(active=cpg > 0, cores=int(cpg))
+
+    def applies(self, req: MilliRequest) -> bool:
+        return self.active and req.num_gpu == 0
+
+    def bonus_of(self, free: IntArray, cpu: IntArray, req: MilliRequest) -> FloatArray:
+        """``[n]``: ``bonus`` on nodes that keep ``cores`` per fully free GPU after
+        ``req``, else 0."""
+        keeps = (cpu - req.cpu) >= self.cores * (free == GPU_MILLI).sum(axis=-1)
+        return np.asarray(np.where(keeps, self.bonus, 0.0), dtype=np.float64)
+
+
 def placement_score(delta: FloatArray, loss: FloatArray, weights: GpupackWeights) -> FloatArray:
     """The score of the module docstring; INFEASIBLE where ``delta`` is +inf (no fit)."""
     fits = np.isfinite(delta)
@@ -238,24 +360,32 @@ class NodeArrays:
 
 
 def ranks(nodes: NodeArrays, req: MilliRequest, shapes: TypicalShapes, cap: CapacityModel,
-          weights: GpupackWeights) -> FloatArray:
+          weights: GpupackWeights, fresh: FreshGpuRule | None = None,
+          keep: KeepCoresRule | None = None) -> FloatArray:
     """Rank values (higher better) of placing ``req`` on each node: ``[n]`` for
     whole-GPU and CPU-only requests (they take the first fully free GPUs, or none),
-    ``[n, G]`` for a share (one per GPU). INFEASIBLE where the request does not fit."""
+    ``[n, G]`` for a share (one per GPU). INFEASIBLE where the request does not fit.
+    ``fresh``, ``keep``: the workload's :class:`FreshGpuRule` and :class:`KeepCoresRule`
+    (their terms come first)."""
     delta = fragment_delta(nodes.stats, nodes.free, nodes.cpu, nodes.mem, nodes.model, req,
                            shapes)
     loss = cap.loss(nodes.free, nodes.cpu, cap.weights(nodes.model), req)
     score = placement_score(delta, loss, weights)
+    if keep is not None and keep.applies(req):
+        score = score + keep.bonus_of(nodes.free, nodes.cpu, req)
     if not req.shared:
         return rank_value(score)
+    if fresh is not None and fresh.applies(req):
+        score = score + fresh.bonus_of(nodes.free, nodes.cpu, req)
     return rank_value(score, nodes.free - req.milli)
 
 
 def best_on_nodes(nodes: NodeArrays, req: MilliRequest, shapes: TypicalShapes, cap: CapacityModel,
-             weights: GpupackWeights) -> tuple[FloatArray, IntArray]:
+             weights: GpupackWeights, fresh: FreshGpuRule | None = None,
+             keep: KeepCoresRule | None = None) -> tuple[FloatArray, IntArray]:
     """Each node's best rank value and the GPU a share takes there (the first on ties;
     -1 for whole-GPU and CPU-only requests)."""
-    r = ranks(nodes, req, shapes, cap, weights)
+    r = ranks(nodes, req, shapes, cap, weights, fresh, keep)
     if not req.shared:
         return r, np.full(len(nodes.cpu), -1, dtype=np.int64)
     gpu = np.asarray(r.argmax(axis=1), dtype=np.int64)

@@ -29,7 +29,9 @@ from packing.fragmentation import (
 from packing.model import GPU_MILLI
 from packing.policies.lookahead import (
     CapacityModel,
+    FreshGpuRule,
     GpupackWeights,
+    KeepCoresRule,
     NodeArrays,
     best_on_nodes,
     fgd_level,
@@ -288,8 +290,14 @@ class ProductPolicy(FragmentAware):
     random_ties = False
 
     def __init__(self, weights: GpupackWeights | None = None, coverage_all: bool = False,
-                 keep_whole_nodes: bool = False) -> None:
+                 keep_whole_nodes: bool = False, fresh_gpus: bool = True,
+                 keep_cores: bool = True) -> None:
         self.weights = weights or GpupackWeights()
+        # The workload's FreshGpuRule, as the extender's scorer applies it (False: the
+        # policy before issue 38, for comparison).
+        self.fresh_gpus = fresh_gpus
+        # Its KeepCoresRule likewise (False: the policy before it).
+        self.keep_cores = keep_cores
         self.coverage_all = coverage_all
         # The extender keeps whole nodes only on clusters that run LLM groups
         # (packing.policies.lookahead.keeps_whole_nodes: group pods, NVLink cliques or the
@@ -308,10 +316,12 @@ class ProductPolicy(FragmentAware):
     ) -> None:
         super().reset(state, shapes, all_shapes, seed)
         self.cap = CapacityModel(self.all_shapes if self.coverage_all else shapes)
+        self.fresh = FreshGpuRule.of(shapes) if self.fresh_gpus else None
+        self.keep = KeepCoresRule.of(shapes) if self.keep_cores else None
 
     def evaluate(self, idx: IntArray, req: MilliRequest) -> tuple[FloatArray, IntArray]:
         score, gpu = best_on_nodes(self.fs.arrays(idx), req, self.shapes, self.cap,
-                                   self.weights)
+                                   self.weights, self.fresh, self.keep)
         if not self.keep_whole_nodes:
             return score, gpu
         # The extender's first term: a whole node is broken only where no node in use

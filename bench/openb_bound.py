@@ -1,0 +1,194 @@
+"""Benchmark: the certified upper bound on openb allocation at 130% (issue 38, item 1).
+
+For every trace with a published FGD series and every seed, the bound of
+``sim/openb/bound.py`` (the relaxation, ``--lps 1``; with ``--refine-lps N`` the first
+seed's bound also by branch and bound with at most N LPs), kept per trace as JSON under
+``--out`` so that a rerun computes only what is missing, and a table beside the policies'
+figures of a ``bench/openb_all.py`` run (``--policies DIR``): FGD, gpupack, the bound and
+how much of the distance from FGD to the bound gpupack closes.
+
+    python bench/openb_bound.py --seeds 10 --out bench/results/openb-bound-2026-12-06
+    python bench/openb_bound.py --traces default --seeds 1 --refine-lps 40
+    python bench/openb_bound.py --seeds 3 --policies \\
+        bench/results/openb-all-2026-12-01-shipped,bench/results/openb-all-2026-12-06-fresh
+    python bench/openb_bound.py --traces gpushare100 --seeds 1 --clairvoyant
+
+``--clairvoyant``: also the clairvoyant rolling-horizon CP-SAT run of the first seed
+(``sim/openb/clairvoyant.py``), an achievable figure: the bound must be at least it
+(checked: a bound below it is an error and the run fails).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.openb_all import PREFIX, family  # noqa: E402
+from sim.openb import bundled  # noqa: E402
+from sim.openb.bound import allocation_bound, make_instance  # noqa: E402
+from sim.openb.clairvoyant import clairvoyant_run  # noqa: E402
+from sim.openb.cluster import Nodes, Pods  # noqa: E402
+from sim.openb.replay import PUBLISHED_SEEDS, build_workload, trace_shapes  # noqa: E402
+from sim.traces import parse_nodes, parse_pods  # noqa: E402
+
+# The clairvoyant run's settings: the policy to 60% of the arrivals, then CP-SAT plans
+# 80 arrivals at a time over each pod's 6 best nodes, 5 s a window.
+CLAIRVOYANT: dict[str, Any] = {"start": 0.6, "window": 80, "top": 6, "time_limit": 5.0}
+
+TRACES = ("cpu050", "cpu100", "cpu200", "cpu250", "default", "gpushare100", "gpushare40",
+          "gpushare60", "gpushare80", "gpuspec10", "gpuspec20", "gpuspec25", "gpuspec33",
+          "multigpu20", "multigpu30", "multigpu40", "multigpu50")
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def bound_trace(trace_dir: Path, trace: str, seeds: list[int], out: Path,
+                refine_lps: int, clairvoyant: bool = False) -> dict[str, Any]:
+    """The trace's per-seed bounds, from ``out/<trace>.json`` where already there."""
+    path = out / f"{trace}.json"
+    doc: dict[str, Any] = json.loads(path.read_text()) if path.is_file() else {"seeds": {}}
+    todo = [s for s in seeds if str(s) not in doc["seeds"]]
+    refine = refine_lps > 1 and doc.get("refined", {}).get("lps", 0) < refine_lps
+    run_cv = clairvoyant and "clairvoyant" not in doc
+    if not todo and not refine and not run_cv:
+        return doc
+    nodes = Nodes.from_trace(parse_nodes((trace_dir / "openb_node_list_gpu_node.csv").read_text()))
+    pods = Pods.from_trace(parse_pods((trace_dir / f"{PREFIX}{trace}.csv").read_text()),
+                           nodes.models)
+    for seed in todo:
+        inst = make_instance(nodes, pods, build_workload(pods, nodes.gpu_capacity_milli, seed))
+        found = allocation_bound(inst)
+        doc["seeds"][str(seed)] = {"alloc_130": found.alloc_130, "kind": found.kind,
+                                   "lp_130": found.lp_130, "demand_pct": found.demand_pct,
+                                   "seconds": round(found.seconds, 1)}
+        _log(f"  {trace} seed {seed}: {found.alloc_130:.3f} ({found.seconds:.0f}s)")
+        path.write_text(json.dumps(doc, indent=1))
+    if refine:
+        seed = seeds[0]
+        inst = make_instance(nodes, pods, build_workload(pods, nodes.gpu_capacity_milli, seed))
+        found = allocation_bound(inst, budget=refine_lps)
+        doc["refined"] = {"seed": seed, "lps": refine_lps, "alloc_130": found.alloc_130,
+                          "solved": found.nodes, "seconds": round(found.seconds, 1),
+                          "log": list(found.log)}
+        _log(f"  {trace} seed {seed} refined ({found.nodes} LPs): {found.alloc_130:.3f} "
+             f"({found.seconds:.0f}s)")
+        path.write_text(json.dumps(doc, indent=1))
+    if run_cv:
+        seed = seeds[0]
+        workload = build_workload(pods, nodes.gpu_capacity_milli, seed)
+        cv = clairvoyant_run(nodes, pods, workload, trace_shapes(pods, nodes.models), seed,
+                             **CLAIRVOYANT)
+        doc["clairvoyant"] = {"seed": seed, "alloc_130": cv.alloc_130, "planned": cv.planned,
+                              "failed": cv.failed, "windows": cv.windows,
+                              "seconds": round(cv.seconds, 1), **CLAIRVOYANT}
+        _log(f"  {trace} seed {seed} clairvoyant: {cv.alloc_130:.3f} ({cv.seconds:.0f}s)")
+        path.write_text(json.dumps(doc, indent=1))
+    cv_doc = doc.get("clairvoyant")
+    if cv_doc is not None:
+        ub = doc["seeds"][str(cv_doc["seed"])]["alloc_130"]
+        if cv_doc["alloc_130"] > ub + 1e-6:
+            raise SystemExit(f"{trace} seed {cv_doc['seed']}: the clairvoyant run "
+                             f"({cv_doc['alloc_130']:.3f}) beats the bound ({ub:.3f}): a bug")
+    return doc
+
+
+def mean_bound(doc: dict[str, Any], seeds: list[int]) -> float:
+    return sum(doc["seeds"][str(s)]["alloc_130"] for s in seeds) / len(seeds)
+
+
+Series = dict[str, dict[int, float]]  # policy -> seed -> allocation % at 130%
+
+
+def policy_series(folders: list[Path], trace: str) -> Series:
+    """Per policy and seed, allocation at 130% from ``bench/openb_all.py`` runs' series
+    CSV (``<folder>/<trace>/openb_pod_list_<trace>_series.csv``); a later folder's
+    figures replace an earlier one's."""
+    out: Series = {}
+    for folder in folders:
+        path = folder / trace / f"{PREFIX}{trace}_series.csv"
+        if not path.is_file():
+            continue
+        head, *rows = [line.split(",") for line in path.read_text().splitlines() if line]
+        col = head.index("130")
+        for row in rows:
+            out.setdefault(row[0], {})[int(row[1])] = float(row[col])
+    return out
+
+
+def table(bounds: dict[str, dict[str, Any]], seeds: list[int],
+          policies: dict[str, Series] | None) -> str:
+    """Markdown: per trace, the bound (mean over those of ``seeds`` computed), the clairvoyant run's
+    achievable figure where computed (first seed, beside that seed's bound) and, with the
+    policies' series, FGD and gpupack over the same seeds, the distance from FGD to the
+    bound and the share of it gpupack closes."""
+    head = "| trace | bound @130 (seeds) | clairvoyant (seed, its bound) |"
+    sep = "|---|---|---|"
+    if policies:
+        head += " fgd | gpupack | bound - fgd | bound - gpupack | closed |"
+        sep += "---|---|---|---|---|"
+    lines = [head, sep]
+    fams: dict[str, list[float]] = {}
+    for trace in sorted(bounds):
+        doc = bounds[trace]
+        have = [x for x in seeds if str(x) in doc["seeds"]]  # --reuse: those computed
+        ub = mean_bound(doc, have)
+        cv = doc.get("clairvoyant")
+        cv_cell = (f"{cv['alloc_130']:.2f} ({cv['seed']}, "
+                   f"{doc['seeds'][str(cv['seed'])]['alloc_130']:.2f})" if cv else "-")
+        row = f"| {trace} | {ub:.2f} ({len(have)}) | {cv_cell} |"
+        series = (policies or {}).get(trace, {})
+        if policies and {"fgd", "gpupack"} <= series.keys():
+            f = sum(series["fgd"][s] for s in have) / len(have)
+            g = sum(series["gpupack"][s] for s in have) / len(have)
+            closed = (g - f) / (ub - f) * 100 if ub > f else float("nan")
+            fams.setdefault(family(trace), []).append(closed)
+            row += f" {f:.2f} | {g:.2f} | {ub - f:.2f} | {ub - g:.2f} | {closed:.0f}% |"
+        lines.append(row)
+    if fams:
+        lines += ["", "| family | mean share of the distance closed |", "|---|---|"]
+        lines += [f"| {k} | {sum(v) / len(v):.0f}% |" for k, v in sorted(fams.items())]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--traces", default=",".join(TRACES))
+    ap.add_argument("--seeds", type=int, default=10)
+    ap.add_argument("--refine-lps", type=int, default=1)
+    ap.add_argument("--out", default="bench/results/openb-bound")
+    ap.add_argument("--reuse", action="store_true",
+                    help="only the table, from the seeds already in --out (computes nothing)")
+    ap.add_argument("--clairvoyant", action="store_true",
+                    help="also the clairvoyant CP-SAT run of the first seed (slow: minutes)")
+    ap.add_argument("--policies",
+                    help="bench/openb_all.py --out folders, comma-separated (their series CSV; "
+                    "a later folder's figures replace an earlier one's)")
+    args = ap.parse_args()
+    trace_dir = bundled.trace_dir()  # the traces shipped in sim/openb/data
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    seeds = [PUBLISHED_SEEDS[0] + i for i in range(args.seeds)]
+    t0 = time.perf_counter()
+    bounds = {t: (json.loads((out / f"{t}.json").read_text()) if args.reuse
+                  else bound_trace(trace_dir, t, seeds, out, args.refine_lps, args.clairvoyant))
+              for t in args.traces.split(",")}
+    _log(f"done in {time.perf_counter() - t0:.0f}s")
+    policies = None
+    if args.policies:
+        folders = [Path(f) for f in args.policies.split(",")]
+        policies = {t: policy_series(folders, t) for t in bounds}
+    print(table(bounds, seeds, policies))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

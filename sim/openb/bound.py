@@ -1,0 +1,564 @@
+"""An upper bound on GPU allocation under the openb protocol (issue 38, item 1).
+
+The protocol (:mod:`sim.openb.replay`): pods arrive in a fixed order; each is placed on
+arrival if it fits on some node (the policy only chooses where), never moved, never
+removed; allocation is read once the arrived GPU demand reaches 130% of capacity. The
+bound holds for every policy that obeys this, clairvoyant ones included: it is a
+**certificate** (a proven upper bound), computed from the dual of a linear relaxation,
+so it does not depend on the LP solver's accuracy. It is not an achievable figure:
+``bench/openb_bound.py`` compares it with a clairvoyant CP-SAT run.
+
+Symbols. Node types t (identical cpu, memory, GPU count G_t and GPU model; N_t nodes);
+pod classes q (identical requests: cpu c_q, memory r_q, k_q GPUs of m_q milli each,
+allowed models; demand d_q = k_q m_q). Arrivals are cut at the last one whose arrived
+load still rounds to the load the protocol reads (130%): allocation only grows, so what
+is placed by then bounds the figure. Slices g_0 < ... < g_K-1 = the cut (fractions of
+the arrivals, ``SLICES``); A_q(k) = pods of class q among the first g_k arrivals.
+
+**Why the protocol leaves room above 100% - ever less.** Free resources only shrink, so
+once no node fits class q (q is *blocked*) it stays blocked, and the pods of q that are
+placed are exactly those that arrive before. Node n rejects q iff q's model is not
+allowed there, or free cpu < c_q, or free memory < r_q, or (a share) every GPU has less
+than m_q free, or (whole GPUs) fewer than k_q GPUs are fully free.
+
+**The relaxation** (variables >= 0; b_k,q in [0, 1] relaxes "q blocked at slice k"):
+
+* X_k,t,q: pods of q on type t among the first g_k arrivals; nondecreasing in k,
+  sum_t X_k,t,q <= A_q(k).
+* End state per type: cpu and memory pooled over the type's nodes; whole GPUs plus the
+  GPUs holding shares H_t <= N_t G_t; pods of more than G_t/(j+1) GPUs at most j a node;
+  the shares of all types packed into sum_t H_t GPUs exactly per GPU (an arc flow over
+  0..1000 milli in steps of 10: every share size of the traces is a multiple of 10).
+* Touched GPUs U_k,t: at most the GPUs of the pods placed, at least their milli / 1000,
+  nondecreasing; whole GPUs taken after slice k <= N_t G_t - U_k,t (they were untouched).
+* Must-place, every class: not blocked at slice k => all its arrivals so far placed,
+  sum_t X_k,t,q >= A_q(k) (1 - b_k,q); blocked => none after: sum_t X_end,t,q <=
+  A_q(k) + (A_q - A_q(k)) (1 - b_k,q); b nondecreasing in k; b_k,q <= b_k,q' whenever
+  every node that rejects q rejects q' (:func:`dominates`).
+* Blocking, for the major classes (``MAJOR``: >= 3% of the demand or of the cpu):
+  blocked at slice k => each node of each allowed type is short of cpu, of memory or of
+  GPUs for q. With z^C + z^M + z^G = N_t b_k,q nodes in each state, the type's usage at
+  slice k covers the states (cpu used >= (cpu_t - c_q + 1) z^C, memory likewise; a
+  share: U_k,t >= G_t z^G and milli used >= G_t (1001 - m_q) z^G; whole GPUs: U_k,t >=
+  (G_t - k_q + 1) z^G), and what is placed after slice k fits in what each state leaves:
+  cpu after <= (c_q - 1) z^C + cpu_t (z^M + z^G), memory likewise, and whole GPUs after
+  only on nodes whose state admits the pod (short of cpu: pods asking < c_q; of memory:
+  < r_q; of GPUs: fewer than k_q GPUs, none for a share), G_t per node, k_q - 1 per
+  node short of whole GPUs.
+
+Every run of the protocol gives a feasible point (b the 0/1 blocking indicators, the
+states a node-by-node choice), so the LP optimum bounds its allocation. What it relaxes:
+cpu and memory pooled within a type; share packing pooled across types; b fractional
+(a class partly blocked); blocking of minor classes only through dominance; no
+migration only through monotone counts. :func:`refine` tightens b by branch and bound
+(each leaf fixes the slice where the major classes block; an unexplored branch counts
+at its LP bound, so the result stays a certificate at any budget).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from ortools.linear_solver import pywraplp
+
+from packing.fragmentation import BoolArray, IntArray
+from packing.model import GPU_MILLI
+from sim.openb.cluster import Nodes, Pods
+
+SLICES = (0.6, 0.75, 0.85, 0.93, 1.0)
+MAJOR = 0.03
+UNIT = 10  # share sizes are multiples of 10 milli in every openb trace (make_instance checks)
+
+
+# --- one trace and seed -----------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class Instance:
+    """Node types and pod classes of one workload, cut at the protocol's load."""
+
+    type_cpu: IntArray  # [T]
+    type_mem: IntArray
+    type_gpus: IntArray
+    type_count: IntArray
+    cls_cpu: IntArray  # [Q]
+    cls_mem: IntArray
+    cls_gpus: IntArray
+    cls_milli: IntArray
+    ok: BoolArray  # [Q, T]: q fits an empty node of type t (model, cpu, memory, GPUs)
+    positions: tuple[IntArray, ...]  # per class, its arrival positions (sorted)
+    n_arrivals: int  # after the cut
+    capacity_milli: int
+
+    @property
+    def n_types(self) -> int:
+        return len(self.type_cpu)
+
+    @property
+    def n_classes(self) -> int:
+        return len(self.cls_cpu)
+
+    @property
+    def demand(self) -> IntArray:
+        return np.asarray(self.cls_gpus * self.cls_milli, dtype=np.int64)
+
+    @property
+    def shared(self) -> BoolArray:
+        return np.asarray((self.cls_milli > 0) & (self.cls_milli < GPU_MILLI), dtype=np.bool_)
+
+    @property
+    def whole(self) -> BoolArray:
+        return np.asarray(self.cls_milli >= GPU_MILLI, dtype=np.bool_)
+
+    def arrived(self, g: int) -> IntArray:
+        """A_q: pods of each class among the first ``g`` arrivals."""
+        return np.array([int(np.searchsorted(p, g)) for p in self.positions], dtype=np.int64)
+
+    def total(self) -> IntArray:
+        return np.array([len(p) for p in self.positions], dtype=np.int64)
+
+
+def protocol_cut(demand: IntArray, capacity_milli: int, load_pct: int = 130) -> int:
+    """Arrivals that can count towards the allocation the protocol reads at ``load_pct``
+    (:func:`sim.openb.replay.alloc_at`: the arrivals whose arrived load rounds to it, else
+    to one point below, else above): up to the last of them."""
+    pct = np.floor(100.0 * np.cumsum(demand) / capacity_milli + 0.5).astype(np.int64)
+    for target in (load_pct, load_pct - 1, load_pct + 1):
+        hit = np.flatnonzero(pct == target)
+        if len(hit):
+            return int(hit[-1]) + 1
+    return len(demand)
+
+
+def make_instance(nodes: Nodes, pods: Pods, workload: IntArray,
+                  load_pct: int = 130) -> Instance:
+    """The instance of ``workload`` (indices into ``pods``, in arrival order)."""
+    cut = protocol_cut(pods.demand_milli[workload], nodes.gpu_capacity_milli, load_pct)
+    workload = workload[:cut]
+    keys = list(zip(nodes.cpu_milli.tolist(), nodes.memory_mib.tolist(),
+                    nodes.gpu_count.tolist(), nodes.model_id.tolist(), strict=True))
+    types = sorted(set(keys))
+    rid = pods.request_id[workload]
+    used = sorted(set(rid.tolist()))
+    req = [pods.requests[q] for q in used]
+    milli = np.array([r[3] for r in req], dtype=np.int64)
+    shares = milli[(milli > 0) & (milli < GPU_MILLI)]
+    if np.any(shares % UNIT):
+        raise ValueError(f"share sizes must be multiples of {UNIT} milli: {sorted(set(shares))}")
+    cls_cpu = np.array([r[0] for r in req], dtype=np.int64)
+    cls_mem = np.array([r[1] for r in req], dtype=np.int64)
+    cls_gpus = np.array([r[2] for r in req], dtype=np.int64)
+    t_cpu, t_mem, t_gpus, t_model = (np.array([t[i] for t in types], dtype=np.int64)
+                                     for i in range(4))
+    model_ok = pods.request_model_ok[np.array(used, dtype=np.int64)][:, t_model]
+    ok = (model_ok & (cls_cpu[:, None] <= t_cpu[None, :]) & (cls_mem[:, None] <= t_mem[None, :])
+          & (cls_gpus[:, None] <= t_gpus[None, :]))
+    return Instance(
+        type_cpu=t_cpu, type_mem=t_mem, type_gpus=t_gpus,
+        type_count=np.array([keys.count(t) for t in types], dtype=np.int64),
+        cls_cpu=cls_cpu, cls_mem=cls_mem, cls_gpus=cls_gpus, cls_milli=milli,
+        ok=np.asarray(ok, dtype=np.bool_),
+        positions=tuple(np.flatnonzero(rid == q).astype(np.int64) for q in used),
+        n_arrivals=len(workload), capacity_milli=nodes.gpu_capacity_milli)
+
+
+def dominates(inst: Instance, q: int, q2: int) -> bool:
+    """Whether every node state that rejects class q also rejects class q2: q2 asks at
+    least as much cpu and memory, may run on no type q may not, and needs GPUs that a
+    node short of them for q cannot give (a share of at least q's size or whole GPUs
+    after a share; at least as many whole GPUs after whole GPUs; anything after a
+    CPU-only class, which only cpu or memory block)."""
+    if np.any(inst.ok[q2] & ~inst.ok[q]):
+        return False
+    if inst.cls_cpu[q2] < inst.cls_cpu[q] or inst.cls_mem[q2] < inst.cls_mem[q]:
+        return False
+    k, m = int(inst.cls_gpus[q]), int(inst.cls_milli[q])
+    k2, m2 = int(inst.cls_gpus[q2]), int(inst.cls_milli[q2])
+    if k == 0:
+        return True
+    if k2 == 0:
+        return False
+    if m < GPU_MILLI:
+        return m2 >= m
+    return m2 >= GPU_MILLI and k2 >= k
+
+
+# --- an LP kept in our own hands, so that its dual bound can be checked ----------------
+
+
+class CertifiedLP:
+    """A maximisation LP: variables with finite bounds, rows lo <= a.x <= hi. After
+    :meth:`solve`, :meth:`dual_bound` evaluates, for the solver's row duals y, the weak
+    duality bound  sum_i max_{s in [lo_i, hi_i]} y_i s + sum_j max_{x_j in [l_j, u_j]}
+    (c_j - a_j.y) x_j,  an upper bound on the optimum for ANY y (an infinite side is
+    never chosen: its dual is dropped, which keeps the bound valid)."""
+
+    def __init__(self) -> None:
+        solver = pywraplp.Solver.CreateSolver("GLOP")
+        if solver is None:  # pragma: no cover - GLOP ships with every OR-Tools wheel
+            raise RuntimeError("OR-Tools has no GLOP solver")
+        self.solver = solver
+        self.inf = solver.infinity()
+        self.vars: list[pywraplp.Variable] = []
+        self.obj: list[float] = []
+        self.cols: list[list[tuple[int, float]]] = []
+        self.rows: list[pywraplp.Constraint] = []
+        self.lo: list[float] = []
+        self.hi: list[float] = []
+
+    def var(self, lb: float, ub: float, obj: float = 0.0) -> int:
+        if not (math.isfinite(lb) and math.isfinite(ub)):
+            raise ValueError("certified LP variables need finite bounds")
+        v = self.solver.NumVar(lb, ub, "")
+        self.solver.Objective().SetCoefficient(v, obj)
+        self.vars.append(v)
+        self.obj.append(obj)
+        self.cols.append([])
+        return len(self.vars) - 1
+
+    def row(self, lo: float, hi: float, terms: Sequence[tuple[int, float]]) -> int:
+        c = self.solver.Constraint(lo, hi)
+        i = len(self.rows)
+        for j, a in terms:
+            if a:
+                c.SetCoefficient(self.vars[j], a)
+                self.cols[j].append((i, a))
+        self.rows.append(c)
+        self.lo.append(lo)
+        self.hi.append(hi)
+        return i
+
+    def set_bounds(self, j: int, lb: float, ub: float) -> None:
+        self.vars[j].SetBounds(lb, ub)
+
+    def solve(self, time_limit: float = 600.0) -> str:
+        """"optimal", "infeasible" (proven) or "unknown" (anything else). GLOP's presolve
+        can end in ABNORMAL on these LPs (gpuspec20, seed 46); then it solves once more
+        without presolve (same LP, so the dual bound stays a certificate)."""
+        self.solver.Objective().SetMaximization()
+        self.solver.SetTimeLimit(int(time_limit * 1000))
+        status = self.solver.Solve()
+        if status == pywraplp.Solver.ABNORMAL:
+            params = pywraplp.MPSolverParameters()
+            params.SetIntegerParam(params.PRESOLVE, params.PRESOLVE_OFF)
+            status = self.solver.Solve(params)
+        if status == pywraplp.Solver.OPTIMAL:
+            return "optimal"
+        return "infeasible" if status == pywraplp.Solver.INFEASIBLE else "unknown"
+
+    def value(self) -> float:
+        return float(self.solver.Objective().Value())
+
+    def primal(self, j: int) -> float:
+        return float(self.vars[j].solution_value())
+
+    def dual_bound(self) -> float:
+        y = np.array([c.dual_value() for c in self.rows], dtype=np.float64)
+        total = 0.0
+        for i, yi in enumerate(y):
+            side = self.hi[i] if yi > 0 else self.lo[i]
+            if yi == 0 or not math.isfinite(side) or abs(side) >= self.inf:
+                y[i] = 0.0  # this row's dual would make the bound infinite: drop it
+                continue
+            total += yi * side
+        for j, v in enumerate(self.vars):
+            rc = self.obj[j] - sum(a * y[i] for i, a in self.cols[j])
+            total += max(rc * v.lb(), rc * v.ub())
+        return total
+
+
+# --- the model --------------------------------------------------------------------------
+
+
+@dataclass
+class SlicedModel:
+    """The relaxation of the module docstring, built once; ``b`` maps (slice, class) to
+    the blocking variable so that branch and bound can fix it."""
+
+    inst: Instance
+    lp: CertifiedLP
+    b: dict[tuple[int, int], int]
+    major: list[int]
+    n_slices: int
+
+
+def build(inst: Instance, slices: Sequence[float] = SLICES, major: float = MAJOR) -> SlicedModel:
+    lp = CertifiedLP()
+    inf = lp.inf
+    T, Q = inst.n_types, inst.n_classes
+    n = inst.n_arrivals
+    gs = sorted({max(1, min(n, round(f * n))) for f in slices} | {n})
+    K, last = len(gs), len(gs) - 1
+    A = np.stack([inst.arrived(g) for g in gs])  # [K, Q]
+    total = inst.total()
+    d = inst.demand.astype(float)
+    cpu, mem = inst.cls_cpu.astype(float), inst.cls_mem.astype(float)
+    gpus = inst.cls_gpus.astype(float)
+    pairs = [(t, q) for t in range(T) for q in range(Q) if inst.ok[q, t] and total[q] > 0]
+    X = {(k, t, q): lp.var(0.0, float(A[k, q]), float(d[q]) if k == last else 0.0)
+         for k in range(K) for t, q in pairs}
+    by_type: dict[int, list[int]] = {}
+    by_class: dict[int, list[int]] = {}
+    for t, q in pairs:
+        by_type.setdefault(t, []).append(q)
+        by_class.setdefault(q, []).append(t)
+    for k in range(K):
+        for q, ts in by_class.items():
+            lp.row(-inf, float(A[k, q]), [(X[k, t, q], 1.0) for t in ts])
+            if k < last:
+                for t in ts:
+                    lp.row(-inf, 0.0, [(X[k, t, q], 1.0), (X[k + 1, t, q], -1.0)])
+    gpu_total = float((inst.type_count * inst.type_gpus).sum())
+    # per slice and type, what the pods placed so far use (one row each, so that the
+    # rows below read a handful of variables instead of every class)
+    use: dict[tuple[str, int, int], int] = {}
+    for t, qs in by_type.items():
+        nn, g = float(inst.type_count[t]), int(inst.type_gpus[t])
+        caps = {"cpu": nn * float(inst.type_cpu[t]), "mem": nn * float(inst.type_mem[t]),
+                "milli": nn * g * GPU_MILLI, "whole": nn * g,
+                "touch": float(sum(inst.cls_gpus[q] * total[q] for q in qs))}
+        coef = {"cpu": cpu, "mem": mem, "milli": d, "whole": np.where(inst.whole, gpus, 0.0),
+                "touch": gpus}
+        for k in range(K):
+            for key, c in coef.items():
+                # at the end the type's capacity; before it, never more than at the end
+                use[key, k, t] = u = lp.var(0.0, max(caps[key], 0.0))
+                lp.row(0.0, 0.0, [(u, -1.0)] + [(X[k, t, q], float(c[q])) for q in qs if c[q]])
+    H: dict[int, int] = {}
+    U: dict[tuple[int, int], int] = {}
+    for t, qs in by_type.items():
+        nn, g = float(inst.type_count[t]), int(inst.type_gpus[t])
+        end = [(X[last, t, q], q) for q in qs]
+        H[t] = lp.var(0.0, nn * g)
+        lp.row(-inf, nn * g, [(H[t], 1.0), (use["whole", last, t], 1.0)])
+        lp.row(-inf, 0.0, [(H[t], -1.0)] + [(v, d[q] / GPU_MILLI) for v, q in end
+                                            if inst.shared[q]])
+        for per in range(1, g):
+            big = [v for v, q in end if inst.whole[q] and inst.cls_gpus[q] * (per + 1) > g]
+            if big:
+                lp.row(-inf, per * nn, [(v, 1.0) for v in big])
+        for k in range(K):
+            U[k, t] = u = lp.var(0.0, nn * g)
+            lp.row(-inf, 0.0, [(u, 1.0), (use["touch", k, t], -1.0)])
+            lp.row(-inf, 0.0, [(u, -1.0), (use["milli", k, t], 1.0 / GPU_MILLI)])
+            if k > 0:
+                lp.row(-inf, 0.0, [(U[k - 1, t], 1.0), (u, -1.0)])
+            if k < last:  # whole GPUs taken after slice k were untouched at slice k
+                lp.row(-inf, nn * g, [(u, 1.0), (use["whole", last, t], 1.0),
+                                      (use["whole", k, t], -1.0)])
+    _share_flow(inst, lp, by_type, X, last, H, gpu_total)
+    tracked = [q for q in range(Q) if total[q] > 0]
+    weight = np.maximum(total * d / max(float((total * d).sum()), 1.0),
+                        total * cpu / max(float((total * cpu).sum()), 1.0))
+    majors = [q for q in tracked if weight[q] >= major]
+    B: dict[tuple[int, int], int] = {}
+    for q in tracked:
+        ts = by_class.get(q, [])
+        for k in range(K):
+            B[k, q] = b = lp.var(0.0, 1.0)
+            if k > 0:
+                lp.row(-inf, 0.0, [(B[k - 1, q], 1.0), (b, -1.0)])
+            lp.row(float(A[k, q]), inf, [(X[k, t, q], 1.0) for t in ts] + [(b, float(A[k, q]))])
+            lp.row(-inf, float(total[q]), [(X[last, t, q], 1.0) for t in ts]
+                   + [(b, float(total[q] - A[k, q]))])
+            if k < last and q in majors:
+                for t in ts:
+                    _blocking(inst, lp, q, k, t, b, X, U, use, by_type[t], last)
+    dom = {q: {q2 for q2 in tracked if q2 != q and dominates(inst, q, q2)} for q in tracked}
+    for q in tracked:
+        for q2 in dom[q]:
+            if q in dom[q2] and q2 < q:
+                continue  # equal classes: one direction is enough
+            if any(q2 in dom[q3] and q not in dom[q3] for q3 in dom[q] if q3 != q2):
+                continue  # implied through q3 (the transitive reduction suffices)
+            for k in range(K):
+                lp.row(-inf, 0.0, [(B[k, q], 1.0), (B[k, q2], -1.0)])
+    return SlicedModel(inst, lp, B, majors, K)
+
+
+def _share_flow(inst: Instance, lp: CertifiedLP, by_type: dict[int, list[int]],
+                X: dict[tuple[int, int, int], int], last: int, H: dict[int, int],
+                gpu_total: float) -> None:
+    """The shares of all types packed GPU by GPU: an arc flow (Valerio de Carvalho) over
+    the reachable sums 0..1000 milli; a unit of flow is one GPU holding shares, an arc of
+    size m one share of m milli on it. Its LP equals the Gilmore-Gomory bound."""
+    sizes = sorted({int(m) for m in inst.cls_milli[inst.shared]})
+    if not sizes:
+        return
+    cap = GPU_MILLI // UNIT
+    steps = [m // UNIT for m in sizes]
+    reach = [False] * (cap + 1)
+    reach[0] = True
+    for u in range(cap + 1):
+        if reach[u]:
+            for s in steps:
+                if u + s <= cap:
+                    reach[u + s] = True
+    n_shares = float(inst.total()[inst.shared].sum())
+    F = lp.var(0.0, gpu_total)
+    into: dict[int, list[tuple[int, float]]] = {u: [] for u in range(cap + 1) if reach[u]}
+    out: dict[int, list[tuple[int, float]]] = {u: [] for u in into}
+    by_size: dict[int, list[tuple[int, float]]] = {m: [] for m in sizes}
+    for u in into:
+        for m, s in zip(sizes, steps, strict=True):
+            if u + s <= cap:
+                a = lp.var(0.0, n_shares)
+                out[u].append((a, -1.0))
+                into[u + s].append((a, 1.0))
+                by_size[m].append((a, 1.0))
+        out[u].append((lp.var(0.0, gpu_total), -1.0))  # the GPU's packing ends here
+    into[0].append((F, 1.0))
+    for u in into:
+        lp.row(0.0, 0.0, into[u] + out[u])
+    for m in sizes:
+        terms = list(by_size[m])
+        for t, qs in by_type.items():
+            terms += [(X[last, t, q], -1.0) for q in qs
+                      if inst.shared[q] and inst.cls_milli[q] == m]
+        lp.row(0.0, lp.inf, terms)
+    lp.row(0.0, lp.inf, [(h, 1.0) for h in H.values()] + [(F, -1.0)])
+
+
+def _blocking(inst: Instance, lp: CertifiedLP, q: int, k: int, t: int, b: int,
+              X: dict[tuple[int, int, int], int], U: dict[tuple[int, int], int],
+              use: dict[tuple[str, int, int], int], qs: list[int], last: int) -> None:
+    """Class q blocked at slice k, on the nodes of type t (module docstring)."""
+    inf = lp.inf
+    nn, g = float(inst.type_count[t]), int(inst.type_gpus[t])
+    cap_c, cap_m = float(inst.type_cpu[t]), float(inst.type_mem[t])
+    c_q, r_q = float(inst.cls_cpu[q]), float(inst.cls_mem[q])
+    zc, zm, zg = lp.var(0.0, nn), lp.var(0.0, nn), lp.var(0.0, nn)
+    lp.row(0.0, 0.0, [(zc, 1.0), (zm, 1.0), (zg, 1.0), (b, -nn)])
+    lp.row(0.0, inf, [(zc, -(cap_c - c_q + 1)), (use["cpu", k, t], 1.0)])
+    lp.row(0.0, inf, [(zm, -(cap_m - r_q + 1)), (use["mem", k, t], 1.0)])
+    if inst.cls_gpus[q] == 0:
+        lp.set_bounds(zg, 0.0, 0.0)  # only cpu or memory block a CPU-only pod
+        w_g = float(g)
+    elif inst.shared[q]:
+        lp.row(0.0, inf, [(U[k, t], 1.0), (zg, -float(g))])
+        lp.row(0.0, inf, [(zg, -float(g * (GPU_MILLI - inst.cls_milli[q] + 1))),
+                          (use["milli", k, t], 1.0)])
+        w_g = 0.0
+    else:
+        lp.row(0.0, inf, [(U[k, t], 1.0), (zg, -float(g - inst.cls_gpus[q] + 1))])
+        w_g = float(inst.cls_gpus[q] - 1)
+    big = nn * cap_c  # cpu placed after slice k fits in what the states leave
+    lp.row(-inf, big, [(zc, -(c_q - 1)), (zm, -cap_c), (zg, -cap_c), (b, big),
+                       (use["cpu", last, t], 1.0), (use["cpu", k, t], -1.0)])
+    big = nn * cap_m
+    lp.row(-inf, big, [(zm, -(r_q - 1)), (zc, -cap_m), (zg, -cap_m), (b, big),
+                       (use["mem", last, t], 1.0), (use["mem", k, t], -1.0)])
+    whole = [q2 for q2 in qs if inst.whole[q2]]
+    if not whole:
+        return
+    big = nn * g
+    wc, wm, wg = lp.var(0.0, big), lp.var(0.0, big), lp.var(0.0, big)
+    lp.row(0.0, 0.0, [(wc, 1.0), (wm, 1.0), (wg, 1.0), (use["whole", last, t], -1.0),
+                      (use["whole", k, t], 1.0)])
+    for w, z, per, admits in (
+        (wc, zc, float(g), [q2 for q2 in whole if inst.cls_cpu[q2] < c_q]),
+        (wm, zm, float(g), [q2 for q2 in whole if inst.cls_mem[q2] < r_q]),
+        (wg, zg, w_g, [q2 for q2 in whole if inst.cls_gpus[q2] <= w_g]),
+    ):
+        lp.row(-inf, big, [(w, 1.0), (z, -per), (b, big)])
+        if len(admits) < len(whole):  # only these classes may land on such nodes
+            gpus = inst.cls_gpus
+            lp.row(-inf, big, [(w, 1.0), (b, big)]
+                   + [(X[last, t, q2], -float(gpus[q2])) for q2 in admits]
+                   + [(X[k, t, q2], float(gpus[q2])) for q2 in admits])
+
+
+# --- the bound, and branch and bound on the major classes' blocking slices -------------
+
+
+@dataclass(frozen=True)
+class Bound:
+    """The bound of one trace and seed: ``alloc_130``, % of GPU capacity."""
+
+    alloc_130: float
+    kind: str  # "certificate": a proven upper bound
+    lp_130: float  # the LP solver's own optimum, % (the certificate is within tolerance)
+    demand_pct: float  # arrived GPU demand up to the cut, %
+    nodes: int = 1  # LPs solved (branch and bound)
+    seconds: float = 0.0
+    log: tuple[str, ...] = field(default_factory=tuple)
+
+    def to_json(self) -> dict[str, object]:
+        return {"alloc_130": round(self.alloc_130, 2), "kind": self.kind}
+
+
+def _fix(model: SlicedModel, first: dict[int, tuple[int, int]]) -> None:
+    """Restrict the slice where each major class in ``first`` is first blocked to
+    [lo, hi] (hi = K: not even at the end): b_k = 0 below lo, 1 from hi on."""
+    for q in model.major:
+        lo, hi = first.get(q, (0, model.n_slices))
+        for k in range(model.n_slices):
+            model.lp.set_bounds(model.b[k, q], float(k >= hi), float(k >= lo))
+
+
+def _solve(model: SlicedModel, parent: float = math.inf
+           ) -> tuple[float, float, dict[int, list[float]]] | None:
+    """(certified bound, LP value, b per major class); None when proven infeasible; the
+    parent's bound when the solver gives no answer (so the result stays valid)."""
+    status = model.lp.solve()
+    if status == "infeasible":
+        return None
+    if status != "optimal":
+        return parent, parent, {q: [0.5] * model.n_slices for q in model.major}
+    bvals = {q: [model.lp.primal(model.b[k, q]) for k in range(model.n_slices)]
+             for q in model.major}
+    return model.lp.dual_bound(), model.lp.value(), bvals
+
+
+def allocation_bound(inst: Instance, *, slices: Sequence[float] = SLICES,
+                     major: float = MAJOR, budget: int = 1) -> Bound:
+    """The certificate: the relaxation's dual bound, tightened by at most ``budget`` LPs
+    of branch and bound on the major classes' blocking slices (best first; the result is
+    the largest bound among the leaves and the branches left open)."""
+    t0 = time.perf_counter()
+    model = build(inst, slices, major)
+    cap = float(inst.capacity_milli)
+    demand = float((inst.demand * inst.total()).sum())
+    ceiling = min(demand, cap)
+    root = _solve(model)
+    if root is None or not math.isfinite(root[0]):
+        raise RuntimeError("the bound's relaxation was not solved: a bug, never a trace's fault")
+    log = [f"root: lp {100 * root[1] / cap:.3f} certified {100 * root[0] / cap:.3f}"]
+    Fixing = dict[int, tuple[int, int]]
+    open_nodes: list[tuple[float, Fixing, dict[int, list[float]]]] = [(root[0], {}, root[2])]
+    best_leaf = -math.inf
+    solved = 1
+    while open_nodes and solved < budget:
+        open_nodes.sort(key=lambda node: -node[0])
+        bound, fixed, bvals = open_nodes.pop(0)
+        if bound <= best_leaf:
+            continue
+        # branch on the most fractional blocking variable of a major class: blocked
+        # from slice k on, or not yet at slice k
+        frac = [(min(v, 1.0 - v), q, k) for q in model.major
+                for k, v in enumerate(bvals[q]) if 1e-6 < v < 1.0 - 1e-6]
+        if not frac:
+            best_leaf = max(best_leaf, bound)  # integral: this LP is the leaf's value
+            continue
+        _, q, k = max(frac)
+        lo, hi = fixed.get(q, (0, model.n_slices))
+        for child in ({**fixed, q: (lo, k)}, {**fixed, q: (k + 1, hi)}):
+            if child[q][0] > child[q][1]:
+                continue
+            _fix(model, child)
+            found = _solve(model, bound)
+            solved += 1
+            if found is not None:
+                open_nodes.append((found[0], child, found[2]))
+        top = max([best_leaf] + [node[0] for node in open_nodes])
+        log.append(f"  {solved} LPs: {100 * top / cap:.3f}")
+    _fix(model, {})
+    top = max([best_leaf] + [node[0] for node in open_nodes])
+    log.append(f"branch and bound: {solved} LPs, bound {100 * top / cap:.3f}")
+    alloc = 100.0 * min(top, ceiling) / cap
+    return Bound(alloc, "certificate", 100.0 * min(root[1], ceiling) / cap,
+                 100.0 * demand / cap, solved, time.perf_counter() - t0, tuple(log))
