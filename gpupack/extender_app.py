@@ -6,8 +6,9 @@ starts another's loop.
 from ``gpupack serve``, the reservation book and the recent refusals, and builds the
 rest: the verbs' memo and its warmer (started unless ``AppConfig.warm`` is off), the
 extender's and the groups' metrics, the pods remembered for their binds, the groups'
-participant at the extension points (:class:`scheduler.groups.plugin.GroupVerbs`) and
-the extension points themselves, then the routes (:mod:`scheduler.extender.app`).
+participant at the extension points (:class:`scheduler.groups.plugin.GroupVerbs`), the
+DRA participant (:class:`scheduler.dra.plugin.DraVerbs`) and the extension points
+themselves, then the routes (:mod:`scheduler.extender.app`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from prometheus_client import CollectorRegistry
 
 from kube.cache import ClusterCache
 from kube.source import Binder
+from scheduler.dra.metrics import DraCollector
+from scheduler.dra.plugin import DraVerbs
 from scheduler.engine import LoopMetrics
 from scheduler.extender.app import AppConfig, InFlight, add_info_routes, add_verb_routes
 from scheduler.extender.metrics import ExtenderMetrics
@@ -69,9 +72,13 @@ def create_extender_app(
     app.extensions["gpupack.request_pods"] = request_pods
     GroupMetrics(registry, book)
     lag = ViewLag(answered=metrics.view_behind)
-    points = ExtensionPoints(cache, planner, binder, (GroupVerbs(book, lag),), memo, warmer,
-                             request_pods, metrics.binds, cfg.policy, cfg.filter_top, lag,
-                             refusals)
+    # Group members first (their room is reserved), then pods with DRA claims.
+    dra = DraVerbs(cache, warmer.current, memo, lag)
+    app.extensions["gpupack.dra"] = dra
+    registry.register(DraCollector(cache, dra))
+    points = ExtensionPoints(cache, planner, binder, (GroupVerbs(book, lag), dra), memo,
+                             warmer, request_pods, metrics.binds, cfg.policy, cfg.filter_top,
+                             lag, refusals)
     add_verb_routes(app, points, book, cfg.max_body_bytes, metrics)
     add_info_routes(app, cache, planner, book, memo, warmer, metrics)
     return app

@@ -152,6 +152,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"exceed the slice bound of their pods by this many (default "
                         f"{dc.min_excess})")
     p.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    p.add_argument("--dra", default="auto", choices=["auto", "off"],
+                   help="Dynamic Resource Allocation (docs/dra.md): auto watches the "
+                        "resource.k8s.io/v1 objects (none where the API server does not "
+                        "serve them) and places pods with ResourceClaims on the allocator's "
+                        "predicted devices; off ignores them (default auto)")
     # Defragmentation (docs/defrag.md): on the active extender only.
     p.add_argument("--defrag", default="off", choices=["off", "plan", "act"],
                    help="free a domain for a waiting LLM group: plan (Events, metrics, log; "

@@ -108,7 +108,8 @@ class Components:
             # polled (the CRD may be absent); both listed before the verbs answer.
             self.inputs = GroupInputs()
             self.source = ApiSource(api, records_namespace=args.namespace,
-                                    records_selector=RECORD_SELECTOR, watch_quotas=True)
+                                    records_selector=RECORD_SELECTOR, watch_quotas=True,
+                                    watch_dra=args.dra != "off")
             self.lws = LwsPoller(api, self.inputs)
             self.inputs.on_unknown_lws = self.lws.nudge
             self.binder = ApiBinder(api)
@@ -267,7 +268,7 @@ class Components:
             self.mig.start()
         if self.lws is not None:
             self.lws.start()
-        self.source.start(self.tap, self.tap, self.inputs)
+        self.source.start(self.tap, self.tap, self.inputs, self.cache)
         start_expiry(self.cache, self._expiry_stop)
         threading.Thread(target=self._freeze_when_synced, name="gpupack-gc-freeze",
                          daemon=True).start()

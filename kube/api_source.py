@@ -2,10 +2,13 @@
 ``kubernetes`` client.
 
 - :class:`ApiSource`: list + watch of Nodes and Pods (and, when asked, reservation
-  records and ResourceQuotas). A watch resumes from the last resourceVersion it saw
-  (bookmarks included); ``410 Gone`` means that version is too old, so it lists again;
-  a dropped connection (``ProtocolError``, timeouts, 5xx) reconnects with capped
-  exponential backoff.
+  records, ResourceQuotas, and the ``resource.k8s.io/v1`` objects of Dynamic Resource
+  Allocation: ResourceSlices, DeviceClasses, ResourceClaims, ResourceClaimTemplates,
+  DeviceTaintRules). A cluster that does not serve ``resource.k8s.io/v1`` (404) has no
+  DRA: the kind counts as listed, empty, and is asked again every ``backoff_max_s``.
+  A watch resumes from the last resourceVersion it saw (bookmarks included); ``410
+  Gone`` means that version is too old, so it lists again; a dropped connection
+  (``ProtocolError``, timeouts, 5xx) reconnects with capped exponential backoff.
 - :class:`ApiBinder`: ``POST .../pods/{name}/binding`` with the pod's UID as a
   precondition and the placement annotations on the Binding (the API server copies them
   onto the pod in the same write, so no pod patch and no ``patch pods`` right). The
@@ -36,9 +39,11 @@ from typing import Any
 import orjson
 
 from kube.annotations import small_int
+from kube.dra_store import KINDS as DRA_KINDS
+from kube.dra_store import object_key
 from kube.objects import pod_key
 from kube.responses import finish
-from kube.source import BindError, Codec, Decoded, ObjectSink, RecordSink, Sink
+from kube.source import BindError, Codec, Decoded, DraSink, ObjectSink, RecordSink, Sink
 
 # A watch that ends sooner than this without an event counts as a failure (client-go:
 # a watch of under a second with no events backs off before it is opened again).
@@ -80,7 +85,9 @@ class ApiSource:
     """List + watch of Nodes and Pods into a sink, in two daemon threads; with
     ``records_namespace``, also gpupack's reservation records (ConfigMaps labelled
     ``records_selector`` in that namespace) into a record sink, in a third; with
-    ``watch_quotas``, every ResourceQuota into a quota sink, in a fourth."""
+    ``watch_quotas``, every ResourceQuota into a quota sink, in a fourth; with
+    ``watch_dra``, each DRA kind into a DRA sink, a thread each. The sink is marked
+    synced once every kind has been listed."""
 
     def __init__(
         self,
@@ -92,12 +99,14 @@ class ApiSource:
         records_namespace: str | None = None,
         records_selector: str = "",
         watch_quotas: bool = False,
+        watch_dra: bool = False,
         list_page: int = 500,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         from kubernetes import client
 
         self.core = client.CoreV1Api(api_client)
+        self.resource = client.ResourceV1Api(api_client)
         self.clock = clock  # times a watch: how long it stayed open
         self.watch_timeout_s = watch_timeout_s
         self.backoff_initial_s = backoff_initial_s
@@ -113,6 +122,8 @@ class ApiSource:
             kinds.append("records")
         if watch_quotas:
             kinds.append("quotas")
+        if watch_dra:
+            kinds.extend(DRA_KINDS)
         self._kinds = tuple(kinds)
         self._listed = {k: threading.Event() for k in self._kinds}
         self.relists = dict.fromkeys(self._kinds, 0)
@@ -123,16 +134,21 @@ class ApiSource:
         self._watches: list[Any] = []  # open watch responses, closed by stop()
         self._records: RecordSink | None = None
         self._quotas: ObjectSink | None = None
+        self._dra: DraSink | None = None
+        self.not_served: set[str] = set()  # DRA kinds the API server does not serve (404)
         self.list_page = list_page
 
     def start(self, sink: Sink, records: RecordSink | None = None,
-              quotas: ObjectSink | None = None) -> None:
+              quotas: ObjectSink | None = None, dra: DraSink | None = None) -> None:
         if self.records_namespace and records is None:
             raise ValueError("ApiSource with records_namespace needs a record sink")
         if "quotas" in self._kinds and quotas is None:
             raise ValueError("ApiSource with watch_quotas needs a quota sink")
+        if DRA_KINDS[0] in self._kinds and dra is None:
+            raise ValueError("ApiSource with watch_dra needs a DRA sink")
         self._records = records
         self._quotas = quotas
+        self._dra = dra
         for kind in self._kinds:
             t = threading.Thread(
                 target=self._run, args=(kind, sink), daemon=True, name=f"gpupack-watch-{kind}"
@@ -170,6 +186,14 @@ class ApiSource:
             return records
         if kind == "quotas":
             return self.core.list_resource_quota_for_all_namespaces
+        dra: dict[str, Callable[..., Any]] = {"resourceslices": self.resource.list_resource_slice,
+               "deviceclasses": self.resource.list_device_class,
+               "resourceclaims": self.resource.list_resource_claim_for_all_namespaces,
+               "resourceclaimtemplates":
+                   self.resource.list_resource_claim_template_for_all_namespaces,
+               "devicetaintrules": self.resource.list_device_taint_rule}
+        if kind in dra:
+            return dra[kind]
         return self.core.list_node if kind == "nodes" else self.core.list_pod_for_all_namespaces
 
     def _run(self, kind: str, sink: Sink) -> None:
@@ -208,6 +232,19 @@ class ApiSource:
                                 kind, backoff)
                     backoff = self._backoff(kind, backoff)
             except ApiException as e:
+                if e.status == 404 and kind in DRA_KINDS:
+                    # The API server does not serve resource.k8s.io/v1 (or this kind of
+                    # it): no DRA objects of the kind. Listed, empty; asked again later.
+                    if kind not in self.not_served:
+                        log.info("%s: not served by the API server (404); treated as none",
+                                 kind)
+                    self.not_served.add(kind)
+                    assert self._dra is not None
+                    self._dra.replace_dra(kind, [])
+                    self._listed[kind].set()
+                    self._resume[kind] = None
+                    self.sleep(self.backoff_max_s)
+                    continue
                 if e.status == 410:
                     log.info("%s watch: resourceVersion %s is gone; listing again", kind, rv)
                     self.relists[kind] += 1
@@ -259,6 +296,10 @@ class ApiSource:
         elif kind == "quotas":
             assert self._quotas is not None
             self._quotas.replace([o for o in items if isinstance(o, Mapping)])
+        elif kind in DRA_KINDS:
+            assert self._dra is not None
+            self.not_served.discard(kind)
+            self._dra.replace_dra(kind, [o for o in items if isinstance(o, Mapping)])
         elif kind == "nodes":
             sink.replace(items, None)
         else:
@@ -399,6 +440,15 @@ class ApiSource:
                 self._quotas.delete(obj)
             else:
                 self._quotas.upsert(obj)
+            return
+        if kind in DRA_KINDS:
+            assert self._dra is not None
+            key = object_key(kind, obj)
+            if etype == "DELETED":
+                if key is not None:
+                    self._dra.delete_dra(kind, key)
+            else:
+                self._dra.upsert_dra(kind, obj)
             return
         if kind == "nodes":
             if etype == "DELETED":

@@ -21,14 +21,22 @@ shape, signature): thousands of nodes of a few kinds in a few states cost a hand
 evaluations. Signatures are recomputed only for the nodes an event touched, before the
 change is published.
 
-:class:`ClusterCache` is one class of about 900 lines on purpose: every handler (a node,
-a pod, a hold, an assumption) changes the same indexes and the one
-:class:`~packing.state.ClusterState` under one lock, keeping one invariant (each pod
-counted once, where it holds what it holds). What needs none of that state is its own
-module: where a bound pod is counted and what the node agents observed
+*Dynamic Resource Allocation*: a node whose GPUs are devices of ResourceSlices gets them
+from its slices (:func:`packing.dra.inventory.with_dra_gpus`), what allocated claims
+hold there (allocations the extender assumed included) is counted as the claims' own
+entries beside its pods (which hold CPU and memory there), and its claims' entries never
+displace a hold or an assumption (:meth:`ClusterCache._dra_apply`). The objects
+themselves are :class:`kube.dra_store.DraObjects`.
+
+:class:`ClusterCache` is one class of about 1,200 lines on purpose: every handler (a
+node, a pod, a hold, an assumption, a DRA object) changes the same indexes and the one
+:class:`~packing.state.ClusterState` under one lock, keeping one invariant (each pod and
+each claim counted once, where it holds what it holds). What needs none of that state is
+its own module: where a bound pod is counted and what the node agents observed
 (:mod:`kube.observations`), node shapes (:mod:`kube.node_shapes`), the trust in agent
 inventories by age (:mod:`kube.inventory_age`), assumed binds (:mod:`kube.assumptions`),
-state signatures (:mod:`kube.signatures`).
+state signatures (:mod:`kube.signatures`), the DRA objects (:mod:`kube.dra_store`) and
+what a pod asks of them (:mod:`kube.dra_pods`).
 """
 
 from __future__ import annotations
@@ -45,6 +53,8 @@ from typing import Any
 
 from kube.assumptions import AssumedBinds, AssumeError, Assumption, same_uid
 from kube.constraints import PodConstraints, Taint, node_taints, pod_constraints
+from kube.dra_pods import read_pod_claims
+from kube.dra_store import DraObjects
 from kube.inventory_age import (
     InventoryAge,
     InventoryTrust,
@@ -52,7 +62,12 @@ from kube.inventory_age import (
     without_inventory,
     written_at,
 )
-from kube.node_objects import UNREADABLE_TAINTS, NodeObservation, inventory_text
+from kube.node_objects import (
+    UNREADABLE_TAINTS,
+    NodeObservation,
+    advertises_gpus,
+    inventory_text,
+)
 from kube.node_shapes import NodeShapes
 from kube.objects import (
     ObjectError,
@@ -66,6 +81,15 @@ from kube.objects import (
 )
 from kube.observations import Observations, PodEntry, as_counted, same_slot
 from kube.signatures import SignatureBook
+from packing.dra.inventory import (
+    DraInventory,
+    claim_uses,
+    taint_uses,
+    whole_gpu_demand,
+    with_dra_gpus,
+)
+from packing.dra.objects import AllocatedDevice
+from packing.dra.world import DraWorld
 from packing.model import NodeInfo, Placement, PodRequest, RequestKind, Snapshot
 from packing.state import (
     ClusterState,
@@ -129,6 +153,25 @@ class ClusterCache:
         # Nodes the watch showed whose objects could not be read, never read before: not
         # "unseen" (see unreadable_node), so a filter does not wait for them.
         self._unreadable: set[str] = set()
+        # Dynamic Resource Allocation: the resource.k8s.io objects (kube.dra_store); each
+        # node as its Node object reads, before the GPUs of its slices are added; the
+        # nodes whose GPUs are DRA devices (their pods hold GPUs through claims, so a
+        # pod is counted there with CPU and memory only); and per node, the keys of what
+        # claims hold there, counted like holds (packing.dra.inventory.claim_uses).
+        self.dra = DraObjects()
+        self._base_infos: dict[str, NodeInfo] = {}
+        self._device_plugin: set[str] = set()  # nodes whose allocatable has GPU resources
+        self._dra_nodes: set[str] = set()
+        self._dra_keys: dict[str, set[str]] = {}
+        self._dra_want: dict[str, dict[str, tuple[PodRequest, Placement]]] = {}
+        self._dra_inv: dict[str, DraInventory] = {}  # DRA nodes' inventories
+        # Nodes where a claim entry is counted without its GPUs: another entry (a group's
+        # hold, an assumed bind with GPUs) held them when the claim's allocation came.
+        self._dra_degraded: set[str] = set()
+        self._dra_retrying = False
+        # Group members whose claims (or templates) the watch has not shown yet: read
+        # again when it does (their GPU demand comes from their claims).
+        self._dra_waiting: dict[str, Mapping[str, Any]] = {}
 
     # ---- listeners and views ---------------------------------------------------------------
 
@@ -137,6 +180,14 @@ class ClusterCache:
         self._listeners.append(fn)
 
     def _changed(self) -> None:
+        if self._dra_degraded and not self._dra_retrying:
+            # Claim entries counted without their GPUs (another entry held them): tried
+            # again after every change, until what held the GPUs lets go.
+            self._dra_retrying = True
+            try:
+                self._dra_sync_nodes(set(self._dra_degraded))
+            finally:
+                self._dra_retrying = False
         self._refresh_signatures()
         self.version += 1
         for fn in self._listeners:
@@ -247,7 +298,10 @@ class ClusterCache:
             return
         ns = key.split("/", 1)[0]
         books = []
-        if entry.req.group is not None:
+        if entry.req.group is not None and not (add and key in self._dra_waiting):
+            # A member whose claims are not seen yet is not shown to the book: its GPU
+            # demand is not known (an unseen member is one the filter answers with an
+            # error, retried).
             books.append((self._group_pods, entry.req.group.key))
         if entry.req.kind is not RequestKind.NONE:
             books.append((self._gpu_pods, ns))
@@ -314,6 +368,7 @@ class ClusterCache:
                 tuple(self._infos.values()),
                 tuple(self._counted.values()),
                 tuple(p for k, p in self._pending.items() if k not in skip),
+                self.dra_world(),
             )
 
     # ---- accounting ------------------------------------------------------------------------
@@ -399,6 +454,7 @@ class ClusterCache:
                 obs = self.observed
                 if current is not None and (
                         current[0] != obs.effective(entry).req
+                        or (entry.node in self._dra_nodes and current[1].gpus)
                         or (obs.observed_placement(entry, self.state) is not None
                             and not obs.agrees(entry, current[1], self.state))):
                     self._unapply(key)
@@ -415,12 +471,13 @@ class ClusterCache:
             return
         if entry.node is None:
             self._unapply(key)
-            if entry.scheduler == self.scheduler_name:
+            if entry.scheduler == self.scheduler_name and key not in self._dra_waiting:
                 self._pending[key] = entry.req
             return
         current = self._counted.get(key)
         if (current is not None and current[1].node == entry.node
                 and current[0] == self.observed.effective(entry).req
+                and not (entry.node in self._dra_nodes and current[1].gpus)
                 and self.observed.agrees(entry, current[1], self.state)):
             return  # unchanged binding: nothing to redo (a new record is read below)
         self.observed.note_observation(entry, None if current is None else current[1],
@@ -444,7 +501,7 @@ class ClusterCache:
         kept = [self._counted[k] for k in overlapping]
         for k in overlapping:
             self._unapply(k)
-        p = self.observed.placement_for(entry, self.state)
+        p = self._placement_for(entry, self.state)
         if p is not None:
             self._apply(entry.req, p)
         for hreq, hp in kept:
@@ -454,6 +511,15 @@ class ClusterCache:
                 self._holds.discard(hreq.key)
                 log.info("hold %s on %s given up: pod %s is bound there", hreq.key, hp.node,
                          entry.req.key)
+
+    def _placement_for(self, entry: PodEntry, state: ClusterState) -> Placement | None:
+        """Where a bound pod is counted (:meth:`Observations.placement_for`), but on a
+        DRA node with CPU and memory only: its GPUs are its claims' devices, counted as
+        the claims' own entries (a pod asking ``nvidia.com/gpu`` there is served by DRA,
+        KEP-5004)."""
+        if entry.node in self._dra_nodes and entry.node in state.nodes:
+            return Placement(entry.req.key, entry.node)
+        return self.observed.placement_for(entry, state)
 
     def _room_free(self, req: PodRequest, p: Placement) -> bool:
         """Whether ``p``'s GPUs are free for ``req`` (cordons, CPU and memory aside: a
@@ -473,7 +539,17 @@ class ClusterCache:
         """Add or update a Node object; False when it cannot be read (logged, skipped).
 
         With an ``inventory_age``, a node whose agent inventory was not rewritten within
-        the limit is read as if it had none (``kube.inventory_age``)."""
+        the limit is read as if it had none (``kube.inventory_age``). A node with GPUs
+        in ResourceSlices gets them, and what its claims hold, after it is read."""
+        ok = self._upsert_node(obj)
+        name = object_name(obj)
+        if ok and isinstance(name, str):
+            with self.lock:
+                if self._dra_sync_nodes({name}):
+                    self._changed()
+        return ok
+
+    def _upsert_node(self, obj: Mapping[str, Any]) -> bool:
         age = self.inventory_age
         text = inventory_text(obj)
         # The inventory's ts, read once for both looks at its age (None: no limit).
@@ -511,6 +587,13 @@ class ClusterCache:
             if stale:
                 text = None  # no peaks, shares or device owners from a stale inventory
             self._unreadable.discard(info.name)
+            self._base_infos[info.name] = info
+            if advertises_gpus(obj):
+                self._device_plugin.add(info.name)
+            else:
+                self._device_plugin.discard(info.name)
+            if self._dra_relevant(info.name):
+                info = self._dra_info(info, self.dra.node_views([info.name])[info.name][0])
             seen = self.observed.update(info.name, text)
             if self._taints.get(info.name, ()) != taints:
                 self._taints[info.name] = taints
@@ -592,7 +675,9 @@ class ClusterCache:
                 # A bound pod keeps where it was counted unless that is gone from the node,
                 # was counted without GPUs, or was a stand-in for its recorded placement.
                 observed = self.observed.observed_placement(entry, scratch)
-                if fits and (p.gpus or req.kind is RequestKind.NONE) and (
+                on_dra = name in self._dra_nodes
+                if fits and (p.gpus or req.kind is RequestKind.NONE or on_dra) and not (
+                        on_dra and p.gpus) and (
                         same_slot(observed, p) if observed is not None
                         else entry.recorded is None or same_slot(entry.recorded, p)):
                     p = as_counted(scratch, p)
@@ -624,7 +709,7 @@ class ClusterCache:
         refit.sort(key=lambda e: self.observed.observed_placement(e, scratch) is None)
         for entry in refit:
             entry = self.observed.effective(entry)
-            fresh = self.observed.placement_for(entry, scratch)
+            fresh = self._placement_for(entry, scratch)
             assert fresh is not None  # the node is in scratch
             fresh = as_counted(scratch, fresh)
             scratch.apply(entry.req, fresh, allow_overcommit=True,
@@ -677,6 +762,13 @@ class ClusterCache:
                     del self._uid_key[req.uid]
             self._on_node.pop(name, None)
             self._taints.pop(name, None)
+            self._base_infos.pop(name, None)
+            self._device_plugin.discard(name)
+            self._dra_nodes.discard(name)
+            self._dra_keys.pop(name, None)
+            self._dra_want.pop(name, None)
+            self._dra_inv.pop(name, None)
+            self._dra_degraded.discard(name)
             self.observed.forget_node(name)
             self._trust.forget(name)
             del self._infos[name]
@@ -718,6 +810,9 @@ class ClusterCache:
             started=started_at(obj),
         )
         with self.lock:
+            if req.group is not None and req.kind is RequestKind.NONE and isinstance(
+                    spec, Mapping) and spec.get("resourceClaims"):
+                entry.req = self._dra_member_request(obj, req)
             old = self._pods.get(req.key)
             if old == entry:
                 return True
@@ -810,11 +905,27 @@ class ClusterCache:
         with self.lock:
             self.bad_objects += 1
 
+    def _dra_member_request(self, obj: Mapping[str, Any], req: PodRequest) -> PodRequest:
+        """A group member asking GPUs through its claims: the whole GPUs they ask for
+        (:func:`packing.dra.inventory.whole_gpu_demand`) as its request, so the
+        reservation book places its group as it places members asking ``nvidia.com/gpu``.
+        A member whose claims are not seen yet is read again when they are."""
+        pc = read_pod_claims(obj, self.dra)
+        if pc.behind:
+            self._dra_waiting[req.key] = obj
+        else:
+            self._dra_waiting.pop(req.key, None)
+        n = whole_gpu_demand([c for _, c in pc.own], self.dra.classes)
+        if not n:
+            return req
+        return replace(req, kind=RequestKind.WHOLE, gpu_count=n)
+
     def delete_pod(self, key: str) -> None:
         """The watch's DELETED (or a list without the pod). It is the incarnation the
         watch showed last (events of one name come in order); an assumption made for
         another UID is left alone and stays counted (kube.assumptions)."""
         with self.lock:
+            self._dra_waiting.pop(key, None)
             entry = self._pods.pop(key, None)
             self._index(key, entry, add=False)
             self.observed.forget_pod(key)
@@ -862,6 +973,146 @@ class ClusterCache:
         with self.lock:
             self.synced = True
             self._changed()
+
+    # ---- Dynamic Resource Allocation ---------------------------------------------------------
+
+    def upsert_dra(self, kind: str, obj: Mapping[str, Any]) -> bool:
+        """Add or update a ``resource.k8s.io`` object of ``kind`` (kube.dra_store.KINDS);
+        False when it cannot be read (logged, counted, its previous version dropped)."""
+        with self.lock:
+            ok = self.dra.upsert(kind, obj)
+            if not ok:
+                self.bad_objects += 1
+            self._dra_changed()
+            return ok
+
+    def delete_dra(self, kind: str, key: str) -> None:
+        """The watch's DELETED (``key``: name, or namespace/name for claims and
+        templates)."""
+        with self.lock:
+            self.dra.delete(kind, key)
+            self._dra_changed()
+
+    def replace_dra(self, kind: str, objs: Iterable[Mapping[str, Any]]) -> None:
+        """A fresh list of ``kind``: objects not listed are gone."""
+        with self.lock:
+            before = self.dra.bad_objects
+            self.dra.replace(kind, objs)
+            self.bad_objects += self.dra.bad_objects - before
+            self._dra_changed()
+
+    def dra_world(self) -> DraWorld | None:
+        """The cluster's DRA objects for predictions; None when it has none."""
+        with self.lock:
+            return None if self.dra.empty else self.dra.world()
+
+    def is_dra_node(self, name: str) -> bool:
+        """Whether ``name``'s GPUs are devices of its ResourceSlices."""
+        return name in self._dra_nodes
+
+    def dra_nodes(self) -> frozenset[str]:
+        return frozenset(self._dra_nodes)
+
+    def dra_inventory(self, name: str) -> DraInventory | None:
+        """A DRA node's GPUs as its slices publish them (None: not a DRA node)."""
+        return self._dra_inv.get(name)
+
+    def assume_dra(self, pod: str, claims: Mapping[str, tuple[AllocatedDevice, ...]]) -> None:
+        """Count the allocations predicted for ``pod``'s claims (claim key -> devices) as
+        held until the claim watch shows them (kube-scheduler's PreBind writes them just
+        before the extender's bind): an assumed pod's claims, as an assumed bind is."""
+        with self.lock:
+            self.dra.assume(pod, claims)
+            self._dra_changed()
+
+    def forget_dra(self, pod: str) -> None:
+        with self.lock:
+            self.dra.forget(pod)
+            self._dra_changed()
+
+    def _dra_changed(self) -> None:
+        dirty = self.dra.take_dirty()
+        if dirty is None:
+            dirty = set(self._dra_nodes) | self.dra.slice_nodes()
+        self._dra_sync_nodes(dirty)
+        for obj in list(self._dra_waiting.values()):
+            self.upsert_pod(obj)  # its claims may be seen now
+        self._changed()
+
+    def _dra_relevant(self, name: str) -> bool:
+        return (name in self._dra_nodes or bool(self._dra_keys.get(name))
+                or self.dra.has_slices(name))
+
+    def _dra_info(self, base: NodeInfo, inventory: DraInventory | None) -> NodeInfo:
+        """``base`` with its slices' GPUs (membership of ``_dra_nodes`` updated)."""
+        info, is_dra = with_dra_gpus(base, inventory,
+                                     device_plugin=base.name in self._device_plugin)
+        if is_dra:
+            self._dra_nodes.add(base.name)
+        else:
+            self._dra_nodes.discard(base.name)
+        return info
+
+    def _dra_sync_nodes(self, names: Iterable[str]) -> bool:
+        """Bring the GPUs and claim entries of ``names`` in line with the DRA objects;
+        whether anything changed. Nodes the Node watch has not shown wait for it."""
+        relevant = {n for n in names if n in self._base_infos and self._dra_relevant(n)}
+        if not relevant:
+            return False
+        views = self.dra.node_views(relevant)
+        changed = False
+        for name in sorted(relevant):
+            inventory, uses = views[name]
+            changed |= self._dra_apply(name, inventory, uses)
+        return changed
+
+    def _dra_apply(self, name: str, inventory: DraInventory | None,
+                   uses: list[tuple[str, tuple[AllocatedDevice, ...]]]) -> bool:
+        info = self._dra_info(self._base_infos[name], inventory)
+        want: dict[str, tuple[PodRequest, Placement]] = {}
+        self._dra_inv.pop(name, None)
+        if name in self._dra_nodes:
+            assert inventory is not None
+            self._dra_inv[name] = inventory
+            held: set[int] = set()
+            for key, results in uses:
+                for req, p in claim_uses(inventory, key, results):
+                    want.setdefault(req.key, (req, p))  # a shared MIG device: once
+                    held.update(p.gpus)
+            for req, p in taint_uses(inventory, held):
+                want[req.key] = (req, p)
+        if (info == self._infos.get(name) and want == self._dra_want.get(name, {})
+                and name not in self._dra_degraded and all(k in self._counted for k in want)):
+            return False
+        for key in self._dra_keys.pop(name, set()):
+            self._unapply(key)
+        rebuilt = info != self._infos.get(name)
+        if rebuilt:
+            self._rebuild_node(info)
+            self._reaccount_node(name)
+        degraded = False
+        for req, p in want.values():
+            # What the API shows allocated is the truth, but so is what holds the GPUs
+            # now (a group's hold, a bind assumed with GPUs): neither is displaced; the
+            # claim's entry counts without GPUs until the other lets go (_changed).
+            if self.state.shape_error(req, p) is not None:
+                log.debug("claim entry %s on %s: its GPUs are held; counted without them "
+                          "for now", req.key, name)
+                p = Placement(req.key, name)
+                degraded = True
+            self.state.apply(req, p, allow_overcommit=True)
+            self._record(req, p)
+        if degraded:
+            self._dra_degraded.add(name)
+        else:
+            self._dra_degraded.discard(name)
+        self._dra_keys[name] = set(want)
+        self._dra_want[name] = want
+        self._touch(name)
+        if rebuilt:
+            for fn in self._node_hooks:
+                fn(name)
+        return True
 
     # ---- group reservation holds (scheduler/groups/loop.py) -----------------------------------
 

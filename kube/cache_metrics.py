@@ -8,7 +8,11 @@ sees each one: the extender (``gpupack serve``) and the standalone webhook
 ``gpupack_cache_synced`` (1 once the first list is in), ``gpupack_cache_bad_objects``
 (objects skipped as unreadable), ``gpupack_node_inventories_stale`` (nodes whose agent
 inventory aged past ``--inventory-max-age`` and is ignored) and
-``gpupack_device_plugin_disagreements_total{kind}``.
+``gpupack_device_plugin_disagreements_total{kind}``; with DRA objects,
+``gpupack_dra_predictions_checked_total{outcome}`` (each allocation assumed at bind
+compared with the one kube-scheduler wrote: ``agree`` or ``disagree``, each disagreement
+logged with both device lists) and ``gpupack_dra_nodes`` (nodes whose GPUs are
+ResourceSlices).
 
 A collector reads the cache under its lock at scrape time: a handful of counters, so a
 scrape costs the verbs nothing measurable.
@@ -47,6 +51,8 @@ class CacheCollector(Collector):
             bad = cache.bad_objects
             stale = cache.stale_inventories
             disagreements = dict(cache.disagreements)
+            checked = (cache.dra.agreements, cache.dra.disagreements)
+            dra_nodes = len(cache.dra_nodes())
         yield gauge("gpupack_cache_nodes", "Nodes in this process's cache", counts["nodes"])
         yield gauge("gpupack_cache_pods", "Pods in this process's cache", counts["pods"])
         yield gauge("gpupack_cache_assumed_pods",
@@ -66,3 +72,12 @@ class CacheCollector(Collector):
         for kind in DISAGREEMENT_KINDS:
             fam.add_metric([kind], disagreements.get(kind, 0))
         yield fam
+        fam = CounterMetricFamily(
+            "gpupack_dra_predictions_checked",
+            "Claim allocations gpupack assumed at bind, compared with the one kube-scheduler "
+            "wrote into status.allocation, by outcome (agree, disagree)", labels=["outcome"])
+        fam.add_metric(["agree"], checked[0])
+        fam.add_metric(["disagree"], checked[1])
+        yield fam
+        yield gauge("gpupack_dra_nodes", "Nodes whose GPUs are devices of ResourceSlices "
+                    "(Dynamic Resource Allocation)", dra_nodes)

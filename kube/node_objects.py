@@ -142,6 +142,27 @@ def node_info(node: Mapping[str, Any], notes: list[str] | None = None, *,
     )
 
 
+def advertises_gpus(node: Mapping[str, Any]) -> bool:
+    """Whether the Node's allocatable has a GPU resource of the device plugin
+    (``nvidia.com/gpu``, ``nvidia.com/gpu.shared``, ``nvidia.com/mig-<profile>``) with a
+    count above zero: its GPUs are the device plugin's, whatever ResourceSlices name the
+    node (KEP-5004 decides per node: the device plugin serves a resource the node
+    advertises, DRA one it does not). An unreadable count counts as advertised."""
+    status = node.get("status") if isinstance(node, Mapping) else None
+    alloc = status.get("allocatable") if isinstance(status, Mapping) else None
+    if not isinstance(alloc, Mapping):
+        return False
+    for res, value in alloc.items():
+        res = str(res)
+        if res in (A.GPU_RESOURCE, A.SHARED_RESOURCE) or profile_from_resource(res):
+            try:
+                if count(value):
+                    return True
+            except (QuantityError, ValueError, TypeError):
+                return True
+    return False
+
+
 def _mig_opt_in(who: str, labels: Mapping[str, str], annotations: Mapping[str, str],
                 notes: list[str] | None) -> bool | None:
     """The node's ``gpupack.io/mig-reconfigure`` label (or annotation): True for "true",

@@ -31,7 +31,7 @@ from typing import Any, Protocol
 
 import orjson
 
-from kube.files import load_objects
+from kube.files import load_objects, split_objects
 from kube.objects import pod_key
 
 log = logging.getLogger("gpupack.kube.source")
@@ -93,6 +93,17 @@ class ObjectSink(Protocol):
     def replace(self, objs: list[Mapping[str, Any]]) -> None: ...
 
 
+class DraSink(Protocol):
+    """Where the ``resource.k8s.io`` objects go (:class:`kube.cache.ClusterCache`), by
+    kind (the plural resource names of :data:`kube.dra_store.KINDS`)."""
+
+    def upsert_dra(self, kind: str, obj: Mapping[str, Any]) -> bool: ...
+
+    def delete_dra(self, kind: str, key: str) -> None: ...
+
+    def replace_dra(self, kind: str, objs: Iterable[Mapping[str, Any]]) -> None: ...
+
+
 class Source(Protocol):
     """Where the cluster comes from (:class:`kube.api_source.ApiSource`,
     :class:`StaticSource`): feeds one sink from ``start`` on, until ``stop``;
@@ -100,7 +111,7 @@ class Source(Protocol):
     sinks) has been listed."""
 
     def start(self, sink: Sink, records: RecordSink | None = None,
-              quotas: ObjectSink | None = None) -> None: ...
+              quotas: ObjectSink | None = None, dra: DraSink | None = None) -> None: ...
 
     def stop(self) -> None: ...
 
@@ -195,7 +206,10 @@ class StaticSource:
     time, so the parsed files are never held whole after loading."""
 
     def __init__(self, nodes: Iterable[Mapping[str, Any]],
-                 pods: Iterable[Mapping[str, Any]]) -> None:
+                 pods: Iterable[Mapping[str, Any]],
+                 dra: Mapping[str, list[dict[str, Any]]] | None = None) -> None:
+        # DRA objects by kind (kube.dra_store.KINDS), fed to a DRA sink at start.
+        self.dra = dict(dra or {})
         self._node_codec = Codec()
         self._nodes = [self._node_codec.encode(n) for n in nodes]
         self.pods = PodStore(pods)
@@ -209,21 +223,30 @@ class StaticSource:
     @staticmethod
     def from_files(nodes_path: Path, pods_path: Path) -> StaticSource:
         """Read and check both files (ObjectError naming the file, OSError): the one
-        place they are parsed."""
-        nodes = load_objects(nodes_path.read_text(encoding="utf-8"), str(nodes_path), "Node")
-        source = StaticSource(nodes, ())
+        place they are parsed. The nodes file may hold the ``resource.k8s.io`` objects of
+        Dynamic Resource Allocation too (ResourceSlices, DeviceClasses, ResourceClaims,
+        ResourceClaimTemplates, DeviceTaintRules)."""
+        from kube.dra_store import KIND_NAMES
+
+        found = split_objects(nodes_path.read_text(encoding="utf-8"), str(nodes_path),
+                              ("Node", *KIND_NAMES))
+        nodes = found.pop("Node")
+        source = StaticSource(nodes, (), {KIND_NAMES[k]: v for k, v in found.items() if v})
         del nodes
         pods = load_objects(pods_path.read_text(encoding="utf-8"), str(pods_path), "Pod")
         source.pods = PodStore(pods)
         return source
 
     def start(self, sink: Sink, records: RecordSink | None = None,
-              quotas: ObjectSink | None = None) -> None:
+              quotas: ObjectSink | None = None, dra: DraSink | None = None) -> None:
         # Static records live in kube.record_writer.StaticRecordStore; static mode has no
         # ResourceQuotas (its GroupInputs starts listed and empty).
         del records, quotas
         self.sink = sink
         with self.lock:
+            if dra is not None:
+                for kind, objs in self.dra.items():
+                    dra.replace_dra(kind, objs)
             sink.replace(self.nodes, self.pods.objects())
         sink.mark_synced()
 

@@ -13,7 +13,10 @@ Metric sources (see the code for their definitions):
   ``gpupack_extender_requests_total{verb,outcome}``,
   ``gpupack_extender_request_seconds{verb}`` (histogram), ``gpupack_binds_total{result}``,
   ``gpupack_plan_solve_seconds``, ``gpupack_plan_age_seconds``,
-  ``gpupack_plan_status{status}``; MIG actuator, ``scheduler/mig/loop.py``:
+  ``gpupack_plan_status{status}``, ``gpupack_dra_devices{model,profile,state}``,
+  ``gpupack_dra_node_answers_total{verdict}`` (``scheduler/dra/metrics.py``),
+  ``gpupack_dra_predictions_checked_total{outcome}``, ``gpupack_dra_nodes``
+  (``kube/cache_metrics.py``); MIG actuator, ``scheduler/mig/loop.py``:
   ``gpupack_mig_slices{profile,state}``, ``gpupack_mig_reconfigurations_total{result}``,
   ``gpupack_mig_reconfigurations_in_flight``, ``gpupack_mig_gpus_converted_total{to}``,
   ``gpupack_mig_gpus_held``, ``gpupack_mig_nodes_backed_off``; MIG compaction,
@@ -222,6 +225,23 @@ CLUSTER = Dashboard(
             Q("histogram_quantile(0.9, sum by (le) "
               "(rate(gpupack_group_complete_seconds_bucket[$__rate_interval])))", "p90"),),
             unit="s", width=12),
+        Panel("DRA: devices by profile and state", (
+            Q("sum by (profile, state) (gpupack_dra_devices)", "{{profile}} {{state}}"),),
+            stacked=True, width=12,
+            description="Devices the DRA driver publishes in ResourceSlices (gpu: a whole "
+                        "GPU; else a MIG profile), by state: used (a claim holds it), free, "
+                        "unavailable (what is held of its GPU overlaps it, or the GPU is "
+                        "tainted). docs/dra.md."),
+        Panel("DRA: allocations predicted vs allocated", (
+            Q("sum by (outcome) (increase(gpupack_dra_predictions_checked_total"
+              "[$__rate_interval]))", "{{outcome}}"),
+            Q("sum by (verdict) (increase(gpupack_dra_node_answers_total"
+              "[$__rate_interval]))", "nodes judged: {{verdict}}"),
+            Q("gpupack_dra_nodes", "DRA nodes"),), width=12,
+            description="Each allocation the extender assumed at bind compared with the one "
+                        "kube-scheduler's allocator wrote (disagree: the extender's model of "
+                        "the allocator was wrong; each one is logged with both device lists); "
+                        "the nodes judged for pods with claims, by the predicted verdict."),
         Panel("kube-scheduler's queue: pods woken, answers on a view behind", (
             Q("sum(increase(gpupack_group_members_requeued_total[$__rate_interval]))",
               "group members woken"),

@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from packing.model import Taint
+from packing.taints import Taint
 
 # Taint effects that keep a pod off a node (PreferNoSchedule only lowers its score).
 BLOCKING = ("NoSchedule", "NoExecute")

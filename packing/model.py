@@ -14,9 +14,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from typing import TypeGuard
+from typing import TYPE_CHECKING, TypeGuard
 
 from packing.device_plugin import AllocationPolicy
+from packing.taints import Taint as Taint  # re-exported (packing.dra reads it too)
+
+if TYPE_CHECKING:  # the type only: a snapshot built without DRA never imports packing.dra
+    from packing.dra.world import DraWorld
 
 GPU_MILLI = 1000
 
@@ -119,15 +123,6 @@ class GpuInfo:
     # Where memory_mib comes from: "nvml" (the node agent), "gfd" (the
     # nvidia.com/gpu.memory label) or "catalog" (the model's nominal size, the fallback).
     memory_source: str = "catalog"
-
-
-@dataclass(frozen=True, slots=True)
-class Taint:
-    """A node taint (``spec.taints[]``): only NoSchedule and NoExecute keep pods off."""
-
-    key: str
-    value: str = ""
-    effect: str = "NoSchedule"
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,11 +240,21 @@ class Unschedulable:
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
-    """Nodes, the pods already on them (with their placements) and the pending pods."""
+    """Nodes, the pods already on them (with their placements) and the pending pods.
+
+    ``dra``: the cluster's Dynamic Resource Allocation objects (ResourceSlices,
+    DeviceClasses, ResourceClaims with their allocations, DeviceTaintRules, and the
+    allocations the extender assumed for pods it just approved), ready for
+    :meth:`~packing.dra.world.DraWorld.predict`; None when the cluster has none. The GPUs
+    of DRA nodes are already in ``nodes`` and what allocated claims hold in ``running``
+    (as ``dra:`` entries, :mod:`packing.dra.inventory`): ``dra`` is for predicting where
+    a claim not yet allocated will land.
+    """
 
     nodes: tuple[NodeInfo, ...]
     running: tuple[tuple[PodRequest, Placement], ...] = ()
     pending: tuple[PodRequest, ...] = ()
+    dra: DraWorld | None = None
 
     def node(self, name: str) -> NodeInfo:
         for n in self.nodes:

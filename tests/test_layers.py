@@ -58,6 +58,7 @@ ROOMS: dict[str, frozenset[str]] = {
     "groups": frozenset({"extender"}),
     "mig": frozenset(),
     "defrag": frozenset({"groups"}),
+    "dra": frozenset({"extender", "memo"}),
 }
 
 

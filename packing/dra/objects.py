@@ -25,7 +25,7 @@ from types import MappingProxyType
 from typing import Any, TypeVar
 
 from packing.constraints import Term, Toleration, term_matches
-from packing.model import Taint
+from packing.taints import Taint
 
 ALLOCATION_RESULTS_MAX_SIZE = 32  # resourceapi.AllocationResultsMaxSize
 EXTENDED_RESOURCE_CLAIM_ANNOTATION = "resource.kubernetes.io/extended-resource-claim"

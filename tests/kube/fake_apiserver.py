@@ -20,6 +20,9 @@ Endpoints:
 - ``GET /apis/coordination.k8s.io/v1/namespaces/{ns}/leases/{name}`` (put leases with
   :meth:`FakeApiServer.put` kind ``leases``).
 - ``GET /api/v1/resourcequotas`` (list and watch; kind ``resourcequotas``).
+- ``GET /apis/resource.k8s.io/v1/{resourceslices,deviceclasses,devicetaintrules,
+  resourceclaims,resourceclaimtemplates}`` (list and watch, kinds of those names): 404
+  while :attr:`FakeApiServer.dra_served` is False, as on a cluster without DRA.
 - ``GET /apis/leaderworkerset.x-k8s.io/v1/leaderworkersets`` (list; kind
   ``leaderworkersets``): 404 while :attr:`FakeApiServer.lws_installed` is False, as when
   the CRD is absent.
@@ -40,6 +43,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
+DRA_KINDS = ("resourceslices", "deviceclasses", "devicetaintrules", "resourceclaims",
+             "resourceclaimtemplates")
+
 
 class _QuietServer(ThreadingHTTPServer):
     daemon_threads = True
@@ -55,8 +61,9 @@ class FakeApiServer:
         self.compacted = 0
         self.objects: dict[str, dict[str, dict[str, Any]]] = {
             "nodes": {}, "pods": {}, "configmaps": {}, "leases": {}, "resourcequotas": {},
-            "leaderworkersets": {}}
+            "leaderworkersets": {}, **{k: {} for k in DRA_KINDS}}
         self.lws_installed = False
+        self.dra_served = True
         self.writes: list[tuple[str, str]] = []  # (method, path) of configmap writes
         self.events: list[tuple[int, str, str, dict[str, Any]]] = []  # rv, kind, type, obj
         self.bindings: list[dict[str, Any]] = []
@@ -88,6 +95,8 @@ class FakeApiServer:
     def key(kind: str, obj: dict[str, Any]) -> str:
         meta = obj["metadata"]
         if kind == "nodes":
+            return str(meta["name"])
+        if kind in ("resourceslices", "deviceclasses", "devicetaintrules"):
             return str(meta["name"])
         if kind in ("configmaps", "leases", "resourcequotas", "leaderworkersets"):
             return f"{meta['namespace']}/{meta['name']}"
@@ -175,6 +184,13 @@ def _handler(fake: FakeApiServer) -> type[BaseHTTPRequestHandler]:
             q = {k: v[0] for k, v in parse_qs(url.query).items()}
             kind = {"/api/v1/nodes": "nodes", "/api/v1/pods": "pods",
                     "/api/v1/resourcequotas": "resourcequotas"}.get(url.path)
+            dra = re.fullmatch(r"/apis/resource.k8s.io/v1/([a-z]+)", url.path)
+            if dra is not None and dra.group(1) in DRA_KINDS:
+                if not fake.dra_served:
+                    self._send(404, _status(404, "NotFound", "the server could not find the "
+                                            "requested resource"))
+                    return
+                kind = dra.group(1)
             if url.path == "/apis/leaderworkerset.x-k8s.io/v1/leaderworkersets":
                 if not fake.lws_installed:
                     self._send(404, _status(404, "NotFound", "the server could not find the "

@@ -229,6 +229,30 @@ def prometheus_config(extender_port: int, agent_port: int, webhook_port: int, ca
     return yaml.safe_dump(cfg, sort_keys=False)
 
 
+def dra_nodes_file(workdir: Path) -> Path:
+    """The example nodes plus one node whose GPUs are ResourceSlices (two H100s of the
+    NVIDIA DRA driver, one of them held by an allocated claim): the extender's DRA
+    figures have data."""
+    from packing.dra import nvidia
+
+    node = {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": "dra-0", "labels": {"kubernetes.io/hostname": "dra-0"}},
+            "status": {"allocatable": {"cpu": "64", "memory": "512Gi", "pods": "110"}}}
+    claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+             "metadata": {"name": "held", "namespace": "default"},
+             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                 "deviceClassName": nvidia.GPU_CLASS}}]}},
+             "status": {"allocation": {"devices": {"results": [{
+                 "request": "gpu", "driver": nvidia.DRIVER, "pool": "dra-0",
+                 "device": "gpu-0"}]}}}}
+    objs = [*_items(EXAMPLES / "nodes.yaml"), node,
+            *nvidia.node_slices("dra-0", [nvidia.GpuSpec(g, "H100-80GB") for g in range(2)]),
+            *nvidia.device_classes(), claim]
+    path = workdir / "nodes-with-dra.yaml"
+    path.write_text(yaml.safe_dump_all(objs, sort_keys=False))
+    return path
+
+
 def start(workdir: Path, rule_groups: list[dict[str, Any]] | None = None) -> Stack:
     """Start the extender, the fake-NVML agent and Prometheus; returns once all answer."""
     prometheus = shutil.which("prometheus")
@@ -253,7 +277,7 @@ def start(workdir: Path, rule_groups: list[dict[str, Any]] | None = None) -> Sta
     try:
         serve_cmd = ([gpupack] if gpupack else [sys.executable, "-m", "gpupack"]) + [
             "serve", "--host", "127.0.0.1", "--port", str(ext_port),
-            "--nodes", str(EXAMPLES / "nodes.yaml"), "--pods", str(EXAMPLES / "pods.yaml"),
+            "--nodes", str(dra_nodes_file(workdir)), "--pods", str(EXAMPLES / "pods.yaml"),
             "--time-limit", "1", "--log-level", "WARNING"]
         ext = spawn("extender", serve_cmd)
         agent = spawn("agent", [sys.executable, str(Path(__file__).with_name("fake_agent.py")),

@@ -234,6 +234,12 @@ def _max_group_gpus(objs: list[Obj]) -> None:
     assert arg(containers(objs)["extender"], "--max-group-gpus") == "32"
 
 
+def _dra_off(objs: list[Obj]) -> None:
+    assert arg(containers(objs)["extender"], "--dra") == "off"
+    cm = find(objs, "ConfigMap", "gp-prod-scheduler-config")
+    assert "managedResources" in next(iter(cm["data"].values()))
+
+
 def _mig_actuator(objs: list[Obj]) -> None:
     for name in ("extender", "webhook"):
         assert "--mig-actuator" in containers(objs)[name]["command"], name
@@ -459,6 +465,7 @@ CASES: dict[str, tuple[dict[str, Any] | None, Callable[[list[Obj]], None]]] = {
     "extender.weight": (None, _weight),
     "extender.httpTimeout": (None, _http_timeout),
     "extender.maxGroupGpus": (None, _max_group_gpus),
+    "extender.dra": (None, _dra_off),
     "migActuator.enabled": (None, _mig_actuator),
     "migActuator.configMap": (None, _mig_config_map),
     "migActuator.configMapNamespace": (None, _mig_config_map_namespace),

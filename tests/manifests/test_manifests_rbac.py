@@ -76,7 +76,11 @@ def test_least_privilege(which: str, request: pytest.FixtureRequest) -> None:
         | core("*", "bindings", "create") | leases
         | core("gpupack", "configmaps", "get", "list", "watch", "create", "update", "delete")
         | core("*", "resourcequotas", "list", "watch")
-        | {("*", "leaderworkerset.x-k8s.io", "leaderworkersets", "list")})
+        | {("*", "leaderworkerset.x-k8s.io", "leaderworkersets", "list")}
+        | {("*", "resource.k8s.io", res, v)
+           for res in ("resourceslices", "deviceclasses", "resourceclaims",
+                       "resourceclaimtemplates", "devicetaintrules")
+           for v in ("list", "watch")})
     assert own["gpupack-webhook"] == (core("*", "nodes", "list", "watch")
                                       | core("*", "pods", "list", "watch"))
     assert own["gpupack-node-agent"] == core("*", "nodes", "patch") | core("*", "pods", "list")

@@ -79,9 +79,18 @@ def test_extender_stanza(objs: list[Obj]) -> None:
     assert ext["ignorable"] is False  # with bindVerb, binding goes through us anyway
     assert ext["enableHTTPS"] is False and "tlsConfig" not in ext  # loopback sidecar
     assert 0 < duration_s(ext["httpTimeout"]) <= 5.0
+    # Every pod of the profile: a pod whose GPUs are ResourceClaims names no resource.
+    assert "managedResources" not in ext
+
+
+def test_without_dra_only_gpu_pods_reach_the_extender(render_helm: Any) -> None:
+    objs = render_helm({"extender": {"dra": False}})
+    (ext,) = scheduler_config(objs)["extenders"]
     names = [r["name"] for r in ext["managedResources"]]
     assert names == managed_resources()  # exactly the catalog's, no duplicates
     assert all(r["ignoredByScheduler"] is False for r in ext["managedResources"])
+    cmd = containers(objs, "Deployment", "gpupack-scheduler")["extender"]["command"]
+    assert flag(cmd, "--dra") == "off"
 
 
 def test_extender_sidecar_serves_the_configured_url(objs: list[Obj]) -> None:
