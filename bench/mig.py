@@ -170,6 +170,9 @@ from scheduler.mig.decide import (
 )
 
 MODELS = ("H100-80GB", "A100-80GB")
+# How MIG slices are made: mig-parted through the GPU Operator's MIG manager (here), or
+# the NVIDIA DRA driver's DynamicMIG, one instance per claim (bench/mig_dra.py).
+PROTOCOLS = ("mig-manager", "dra-dynamic")
 
 
 @dataclass(frozen=True)
@@ -1129,7 +1132,7 @@ def run(ns: argparse.Namespace) -> dict[str, object]:
         if sim.invalid:
             results[name]["invalid_examples"] = sim.invalid[:5]
     out: dict[str, object] = {
-        "params": {"nodes": ns.nodes, "gpus_per_node": ns.gpus_per_node, "hours": ns.hours,
+        "params": {"protocol": ns.protocol, "nodes": ns.nodes, "gpus_per_node": ns.gpus_per_node, "hours": ns.hours,
                    "rate_per_h": ns.rate, "swing": ns.swing, "period_h": period,
                    "seed": ns.seed, "warmup_h": args.warmup_h,
                    "reconfig_delay_s": ns.reconfig_delay, "create_delay_s": ns.create_delay,
@@ -1231,8 +1234,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="seconds between a change's entry and its node label (gpupack: the "
                          "extender's --mig-config-propagation; the kubelet's copy of the "
                          "ConfigMap lags)")
+    ap.add_argument("--protocol", choices=PROTOCOLS, default="mig-manager",
+                    help="how MIG slices are made: the GPU Operator's MIG manager (this "
+                         "script) or the NVIDIA DRA driver's DynamicMIG (bench/mig_dra.py)")
     ap.add_argument("--create-delay", type=float, default=5.0,
-                    help="seconds DynamicMIG takes to create an instance (first-fit)")
+                    help="seconds DynamicMIG takes to create an instance (first-fit; "
+                         "dra-dynamic)")
+    ap.add_argument("--destroy-delay", type=float, default=5.0,
+                    help="dra-dynamic: seconds an ended pod's instance takes to go (its "
+                         "claim keeps its counters until then)")
+    ap.add_argument("--mode-switch-delay", type=float, default=10.0,
+                    help="dra-dynamic: seconds added to the first instance of a GPU whose "
+                         "MIG mode it turns on")
     ap.add_argument("--tick", type=float, default=2.0,
                     help="seconds between the MIG actuator's decisions (gpupack; the "
                          "extender's poll)")
@@ -1250,14 +1263,25 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="gpupack-compact: --mig-compact-max-pods")
     ap.add_argument("--compact-min-excess", type=int, default=d.min_excess,
                     help="gpupack-compact: --mig-compact-min-excess")
-    ap.add_argument("--policies",
-                    default="static,static-default,first-fit,gpupack,gpupack-compact")
+    ap.add_argument("--policies", default="",
+                    help="comma-separated (default: static,static-default,first-fit,"
+                         "gpupack,gpupack-compact; with --protocol dra-dynamic: "
+                         "static-default,dra-first-fit,gpupack,layout-bound)")
     ap.add_argument("--format", choices=("table", "json"), default="table")
     ns = ap.parse_args(argv)
-    ns.policies = [p.strip() for p in ns.policies.split(",") if p.strip()]
+    dra = None
+    if ns.protocol == "dra-dynamic":
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import mig_dra as dra  # noqa: PLC0415 (the other protocol's module, on demand)
+    known = (list(POLICIES) if dra is None
+             else [*dra.POLICIES, *dra.DRA_POLICIES])
+    default = ("static,static-default,first-fit,gpupack,gpupack-compact" if dra is None
+               else ",".join(dra.POLICIES))
+    ns.policies = [p.strip() for p in (ns.policies or default).split(",") if p.strip()]
     for p in ns.policies:
-        if p not in POLICIES:
-            ap.error(f"--policies: unknown policy {p!r}; known: {', '.join(POLICIES)}")
+        if p not in known:
+            ap.error(f"--policies: unknown policy {p!r} for --protocol {ns.protocol}; "
+                     f"known: {', '.join(dict.fromkeys(known))}")
     if not 0 <= ns.swing <= 1:
         ap.error(f"--swing {ns.swing}: must be within 0..1")
     if ns.nodes < 1 or ns.gpus_per_node < 1 or ns.hours <= 0 or ns.rate <= 0:
@@ -1268,10 +1292,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.error("--compact-evictions-per-hour, --compact-max-pods and --compact-min-excess "
                  "must be at least 1")
     if min(ns.reconfig_delay, ns.create_delay, ns.warmup_h, ns.compact_min_age,
-           ns.config_propagation) < 0:
-        ap.error("--reconfig-delay, --create-delay, --warmup-h, --compact-min-age and "
-                 "--config-propagation must not be negative")
-    out = run(ns)
+           ns.config_propagation, ns.destroy_delay, ns.mode_switch_delay) < 0:
+        ap.error("--reconfig-delay, --create-delay, --destroy-delay, --mode-switch-delay, "
+                 "--warmup-h, --compact-min-age and --config-propagation must not be "
+                 "negative")
+    out = run(ns) if dra is None else dra.run(ns)
     print(json.dumps(out, indent=2) if ns.format == "json" else table(out))
     pol = out["policies"]
     assert isinstance(pol, dict)
