@@ -39,7 +39,7 @@ from collections.abc import Iterable
 from functools import lru_cache
 
 from packing.catalog import MigGeometry
-from packing.mig.layout import MigSlot, SlotLike, free_starts, used_slices
+from packing.mig.layout import MigSlot, SlotLike, free_starts, layout_errors, used_slices
 
 PlacementKey = tuple[int, int, int, int]
 
@@ -60,12 +60,9 @@ def _reachable(geometry: MigGeometry, slots: tuple[MigSlot, ...]) -> int:
     (sorted, so every order of adding the same instances meets the same entry): a GPU
     has at most 8 memory slices, so a geometry has a few hundred layouts in all."""
     placed = list(slots)
-    try:
-        compute, _ = used_slices(geometry, placed)
-    except KeyError:
+    if layout_errors(geometry, placed):
         return 0
-    if compute > geometry.compute_slices:
-        return 0
+    compute, _ = used_slices(geometry, placed)
     best = compute
     for p in geometry.profiles:
         if best == geometry.compute_slices:

@@ -285,7 +285,8 @@ class DynamicRoom:
     the one whose GPU keeps the least free compute is taken (best fit by GPU, as the
     extender ranks DynamicMIG fits). Fenced GPUs (drains) get nothing (their devices
     are tainted); cordoned and tainted nodes, and nodes with a change in flight, take
-    nothing. The pending MIG pods take their fits first, in arrival order.
+    nothing. With a candidate source fenced too, the pending MIG pods take their fits
+    first, in arrival order, then the source's pods, largest first.
 
     Only memory slices, compute and the layout rules are counted (the engines the driver
     also counts follow the profile for the profiles of a 7/8-slice part), so this is the
@@ -293,30 +294,39 @@ class DynamicRoom:
 
     def __init__(self, nodes: Sequence[NodeView], changing: frozenset[str],
                  fenced: set[GpuKey], pending: Sequence[MigPod]) -> None:
-        self._gpus: dict[str, list[tuple[int, str, list[MigSlot], bool]]] = {}
+        self._base: dict[str, list[tuple[int, str, tuple[MigSlot, ...], bool]]] = {}
         for n in nodes:
             if n.unschedulable or n.tainted or n.name in changing:
                 continue
-            rows = []
-            for g in sorted(n.gpus, key=lambda g: g.index):
-                if not g.dynamic or (n.name, g.index) in fenced:
-                    continue
-                whole = not g.mig_enabled and bool(g.holders)
-                if whole:
-                    continue  # a whole GPU in use: no room
-                rows.append((g.index, g.model, list(g.layout), bool(g.holders)))
+            rows = [(g.index, g.model, g.layout, bool(g.holders))
+                    for g in sorted(n.gpus, key=lambda g: g.index)
+                    # a whole GPU in use has no room
+                    if g.dynamic and not (not g.mig_enabled and g.holders)]
             if rows:
-                self._gpus[n.name] = rows
-        self._in_use = {(n, i) for n, rows in self._gpus.items() for i, _, _, u in rows if u}
-        for pod in pending:
-            self._place(None, pod.models, pod.profile)
+                self._base[n.name] = rows
+        self._fenced = set(fenced)
+        self._taken: list[tuple[str, int, MigSlot]] = []  # moved pods of earlier drains
+        self._pending = tuple(pending)
 
-    def _place(self, exclude: GpuKey | None, models: frozenset[str], profile: str
-               ) -> tuple[str, int] | None:
+    def _rows(self, source: GpuKey) -> dict[str, list[tuple[int, str, list[MigSlot], bool]]]:
+        out = {}
+        for n, rows in self._base.items():
+            kept = [(i, m, list(lay), used) for i, m, lay, used in rows
+                    if (n, i) not in self._fenced and (n, i) != source]
+            for tn, ti, slot in self._taken:
+                for i, _, lay, _ in kept:
+                    if (tn, ti) == (n, i):
+                        lay.append(slot)
+            out[n] = kept
+        return out
+
+    @staticmethod
+    def _place(rows: dict[str, list[tuple[int, str, list[MigSlot], bool]]],
+               models: frozenset[str], profile: str) -> tuple[str, int, MigSlot] | None:
         best: tuple[tuple[int, str], str, int, list[MigSlot], MigSlot] | None = None
-        for node, rows in self._gpus.items():
-            for index, model, layout, _ in rows:
-                if (node, index) == exclude or (models and model not in models):
+        for node, gpus in rows.items():
+            for index, model, layout, used in gpus:
+                if models and model not in models:
                     continue
                 geom = get_model(model).mig
                 if geom is None or not geom.has_profile(profile):
@@ -324,34 +334,38 @@ class DynamicRoom:
                 starts = free_starts(geom, layout, profile)
                 if not starts:
                     continue
-                if (node, index) in self._in_use:  # the node's first fit, in use
-                    used, _ = used_slices(geom, [*layout, MigSlot(profile, starts[0])])
-                    key = (geom.compute_slices - used, node)
+                if used or layout:  # the node's first fit is a GPU in use
+                    slot = MigSlot(profile, starts[0])
+                    compute, _ = used_slices(geom, [*layout, slot])
+                    key = (geom.compute_slices - compute, node)
                     if best is None or key < best[0]:
-                        best = (key, node, index, layout, MigSlot(profile, starts[0]))
+                        best = (key, node, index, layout, slot)
                 break  # the allocator stops at the node's first GPU with room
         if best is None:
             return None
         _, node, index, layout, slot = best
         layout.append(slot)
-        return node, index
+        return node, index, slot
 
     def take(self, source: GpuKey, model: str, profiles: Sequence[str]) -> bool:
-        """Whether every pod of ``profiles`` (the source's, on a GPU of ``model``) gets
-        an instance on another GPU in use, largest first; if so that room is taken and
-        the source leaves the room (it is fenced for its drain), else nothing changes."""
+        """Whether, with ``source`` fenced, the pending pods and then every pod of
+        ``profiles`` (the source's, on a GPU of ``model``) get instances on other GPUs in
+        use; if so the moved pods' room is taken and the source stays fenced, else
+        nothing changes."""
         geom = get_model(model).mig
         if geom is None:
             return False
-        saved = {n: [(i, m, list(lay), u) for i, m, lay, u in rows]
-                 for n, rows in self._gpus.items()}
-        # The source's devices are fenced for the drain: the allocator skips them.
-        self._gpus = {n: [r for r in rows if (n, r[0]) != source]
-                      for n, rows in self._gpus.items()}
+        rows = self._rows(source)
+        for pod in self._pending:
+            self._place(rows, pod.models, pod.profile)
+        placed = []
         for p in sorted(profiles, key=lambda p: -geom.profile(p).compute_slices):
-            if self._place(source, frozenset({model}), p) is None:
-                self._gpus = saved
+            got = self._place(rows, frozenset({model}), p)
+            if got is None:
                 return False
+            placed.append(got)
+        self._taken += placed
+        self._fenced.add(source)
         return True
 
 
