@@ -1132,7 +1132,8 @@ def run(ns: argparse.Namespace) -> dict[str, object]:
         if sim.invalid:
             results[name]["invalid_examples"] = sim.invalid[:5]
     out: dict[str, object] = {
-        "params": {"protocol": ns.protocol, "nodes": ns.nodes, "gpus_per_node": ns.gpus_per_node, "hours": ns.hours,
+        "params": {"protocol": ns.protocol, "nodes": ns.nodes,
+                   "gpus_per_node": ns.gpus_per_node, "hours": ns.hours,
                    "rate_per_h": ns.rate, "swing": ns.swing, "period_h": period,
                    "seed": ns.seed, "warmup_h": args.warmup_h,
                    "reconfig_delay_s": ns.reconfig_delay, "create_delay_s": ns.create_delay,
@@ -1272,7 +1273,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     dra = None
     if ns.protocol == "dra-dynamic":
         sys.path.insert(0, str(Path(__file__).resolve().parent))
-        import mig_dra as dra  # noqa: PLC0415 (the other protocol's module, on demand)
+        import mig_dra as dra  # the other protocol's module, on demand
     known = (list(POLICIES) if dra is None
              else [*dra.POLICIES, *dra.DRA_POLICIES])
     default = ("static,static-default,first-fit,gpupack,gpupack-compact" if dra is None

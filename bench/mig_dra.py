@@ -262,13 +262,13 @@ class DraSim(base.Sim):
         if len(uses) != len(results):
             self.invalid.append(f"{self.name}: {key} on {name}: {results} are not GPUs of the "
                                 "node's inventory")
-        for req, p in uses:
+        for _req, p in uses:
             if p.mig_profile is None and any(
                     not self.state.gpu(name, i).idle for i in p.gpus):
                 self.invalid.append(f"{self.name}: {key} on {name}: GPUs {p.gpus} in use")
         delay = 0.0
         switched: set[int] = set()
-        for req, p in uses:
+        for _req, p in uses:
             if p.mig_profile is None:
                 continue
             delay = self.dra.create_delay
@@ -785,3 +785,42 @@ class DraFreeChoice(DraGpupack):
 
 
 DRA_POLICIES["gpupack-free-choice"] = DraFreeChoice
+
+
+class DraGpupackCompactKeep(DraGpupackCompact):
+    """Diagnostic: gpupack-compact with standing NoSchedule DeviceTaintRules on every
+    dominated placement (``packing.mig.dynamic.dominated_starts``: ``3g`` at 0 here), so
+    the allocator's first fit never strands compute there."""
+
+    name = "gpupack-compact-keep"
+
+    def setup(self) -> None:
+        super().setup()
+        from packing.mig.dynamic import dominated_starts
+
+        names = set()
+        for inv in self.inventories.values():
+            assert inv is not None
+            for d in inv.devices.values():
+                g = next(x for x in inv.gpus if x.index == d.gpu)
+                geom = get_model(g.model).mig
+                if (d.profile is not None and geom is not None and d.start is not None
+                        and d.start in dominated_starts(geom, d.profile)):
+                    names.add(d.id.split("/", 2)[2])
+        self.standing = [DeviceTaintRule(f"keep-{n}", Taint("gpupack.io/keep", "",
+                                                            "NoSchedule"),
+                                         nvidia.DRIVER, None, n) for n in sorted(names)]
+        self.rules = list(self.standing)
+        for name in self.cluster:
+            self.rebuild(name)
+
+    def fence(self, wanted: set[tuple[str, int]]) -> None:
+        super().fence(wanted)
+        keep = {r.name for r in self.standing}
+        if not any(r.name in keep for r in self.rules):
+            self.rules = [*self.standing, *self.rules]
+            for name in self.cluster:
+                self.rebuild(name)
+
+
+DRA_POLICIES["gpupack-compact-keep"] = DraGpupackCompactKeep
