@@ -36,6 +36,10 @@ def _what(adm: Admission) -> str:
         return f"MIG slice {d.resource}{pin}"
     if d.kind is Kind.SHARED:
         return f"time-sliced share {d.resource}{pin}"
+    if d.kind is Kind.MPS:
+        return f"MPS share {d.resource}{pin}"
+    if d.kind is Kind.GPU:
+        return f"whole GPU {d.resource} of a DRA node{pin}"
     if d.kind is Kind.DENY:
         return f"DENIED (HTTP-style code {d.status_code})"
     return {

@@ -87,6 +87,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=8, help="worker threads")
     add_metrics_auth_argument(p)
     add_inventory_age_argument(p)
+    p.add_argument("--dra", default="auto", choices=["auto", "off"],
+                   help="Dynamic Resource Allocation (docs/dra.md): auto watches the "
+                        "resource.k8s.io/v1 objects (none where the API server does not "
+                        "serve them) and counts what DRA nodes offer a sized pod; off "
+                        "ignores them (default auto)")
     p.add_argument("--log-level", default="info",
                    choices=["debug", "info", "warning", "error"])
     add_config_arguments(p)
@@ -106,8 +111,11 @@ class LiveSnapshots:
 
         self.cache = ClusterCache(args.scheduler_name, mig_actuator=args.mig_actuator,
                                   inventory_age=inventory_age(args, live=True))
-        self.source = ApiSource(load_api_client(args.kubeconfig, args.in_cluster))
-        self.source.start(self.cache)
+        # DRA objects (docs/dra.md): what DRA nodes offer a sized pod.
+        dra = args.dra != "off"
+        self.source = ApiSource(load_api_client(args.kubeconfig, args.in_cluster),
+                                watch_dra=dra)
+        self.source.start(self.cache, dra=self.cache if dra else None)
         self._expiry_stop = threading.Event()
         start_expiry(self.cache, self._expiry_stop)
         self.feed = SnapshotFeed(self.cache, min_interval_s=0.0)

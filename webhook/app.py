@@ -40,6 +40,7 @@ from webhook.admit import admit
 from webhook.capacity import ClusterView
 from webhook.claims import ClaimBook, ClaimedView
 from webhook.config import WebhookConfig
+from webhook.dra_view import SHARED_RESOURCE, DraMemo
 from webhook.metrics import WebhookMetrics
 from webhook.wire import (
     AdmissionResponse,
@@ -72,11 +73,19 @@ class ViewCache:
     reach of a pod's selector, affinity and tolerations) that the previous view served.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, shared_resource: str = SHARED_RESOURCE) -> None:
         self._lock = threading.Lock()
         self._snapshot: Snapshot | None = None
         self._view: ClusterView | None = None
         self._building: Snapshot | None = None
+        self._shared_resource = shared_resource
+        # What the last view judged of each DRA node, for the next (one is built at a
+        # time, in the background; the first in the request).
+        self._dra_memo = DraMemo()
+
+    def _of(self, snapshot: Snapshot) -> ClusterView:
+        return ClusterView.of(snapshot, shared_resource=self._shared_resource,
+                              memo=self._dra_memo)
 
     def get(self, snapshot: Snapshot) -> ClusterView:
         with self._lock:
@@ -88,7 +97,7 @@ class ViewCache:
                 threading.Thread(target=self._rebuild, args=(snapshot,), daemon=True,
                                  name="gpupack-webhook-view").start()
                 return view
-        view = ClusterView.of(snapshot)  # first use: nothing older to serve
+        view = self._of(snapshot)  # first use: nothing older to serve
         with self._lock:
             if self._view is None:
                 self._view, self._snapshot = view, snapshot
@@ -96,7 +105,7 @@ class ViewCache:
 
     def _rebuild(self, snapshot: Snapshot) -> None:
         try:
-            view = ClusterView.of(snapshot)
+            view = self._of(snapshot)
             with self._lock:
                 previous = self._view
             if previous is not None:
@@ -158,7 +167,7 @@ def create_webhook_app(
     (:mod:`webhook.claims`; default: a book with its default expiry)."""
     app = Flask("gpupack.webhook")
     metrics = WebhookMetrics(registry)
-    views = ViewCache()
+    views = ViewCache(config.shared_resource)
     claims = claim_book if claim_book is not None else ClaimBook()
     deciding = threading.Lock()
     claimed = ClaimedView()

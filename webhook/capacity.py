@@ -13,8 +13,10 @@ has gets :meth:`ClusterView.scoped`: the same counts over the nodes
 :func:`packing.constraints.exclusion` lets it reach, condensed once per distinct constraint
 signature and view (LRU of :data:`SCOPES_KEPT`) and then kept up to date as claims are
 added. A claim records the nodes its pod could reach and is taken only from views that
-share a node with them. Pure: no I/O. It runs past 600 lines as one purpose: the view
-and the claims that update it share the private reach state (``_Root``).
+share a node with them. DRA nodes are counted from their devices
+(:mod:`webhook.dra_view`), a claim taken there placed as the allocator would. Pure: no
+I/O. It runs past 600 lines as one purpose: the view and the claims that update it share
+the private reach state (``_Root``), DRA nodes included.
 """
 
 from __future__ import annotations
@@ -26,10 +28,12 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from types import MappingProxyType
+from typing import Any
 
 from kube import annotations as A
 from packing.catalog import GpuModel, get_model, mps_client_mib
 from packing.constraints import BLOCKING, NodeLevel, exclusion, reach_text, tolerates
+from packing.dra.world import DraWorld
 from packing.mig.layout import MigSlot, free_starts
 from packing.model import (
     GPU_MILLI,
@@ -43,6 +47,7 @@ from packing.model import (
     Taint,
 )
 from packing.state import ClusterState, GpuState, creatable
+from webhook.dra_view import DraMemo, DraModelOffer, DraNode, DraView, Take, dra_view
 
 
 @dataclass(frozen=True)
@@ -87,6 +92,21 @@ class ModelCapacity:
     # above; the last place a pod may wait for, when nothing on a live node holds it.
     mig_cordoned: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
     cordoned_gpus: int = 0  # GPUs of this model on cordoned nodes (in reach), any mode
+    # DRA nodes (webhook.dra_view): whole GPUs the allocator serves nvidia.com/gpu from,
+    # free now and in all, for a small pod's last resort there. Their MIG devices and
+    # shares are counted above, with the device plugin's.
+    whole_free: int = 0
+    whole_gpus: int = 0
+    dra_gpus: int = 0  # of ``gpus``, those on DRA nodes
+    # Of ``mig_free`` and ``shared_room``, what DRA nodes offer: a claim taken there is
+    # placed on one of them as the allocator would (webhook.dra_view.DraView.after),
+    # since a DRA device of one profile may share memory slices with another's.
+    dra_mig_free: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    dra_shared_room: Mapping[tuple[int, int, int], int] = field(
+        default_factory=lambda: MappingProxyType({}))
+    # Some node of this model carries no nvidia.com/gpu.product label (a DRA node without
+    # GPU Feature Discovery): pinning a pod to ``products`` would keep it off that node.
+    unlabelled: bool = False
 
     def mig_available(self, profile: str) -> int:
         """Instances of ``profile`` a pod could take now: free ones and creatable ones."""
@@ -140,9 +160,11 @@ class _Root:
     """What every view derived from one snapshot shares: the accounting to condense
     scoped views from, and their cache (LRU, one per distinct node-level constraint)."""
 
-    def __init__(self, state: ClusterState, seen: frozenset[str]) -> None:
+    def __init__(self, state: ClusterState, seen: frozenset[str],
+                 dra: DraView | None = None) -> None:
         self.state = state
         self.seen = seen
+        self.dra = dra if dra is not None else DraView()
         self.lock = threading.RLock()
         self.scoped: OrderedDict[NodeLevel, ClusterView] = OrderedDict()
         # (id(claim reach), id(view reach)) -> (both sets, whether they share a node).
@@ -154,6 +176,11 @@ class _Root:
         self.taints = frozenset(t for node in state.nodes.values()
                                 for t in _reach_taints(node.info) if t.effect in BLOCKING)
         self.selector_reach: dict[tuple[tuple[str, str], ...], frozenset[str] | None] = {}
+
+    def dra_in(self, reach: Iterable[str]) -> Mapping[str, DraNode]:
+        """The DRA nodes among ``reach``."""
+        nodes = self.dra.nodes
+        return MappingProxyType({n: nodes[n] for n in reach if n in nodes})
 
     def normalize(self, level: NodeLevel) -> NodeLevel:
         """``level`` without the tolerations that tolerate no taint any node has: the API
@@ -181,8 +208,10 @@ class _Root:
             if e is None:
                 nodes.append(name)
             else:
-                for g in info.gpus:
-                    excluded.setdefault(g.model, e.field)
+                dra = self.dra.nodes.get(name)
+                for model in (dra.models if dra is not None else
+                              (g.model for g in info.gpus)):
+                    excluded.setdefault(model, e.field)
         return nodes, excluded
 
     def of_selector(self, selector: tuple[tuple[str, str], ...]) -> frozenset[str] | None:
@@ -234,27 +263,45 @@ class ClusterView:
     _upto: int = field(default=0, compare=False, repr=False)
     _scopes: OrderedDict[NodeLevel, ClusterView] = field(
         default_factory=OrderedDict, compare=False, repr=False)
+    # The DRA nodes of ``reach`` as this view's claims left them.
+    _dra: Mapping[str, DraNode] = field(default_factory=lambda: MappingProxyType({}),
+                                        compare=False, repr=False)
 
     @classmethod
-    def of(cls, snapshot: Snapshot) -> ClusterView:
+    def of(cls, snapshot: Snapshot, dra: DraWorld | None = None,
+           shared_resource: str = A.SHARED_RESOURCE,
+           memo: DraMemo | None = None) -> ClusterView:
+        """``dra``: the cluster's DRA objects (default: the snapshot's, ``Snapshot.dra``;
+        None there: no DRA); ``shared_resource``: the resource the webhook writes for a
+        share (whose DeviceClass serves it on DRA nodes); ``memo``: what the previous
+        view judged of each DRA node (:class:`webhook.dra_view.DraMemo`)."""
+        if dra is None:
+            dra = snapshot.dra
         seen = frozenset(
             [req.admission for req, _ in snapshot.running if req.admission]
             + [req.admission for req in snapshot.pending if req.admission]
         )
-        return cls.of_state(ClusterState(snapshot), snapshot.pending, seen)
+        return cls.of_state(ClusterState(snapshot), snapshot.pending, seen, dra=dra,
+                            shared_resource=shared_resource, memo=memo)
 
     @classmethod
     def of_state(cls, state: ClusterState, pending: Iterable[PodRequest],
-                 seen: frozenset[str] = frozenset()) -> ClusterView:
+                 seen: frozenset[str] = frozenset(), *, dra: DraWorld | None = None,
+                 shared_resource: str = A.SHARED_RESOURCE,
+                 memo: DraMemo | None = None) -> ClusterView:
         """The view of ``state`` (its running pods applied) with ``pending`` waiting for
-        the scheduler. The view reads ``state`` while it is used (its scoped views
-        condense from it): the caller must not change ``state`` meanwhile (the day
-        replay asks one admission at a time, between placements)."""
-        root = _Root(state, seen)
+        the scheduler, and the DRA nodes of ``dra`` (see :meth:`of`). The view reads
+        ``state`` while it is used (its scoped views condense from it): the caller must
+        not change ``state`` meanwhile (the day replay asks one admission at a time,
+        between placements)."""
+        dra_nodes = (dra_view(dra, {n: s.info for n, s in state.nodes.items()},
+                              shared_resource, memo) if dra is not None else None)
+        root = _Root(state, seen, dra_nodes)
         reach, excluded = root.reach(NodeLevel())
-        root.base_reach, root.base_models = frozenset(reach), _condense(state, reach)
+        root.base_reach, root.base_models = frozenset(reach), _condense(state, reach, root.dra)
         view = cls(root.base_models, seen, root.base_reach, "",
-                   MappingProxyType(dict(sorted(excluded.items()))), _root=root)
+                   MappingProxyType(dict(sorted(excluded.items()))), _root=root,
+                   _dra=root.dra_in(reach))
         # Pods waiting for the scheduler hold no GPU in the snapshot yet, but each will
         # take the slice or share it asks for: a burst the webhook sized must not be
         # offered the same free slice again.
@@ -286,9 +333,11 @@ class ClusterView:
                 # (not condensed again), but the messages name this pod's fields.
                 same = reach == root.base_reach
                 condensed = ClusterView(
-                    root.base_models if same else _condense(root.state, nodes), root.seen,
+                    root.base_models if same else _condense(root.state, nodes, root.dra),
+                    root.seen,
                     root.base_reach if same else reach, reach_text(level),
-                    MappingProxyType(dict(sorted(excluded.items()))), _root=root)
+                    MappingProxyType(dict(sorted(excluded.items()))), _root=root,
+                    _dra=root.dra_in(nodes))
                 root.scoped[level] = condensed
                 while len(root.scoped) > SCOPES_KEPT:
                     root.scoped.popitem(last=False)
@@ -331,9 +380,10 @@ class ClusterView:
         root = self._root
         with root.lock if root is not None else nullcontext():
             models = dict(self.models)
+            dra = dict(self._dra)
             for c in added:
                 if self.applies(c):
-                    _claim_one(models, c)
+                    _claim_one(models, c, dra, root.dra if root is not None else None)
             if len(self._history) == self._upto:
                 history = self._history  # this view is the tip of its line: extend it
                 history.extend(added)
@@ -341,7 +391,7 @@ class ClusterView:
                 history = self._history[:self._upto] + list(added)
             out = ClusterView(MappingProxyType(models), self.seen, self.reach, self.scope,
                               self.excluded, _root=root, _history=history,
-                              _upto=len(history))
+                              _upto=len(history), _dra=MappingProxyType(dra))
             for level, view in self._scopes.items():  # kept scopes follow, incrementally
                 out._scopes[level] = view.with_claims(added)
             return out
@@ -353,8 +403,10 @@ class ClusterView:
         return max(self.models.values(), key=lambda m: (m.model.memory_mib, m.model.name))
 
 
-def _condense(state: ClusterState, reach: Collection[str]) -> Mapping[str, ModelCapacity]:
-    """Per-model capacity of the nodes of ``state`` in ``reach``."""
+def _condense(state: ClusterState, reach: Collection[str],
+              dra: DraView | None = None) -> Mapping[str, ModelCapacity]:
+    """Per-model capacity of the nodes of ``state`` in ``reach``; a DRA node's from its
+    devices (``dra``), its device-plugin GPUs left out."""
     products: dict[str, set[str]] = {}
     gpus: Counter[str] = Counter()
     mig_gpus: Counter[str] = Counter()
@@ -372,11 +424,41 @@ def _condense(state: ClusterState, reach: Collection[str]) -> Mapping[str, Model
     mps_gpus: Counter[str] = Counter()
     mps_clients: dict[str, set[int]] = {}
     mps_room: dict[str, Counter[tuple[int, int, int]]] = {}
+    dra_free: dict[str, Counter[str]] = {}
+    dra_existing: dict[str, Counter[str]] = {}
+    dra_room: dict[str, Counter[tuple[int, int, int]]] = {}
+    whole_free: Counter[str] = Counter()
+    whole_gpus: Counter[str] = Counter()
+    dra_gpus: Counter[str] = Counter()
+    unlabelled: set[str] = set()
     nodes = state.nodes
+    dra_nodes = dra.nodes if dra is not None else {}
     for name in reach:
         node = nodes[name]
         info = node.info
         product = info.labels.get(A.PRODUCT)
+        on_dra = dra_nodes.get(name)
+        if on_dra is not None:
+            for model, o in on_dra.models.items():
+                gpus[model] += o.gpus
+                dra_gpus[model] += o.gpus
+                if product:
+                    products.setdefault(model, set()).add(product)
+                else:
+                    unlabelled.add(model)
+                if info.unschedulable:
+                    cordoned_n[model] += o.gpus
+                    cordoned.setdefault(model, Counter()).update(o.mig_existing)
+                    continue
+                mig_gpus[model] += o.mig_gpus
+                dra_free.setdefault(model, Counter()).update(o.mig_free)
+                dra_existing.setdefault(model, Counter()).update(o.mig_existing)
+                shared_gpus[model] += o.shared_gpus
+                shared_room.setdefault(model, Counter()).update(o.shared_room)
+                dra_room.setdefault(model, Counter()).update(o.shared_room)
+                whole_free[model] += o.whole_free
+                whole_gpus[model] += o.whole_gpus
+            continue
         unreported_node = all(g.info.inferred and not g.instances for g in node.gpus
                               if g.info.mode is GpuMode.MIG)
         for g in node.gpus:
@@ -428,6 +510,9 @@ def _condense(state: ClusterState, reach: Collection[str]) -> Mapping[str, Model
             acc = into.setdefault(model, Counter())
             for profile, n in counts.items():
                 acc[profile] += n * count
+    for into, counted in ((free, dra_free), (existing, dra_existing)):
+        for model, by_profile in counted.items():
+            into.setdefault(model, Counter()).update(by_profile)
 
     def frozen(d: dict[str, Counter[str]], name: str) -> Mapping[str, int]:
         return MappingProxyType(dict(d.get(name, {})))
@@ -452,6 +537,12 @@ def _condense(state: ClusterState, reach: Collection[str]) -> Mapping[str, Model
             mps_room=MappingProxyType(dict(mps_room.get(name, {}))),
             mig_cordoned=frozen(cordoned, name),
             cordoned_gpus=cordoned_n[name],
+            whole_free=whole_free[name],
+            whole_gpus=whole_gpus[name],
+            dra_gpus=dra_gpus[name],
+            unlabelled=name in unlabelled,
+            dra_mig_free=frozen(dra_free, name),
+            dra_shared_room=MappingProxyType(dict(dra_room.get(name, {}))),
         )
         for name in sorted(gpus)
     })
@@ -510,6 +601,7 @@ class ShareKind(StrEnum):
     SHARED = "shared"  # a time-sliced share (the webhook pins it off MPS GPUs)
     MPS = "mps"
     SHARE = "share"  # a pending pod's share: MPS or time-sliced, whichever holds it
+    GPU = "gpu"  # a whole GPU of a DRA node (a sized pod's last resort there)
 
 
 @dataclass(frozen=True)
@@ -544,6 +636,10 @@ def pending_claims(
         elif req.kind is RequestKind.SHARED:
             out.append(Claim(ShareKind.SHARE, tuple(sorted(req.gpu_models)),
                              req.gpu_memory_mib, req.gpu_milli, reach=nodes))
+        elif req.kind is RequestKind.WHOLE and req.gpu_count == 1 and req.gpu_memory_mib:
+            # A sized pod given a whole GPU (Kind.GPU): one of the DRA nodes' whole GPUs.
+            out.append(Claim(ShareKind.GPU, tuple(sorted(req.gpu_models)),
+                             req.gpu_memory_mib, reach=nodes))
     return out
 
 
@@ -568,10 +664,42 @@ def _take(room: Mapping[tuple[int, int, int], int], memory_mib: int, compute_mil
     return MappingProxyType(out)
 
 
-def _claim_one(models: dict[str, ModelCapacity], c: Claim) -> None:
+def _claim_one(models: dict[str, ModelCapacity], c: Claim,
+               dra: dict[str, DraNode] | None = None, view: DraView | None = None) -> None:
     """Take ``c`` from a model that has it free; nothing when none has (the pod waits for
-    one, which a view of free capacity does not show)."""
+    one, which a view of free capacity does not show). On a DRA node (``dra``: those of
+    the view's reach, replaced as claims land there) the claim takes the device the
+    allocator would give it on the first node in name order that has one, and the
+    node's offers are counted again (one device may hold memory slices that others
+    of the GPU share)."""
     names = [m for m in (c.models or tuple(models)) if m in models]
+    dra = dra if dra is not None else {}
+
+    def on_dra(take: Take, model: str, fits: Callable[[DraNode], bool]) -> bool:
+        if view is None:
+            return False
+        for name in sorted(dra):
+            node = dra[name]
+            if c.reach is not None and name not in c.reach:
+                continue
+            if model not in node.models or not fits(node):
+                continue
+            after = view.after(node, take, model, c.profile, c.memory_mib)
+            if after is None:
+                continue
+            for m in set(node.models) & set(models):
+                models[m] = _moved(models[m], node.models[m], after.models[m])
+            dra[name] = after
+            return True
+        return False
+
+    if c.kind is ShareKind.GPU:
+        free = [m for m in names if models[m].whole_free > 0
+                and models[m].model.memory_mib >= c.memory_mib]
+        if free:
+            best = max(free, key=lambda m: (models[m].whole_free, m))
+            on_dra(Take.GPU, best, lambda n: n.models[best].whole_free > 0)
+        return
     if c.kind is ShareKind.MIG:
         assert c.profile is not None
         prof = c.profile
@@ -580,8 +708,13 @@ def _claim_one(models: dict[str, ModelCapacity], c: Claim) -> None:
         free = [m for m in names if models[m].mig_free.get(prof, 0) > 0]
         if free:
             best = max(free, key=lambda m: (models[m].mig_free[prof], m))
-            models[best] = replace(models[best],
-                                   mig_free=_less(models[best].mig_free, prof))
+            on_node = models[best].dra_mig_free.get(prof, 0)
+            if on_node and on_dra(Take.MIG, best,
+                                  lambda n: n.models[best].mig_free.get(prof, 0) > 0):
+                return
+            if models[best].mig_free[prof] > on_node:  # a device plugin's slice is free
+                models[best] = replace(models[best],
+                                       mig_free=_less(models[best].mig_free, prof))
             return
         new = [m for m in names if models[m].mig_creatable.get(prof, 0) > 0]
         if new:
@@ -597,10 +730,41 @@ def _claim_one(models: dict[str, ModelCapacity], c: Claim) -> None:
                 return
     if c.kind in (ShareKind.SHARED, ShareKind.SHARE):
         for m in names:
-            after = _take(models[m].shared_room, c.memory_mib, c.compute_milli)
-            if after is not None:
-                models[m] = replace(models[m], shared_room=after)
+            def has_room(n: DraNode, m: str = m) -> bool:
+                return _take(n.models[m].shared_room, c.memory_mib, c.compute_milli) is not None
+
+            if _take(models[m].dra_shared_room, c.memory_mib, c.compute_milli) is not None \
+                    and on_dra(Take.SHARED, m, has_room):
                 return
+            plugin = Counter(models[m].shared_room)
+            plugin.subtract(models[m].dra_shared_room)
+            after = _take({k: n for k, n in plugin.items() if n > 0}, c.memory_mib,
+                          c.compute_milli)
+            if after is not None:
+                room = Counter(after)
+                room.update(models[m].dra_shared_room)
+                models[m] = replace(models[m], shared_room=MappingProxyType(dict(room)))
+                return
+
+
+def _moved(cap: ModelCapacity, before: DraModelOffer, after: DraModelOffer) -> ModelCapacity:
+    """``cap`` with one DRA node's offers of its model replaced (``before`` by
+    ``after``): free MIG devices, share room and whole GPUs."""
+    def swap(total: Mapping[Any, int], old: Mapping[Any, int], new: Mapping[Any, int]
+             ) -> Mapping[Any, int]:
+        out = Counter(total)
+        out.subtract(old)
+        out.update(new)
+        return MappingProxyType({k: n for k, n in out.items() if n > 0})
+
+    return replace(
+        cap,
+        mig_free=swap(cap.mig_free, before.mig_free, after.mig_free),
+        dra_mig_free=swap(cap.dra_mig_free, before.mig_free, after.mig_free),
+        shared_room=swap(cap.shared_room, before.shared_room, after.shared_room),
+        dra_shared_room=swap(cap.dra_shared_room, before.shared_room, after.shared_room),
+        whole_free=cap.whole_free - before.whole_free + after.whole_free,
+    )
 
 
 def _less(counts: Mapping[str, int], key: str) -> Mapping[str, int]:

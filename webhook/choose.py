@@ -107,6 +107,11 @@ def _blocked(view: ClusterView, ask: Ask) -> list[str]:
 
 
 def _products(caps: Sequence[ModelCapacity]) -> tuple[str, ...]:
+    """The product labels to pin the pod to; none when a node of one of these models
+    carries no label (a DRA node without GPU Feature Discovery), which a pin would keep
+    the pod off."""
+    if any(c.unlabelled for c in caps):
+        return ()
     return tuple(sorted({p for c in caps for p in c.products}))
 
 
@@ -136,21 +141,20 @@ def choose_mig(fits: list[_MigFit], ask: Ask, only: str | None, need_free: bool
     return _mig_decision(ask, why, best.profile, models, [f.cap for f in same])
 
 
+def _sized(kind: Kind, ask: Ask, why: str, resource: str, caps: Sequence[ModelCapacity],
+           models: tuple[str, ...], **more: Any) -> AdmissionDecision:
+    """The pod converted to ``resource`` of ``kind``, on any of ``models`` (``caps``:
+    theirs, for the product pin)."""
+    return AdmissionDecision(kind, ask.klass, why, resource=resource, models=models,
+                             products=_products(caps), memory_mib=ask.memory_mib,
+                             compute_milli=ask.compute_milli, defaults=ask.defaults, **more)
+
+
 def _mig_decision(ask: Ask, why: str, profile: MigProfile, models: tuple[str, ...],
                   caps: list[ModelCapacity]) -> AdmissionDecision:
     """The pod converted to ``profile``, on any of ``models``."""
-    return AdmissionDecision(
-        Kind.MIG,
-        ask.klass,
-        why,
-        profile=profile.name,
-        resource=profile.resource_name,
-        models=models,
-        products=_products(caps),
-        memory_mib=ask.memory_mib,
-        compute_milli=ask.compute_milli,
-        defaults=ask.defaults,
-    )
+    return _sized(Kind.MIG, ask, why, profile.resource_name, caps, models,
+                  profile=profile.name)
 
 
 def choose_cordoned(view: ClusterView, ask: Ask, spec: Mapping[str, Any]
@@ -252,18 +256,8 @@ def choose_shared(caps: list[ModelCapacity], ask: Ask, config: WebhookConfig,
     free = sum(room.values())
     why = (f"time-sliced share of {'|'.join(models)} ({gib(ask.memory_mib)} declared); "
            + (f"{free} GPU(s) with room now" if free else "no room now, the pod waits"))
-    return AdmissionDecision(
-        Kind.SHARED,
-        ask.klass,
-        why,
-        resource=config.shared_resource,
-        models=models,
-        products=_products(caps),
-        memory_mib=ask.memory_mib,
-        compute_milli=ask.compute_milli,
-        defaults=ask.defaults,
-        sharing=("NotIn", ("mps",)) if avoid_mps else None,
-    )
+    return _sized(Kind.SHARED, ask, why, config.shared_resource, caps, models,
+                  sharing=("NotIn", ("mps",)) if avoid_mps else None)
 
 
 def choose_mps(caps: list[ModelCapacity], ask: Ask, config: WebhookConfig,
@@ -282,18 +276,8 @@ def choose_mps(caps: list[ModelCapacity], ask: Ask, config: WebhookConfig,
            f"capped per client: {caps_text}); "
            + (f"{free} GPU(s) with a free replica now" if free else "no replica free now, "
               "the pod waits"))
-    return AdmissionDecision(
-        Kind.MPS,
-        ask.klass,
-        why,
-        resource=config.shared_resource,
-        models=models,
-        products=_products(caps),
-        memory_mib=ask.memory_mib,
-        compute_milli=ask.compute_milli,
-        defaults=ask.defaults,
-        sharing=("In", ("mps",)),
-    )
+    return _sized(Kind.MPS, ask, why, config.shared_resource, caps, models,
+                  sharing=("In", ("mps",)))
 
 
 def no_fit(view: ClusterView, ask: Ask) -> AdmissionDecision:
@@ -379,3 +363,27 @@ def _no_fit_text(view: ClusterView, ask: Ask) -> AdmissionDecision:
         + (f" and {A.GPU_COMPUTE}={ask.compute_milli / GPU_MILLI:g}" if ask.compute_milli else "")
         + f": {what}; ask for whole GPUs with {A.CLASS}: whole instead",
     )
+
+
+def choose_whole(view: ClusterView, ask: Ask, need_free: bool) -> AdmissionDecision | None:
+    """A whole GPU of a DRA node (``nvidia.com/gpu``, served there by the NVIDIA driver's
+    class): the last resort of a small pod that no MIG slice or share holds, on DRA nodes
+    only (a device-plugin node's whole GPUs stay for whole-GPU pods, as before). The
+    smallest model whose GPU holds the memory; every model of that memory allowed.
+    ``isolation: any`` only: the pod accepted any kind, and a whole GPU is one."""
+    if ask.isolation is not Isolation.ANY:
+        return None
+    caps = [c for c in view.models.values()
+            if c.whole_gpus and c.model.memory_mib >= ask.memory_mib
+            and (c.whole_free or not need_free)]
+    if not caps:
+        return None
+    smallest = min(c.model.memory_mib for c in caps)
+    same = sorted((c for c in caps if c.model.memory_mib == smallest),
+                  key=lambda c: c.model.name)
+    models = tuple(c.model.name for c in same)
+    free = sum(c.whole_free for c in same)
+    why = (f"whole GPU of {'|'.join(models)} on a DRA node: no MIG slice or share holds "
+           f"{gib(ask.memory_mib)}; "
+           + (f"{free} free now" if free else "none free now, the pod waits for one"))
+    return _sized(Kind.GPU, ask, why, A.GPU_RESOURCE, same, models)

@@ -38,6 +38,7 @@ from webhook.choose import (
     choose_mig,
     choose_mps,
     choose_shared,
+    choose_whole,
     no_fit,
     no_mig_text,
     possible_fits,
@@ -179,18 +180,21 @@ def _solve_in(p: Pod, target: Container, ask: Ask, view: ClusterView,
             raise Conflict(res, f"conflicts with {ask.label}: no time-sliced GPU holds it")
         return chosen
     # Free now before waiting; among kinds, the better isolated first: a MIG slice, an
-    # MPS replica (memory capped per client), a time-sliced share.
+    # MPS replica (memory capped per client), a time-sliced share; last a whole GPU of a
+    # DRA node (the smallest device that holds the pod there).
     for attempt in (
         lambda: choose_mig(mig, ask, None, need_free=True),
         lambda: choose_mps(mps, ask, config, need_free=True),
         lambda: choose_shared(shared, ask, config, need_free=True, avoid_mps=avoid_mps),
+        lambda: choose_whole(view, ask, need_free=True),
         lambda: choose_mig(mig, ask, None, need_free=False),
         lambda: choose_mps(mps, ask, config, need_free=False),
         lambda: choose_shared(shared, ask, config, need_free=False, avoid_mps=avoid_mps),
+        lambda: choose_whole(view, ask, need_free=False),
     ):
         decision = attempt()
         if decision is not None:
-            if decision.kind in (Kind.SHARED, Kind.MPS) and not mig \
+            if decision.kind in (Kind.SHARED, Kind.MPS, Kind.GPU) and not mig \
                     and ask.isolation is Isolation.ANY:
                 # Say why MIG, the safer default, was not chosen where MIG GPUs exist.
                 off = no_mig_text(view)

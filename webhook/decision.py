@@ -26,6 +26,7 @@ class Kind(StrEnum):
     MIG = "mig"
     SHARED = "shared"  # a time-sliced share
     MPS = "mps"  # an MPS replica (the share resource, pinned to MPS nodes)
+    GPU = "gpu"  # a whole GPU of a DRA node, the last resort of a small pod there
     DENY = "deny"
 
 
@@ -69,7 +70,7 @@ class AdmissionDecision:
 
     @property
     def small(self) -> bool:
-        return self.kind in (Kind.MIG, Kind.SHARED, Kind.MPS)
+        return self.kind in (Kind.MIG, Kind.SHARED, Kind.MPS, Kind.GPU)
 
     def annotation(self) -> str:
         """``gpupack.io/decision``: compact JSON the webhook recognises on re-invocation."""
@@ -82,6 +83,8 @@ class AdmissionDecision:
             return json.dumps(doc, separators=(",", ":"), sort_keys=False)
         if self.kind is Kind.MIG:
             doc["profile"] = self.profile
+        elif self.kind is Kind.GPU:
+            doc["resource"] = self.resource
         else:
             doc["share"] = self.resource
         doc["model"] = "|".join(self.models)
@@ -115,6 +118,9 @@ class AdmissionDecision:
                          reach=self.reach)
         if self.kind is Kind.MPS:
             return Claim(ShareKind.MPS, self.models, self.memory_mib, self.compute_milli,
+                         reach=self.reach)
+        if self.kind is Kind.GPU:
+            return Claim(ShareKind.GPU, self.models, self.memory_mib, self.compute_milli,
                          reach=self.reach)
         return None
 

@@ -110,6 +110,12 @@ def reuse(p: Pod, target: Container, ask: Ask, config: WebhookConfig
         if any(CATALOG[m].memory_mib < ask.memory_mib for m in models):
             return None
         profile, resource, out_kind = None, config.shared_resource, Kind.MPS
+    elif kind == Kind.GPU.value and ask.isolation is Isolation.ANY:
+        if doc.get("resource") != A.GPU_RESOURCE:
+            return None
+        if any(CATALOG[m].memory_mib < ask.memory_mib for m in models):
+            return None
+        profile, resource, out_kind = None, A.GPU_RESOURCE, Kind.GPU
     else:
         return None
     if dict(target.gpu) != {resource: Decimal(1)}:

@@ -320,7 +320,7 @@ def build_patch(pod: Mapping[str, Any], decision: AdmissionDecision, config: Web
     b = _Builder(pod)
     for key in decision.strip:
         b.remove(["metadata", "annotations", key])
-    if decision.kind in (Kind.WHOLE, Kind.EXPLICIT, Kind.MIG, Kind.SHARED, Kind.MPS):
+    if decision.small or decision.kind in (Kind.WHOLE, Kind.EXPLICIT):
         _scheduler(b, config)
     if decision.kind is Kind.EXPLICIT and decision.admission and not decision.reused:
         _explicit_annotation(b, decision)

@@ -15,6 +15,10 @@ v1.37.2 and compares every allocation).
 * :mod:`packing.dra.allocator`: the allocator itself (:func:`~packing.dra.allocator.predict`);
 * :mod:`packing.dra.extended`: the claim kube-scheduler makes for DRA-backed extended
   resources (KEP-5004);
+* :mod:`packing.dra.offers`: what a burst of one-device claims of a class gets on a
+  node, claim after claim (what the webhook counts);
+* :mod:`packing.dra.served`: the DeviceClasses gpupack's chart ships, serving the
+  webhook's extended resources from the NVIDIA driver's devices;
 * :mod:`packing.dra.world`: a cluster's DRA objects read once (bad ones reported),
   ready for predictions: what a cache hands the model;
 * :mod:`packing.dra.nvidia`: ResourceSlices and DeviceClasses shaped as the NVIDIA DRA

@@ -410,6 +410,10 @@ def _runbooks(objs: list[Obj]) -> None:
             f"https://wiki.internal/gpupack/runbooks#{a['alert'].lower()}")
 
 
+def _no_device_classes(objs: list[Obj]) -> None:
+    assert not [o for o in objs if o["kind"] == "DeviceClass"]
+
+
 def _dashboards_off(objs: list[Obj]) -> None:
     assert not [o for o in objs if o["metadata"].get("labels", {}).get("grafana_dashboard")]
 
@@ -505,6 +509,7 @@ CASES: dict[str, tuple[dict[str, Any] | None, Callable[[list[Obj]], None]]] = {
     "monitoring.prometheusRule.additionalLabels": (None, _rule_labels),
     "monitoring.prometheusRule.runbookBaseURL": (None, _runbooks),
     "dashboards.enabled": ({"dashboards": {"enabled": False}}, _dashboards_off),
+    "dra.deviceClasses": ({"dra": {"deviceClasses": False}}, _no_device_classes),
     "dashboards.additionalLabels": (None, _dashboard_labels),
     "dashboards.annotations": (None, _dashboard_annotations),
 }

@@ -70,19 +70,20 @@ def test_least_privilege(which: str, request: pytest.FixtureRequest) -> None:
     # condition that requeues a refused group member); group records only in gpupack's
     # own namespace.
     # Group rights: ResourceQuotas by an informer, LeaderWorkerSets by a periodic list.
+    dra = {("*", "resource.k8s.io", res, v)
+           for res in ("resourceslices", "deviceclasses", "resourceclaims",
+                       "resourceclaimtemplates", "devicetaintrules")
+           for v in ("list", "watch")}
     assert own["gpupack-scheduler"] == (
         core("*", "nodes", "list", "watch")
         | core("*", "pods", "list", "watch") | core("*", "pods/status", "patch")
         | core("*", "bindings", "create") | leases
         | core("gpupack", "configmaps", "get", "list", "watch", "create", "update", "delete")
         | core("*", "resourcequotas", "list", "watch")
-        | {("*", "leaderworkerset.x-k8s.io", "leaderworkersets", "list")}
-        | {("*", "resource.k8s.io", res, v)
-           for res in ("resourceslices", "deviceclasses", "resourceclaims",
-                       "resourceclaimtemplates", "devicetaintrules")
-           for v in ("list", "watch")})
+        | {("*", "leaderworkerset.x-k8s.io", "leaderworkersets", "list")} | dra)
+    # The webhook reads what DRA nodes offer (docs/dra.md) as the extender does.
     assert own["gpupack-webhook"] == (core("*", "nodes", "list", "watch")
-                                      | core("*", "pods", "list", "watch"))
+                                      | core("*", "pods", "list", "watch") | dra)
     assert own["gpupack-node-agent"] == core("*", "nodes", "patch") | core("*", "pods", "list")
     accounts = {o["metadata"]["name"] for o in find_all(objs, "ServiceAccount")}
     assert accounts == set(own)

@@ -14,6 +14,8 @@ import pytest
 import yaml
 from manifests_helpers import CHART, K8S_VERSION, Obj, find, find_all, helm_template, tool
 
+from packing.dra import served
+
 CRD_KINDS = {"ServiceMonitor", "PrometheusRule", "Certificate", "Issuer", "LeaderWorkerSet"}
 BASE_KINDS = {
     "Namespace": 1, "ServiceAccount": 3, "ClusterRole": 3, "ClusterRoleBinding": 8,
@@ -21,6 +23,7 @@ BASE_KINDS = {
     "Service": 3, "PodDisruptionBudget": 2, "MutatingWebhookConfiguration": 1,
     "ServiceMonitor": 3, "PrometheusRule": 1,
     "ValidatingAdmissionPolicy": 2, "ValidatingAdmissionPolicyBinding": 2,
+    "DeviceClass": len(served.device_classes()),
 }
 
 

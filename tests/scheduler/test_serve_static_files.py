@@ -51,7 +51,8 @@ def test_the_master_does_not_parse_the_files(monkeypatch: pytest.MonkeyPatch) ->
 
 @pytest.mark.parametrize(("text", "needle"), [
     (json.dumps({"kind": "NodeList", "items": [{"kind": "Pod", "metadata": {"name": "x"}}]}),
-     "kind: expected Node, got 'Pod'"),
+     "kind: expected Node or ResourceSlice or DeviceClass or ResourceClaim or "
+     "ResourceClaimTemplate or DeviceTaintRule, got 'Pod'"),
     ("items: [", "not valid YAML"),
 ], ids=["wrong-kind", "not-yaml"])
 def test_a_bad_file_ends_the_server_with_status_2(tmp_path: Path, text: str,

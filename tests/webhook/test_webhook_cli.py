@@ -115,3 +115,14 @@ def test_parser_has_both_subcommands() -> None:
                                       "--nodes", "n"])
     assert args.port == 8443 and args.scheduler_name == "gpupack"
     assert build_parser().parse_args(["explain", "p.yaml", "--nodes", "n"]).format == "text"
+
+
+def test_explain_an_mps_share(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    nodes = tmp_path / "nodes.yaml"
+    nodes.write_text(yaml.safe_dump_all([node("l4-0", "L4", 2, "mps", replicas=2)]))
+    pod_file = tmp_path / "pod.yaml"
+    pod_file.write_text(yaml.safe_dump(pod("emb-0", annotations={
+        "gpupack.io/gpu-memory": "8Gi"})))
+    assert main(["explain", str(pod_file), "--nodes", str(nodes)]) == 0
+    assert "pod speech/emb-0 (class small): MPS share nvidia.com/gpu.shared on L4" in (
+        capsys.readouterr().out)
