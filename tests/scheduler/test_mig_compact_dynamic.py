@@ -133,6 +133,16 @@ def test_a_drained_gpu_stays_fenced_and_ends_emptied_when_it_leaves_mig_mode() -
     assert d3.fences == ()  # type: ignore[attr-defined]
 
 
+def test_the_fence_of_an_idle_gpu_is_no_stranger() -> None:
+    # The cache holds a tainted idle GPU in its taint's name: the fence itself.
+    nodes = [node("a", [ones("a", 0, 1), ones("a", 1, 4)])]
+    dr = decide(nodes)[1].starts[0]  # type: ignore[attr-defined]
+    fenced = NodeView("a", ON, (GpuView(0, H100, False, holders=frozenset(
+        {"a/gpu-0#dra-tainted"}), dynamic=True), view(1, ones("a", 1, 5))))
+    _, d = decide([fenced], drains=(dr,))
+    assert [e.result for e in d.ends] == ["emptied"]  # type: ignore[attr-defined]
+
+
 def test_the_actuator_never_changes_a_dynamic_node() -> None:
     nodes = (node("a", [{}, {}]),)
     state = ActuatorState(nodes, mig_pods=(MigPod("ns/w", "1g.10gb", frozenset({H100}),

@@ -59,6 +59,7 @@ from dataclasses import dataclass, field
 
 from kube.mig.compaction_memory import DEFAULT_COOLDOWN_S, DrainRecord
 from packing.catalog import get_model
+from packing.dra.inventory import TAINT_MARK
 from packing.mig.layout import MigSlot, free_starts, slice_bound, used_slices
 from packing.model import MigReconfigure
 from scheduler.mig.decide import GpuView, Hold, MigPod, NodeView
@@ -153,7 +154,10 @@ def _end(d: Drain, gpus: Mapping[GpuKey, GpuView], now: float, s: CompactSetting
         return DrainEnd(d, "gone", f"{where} is gone or no longer in MIG mode")
     if d.refused is not None:
         return DrainEnd(d, "refused", f"{where}: an eviction was refused: {d.refused}")
-    pods = {h for h in g.holders if not h.startswith(DRAIN_PREFIX)}
+    # A fenced DynamicMIG GPU left idle is held by its own taint (the cache counts a
+    # tainted idle GPU as held): that is the fence, not a pod.
+    pods = {h for h in g.holders if not h.startswith(DRAIN_PREFIX)
+            and not (g.dynamic and h.endswith(TAINT_MARK))}
     strangers = sorted(pods - set(d.pods))
     if strangers:
         return DrainEnd(d, "refilled", f"{where}: {', '.join(strangers)} landed on it while "
