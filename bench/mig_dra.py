@@ -79,7 +79,14 @@ import mig as base  # bench/mig.py (this directory is on sys.path when it runs u
 from packing.catalog import get_model
 from packing.dra import nvidia
 from packing.dra.allocator import AllocatedState, Prediction, Verdict, predict
-from packing.dra.inventory import DraInventory, claim_uses, node_inventory, with_dra_gpus
+from packing.dra.inventory import (
+    TAINT_MARK,
+    DraInventory,
+    claim_uses,
+    node_inventory,
+    taint_uses,
+    with_dra_gpus,
+)
 from packing.dra.objects import (
     AllocatedDevice,
     DeviceClass,
@@ -202,10 +209,22 @@ class DraSim(base.Sim):
         info, _ = with_dra_gpus(self.base_infos[name], inv)
         scratch = ClusterState(Snapshot(nodes=(info,)))
         if inv is not None:
+            held_gpus: set[int] = set()
             for key, results in sorted(node.claims.items()):
                 for req, p in claim_uses(inv, key, results):
                     scratch.apply(req, p, allow_overcommit=True)
+                    held_gpus.update(p.gpus)
+            for req, p in taint_uses(inv, held_gpus):  # a fenced idle GPU: its taint holds it
+                scratch.apply(req, p, allow_overcommit=True)
         self.state.nodes[name] = scratch.nodes[name]
+
+    def gpus_used(self) -> tuple[int, int]:
+        """``bench/mig.py``'s, a fenced idle GPU (held by its taint in the cache's view)
+        not counted: no pod is on it."""
+        used, idle = super().gpus_used()
+        fenced = sum(1 for n in self.state.nodes.values() for g in n.gpus
+                     if g.whole_owner is not None and g.whole_owner.endswith(TAINT_MARK))
+        return used - fenced, idle
 
     def fit(self, name: str, pod: base.Pod) -> Prediction:
         """The allocator's answer for ``pod``'s claim on ``name`` (kept per node state)."""
