@@ -115,6 +115,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -1039,21 +1040,8 @@ class GpupackCompact(Gpupack):
         return bool(d.ends or d.evict)
 
     def evict(self, dr: Drain, key: str) -> None:
-        old = self.running[key]
-        assert old.start is not None
         self.drains[dr.gpu_key] = replace(dr, evicted=dr.evicted | {key})
-        self.evicted_at.append(self.now)
-        self.evicted_at_all.append(self.now)
-        old.evicted = True
-        if self.now >= self.warmup:
-            self.moved_in_window += 1
-        rest = max(0.0, old.start + old.duration - self.now)
-        new = Pod(replace(old.req, key=f"{key}~{len(self.moves) + 1}"), old.model, old.cls,
-                  self.now, rest)
-        self.by_key[new.req.key] = new
-        self.pending[new.req.key] = new
-        self._count(self.wait_slices, new, +1)
-        self.push(self.now + self.args.evict_grace, "gone", (old, new))
+        evict_pod(self, self.running[key], len(self.moves) + 1)
 
     def handle(self, ev: Event) -> None:
         if ev.kind != "gone":
@@ -1075,18 +1063,43 @@ class GpupackCompact(Gpupack):
         self.schedule()
 
     def report(self, wall: float) -> dict[str, object]:
-        out = super().report(wall)
-        hours = max(self.horizon - self.warmup, 1.0) / 3600
-        gaps = [max(0.0, (new.start if new.start is not None else self.horizon) - gone)
-                for gone, new in self.moves if gone >= self.warmup]
-        out["evictions"] = len(self.evicted_at_all)
-        out["evictions_per_h"] = round(self.moved_in_window / hours, 1)
-        out["move_gap_p50_s"] = round(percentile(gaps, 50), 1)
-        out["move_gap_p99_s"] = round(percentile(gaps, 99), 1)
-        out["drains_ended"] = dict(sorted(self.drain_results.items()))
-        return out
+        return {**super().report(wall), **move_figures(self)}
 
     moved_in_window = 0
+
+
+def evict_pod(sim: GpupackCompact | Any, old: Pod, number: int) -> Pod:
+    """A drained pod evicted (accepted: no PodDisruptionBudget here): gone
+    ``--evict-grace`` s later (a "gone" event), its replacement ``<key>~<number>``
+    pending from now (a Deployment makes it at once) with the rest of its run time.
+    ``sim`` keeps ``evicted_at``, ``evicted_at_all`` and ``moved_in_window``."""
+    assert old.start is not None
+    sim.evicted_at.append(sim.now)
+    sim.evicted_at_all.append(sim.now)
+    old.evicted = True
+    if sim.now >= sim.warmup:
+        sim.moved_in_window += 1
+    rest = max(0.0, old.start + old.duration - sim.now)
+    new = Pod(replace(old.req, key=f"{old.req.key}~{number}"), old.model, old.cls, sim.now,
+              rest)
+    sim.by_key[new.req.key] = new
+    sim.pending[new.req.key] = new
+    sim._count(sim.wait_slices, new, +1)
+    sim.push(sim.now + sim.args.evict_grace, "gone", (old, new))
+    return new
+
+
+def move_figures(sim: GpupackCompact | Any) -> dict[str, object]:
+    """Compaction's figures of a run: evictions (all, per hour after the warm-up), the
+    move gap (evicted pod gone to replacement started), how drains ended."""
+    hours = max(sim.horizon - sim.warmup, 1.0) / 3600
+    gaps = [max(0.0, (new.start if new.start is not None else sim.horizon) - gone)
+            for gone, new in sim.moves if gone >= sim.warmup]
+    return {"evictions": len(sim.evicted_at_all),
+            "evictions_per_h": round(sim.moved_in_window / hours, 1),
+            "move_gap_p50_s": round(percentile(gaps, 50), 1),
+            "move_gap_p99_s": round(percentile(gaps, 99), 1),
+            "drains_ended": dict(sorted(sim.drain_results.items()))}
 
 
 class GpupackBestfit(Gpupack):

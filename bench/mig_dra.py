@@ -595,33 +595,11 @@ class DraGpupackCompact(DraGpupack):
             self.rebuild(name)
 
     def evict(self, dr: Drain, holder: str) -> None:
-        old = self.holder_pod[holder]
-        assert old.start is not None
         self.drains[dr.gpu_key] = replace(dr, evicted=dr.evicted | {holder})
-        self.evicted_at.append(self.now)
-        self.evicted_at_all.append(self.now)
-        old.evicted = True
-        if self.now >= self.warmup:
-            self.moved_in_window += 1
-        rest = max(0.0, old.start + old.duration - self.now)
-        new = base.Pod(replace(old.req, key=f"{old.req.key}~{len(self.evicted_at_all)}"),
-                       old.model, old.cls, self.now, rest)
-        self.by_key[new.req.key] = new
-        self.pending[new.req.key] = new
-        self._count(self.wait_slices, new, +1)
-        self.push(self.now + self.args.evict_grace, "gone", (old, new))
+        base.evict_pod(self, self.holder_pod[holder], len(self.evicted_at_all) + 1)
 
     def report(self, wall: float) -> dict[str, object]:
-        out = super().report(wall)
-        hours = max(self.horizon - self.warmup, 1.0) / 3600
-        gaps = [max(0.0, (new.start if new.start is not None else self.horizon) - gone)
-                for gone, new in self.moves if gone >= self.warmup]
-        out["evictions"] = len(self.evicted_at_all)
-        out["evictions_per_h"] = round(self.moved_in_window / hours, 1)
-        out["move_gap_p50_s"] = round(base.percentile(gaps, 50), 1)
-        out["move_gap_p99_s"] = round(base.percentile(gaps, 99), 1)
-        out["drains_ended"] = dict(sorted(self.drain_results.items()))
-        return out
+        return {**super().report(wall), **base.move_figures(self)}
 
 
 class LayoutBound:
