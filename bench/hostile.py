@@ -1,7 +1,15 @@
-"""Hostile clients against a listener on loopback, and how fast it still answers.
+"""Hostile clients against a listener on loopback, and how fast it still answers; with
+``--tenant``, a hostile tenant against the real control plane.
 
     python bench/hostile.py --port 8888 [--tls] --kind slow-head --clients 64 --seconds 8
         [--path /healthz] [--path /filter:@body.json] ...
+    python bench/hostile.py --tenant [--dir DIR] [--format table|json]
+
+``--tenant`` (bench/tenant_attacks.py) replays the attacks of issue 35 as someone who may
+only create pods in their own namespace (forged admission reviews, free reservations,
+exclusive-domain squatters, an unreadable annotation after binding) and with the
+extender's own token, on a stack it starts, and prints what each achieves now beside
+what the issue measured; exit status 1 if any attack still works.
 
 Kinds (each client keeps one connection doing this; when the server cuts it, it
 reconnects, so the pressure stays at ``--clients`` until the end):
@@ -27,6 +35,7 @@ import http.client
 import socket
 import ssl
 import statistics
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -175,6 +184,17 @@ def probe(port: int, path: str, body: bytes | None = None, *, tls: bool = False,
 
 
 def main() -> int:
+    if "--tenant" in sys.argv[1:]:
+        t = argparse.ArgumentParser(description="a hostile tenant (bench/tenant_attacks.py)")
+        t.add_argument("--tenant", action="store_true", required=True)
+        t.add_argument("--dir", type=Path, default=None,
+                       help="the stack's folder (default: a temporary one)")
+        t.add_argument("--format", choices=("table", "json"), default="table")
+        ta = t.parse_args()
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import tenant_attacks
+
+        return tenant_attacks.run(ta.dir, ta.format)
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--tls", action="store_true", help="the listener speaks HTTPS")

@@ -64,11 +64,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--group-ttl", type=float, default=600.0,
                    help="seconds an LLM group's reservation waits for all its members to be "
                         "bound before it is released (default 600)")
+    p.add_argument("--bind-timeout", type=float, default=2.0, metavar="S",
+                   help="seconds a Binding gets before the bind verb answers kube-scheduler "
+                        "(default 2; keep it below the extender's httpTimeout, 3s in the "
+                        "chart); a Binding not answered by then may still be applied, so "
+                        "its GPUs stay held until the watch shows the pod (at most 60 s)")
     p.add_argument("--max-group-gpus", type=int, default=64,
-                   help="the most GPUs one LLM group sized by its pods' labels may reserve "
-                        "(default 64); a group whose LeaderWorkerSet object is readable "
-                        "takes its size from the object, bounded by its namespace's "
-                        "ResourceQuota")
+                   help="the most GPUs one LLM group may reserve, whether its size comes "
+                        "from its pods' labels or its LeaderWorkerSet object (default 64)")
+    p.add_argument("--max-namespace-reserved-gpus", default="50%", metavar="N|P%",
+                   help="the most GPUs one namespace's group reservations may hold at "
+                        "once (rooms for members not bound yet): a number, or a share of "
+                        "the cluster's GPUs (default 50%%)")
     p.add_argument("--namespace", default=os.environ.get("POD_NAMESPACE") or "gpupack",
                    help="gpupack's namespace: where the group reservation records "
                         "(ConfigMaps) live (default: $POD_NAMESPACE, else gpupack)")
@@ -103,6 +110,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tls-cert", type=Path, default=None,
                    help="webhook serving certificate (PEM); reloaded when the file changes")
     p.add_argument("--tls-key", type=Path, default=None, help="its private key (PEM)")
+    from gpupack.webhook_cmd import add_client_auth_arguments
+
+    add_client_auth_arguments(p, prefix="webhook-")
     p.add_argument("--shared-resource", default="nvidia.com/gpu.shared",
                    help="webhook: time-sliced resource name (default nvidia.com/gpu.shared)")
     p.add_argument("--default-isolation", default="any", choices=["mig", "mps", "shared", "any"],
@@ -180,6 +190,14 @@ def check_args(args: argparse.Namespace) -> str | None:
         return "--group-ttl must be positive"
     if args.max_group_gpus < 1:
         return "--max-group-gpus must be at least 1"
+    from scheduler.groups.namespace_cap import parse_reserved_cap
+
+    try:
+        parse_reserved_cap(args.max_namespace_reserved_gpus)
+    except ValueError as e:
+        return f"--max-namespace-reserved-gpus: {e}"
+    if not 0 < args.bind_timeout <= 30:
+        return "--bind-timeout must be above 0 and at most 30 seconds"
     if args.leader_lease is not None:
         ns, sep, name = args.leader_lease.partition("/")
         if not sep or not ns or not name or "/" in name:
@@ -229,8 +247,17 @@ def check_args(args: argparse.Namespace) -> str | None:
             return "--webhook-port must differ from --port"
         if args.tls_cert is None or args.tls_key is None:
             return "--webhook-port needs --tls-cert and --tls-key (the API server calls HTTPS)"
+        from gpupack.webhook_cmd import client_auth_from_args
+
+        _, why = client_auth_from_args(args.webhook_client_ca, args.webhook_client_name,
+                                       "webhook-")
+        if why is not None:
+            return why
     elif args.tls_cert is not None or args.tls_key is not None:
         return "--tls-cert/--tls-key are for the webhook: give --webhook-port too"
+    elif args.webhook_client_ca is not None or args.webhook_client_name:
+        return ("--webhook-client-ca/--webhook-client-name are for the webhook: give "
+                "--webhook-port too")
     if args.defrag == "act" and not (args.kubeconfig or args.in_cluster):
         return "--defrag=act needs a cluster (--kubeconfig or --in-cluster) to evict through"
     if args.defrag_evictions_per_minute < 1:

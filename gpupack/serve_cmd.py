@@ -72,6 +72,7 @@ class Components:
         from scheduler.engine import LoopMetrics
         from scheduler.extender.app import AppConfig
         from scheduler.groups.loop import ReservationBook
+        from scheduler.groups.namespace_cap import parse_reserved_cap
         from scheduler.planner.loop import Planner
         from serving.metrics_auth import Guard
 
@@ -105,14 +106,16 @@ class Components:
             self.metrics_guard = metrics_guard(
                 args.metrics_auth, load_api_client(args.kubeconfig, args.in_cluster))
             # Group rights: ResourceQuotas watched with the cluster, LeaderWorkerSets
-            # polled (the CRD may be absent); both listed before the verbs answer.
-            self.inputs = GroupInputs()
+            # polled (the CRD may be absent), kube-scheduler's PodGroups and Workloads
+            # watched while served (the GenericWorkload gate is off by default); all
+            # listed (or found not served) before the verbs answer.
+            self.inputs = GroupInputs(workload_api_listed=False)
             self.source = ApiSource(api, records_namespace=args.namespace,
                                     records_selector=RECORD_SELECTOR, watch_quotas=True,
-                                    watch_dra=args.dra != "off")
+                                    watch_dra=args.dra != "off", workload_api=self.inputs)
             self.lws = LwsPoller(api, self.inputs)
             self.inputs.on_unknown_lws = self.lws.nudge
-            self.binder = ApiBinder(api)
+            self.binder = ApiBinder(api, timeout_s=args.bind_timeout)
             store = ApiRecordStore(api, args.namespace)
             requeue_store: RecordStore | None = ApiPodStatusStore(api)
             if args.leader_lease:
@@ -131,6 +134,15 @@ class Components:
             requeue_store = None  # no kube-scheduler parks pods here
         self.group_writer = RecordWriter(store, is_leader=self.leader.is_leader,
                                          what="group record")
+        # A Warning Event on each bound pod counted at its worst (kube.worst_case).
+        self.unreadable: Any = None
+        if api is not None:
+            from kube.evictions import ApiEvents, PodRef
+            from kube.worst_case import UnreadableEvents
+
+            self.unreadable = UnreadableEvents(
+                self.cache.worst_case_pods, ApiEvents(api, args.leader_identity),
+                lambda key, uid: PodRef(key, uid), self.leader.is_leader)
         self.compaction_writer: RecordWriter | None = None  # set below with compaction
         # Status patches that requeue refused members once their room is reserved.
         self.requeue_writer = (None if requeue_store is None else RecordWriter(
@@ -143,6 +155,8 @@ class Components:
                                       scorer=lambda: self.planner.scorer.scorer,
                                       is_leader=self.leader.is_leader, namespace=args.namespace,
                                       inputs=self.inputs, max_group_gpus=args.max_group_gpus,
+                                      namespace_cap=parse_reserved_cap(
+                                          args.max_namespace_reserved_gpus),
                                       requeue=self.requeue_writer,
                                       loop_metrics=self.loop_metrics)
         self.tap = ReservationTap(self.cache, self.groups)
@@ -237,19 +251,23 @@ class Components:
         self.policy = str(args.policy)
         self.webhook: Any = None
         if args.webhook_port:
-            from gpupack.webhook_cmd import config_from_args
+            from gpupack.webhook_cmd import client_auth_from_args, config_from_args
             from gpupack.webhook_host import SnapshotFeed
             from serving.https import HttpsListener
             from webhook.app import REVIEW_LIMITS, create_webhook_app
 
+            client_auth, _ = client_auth_from_args(args.webhook_client_ca,
+                                                   args.webhook_client_name, "webhook-")
             # Same registry: one scrape of /metrics has the extender and the webhook.
             hook = create_webhook_app(SnapshotFeed(self.cache), self.registry,
                                       config_from_args(args),
                                       exposition=self.app.extensions["gpupack.exposition"],
-                                      metrics_guard=self.metrics_guard)
+                                      metrics_guard=self.metrics_guard,
+                                      client_auth=client_auth)
             self.webhook = HttpsListener(hook, str(args.webhook_host), int(args.webhook_port),
                                          args.tls_cert, args.tls_key, limits=REVIEW_LIMITS,
                                          name="gpupack-webhook", what="admission webhook",
+                                         client_auth=client_auth,
                                          path="/mutate")
 
     def start(self) -> None:
@@ -264,6 +282,8 @@ class Components:
         if self.static_records is not None:
             self.static_records.start(self.tap)  # records listed before the nodes and pods
         self.groups.start()
+        if self.unreadable is not None:
+            self.unreadable.start()
         if self.defrag is not None:
             self.defrag.start()
         if self.mig is not None:
@@ -298,6 +318,8 @@ class Components:
         what is not written by then is logged by its writer and lost."""
         deadline = clock() + budget_s
         loops: list[Any] = [x for x in (self.groups, self.mig, self.defrag) if x is not None]
+        if self.unreadable is not None:
+            self.unreadable.stop()
         self._expiry_stop.set()
         for loop in loops:
             loop.stop()

@@ -30,6 +30,7 @@ from gpupack.startup import announce, announce_when_synced, source_words, startu
 from gpupack.webhook_host import SnapshotFeed
 from kube.objects import ObjectError
 from packing.model import Snapshot
+from serving.client_auth import ClientAuth, check_client_ca
 from serving.https import HttpsServer
 from serving.tls import check_tls
 from webhook.app import REVIEW_LIMITS, create_webhook_app
@@ -85,6 +86,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "reloaded when the file changes")
     p.add_argument("--tls-key", required=True, type=Path, help="its private key (PEM)")
     p.add_argument("--threads", type=int, default=8, help="worker threads")
+    add_client_auth_arguments(p)
     add_metrics_auth_argument(p)
     add_inventory_age_argument(p)
     p.add_argument("--dra", default="auto", choices=["auto", "off"],
@@ -95,6 +97,29 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", default="info",
                    choices=["debug", "info", "warning", "error"])
     add_config_arguments(p)
+
+
+def add_client_auth_arguments(p: argparse.ArgumentParser, prefix: str = "") -> None:
+    """``--client-ca`` and ``--client-name`` (with ``prefix``: ``--webhook-client-ca``...)."""
+    p.add_argument(f"--{prefix}client-ca", type=Path, default=None, metavar="FILE",
+                   help="act only on AdmissionReviews sent with a client certificate signed "
+                        "by this CA (PEM; reloaded when it changes): the API server's, "
+                        "configured by its --admission-control-config-file "
+                        "(docs/install.md); others get 401/403. Default: any caller")
+    p.add_argument(f"--{prefix}client-name", action="append", default=[], metavar="NAME",
+                   help="with --client-ca: the client certificate's CN or a DNS/URI SAN must "
+                        "be one of these (repeatable; default: any name that CA signed)")
+
+
+def client_auth_from_args(ca: Path | None, names: list[str], prefix: str = ""
+                          ) -> tuple[ClientAuth | None, str | None]:
+    """(the client authentication, or None) and why the options are wrong (or None)."""
+    if ca is None:
+        return None, (f"--{prefix}client-name needs --{prefix}client-ca" if names else None)
+    why = check_client_ca(ca)
+    if why is not None:
+        return None, f"--{prefix}client-ca: {why}"
+    return ClientAuth(ca, frozenset(names)), None
 
 
 class LiveSnapshots:
@@ -165,6 +190,10 @@ def run(args: argparse.Namespace) -> int:
     if why is not None:
         print(f"gpupack webhook: --tls-cert/--tls-key: {why}", file=sys.stderr)
         return 2
+    client_auth, why = client_auth_from_args(args.client_ca, args.client_name)
+    if why is not None:
+        print(f"gpupack webhook: {why}", file=sys.stderr)
+        return 2
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
     config = config_from_args(args)
@@ -182,7 +211,8 @@ def run(args: argparse.Namespace) -> int:
             announce(startup_line("webhook", source, {
                 "nodes": len(snapshot.nodes), "pods": len(snapshot.running)
                 + len(snapshot.pending), "pending": len(snapshot.pending)}, where))
-            return create_webhook_app(lambda: snapshot, CollectorRegistry(), config)
+            return create_webhook_app(lambda: snapshot, CollectorRegistry(), config,
+                                      client_auth=client_auth)
         from kube.api_source import load_api_client
         from kube.cache_metrics import CacheCollector
 
@@ -196,9 +226,9 @@ def run(args: argparse.Namespace) -> int:
         guard = metrics_guard(args.metrics_auth,
                               load_api_client(args.kubeconfig, args.in_cluster))
         return create_webhook_app(feed, registry, config, ready=feed.ready,
-                                  metrics_guard=guard)
+                                  metrics_guard=guard, client_auth=client_auth)
 
     HttpsServer(app_factory, host=args.host, port=args.port, cert=args.tls_cert,
                 key=args.tls_key, limits=REVIEW_LIMITS, name="gpupack-webhook",
-                threads=args.threads, log_level=args.log_level).run()
+                threads=args.threads, log_level=args.log_level, client_auth=client_auth).run()
     return 0

@@ -4,8 +4,12 @@
 - :class:`ApiSource`: list + watch of Nodes and Pods (and, when asked, reservation
   records, ResourceQuotas, and the ``resource.k8s.io/v1`` objects of Dynamic Resource
   Allocation: ResourceSlices, DeviceClasses, ResourceClaims, ResourceClaimTemplates,
-  DeviceTaintRules). A cluster that does not serve ``resource.k8s.io/v1`` (404) has no
-  DRA: the kind counts as listed, empty, and is asked again every ``backoff_max_s``.
+  DeviceTaintRules; and kube-scheduler's PodGroups and Workloads,
+  ``scheduling.k8s.io/v1beta1``). A cluster that does not serve ``resource.k8s.io/v1``
+  (404) has no DRA: the kind counts as listed, empty, and is asked again every
+  ``backoff_max_s``; one that does not serve ``scheduling.k8s.io/v1beta1`` (the
+  ``GenericWorkload`` gate off, the default) has no PodGroup: the same, asked again
+  every ``rediscover_s``.
   A watch resumes from the last resourceVersion it saw (bookmarks included); ``410
   Gone`` means that version is too old, so it lists again; a dropped connection
   (``ProtocolError``, timeouts, 5xx) reconnects with capped exponential backoff.
@@ -19,6 +23,10 @@
 Objects go to the cache as plain dicts (the API's JSON), which is what
 :mod:`kube.objects` reads; the client's model classes are never built for them. The
 ``kubernetes`` package is imported inside the functions that use it.
+
+Past 600 lines as one module: every kind, the optional ones (DRA's, PodGroups and
+Workloads) included, goes through the one list and watch loop here, which owns resuming,
+410 Gone, back-off and "not served"; the binder beside it shares the client's quirks.
 """
 
 from __future__ import annotations
@@ -41,13 +49,28 @@ import orjson
 from kube.annotations import small_int
 from kube.dra_store import KINDS as DRA_KINDS
 from kube.dra_store import object_key
+from kube.groups import workload_api as wa
 from kube.objects import pod_key
 from kube.responses import finish
-from kube.source import BindError, Codec, Decoded, DraSink, ObjectSink, RecordSink, Sink
+from kube.source import (
+    BIND_TIMEOUT_S,
+    BindError,
+    BindUnknown,
+    Codec,
+    Decoded,
+    DraSink,
+    ObjectSink,
+    RecordSink,
+    Sink,
+)
 
 # A watch that ends sooner than this without an event counts as a failure (client-go:
 # a watch of under a second with no events backs off before it is opened again).
 log = logging.getLogger("gpupack.kube.source")
+WORKLOAD_KINDS = (wa.PODGROUPS, wa.WORKLOADS)
+WORKLOAD_API_OFF = (" (scheduling.k8s.io/v1beta1: feature gate GenericWorkload off, or the "
+                    "version not enabled; pods' spec.schedulingGroup names no group gpupack "
+                    "can read)")
 # A watch that ends sooner than this without an event counts as a failure (client-go:
 # a watch of under a second with no events backs off before it is opened again).
 QUICK_WATCH_S = 1.0
@@ -86,8 +109,9 @@ class ApiSource:
     ``records_namespace``, also gpupack's reservation records (ConfigMaps labelled
     ``records_selector`` in that namespace) into a record sink, in a third; with
     ``watch_quotas``, every ResourceQuota into a quota sink, in a fourth; with
-    ``watch_dra``, each DRA kind into a DRA sink, a thread each. The sink is marked
-    synced once every kind has been listed."""
+    ``watch_dra``, each DRA kind into a DRA sink, a thread each; with ``workload_api``,
+    every PodGroup and Workload into that sink, a thread each. The sink is marked synced
+    once every kind has been listed (or found not served)."""
 
     def __init__(
         self,
@@ -102,6 +126,8 @@ class ApiSource:
         watch_dra: bool = False,
         list_page: int = 500,
         clock: Callable[[], float] = time.monotonic,
+        workload_api: wa.WorkloadSink | None = None,
+        rediscover_s: float = 60.0,
     ) -> None:
         from kubernetes import client
 
@@ -124,6 +150,13 @@ class ApiSource:
             kinds.append("quotas")
         if watch_dra:
             kinds.extend(DRA_KINDS)
+        # kube-scheduler's Workload API: optional kinds (the gate is off by default).
+        self._workload_api = workload_api
+        self.rediscover_s = rediscover_s
+        self.custom: Any = None
+        if workload_api is not None:
+            kinds += [wa.PODGROUPS, wa.WORKLOADS]
+            self.custom = client.CustomObjectsApi(api_client)
         self._kinds = tuple(kinds)
         self._listed = {k: threading.Event() for k in self._kinds}
         self.relists = dict.fromkeys(self._kinds, 0)
@@ -135,7 +168,8 @@ class ApiSource:
         self._records: RecordSink | None = None
         self._quotas: ObjectSink | None = None
         self._dra: DraSink | None = None
-        self.not_served: set[str] = set()  # DRA kinds the API server does not serve (404)
+        # Optional kinds (DRA, PodGroups, Workloads) the API server does not serve (404).
+        self.not_served: set[str] = set()
         self.list_page = list_page
 
     def start(self, sink: Sink, records: RecordSink | None = None,
@@ -194,6 +228,10 @@ class ApiSource:
                "devicetaintrules": self.resource.list_device_taint_rule}
         if kind in dra:
             return dra[kind]
+        if kind in (wa.PODGROUPS, wa.WORKLOADS):
+            def scheduling(**kw: Any) -> Any:
+                return self.custom.list_cluster_custom_object(wa.GROUP, wa.VERSION, kind, **kw)
+            return scheduling
         return self.core.list_node if kind == "nodes" else self.core.list_pod_for_all_namespaces
 
     def _run(self, kind: str, sink: Sink) -> None:
@@ -232,19 +270,32 @@ class ApiSource:
                                 kind, backoff)
                     backoff = self._backoff(kind, backoff)
             except ApiException as e:
-                if e.status == 404 and kind in DRA_KINDS:
-                    # The API server does not serve resource.k8s.io/v1 (or this kind of
-                    # it): no DRA objects of the kind. Listed, empty; asked again later.
+                if e.status == 404 and (kind in DRA_KINDS or kind in WORKLOAD_KINDS):
+                    # The API server does not serve resource.k8s.io/v1, or
+                    # scheduling.k8s.io/v1beta1 (or this kind of it): no such objects.
+                    # Listed, empty; asked again later.
                     if kind not in self.not_served:
-                        log.info("%s: not served by the API server (404); treated as none",
-                                 kind)
+                        log.info("%s: not served by the API server (404); treated as none%s",
+                                 kind, "" if kind in DRA_KINDS else WORKLOAD_API_OFF)
                     self.not_served.add(kind)
-                    assert self._dra is not None
-                    self._dra.replace_dra(kind, [])
+                    if kind in DRA_KINDS:
+                        assert self._dra is not None
+                        self._dra.replace_dra(kind, [])
+                    else:
+                        assert self._workload_api is not None
+                        self._workload_api.replace_workload_objects(kind, [], served=False)
                     self._listed[kind].set()
                     self._resume[kind] = None
-                    self.sleep(self.backoff_max_s)
+                    self.sleep(self.backoff_max_s if kind in DRA_KINDS else self.rediscover_s)
                     continue
+                if kind in WORKLOAD_KINDS and not self._listed[kind].is_set():
+                    # The verbs must not wait on an optional kind (403: the chart's RBAC
+                    # is missing): listed, as it was; retried the usual way below.
+                    log.warning("%s: API error %s %s; groups by spec.schedulingGroup wait "
+                                "until it can be listed", kind, e.status, e.reason)
+                    assert self._workload_api is not None
+                    self._workload_api.workload_listed(kind)
+                    self._listed[kind].set()
                 if e.status == 410:
                     log.info("%s watch: resourceVersion %s is gone; listing again", kind, rv)
                     self.relists[kind] += 1
@@ -300,6 +351,13 @@ class ApiSource:
             assert self._dra is not None
             self.not_served.discard(kind)
             self._dra.replace_dra(kind, [o for o in items if isinstance(o, Mapping)])
+        elif kind in WORKLOAD_KINDS:
+            assert self._workload_api is not None
+            if kind in self.not_served or not self._listed[kind].is_set():
+                log.info("%s/%s %s served: watching them", wa.GROUP, wa.VERSION, kind)
+            self.not_served.discard(kind)
+            self._workload_api.replace_workload_objects(
+                kind, [o for o in items if isinstance(o, Mapping)], served=True)
         elif kind == "nodes":
             sink.replace(items, None)
         else:
@@ -441,6 +499,13 @@ class ApiSource:
             else:
                 self._quotas.upsert(obj)
             return
+        if kind in WORKLOAD_KINDS:
+            assert self._workload_api is not None
+            if etype == "DELETED":
+                self._workload_api.delete_workload_object(kind, obj)
+            else:
+                self._workload_api.upsert_workload_object(kind, obj)
+            return
         if kind in DRA_KINDS:
             assert self._dra is not None
             key = object_key(kind, obj)
@@ -497,12 +562,14 @@ def _error_message(obj: Any) -> str:
 
 
 class ApiBinder:
-    """Creates Bindings and records the placement on the pod."""
+    """Creates Bindings and records the placement on the pod; ``timeout_s`` per Binding
+    (:data:`kube.source.BIND_TIMEOUT_S`)."""
 
-    def __init__(self, api_client: Any) -> None:
+    def __init__(self, api_client: Any, timeout_s: float = BIND_TIMEOUT_S) -> None:
         from kubernetes import client
 
         self.core = client.CoreV1Api(api_client)
+        self.timeout_s = timeout_s
 
     def bind(
         self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str],
@@ -521,12 +588,15 @@ class ApiBinder:
         )
         try:
             resp = self.core.create_namespaced_binding(
-                namespace, body, _preload_content=False, _request_timeout=10
+                namespace, body, _preload_content=False,
+                _request_timeout=(min(self.timeout_s, 10.0), self.timeout_s)
             )
         except ApiException as e:
             raise BindError(_status_message(e)) from None
         except (HTTPError, OSError) as e:
-            raise BindError(f"binding {namespace}/{name} to {node}: {e}") from None
+            # Sent, perhaps applied: the API server's answer did not come back in time.
+            raise BindUnknown(f"binding {namespace}/{name} to {node}: no answer within "
+                              f"{self.timeout_s:g}s ({e})") from None
         status = getattr(resp, "status", 201)
         finish(resp)
         if not 200 <= int(status) < 300:

@@ -81,7 +81,10 @@ from kube.objects import (
 )
 from kube.observations import Observations, PodEntry, as_counted, same_slot
 from kube.signatures import SignatureBook
+from kube.worst_case import message as worst_case_message
+from kube.worst_case import unreadable_input, worst_case_request
 from packing.dra.inventory import (
+    USE_MARK,
     DraInventory,
     claim_uses,
     taint_uses,
@@ -133,6 +136,8 @@ class ClusterCache:
         self._next_gen = 0
         self.version = 0  # changes on every change that could change a plan
         self.bad_objects = 0  # objects that could not be read (logged, skipped)
+        # Bound pods counted at their worst (kube.worst_case): key -> (uid, why, message).
+        self._worst: dict[str, tuple[str, str, str]] = {}
         self._listeners: list[Callable[[], None]] = []
         self._shapes = NodeShapes(mig_actuator)  # node_info memoized per node shape
         self._signatures = SignatureBook()
@@ -782,16 +787,28 @@ class ClusterCache:
     # ---- pods ------------------------------------------------------------------------------
 
     def upsert_pod(self, obj: Mapping[str, Any]) -> bool:
-        """Add or update a Pod object; False when it cannot be read (logged, skipped)."""
+        """Add or update a Pod object; False when it cannot be read (logged, skipped).
+        A bound pod whose gpupack inputs cannot be read is counted at its worst instead
+        (kube.worst_case), never skipped: it holds its devices whatever they say."""
+        unreadable: str | None = None
+        node: str | None = None
         try:
             node = bound_node(obj)
             req = pod_request(obj, strict=node is None)
             spec = obj.get("spec") or {}
+            # Read as declaring nothing, an unreadable size would count a share as free.
+            why = unreadable_input(obj) if node else None
+            if why is not None:
+                raise ObjectError(why)
         except (ObjectError, AttributeError) as e:
-            log.warning("skipping pod %s: %s", pod_key(obj), e)
-            with self.lock:
-                self.bad_objects += 1
-            return False
+            worst = worst_case_request(obj, self._largest_gpu_mib(node)) if node else None
+            if worst is None:
+                log.warning("skipping pod %s: %s", pod_key(obj), e)
+                with self.lock:
+                    self.bad_objects += 1
+                return False
+            req, unreadable = worst, str(e)
+            spec = obj.get("spec") if isinstance(obj.get("spec"), Mapping) else {}
         recorded = self._recorded(obj, req.key, node)
         constraints: PodConstraints | str | None = None
         if req.group is not None or req.kind is not RequestKind.NONE:
@@ -808,6 +825,7 @@ class ClusterCache:
             recorded=recorded,
             constraints=constraints,
             started=started_at(obj),
+            unreadable=unreadable,
         )
         with self.lock:
             if req.group is not None and req.kind is RequestKind.NONE and isinstance(
@@ -816,6 +834,7 @@ class ClusterCache:
             old = self._pods.get(req.key)
             if old == entry:
                 return True
+            self._note_worst(req, unreadable)
             try:
                 self._store(req.key, old, entry)
             except Exception:
@@ -905,6 +924,28 @@ class ClusterCache:
         with self.lock:
             self.bad_objects += 1
 
+    def _largest_gpu_mib(self, node: str | None) -> int | None:
+        """The memory of the largest GPU of ``node`` as the cache knows it (None: the node
+        or its GPUs unknown)."""
+        with self.lock:
+            info = self._infos.get(node or "")
+            return max((g.memory_mib for g in info.gpus), default=None) if info else None
+
+    def _note_worst(self, req: PodRequest, why: str | None) -> None:
+        """Keep the book of pods counted at their worst (under the lock)."""
+        if why is None:
+            self._worst.pop(req.key, None)
+            return
+        if self._worst.get(req.key, ("", "", ""))[:2] != (req.uid, why):
+            text = worst_case_message(why, req)
+            log.warning("pod %s: %s", req.key, text)
+            self._worst[req.key] = (req.uid, why, text)
+
+    def worst_case_pods(self) -> dict[str, tuple[str, str, str]]:
+        """Bound pods counted at their worst: key -> (uid, why, the message naming it)."""
+        with self.lock:
+            return dict(self._worst)
+
     def _dra_member_request(self, obj: Mapping[str, Any], req: PodRequest) -> PodRequest:
         """A group member asking GPUs through its claims: the whole GPUs they ask for
         (:func:`packing.dra.inventory.whole_gpu_demand`) as its request, so the
@@ -925,6 +966,7 @@ class ClusterCache:
         watch showed last (events of one name come in order); an assumption made for
         another UID is left alone and stays counted (kube.assumptions)."""
         with self.lock:
+            self._worst.pop(key, None)
             self._dra_waiting.pop(key, None)
             entry = self._pods.pop(key, None)
             self._index(key, entry, add=False)
@@ -1168,6 +1210,13 @@ class ClusterCache:
                 raise AssumeError(f"pod {req.key} is already bound to {entry.node}")
             if entry is not None and uid and entry.uid and entry.uid != uid:
                 raise AssumeError(f"pod {req.key} has UID {entry.uid}, not {uid}")
+            if self._claims_hold(placement):
+                # On a DRA node, GPUs its claims' entries hold already (kube-scheduler's
+                # PreBind wrote the allocation before this bind): the pod holds CPU and
+                # memory, the claims the GPUs (a group member's room, say).
+                req = replace(req, kind=RequestKind.NONE, gpu_count=0, mig_profile=None,
+                              gpu_milli=0, gpu_memory_mib=0)
+                placement = Placement(req.key, placement.node)
             why = self.state.check(req, placement)
             if why is not None:
                 raise AssumeError(f"pod {req.key}: {why}")
@@ -1179,6 +1228,21 @@ class ClusterCache:
                 self._assumed.drop(req.key)
                 raise AssumeError(str(e)) from None
             self._changed()
+
+    def _claims_hold(self, p: Placement) -> bool:
+        """Whether ``p`` names GPUs of a DRA node that claim entries hold, each of them."""
+        if not p.gpus or p.node not in self._dra_nodes:
+            return False
+        for i in p.gpus:
+            try:
+                g = self.state.gpu(p.node, i)
+            except KeyError:
+                return False
+            owners = {g.whole_owner, *(o for _, o in g.instances.values()), *g.shared_owners}
+            owners.discard(None)
+            if not owners or not all(o is not None and USE_MARK in o for o in owners):
+                return False
+        return True
 
     def forget(self, key: str, uid: str | None = None) -> None:
         """Drop an assumption (the bind failed): the resources are free again.

@@ -7,8 +7,11 @@ sees each one: the extender (``gpupack serve``) and the standalone webhook
 ``gpupack_cache_nodes``, ``gpupack_cache_pods``, ``gpupack_cache_assumed_pods``,
 ``gpupack_cache_synced`` (1 once the first list is in), ``gpupack_cache_bad_objects``
 (objects skipped as unreadable), ``gpupack_node_inventories_stale`` (nodes whose agent
-inventory aged past ``--inventory-max-age`` and is ignored) and
-``gpupack_device_plugin_disagreements_total{kind}``; with DRA objects,
+inventory aged past ``--inventory-max-age`` and is ignored),
+``gpupack_device_plugin_disagreements_total{kind}``, ``gpupack_pods_counted_worst_case``
+(bound pods whose gpupack inputs cannot be read, counted at their worst:
+:mod:`kube.worst_case`) and ``gpupack_pod_counted_worst_case{namespace,pod}`` naming each
+(at most :data:`NAMED_WORST_CASE` of them, by name); with DRA objects,
 ``gpupack_dra_predictions_checked_total{outcome}`` (each allocation assumed at bind
 compared with the one kube-scheduler wrote: ``agree`` or ``disagree``, each disagreement
 logged with both device lists) and ``gpupack_dra_nodes`` (nodes whose GPUs are
@@ -28,6 +31,8 @@ from prometheus_client.registry import Collector
 from kube.cache import ClusterCache
 
 DISAGREEMENT_KINDS = ("shared", "mig")
+# Pods named one by one in gpupack_pod_counted_worst_case (a bounded number of series).
+NAMED_WORST_CASE = 100
 
 
 def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
@@ -51,6 +56,7 @@ class CacheCollector(Collector):
             bad = cache.bad_objects
             stale = cache.stale_inventories
             disagreements = dict(cache.disagreements)
+            worst = sorted(cache.worst_case_pods())
             checked = (cache.dra.agreements, cache.dra.disagreements)
             dra_nodes = len(cache.dra_nodes())
         yield gauge("gpupack_cache_nodes", "Nodes in this process's cache", counts["nodes"])
@@ -72,6 +78,17 @@ class CacheCollector(Collector):
         for kind in DISAGREEMENT_KINDS:
             fam.add_metric([kind], disagreements.get(kind, 0))
         yield fam
+        yield gauge("gpupack_pods_counted_worst_case",
+                    "Bound pods whose gpupack inputs cannot be read, counted at their worst "
+                    "(their whole declared resource, a share as its whole GPU)", len(worst))
+        named = GaugeMetricFamily(
+            "gpupack_pod_counted_worst_case",
+            "1 for each bound pod counted at its worst because its gpupack inputs cannot be "
+            f"read (the first {NAMED_WORST_CASE} by name)", labels=["namespace", "pod"])
+        for key in worst[:NAMED_WORST_CASE]:
+            ns, _, name = key.partition("/")
+            named.add_metric([ns, name], 1.0)
+        yield named
         fam = CounterMetricFamily(
             "gpupack_dra_predictions_checked",
             "Claim allocations gpupack assumed at bind, compared with the one kube-scheduler "

@@ -26,8 +26,15 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import orjson
+
 from packing.dra.allocator import allocated_state
-from packing.dra.inventory import DraInventory, node_inventory
+from packing.dra.inventory import (
+    DraInventory,
+    StaticInventory,
+    inventory_from,
+    static_inventory,
+)
 from packing.dra.objects import (
     EXTENDED_RESOURCE_CLAIM_ANNOTATION,
     AllocatedDevice,
@@ -64,7 +71,29 @@ KIND_NAMES = {"ResourceSlice": SLICES, "DeviceClass": CLASSES, "ResourceClaim": 
 # out of a node's fingerprint (DraObjects.fingerprint).
 _NODE_OWN = frozenset({"uuid", "parentUUID", "gpu.nvidia.com/uuid",
                        "gpu.nvidia.com/parentUUID"})
+_MISSING: Any = object()
 CHECKED_KEPT = 100_000  # claims whose prediction was compared, remembered (see compare)
+def slice_fingerprint(obj: Mapping[str, Any], node: str) -> bytes:
+    """A slice's spec as JSON (sorted keys) with the node's name taken out of it and the
+    attributes each GPU has its own value of left out: equal for the slices of two equal
+    nodes (see :meth:`DraObjects.fingerprint`)."""
+    spec = dict(obj.get("spec") or {})
+    spec.pop("nodeName", None)
+    pool = spec.get("pool")
+    if isinstance(pool, Mapping):
+        spec["pool"] = {**pool, "name": str(pool.get("name", "")).replace(node, "\0")}
+    devices = spec.get("devices")
+    if isinstance(devices, list):
+        spec["devices"] = [
+            {**d, "attributes": {k: v for k, v in (d.get("attributes") or {}).items()
+                                 if k not in _NODE_OWN}} if isinstance(d, Mapping) else d
+            for d in devices]
+    try:
+        return orjson.dumps(spec, option=orjson.OPT_SORT_KEYS)
+    except TypeError:
+        return repr(spec).encode()
+
+
 # The in-flight key of the claim kube-scheduler makes for a pod's DRA-backed extended
 # resources (its API name is generated): <namespace>/<pod><EXTENDED_MARK>.
 EXTENDED_MARK = "#extended-resources"
@@ -131,7 +160,16 @@ class DraObjects:
     _node_slices: dict[str, set[str]] = field(default_factory=dict)  # node -> slice names
     _device_node: dict[str, str] = field(default_factory=dict)  # device id -> node
     _held: dict[str, frozenset[str]] | None = None  # node -> names of its devices held
-    _fingerprints: dict[str, str] = field(default_factory=dict)
+    _fingerprints: dict[str, int] = field(default_factory=dict)
+    _fp_ids: dict[tuple[object, ...], int] = field(default_factory=dict)  # never reused
+    _slice_fp: dict[str, bytes] = field(default_factory=dict)  # slice name -> its own
+    _unbound_slices: int = 0  # slices of no one node (allNodes, selectors)
+    # Each node's inventory whatever is held (None: no GPU), until its slices change.
+    _statics: dict[str, StaticInventory | None] = field(default_factory=dict)
+    # Allocated claims by the nodes whose devices they hold; those with a device of no
+    # node known yet (its slice not seen) apart.
+    _node_claims: dict[str, set[str]] = field(default_factory=dict)
+    _unplaced: set[str] = field(default_factory=set)
     classes_version: int = 0  # changes whenever a DeviceClass does
     _checked: dict[str, None] = field(default_factory=dict)  # claims compared (in order)
 
@@ -181,6 +219,9 @@ class DraObjects:
         try:
             if kind == SLICES:
                 self._put_slice(key, parse_resource_slice(obj))
+                if self.raw_slices[key].node_name:
+                    self._slice_fp[key] = slice_fingerprint(obj,
+                                                            str(self.raw_slices[key].node_name))
             elif kind == CLASSES:
                 self.classes[key] = parse_device_class(obj)
                 self.classes_version += 1
@@ -206,6 +247,7 @@ class DraObjects:
         if kind == SLICES:
             old = self.raw_slices.pop(key, None)
             self.slices.pop(key, None)
+            self._slice_fp.pop(key, None)
             if old is not None:
                 self._unindex_slice(key, old)
         elif kind == CLASSES:
@@ -242,6 +284,8 @@ class DraObjects:
         if old is not None:
             self._unindex_slice(key, old)
         self.raw_slices[key] = s
+        if not s.node_name:
+            self._unbound_slices += 1
         rules = list(self.rules.values())
         self.slices[key] = apply_taint_rules([s], rules)[0] if rules else s
         node = s.node_name
@@ -249,12 +293,20 @@ class DraObjects:
             self._node_slices.setdefault(node, set()).add(key)
             self._by_node.pop(node, None)
             self._fingerprints.pop(node, None)
+            self._statics.pop(node, None)
             for d in s.devices:
                 self._device_node[f"{s.driver}/{s.pool}/{d.name}"] = node
+            for key in list(self._unplaced):
+                self._unplaced.discard(key)
+                c = self.claims.get(key)
+                if c is not None:
+                    self._index_claim(key, self._nodes_of(c.claim.allocation))
         self._touch((node or None,))
 
     def _unindex_slice(self, key: str, s: ResourceSlice) -> None:
         node = s.node_name
+        if not node:
+            self._unbound_slices -= 1
         if node:
             names = self._node_slices.get(node)
             if names is not None:
@@ -263,6 +315,7 @@ class DraObjects:
                     del self._node_slices[node]
             self._by_node.pop(node, None)
             self._fingerprints.pop(node, None)
+            self._statics.pop(node, None)
             for d in s.devices:
                 did = f"{s.driver}/{s.pool}/{d.name}"
                 if self._device_node.get(did) == node:
@@ -275,6 +328,7 @@ class DraObjects:
             self.slices[key] = apply_taint_rules([s], rules)[0] if rules else s
         self._by_node.clear()
         self._fingerprints.clear()
+        self._statics.clear()
         self._touch((None,))
 
     # ---- claims ----------------------------------------------------------------------
@@ -290,16 +344,37 @@ class DraObjects:
         if old is not None and new is not None and old.claim == new.claim:
             old.owner_pod = new.owner_pod
             return
-        touched = self._nodes_of(old.claim.allocation if old else None)
+        before = self._nodes_of(old.claim.allocation if old else None)
+        self._unindex_claim(key, before)
+        touched = set(before)
         if new is None:
             self.claims.pop(key, None)
         else:
             self.claims[key] = new
-            touched |= self._nodes_of(new.claim.allocation)
+            after = self._nodes_of(new.claim.allocation)
+            self._index_claim(key, after)
+            touched |= after
             if new.claim.allocation is not None:
                 self._settle(key, new)
         touched.discard(None)  # a device of no known node: nothing of ours to recount
         self._touch(touched)
+
+    def _index_claim(self, key: str, nodes: set[str | None]) -> None:
+        """Which nodes' devices the claim holds (a device of no known node yet: the
+        claim is looked at for every node until then)."""
+        for n in nodes:
+            if n is None:
+                self._unplaced.add(key)
+            else:
+                self._node_claims.setdefault(n, set()).add(key)
+
+    def _unindex_claim(self, key: str, nodes: set[str | None]) -> None:
+        self._unplaced.discard(key)
+        for n in nodes:
+            if n is not None and n in self._node_claims:
+                self._node_claims[n].discard(key)
+                if not self._node_claims[n]:
+                    del self._node_claims[n]
 
     def _settle(self, key: str, c: _Claim) -> None:
         """The claim is allocated: an allocation assumed for it is over; compare."""
@@ -402,7 +477,8 @@ class DraObjects:
         for node, names in self._node_slices.items():
             if node not in self._by_node:
                 self._by_node[node] = tuple(self.slices[n] for n in sorted(names))
-        unbound = tuple(s for s in self.slices.values() if not s.node_name)
+        unbound = (tuple(s for s in self.slices.values() if not s.node_name)
+                   if self._unbound_slices else ())
         claims = [c.claim for c in self.claims.values()]
         by_node = self._by_node
         if unbound:
@@ -430,33 +506,30 @@ class DraObjects:
             self._held = {n: frozenset(v) for n, v in held.items()}
         return self._held.get(node, frozenset())
 
-    def fingerprint(self, node: str) -> str | None:
+    def fingerprint(self, node: str) -> int | None:
         """What the allocator reads of ``node``'s own slices, with the node's name and its
         GPUs' UUIDs taken out: nodes of equal fingerprints (and equal devices held) get
         the same allocation, up to the pool's name. None when node-independent slices
-        exist (they would be read too)."""
+        exist (they would be read too). Made of each slice's fingerprint, taken from its
+        JSON when it arrives (:func:`slice_fingerprint`), in name order (the allocator's
+        order within a pool; the API server gives each name a random suffix), and the
+        taints DeviceTaintRules add."""
         found = self._fingerprints.get(node)
         if found is not None:
             return found
-        world = self.world()
-        if world.unbound:
+        if self._unbound_slices:
             return None
-        parts = []
-        # Slices by their rank in name order (the allocator's order within a pool): the
-        # API server gives each a random suffix.
-        for rank, s in enumerate(sorted(world.by_node.get(node, ()), key=lambda s: s.name)):
-            devices = tuple((d.name, tuple(sorted((k, repr(v)) for k, v in d.attributes.items()
-                                                  if k not in _NODE_OWN)),
-                             repr(d.capacity), repr(d.consumes_counters), d.taints,
-                             d.allow_multiple_allocations, d.binding_conditions,
-                             d.node_name == node, d.all_nodes, repr(d.node_selector))
-                            for d in s.devices)
-            parts.append((rank, s.driver, s.pool.replace(node, "\0"),
-                          s.generation, s.resource_slice_count, s.node_name == node,
-                          repr(s.shared_counters), devices))
-        text = repr(sorted(parts))
-        self._fingerprints[node] = text
-        return text
+        names = sorted(self._node_slices.get(node, ()))
+        rules: tuple[object, ...] = ()
+        if self.rules:
+            rules = tuple((d.name, d.taints) for n in names for d in self.slices[n].devices
+                          if d.taints)
+        text = (tuple(self._slice_fp.get(n, b"") for n in names), rules)
+        # Interned as a small number: memo keys compare it for every node of a request,
+        # and two equal 50 kB texts compare byte by byte.
+        number = self._fp_ids.setdefault(text, len(self._fp_ids))
+        self._fingerprints[node] = number
+        return number
 
     def node_views(self, nodes: Iterable[str]
                    ) -> dict[str, tuple[DraInventory | None,
@@ -478,8 +551,12 @@ class DraObjects:
             for n, held in by.items():
                 uses[n].append((key, tuple(held)))
 
-        for key in sorted(self.claims):
-            alloc = self.claims[key].claim.allocation
+        keys = set(self._unplaced)
+        for n in wanted:
+            keys |= self._node_claims.get(n, set())
+        for key in sorted(keys):
+            c = self.claims.get(key)
+            alloc = None if c is None else c.claim.allocation
             if alloc is not None:
                 add(key, alloc.results)
         for pod in sorted(self.in_flight):
@@ -489,5 +566,8 @@ class DraObjects:
         for n in wanted:
             held = {f"{r.driver}/{r.pool}/{r.device}" for _, rs in uses[n] for r in rs
                     if not r.admin_access}
-            out[n] = (node_inventory(n, world.node_slices(n), held), uses[n])
+            static = self._statics.get(n, _MISSING)
+            if static is _MISSING:
+                static = self._statics[n] = static_inventory(n, world.node_slices(n))
+            out[n] = (None if static is None else inventory_from(static, held), uses[n])
         return out

@@ -165,18 +165,27 @@ def advertises_gpus(node: Mapping[str, Any]) -> bool:
 
 def _mig_opt_in(who: str, labels: Mapping[str, str], annotations: Mapping[str, str],
                 notes: list[str] | None) -> bool | None:
-    """The node's ``gpupack.io/mig-reconfigure`` label (or annotation): True for "true",
-    False for "false", None when absent or unreadable (noted): no opt-in."""
-    for where, values in (("labels", labels), ("annotations", annotations)):
-        value = values.get(A.MIG_RECONFIGURE)
-        if value is None:
-            continue
+    """The node's ``gpupack.io/mig-reconfigure`` label: True for "true", False for
+    "false", None when absent or unreadable (noted): no opt-in. The annotation of that
+    name may only freeze a node ("false"): the node agent may write ``gpupack.io/``
+    annotations of its Node (its ValidatingAdmissionPolicy), never labels, so a
+    compromised agent must not be able to opt its node in; an annotation "true" is
+    ignored (noted)."""
+    value = labels.get(A.MIG_RECONFIGURE)
+    if value is not None:
         if value in ("true", "false"):
             return value == "true"
         if notes is not None:
-            notes.append(f'{who}: metadata.{where}.{A.MIG_RECONFIGURE}: {value!r} is not '
+            notes.append(f'{who}: metadata.labels.{A.MIG_RECONFIGURE}: {value!r} is not '
                          '"true" or "false"; the node does not opt in')
         return None
+    value = annotations.get(A.MIG_RECONFIGURE)
+    if value == "false":
+        return False
+    if value is not None and notes is not None:
+        notes.append(f'{who}: metadata.annotations.{A.MIG_RECONFIGURE}: {value[:40]!r} '
+                     'ignored: only the label opts a node in (the node agent may write '
+                     'gpupack.io/ annotations)')
     return None
 
 

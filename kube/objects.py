@@ -21,6 +21,7 @@ from typing import Any
 
 from kube import annotations as A
 from kube.fields import ObjectError, field_map, obj_name, str_map
+from kube.groups.workload_api import scheduling_group
 from packing.catalog import (
     models_with_profile,
     profile_from_resource,
@@ -197,7 +198,7 @@ def pod_request(pod: Mapping[str, Any], strict: bool = True) -> PodRequest:
         gpu_models=models,
         node_selector=str_map(pod, "spec.nodeSelector", who) or NO_SELECTOR,
         priority=prio,
-        group=_group_of(meta.get("namespace") or "default", labels, ann, who, strict),
+        group=_group_of(meta.get("namespace") or "default", labels, ann, spec, who, strict),
         uid=str(meta.get("uid", "")),
         klass=sys.intern(klass),
         admission=admission_id(ann),
@@ -249,10 +250,10 @@ def _annotation(read: Callable[[Mapping[str, str]], int | None], ann: Mapping[st
         return 0
 
 
-def _group_of(namespace: str, labels: Mapping[str, str], ann: Mapping[str, str], who: str,
-              strict: bool) -> GroupRef | None:
+def _group_of(namespace: str, labels: Mapping[str, str], ann: Mapping[str, str],
+              spec: Mapping[str, Any], who: str, strict: bool) -> GroupRef | None:
     try:
-        return group_ref(namespace, labels, ann, who)
+        return group_ref(namespace, labels, ann, who, scheduling_group(spec, who))
     except ObjectError:
         if strict:
             raise
@@ -260,9 +261,24 @@ def _group_of(namespace: str, labels: Mapping[str, str], ann: Mapping[str, str],
 
 
 def group_ref(
-    namespace: str, labels: Mapping[str, str], ann: Mapping[str, str], who: str
+    namespace: str, labels: Mapping[str, str], ann: Mapping[str, str], who: str,
+    pod_group: str | None = None,
 ) -> GroupRef | None:
-    """Group membership from LWS labels/annotations, or gpupack.io/group + group-size."""
+    """Group membership, by the one rule (docs/groups.md): the first of
+
+    1. ``spec.schedulingGroup.podGroupName`` (``pod_group``): the PodGroup of that name
+       in the pod's namespace, kube-scheduler's own gang. Its size, minimum and topology
+       come from the object (resolved by the reservation book): here size 1;
+    2. the LeaderWorkerSet labels and ``leaderworkerset.sigs.k8s.io/size``;
+    3. ``gpupack.io/group`` and ``gpupack.io/group-size``
+
+    names the pod's group; what the others say of a group is not read for this pod.
+    Every key starts with the pod's own namespace: no source lets a pod join a group of
+    another namespace."""
+    if pod_group is not None:
+        worker = A.small_int(labels.get(A.LWS_WORKER_INDEX, "0"))
+        return GroupRef(key=f"{namespace}/{pod_group}", size=1,
+                        index=worker if worker is not None else 0, pod_group=pod_group)
     if A.LWS_NAME in labels:
         size = _group_size(ann.get(A.LWS_SIZE, "1"), f"metadata.annotations.{A.LWS_SIZE}", who)
         group_index = labels.get(A.LWS_GROUP_INDEX, "0")

@@ -59,6 +59,9 @@ class PodEntry:
     # it could not be read.
     constraints: PodConstraints | str | None = None
     started: float | None = None  # status.startTime (kube.objects.started_at)
+    # Why its gpupack inputs could not be read: it is bound and counted at its worst
+    # (kube.worst_case); None when they were read.
+    unreadable: str | None = None
 
 
 class Observations:

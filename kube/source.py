@@ -41,6 +41,24 @@ class BindError(RuntimeError):
     """The API server (or the static cluster) refused the Binding."""
 
 
+class BindUnknown(BindError):
+    """The Binding was sent and no answer came back in time (a timeout, a connection
+    lost): the API server may still apply it. The bind's GPUs stay assumed until the
+    watch shows the pod, or until no request could still apply it
+    (:data:`UNKNOWN_BIND_HOLD_S`)."""
+
+
+# How long a Binding gets before the bind verb gives up on it: below kube-scheduler's
+# extender httpTimeout (the chart's 3 s), so that kube-scheduler and gpupack agree on
+# the verb's outcome; a bind that answers later is an unknown outcome (BindUnknown),
+# not a failure.
+BIND_TIMEOUT_S = 2.0
+# How long the GPUs of a bind whose outcome is unknown stay assumed: kube-apiserver
+# abandons a request after its --request-timeout (1 minute by default), so a Binding not
+# applied by then never will be.
+UNKNOWN_BIND_HOLD_S = 60.0
+
+
 class Binder(Protocol):
     def bind(
         self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str],

@@ -390,7 +390,7 @@ def _groups(b: _Batch, taken_domains: frozenset[tuple[str, str]]) -> None:
         model.add(sum(d.values()) == first)
         for dom, var in d.items():
             if ref.exclusive:
-                domain_use[ref.topology_key, dom].append(var)
+                domain_use[ref.exclusive_key, dom].append(var)
         node_domain = {n: dom for dom, ns in by_domain.items() for n in ns}
         for m in members:
             for n, v in b.w.get(m.key, {}).items():

@@ -43,8 +43,9 @@ class GpuMode(StrEnum):
     MIG = "mig"  # partitioned into MIG instances (nvidia.com/mig-<profile>)
     SHARED = "shared"  # time-sliced replicas (nvidia.com/gpu.shared): no memory isolation
     # GPU-sharing schedulers of the openb trace: a GPU is either taken whole or split by
-    # milli-GPU among fractional pods. Kubernetes' device plugin has no such mode; it exists
-    # so the published trace experiment can be replayed through the same code.
+    # milli-GPU among fractional pods. Kubernetes' device plugin has no such mode; the
+    # published trace experiment is replayed through it, and a DRA device with consumable
+    # capacity (KEP-5075) is one (packing.dra.inventory: a share's milli is its memory's).
     FRACTIONAL = "fractional"
 
 
@@ -175,7 +176,34 @@ class GroupRef:
     size: int  # pods in the group, leader included
     index: int = 0  # worker index; 0 is the leader
     topology_key: str | None = None  # all members inside one domain of this label
-    exclusive: bool = False  # one group per topology domain
+    exclusive: bool = False  # one group per topology domain (of its namespace)
+    # The fewest members that make the group whole (a PodGroup's gang ``minCount``); 0:
+    # every one of ``size``. Its room is held for at least this many at once.
+    minimum: int = 0
+    # The PodGroup (``scheduling.k8s.io``) the pod's ``spec.schedulingGroup`` names, in
+    # the pod's namespace: its size, minimum and topology come from that object.
+    pod_group: str | None = None
+
+    @property
+    def min_count(self) -> int:
+        """Members that make the group whole: ``minimum`` when set, else ``size``."""
+        return min(self.minimum, self.size) if self.minimum > 0 else self.size
+
+    @property
+    def exclusive_key(self) -> str:
+        """What an exclusive domain of this group is taken under: see
+        :func:`exclusive_key`."""
+        return exclusive_key(self.key, self.topology_key)
+
+
+def exclusive_key(group: str, topology_key: str | None) -> str:
+    """The key a group's exclusive domain is taken under, ``(key, domain value)``: its
+    topology key *within the group's namespace*. An exclusive group keeps out the other
+    groups of its own namespace only, as kube-scheduler does for LeaderWorkerSet's
+    exclusive placement (a pod anti-affinity term with no namespaces applies to the
+    pod's own namespace): a tenant's group, forged or real, never takes a domain away
+    from another namespace's groups."""
+    return f"{group.split('/', 1)[0]}/{topology_key or ''}"
 
 
 @dataclass(frozen=True, slots=True)

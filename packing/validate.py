@@ -113,7 +113,7 @@ def _groups(
             for d in domains:
                 if d is None:
                     continue
-                other = domain_owner.setdefault((ref.topology_key, d), key)
+                other = domain_owner.setdefault((ref.exclusive_key, d), key)
                 if other != key:
                     out.append(f"group {key}: shares exclusive domain {d} with group {other}")
     return out

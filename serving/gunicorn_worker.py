@@ -23,6 +23,7 @@ import contextlib
 import selectors
 import socket
 import ssl
+import threading
 import time
 from concurrent import futures
 from functools import partial
@@ -32,6 +33,7 @@ from gunicorn import http
 from gunicorn import sock as gsock
 from gunicorn.workers.gthread import TConn, ThreadWorker
 
+from serving.client_auth import PEER_CERT, peer_certificate
 from serving.gate import (
     HEALTH_PATHS,
     ByteBudget,
@@ -269,9 +271,31 @@ class GatedThreadWorker(ThreadWorker):
         # Blocking from here on, each write bounded: a client that does not read its
         # answer is cut instead of holding the thread.
         conn.sock.settimeout(self.limits.write_s)
-        return super().handle_request(req, conn)
+        # The client certificate verified in the handshake, for the app (serving.
+        # client_auth): gunicorn's environ has no place for it, so it rides on the thread
+        # that calls the app.
+        _peer.cert = peer_certificate(conn.sock)
+        try:
+            return super().handle_request(req, conn)
+        finally:
+            _peer.cert = None
+
+    def load_wsgi(self) -> None:
+        super().load_wsgi()
+        self.wsgi = _with_peer_cert(getattr(self, "wsgi"))  # noqa: B009 (gunicorn's, untyped)
 
     def _keepalive_after(self, conn: TConn, keepalive: Any) -> bool:
         if getattr(conn, "gated_incomplete", False):
             return False  # its body was never read: where the next request starts is unknown
         return bool(super()._keepalive_after(conn, keepalive))
+
+
+_peer = threading.local()
+
+
+def _with_peer_cert(app: Any) -> Any:
+    def wrapped(environ: dict[str, Any], start_response: Any) -> Any:
+        environ[PEER_CERT] = getattr(_peer, "cert", None)
+        return app(environ, start_response)
+
+    return wrapped

@@ -27,6 +27,7 @@ from typing import Any
 from flask import Flask
 from gunicorn.app.base import BaseApplication
 
+from serving.client_auth import ClientAuth
 from serving.gate import Limits
 from serving.gunicorn_worker import GatedThreadWorker
 from serving.listener import Listener
@@ -52,6 +53,7 @@ class HttpsServer(BaseApplication):
         name: str,
         threads: int = 8,
         log_level: str = "info",
+        client_auth: ClientAuth | None = None,
     ) -> None:
         self.app_factory = app_factory
         self.settings: dict[str, Any] = {
@@ -74,7 +76,7 @@ class HttpsServer(BaseApplication):
             # gunicorn wants the files to know TLS is on; the hook does the loading.
             "certfile": str(cert),
             "keyfile": str(key),
-            "ssl_context": ReloadingTLS(cert, key).gunicorn_hook(),
+            "ssl_context": ReloadingTLS(cert, key, client_auth).gunicorn_hook(),
             # Several servers (tests, the extender) may run side by side; the runtime
             # control socket has one default path and is not needed here.
             "control_socket_disable": True,
@@ -96,8 +98,8 @@ class HttpsListener:
 
     def __init__(self, app: WSGIApp, host: str, port: int, cert: Path, key: Path, *,
                  limits: Limits, name: str, threads: int = 4, what: str = "HTTPS",
-                 path: str = "") -> None:
-        self.tls = ReloadingTLS(cert, key)
+                 path: str = "", client_auth: ClientAuth | None = None) -> None:
+        self.tls = ReloadingTLS(cert, key, client_auth)
         self.listener = Listener(app, host, port, limits=limits, threads=threads,
                                  tls=self.tls.context, name=name)
         self.what, self.path = what, path

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from serving.client_auth import peer_certificate
 from serving.gate import (
     HEALTH_PATHS,
     ByteBudget,
@@ -313,7 +314,7 @@ class Listener:
             sock.settimeout(self.limits.write_s)  # blocking, bounded
             scheme = "https" if self.tls is not None else "http"
             env = environ(head, ready.body, server=self.address(), client=conn.client,
-                          scheme=scheme)
+                          scheme=scheme, peer_cert=peer_certificate(sock))
             try:
                 status, headers, body = call(self.app, env)
             except Exception:

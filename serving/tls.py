@@ -20,17 +20,22 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from serving.client_auth import ClientAuth
+
 log = logging.getLogger("gpupack.webhook.tls")
 
-_Signature = tuple[int, int, int, int, int, int]
+_Signature = tuple[int, ...]
 
 
 class ReloadingTLS:
-    """A server SSLContext for a cert/key file pair, reloaded when the files change."""
+    """A server SSLContext for a cert/key file pair, reloaded when the files change.
+    With ``client_auth`` (:mod:`serving.client_auth`), the context also asks clients for
+    a certificate and verifies one against its CA file, reloaded with the pair."""
 
-    def __init__(self, cert: Path, key: Path) -> None:
+    def __init__(self, cert: Path, key: Path, client_auth: ClientAuth | None = None) -> None:
         self.cert = Path(cert)
         self.key = Path(key)
+        self.client_auth = client_auth
         self._lock = threading.Lock()
         self._signature: _Signature | None = None
         self._context: ssl.SSLContext | None = None
@@ -39,13 +44,18 @@ class ReloadingTLS:
     def _stat(self) -> _Signature:
         # os.stat follows the ..data symlinks of a Kubernetes Secret volume, so an
         # atomic swap of the directory shows up as a new inode and mtime.
-        c, k = os.stat(self.cert), os.stat(self.key)
-        return (c.st_mtime_ns, c.st_size, c.st_ino, k.st_mtime_ns, k.st_size, k.st_ino)
+        files = [self.cert, self.key]
+        if self.client_auth is not None:
+            files.append(self.client_auth.ca)
+        return tuple(v for f in files for s in (os.stat(f),)
+                     for v in (s.st_mtime_ns, s.st_size, s.st_ino))
 
     def _build(self) -> ssl.SSLContext:
         ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         ctx.minimum_version = ssl.TLSVersion.TLSv1_2
         ctx.load_cert_chain(certfile=str(self.cert), keyfile=str(self.key))
+        if self.client_auth is not None:
+            self.client_auth.configure(ctx)
         return ctx
 
     def context(self) -> ssl.SSLContext:

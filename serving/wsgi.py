@@ -13,13 +13,16 @@ from collections.abc import Callable, Iterable
 from typing import Any
 from urllib.parse import unquote_to_bytes
 
+from serving.client_auth import PEER_CERT
 from serving.head import Head
 
 WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 
 
 def environ(head: Head, body: bytes, *, server: tuple[str, int], client: tuple[str, int],
-            scheme: str) -> dict[str, Any]:
+            scheme: str, peer_cert: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``peer_cert``: the client certificate verified in the TLS handshake
+    (:mod:`serving.client_auth`), under :data:`serving.client_auth.PEER_CERT`."""
     path, _, query = head.target.partition("?")
     env: dict[str, Any] = {
         "REQUEST_METHOD": head.method,
@@ -40,6 +43,7 @@ def environ(head: Head, body: bytes, *, server: tuple[str, int], client: tuple[s
         "wsgi.multithread": True,
         "wsgi.multiprocess": False,
         "wsgi.run_once": False,
+        PEER_CERT: peer_cert,
     }
     for name, value in head.headers:
         if name == "content-type":

@@ -33,12 +33,14 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from werkzeug.exceptions import HTTPException
 
 from packing.model import Snapshot
+from serving.client_auth import PEER_CERT, ClientAuth
 from serving.gate import Limits
 from serving.metrics_app import guarded
 from serving.metrics_auth import Guard
 from webhook.admit import admit
 from webhook.capacity import ClusterView
-from webhook.claims import ClaimBook, ClaimedView
+from webhook.claim_scope import ScopedViews, pod_names, pod_of
+from webhook.claims import ClaimBook
 from webhook.config import WebhookConfig
 from webhook.dra_view import SHARED_RESOURCE, DraMemo
 from webhook.metrics import WebhookMetrics
@@ -77,6 +79,7 @@ class ViewCache:
         self._lock = threading.Lock()
         self._snapshot: Snapshot | None = None
         self._view: ClusterView | None = None
+        self._names: frozenset[str] = frozenset()  # the pods of _view's snapshot
         self._building: Snapshot | None = None
         self._shared_resource = shared_resource
         # What the last view judged of each DRA node, for the next (one is built at a
@@ -86,6 +89,12 @@ class ViewCache:
     def _of(self, snapshot: Snapshot) -> ClusterView:
         return ClusterView.of(snapshot, shared_resource=self._shared_resource,
                               memo=self._dra_memo)
+
+    def names_of(self, view: ClusterView) -> frozenset[str]:
+        """The "namespace/name" of the pods ``view`` counts (empty once a newer view has
+        replaced it: a claim is then only not ended early)."""
+        with self._lock:
+            return self._names if view is self._view else frozenset()
 
     def get(self, snapshot: Snapshot) -> ClusterView:
         with self._lock:
@@ -98,9 +107,10 @@ class ViewCache:
                                  name="gpupack-webhook-view").start()
                 return view
         view = self._of(snapshot)  # first use: nothing older to serve
+        names = pod_names(snapshot)
         with self._lock:
             if self._view is None:
-                self._view, self._snapshot = view, snapshot
+                self._view, self._snapshot, self._names = view, snapshot, names
             return view
 
     def _rebuild(self, snapshot: Snapshot) -> None:
@@ -112,8 +122,9 @@ class ViewCache:
                 # The scopes (node pools, tolerations) the previous view served are
                 # condensed here, not in the next review of each.
                 view.warm(previous.levels())
+            names = pod_names(snapshot)
             with self._lock:
-                self._view, self._snapshot = view, snapshot
+                self._view, self._snapshot, self._names = view, snapshot, names
         except Exception:
             log.exception("rebuilding the cluster view failed; keeping the previous one")
         finally:
@@ -155,6 +166,7 @@ def create_webhook_app(
     ready: Callable[[], bool] | None = None,
     metrics_guard: Guard | None = None,
     claim_book: ClaimBook | None = None,
+    client_auth: ClientAuth | None = None,
 ) -> Flask:
     """``snapshot_provider``: the cluster now, or None until the first complete list.
     ``ready``: a cheap "has the first list completed" (default: the provider's own
@@ -164,13 +176,16 @@ def create_webhook_app(
     ``metrics_guard``: who may scrape ``/metrics`` (:mod:`serving.metrics_auth`; default:
     anyone); ``/healthz`` and ``/readyz`` stay open for the kubelet's probes.
     ``claim_book``: the slices and shares handed out that the view does not show yet
-    (:mod:`webhook.claims`; default: a book with its default expiry)."""
+    (:mod:`webhook.claims`; default: a book with its default expiry); a decision counts
+    those of its pod's namespace only (:mod:`webhook.claim_scope`).
+    ``client_auth``: who may post reviews (:mod:`serving.client_auth`: the API
+    server's client certificate); default: anyone who reaches the port."""
     app = Flask("gpupack.webhook")
     metrics = WebhookMetrics(registry)
     views = ViewCache(config.shared_resource)
     claims = claim_book if claim_book is not None else ClaimBook()
     deciding = threading.Lock()
-    claimed = ClaimedView()
+    scoped = ScopedViews()
     is_ready: Callable[[], bool] = ready or getattr(snapshot_provider, "ready", None) \
         or (lambda: True)
 
@@ -181,10 +196,10 @@ def create_webhook_app(
         req = review.request
         pod = req.object
         meta = pod.get("metadata") if isinstance(pod, Mapping) else None
-        namespace = req.namespace or (
+        namespace = str(req.namespace or (
             meta.get("namespace") if isinstance(meta, Mapping) else None
-        ) or "default"
-        labels = config.namespace_labels(str(namespace))
+        ) or "default")
+        labels = config.namespace_labels(namespace)
         # One decision at a time from snapshot to claim (each takes well under a
         # millisecond): two reviews deciding at once would both see the same free slice,
         # and one deciding from an older snapshot than the one that ended a claim (taken
@@ -194,8 +209,10 @@ def create_webhook_app(
             if snapshot is None:
                 raise NotReady()
             base = views.get(snapshot)
-            live = claims.live_items(base.seen)
-            earlier = claims.answer(req.uid) if req.uid else None
+            # Only this namespace's claims count (webhook.claim_scope): what reviews
+            # naming other namespaces claimed, forged or not, changes nothing here.
+            live = claims.live_items(base.seen, namespace, views.names_of(base))
+            earlier = claims.answer(req.uid, namespace) if req.uid else None
             # The pod's digest, taken at most once a review (a claim keeps it).
             fingerprint = None if earlier is None else _fingerprint(pod, namespace)
             if earlier is not None and earlier[0] == fingerprint:
@@ -203,7 +220,7 @@ def create_webhook_app(
                 # the same answer, not a new decision against its own claim.
                 answer: tuple[AdmissionResponse, str, str] = earlier[1]
                 return answer
-            view = claimed.get(base, live)
+            view = scoped.get(namespace, base, live)
             adm = admit(pod, view, config, labels, admission_id=req.uid,
                         live={k for k, _ in live})
             d = adm.decision
@@ -218,7 +235,8 @@ def create_webhook_app(
                 claim = d.claim() if not d.reused and not req.dry_run else None
                 if claim is not None:
                     claims.add(req.uid, claim, (fingerprint or _fingerprint(pod, namespace),
-                                                (resp, adm.outcome, klass)))
+                                                (resp, adm.outcome, klass)),
+                               namespace=namespace, pod=pod_of(meta, namespace))
         if d.warnings:
             metrics.warnings.labels(klass).inc(len(d.warnings))
         return resp, adm.outcome, klass
@@ -233,6 +251,13 @@ def create_webhook_app(
                                       f"server's limit of {MAX_REVIEW_BYTES} bytes"}, 413)
             refusal.headers["Connection"] = "close"  # the body stays unread
             return refusal
+        if client_auth is not None:
+            refused = client_auth.refusal(request.environ.get(PEER_CERT))
+            if refused is not None:
+                metrics.reviews.labels("unauthenticated", "none").inc()
+                answer = _json({"error": refused[1]}, refused[0])
+                answer.headers["Connection"] = "close"  # the body stays unread
+                return answer
         if not is_ready():
             metrics.reviews.labels("not_ready", "none").inc()
             return _not_ready()

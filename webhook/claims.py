@@ -18,6 +18,16 @@ A claim carries the nodes its pod could reach (:attr:`Claim.reach`): a claim of 
 restricted to pool A is taken from the views of pool A and of the whole cluster, never
 from a view of pool B (:meth:`ClusterView.with_claims`).
 
+A claim is also kept in the namespace its review named, and counts only for decisions
+about pods of that namespace (:mod:`webhook.claim_scope`): reviews are not authenticated
+unless the webhook verifies the API server's client certificate, so anyone who can reach
+the port could post them, and a claim must never take a slice from another tenant. Per
+namespace at most ``max_per_namespace`` claims are held (the oldest goes first), and
+when the whole book is full the oldest claim of the namespace holding the most goes, so
+one namespace's flood cannot push out another's claims. A claim also ends when the view
+shows another pod under the name it was made for: that create fails (AlreadyExists),
+its pod can no longer appear.
+
 Thread-safe; the clock is injected.
 """
 
@@ -26,62 +36,101 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Set
+from collections.abc import Callable, Container, Set
 from typing import Any
 
 from webhook.capacity import Claim, ClusterView
 
 DEFAULT_TTL_S = 30.0
 DEFAULT_MAX_CLAIMS = 4096
+DEFAULT_MAX_PER_NAMESPACE = 512
+
+# (made at, claim, answer, the pod's "namespace/name" or "" when the review named none)
+_Held = tuple[float, Claim, Any, str]
 
 
 class ClaimBook:
     def __init__(self, ttl_s: float = DEFAULT_TTL_S, max_claims: int = DEFAULT_MAX_CLAIMS,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        if ttl_s <= 0 or max_claims <= 0:
-            raise ValueError(f"ttl_s ({ttl_s}) and max_claims ({max_claims}) must be positive")
+                 clock: Callable[[], float] = time.monotonic,
+                 max_per_namespace: int = DEFAULT_MAX_PER_NAMESPACE) -> None:
+        if ttl_s <= 0 or max_claims <= 0 or max_per_namespace <= 0:
+            raise ValueError(f"ttl_s ({ttl_s}), max_claims ({max_claims}) and "
+                             f"max_per_namespace ({max_per_namespace}) must be positive")
         self.ttl_s = ttl_s
         self.max_claims = max_claims
+        self.max_per_namespace = max_per_namespace
         self._clock = clock
         self._lock = threading.Lock()
-        self._claims: OrderedDict[str, tuple[float, Claim, Any]] = OrderedDict()
+        # namespace -> admission id -> what it holds, oldest first.
+        self._claims: dict[str, OrderedDict[str, _Held]] = {}
+        self._count = 0
+        self.pushed_out = 0  # claims dropped for a bound (per namespace or in all)
 
-    def add(self, admission_id: str, claim: Claim, answer: Any = None) -> None:
-        """Record what admission ``admission_id`` took (a repeat replaces the first);
-        ``answer``: what the webhook answered it, given back by :meth:`answer` while the
-        claim lives (the API server retries a call with the same review uid)."""
+    def add(self, admission_id: str, claim: Claim, answer: Any = None, *,
+            namespace: str = "", pod: str = "") -> None:
+        """Record what admission ``admission_id`` of ``namespace`` took (a repeat
+        replaces the first); ``answer``: what the webhook answered it, given back by
+        :meth:`answer` while the claim lives (the API server retries a call with the same
+        review uid); ``pod``: the pod's "namespace/name" ("" for a generated name)."""
         if not admission_id:
             return
         with self._lock:
-            self._claims.pop(admission_id, None)
-            self._claims[admission_id] = (self._clock(), claim, answer)
-            while len(self._claims) > self.max_claims:
-                self._claims.popitem(last=False)
+            book = self._claims.setdefault(namespace, OrderedDict())
+            if book.pop(admission_id, None) is not None:
+                self._count -= 1
+            book[admission_id] = (self._clock(), claim, answer, pod)
+            self._count += 1
+            while len(book) > self.max_per_namespace:
+                self._pop_oldest(namespace)
+            while self._count > self.max_claims:
+                # The namespace holding the most gives up its oldest.
+                self._pop_oldest(max(self._claims, key=lambda n: (len(self._claims[n]), n)))
 
-    def answer(self, admission_id: str) -> Any:
-        """The answer recorded with ``admission_id``'s claim (None: no claim held, or
-        none recorded). Call after :meth:`live_items`, which drops the ended claims."""
+    def _pop_oldest(self, namespace: str) -> None:
+        book = self._claims[namespace]
+        book.popitem(last=False)
+        self._count -= 1
+        self.pushed_out += 1
+        if not book:
+            del self._claims[namespace]
+
+    def answer(self, admission_id: str, namespace: str = "") -> Any:
+        """The answer recorded with ``admission_id``'s claim in ``namespace`` (None: no
+        claim held, or none recorded). Call after :meth:`live_items`, which drops the
+        ended claims."""
         with self._lock:
-            held = self._claims.get(admission_id)
+            book = self._claims.get(namespace)
+            held = None if book is None else book.get(admission_id)
             return None if held is None else held[2]
 
-    def live(self, seen: Set[str]) -> list[Claim]:
+    def live(self, seen: Set[str], namespace: str | None = None) -> list[Claim]:
         """The claims a view with ``seen`` does not count yet, oldest first; drops the
         ones it counts and the expired ones."""
-        return [c for _, c in self.live_items(seen)]
+        return [c for _, c in self.live_items(seen, namespace)]
 
-    def live_items(self, seen: Set[str]) -> list[tuple[str, Claim]]:
-        """:meth:`live` with each claim's admission id."""
+    def live_items(self, seen: Set[str], namespace: str | None = None,
+                   names: Container[str] = frozenset()) -> list[tuple[str, Claim]]:
+        """:meth:`live` with each claim's admission id: those of ``namespace`` (None:
+        every namespace's, namespace by namespace). Every claim the view counts
+        (``seen``), that expired, or whose pod's name the view shows taken by another
+        pod (``names``: "namespace/name" of the view's pods) is dropped first."""
         now = self._clock()
         with self._lock:
-            for key in [k for k, (at, _, _) in self._claims.items()
-                        if k in seen or now - at >= self.ttl_s]:
-                del self._claims[key]
-            return [(k, c) for k, (_, c, _) in self._claims.items()]
+            for ns in list(self._claims):
+                book = self._claims[ns]
+                for key in [k for k, (at, _, _, pod) in book.items()
+                            if k in seen or now - at >= self.ttl_s or (pod and pod in names)]:
+                    del book[key]
+                    self._count -= 1
+                if not book:
+                    del self._claims[ns]
+            spaces = list(self._claims) if namespace is None else [namespace]
+            return [(k, held[1]) for ns in spaces if ns in self._claims
+                    for k, held in self._claims[ns].items()]
 
     def __len__(self) -> int:
         with self._lock:
-            return len(self._claims)
+            return self._count
 
 
 class ClaimedView:

@@ -14,7 +14,7 @@ class WebhookMetrics:
         self.reviews = Counter(
             "gpupack_webhook_reviews",
             "AdmissionReviews answered, by outcome (patched, unchanged, denied, skipped, "
-            "ignored, malformed, error, too_large, not_ready) and pod class",
+            "ignored, malformed, error, too_large, not_ready, unauthenticated) and pod class",
             ["outcome", "class"],
             registry=registry,
         )

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from kube.annotations import MAX_GROUP_SIZE
+from kube.annotations import LWS_EXCLUSIVE, MAX_GROUP_SIZE
 from kube.constraints import PodConstraints, spec_constraints
 from kube.objects import ObjectError
 
@@ -41,6 +41,9 @@ class LwsShape:
     size: int  # pods per group, leader included
     replicas: int  # groups
     templates: tuple[PodConstraints, ...] = ()  # leader (if its own) and worker templates
+    # metadata.annotations[leaderworkerset.sigs.k8s.io/exclusive-topology]: the topology
+    # key its groups hold exclusively (None: no exclusive placement).
+    exclusive_topology: str | None = None
 
 
 def _count(v: Any, where: str, default: int, low: int) -> int:
@@ -78,7 +81,10 @@ def lws_of(obj: Mapping[str, Any]) -> LwsShape:
             raise ObjectError(f"{who}: spec.leaderWorkerTemplate.{field}: expected an object")
         templates.append(spec_constraints(
             t.get("spec"), f"{who}: spec.leaderWorkerTemplate.{field}.spec"))
-    return LwsShape(meta["namespace"], meta["name"], size, replicas, tuple(templates))
+    annotations = meta.get("annotations")
+    exclusive = annotations.get(LWS_EXCLUSIVE) if isinstance(annotations, Mapping) else None
+    return LwsShape(meta["namespace"], meta["name"], size, replicas, tuple(templates),
+                    exclusive if isinstance(exclusive, str) and exclusive else None)
 
 
 class LwsSink(Protocol):

@@ -252,7 +252,7 @@ def _domains(c: _Cluster, members: Sequence[PodRequest]) -> list[list[str]] | St
         value = c.state.nodes[names[0]].info.labels[ref.topology_key]
         if placed and value not in placed:
             continue
-        if ref.exclusive and (ref.topology_key, value) in c.taken_domains:
+        if ref.exclusive and (ref.exclusive_key, value) in c.taken_domains:
             continue
         out.append(names)
     if not out:
@@ -468,7 +468,7 @@ def _record(c: _Cluster, members: Sequence[PodRequest], move: Move) -> None:
         if ref is not None and ref.exclusive and ref.topology_key is not None:
             value = c.state.nodes[p.node].info.labels.get(ref.topology_key)
             if value is not None:
-                c.taken_domains.add((ref.topology_key, value))
+                c.taken_domains.add((ref.exclusive_key, value))
 
 
 def _check(snap: Snapshot, moves: Sequence[Move]) -> None:

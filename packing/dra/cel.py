@@ -155,8 +155,27 @@ def _attr(value: AttributeValue) -> Any:
     return list(value) if isinstance(value, tuple) else value
 
 
+# Verdicts by (selector, driver, device object): a device is a frozen value and a
+# selector's verdict on it never changes, while the allocator asks the same ones for every
+# pod on every node of the same kind. Each entry keeps its device, so its id is not reused.
+_VERDICTS: dict[tuple[str, str, int], tuple[Device, Verdict]] = {}
+VERDICTS_KEPT = 200_000  # past this many the table starts over
+
+
 def evaluate(src: str, device: Device, driver: str) -> Verdict:
-    """Whether selector ``src`` matches ``device`` of ``driver``."""
+    """Whether selector ``src`` matches ``device`` of ``driver`` (memoized)."""
+    key = (src, driver, id(device))
+    found = _VERDICTS.get(key)
+    if found is not None and found[0] is device:
+        return found[1]
+    verdict = _evaluate(src, device, driver)
+    if len(_VERDICTS) >= VERDICTS_KEPT:
+        _VERDICTS.clear()
+    _VERDICTS[key] = (device, verdict)
+    return verdict
+
+
+def _evaluate(src: str, device: Device, driver: str) -> Verdict:
     result = _Eval({"device": device_variables(device, driver)}).eval(compile_expression(src))
     if isinstance(result, _Unknown):
         return Verdict(Outcome.UNKNOWN, result.reason)

@@ -12,8 +12,9 @@ GPUs as they see device-plugin GPUs:
   is the catalog's for ``productName`` (:func:`packing.catalog.match_product`, with the
   whole GPU's ``memory`` capacity to pick a variant).
 * **Whole GPU**: the GPU's own device. A GPU whose device has ``allowMultipleAllocations``
-  (consumable capacity, KEP-5075) is a shared GPU (mode SHARED, replicas unlimited: the
-  memory capacity bounds it).
+  (consumable capacity, KEP-5075) is split by the claims' consumed memory (mode
+  FRACTIONAL: each share takes its memory's fraction of the GPU, gpupack's own choice of
+  GPU, no device plugin picking a replica; an idle one can still be taken whole).
 * **MIG**: with static MIG (no counters) the MIG devices that exist are the GPU's layout
   (mode MIG). With partitionable devices (DynamicMIG, KEP-4815: counters), every
   placement is a device and an instance exists only while a claim holds it: the GPU is
@@ -137,12 +138,45 @@ class _Gpu:
     clique: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class _StaticGpu:
+    index: int
+    model: str
+    memory_mib: int
+    memory_source: str
+    whole: str | None  # its own device's id
+    shared: bool  # its own device has allowMultipleAllocations
+    migs: tuple[GpuDevice, ...]  # its MIG devices the geometry allows
+    partitionable: bool
+
+
+@dataclass(frozen=True, slots=True)
+class StaticInventory:
+    """What a node's slices say of its GPUs whatever is held: the part of
+    :class:`DraInventory` that changes only when the slices do (a cache keeps it per
+    node; :func:`inventory_from` adds what the held devices decide)."""
+
+    node: str
+    gpus: tuple[_StaticGpu, ...]
+    devices: Mapping[str, GpuDevice]
+    clique: str | None
+    skipped: tuple[str, ...]
+    tainted: frozenset[int]
+
+
 def node_inventory(node: str, slices: Iterable[ResourceSlice],
                    held: frozenset[str] | set[str] = frozenset(),
                    drivers: Sequence[str] = (GPU_DRIVER,)) -> DraInventory | None:
     """The GPUs of ``node`` in ``slices`` (the node's own, ``nodeName``), with
     ``held`` (ids of devices allocated claims hold, in flight included) deciding the
     mode of partitionable GPUs. None when the node publishes no GPU."""
+    static = static_inventory(node, slices, drivers)
+    return None if static is None else inventory_from(static, held)
+
+
+def static_inventory(node: str, slices: Iterable[ResourceSlice],
+                     drivers: Sequence[str] = (GPU_DRIVER,)) -> StaticInventory | None:
+    """The held-independent part of :func:`node_inventory`."""
     gpus: dict[str, _Gpu] = {}
     skipped: list[str] = []
     newest: dict[tuple[str, str], int] = {}
@@ -184,9 +218,8 @@ def node_inventory(node: str, slices: Iterable[ResourceSlice],
     if not gpus:
         return None
     ordered = sorted(gpus.values(), key=lambda g: (g.bus or "~", g.key))
-    infos: list[GpuInfo] = []
+    out: list[_StaticGpu] = []
     devices: dict[str, GpuDevice] = {}
-    partitionable: set[int] = set()
     tainted: set[int] = set()
     cliques: set[str | None] = set()
     for index, g in enumerate(ordered):
@@ -198,10 +231,7 @@ def node_inventory(node: str, slices: Iterable[ResourceSlice],
             continue
         counters = any(d.consumes_counters for _, d in g.migs) or (
             g.whole is not None and bool(g.whole[1].consumes_counters))
-        if counters and g.migs:
-            partitionable.add(index)
-        instances: list[MigInstance] = []
-        held_migs = False
+        migs: list[GpuDevice] = []
         for did, d in g.migs:
             profile = _attr(d, GPU_DRIVER, "profile")
             start = _mig_start(d)
@@ -210,35 +240,51 @@ def node_inventory(node: str, slices: Iterable[ResourceSlice],
                 skipped.append(f"{d.name}: {why}")
                 continue
             assert isinstance(profile, str) and start is not None
-            devices[did] = GpuDevice(did, index, profile, start, _memory_mib(d),
-                                     bool(d.allow_multiple_allocations))
-            if index not in partitionable or did in held:
-                instances.append(MigInstance(profile, start))
-                held_migs = held_migs or did in held
+            dev = GpuDevice(did, index, profile, start, _memory_mib(d),
+                            bool(d.allow_multiple_allocations))
+            devices[did] = dev
+            migs.append(dev)
         memory = whole_mib or model.memory_mib
         if g.whole is not None:
             did, d = g.whole
             devices[did] = GpuDevice(did, index, None, None, memory,
                                      bool(d.allow_multiple_allocations))
-        if g.whole is None or held_migs or (g.migs and index not in partitionable):
-            mode = GpuMode.MIG
-        elif g.whole[1].allow_multiple_allocations:
-            mode = GpuMode.SHARED
-        else:
-            mode = GpuMode.WHOLE
-        infos.append(GpuInfo(
-            index=index, model=model.name, memory_mib=memory, mode=mode,
-            mig=tuple(sorted(instances, key=lambda i: i.start)) if mode is GpuMode.MIG
-            else (),
-            replicas=0 if mode is GpuMode.SHARED else 1,
-            memory_source="dra" if whole_mib else "catalog"))
+        out.append(_StaticGpu(
+            index, model.name, memory, "dra" if whole_mib else "catalog",
+            g.whole[0] if g.whole is not None else None,
+            g.whole is not None and bool(g.whole[1].allow_multiple_allocations),
+            tuple(migs), counters and bool(g.migs)))
         cliques.add(g.clique)
         own = [g.whole[1]] if g.whole is not None else [d for _, d in g.migs]
         if own and all(any(t.effect in BLOCKING for t in d.taints) for d in own):
             tainted.add(index)
     clique = next(iter(cliques)) if len(cliques) == 1 else None
-    return DraInventory(node, tuple(infos), frozen_map(devices), frozenset(partitionable),
-                        clique, tuple(skipped), frozenset(tainted))
+    return StaticInventory(node, tuple(out), frozen_map(devices), clique, tuple(skipped),
+                           frozenset(tainted))
+
+
+def inventory_from(static: StaticInventory, held: frozenset[str] | set[str]) -> DraInventory:
+    """The node's inventory with ``held`` deciding the partitionable GPUs' modes: in MIG
+    mode with the partitions held, whole while none is."""
+    infos: list[GpuInfo] = []
+    for g in static.gpus:
+        instances = [MigInstance(d.profile or "", d.start or 0) for d in g.migs
+                     if not g.partitionable or d.id in held]
+        held_migs = g.partitionable and bool(instances)
+        if g.whole is None or held_migs or (g.migs and not g.partitionable):
+            mode = GpuMode.MIG
+        elif g.shared:
+            mode = GpuMode.FRACTIONAL
+        else:
+            mode = GpuMode.WHOLE
+        infos.append(GpuInfo(
+            index=g.index, model=g.model, memory_mib=g.memory_mib, mode=mode,
+            mig=tuple(sorted(instances, key=lambda i: i.start)) if mode is GpuMode.MIG
+            else (),
+            replicas=1, memory_source=g.memory_source))
+    return DraInventory(static.node, tuple(infos), static.devices,
+                        frozenset(g.index for g in static.gpus if g.partitionable),
+                        static.clique, static.skipped, static.tainted)
 
 
 def with_dra_gpus(info: NodeInfo, inventory: DraInventory | None, *,
@@ -337,11 +383,6 @@ def _consumed_mib(r: AllocatedDevice, device_mib: int) -> int:
     if mem is None:
         return device_mib
     return int((mem + Decimal(MIB - 1)) // MIB)
-
-
-def held_devices(results: Iterable[AllocatedDevice]) -> set[str]:
-    """Ids of the devices ``results`` hold (admin access holds nothing)."""
-    return {f"{r.driver}/{r.pool}/{r.device}" for r in results if not r.admin_access}
 
 
 # A whole NVIDIA GPU and one of its MIG partitions, as the driver publishes them: what a

@@ -36,7 +36,8 @@ class GroupFit(NamedTuple):
 def exclusive_domains_in_use(
     state: ClusterState, running: Sequence[PodRequest]
 ) -> set[tuple[str, str]]:
-    """(topology key, domain) of every exclusive group with a running member."""
+    """(:attr:`GroupRef.exclusive_key`, domain) of every exclusive group with a running
+    member."""
     taken: set[tuple[str, str]] = set()
     for pod in running:
         ref = pod.group
@@ -46,7 +47,7 @@ def exclusive_domains_in_use(
             if pod.key in node.pods:
                 value = node.info.labels.get(ref.topology_key)
                 if value is not None:
-                    taken.add((ref.topology_key, value))
+                    taken.add((ref.exclusive_key, value))
     return taken
 
 
@@ -99,7 +100,7 @@ def place_members(
         value = domain_of(state, ref, nodes[0])
         if domain is not None and value != domain:
             continue
-        if ref.exclusive and ref.topology_key is not None and (ref.topology_key, value) in taken:
+        if ref.exclusive and ref.topology_key is not None and (ref.exclusive_key, value) in taken:
             skipped += 1
             continue
         eligible.append((nodes, value))
@@ -182,7 +183,7 @@ def group_victims(
     best: list[EvictionCandidate] | None = None
     for nodes in topology_domains(state, ref):
         value = domain_of(state, ref, nodes[0])
-        if ref.exclusive and ref.topology_key is not None and (ref.topology_key, value) in taken:
+        if ref.exclusive and ref.topology_key is not None and (ref.exclusive_key, value) in taken:
             continue
         names = set(nodes)
         inside = [c for c in usable if c.placement.node in names]

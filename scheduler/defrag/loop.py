@@ -201,7 +201,7 @@ class Defragmenter:
     def _needs(self, now: float) -> dict[str, Need]:
         groups: dict[str, list[PodRequest]] = {}
         lone: list[PodRequest] = []
-        for p in self.cache.pending():
+        for p in self.book.resolved(self.cache.pending()):
             if p.group is not None:
                 groups.setdefault(p.group.key, []).append(p)
             elif p.kind is RequestKind.WHOLE:
@@ -444,7 +444,8 @@ class Defragmenter:
         # moves before it evict nothing, they only take room).
         wanted = {g for g, n in state.needs.items() if eligible(g, n, state, now)}
         snap = replace(snap, pending=tuple(
-            p for p in snap.pending if (p.group.key if p.group else p.key) in wanted))
+            p for p in self.book.resolved(snap.pending)
+            if (p.group.key if p.group else p.key) in wanted))
         groups = any(not n.lone and n.room_short for n in state.needs.values())
         if consolidating(state) and not groups:
             with self.cache.lock:

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from packing.dra.allocator import Prediction, Verdict
 from packing.dra.inventory import DraInventory, claim_uses
 from packing.dra.mig_fit import dynamic_mig_key
-from packing.dra.objects import DeviceClass, Node, ResourceClaim, frozen_map
+from packing.dra.objects import Node, ResourceClaim, frozen_map
 from packing.dra.world import DraWorld
 from packing.groups.members import is_reservation
 from packing.model import Placement, PodRequest
@@ -164,6 +164,3 @@ def fit_preference(state: ClusterState, inventory: DraInventory | None, uses: Us
         return None
     return (*dynamic_mig_key(state, inventory, uses), *pref)
 
-
-def class_list(world: DraWorld) -> list[DeviceClass]:
-    return list(world.classes.values())

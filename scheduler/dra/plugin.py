@@ -59,6 +59,9 @@ from scheduler.extender.wire import (
 from scheduler.memo.decide import Memo, ScorerRef
 
 log = logging.getLogger("gpupack.scheduler.dra")
+# Per request: the claims to allocate and their shape's text, by whether the device plugin
+# serves the pod's extended resources on the node.
+Shapes = dict[bool, tuple[list[tuple[str, ResourceClaim]], str, str]]
 REMEMBERED = 10_000  # pods (and their last answers) kept for their binds
 MEMO_LIMIT = 50_000  # memoized node answers; past it the table starts over
 # A filter-time assumption with no bind after this long is forgotten: kube-scheduler binds
@@ -98,8 +101,10 @@ class DraVerbs:
         # Pods whose filter-time fit is assumed (until its bind): pod key -> deadline.
         self._tentative: dict[str, float] = {}
         # Answers by node state (see answer): key -> (the node judged, its answer).
-        self._memo: dict[tuple[object, ...], tuple[str, NodeAnswer]] = {}
+        self._memo: dict[tuple[object, ...], tuple[str, NodeAnswer, str]] = {}
         self.memo_hits = 0
+        # GPUs of each node a group's reservation holds, for the node's generation.
+        self._kept: dict[str, tuple[int, tuple[int, ...]]] = {}
 
     # ---- the pod ---------------------------------------------------------------------
 
@@ -128,36 +133,52 @@ class DraVerbs:
         asks only extended resources and the node advertises GPUs, or has no slices)."""
         return bool(pc.own) or self.cache.is_dra_node(node)
 
-    def answer(self, pc: PodClaims, pod: PodRequest, node: str,
-               shapes: dict[bool, tuple[list[tuple[str, ResourceClaim]], str, str]] | None = None,
-               sigs: Mapping[str, int] | None = None) -> NodeAnswer:
-        """The node's answer for the pod (the cache lock held). ``shapes`` and ``sigs``:
-        what the caller keeps for all the nodes of one request (the claims to allocate,
-        by whether the device plugin serves the pod's extended resources; the cache's
-        node signatures).
+    def answer(self, pc: PodClaims, pod: PodRequest, node: str) -> NodeAnswer:
+        """The node's answer for the pod (the cache lock held), its predicted devices on
+        the node itself (see :meth:`_judge`)."""
+        shapes: Shapes = {}
+        ans, source = self._judge(pc, pod, node, shapes, None)
+        return self._for_node(pc, ans, source, node, shapes)
+
+    def _for_node(self, pc: PodClaims, ans: NodeAnswer, source: str, node: str,
+                  shapes: Shapes) -> NodeAnswer:
+        """``ans`` (judged for ``source``, a node in the same state) as ``node``'s, with
+        the pod's claim keys; remembered for the pod's bind."""
+        if source != node:
+            claims = shapes.get(not self.cache.is_dra_node(node), ([], "", ""))[0]
+            ans = replace(relabel(ans, source, node), keys=tuple(k for k, _ in claims))
+        self._remember(pc.key, node, ans)
+        return ans
+
+    def _judge(self, pc: PodClaims, pod: PodRequest, node: str, shapes: Shapes,
+               sigs: Mapping[str, int] | None) -> tuple[NodeAnswer, str]:
+        """The node's answer for the pod, and the node it was judged for. ``shapes`` and
+        ``sigs``: what the caller keeps for all the nodes of one request (the claims to
+        allocate, by whether the device plugin serves the pod's extended resources; the
+        cache's node signatures).
 
         Memoized: nodes whose slices read the same (:meth:`DraObjects.fingerprint`),
         with the same devices held, the same state (its signature) and the same GPUs
-        kept for groups get the same fit up to the pool's name, so a node equal to one
-        already judged costs a lookup (a 2,000-node cluster is a few such states)."""
+        kept for groups get the same fit up to the pool's name (and the asking pod's
+        claim keys), so a node equal to one already judged costs a lookup: a 2,000-node
+        cluster is a few such states. The answer returned may be another node's (the
+        second value); :meth:`_for_node` makes it this one's when it is needed."""
         state = self.cache.state
         ns = state.nodes[node]
         info = ns.info
         if info.unschedulable:
-            return NodeAnswer(False, "node is cordoned", unresolvable=True)
+            return NodeAnswer(False, "node is cordoned", unresolvable=True), node
         miss = selector_miss(pod.node_selector.items(), info.labels)
         if miss is not None:
             return NodeAnswer(False, f"node selector {miss[0]}={miss[1]} does not match",
-                              unresolvable=True)
+                              unresolvable=True), node
         why = fits_node(cpu_only(pod), ns)
         if why is not None:
-            return NodeAnswer(False, why)
-        dra = self.cache.dra
-        world = dra.world()
+            return NodeAnswer(False, why), node
         plugin = not self.cache.is_dra_node(node)
-        shapes = {} if shapes is None else shapes
         if plugin not in shapes:
-            claims, misfit = pc.to_allocate(list(world.classes.values()), device_plugin=plugin)
+            classes = list(self.cache.dra.classes.values())
+            claims, misfit = pc.to_allocate(classes, device_plugin=plugin)
             shapes[plugin] = (claims, misfit, repr((misfit, [(c.requests, c.constraints)
                                                               for _, c in claims])))
         claims, misfit, shape = shapes[plugin]
@@ -167,22 +188,18 @@ class DraVerbs:
             found = self._memo.get(key)
             if found is not None:
                 self.memo_hits += 1
-                ans = replace(relabel(found[1], found[0], node),
-                              keys=tuple(k for k, _ in claims))
-                self._count(ans)
-                self._remember(pc.key, node, ans)
-                return ans
-        ans = evaluate(state, world, node, info.labels, self.cache.dra_inventory(node),
-                       claims, misfit, pod, ref.scorer)
+                self.verdicts[found[2]] = self.verdicts.get(found[2], 0) + 1
+                return found[1], found[0]
+        ans = evaluate(state, self.cache.dra.world(), node, info.labels,
+                       self.cache.dra_inventory(node), claims, misfit, pod, ref.scorer)
+        verdict = self._count(ans)
         if key is not None:
-            self._memo[key] = (node, ans)
+            self._memo[key] = (node, ans, verdict)
             if len(self._memo) > MEMO_LIMIT:
                 self._memo.clear()
-        self._count(ans)
-        self._remember(pc.key, node, ans)
-        return ans
+        return ans, node
 
-    def _memo_key(self, node: str, shape: str, pod: PodRequest, gen: int,
+    def _memo_key(self, node: str, shape: str, pod: PodRequest, scorer_gen: int,
                   sigs: Mapping[str, int] | None) -> tuple[object, ...] | None:
         dra = self.cache.dra
         fp = dra.fingerprint(node)
@@ -191,18 +208,24 @@ class DraVerbs:
         sig = (sigs if sigs is not None else self.cache.signatures()).get(node)
         if sig is None:
             return None
-        kept = tuple(g.info.index for g in self.cache.state.nodes[node].gpus
-                     if any(o is not None and is_reservation(o) for o in (
-                         g.whole_owner, *(w for _, w in g.instances.values()),
-                         *g.shared_owners)))
+        gen = self.cache.gen(node)
+        known = self._kept.get(node)
+        if known is None or known[0] != gen:
+            known = self._kept[node] = (gen, tuple(
+                g.info.index for g in self.cache.state.nodes[node].gpus
+                if any(o is not None and is_reservation(o) for o in (
+                    g.whole_owner, *(w for _, w in g.instances.values()),
+                    *g.shared_owners))))
+        kept = known[1]
         return (fp, dra.held_on(node), kept, sig, dra.classes_version, shape,
-                pod.cpu_milli, pod.memory_mib, gen)
+                pod.cpu_milli, pod.memory_mib, scorer_gen)
 
-    def _count(self, ans: NodeAnswer) -> None:
+    def _count(self, ans: NodeAnswer) -> str:
         verdict = ("kept" if not ans.fits and ans.prediction is not None
                    and ans.prediction.verdict is Verdict.ALLOCATED
                    else ans.prediction.verdict.value if ans.prediction is not None else "none")
         self.verdicts[verdict] = self.verdicts.get(verdict, 0) + 1
+        return verdict
 
     # ---- filter and prioritize -------------------------------------------------------
 
@@ -224,8 +247,8 @@ class DraVerbs:
         failed: dict[str, str] = {}
         never: dict[str, str] = {}
         plugin_nodes: list[str] = []
-        answers: dict[str, NodeAnswer] = {}
-        shapes: dict[bool, tuple[list[tuple[str, ResourceClaim]], str, str]] = {}
+        answers: dict[str, tuple[NodeAnswer, str]] = {}
+        shapes: Shapes = {}
         sigs = self.cache.signatures()
         for name in dict.fromkeys(args.candidate_names):
             if not self.cache.has_node(name):
@@ -237,10 +260,10 @@ class DraVerbs:
             if not self._dra_here(pc, name):
                 plugin_nodes.append(name)
                 continue
-            ans = self.answer(pc, pod, name, shapes, sigs)
+            ans, source = self._judge(pc, pod, name, shapes, sigs)
             if ans.fits:
                 keep.append(name)
-                answers[name] = ans
+                answers[name] = (ans, source)
             elif ans.unresolvable:
                 never[name] = ans.reason
             else:
@@ -253,7 +276,7 @@ class DraVerbs:
             keep.extend(sub.node_names or ())
             failed.update(sub.failed)
             never.update(sub.unresolvable)
-        keep = self._choose(pc, pod, keep, answers)
+        keep = self._choose(pc, pod, keep, answers, shapes)
         if args.node_cache_capable:
             return FilterResult(node_names=tuple(keep), failed=failed, unresolvable=never)
         kept = set(keep)
@@ -261,7 +284,7 @@ class DraVerbs:
         return FilterResult(nodes=nodes, failed=failed, unresolvable=never)
 
     def _choose(self, pc: PodClaims, pod: PodRequest, keep: list[str],
-                answers: Mapping[str, NodeAnswer]) -> list[str]:
+                answers: Mapping[str, tuple[NodeAnswer, str]], shapes: Shapes) -> list[str]:
         """The node the pod goes to, alone, with its predicted allocation assumed at once
         (tentatively, until its bind or ``TENTATIVE_S``); or every fitting node when
         none can be judged (fits nowhere, or no fit is scored).
@@ -273,8 +296,8 @@ class DraVerbs:
         that come next (without it, their predictions miss it: the first e2e run
         disagreed on 8 of 30 claims). The node is the one gpupack would rank first
         anyway; the allocator's fit on it is what gpupack predicts."""
-        ranked = [(answers[n].pref, i, n) for i, n in enumerate(keep)
-                  if n in answers and answers[n].pref is not None]
+        ranked = [(answers[n][0].pref, i, n) for i, n in enumerate(keep)
+                  if n in answers and answers[n][0].pref is not None]
         plugin = [n for n in keep if n not in answers]
         if plugin:
             prefs = preferences(plugin, pod, self.cache, self.memo, self.scorer())
@@ -282,7 +305,9 @@ class DraVerbs:
         if not ranked:
             return keep
         best = min(ranked, key=lambda t: (t[0], t[1]))[2]
-        ans = answers.get(best)
+        judged = answers.get(best)
+        ans = None if judged is None else self._for_node(pc, judged[0], judged[1], best,
+                                                         shapes)
         if ans is not None and ans.prediction is not None and (
                 ans.prediction.verdict is Verdict.ALLOCATED):
             self.cache.assume_dra(pc.key, dict(zip(ans.keys, ans.prediction.results,
@@ -309,12 +334,12 @@ class DraVerbs:
         names = [n for n in dict.fromkeys(args.candidate_names) if self.cache.has_node(n)]
         prefs = {}
         plugin_nodes = [n for n in names if not self._dra_here(pc, n)]
-        shapes: dict[bool, tuple[list[tuple[str, ResourceClaim]], str, str]] = {}
+        shapes: Shapes = {}
         sigs = self.cache.signatures()
         for name in names:
             if name in plugin_nodes:
                 continue
-            ans = self.answer(pc, pod, name, shapes, sigs)
+            ans, _source = self._judge(pc, pod, name, shapes, sigs)
             if ans.fits and ans.pref is not None:
                 prefs[name] = ans.pref
         if plugin_nodes:

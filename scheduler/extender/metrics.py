@@ -105,7 +105,8 @@ class ExtenderMetrics:
             ["verb"], buckets=BUCKETS, registry=registry,
         )
         self.binds = Counter(
-            "gpupack_binds_total", "Bind attempts by result (ok, conflict, api_error)",
+            "gpupack_binds_total", "Bind attempts by result (ok, conflict, api_error, unknown: "
+            "no answer in time, the GPUs held until the watch tells)",
             ["result"], registry=registry,
         )
         self.view_behind = Counter(
@@ -124,7 +125,7 @@ class ExtenderMetrics:
             for outcome in OUTCOMES:
                 self.requests.labels(verb, outcome)
             self.latency.labels(verb)
-        for result in ("ok", "conflict", "api_error"):
+        for result in ("ok", "conflict", "api_error", "unknown"):
             self.binds.labels(result)
         self.gpu_rows = GpuRows(cache)
         self.cluster = ClusterCollector(cache, planner, self.gpu_rows, active,

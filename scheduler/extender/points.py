@@ -12,12 +12,17 @@ cannot use raises :class:`~scheduler.extender.cycle.VerbError` (the HTTP layer a
 Bind has two steps: :meth:`ExtensionPoints.claim` chooses the GPUs on the node and
 reserves them in the cache (under the lock, so two racing binds cannot take the same
 GPU), then the Binding is created outside the lock; if the API refuses it, the
-reservation is dropped at once.
+reservation is dropped at once. If no answer comes in time (``--bind-timeout``, below
+kube-scheduler's extender timeout, so both see the same outcome), the Binding may still
+be applied: the reservation stays until the watch shows the pod, or until
+:data:`kube.source.UNKNOWN_BIND_HOLD_S` passed without it (then no Binding sent before
+can still be applied), so a late bind never finds its GPUs handed to another pod.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass
 
 from prometheus_client import Counter
@@ -25,7 +30,7 @@ from prometheus_client import Counter
 from kube.annotations import placement_annotations
 from kube.assumptions import AssumeError
 from kube.cache import ClusterCache
-from kube.source import Binder, BindError
+from kube.source import UNKNOWN_BIND_HOLD_S, Binder, BindError, BindUnknown
 from packing.model import Placement, PodRequest
 from packing.status import Status
 from scheduler.extender.cycle import Cycle, Participant, VerbError
@@ -86,6 +91,9 @@ class ExtensionPoints:
     filter_top: int = 0
     lag: ViewLag | None = None  # how long "the view is behind" is an error (view_lag)
     refusals: RecentRefusals | None = None  # full refusals (extender/refusals.py)
+    # How long the GPUs of a bind whose outcome is unknown stay assumed (see the module
+    # docstring); the timer is injectable for tests.
+    unknown_hold_s: float = UNKNOWN_BIND_HOLD_S
 
     def remember(self, cycle: Cycle) -> None:
         """A pod no list has shown: kept for its bind (the bind request names it only)."""
@@ -195,6 +203,16 @@ class ExtensionPoints:
                 for p in self.participants:
                     p.unreserve(claim.pod.key)  # a group member's room is held again
 
+    def end_unknown(self, claim: BindClaim) -> None:
+        """A bind whose outcome was unknown, ``unknown_hold_s`` later: if the watch never
+        showed the pod bound (its assumption is still there), no Binding sent then can
+        still be applied: its GPUs are free again."""
+        with self.cache.lock:
+            if self.cache.is_assumed(claim.pod.key, claim.uid):
+                log.info("bind of %s: no sign of it after %.0f s; its GPUs are free again",
+                         claim.pod.key, self.unknown_hold_s)
+                self.forget(claim)
+
     def write(self, args: BindingArgs, claim: BindClaim) -> BindingResult:
         """The Binding for a claim (outside the lock); a failed one frees the claim."""
         pod, seen = claim.pod, claim.seen
@@ -202,6 +220,16 @@ class ExtensionPoints:
             self.binder.bind(args.pod_namespace, args.pod_name, claim.uid, args.node,
                              placement_annotations(claim.choice, self.policy),
                              pod=None if seen is None else seen.obj)
+        except BindUnknown as e:
+            # Sent, perhaps applied: the GPUs stay assumed (kube-scheduler is told the
+            # bind failed and retries the pod; the watch says what happened).
+            self.binds.labels("unknown").inc()
+            log.warning("%s; its GPUs stay assumed until the watch shows the pod, or for "
+                        "%.0f s", e, self.unknown_hold_s)
+            timer = threading.Timer(self.unknown_hold_s, self.end_unknown, (claim,))
+            timer.daemon = True
+            timer.start()
+            return BindingResult(str(e))
         except BindError as e:
             self.forget(claim)
             if seen is not None:

@@ -16,7 +16,8 @@ Rules, per record (groups by priority, higher first, then first seen, then key):
   in flight may yet fail, and its room is held again only while a record names it):
   complete, released;
 * expired (``now >= expires``) with members not bound: released, and the group waits
-  ``cooldown_s`` so other groups get a turn;
+  so other groups get a turn (:func:`scheduler.groups.keys.expiry_wait`: longer after
+  each expiry in a row, unless it gains member pods);
 * members are matched to slots: the record's own pod names first; a bound member the
   record does not name goes to the slot whose room is on its node (bound members are
   the truth, wherever they are); a pending one to its worker index, else a free slot;
@@ -29,13 +30,22 @@ Rules, per record (groups by priority, higher first, then first seen, then key):
 Then every group with pending pods and no record, in the same order, unless it waits:
 the whole group is placed at once (:func:`packing.groups.placement.place_members`) or
 waits holding nothing; a higher-priority group that does not fit may displace
-lower-priority records none of whose members is bound.
+lower-priority records none of whose members is bound. A group whole at fewer members
+than it has (a PodGroup's ``minCount``, :attr:`packing.model.GroupRef.min_count`) that
+does not fit whole is reserved for that minimum alone, if that fits: its record is the
+minimum's, and the other members are placed beside it once it completes.
 
 Rights (:mod:`scheduler.groups.rights`, judged by the handler): a refused group waits
 (``no_rights``) holding nothing, and a record of a group refused for good (``never``)
 is released; new placements and re-placed rooms use only the nodes ``allowed``; a
-group's quota claim must fit in what its quotas have left after the groups reserved
-before it in the same pass, and is charged when it is reserved.
+group's quota claims (ResourceQuotas, :mod:`scheduler.groups.namespace_cap`) must fit
+in what is left after the groups reserved before it in the same pass, and are charged
+when it is reserved; a group in ``not_exclusive`` is placed without exclusivity.
+
+Past 600 lines as one module: the rules for existing records and for new groups (the
+minimum's fallback included) act on one overlay of holds and one set of books in a
+single pass, and the slot helpers here are what the handler and the participant share
+with it.
 """
 
 from __future__ import annotations
@@ -46,27 +56,15 @@ from dataclasses import dataclass, field, replace
 from kube.groups.reservations import ReservationRecord
 from packing.groups.members import RESERVE_MARK, with_reservations
 from packing.groups.placement import GroupFit, domain_of, effective_ref, place_members
-from packing.model import GroupRef, Placement, PodRequest, Snapshot
+from packing.model import GroupRef, Placement, PodRequest, Snapshot, exclusive_key
 from packing.scoring import Scorer
 from packing.state import ClusterState, NodeState
 from packing.status import Status
-from scheduler.groups.keys import hold_key, split_hold_key, wait_category
+from scheduler.groups.keys import Waiting, expiry_wait, hold_key, split_hold_key, wait_category
+from scheduler.groups.namespace_cap import short_message
 
 # Status.check of a room that changed under the reconciler while it placed a member.
 ROOM_CHANGED = "RoomChanged"
-
-
-@dataclass(frozen=True)
-class Waiting:
-    reason: str  # for people
-    category: str  # one of scheduler.groups.keys.WAIT_REASONS
-    next_try: float
-    # Cache version when the attempt failed: a group that did not fit is tried again only
-    # once the cluster changed (-1: the handler sets it after applying; None: time alone).
-    seen: int | None = -1
-
-    def due(self, now: float, version: int) -> bool:
-        return now >= self.next_try and self.seen != version
 
 
 @dataclass(frozen=True)
@@ -94,6 +92,7 @@ class GroupSettings:
     ttl: float = 600.0
     retry_s: float = 1.0
     cooldown_s: float = 30.0
+    max_backoff_s: float = 3600.0  # the longest wait after expiries in a row
 
 
 @dataclass(frozen=True)
@@ -125,6 +124,8 @@ class BookState:
     # volume's zone, topology spread): a member's room on a node not offered is lost, and
     # no room of its group is placed on such a node.
     offered: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    not_exclusive: frozenset[str] = frozenset()  # exclusive pods, no LWS object saying so
+    strikes: Mapping[str, int] = field(default_factory=dict)  # group -> expiries in a row
 
 
 @dataclass(frozen=True)
@@ -141,6 +142,7 @@ class GroupDecision:
     waiting: Mapping[str, Waiting] = field(default_factory=dict)
     first_seen: Mapping[str, float] = field(default_factory=dict)
     completed: tuple[tuple[str, float], ...] = ()  # (group, seconds since first seen)
+    strikes: Mapping[str, int] = field(default_factory=dict)
 
 
 def order_key(rec: ReservationRecord) -> tuple[int, float, str]:
@@ -273,6 +275,7 @@ class _Reconcile:
         self.records = dict(state.records)
         self.waiting = dict(state.waiting)
         self.first_seen = dict(state.first_seen)
+        self.strikes = dict(state.strikes)
         self.put: dict[str, ReservationRecord] = {}
         self.release: list[Release] = []
         self.completed: list[tuple[str, float]] = []
@@ -285,22 +288,28 @@ class _Reconcile:
             self.first_seen.setdefault(g, self.now)
         for rec in sorted(self.s.records.values(), key=order_key):
             self._keep_or_release(rec, members.get(rec.group, ()))
+        for g in pending:  # a record complete at its minimum leaves members pending
+            self.first_seen.setdefault(g, self.now)
         for g in list(self.waiting):
             if g not in pending and g not in self.records:
                 del self.waiting[g]
         for g in list(self.first_seen):
             if g not in pending and g not in self.records:
                 del self.first_seen[g]
+        for g in list(self.strikes):
+            if g not in members:
+                del self.strikes[g]  # its pods are gone: a new group starts afresh
         order = sorted((g for g in pending if g not in self.records),
                        key=lambda g: (-max(m.req.priority for m in members[g]),
                                       self.first_seen[g], g))
         for g in order:
             w = self.waiting.get(g)
-            if w is not None and not w.due(self.now, self.s.version):
+            if w is not None and not w.due(self.now, self.s.version) and not w.grew(
+                    min(len(members[g]), self.s.sizes.get(g, len(members[g])))):
                 continue
             self._attempt(g, members[g])
         return GroupDecision(tuple(self.put.values()), tuple(self.release), self.waiting,
-                        self.first_seen, tuple(self.completed))
+                        self.first_seen, tuple(self.completed), self.strikes)
 
     # ---- existing records ------------------------------------------------------------------
 
@@ -331,6 +340,7 @@ class _Reconcile:
             self._drop(g, "complete")
             self.completed.append((g, max(0.0, self.now - rec.first_seen)))
             self.first_seen.pop(g, None)
+            self.strikes.pop(g, None)
             return
         # Every member bound but some Binding still in flight: not complete yet, and not
         # expired either. The record stays until the watch confirms each bind, so a bind
@@ -338,10 +348,10 @@ class _Reconcile:
         # names the pod); released now, the group would be left half placed.
         if not all_bound and self.now >= rec.expires:
             self._drop(g, "expired")
-            self.waiting[g] = Waiting(
-                f"group {g} waits whole: its reservation expired after "
-                f"{self.cfg.ttl:.0f}s without all members bound; other groups go first",
-                "expired", self.now + self.cfg.cooldown_s, None)
+            strikes = self.strikes[g] = self.strikes.get(g, 0) + 1
+            self.waiting[g] = expiry_wait(g, strikes, min(len(members), rec.size), self.now,
+                                          self.cfg.ttl, self.cfg.cooldown_s,
+                                          self.cfg.max_backoff_s)
             return
         slots = dict(rec.slots)
         for slot, m in assigned.items():
@@ -412,9 +422,9 @@ class _Reconcile:
         taken: set[tuple[str, str]] = set()
         for g, rec in self.records.items():
             if g != group and rec.exclusive and rec.topology_key and rec.domain is not None:
-                taken.add((rec.topology_key, rec.domain))
+                taken.add((exclusive_key(g, rec.topology_key), rec.domain))
         for g, ms in self.s.members.items():
-            if g == group or g in self.records:
+            if g == group or g in self.records or g in self.s.not_exclusive:
                 continue
             for m in ms:
                 ref = m.req.group
@@ -422,7 +432,7 @@ class _Reconcile:
                         and ref.topology_key is not None:
                     value = domain_of(self.o.state, ref, m.placement.node)
                     if value is not None:
-                        taken.add((ref.topology_key, value))
+                        taken.add((ref.exclusive_key, value))
         return taken
 
     def _attempt(self, g: str, members: Sequence[Member]) -> None:
@@ -438,6 +448,11 @@ class _Reconcile:
             return
         ref, slots, to_place, domain = group_slots(self.o.state, g, members,
                                                    self.s.sizes.get(g))
+        if ref.exclusive and g in self.s.not_exclusive:
+            # Its pods' exclusive placement is not its LeaderWorkerSet's: placed without.
+            ref = replace(ref, exclusive=False)
+            to_place = [replace(p, group=replace(p.group, exclusive=False))
+                        if p.group is not None else p for p in to_place]
         taken = self._taken(g)
         prio = max(m.req.priority for m in members)
         hidden = self._hide_forbidden(g)
@@ -446,6 +461,10 @@ class _Reconcile:
             displaced: list[str] = []
             if isinstance(got, Status):
                 displaced, got = self._displace(to_place, taken, domain, prio, got)
+            if isinstance(got, Status):
+                smaller = self._at_minimum(g, members, ref, taken)
+                if smaller is not None:
+                    ref, slots, to_place, domain, got = smaller
         finally:
             hidden.restore()
         if isinstance(got, Status):
@@ -481,13 +500,35 @@ class _Reconcile:
             if qk in self.quota_left:
                 self.quota_left[qk] -= total - existing
 
+    def _at_minimum(self, g: str, members: Sequence[Member], ref: GroupRef,
+                    taken: set[tuple[str, str]]
+                    ) -> tuple[GroupRef, dict[int, Member], list[PodRequest], str | None,
+                               GroupFit] | None:
+        """When the whole group does not fit but it is whole at fewer members (a
+        PodGroup's ``minCount``, below the pods naming it): room for that minimum alone,
+        its bound members first, then its pending ones by worker index, then rooms for
+        pods not created yet. The record is then that minimum's (the others wait until
+        it completes, and are then placed beside it). None: no smaller group, or it does
+        not fit either."""
+        need = ref.min_count
+        bound = [m for m in members if m.bound]
+        if need >= ref.size or len(bound) >= need:
+            return None
+        pending = sorted((m for m in members if not m.bound),
+                         key=lambda m: (m.req.group.index if m.req.group else 0, m.req.key))
+        sub_ref, slots, to_place, domain = group_slots(
+            self.o.state, g, bound + pending[:need - len(bound)], need)
+        got = place_members(self.o.state, to_place, self.scorer, taken, domain)
+        if isinstance(got, Status):
+            return None
+        return sub_ref, slots, to_place, domain, got
+
     def _quota_short(self, g: str) -> str | None:
         """Why the rest of the group's quota claim does not fit in what is left now."""
         for (quota, res), (total, existing) in sorted(self.s.claims.get(g, {}).items()):
             left = self.quota_left.get((quota, res))
             if left is not None and total - existing > left:
-                return (f"ResourceQuota {quota} has {max(left, 0)} {res} left; the group "
-                        f"needs {total - existing} more for its members not created yet")
+                return short_message(quota, res, left, total - existing)
         return None
 
     def _hide_forbidden(self, group: str) -> HiddenNodes:

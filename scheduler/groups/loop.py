@@ -49,7 +49,7 @@ import logging
 import math
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from kube.cache import ClusterCache
@@ -64,7 +64,7 @@ from kube.groups.reservations import (
 from kube.pod_conditions import room_reserved
 from kube.record_writer import RecordWriter, Submitter
 from packing.groups.members import is_reservation
-from packing.model import Placement, PodRequest, RequestKind
+from packing.model import GroupRef, Placement, PodRequest, RequestKind
 from packing.policies.scores import bestfit
 from packing.scoring import Scorer
 from scheduler.engine import Lead, LeaderGate, Loop, LoopMetrics, Outcome
@@ -81,6 +81,8 @@ from scheduler.groups.decide import (
 )
 from scheduler.groups.facts import RightsPass, judge
 from scheduler.groups.keys import WAIT_REASONS, hold_key
+from scheduler.groups.namespace_cap import ReservedCap
+from scheduler.groups.pod_groups import is_gang, resolve_members, resolve_requests
 from scheduler.groups.rights import RightsSettings
 
 __all__ = ["DEFAULT_TTL", "WAIT_REASONS", "ReservationBook", "hold_key"]
@@ -135,6 +137,7 @@ class ReservationBook:
         records_listed: bool = False,
         inputs: GroupInputs | None = None,
         max_group_gpus: int = 64,
+        namespace_cap: ReservedCap | None = None,
         requeue: Submitter | None = None,
         ruled_out_s: float = DEFAULT_RULED_OUT_S,
         view_settle_s: float = DEFAULT_VIEW_SETTLE_S,
@@ -143,8 +146,10 @@ class ReservationBook:
         """``records_listed``: no source of records will report (a book without an API,
         whose records start empty): ready as soon as the cache is synced. ``inputs``:
         the ResourceQuotas and LeaderWorkerSets groups are bound by (default: none, and
-        nothing will report any); ``max_group_gpus``: the most GPUs a group sized by its
-        pods' labels may reserve (:mod:`scheduler.groups.rights`). ``requeue``: where the
+        nothing will report any); ``max_group_gpus``: the most GPUs a group may reserve
+        (:mod:`scheduler.groups.rights`); ``namespace_cap``: the most one namespace's
+        reservations may hold (:mod:`scheduler.groups.namespace_cap`; None: no cap).
+        ``requeue``: where the
         leader queues the status patches that wake members it refused once their room is
         reserved (:mod:`kube.pod_conditions`; default: nowhere). ``ruled_out_s``: how long
         the nodes kube-scheduler ruled out for a member keep its group off them (see
@@ -167,10 +172,12 @@ class ReservationBook:
         self.namespace = namespace
         self.inputs = inputs if inputs is not None else GroupInputs(True, True)
         self.rights = RightsSettings(max_group_gpus=max_group_gpus,
-                                     scheduler_name=cache.scheduler_name)
+                                     scheduler_name=cache.scheduler_name,
+                                     namespace_cap=namespace_cap)
         self.records: dict[str, ReservationRecord] = {}
         self.waiting: dict[str, Waiting] = {}
         self.first_seen: dict[str, float] = {}
+        self.strikes: dict[str, int] = {}  # group -> expiries in a row (groups.decide)
         self.released: Counter[str] = Counter()  # reason -> count
         self.bad_records = 0
         self.on_complete: Callable[[float], None] | None = None
@@ -321,7 +328,18 @@ class ReservationBook:
             (req, p) for req, p in self.cache.snapshot().running if req.group is not None]
         assumed = {req.key for req, _ in pods if self.cache.is_assumed(req.key)}
         pods += [(p, None) for p in self.cache.pending() if p.group is not None]
-        return members_of(pods, assumed)
+        # PodGroup members as their PodGroup says now (scheduler.groups.pod_groups).
+        return resolve_members(members_of(pods, assumed), self.inputs.pod_group)
+
+    def resolved(self, pods: Sequence[PodRequest]) -> tuple[PodRequest, ...]:
+        """Pending pods with their PodGroups' sizes (scheduler.groups.pod_groups), for
+        the rooms that plan for waiting groups beside the book."""
+        return resolve_requests(pods, self.inputs.pod_group)
+
+    def is_gang(self, ref: GroupRef) -> bool:
+        """Whether a member of ``ref`` is in an all-or-nothing group (not a basic
+        PodGroup's pod, which is placed alone)."""
+        return is_gang(ref, self.inputs.pod_group)
 
     def _apply_holds(self, members: Mapping[str, list[Member]] | None = None) -> None:
         """Hold what the records ask for (records in priority order; a room that is not
@@ -531,7 +549,7 @@ class ReservationBook:
         for g, ms in members.items():
             w = self.waiting.get(g)
             if g not in self.records and any(not m.bound for m in ms) and (
-                    w is None or w.due(now, version)):
+                    w is None or w.due(now, version) or w.grew(len(ms))):
                 groups.add(g)
         return judge(self.cache, self.inputs, self.rights, groups, self.records)
 
@@ -546,7 +564,8 @@ class ReservationBook:
                          version=self._version(), allowed=rights.allowed(),
                          refused=rights.refused(), never=rights.never(),
                          sizes=rights.sizes(), quota_left=rights.quota_left,
-                         claims=rights.claims())
+                         claims=rights.claims(), not_exclusive=rights.not_exclusive(),
+                         strikes=dict(self.strikes))
 
     def _all_revs(self) -> dict[str, int]:
         """The highest revision known per group, retired groups included (a group that
@@ -576,6 +595,7 @@ class ReservationBook:
             self._wake_refused(d.put)
         self.waiting = dict(d.waiting)
         self.first_seen = dict(d.first_seen)
+        self.strikes = dict(d.strikes)
         for _, seconds in d.completed:
             if self.on_complete is not None:
                 self.on_complete(seconds)

@@ -25,7 +25,7 @@ from kube.assumptions import AssumeError
 from kube.groups.reservations import ReservationRecord
 from packing.groups.members import is_reservation
 from packing.groups.placement import EvictionCandidate, group_victims
-from packing.model import Placement, PodRequest
+from packing.model import Placement, PodRequest, exclusive_key
 from packing.status import Code, Status
 from scheduler.extender.cycle import Cycle
 from scheduler.extender.view_lag import ViewLag
@@ -101,19 +101,28 @@ class GroupVerbs:
                 return Status.unschedulable(GROUP_WAITS, why)
             if self.book.slot_of(r, pod.key) is None:
                 self.book.note_refused(pod.key)
+                if r.size < pod_group_size(self.book, key):
+                    # Room for the group's minimum only (all it could get): the others
+                    # wait until those are bound (then they are placed beside them).
+                    return Status.unschedulable(
+                        GROUP_FULL, f"group {key} holds room for its minimum of {r.size} "
+                        f"members, not for pod {pod.key}: it waits until they are bound")
                 return Status.unresolvable(GROUP_FULL,
                                            f"group {key} already has all {r.size} members")
             return r
 
-    @staticmethod
-    def member(args: ExtenderArgs | PreemptionArgs, cycle: Cycle | None) -> PodRequest | None:
-        """The request's pod when it is a group member (None for any other pod), read
-        once per cycle; the cheap look at its labels first, so a pod of no group is
-        never read here."""
+    def member(self, args: ExtenderArgs | PreemptionArgs, cycle: Cycle | None
+               ) -> PodRequest | None:
+        """The request's pod when it is a group member (None for any other pod, and for
+        a basic PodGroup's: placed alone), read once per cycle; the cheap look at its
+        labels first, so a pod of no group is never read here."""
         if not looks_grouped(args.pod):
             return None
         pod = (cycle or Cycle.of(args.pod)).req
-        return pod if pod.group is not None else None
+        if pod.group is None:
+            return None
+        with self.book.cache.lock:
+            return pod if self.book.is_gang(pod.group) else None
 
     def filter(self, args: ExtenderArgs, cycle: Cycle | None = None) -> FilterResult | None:
         """The answer for a group member (None for any other pod: the default verb)."""
@@ -171,6 +180,8 @@ class GroupVerbs:
         if pod.group is None:
             return None
         with self.book.cache.lock:
+            if not self.book.is_gang(pod.group):
+                return None
             got = self.status(pod)
             if isinstance(got, Status):
                 return got
@@ -231,7 +242,8 @@ class GroupVerbs:
                 members.append(Member(pod))
             _, _, to_place, _ = group_slots(self.book.cache.state, key, members,
                                             rights.size if rights is not None else None)
-            taken = {(r.topology_key, r.domain) for r in self.book.records.values()
+            taken = {(exclusive_key(r.group, r.topology_key), r.domain)
+                     for r in self.book.records.values()
                      if r.exclusive and r.topology_key and r.domain is not None}
             cands = [
                 EvictionCandidate(req.uid, req, pl)
@@ -259,6 +271,11 @@ class GroupVerbs:
             if mine:
                 out[node] = MetaVictims(tuple(mine), proposed.num_pdb_violations)
         return PreemptionResult(out)
+
+
+def pod_group_size(book: ReservationBook, key: str) -> int:
+    """How many pods of group ``key`` the watch shows (not finished)."""
+    return sum(1 for e in book.cache.group_pods(key) if not e.finished)
 
 
 def every_feasible_node(pod: Mapping[str, Any], names: Sequence[str]) -> bool:

@@ -6,14 +6,25 @@ LeaderWorkerSet object -> :class:`GroupRights`. Nothing here reads the cache or 
 
 * **Size**: the LeaderWorkerSet's ``spec.leaderWorkerTemplate.size`` when the object is
   known (a group whose index is not below its ``spec.replicas`` is being scaled away and
-  is refused); otherwise the size the members' labels/annotations say, which must agree,
-  and then the whole group may ask for at most ``max_group_gpus`` GPUs (a label costs
-  nothing to write; a LeaderWorkerSet object is the workload's own statement, bounded by
-  the namespace's quota).
+  is refused); otherwise the size the members' labels/annotations say, which must agree.
+  Either way the whole group may ask for at most ``max_group_gpus`` GPUs: a label costs
+  nothing to write, and neither does a LeaderWorkerSet object in a namespace its author
+  may create one in (what a namespace may hold in reservations altogether is
+  :mod:`scheduler.groups.namespace_cap`). A PodGroup's group (``spec.schedulingGroup``,
+  :mod:`scheduler.groups.pod_groups`) is sized by its PodGroup and is a group sized by
+  its pods here: the PodGroup costs its author no more than a label does. A group whose
+  pods name it in different ways (a PodGroup and an annotation of the same name) is
+  refused.
+* **Exclusive topology**: a group whose pods ask for LeaderWorkerSet's exclusive
+  placement keeps that domain from other groups (of its own namespace, see
+  :func:`packing.model.exclusive_key`) only when its LeaderWorkerSet object says so too
+  (the ``leaderworkerset.sigs.k8s.io/exclusive-topology`` annotation, the same key);
+  pods with forged labels and no such object are placed without exclusivity.
 * **Scheduler**: every member not bound yet must have gpupack's ``schedulerName``; a
   member another scheduler places would never take its room.
 * **Nodes**: a node is allowed when every member, and every template of the
-  LeaderWorkerSet (the members not created yet), could run on it
+  LeaderWorkerSet (the members not created yet; for a PodGroup's group, the worker
+  template of the LeaderWorkerSet its Workload names), could run on it
   (:func:`kube.constraints.why_not`: node selector, required node affinity, NoSchedule
   and NoExecute taints against tolerations).
 * **Quota**: per ResourceQuota of the namespace that covers the members, and per GPU
@@ -29,10 +40,12 @@ the members not created yet.
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from kube.annotations import small_int
+from kube.annotations import MAX_GROUP_SIZE, small_int
 from kube.constraints import PodConstraints, Taint, why_not
 from kube.groups.lws import LwsShape
 from kube.quotas import Quota, covers, gpu_resources
@@ -60,9 +73,49 @@ class NodeFacts:
 
 
 @dataclass(frozen=True)
+class ReservedCap:
+    """``gpus`` GPUs, or ``percent`` of the cluster's (exactly one of them is set)."""
+
+    gpus: int | None = None
+    percent: float | None = None
+
+    def of(self, cluster_gpus: int) -> int:
+        """The cap for a cluster of ``cluster_gpus`` GPUs (a share rounds down; at least
+        one GPU of a cluster that has any)."""
+        if self.gpus is not None:
+            return self.gpus
+        assert self.percent is not None
+        return max(1 if cluster_gpus else 0, math.floor(cluster_gpus * self.percent / 100))
+
+    def text(self, cluster_gpus: int) -> str:
+        if self.gpus is not None:
+            return str(self.gpus)
+        return f"{self.percent:g}% of the cluster's {cluster_gpus} GPUs"
+
+
+def parse_reserved_cap(text: str) -> ReservedCap:
+    """``"32"`` or ``"50%"``; ValueError naming the value otherwise."""
+    raw = text.strip()
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)%", raw)
+    if m:
+        pct = float(m.group(1))
+        if not 0 < pct <= 100:
+            raise ValueError(f"{text!r}: a share must be above 0% and at most 100%")
+        return ReservedCap(percent=pct)
+    if raw.isdigit():
+        return ReservedCap(gpus=int(raw))
+    raise ValueError(f"{text!r} is not a number of GPUs (32) or a share of the cluster (50%)")
+
+
+DEFAULT_RESERVED_CAP = parse_reserved_cap("50%")
+
+
+@dataclass(frozen=True)
 class RightsSettings:
     max_group_gpus: int = 64
     scheduler_name: str = "gpupack"
+    # What one namespace's reservations may hold (None: no cap).
+    namespace_cap: ReservedCap | None = None
 
 
 @dataclass(frozen=True)
@@ -73,6 +126,11 @@ class GroupRights:
     never: bool = False  # refused for what it is (not for what is free): holds nothing
     # (quota, resource) -> (the whole group's demand, what its existing pods count already)
     claims: Mapping[QuotaKey, tuple[int, int]] = field(default_factory=dict)
+    # GPUs its reservation would hold (members not bound and not created yet), as
+    # devices() counts them: what a namespace's reservation cap is charged.
+    reserves: int = 0
+    # False: its pods ask for exclusive topology, but no LeaderWorkerSet object says so.
+    exclusive_backed: bool = True
 
 
 def devices(req: PodRequest) -> int:
@@ -136,11 +194,19 @@ def allowed_nodes(constraints: Iterable[PodConstraints], nodes: Iterable[NodeFac
 
 
 def group_rights(key: str, members: Sequence[MemberFacts], nodes: Sequence[NodeFacts],
-                 quotas: Sequence[Quota], lws: LwsShape | None, settings: RightsSettings
-                 ) -> GroupRights:
-    """The rights of group ``key`` (see the module docstring)."""
+                 quotas: Sequence[Quota], lws: LwsShape | None, settings: RightsSettings,
+                 templates: Sequence[PodConstraints] = ()) -> GroupRights:
+    """The rights of group ``key`` (see the module docstring). ``templates``: pod
+    templates that also bound the nodes of the members not created yet (a PodGroup's,
+    through its Workload's controller)."""
     namespace = key.split("/", 1)[0]
     size, from_lws, why = group_size(key, members, lws)
+    if why is None and len({m.req.group.pod_group is not None for m in members
+                            if m.req.group is not None}) > 1:
+        why = ("its pods name it in different ways (some by spec.schedulingGroup, some by "
+               "labels or annotations)")
+    if why is None and size > MAX_GROUP_SIZE:
+        why = f"{size} pods is more than gpupack places as one group (at most {MAX_GROUP_SIZE})"
     if why is not None:
         return GroupRights(size, refused=why, never=True)
     for m in members:
@@ -164,10 +230,15 @@ def group_rights(key: str, members: Sequence[MemberFacts], nodes: Sequence[NodeF
     shape_c = next(m.constraints for m in members if m.req is shape)
     missing = size - len(by_slot)
     total = sum(devices(m.req) for m in by_slot.values()) + missing * devices(shape)
-    if not from_lws and total > settings.max_group_gpus:
+    reserves = sum(devices(m.req) for m in by_slot.values() if not m.bound) \
+        + missing * devices(shape)
+    if total > settings.max_group_gpus:
+        sized = f"LeaderWorkerSet {lws.namespace}/{lws.name}" if from_lws and lws else \
+            "its pods' labels"
         return GroupRights(size, never=True, refused=(
-            f"the group asks for {total} GPUs ({size} pods), more than --max-group-gpus "
-            f"{settings.max_group_gpus} allows a group sized by its pods' labels"))
+            f"the group asks for {total} GPUs ({size} pods, sized by {sized}), more than "
+            f"--max-group-gpus {settings.max_group_gpus} allows a group"))
+    backed = exclusive_backed(members, lws)
     claims: dict[QuotaKey, tuple[int, int]] = {}
     for q in quotas:
         demand: dict[str, int] = {}
@@ -191,12 +262,26 @@ def group_rights(key: str, members: Sequence[MemberFacts], nodes: Sequence[NodeF
     sets = [m.constraints for m in members if isinstance(m.constraints, PodConstraints)]
     if lws is not None:
         sets += list(lws.templates)
+    if missing > 0:
+        sets += list(templates)
     allowed = allowed_nodes(sets, nodes)
     if isinstance(allowed, Status):
         return GroupRights(size, refused=(
-            f"no node is one every member could run on ({allowed})"), claims=claims)
+            f"no node is one every member could run on ({allowed})"), claims=claims,
+            reserves=reserves, exclusive_backed=backed)
     everything = len(allowed) == len(nodes)
-    return GroupRights(size, allowed=None if everything else allowed, claims=claims)
+    return GroupRights(size, allowed=None if everything else allowed, claims=claims,
+                       reserves=reserves, exclusive_backed=backed)
+
+
+def exclusive_backed(members: Sequence[MemberFacts], lws: LwsShape | None) -> bool:
+    """Whether the exclusivity the members' pods ask for (if any) is the LeaderWorkerSet
+    object's own: its exclusive-topology annotation names the same topology key."""
+    asked = {m.req.group.topology_key for m in members
+             if m.req.group is not None and m.req.group.exclusive}
+    if not asked:
+        return True
+    return lws is not None and asked == {lws.exclusive_topology}
 
 
 def quota_left(quotas: Sequence[Quota], namespace: str,

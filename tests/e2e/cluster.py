@@ -116,6 +116,17 @@ def pod(name: str, *, annotations: Mapping[str, str] | None = None,
             "spec": spec}
 
 
+def restricted(body: dict[str, Any]) -> dict[str, Any]:
+    """``body`` meeting Pod Security's restricted level (gpupack's namespace enforces it):
+    non-root, the runtime's seccomp profile, no privilege escalation, no capabilities."""
+    body["spec"]["securityContext"] = {"runAsNonRoot": True, "runAsUser": 65532,
+                                       "seccompProfile": {"type": "RuntimeDefault"}}
+    for c in body["spec"]["containers"]:
+        c["securityContext"] = {"allowPrivilegeEscalation": False,
+                                "capabilities": {"drop": ["ALL"]}}
+    return body
+
+
 # A scheduler name no scheduler serves: a pod with it waits until a test binds it itself.
 MANUAL_SCHEDULER = "e2e-manual"
 

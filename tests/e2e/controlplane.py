@@ -28,10 +28,13 @@ kube-controller-manager runs only inside :func:`controllers` (the tests that nee
 ReplicaSets, Deployments or PodDisruptionBudget status) and, as a second instance with
 only the resourceclaim controller, inside :func:`claim_controller` (the DRA tests), so
 namespaces get no ``default`` ServiceAccount by themselves: :func:`ensure_namespace`
-creates it with the namespace. No feature gate is set anywhere: DRA runs at v1.37.2's
-defaults (structured parameters, prioritized lists, admin access, extended resources and
-device taints GA; partitionable devices, consumable capacity and binding conditions beta
-and on).
+creates it with the namespace. No feature gate is set anywhere by default: DRA runs at
+v1.37.2's defaults (structured parameters, prioritized lists, admin access, extended
+resources and device taints GA; partitionable devices, consumable capacity and binding
+conditions beta and on). ``up(feature_gates=..., runtime_config=...)`` starts a stack
+that differs only there (the Workload API tests' second stack: ``GenericWorkload`` on
+kube-apiserver, kube-scheduler and kube-controller-manager, ``scheduling.k8s.io/v1beta1``
+served).
 
 It writes ``DIR/kubeconfig`` (cluster admin), ``DIR/pids/<component>.pid``,
 ``DIR/logs/<component>.log`` and ``DIR/state.json`` (ports and each component's command,
@@ -66,6 +69,9 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 CHART = REPO / "manifests" / "helm" / "gpupack"
 NAMESPACE = "gpupack"  # the release namespace the chart is rendered into
+# The node agent's namespace (the chart's default: <release namespace>-node-agent, at
+# Pod Security's privileged level; gpupack's own is restricted).
+AGENT_NAMESPACE = f"{NAMESPACE}-node-agent"
 RELEASE = "gpupack"
 SCHEDULER_NAME = "gpupack"
 PLAIN_SCHEDULER_NAME = "plain-kube-scheduler"
@@ -73,8 +79,8 @@ AGENT_NODE = "e2e-agent-node"
 # Order of start; down stops in reverse. "controller-manager" and "claim-controller" are
 # defined by up() but started only by the tests that need them (controllers(),
 # claim_controller()).
-COMPONENTS = ("etcd", "apiserver", "webhook", "extender", "scheduler", "extender-b",
-              "scheduler-b", "plain-scheduler", "node-agent", "mig-manager",
+COMPONENTS = ("etcd", "apiserver", "token-controller", "webhook", "extender", "scheduler",
+              "extender-b", "scheduler-b", "plain-scheduler", "node-agent", "mig-manager",
               "controller-manager", "claim-controller")
 # Chart values of the stack. The extender acts on waiting groups (docs/defrag.md), so its
 # grants (events, pods/eviction) are applied and audited like the others; it evicts only
@@ -106,19 +112,54 @@ E2E_GROUP_TTL_S = 60
 # or more on a cluster); the extender labels a node 5 s after writing its entry (90 s by
 # default): a change labelled at once would fail there, as it would on a cluster.
 E2E_MIG_FILE_LAG_S = 3.0
+# One namespace's reservations hold at most 64 GPUs (the chart's default is 50% of the
+# cluster, which the small pools of these tests would make a few GPUs).
+E2E_NAMESPACE_RESERVED_GPUS = 64
 E2E_EXTENDER_ARGS = ("--mig-min-idle", "2", "--mig-compact-min-age", "0",
                      "--mig-compact-min-excess", "1", "--group-ttl", str(E2E_GROUP_TTL_S),
-                     "--mig-config-propagation", "5")
+                     "--mig-config-propagation", "5",
+                     "--max-namespace-reserved-gpus", str(E2E_NAMESPACE_RESERVED_GPUS))
+# The name in the API server's client certificate for webhooks: the only caller the
+# webhook acts on (the chart's webhook.clientAuth, set by up()).
+WEBHOOK_CLIENT = "kube-apiserver-webhook-client"
+
+
+def admission_config(dir_: Path, webhook_port: int) -> Path:
+    """The API server's admission configuration: it presents the client certificate
+    ``pki/webhook-client.crt`` to the webhook at 127.0.0.1:``webhook_port`` (the user
+    is named after the webhook's host and port, as for a webhook called by URL)."""
+    pki = dir_ / "pki"
+    kubeconfig = dir_ / "config" / "webhook-client.kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config",
+        "users": [{"name": f"127.0.0.1:{webhook_port}", "user": {
+            "client-certificate": str(pki / "webhook-client.crt"),
+            "client-key": str(pki / "webhook-client.key")}}]}))
+    config = dir_ / "config" / "admission.yaml"
+    hook = {"apiVersion": "apiserver.config.k8s.io/v1", "kind": "WebhookAdmissionConfiguration",
+            "kubeConfigFile": str(kubeconfig)}
+    config.write_text(yaml.safe_dump({
+        "apiVersion": "apiserver.config.k8s.io/v1", "kind": "AdmissionConfiguration",
+        "plugins": [{"name": "MutatingAdmissionWebhook", "configuration": hook},
+                    {"name": "ValidatingAdmissionWebhook", "configuration": hook}]}))
+    return config
+
+
 # Kinds of the chart applied to the API server. Workloads (Deployments, the DaemonSet),
 # Services and monitoring objects are not: their processes run here directly.
-APPLIED_KINDS = ("Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role",
-                 "RoleBinding", "ConfigMap", "MutatingWebhookConfiguration",
+APPLIED_KINDS = ("Namespace", "ServiceAccount", "Secret", "ClusterRole", "ClusterRoleBinding",
+                 "Role", "RoleBinding", "ConfigMap", "MutatingWebhookConfiguration",
                  "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
+
+# Audit logs of other stacks started in this session (the Workload API tests' gated one):
+# test_e2e_z_rbac.py counts what gpupack's accounts did there too.
+EXTRA_AUDIT_LOGS: list[Path] = []
 
 # Metadata of every request made by a ServiceAccount of gpupack's namespace; nothing else.
 AUDIT_POLICY = {
     "apiVersion": "audit.k8s.io/v1", "kind": "Policy", "omitStages": ["RequestReceived"],
-    "rules": [{"level": "Metadata", "userGroups": [f"system:serviceaccounts:{NAMESPACE}"]},
+    "rules": [{"level": "Metadata", "userGroups": [f"system:serviceaccounts:{NAMESPACE}",
+                                                   f"system:serviceaccounts:{AGENT_NAMESPACE}"]},
               {"level": "None"}],
 }
 
@@ -146,10 +187,20 @@ class StackError(RuntimeError):
 # -- small helpers ----------------------------------------------------------------------------
 
 
+_GIVEN: set[int] = set()  # ports free_port handed out in this process
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback port nothing listens on, never one handed out before in this process:
+    the kernel may give a port just released again, and two components of one stack (or
+    of two stacks) would then both be told to listen on it."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _GIVEN:
+            _GIVEN.add(port)
+            return port
 
 
 def run(argv: Sequence[str], **kw: Any) -> str:
@@ -201,6 +252,8 @@ def make_pki(pki: Path) -> None:
     sign("admin", "/O=system:masters/CN=e2e-admin", client_ext)
     sign("plain-scheduler", "/CN=system:kube-scheduler", client_ext)
     sign("controller-manager", "/CN=system:kube-controller-manager", client_ext)
+    # What the API server presents to the webhook (its admission configuration).
+    sign("webhook-client", f"/CN={WEBHOOK_CLIENT}", client_ext)
     _openssl("genrsa", "-out", str(pki / "sa.key"), "2048")
     _openssl("rsa", "-in", str(pki / "sa.key"), "-pubout", "-out", str(pki / "sa.pub"))
 
@@ -246,21 +299,46 @@ def _find(objs: Sequence[Mapping[str, Any]], kind: str, name: str | None = None
     raise StackError(f"the chart renders no {kind}{' ' + name if name else ''}")
 
 
+SA_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+
 def service_accounts(objs: Sequence[Mapping[str, Any]]) -> dict[str, str]:
     """Which ServiceAccount each gpupack process runs as, read from the chart's workloads:
-    a container runs as its pod's account, so kube-scheduler and the extender sidecar
-    share the scheduler Deployment's."""
-    def sa_of(kind: str, component: str) -> str:
+    a container runs as the account whose token Secret it mounts where the client reads
+    one (the extender, beside kube-scheduler), else as its pod's."""
+    def sa_of(kind: str, component: str, container: str) -> str:
         for o in objs:
             labels = o.get("metadata", {}).get("labels", {})
             if o.get("kind") == kind and labels.get("app.kubernetes.io/component") == component:
-                return str(o["spec"]["template"]["spec"]["serviceAccountName"])
+                spec = o["spec"]["template"]["spec"]
+                c = next(c for c in spec["containers"] if c["name"] == container)
+                return token_secret_account(objs, spec, c) or str(spec["serviceAccountName"])
         raise StackError(f"the chart renders no {kind} for {component}")
 
-    scheduler = sa_of("Deployment", "scheduler")
-    return {"scheduler": scheduler, "extender": scheduler,
-            "webhook": sa_of("Deployment", "webhook"),
-            "node-agent": sa_of("DaemonSet", "node-agent")}
+    return {"scheduler": sa_of("Deployment", "scheduler", "kube-scheduler"),
+            "extender": sa_of("Deployment", "scheduler", "extender"),
+            "webhook": sa_of("Deployment", "webhook", "webhook"),
+            "node-agent": sa_of("DaemonSet", "node-agent", "agent")}
+
+
+def token_secret_account(objs: Sequence[Mapping[str, Any]], spec: Mapping[str, Any],
+                         container: Mapping[str, Any]) -> str | None:
+    """The account of the service-account-token Secret ``container`` mounts at the
+    client's token path (None: none)."""
+    volumes = {v["name"]: v for v in spec.get("volumes", [])}
+    for m in container.get("volumeMounts", []):
+        secret = volumes.get(m["name"], {}).get("secret")
+        if m["mountPath"] == SA_MOUNT and secret is not None:
+            s = _find(objs, "Secret", secret["secretName"])
+            return str(s["metadata"]["annotations"]["kubernetes.io/service-account.name"])
+    return None
+
+
+def token_secrets(objs: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    """account -> the name of its service-account-token Secret in the chart."""
+    return {str(o["metadata"]["annotations"]["kubernetes.io/service-account.name"]):
+            str(o["metadata"]["name"]) for o in objs
+            if o.get("kind") == "Secret" and o.get("type") == "kubernetes.io/service-account-token"}
 
 
 def chart_command(objs: Sequence[Mapping[str, Any]], container: str,
@@ -612,18 +690,24 @@ GPUPACK_ENV = {"PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
 
 def up(dir_: Path, *, extender_args: Sequence[str] = (), plain: bool = True,
        agent: bool = True, standby: bool = True,
-       profile_overrides: Mapping[str, Any] | None = None) -> Stack:
+       profile_overrides: Mapping[str, Any] | None = None,
+       feature_gates: Sequence[str] = (), runtime_config: Sequence[str] = ()) -> Stack:
     """Start everything and wait until every component is ready. When any step fails
     (a component not ready in time, an object the API refuses, an interrupt), every
     component already started is stopped before the error goes on: a failed start leaves
-    no process behind."""
+    no process behind. ``feature_gates`` ("Name=true") go to kube-apiserver, every
+    kube-scheduler and kube-controller-manager; ``runtime_config`` ("group/version=true")
+    to kube-apiserver."""
     dir_ = dir_.resolve()
     stack = Stack(dir_)
     if stack.state_file.exists() and any(stack.alive(c) for c in stack.state()["components"]):
         raise StackError(f"{dir_} already holds a running stack: run down first")
     try:
         return _up(stack, extender_args=extender_args, plain=plain, agent=agent,
-                   standby=standby, profile_overrides=profile_overrides)
+                   standby=standby, profile_overrides=profile_overrides,
+                   gates=[f"--feature-gates={','.join(feature_gates)}"] if feature_gates else [],
+                   runtime=([f"--runtime-config={','.join(runtime_config)}"]
+                            if runtime_config else []))
     except BaseException:
         if stack.state_file.exists():
             with contextlib.suppress(Exception):
@@ -632,7 +716,8 @@ def up(dir_: Path, *, extender_args: Sequence[str] = (), plain: bool = True,
 
 
 def _up(stack: Stack, *, extender_args: Sequence[str], plain: bool, agent: bool,
-        standby: bool, profile_overrides: Mapping[str, Any] | None) -> Stack:
+        standby: bool, profile_overrides: Mapping[str, Any] | None,
+        gates: Sequence[str] = (), runtime: Sequence[str] = ()) -> Stack:
     dir_ = stack.dir
     for sub in ("pids", "logs", "pki", "kubeconfigs", "config"):
         (dir_ / sub).mkdir(parents=True, exist_ok=True)
@@ -681,6 +766,8 @@ def _up(stack: Stack, *, extender_args: Sequence[str], plain: bool, agent: bool,
                  # The default admission plugins (MutatingAdmissionWebhook among them),
                  # plus NodeRestriction as a real cluster has.
                  "--enable-admission-plugins=NodeRestriction",
+                 # Its client certificate for the webhook, which acts on nothing else.
+                 f"--admission-control-config-file={admission_config(dir_, ports['webhook'])}",
                  # No Service network: the "kubernetes" Service's endpoints would be a
                  # loopback address, which the API refuses.
                  "--endpoint-reconciler-type=none",
@@ -690,7 +777,7 @@ def _up(stack: Stack, *, extender_args: Sequence[str], plain: bool, agent: bool,
                  f"--audit-policy-file={audit_policy}",
                  f"--audit-log-path={dir_ / 'logs' / 'audit.log'}",
                  "--audit-log-format=json", "--audit-log-maxsize=0",
-                 "--v=1"],
+                 *gates, *runtime, "--v=1"],
         "ready": {"url": f"{server}/readyz", "client_cert": True},
         # It stops listening at once on SIGTERM but lingers in shutdown for long; all
         # its state is in etcd, so a short grace keeps "restart" an outage of seconds.
@@ -708,7 +795,10 @@ def _up(stack: Stack, *, extender_args: Sequence[str], plain: bool, agent: bool,
     run(["bash", str(REPO / "manifests" / "tls" / "make-self-signed.sh"), str(tls_dir),
          NAMESPACE, f"{RELEASE}-webhook", "7"], env={**os.environ, "EXTRA_SANS": "IP:127.0.0.1"})
     ca_b64 = base64.b64encode((tls_dir / "ca.crt").read_bytes()).decode()
-    objs = render_chart(ca_b64, CHART_VALUES)
+    client_ca_b64 = base64.b64encode((pki / "ca.crt").read_bytes()).decode()
+    objs = render_chart(ca_b64, (*CHART_VALUES, "--set", "webhook.clientAuth.enabled=true",
+                                 "--set", f"webhook.clientAuth.caBundle={client_ca_b64}",
+                                 "--set", f"webhook.clientAuth.names[0]={WEBHOOK_CLIENT}"))
     applied = [o for o in objs if o.get("kind") in APPLIED_KINDS
                and o.get("kind") != "MutatingWebhookConfiguration"]
     apply_objects(admin, sorted(applied, key=lambda o: o["kind"] != "Namespace"))
@@ -716,15 +806,24 @@ def _up(stack: Stack, *, extender_args: Sequence[str], plain: bool, agent: bool,
     accounts = service_accounts(objs)
     if agent:
         create_agent_node(admin)
+    # kube-controller-manager as a kubeadm cluster runs it (below); first only its
+    # token controller, which fills in the chart's service-account-token Secrets (the
+    # extender's token) as on a cluster.
+    kcm_kc = dir_ / "kubeconfigs" / "controller-manager"
+    write_kubeconfig(kcm_kc, server, pki / "ca.crt", cert=pki / "controller-manager.crt",
+                     key=pki / "controller-manager.key")
+    secret_tokens = filled_token_secrets(stack, state, bins, kcm_kc, token_secrets(objs))
     kubeconfigs: dict[str, Path] = {}
     for component, account in accounts.items():
         path = dir_ / "kubeconfigs" / component
         # The agent's token is bound to a pod on its node, as the kubelet's projected
         # token of a DaemonSet pod is: it names the node, which the chart's
-        # ValidatingAdmissionPolicy checks.
+        # ValidatingAdmissionPolicy checks. The extender's is its token Secret's.
         bound = agent_pod(admin, account) if component == "node-agent" and agent else None
-        write_kubeconfig(path, server, pki / "ca.crt",
-                         token=service_account_token(admin, NAMESPACE, account, bound))
+        namespace = AGENT_NAMESPACE if component == "node-agent" else NAMESPACE
+        token = secret_tokens.get(account) or service_account_token(admin, namespace,
+                                                                    account, bound)
+        write_kubeconfig(path, server, pki / "ca.crt", token=token)
         kubeconfigs[component] = path
     state["service_accounts"] = accounts
     plain_kc = dir_ / "kubeconfigs" / "plain-scheduler"
@@ -736,7 +835,8 @@ def _up(stack: Stack, *, extender_args: Sequence[str], plain: bool, agent: bool,
         "argv": chart_command(objs, "webhook", {
             "--in-cluster": None, "--kubeconfig": str(kubeconfigs["webhook"]),
             "--host": "127.0.0.1", "--port": str(ports["webhook"]),
-            "--tls-cert": str(tls_dir / "tls.crt"), "--tls-key": str(tls_dir / "tls.key")}),
+            "--tls-cert": str(tls_dir / "tls.crt"), "--tls-key": str(tls_dir / "tls.key"),
+            "--client-ca": str(pki / "ca.crt")}),
         "cwd": str(dir_), "env": GPUPACK_ENV,
         "ready": {"url": f"{webhook_url}/healthz"}, "restart": "always"}
     # The chart's scheduler Deployment runs 2 replicas, each kube-scheduler with its
@@ -748,7 +848,7 @@ def _up(stack: Stack, *, extender_args: Sequence[str], plain: bool, agent: bool,
     for suffix in replicas:
         components.update(scheduler_pair(objs, bins, dir_, kubeconfigs, ports, suffix,
                                          (*E2E_EXTENDER_ARGS, *extender_args),
-                                         profile_overrides or {}))
+                                         profile_overrides or {}, gates))
     if plain:
         plain_cfg = dir_ / "config" / "plain-scheduler-config.yaml"
         plain_cfg.write_text(yaml.safe_dump(plain_scheduler_config(plain_kc)))
@@ -757,16 +857,12 @@ def _up(stack: Stack, *, extender_args: Sequence[str], plain: bool, agent: bool,
                      "--bind-address=127.0.0.1", f"--secure-port={ports['plain_scheduler']}",
                      f"--cert-dir={dir_ / 'plain-scheduler-certs'}",
                      f"--authentication-kubeconfig={plain_kc}",
-                     f"--authorization-kubeconfig={plain_kc}", "--v=1"],
+                     f"--authorization-kubeconfig={plain_kc}", *gates, "--v=1"],
             "ready": {"url": f"https://127.0.0.1:{ports['plain_scheduler']}/healthz"},
             "restart": "always"}
     # kube-controller-manager as a kubeadm cluster runs it: its own identity
     # (system:kube-controller-manager) and each controller with its ServiceAccount's
     # token (system:controller:*, the built-in roles), nothing but CONTROLLERS.
-    kcm_kc = dir_ / "kubeconfigs" / "controller-manager"
-    write_kubeconfig(kcm_kc, server, pki / "ca.crt", cert=pki / "controller-manager.crt",
-                     key=pki / "controller-manager.key")
-
     def controller_manager(name: str, controllers: Sequence[str]) -> dict[str, Any]:
         port = free_port()
         return {
@@ -776,7 +872,7 @@ def _up(stack: Stack, *, extender_args: Sequence[str], plain: bool, agent: bool,
                      "--bind-address=127.0.0.1", f"--secure-port={port}",
                      f"--cert-dir={dir_ / f'{name}-certs'}", "--leader-elect=false",
                      "--use-service-account-credentials=true",
-                     f"--controllers={','.join(controllers)}", "--v=1"],
+                     f"--controllers={','.join(controllers)}", *gates, "--v=1"],
             "ready": {"url": f"https://127.0.0.1:{port}/healthz"}}
 
     components["controller-manager"] = controller_manager("controller-manager", CONTROLLERS)
@@ -805,6 +901,49 @@ def _up(stack: Stack, *, extender_args: Sequence[str], plain: bool, agent: bool,
         if component in components:
             stack.start(component)
     return stack
+
+
+def filled_token_secrets(stack: Stack, state: dict[str, Any], bins: Path, kubeconfig: Path,
+                         secrets: Mapping[str, str]) -> dict[str, str]:
+    """account -> the token kube-controller-manager's token controller wrote into its
+    Secret (``secrets``: account -> Secret name). The controller runs until every token
+    is in, then stops."""
+    from kubernetes import client
+
+    if not secrets:
+        return {}
+    pki = stack.dir / "pki"
+    port = free_port()
+    state["components"]["token-controller"] = {
+        "argv": [str(bins / "kube-controller-manager"), f"--kubeconfig={kubeconfig}",
+                 f"--authentication-kubeconfig={kubeconfig}",
+                 f"--authorization-kubeconfig={kubeconfig}", "--bind-address=127.0.0.1",
+                 f"--secure-port={port}", f"--cert-dir={stack.dir / 'token-controller-certs'}",
+                 "--leader-elect=false", "--controllers=serviceaccount-token-controller",
+                 f"--service-account-private-key-file={pki / 'sa.key'}",
+                 f"--root-ca-file={pki / 'ca.crt'}", "--v=1"],
+        "ready": {"url": f"https://127.0.0.1:{port}/healthz"}}
+    stack.save(state)
+    stack.start("token-controller")
+    # start() recorded its times in the saved state: keep them (in the same dict).
+    state["components"]["token-controller"] = stack.state()["components"]["token-controller"]
+    core: Any = client.CoreV1Api(_api(stack.kubeconfig))
+    out: dict[str, str] = {}
+    end = time.monotonic() + 60
+    try:
+        while len(out) < len(secrets):
+            if time.monotonic() > end:
+                raise StackError(f"the token controller filled no token into "
+                                 f"{sorted(set(secrets.values()))} within 60 s; log:\n"
+                                 f"{stack.log_tail('token-controller')}")
+            for account, name in secrets.items():
+                data = core.read_namespaced_secret(name, NAMESPACE).data or {}
+                if "token" in data:
+                    out[account] = base64.b64decode(data["token"]).decode()
+            time.sleep(0.2)
+    finally:
+        stack.stop("token-controller")
+    return out
 
 
 @contextlib.contextmanager
@@ -839,8 +978,8 @@ STANDBY_HOSTNAME = "gpupack-scheduler-b"
 
 def scheduler_pair(objs: Sequence[Mapping[str, Any]], bins: Path, dir_: Path,
                    kubeconfigs: Mapping[str, Path], ports: Mapping[str, int], suffix: str,
-                   extender_args: Sequence[str], profile_overrides: Mapping[str, Any]
-                   ) -> dict[str, dict[str, Any]]:
+                   extender_args: Sequence[str], profile_overrides: Mapping[str, Any],
+                   gates: Sequence[str] = ()) -> dict[str, dict[str, Any]]:
     """kube-scheduler and its extender sidecar, as one replica of the chart's scheduler
     Deployment. ``suffix`` "" is the host's replica; "-b" runs under a host name of its
     own (a UTS namespace: root only)."""
@@ -864,7 +1003,7 @@ def scheduler_pair(objs: Sequence[Mapping[str, Any]], bins: Path, dir_: Path,
             "--bind-address=127.0.0.1", f"--secure-port={sched_port}",
             f"--cert-dir={dir_ / f'scheduler{suffix}-certs'}",
             f"--authentication-kubeconfig={kubeconfigs['scheduler']}",
-            f"--authorization-kubeconfig={kubeconfigs['scheduler']}", "--v=2"]
+            f"--authorization-kubeconfig={kubeconfigs['scheduler']}", *gates, "--v=2"]
     if suffix:
         argv = ["unshare", "--uts", "sh", "-c", f'hostname {STANDBY_HOSTNAME} && exec "$@"',
                 "kube-scheduler", *argv]
@@ -892,16 +1031,16 @@ def agent_pod(admin: Any, account: str) -> tuple[str, str]:
     core: Any = client.CoreV1Api(admin)
     name = f"{RELEASE}-node-agent-e2e"
     body = {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": NAMESPACE},
+            "metadata": {"name": name, "namespace": AGENT_NAMESPACE},
             "spec": {"nodeName": AGENT_NODE, "serviceAccountName": account,
                      "tolerations": [{"operator": "Exists"}],
                      "containers": [{"name": "agent", "image": "registry.example/gpupack:e2e"}]}}
     try:
-        made = core.create_namespaced_pod(NAMESPACE, body)
+        made = core.create_namespaced_pod(AGENT_NAMESPACE, body)
     except client.ApiException as e:
         if e.status != 409:
             raise
-        made = core.read_namespaced_pod(name, NAMESPACE)
+        made = core.read_namespaced_pod(name, AGENT_NAMESPACE)
     return name, str(made.metadata.uid)
 
 

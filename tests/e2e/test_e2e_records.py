@@ -18,6 +18,7 @@ from cluster import (
     create_nodes,
     h100_whole,
     pod,
+    restricted,
     wait_for,
 )
 from conftest import Space
@@ -49,8 +50,9 @@ def test_the_webhook_removes_records_from_a_new_pod(core: Any, space: Space) -> 
 
 def test_a_create_the_webhook_does_not_see_is_refused(core: Any) -> None:
     # gpupack's own namespace is outside the webhook's namespaceSelector.
-    body = pod("e2e-forged-records", annotations={"gpupack.io/gpus": "3"},
-               scheduler=MANUAL_SCHEDULER)
+    # A pod Pod Security's restricted level (gpupack's namespace) admits.
+    body = restricted(pod("e2e-forged-records", annotations={"gpupack.io/gpus": "3"},
+                          scheduler=MANUAL_SCHEDULER))
     try:
         with pytest.raises(ApiException) as err:
             core.create_namespaced_pod(NAMESPACE, body)

@@ -36,7 +36,9 @@ def test_sized_pod_comes_back_concrete(space: Space, core: Any) -> None:
         l40s_shared(f"{space.name}-l40s", space.name)])
     body = pod("asr", annotations={"gpupack.io/gpu-memory": "8Gi"})
 
-    wait_for_webhook(core, ns, body, "nvidia.com/mig-")
+    # The exact slice: a view still holding an earlier test's deleted MIG nodes would
+    # convert the probe to a larger slice of theirs.
+    wait_for_webhook(core, ns, body, "nvidia.com/mig-1g.10gb")
     made = core.create_namespaced_pod(ns, body)
     assert made.spec.scheduler_name == "gpupack"
     limits = _limits(made)

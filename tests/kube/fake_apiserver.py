@@ -26,6 +26,10 @@ Endpoints:
 - ``GET /apis/leaderworkerset.x-k8s.io/v1/leaderworkersets`` (list; kind
   ``leaderworkersets``): 404 while :attr:`FakeApiServer.lws_installed` is False, as when
   the CRD is absent.
+- ``GET /apis/scheduling.k8s.io/v1beta1/podgroups`` and ``.../workloads`` (list and
+  watch; kinds ``podgroups``, ``workloads``): 404 while
+  :attr:`FakeApiServer.workload_api_served` is False, as with the ``GenericWorkload``
+  gate off.
 
 Test controls: :meth:`FakeApiServer.drop_watches` cuts every open watch mid-stream (the
 client sees a broken chunked response), :meth:`compact` makes older versions 410,
@@ -61,12 +65,17 @@ class FakeApiServer:
         self.compacted = 0
         self.objects: dict[str, dict[str, dict[str, Any]]] = {
             "nodes": {}, "pods": {}, "configmaps": {}, "leases": {}, "resourcequotas": {},
-            "leaderworkersets": {}, **{k: {} for k in DRA_KINDS}}
+            "leaderworkersets": {}, "podgroups": {}, "workloads": {},
+            **{k: {} for k in DRA_KINDS}}
         self.lws_installed = False
+        self.workload_api_served = False
         self.dra_served = True
         self.writes: list[tuple[str, str]] = []  # (method, path) of configmap writes
         self.events: list[tuple[int, str, str, dict[str, Any]]] = []  # rv, kind, type, obj
         self.bindings: list[dict[str, Any]] = []
+        # Seconds a Binding waits before it is applied and answered (a slow API server:
+        # the client may give up first, the bind is applied anyway).
+        self.bind_delay_s = 0.0
         self.patches: list[tuple[str, dict[str, Any]]] = []
         self.watch_requests: list[tuple[str, str]] = []  # (kind, resourceVersion asked)
         self.list_requests: list[str] = []
@@ -98,7 +107,8 @@ class FakeApiServer:
             return str(meta["name"])
         if kind in ("resourceslices", "deviceclasses", "devicetaintrules"):
             return str(meta["name"])
-        if kind in ("configmaps", "leases", "resourcequotas", "leaderworkersets"):
+        if kind in ("configmaps", "leases", "resourcequotas", "leaderworkersets", "podgroups",
+                    "workloads"):
             return f"{meta['namespace']}/{meta['name']}"
         return f"{meta.get('namespace', 'default')}/{meta['name']}"
 
@@ -197,6 +207,16 @@ def _handler(fake: FakeApiServer) -> type[BaseHTTPRequestHandler]:
                                             "requested resource"))
                     return
                 kind = "leaderworkersets"
+            scheduling = re.fullmatch(r"/apis/scheduling.k8s.io/v1beta1/(podgroups|workloads)",
+                                      url.path)
+            if scheduling is not None:
+                with fake.lock:
+                    fake.list_requests.append(f"try:{scheduling.group(1)}")
+                if not fake.workload_api_served:
+                    self._send(404, _status(404, "NotFound", "the server could not find the "
+                                            "requested resource"))
+                    return
+                kind = scheduling.group(1)
             lease = re.fullmatch(r"/apis/coordination.k8s.io/v1/namespaces/([^/]+)/leases/"
                                  r"([^/]+)", url.path)
             if lease is not None:
@@ -306,6 +326,8 @@ def _handler(fake: FakeApiServer) -> type[BaseHTTPRequestHandler]:
             else:
                 self._send(404, _status(404, "NotFound", "no route"))
                 return
+            if fake.bind_delay_s:
+                time.sleep(fake.bind_delay_s)
             with fake.lock:
                 fake.bindings.append(binding)
                 pod = fake.objects["pods"].get(f"{ns}/{name}")

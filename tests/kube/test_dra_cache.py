@@ -85,7 +85,7 @@ def test_static_mig_and_shared_gpus() -> None:
     owner = "default/a#dra-gpu-0-mig-1g10gb-19-4"
     assert gpus(cache, "s") == [("mig", None, {0: ("3g.40gb", None), 4: ("1g.10gb", owner)})]
     g = cache.state.nodes["h"].gpus[0]
-    assert g.info.mode is GpuMode.SHARED
+    assert g.info.mode is GpuMode.FRACTIONAL
     ((milli, mib),) = g.shared_owners.values()
     assert mib == 20 * 1024 and milli == -(-1000 * 20 * 1024 // g.info.memory_mib)
 
@@ -285,4 +285,21 @@ def test_a_claim_allocated_on_a_held_gpu_takes_it_when_the_hold_lets_go() -> Non
     assert cache.counted("default/m#dra")[1].gpus == ()
     # ... until the hold lets go: then the claim holds the GPU.
     cache.unhold(hold.key)
+    assert gpus(cache, "d") == [("whole", "default/m#dra", {})]
+
+
+def test_a_group_members_bind_after_its_claim_holds_the_gpus_counts_cpu_only() -> None:
+    from packing.model import Placement, PodRequest, RequestKind
+
+    pod = claim_pod("m0", claims=["m"])
+    cache = make([dra_node("d")], h100_slices("d", 1), pods=[pod])
+    hold = PodRequest("default/g#reserve-0", kind=RequestKind.WHOLE, gpu_count=1)
+    assert cache.hold(hold, Placement(hold.key, "d", (0,))) is None
+    # PreBind wrote the member's claim before the bind swapped the hold for the pod:
+    cache.upsert_dra(CLAIMS, claim("m", results=[result("d", "gpu-0")]))
+    cache.unhold(hold.key)
+    req = PodRequest("default/m0", cpu_milli=1000, memory_mib=1024, kind=RequestKind.WHOLE,
+                     gpu_count=1, uid="uid-default-m0")
+    cache.assume(req, req.uid, Placement(req.key, "d", (0,)))  # no "GPU 0 is in use"
+    assert cache.counted("default/m0")[1].gpus == ()
     assert gpus(cache, "d") == [("whole", "default/m#dra", {})]

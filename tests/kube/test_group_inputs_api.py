@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +15,6 @@ import pytest
 from fake_apiserver import FakeApiServer
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "scheduler"))
-from sched_builders import node
 
 from kube.api_source import ApiSource
 from kube.cache import ClusterCache
@@ -40,25 +39,6 @@ def lws(size: int) -> dict[str, Any]:
     return {"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet",
             "metadata": {"namespace": "llm", "name": "vllm"},
             "spec": {"replicas": 1, "leaderWorkerTemplate": {"size": size}}}
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeApiServer]:
-    server = FakeApiServer().start()
-    server.put("nodes", node("gpu-a", gpus=2, reconfigurable=False))
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture
-def api(fake: FakeApiServer) -> Any:
-    from kubernetes import client
-
-    cfg = client.Configuration()
-    cfg.host = fake.url
-    return client.ApiClient(cfg)
 
 
 def test_quotas_are_listed_before_sync_and_watched_after(fake: FakeApiServer, api: Any) -> None:

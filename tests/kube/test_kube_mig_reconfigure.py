@@ -34,9 +34,12 @@ def h100(labels: dict[str, str] | None = None,
         ({KEY: "false"}, {}, True, R.FROZEN),
         ({KEY: "true"}, {}, False, R.ACTUATOR_OFF),
         ({KEY: "true"}, {}, True, R.ON),
-        # The annotation is read where the label is absent (the label wins).
-        ({}, {KEY: "true"}, True, R.ON),
+        # The annotation never opts a node in: the node agent may write gpupack.io/
+        # annotations of its Node (issue 35); it may only freeze one. The label wins.
+        ({}, {KEY: "true"}, True, R.NOT_OPTED_IN),
+        ({}, {KEY: "false"}, True, R.FROZEN),
         ({KEY: "false"}, {KEY: "true"}, True, R.FROZEN),
+        ({KEY: "true"}, {KEY: "false"}, True, R.ON),
     ],
 )
 def test_label_and_actuator(labels: dict[str, str], annotations: dict[str, str],
@@ -58,3 +61,11 @@ def test_the_default_is_off() -> None:
     assert not snap.nodes[0].mig_reconfigurable
     snap = build_snapshot([h100({KEY: "true"})], [], mig_actuator=True).snapshot
     assert snap.nodes[0].mig_reconfigurable
+
+
+def test_an_annotation_that_would_opt_in_is_noted() -> None:
+    notes: list[str] = []
+    info = node_info(h100({}, {KEY: "true"}), notes, mig_actuator=True)
+    assert info.mig_reconfigure is R.NOT_OPTED_IN
+    assert notes == [f"Node h: metadata.annotations.{KEY}: 'true' ignored: only the label "
+                     "opts a node in (the node agent may write gpupack.io/ annotations)"]

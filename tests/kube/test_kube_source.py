@@ -31,23 +31,10 @@ def wait_for(cond: Callable[[], bool], timeout: float = 10.0,
 
 
 @pytest.fixture
-def fake() -> Iterator[FakeApiServer]:
-    server = FakeApiServer().start()
-    server.put("nodes", node("gpu-a", gpus=2, reconfigurable=False))
-    server.put("pods", whole_pod("p0", 1, uid="uid-p0"))
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture
-def api(fake: FakeApiServer) -> Any:
-    from kubernetes import client
-
-    cfg = client.Configuration()
-    cfg.host = fake.url
-    return client.ApiClient(cfg)
+def fake(fake: FakeApiServer) -> FakeApiServer:
+    """conftest's fake API server, with a pending pod too (``api`` is a client of it)."""
+    fake.put("pods", whole_pod("p0", 1, uid="uid-p0"))
+    return fake
 
 
 @pytest.fixture
@@ -192,4 +179,28 @@ def test_bind_through_the_watch_confirms_the_assumption(
     cache.assume(req, req.uid, Placement(req.key, "gpu-a", (1,)))
     ApiBinder(api).bind("default", "p0", "uid-p0", "gpu-a", {"gpupack.io/gpus": "1"})
     wait_for(lambda: not cache.assumed_keys())
+    assert cache.counted("default/p0")[1].gpus == (1,)
+
+
+def test_a_binding_answered_too_late_is_an_unknown_outcome_not_a_refusal(
+    fake: FakeApiServer, api: Any, running: tuple[ClusterCache, ApiSource]
+) -> None:
+    """The API server applies a Binding after the binder gave up (issue 35: bind's API
+    timeout was longer than kube-scheduler's extender timeout, and a bind applied late
+    was forgotten). BindUnknown says so; the assumption made for it is confirmed when
+    the watch shows the pod bound."""
+    from kube.source import BindUnknown
+    from packing.model import Placement
+
+    cache, _ = running
+    req = cache.pending_pod("default/p0")
+    cache.assume(req, req.uid, Placement(req.key, "gpu-a", (1,)))
+    fake.bind_delay_s = 1.0
+    started = time.monotonic()
+    with pytest.raises(BindUnknown, match=r"no answer within 0\.3s"):
+        ApiBinder(api, timeout_s=0.3).bind("default", "p0", "uid-p0", "gpu-a",
+                                           {"gpupack.io/gpus": "1"})
+    assert time.monotonic() - started < 0.9
+    assert cache.is_assumed("default/p0")  # nobody forgot it
+    wait_for(lambda: not cache.assumed_keys())  # applied late: the watch confirms it
     assert cache.counted("default/p0")[1].gpus == (1,)

@@ -70,3 +70,22 @@ def find(objs: list[Obj], kind: str, name: str | None = None) -> Obj:
 
 def find_all(objs: list[Obj], kind: str) -> list[Obj]:
     return [o for o in objs if o["kind"] == kind]
+
+
+SA_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+
+def container_account(objs: list[Obj], pod_spec: Obj, container: Obj) -> str:
+    """The ServiceAccount a container's API calls run as: the one whose token Secret it
+    mounts where the client looks for one, else its pod's (issue 35: the extender runs
+    as an account of its own beside kube-scheduler)."""
+    volumes = {v["name"]: v for v in pod_spec.get("volumes", [])}
+    for m in container.get("volumeMounts", []):
+        if m["mountPath"] != SA_MOUNT:
+            continue
+        secret = volumes[m["name"]].get("secret")
+        if secret is not None:
+            s = find(objs, "Secret", secret["secretName"])
+            assert s["type"] == "kubernetes.io/service-account-token"
+            return str(s["metadata"]["annotations"]["kubernetes.io/service-account.name"])
+    return str(pod_spec["serviceAccountName"])

@@ -159,7 +159,24 @@ def _percentage_of_nodes_to_score(objs: list[Obj]) -> None:
 
 
 def _namespace(objs: list[Obj]) -> None:
-    assert find(objs, "Namespace")["metadata"]["name"] == "gpupack"
+    ns = find(objs, "Namespace", "gpupack")
+    # Pod Security: restricted for gpupack's own pods (the agent has its own namespace).
+    assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+
+
+def _agent_namespace(objs: list[Obj]) -> None:
+    ns = find(objs, "Namespace", "gpu-agents")
+    assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
+    assert find(objs, "DaemonSet")["metadata"]["namespace"] == "gpu-agents"
+    assert find(objs, "ServiceAccount", "gp-prod-node-agent")["metadata"]["namespace"] == (
+        "gpu-agents")
+    binding = find(objs, "ClusterRoleBinding", "gp-prod-node-agent")
+    assert binding["subjects"][0]["namespace"] == "gpu-agents"
+    policy = find(objs, "ValidatingAdmissionPolicy", "gp-prod-node-agent-own-node")
+    assert "system:serviceaccount:gpu-agents:gp-prod-node-agent" in (
+        policy["spec"]["matchConditions"][0]["expression"])
+    sm = find(objs, "ServiceMonitor", "gp-prod-node-agent")
+    assert sm["spec"]["namespaceSelector"] == {"matchNames": ["gpu-agents"]}
 
 
 def _replicas_scheduler(objs: list[Obj]) -> None:
@@ -224,6 +241,8 @@ def _weight(objs: list[Obj]) -> None:
 
 def _http_timeout(objs: list[Obj]) -> None:
     assert scheduler_config(objs)["extenders"][0]["httpTimeout"] == "4s"
+    # The Binding's own timeout stays below it (two thirds).
+    assert arg(containers(objs)["extender"], "--bind-timeout") == "2.667"
     # GpupackExtenderSlow fires at a third of the timeout, and says which timeout.
     slow = next(a for a in alerts(objs) if a["alert"] == "GpupackExtenderSlow")
     assert slow["expr"].endswith(") > 1.333"), slow["expr"]
@@ -232,6 +251,10 @@ def _http_timeout(objs: list[Obj]) -> None:
 
 def _max_group_gpus(objs: list[Obj]) -> None:
     assert arg(containers(objs)["extender"], "--max-group-gpus") == "32"
+
+
+def _max_namespace_reserved(objs: list[Obj]) -> None:
+    assert arg(containers(objs)["extender"], "--max-namespace-reserved-gpus") == "25%"
 
 
 def _dra_off(objs: list[Obj]) -> None:
@@ -263,7 +286,11 @@ def _mig_config_map_namespace(objs: list[Obj]) -> None:
     assert role["rules"] == [{"apiGroups": [""], "resources": ["configmaps"],
                               "verbs": ["get", "create", "update"]}]
     binding = find(objs, "RoleBinding", "gp-prod-mig-config")
-    assert binding["subjects"][0]["name"] == "gp-prod-scheduler"
+    assert binding["subjects"][0]["name"] == "gp-prod-extender"
+    # The extender's ConfigMap writes reach that namespace's mig-parted ConfigMap only.
+    policy = find(objs, "ValidatingAdmissionPolicy", "gp-prod-extender-configmaps")
+    expr = policy["spec"]["validations"][0]["expression"]
+    assert "request.namespace == 'gpu-operator'" in expr and "'mig-layouts'" in expr
 
 
 def _mig_compact(objs: list[Obj]) -> None:
@@ -326,6 +353,48 @@ def _webhook_timeout(objs: list[Obj]) -> None:
 
 def _failure_policy(objs: list[Obj]) -> None:
     assert {w["failurePolicy"] for w in _mwc(objs)} == {"Fail"}
+
+
+def _client_auth(objs: list[Obj]) -> None:
+    hook = containers(objs)["webhook"]
+    assert arg(hook, "--client-ca") == "/etc/gpupack/client-ca/ca.crt"
+    assert {"name": "client-ca", "mountPath": "/etc/gpupack/client-ca",
+            "readOnly": True} in hook["volumeMounts"]
+    volumes = pod_specs(objs)["gp-prod-webhook"]["volumes"]
+    assert {"name": "client-ca", "configMap": {"name": "gp-prod-webhook-client-ca"}} in volumes
+
+
+def _client_ca(objs: list[Obj]) -> None:
+    assert find(objs, "ConfigMap", "gp-prod-webhook-client-ca")["data"] == {"ca.crt": "CA_PEM"}
+
+
+def _client_names(objs: list[Obj]) -> None:
+    assert arg(containers(objs)["webhook"], "--client-name") == "kube-apiserver-webhook-client"
+
+
+def _policies(objs: list[Obj]) -> dict[str, Obj]:
+    return {o["metadata"]["name"]: o["spec"] for o in find_all(objs, "NetworkPolicy")}
+
+
+def _network_policy_off(objs: list[Obj]) -> None:
+    assert not find_all(objs, "NetworkPolicy")
+
+
+def _api_server_cidrs(objs: list[Obj]) -> None:
+    (rule,) = _policies(objs)["gp-prod-webhook"]["ingress"]
+    assert rule["ports"] == [{"port": "https", "protocol": "TCP"}]
+    assert rule["from"][0] == {"ipBlock": {"cidr": "10.0.0.0/28"}}
+
+
+def _metrics_from(objs: list[Obj]) -> None:
+    peer = FULL["networkPolicy"]["metricsFrom"][0]
+    policies = _policies(objs)
+    for name in ("gp-prod-scheduler", "gp-prod-node-agent"):
+        (rule,) = policies[name]["ingress"]
+        assert rule == {"ports": [{"port": "metrics", "protocol": "TCP"}], "from": [peer]}
+    # The webhook's /metrics is on its HTTPS port: Prometheus is admitted there too.
+    assert peer in policies["gp-prod-webhook"]["ingress"][0]["from"]
+    assert policies["gp-prod-default-deny"] == {"podSelector": {}, "policyTypes": ["Ingress"]}
 
 
 def _tls_secret_source(objs: list[Obj]) -> None:
@@ -469,6 +538,7 @@ CASES: dict[str, tuple[dict[str, Any] | None, Callable[[list[Obj]], None]]] = {
     "extender.weight": (None, _weight),
     "extender.httpTimeout": (None, _http_timeout),
     "extender.maxGroupGpus": (None, _max_group_gpus),
+    "extender.maxNamespaceReservedGpus": (None, _max_namespace_reserved),
     "extender.dra": (None, _dra_off),
     "migActuator.enabled": (None, _mig_actuator),
     "migActuator.configMap": (None, _mig_config_map),
@@ -490,10 +560,17 @@ CASES: dict[str, tuple[dict[str, Any] | None, Callable[[list[Obj]], None]]] = {
     "webhook.port": (None, _webhook_port),
     "webhook.timeoutSeconds": (None, _webhook_timeout),
     "webhook.failurePolicy": (None, _failure_policy),
+    "webhook.clientAuth.enabled": (None, _client_auth),
+    "webhook.clientAuth.caBundle": (None, _client_ca),
+    "webhook.clientAuth.names": (None, _client_names),
+    "networkPolicy.enabled": ({"networkPolicy": {"enabled": False}}, _network_policy_off),
+    "networkPolicy.apiServerCIDRs": (None, _api_server_cidrs),
+    "networkPolicy.metricsFrom": (None, _metrics_from),
     "tls.source": (None, _tls_secret_source),
     "tls.secretName": (None, _tls_secret_name),
     "tls.caBundle": (None, _ca_bundle),
     "nodeAgent.enabled": ({"nodeAgent": {"enabled": False}}, _agent_disabled),
+    "nodeAgent.namespace": (None, _agent_namespace),
     "nodeAgent.interval": (None, _agent_interval),
     "nodeAgent.metricsPort": (None, _agent_metrics_port),
     "nodeAgent.runtimeClassName": (None, _agent_runtime_class),
@@ -541,6 +618,20 @@ def test_mig_compact_alone_grants_evictions(render_helm: Render) -> None:
     assert "--mig-compact" not in containers(objs)["extender"]["command"]
     rules = find(objs, "ClusterRole", "gp-prod-extender")["rules"]
     assert not any("pods/eviction" in r["resources"] for r in rules)
+
+
+def test_client_auth_needs_a_ca(helm_dir: Path) -> None:
+    _, err = helm_template({"webhook": {"clientAuth": {"enabled": True}}}, helm_dir,
+                           expect_ok=False)
+    assert "webhook.clientAuth.enabled needs webhook.clientAuth.caBundle" in err
+    objs, _ = helm_template(None, helm_dir)
+    assert "--client-ca" not in containers(objs)["webhook"]["command"]
+
+
+def test_webhook_port_open_to_all_without_api_server_cidrs(render_helm: Render) -> None:
+    (rule,) = _policies(render_helm({**FULL, "networkPolicy": {"enabled": True}})
+                        )["gp-prod-webhook"]["ingress"]
+    assert "from" not in rule
 
 
 def test_cert_manager_names_follow_the_release(helm_dir: Path) -> None:
@@ -602,6 +693,8 @@ def test_schema_rejects_wrong_types(path: str, helm_dir: Path) -> None:
     {"commonLabels": {"team": 1}}, {"affinity": {"nodeAfinity": {}}},
     {"defrag": {"mode": "on"}}, {"defrag": {"consolidateWindow": "1am-5am"}},
     {"policy": "dotproduct"},  # a registry name the extender's --policy does not take
+    {"extender": {"maxNamespaceReservedGpus": "half"}},
+    {"extender": {"maxNamespaceReservedGpus": "50 %"}},
 ])
 def test_schema_rejects_bad_values(bad: dict[str, Any], helm_dir: Path) -> None:
     _, err = helm_template(bad, helm_dir, expect_ok=False)
@@ -621,6 +714,8 @@ def test_names_derive_from_the_release(release: str, values: dict[str, Any] | No
                                        prefix: str, helm_dir: Path) -> None:
     objs, _ = helm_template(values, helm_dir, release=release)
     for o in objs:
+        if o["kind"] == "Namespace":
+            continue  # named after the release's namespace (the agent's: <ns>-node-agent)
         name = o["metadata"]["name"]
         assert name == prefix or name.startswith(prefix + "-"), (o["kind"], name)
     check_references(objs)
@@ -642,6 +737,10 @@ def test_slow_alert_is_a_third_of_the_http_timeout(timeout: str, threshold: str,
     slow = next(a for a in alerts(objs) if a["alert"] == "GpupackExtenderSlow")
     assert slow["expr"].endswith(f") > {threshold}"), slow["expr"]
     assert f"httpTimeout is {timeout}," in slow["annotations"]["description"]
+    # The extender's --bind-timeout: two thirds of it, at most 30 s.
+    seconds = {"3s": 3.0, "500ms": 0.5, "1m": 60.0}[timeout]
+    bind = float(arg(containers(objs)["extender"], "--bind-timeout"))
+    assert bind == min(30.0, round(seconds * 2 / 3, 3))
 
 
 def test_schema_policies_are_the_extenders() -> None:

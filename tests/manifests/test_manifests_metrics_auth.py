@@ -10,7 +10,7 @@ from itertools import pairwise
 from typing import Any
 
 import pytest
-from manifests_helpers import Obj, find_all
+from manifests_helpers import Obj, container_account, find_all
 
 SA_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 WORKLOADS = ("Deployment", "DaemonSet")
@@ -21,7 +21,8 @@ def _selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
 
 
 def scraped_accounts(objs: list[Obj]) -> set[str]:
-    """The ServiceAccounts of the pods behind every ServiceMonitor."""
+    """The ServiceAccounts of the containers behind every ServiceMonitor (the one that
+    serves the Service's port)."""
     out: set[str] = set()
     for sm in find_all(objs, "ServiceMonitor"):
         sel = sm["spec"]["selector"]["matchLabels"]
@@ -33,7 +34,11 @@ def scraped_accounts(objs: list[Obj]) -> set[str]:
                     if _selects(svc["spec"]["selector"],
                                 w["spec"]["template"]["metadata"]["labels"])]
             assert pods, svc["metadata"]["name"]
-            out |= {w["spec"]["template"]["spec"]["serviceAccountName"] for w in pods}
+            ports = {p.get("targetPort") for p in svc["spec"]["ports"]}
+            for w in pods:
+                spec = w["spec"]["template"]["spec"]
+                out |= {container_account(objs, spec, c) for c in spec["containers"]
+                        if {p.get("name") for p in c.get("ports", [])} & ports}
     return out
 
 
@@ -61,7 +66,7 @@ def test_servicemonitors_send_a_token(which: str, request: pytest.FixtureRequest
 def test_scraped_accounts_review_tokens(which: str, request: pytest.FixtureRequest) -> None:
     objs: list[Obj] = request.getfixturevalue(which)
     scraped = scraped_accounts(objs)
-    assert scraped == {"gpupack-scheduler", "gpupack-webhook", "gpupack-node-agent"}
+    assert scraped == {"gpupack-extender", "gpupack-webhook", "gpupack-node-agent"}
     assert auth_delegators(objs) == scraped
 
 
@@ -81,5 +86,5 @@ def test_no_container_turns_metrics_auth_off(which: str,
 def test_no_agent_no_agent_binding(render_helm: Callable[[dict[str, Any] | None],
                                                          list[Obj]]) -> None:
     objs = render_helm({"nodeAgent": {"enabled": False}})
-    assert auth_delegators(objs) == {"gpupack-scheduler", "gpupack-webhook"}
-    assert scraped_accounts(objs) == {"gpupack-scheduler", "gpupack-webhook"}
+    assert auth_delegators(objs) == {"gpupack-extender", "gpupack-webhook"}
+    assert scraped_accounts(objs) == {"gpupack-extender", "gpupack-webhook"}

@@ -18,11 +18,12 @@ from packing.dra import served
 
 CRD_KINDS = {"ServiceMonitor", "PrometheusRule", "Certificate", "Issuer", "LeaderWorkerSet"}
 BASE_KINDS = {
-    "Namespace": 1, "ServiceAccount": 3, "ClusterRole": 3, "ClusterRoleBinding": 8,
+    "Namespace": 2, "ServiceAccount": 4, "Secret": 1, "ClusterRole": 3, "ClusterRoleBinding": 8,
     "Role": 2, "RoleBinding": 3, "ConfigMap": 4, "Deployment": 2, "DaemonSet": 1,
     "Service": 3, "PodDisruptionBudget": 2, "MutatingWebhookConfiguration": 1,
     "ServiceMonitor": 3, "PrometheusRule": 1,
-    "ValidatingAdmissionPolicy": 2, "ValidatingAdmissionPolicyBinding": 2,
+    "ValidatingAdmissionPolicy": 5, "ValidatingAdmissionPolicyBinding": 5,
+    "NetworkPolicy": 4,
     "DeviceClass": len(served.device_classes()),
 }
 
@@ -105,8 +106,10 @@ def check_crds_structurally(objs: list[Obj]) -> None:
     for sm in find_all(objs, "ServiceMonitor"):
         assert sm["apiVersion"] == "monitoring.coreos.com/v1"
         sel = sm["spec"]["selector"]["matchLabels"]
+        namespaces = sm["spec"].get("namespaceSelector", {}).get(
+            "matchNames", [sm["metadata"]["namespace"]])
         hits = [s for s in services
-                if s["metadata"]["namespace"] == sm["metadata"]["namespace"]
+                if s["metadata"]["namespace"] in namespaces
                 and sel.items() <= s["metadata"]["labels"].items()]
         assert len(hits) == 1, f"ServiceMonitor {sm['metadata']['name']} selects {len(hits)}"
         ports = {p["name"] for p in hits[0]["spec"]["ports"]}

@@ -14,7 +14,7 @@ from packing.groups.placement import (
     exclusive_domains_in_use,
     place_members,
 )
-from packing.model import Snapshot
+from packing.model import Snapshot, exclusive_key
 from packing.policies.gpupack import make_gpupack_scorer
 from packing.state import ClusterState
 from packing.status import Code, Status
@@ -31,7 +31,7 @@ def _state(*nodes):  # type: ignore[no-untyped-def]
     ("no node carries the key", [node("a"), node("b")], group("g", 2, RACK), set(),
      TOPOLOGY_LABEL, Code.UNRESOLVABLE),
     ("every domain taken", [node("a", labels={RACK: "r1"})], group("g", 1, RACK, True),
-     {(RACK, "r1")}, EXCLUSIVE_DOMAIN, Code.UNSCHEDULABLE),
+     {(exclusive_key("g", RACK), "r1")}, EXCLUSIVE_DOMAIN, Code.UNSCHEDULABLE),
     ("too big for any domain", [node("a", labels={RACK: "r1"}), node("b", labels={RACK: "r2"})],
      group("g", 2, RACK), set(), GROUP_FIT, Code.UNSCHEDULABLE),
 ], ids=lambda v: v if isinstance(v, str) else "")

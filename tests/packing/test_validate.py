@@ -91,11 +91,12 @@ def test_valid_plan_has_no_errors() -> None:
             [Placement("g-0", "ca", tuple(range(8))), Placement("g-1", "cb", tuple(range(8)))],
             "spans",
         ),
-        # Two exclusive groups in one domain.
+        # Two exclusive groups of one namespace in one domain.
         (
             [node("c1", 8, labels={"clique": "a"}), node("c2", 8, labels={"clique": "a"})],
-            group("g", 1, "clique", True) + group("h", 1, "clique", True),
-            [Placement("g-0", "c1", tuple(range(8))), Placement("h-0", "c2", tuple(range(8)))],
+            group("ns/g", 1, "clique", True) + group("ns/h", 1, "clique", True),
+            [Placement("ns/g-0", "c1", tuple(range(8))),
+             Placement("ns/h-0", "c2", tuple(range(8)))],
             "exclusive",
         ),
     ],
@@ -114,3 +115,13 @@ def test_running_overcommit_is_reported() -> None:
     )
     assert validate(s, []) != []
     assert validate(s, [], check_running=False) == []
+
+
+def test_exclusive_domains_are_exclusive_within_a_namespace() -> None:
+    """LeaderWorkerSet's exclusive placement is a pod anti-affinity of the group's own
+    namespace: two exclusive groups of different namespaces may share a domain."""
+    nodes = [node("c1", 8, labels={"clique": "a"}), node("c2", 8, labels={"clique": "a"})]
+    pending = group("team-a/g", 1, "clique", True) + group("team-b/h", 1, "clique", True)
+    plan = [Placement("team-a/g-0", "c1", tuple(range(8))),
+            Placement("team-b/h-0", "c2", tuple(range(8)))]
+    assert validate(snap(nodes, pending), plan) == []

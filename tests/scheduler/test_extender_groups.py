@@ -8,7 +8,14 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 from sched_builders import FakeClock, filter_args, mig_pod, node, whole_pod
-from test_groups_builders import RecordingWriter, bound, lws_pod, rig
+from test_groups_builders import (
+    RecordingWriter,
+    bound,
+    lws_inputs,
+    lws_object,
+    lws_pod,
+    rig,
+)
 
 from gpupack.extender_app import create_extender_app
 from kube.annotations import placement_annotations
@@ -370,7 +377,8 @@ def racks() -> list[dict[str, Any]]:
 
 def test_exclusive_topology_one_group_per_domain() -> None:
     pods = [lws_pod(n, 0, 2, 1, exclusive="rack") for n in ("a", "b", "c")]
-    r = rig(racks(), pods)
+    r = rig(racks(), pods,
+            inputs=lws_inputs(*(lws_object(n, 2, exclusive="rack") for n in "abc")))
     got = {g: res.domain for g, res in r.book.reservations.items()}
     assert got == {A: "r1", B: "r2"}
     assert r.book.waiting["llm/c/0"].category == "exclusive_taken"

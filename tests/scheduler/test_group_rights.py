@@ -3,7 +3,7 @@ function of its pods, the nodes, the quotas and the LeaderWorkerSet object (tabl
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pytest
 
@@ -67,7 +67,9 @@ CASES = [
          cap=16),
     Case("the LeaderWorkerSet's size wins over a forged label", [member(0, 8, 4)], 2,
          lws=shape(2), cap=16),
-    Case("a LeaderWorkerSet size is not capped", [member(0, 8, 8)], 8, lws=shape(8), cap=16),
+    Case("a LeaderWorkerSet size is capped like a labelled one (issue 35)",
+         [member(0, 8, 8)], 8, "sized by LeaderWorkerSet llm/vllm), more than "
+         "--max-group-gpus 16", True, lws=shape(8), cap=16),
     Case("a group index beyond spec.replicas is being scaled away",
          [member(0)], 2, "scaled away", True, lws=shape(2, 0)),
     Case("members disagree on the size", [member(0, 8, 2), member(1, 8, 4)], 4,
@@ -119,7 +121,38 @@ def test_mig_members_count_one_device_each() -> None:
     mig = MemberFacts(PodRequest("llm/vllm-0", kind=RequestKind.MIG, mig_profile="1g.10gb",
                                  group=GroupRef(KEY, 3, 0)), TOLERANT, False, "gpupack")
     assert group_rights(KEY, [mig], NODES, [], None, RightsSettings(2)).never
-    assert group_rights(KEY, [mig], NODES, [], None, RightsSettings(3)) == GroupRights(3)
+    assert group_rights(KEY, [mig], NODES, [], None, RightsSettings(3)) == GroupRights(
+        3, reserves=3)
+
+
+@pytest.mark.parametrize(("members", "reserves"), [
+    ([member(0)], 16),  # the leader pending, one worker not created: both rooms held
+    ([member(0, bound=True)], 8),  # a bound leader holds its own GPUs, not a room
+    ([member(0, bound=True), member(1, bound=True)], 0),
+])
+def test_reserves_counts_rooms_for_members_not_bound(members: list[MemberFacts],
+                                                     reserves: int) -> None:
+    assert group_rights(KEY, members, NODES, [], None, RightsSettings()).reserves == reserves
+
+
+def _exclusive(index: int) -> MemberFacts:
+    r = req(index)
+    assert r.group is not None
+    return MemberFacts(replace(r, group=replace(r.group, topology_key="rack", exclusive=True)),
+                       TOLERANT, False, "gpupack")
+
+
+@pytest.mark.parametrize(("lws", "backed"), [
+    (None, False),  # forged LWS labels, no object: no exclusive domain
+    (LwsShape("llm", "vllm", 2, 1), False),  # the object asks for no exclusivity
+    (LwsShape("llm", "vllm", 2, 1, (), "zone"), False),  # another key
+    (LwsShape("llm", "vllm", 2, 1, (), "rack"), True),
+])
+def test_exclusivity_must_be_the_leaderworkersets(lws: LwsShape | None, backed: bool) -> None:
+    got = group_rights(KEY, [_exclusive(0)], NODES, [], lws, RightsSettings())
+    assert got.exclusive_backed is backed
+    # A group that asks for none is backed whatever its object says.
+    assert group_rights(KEY, [member(0)], NODES, [], lws, RightsSettings()).exclusive_backed
 
 
 def test_quota_left_counts_pods_and_rooms_for_members_not_created() -> None:

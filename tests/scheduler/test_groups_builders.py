@@ -9,6 +9,7 @@ from typing import Any
 from sched_builders import FakeClock, whole_pod
 
 from kube.cache import ClusterCache
+from kube.groups.inputs import GroupInputs
 from kube.groups.reservations import ReservationTap, record_name
 from scheduler.groups.loop import ReservationBook, hold_key
 
@@ -26,6 +27,25 @@ def lws_pod(lws: str, worker: int, size: int, gpus: int, group: int = 0,
     p["metadata"]["labels"] = {LWS + "name": lws, LWS + "group-index": str(group),
                                LWS + "worker-index": str(worker)}
     return p
+
+
+def lws_object(name: str, size: int, replicas: int = 1, namespace: str = "llm",
+               exclusive: str | None = None, **tmpl: Any) -> dict[str, Any]:
+    """A LeaderWorkerSet object (``exclusive``: its exclusive-topology annotation)."""
+    meta: dict[str, Any] = {"namespace": namespace, "name": name}
+    if exclusive:
+        meta["annotations"] = {LWS + "exclusive-topology": exclusive}
+    return {"metadata": meta,
+            "spec": {"replicas": replicas, "leaderWorkerTemplate": {"size": size, **tmpl}}}
+
+
+def lws_inputs(*objs: dict[str, Any]) -> GroupInputs:
+    """Group inputs with these LeaderWorkerSets listed (no quotas)."""
+    i = GroupInputs()
+    i.replace([])
+    i.replace_lws(list(objs), installed=True)
+    i.lws_listed()
+    return i
 
 
 def bound(pod: dict[str, Any], node: str, annotations: dict[str, str]) -> dict[str, Any]:
@@ -75,7 +95,7 @@ def rig(nodes: list[dict[str, Any]], pods: list[dict[str, Any]] | None = None,
         ttl: float = 100.0, clock: FakeClock | None = None, writer: Any = None,
         sync: bool = True, records: list[dict[str, Any]] | None = None,
         leader: Any = None, inputs: Any = None, max_group_gpus: int = 64,
-        view_settle_s: float = 0.0) -> Rig:
+        view_settle_s: float = 0.0, namespace_cap: Any = None) -> Rig:
     """A book on a cache, fed like the API source feeds them: ``records`` listed (the
     reservation ConfigMaps), then nodes and pods, then the end of the first lists.
     ``view_settle_s``: 0 here, since every node was just made."""
@@ -85,7 +105,8 @@ def rig(nodes: list[dict[str, Any]], pods: list[dict[str, Any]] | None = None,
                            retry_s=0.0, cooldown_s=10.0,
                            is_leader=leader if leader is not None else (lambda: True),
                            inputs=inputs, max_group_gpus=max_group_gpus,
-                           requeue=RecordingWriter(), view_settle_s=view_settle_s)
+                           requeue=RecordingWriter(), view_settle_s=view_settle_s,
+                           namespace_cap=namespace_cap)
     tap = ReservationTap(cache, book)
     if records is not None:
         tap.replace_records(records)

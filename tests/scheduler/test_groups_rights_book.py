@@ -161,8 +161,8 @@ def lws_object(size: int, replicas: int = 1, **tmpl: Any) -> dict[str, Any]:
 
 def test_the_leaderworkerset_object_gives_the_size() -> None:
     nodes = [zoned(f"n{i}", "a") for i in range(4)]
-    forged = lws_pod("a", 0, 4, 8)  # its annotation says 4; the object says 2
-    r = rig(nodes, [forged], inputs=inputs(lws=[lws_object(2)]), max_group_gpus=8)
+    forged = lws_pod("a", 0, 4, 8)  # its annotation says 4 (32 GPUs); the object says 2
+    r = rig(nodes, [forged], inputs=inputs(lws=[lws_object(2)]), max_group_gpus=16)
     assert sum(held_gpus(r).values()) == 16
     assert r.book.reservations[A].size == 2
 

@@ -2,7 +2,11 @@
 8): group arrivals (some forged too big for their labels), member binds, filler pods,
 deletions, the clock, restarts (a replica rebuilt from the records), failovers (the
 Lease changes hands), stalled watches (each replica's events are delivered only when a
-rule says so) and forged ``gpupack.io/reservation`` annotations on users' pods.
+rule says so) and forged ``gpupack.io/reservation`` annotations on users' pods; and a
+group kube-scheduler gangs itself (issue 39): pods whose ``spec.schedulingGroup`` names
+PodGroup ``llm/pg`` (three members of 4 GPUs: whole in no clique, whole at a ``minCount``
+of 2 in either), its ``minCount`` changed or the PodGroup deleted at any time, and a pod
+of namespace ``evil`` naming a PodGroup of the same name.
 
 After every step:
 
@@ -13,6 +17,7 @@ After every step:
   the bound members of a group are in one NVLink clique;
 * **one writer**: every record write reached the API from the replica leading then;
 * a forged annotation changes no replica's records;
+* **no group across namespaces**: every pod a record names is of the group's namespace;
 * **no member parked for nothing**: kube-scheduler parks a member the leader's filter
   refused until an event it sees (any pod change, here); a pending member a leader's
   record names is not parked, or the leader has its waking status patch queued
@@ -40,7 +45,9 @@ from test_groups_builders import bound, lws_pod
 
 from kube.annotations import GPUS, placement_annotations
 from kube.cache import ClusterCache
+from kube.groups.inputs import GroupInputs
 from kube.groups.reservations import RESERVATION, ReservationTap, record_of
+from kube.groups.workload_api import PODGROUPS
 from kube.objects import pod_request
 from kube.record_writer import RecordWriter
 from packing.groups.members import RESERVE_MARK
@@ -56,6 +63,18 @@ CLIQUE_OF = {f"n{i}": ("A" if i < 2 else "B") for i in range(4)}
 # name -> (size the labels say, GPUs per member); "big" asks 4 x 4 = 16 > the cap of 12.
 GROUPS = {"a": (2, 4), "b": (2, 2), "c": (1, 4), "big": (4, 4)}
 MAX_GROUP_GPUS = 12
+PG_MEMBERS = 3  # pods naming PodGroup llm/pg, 4 GPUs each
+
+
+def pg_member(i: int, namespace: str = "llm") -> dict[str, Any]:
+    p = whole_pod(f"pgm-{i}", 4, namespace=namespace, uid=f"uid-{namespace}-pgm-{i}")
+    p["spec"]["schedulingGroup"] = {"podGroupName": "pg"}
+    return p
+
+
+def pg_object(min_count: int) -> dict[str, Any]:
+    return {"metadata": {"namespace": "llm", "name": "pg"},
+            "spec": {"schedulingPolicy": {"gang": {"minCount": min_count}}}}
 
 
 def member_key(g: str, i: int) -> str:
@@ -71,6 +90,7 @@ class World:
         self.leader = 0
         self.clock = FakeClock()
         self.queues: dict[int, list[tuple[str, Any]]] = {}
+        self.pod_group: dict[str, Any] | None = None  # PodGroup llm/pg
         self.bad_writes: list[str] = []
         # Members kube-scheduler parked after a refusal; any pod event requeues them all
         # (the refusal's "Extender" rejector matches every event), a status patch its pod.
@@ -144,10 +164,14 @@ class Replica:
         self.writer = RecordWriter(Store(world, rid), is_leader=leads, retries=0)
         self.requeue = RecordWriter(StatusStore(world), is_leader=leads, retries=0,
                                     what="pod condition")
+        self.inputs = GroupInputs(quotas_listed=True, lws_listed=True)
         self.book = ReservationBook(self.cache, ttl=60, clock=world.clock, writer=self.writer,
                                     retry_s=0, cooldown_s=10, is_leader=leads,
-                                    max_group_gpus=MAX_GROUP_GPUS, requeue=self.requeue)
+                                    max_group_gpus=MAX_GROUP_GPUS, requeue=self.requeue,
+                                    inputs=self.inputs)
         self.tap = ReservationTap(self.cache, self.book)
+        self.inputs.replace_workload_objects(
+            PODGROUPS, [copy.deepcopy(world.pod_group)] if world.pod_group else [], True)
         self.tap.replace_records(copy.deepcopy(list(world.records.values())))
         self.tap.replace(NODES, copy.deepcopy(list(world.pods.values())))
         self.tap.mark_synced()
@@ -163,6 +187,10 @@ class Replica:
                 self.tap.upsert_pod(what)
             elif kind == "pod-":
                 self.tap.delete_pod(what)
+            elif kind == "podgroup":
+                self.inputs.upsert_workload_object(PODGROUPS, what)
+            elif kind == "podgroup-":
+                self.inputs.delete_workload_object(PODGROUPS, what)
             elif kind == "record":
                 self.tap.upsert_record(what)
             else:
@@ -187,14 +215,19 @@ class Cluster(RuleBasedStateMachine):
         return self.replicas[self.world.leader]
 
     @initialize(groups=st.lists(st.sampled_from(sorted(GROUPS)), min_size=1, max_size=3,
-                                unique=True), workers=st.booleans())
-    def groups_already_there(self, groups: list[str], workers: bool) -> None:
+                                unique=True), workers=st.booleans(),
+                pg_members=st.integers(0, PG_MEMBERS))
+    def groups_already_there(self, groups: list[str], workers: bool, pg_members: int) -> None:
         """Start mid-life: some groups (and their workers) seen by both replicas, and
-        the leader's first decisions taken."""
+        the leader's first decisions taken; perhaps PodGroup llm/pg and members of it."""
         for g in groups:
             size, gpus = GROUPS[g]
             for i in range(size if workers else 1):
                 self.world.put_pod(lws_pod(g, i, size, gpus))
+        if pg_members:
+            self.pod_group_min_count(2)
+            for i in range(pg_members):
+                self.world.put_pod(pg_member(i))
         for r in self.replicas:
             r.deliver()
         self.leader.step()
@@ -219,6 +252,27 @@ class Cluster(RuleBasedStateMachine):
     @rule(g=st.sampled_from(sorted(GROUPS)), i=st.integers(0, 3))
     def member_deleted(self, g: str, i: int) -> None:
         self.world.delete_pod(member_key(g, i))
+
+    @rule(i=st.integers(0, PG_MEMBERS - 1), ns=st.sampled_from(("llm", "llm", "evil")))
+    def pod_group_member_arrives(self, i: int, ns: str) -> None:
+        if f"{ns}/pgm-{i}" not in self.world.pods:
+            self.world.put_pod(pg_member(i, ns))
+
+    @rule(i=st.integers(0, PG_MEMBERS - 1))
+    def pod_group_member_deleted(self, i: int) -> None:
+        self.world.delete_pod(f"llm/pgm-{i}")
+
+    @rule(min_count=st.integers(1, PG_MEMBERS))
+    def pod_group_min_count(self, min_count: int) -> None:
+        """The PodGroup created, or its minCount changed (it is mutable)."""
+        self.world.pod_group = pg_object(min_count)
+        self.world.emit(("podgroup", copy.deepcopy(self.world.pod_group)))
+
+    @rule()
+    def pod_group_deleted(self) -> None:
+        if self.world.pod_group is not None:
+            self.world.emit(("podgroup-", self.world.pod_group))
+            self.world.pod_group = None
 
     @rule(i=st.integers(0, 5))
     def filler_deleted(self, i: int) -> None:
@@ -402,10 +456,20 @@ class Cluster(RuleBasedStateMachine):
                 assert member_bound or held, f"group {key} slot {slot} neither bound nor held"
         for hk in r.cache.holds():
             assert hk.split(RESERVE_MARK)[0] in r.book.reservations, f"{hk} held for nothing"
-        for g in GROUPS:
+        for prefix in [f"llm/{g}-0" for g in GROUPS] + ["llm/pgm-"]:
             cliques = {CLIQUE_OF[p["spec"]["nodeName"]] for k, p in self.world.pods.items()
-                       if k.startswith(f"llm/{g}-0") and p["spec"].get("nodeName")}
-            assert len(cliques) <= 1, f"group {g} split across cliques {cliques}"
+                       if k.startswith(prefix) and p["spec"].get("nodeName")}
+            assert len(cliques) <= 1, f"group {prefix} split across cliques {cliques}"
+
+    @invariant()
+    def no_group_across_namespaces(self) -> None:
+        for r in self.replicas:
+            for g, rec in r.book.reservations.items():
+                ns = g.split("/", 1)[0]
+                assert all(k.split("/", 1)[0] == ns for k in rec.pods.values()), (g, rec.pods)
+            assert all(not k.startswith("evil/") for k in r.book.reservations), "evil reserved"
+        if self.leader.book.reservations.get("llm/pg") is not None:
+            event("a PodGroup's group holds a reservation")
 
     @invariant()
     def no_member_parked_for_nothing(self) -> None:

@@ -4,6 +4,7 @@ results out, no HTTP (the HTTP contract is pinned by test_scheduler_http*.py).""
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any
 
 import pytest
@@ -196,3 +197,52 @@ def test_a_participant_answers_before_the_default_verb_and_sees_the_same_cycle()
                                                   ["n1"])))
     assert other.node_names == ("n1",)  # not claimed: the default verb answered
     assert [c.key for c in seen] == ["x/mine", "x/other"]
+
+
+class LateBinder(Binder):
+    """A Binding that gets no answer in time (the API server may still apply it)."""
+
+    def bind(self, namespace: str, name: str, uid: str, node_name: str, annotations: Any,
+             pod: Any = None) -> None:
+        from kube.source import BindUnknown
+
+        super().bind(namespace, name, uid, node_name, annotations, pod)
+        raise BindUnknown(f"binding {namespace}/{name} to {node_name}: no answer within 2s")
+
+
+def test_a_bind_without_an_answer_keeps_its_gpus_until_the_watch_tells() -> None:
+    """Issue 35 item 5: bind's API timeout was longer than kube-scheduler's extender
+    timeout and a bind applied late was forgotten, its GPUs free for the next pod. The
+    bind answers kube-scheduler with an error but keeps the GPUs assumed: confirmed when
+    the watch shows the pod bound, freed only once no Binding can still be applied."""
+    pods = [whole_pod("a", 2, namespace="x", uid="uid-a"),
+            whole_pod("b", 2, namespace="x", uid="uid-b")]
+    p = dataclasses.replace(points(pods, LateBinder()), unknown_hold_s=3600.0)
+    result = p.bind(bind_args("a"))
+    assert "no answer within 2s" in (result.error or "")
+    assert p.cache.is_assumed("x/a") and count(p, "unknown") == 1
+    # Another pod is not given the GPUs the late Binding may hold.
+    assert "0 whole GPU(s) free" in (p.bind(bind_args("b")).error or "")
+    # Applied after all: the watch shows it bound, the assumption is confirmed.
+    bound = whole_pod("a", 2, namespace="x", uid="uid-a", node="n1")
+    bound["metadata"]["annotations"] = {"gpupack.io/node": "n1", "gpupack.io/gpus": "0,1"}
+    p.cache.upsert_pod(bound)
+    assert not p.cache.is_assumed("x/a") and p.cache.counted("x/a") is not None
+    claim = BindClaim(p.cache.counted("x/a")[0], "uid-a",  # type: ignore[index]
+                      p.cache.counted("x/a")[1], None)  # type: ignore[index]
+    p.end_unknown(claim)  # the hold's end finds nothing to free
+    assert p.cache.counted("x/a") is not None
+
+
+def test_a_bind_never_applied_frees_its_gpus_after_the_hold() -> None:
+    p = dataclasses.replace(points([whole_pod("a", 2, namespace="x", uid="uid-a")],
+                                   LateBinder()), unknown_hold_s=0.05)
+    claim = p.claim(bind_args("a"))
+    assert isinstance(claim, BindClaim)
+    p.write(bind_args("a"), claim)
+    assert p.cache.is_assumed("x/a")
+    deadline = time.monotonic() + 5
+    while p.cache.is_assumed("x/a") and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not p.cache.is_assumed("x/a")  # no watch event came: the GPUs are free again
+    assert p.cache.pending_pod("x/a") is not None

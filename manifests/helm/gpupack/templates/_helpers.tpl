@@ -122,3 +122,30 @@ object.spec.containers.exists(c, has(c.resources)
 || (has(object.metadata.annotations)
   && object.metadata.annotations.exists(k, k.startsWith('gpupack.io/')))
 {{- end -}}
+
+{{/*
+The extender's --bind-timeout: two thirds of extender.httpTimeout (at most 30 s), so
+that a Binding's outcome is known before kube-scheduler gives up on the bind verb.
+*/}}
+{{- define "gpupack.bindTimeout" -}}
+{{- $timeout := .Values.extender.httpTimeout -}}
+{{- $seconds := 0.0 -}}
+{{- if hasSuffix "ms" $timeout -}}
+{{- $seconds = divf (trimSuffix "ms" $timeout | float64) 1000 -}}
+{{- else if hasSuffix "s" $timeout -}}
+{{- $seconds = trimSuffix "s" $timeout | float64 -}}
+{{- else -}}
+{{- $seconds = mulf (trimSuffix "m" $timeout | float64) 60 -}}
+{{- end -}}
+{{- $bind := round (divf (mulf $seconds 2) 3) 3 -}}
+{{- if gt $bind 30.0 }}30{{ else }}{{ $bind }}{{ end -}}
+{{- end -}}
+
+{{/*
+The node agent's namespace (nodeAgent.namespace, else <release namespace>-node-agent): the
+agent needs hostPID, hostPath and root, which Pod Security's restricted level (that of
+the release namespace) forbids; it runs in a namespace of its own at the privileged level.
+*/}}
+{{- define "gpupack.agentNamespace" -}}
+{{- default (printf "%s-node-agent" .Release.Namespace) .Values.nodeAgent.namespace -}}
+{{- end -}}
