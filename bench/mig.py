@@ -112,10 +112,10 @@ import sys
 import time
 from abc import ABC, abstractmethod
 from collections import Counter, defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -171,6 +171,7 @@ from scheduler.mig.decide import (
 )
 
 MODELS = ("H100-80GB", "A100-80GB")
+T = TypeVar("T")
 # How MIG slices are made: mig-parted through the GPU Operator's MIG manager (here), or
 # the NVIDIA DRA driver's DynamicMIG, one instance per claim (bench/mig_dra.py).
 PROTOCOLS = ("mig-manager", "dra-dynamic")
@@ -640,6 +641,26 @@ class Static(ScoredPlacement):
                 self.set_layout(node.info.name, g, GpuMode.MIG, slots)
 
 
+def default_score(compute_slices: int, cpu_milli: int, memory_mib: int) -> int:
+    """kube-scheduler's default score of a node whose pods, the new one included, hold
+    ``compute_slices`` compute slices: NodeResourcesFit's ``LeastAllocated`` over the CPU
+    and memory they ask in proportion (:class:`StaticDefault`'s docstring)."""
+    return (least_requested(compute_slices * StaticDefault.CPU_PER_SLICE, cpu_milli)
+            + least_requested(compute_slices * StaticDefault.MEM_PER_SLICE, memory_mib)) // 2
+
+
+def top_scored(scored: Iterable[tuple[int, T]]) -> list[T]:
+    """The items of the highest score, in their order (``selectHost`` picks among them)."""
+    best: list[T] = []
+    top = -1
+    for score, item in scored:
+        if score > top:
+            top, best = score, [item]
+        elif score == top:
+            best.append(item)
+    return best
+
+
 class StaticDefault(Static):
     """The same static layouts placed as a cluster without gpupack places them.
 
@@ -667,8 +688,14 @@ class StaticDefault(Static):
         self.rng = random.Random(f"static-default:{self.args.params.seed}")
 
     def place(self, pod: Pod) -> Placement | None:
-        best: list[tuple[str, list[Placement]]] = []
-        top = -1
+        best = top_scored(self._scored(pod))
+        if not best:
+            return None
+        _, fits = self.rng.choice(best)
+        return self.rng.choice(fits)
+
+    def _scored(self, pod: Pod) -> Iterator[tuple[int, tuple[str, list[Placement]]]]:
+        """Every node with a free device of the pod's resource, with its score."""
         for name, node in self.state.nodes.items():
             fits = [Placement(pod.req.key, name, (g.info.index,), pod.profile, start)
                     if pod.profile is not None else Placement(pod.req.key, name, (g.info.index,))
@@ -677,17 +704,7 @@ class StaticDefault(Static):
             if not fits:
                 continue
             slices = sum(slices_of(self.by_key[k])[0] for k in node.pods) + slices_of(pod)[0]
-            cpu, mem = node.info.cpu_milli, node.info.memory_mib
-            score = (least_requested(slices * self.CPU_PER_SLICE, cpu)
-                     + least_requested(slices * self.MEM_PER_SLICE, mem)) // 2
-            if score > top:
-                top, best = score, [(name, fits)]
-            elif score == top:
-                best.append((name, fits))
-        if not best:
-            return None
-        _, fits = self.rng.choice(best)
-        return self.rng.choice(fits)
+            yield default_score(slices, node.info.cpu_milli, node.info.memory_mib), (name, fits)
 
     @staticmethod
     def _free(g: GpuState, profile: str | None) -> list[int]:
@@ -1121,6 +1138,29 @@ POLICIES: dict[str, Callable[..., Sim]] = {
     "gpupack-compact": GpupackCompact, "gpupack-bestfit": GpupackBestfit}
 
 
+def run_sim(sim: Sim) -> dict[str, object]:
+    """A policy's figures, with its first invalid placements where there are any."""
+    out = sim.run()
+    if sim.invalid:
+        out["invalid_examples"] = sim.invalid[:5]
+    return out
+
+
+def run_params(ns: Any, args: Args, period: float, arrivals: int,
+               whole: dict[str, int]) -> dict[str, object]:
+    """The ``params`` both protocols report (each adds its own delays)."""
+    return {"protocol": ns.protocol, "nodes": ns.nodes, "gpus_per_node": ns.gpus_per_node,
+            "hours": ns.hours, "rate_per_h": ns.rate, "swing": ns.swing, "period_h": period,
+            "seed": ns.seed, "warmup_h": args.warmup_h, "create_delay_s": ns.create_delay,
+            "tick_s": ns.tick, "arrivals": arrivals,
+            "compact": {"evictions_per_hour": ns.compact_evictions_per_hour,
+                        "min_age_s": ns.compact_min_age, "max_pods": ns.compact_max_pods,
+                        "min_excess": ns.compact_min_excess, "evict_grace_s": ns.evict_grace},
+            "static_whole_gpus": whole,
+            "mix": {c.name: {"profile": c.profile or "whole", "share": c.share,
+                             "mean_min": c.mean_min} for c in CLASSES}}
+
+
 def run(ns: argparse.Namespace) -> dict[str, object]:
     nodes = make_nodes(ns.nodes, ns.gpus_per_node)
     period = ns.period_h or ns.hours
@@ -1141,30 +1181,12 @@ def run(ns: argparse.Namespace) -> dict[str, object]:
             sim: Sim = POLICIES[name](nodes, pods, args, whole)
         else:
             sim = POLICIES[name](nodes, pods, args)
-        results[name] = sim.run()
-        if sim.invalid:
-            results[name]["invalid_examples"] = sim.invalid[:5]
-    out: dict[str, object] = {
-        "params": {"protocol": ns.protocol, "nodes": ns.nodes,
-                   "gpus_per_node": ns.gpus_per_node, "hours": ns.hours,
-                   "rate_per_h": ns.rate, "swing": ns.swing, "period_h": period,
-                   "seed": ns.seed, "warmup_h": args.warmup_h,
-                   "reconfig_delay_s": ns.reconfig_delay, "create_delay_s": ns.create_delay,
-                   "config_propagation_s": ns.config_propagation,
-                   "tick_s": ns.tick,
-                   "solver_time_s": ns.solver_time, "arrivals": len(pods),
-                   "compact": {"evictions_per_hour": ns.compact_evictions_per_hour,
-                               "min_age_s": ns.compact_min_age,
-                               "max_pods": ns.compact_max_pods,
-                               "min_excess": ns.compact_min_excess,
-                               "evict_grace_s": ns.evict_grace},
-                   "static_whole_gpus": whole,
-                   "mix": {c.name: {"profile": c.profile or "whole", "share": c.share,
-                                    "mean_min": c.mean_min} for c in CLASSES}},
-        "policies": results,
-    }
-    out["goals"] = goals(results)
-    return out
+        results[name] = run_sim(sim)
+    params = {**run_params(ns, args, period, len(pods), whole),
+              "reconfig_delay_s": ns.reconfig_delay,
+              "config_propagation_s": ns.config_propagation,
+              "solver_time_s": ns.solver_time}
+    return {"params": params, "policies": results, "goals": goals(results)}
 
 
 def goals(results: dict[str, dict[str, object]]) -> dict[str, object]:

@@ -69,7 +69,7 @@ import math
 import random
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -102,7 +102,6 @@ from packing.dra.pools import apply_taint_rules
 from packing.dra.world import DraWorld
 from packing.model import GpuMode, MigReconfigure, NodeInfo, Placement, PodRequest, Snapshot
 from packing.policies.gpupack import make_gpupack_scorer
-from packing.policies.kube_default import least_requested
 from packing.scoring import Scorer
 from packing.state import ClusterState, NodeState
 from packing.taints import Taint
@@ -393,8 +392,14 @@ class DraFirstFit(DraSim):
     name = "dra-first-fit"
 
     def choose(self, pod: base.Pod) -> tuple[str, tuple[AllocatedDevice, ...]] | None:
-        best: list[tuple[str, Prediction]] = []
-        top = -1
+        best = base.top_scored(self._scored(pod))
+        if not best:
+            return None
+        name, pred = self.rng.choice(best)
+        return name, pred.results[0]
+
+    def _scored(self, pod: base.Pod) -> Iterator[tuple[int, tuple[str, Prediction]]]:
+        """The nodes where the allocator finds devices, with their score."""
         for name in self.candidates(pod):
             pred = self.fit(name, pod)
             if pred.verdict is not Verdict.ALLOCATED:
@@ -402,17 +407,7 @@ class DraFirstFit(DraSim):
             slices = sum(base.slices_of(self.by_key[k])[0] for k in self.on_node[name])
             slices += base.slices_of(pod)[0]
             info = self.base_infos[name]
-            score = (least_requested(slices * base.StaticDefault.CPU_PER_SLICE, info.cpu_milli)
-                     + least_requested(slices * base.StaticDefault.MEM_PER_SLICE,
-                                       info.memory_mib)) // 2
-            if score > top:
-                top, best = score, [(name, pred)]
-            elif score == top:
-                best.append((name, pred))
-        if not best:
-            return None
-        name, pred = self.rng.choice(best)
-        return name, pred.results[0]
+            yield base.default_score(slices, info.cpu_milli, info.memory_mib), (name, pred)
 
 
 class DraGpupack(DraSim):
@@ -679,30 +674,12 @@ def run(ns: Any) -> dict[str, object]:
             sim: base.Sim = base.StaticDefault(nodes, pods, args, whole)
         else:
             sim = DRA_POLICIES[name](nodes, pods, args, dra)
-        results[name] = sim.run()
-        if sim.invalid:
-            results[name]["invalid_examples"] = sim.invalid[:5]
-    out: dict[str, object] = {
-        "params": {"protocol": "dra-dynamic", "nodes": ns.nodes,
-                   "gpus_per_node": ns.gpus_per_node, "hours": ns.hours,
-                   "rate_per_h": ns.rate, "swing": ns.swing, "period_h": period,
-                   "seed": ns.seed, "warmup_h": args.warmup_h,
-                   "create_delay_s": ns.create_delay, "destroy_delay_s": ns.destroy_delay,
-                   "mode_switch_delay_s": ns.mode_switch_delay,
-                   "scorer_refresh_s": ns.scorer_refresh, "arrivals": len(pods),
-                   "tick_s": ns.tick,
-                   "compact": {"evictions_per_hour": ns.compact_evictions_per_hour,
-                               "min_age_s": ns.compact_min_age,
-                               "max_pods": ns.compact_max_pods,
-                               "min_excess": ns.compact_min_excess,
-                               "evict_grace_s": ns.evict_grace},
-                   "static_whole_gpus": whole,
-                   "mix": {c.name: {"profile": c.profile or "whole", "share": c.share,
-                                    "mean_min": c.mean_min} for c in base.CLASSES}},
-        "policies": results,
-    }
-    out["goals"] = goals(results)
-    return out
+        results[name] = base.run_sim(sim)
+    params = {**base.run_params(ns, args, period, len(pods), whole),
+              "destroy_delay_s": ns.destroy_delay,
+              "mode_switch_delay_s": ns.mode_switch_delay,
+              "scorer_refresh_s": ns.scorer_refresh}
+    return {"params": params, "policies": results, "goals": goals(results)}
 
 
 def goals(results: dict[str, dict[str, object]]) -> dict[str, object]:
