@@ -151,6 +151,7 @@ from scheduler.mig.changes import Backoff, Change
 from scheduler.mig.compact.decide import (
     DEFAULT_COMPACT,
     DRAIN_PREFIX,
+    CompactDecision,
     CompactSettings,
     CompactState,
     Drain,
@@ -1045,12 +1046,7 @@ class GpupackCompact(Gpupack):
                           state.mig_pods, frozenset(self.changes), tuple(self.evicted_at),
                           dict(self.cooldown))
         d = decide_compaction(cs, self.now, self.compact_settings)
-        self.cooldown = dict(d.cooldown)
-        for e in d.ends:
-            self.drains.pop(e.drain.gpu_key, None)
-            self.drain_results[e.result] += 1
-        for dr in d.starts:
-            self.drains[dr.gpu_key] = dr
+        keep_drains(self, d)
         self.sync_holds(d.holds, DRAIN_PREFIX)
         for dr, key in d.evict:
             self.evict(self.drains[dr.gpu_key], key)
@@ -1083,6 +1079,17 @@ class GpupackCompact(Gpupack):
         return {**super().report(wall), **move_figures(self)}
 
     moved_in_window = 0
+
+
+def keep_drains(sim: GpupackCompact | Any, d: CompactDecision) -> None:
+    """A compaction decision's bookkeeping, as ``scheduler/mig/compact/loop.py`` keeps it:
+    the cool-downs, the drains ended (counted by result) and started."""
+    sim.cooldown = dict(d.cooldown)
+    for e in d.ends:
+        sim.drains.pop(e.drain.gpu_key, None)
+        sim.drain_results[e.result] += 1
+    for dr in d.starts:
+        sim.drains[dr.gpu_key] = dr
 
 
 def evict_pod(sim: GpupackCompact | Any, old: Pod, number: int) -> Pod:

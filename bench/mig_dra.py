@@ -540,12 +540,7 @@ class DraGpupackCompact(DraGpupack):
         cs = CompactState(self._views, self._tenants, tuple(self.drains.values()), pending,
                           frozenset(), tuple(self.evicted_at), dict(self.cooldown))
         d = decide_compaction(cs, self.now, self.args.compact)
-        self.cooldown = dict(d.cooldown)
-        for e in d.ends:
-            self.drains.pop(e.drain.gpu_key, None)
-            self.drain_results[e.result] += 1
-        for dr in d.starts:
-            self.drains[dr.gpu_key] = dr
+        base.keep_drains(self, d)
         self.fence(set(d.fences))
         for dr, key in d.evict:
             self.evict(self.drains[dr.gpu_key], key)
