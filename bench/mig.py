@@ -112,9 +112,10 @@ import sys
 import time
 from abc import ABC, abstractmethod
 from collections import Counter, defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any, TypeVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -150,6 +151,7 @@ from scheduler.mig.changes import Backoff, Change
 from scheduler.mig.compact.decide import (
     DEFAULT_COMPACT,
     DRAIN_PREFIX,
+    CompactDecision,
     CompactSettings,
     CompactState,
     Drain,
@@ -170,6 +172,10 @@ from scheduler.mig.decide import (
 )
 
 MODELS = ("H100-80GB", "A100-80GB")
+T = TypeVar("T")
+# How MIG slices are made: mig-parted through the GPU Operator's MIG manager (here), or
+# the NVIDIA DRA driver's DynamicMIG, one instance per claim (bench/mig_dra.py).
+PROTOCOLS = ("mig-manager", "dra-dynamic")
 
 
 @dataclass(frozen=True)
@@ -636,6 +642,26 @@ class Static(ScoredPlacement):
                 self.set_layout(node.info.name, g, GpuMode.MIG, slots)
 
 
+def default_score(compute_slices: int, cpu_milli: int, memory_mib: int) -> int:
+    """kube-scheduler's default score of a node whose pods, the new one included, hold
+    ``compute_slices`` compute slices: NodeResourcesFit's ``LeastAllocated`` over the CPU
+    and memory they ask in proportion (:class:`StaticDefault`'s docstring)."""
+    return (least_requested(compute_slices * StaticDefault.CPU_PER_SLICE, cpu_milli)
+            + least_requested(compute_slices * StaticDefault.MEM_PER_SLICE, memory_mib)) // 2
+
+
+def top_scored(scored: Iterable[tuple[int, T]]) -> list[T]:
+    """The items of the highest score, in their order (``selectHost`` picks among them)."""
+    best: list[T] = []
+    top = -1
+    for score, item in scored:
+        if score > top:
+            top, best = score, [item]
+        elif score == top:
+            best.append(item)
+    return best
+
+
 class StaticDefault(Static):
     """The same static layouts placed as a cluster without gpupack places them.
 
@@ -663,8 +689,14 @@ class StaticDefault(Static):
         self.rng = random.Random(f"static-default:{self.args.params.seed}")
 
     def place(self, pod: Pod) -> Placement | None:
-        best: list[tuple[str, list[Placement]]] = []
-        top = -1
+        best = top_scored(self._scored(pod))
+        if not best:
+            return None
+        _, fits = self.rng.choice(best)
+        return self.rng.choice(fits)
+
+    def _scored(self, pod: Pod) -> Iterator[tuple[int, tuple[str, list[Placement]]]]:
+        """Every node with a free device of the pod's resource, with its score."""
         for name, node in self.state.nodes.items():
             fits = [Placement(pod.req.key, name, (g.info.index,), pod.profile, start)
                     if pod.profile is not None else Placement(pod.req.key, name, (g.info.index,))
@@ -673,17 +705,7 @@ class StaticDefault(Static):
             if not fits:
                 continue
             slices = sum(slices_of(self.by_key[k])[0] for k in node.pods) + slices_of(pod)[0]
-            cpu, mem = node.info.cpu_milli, node.info.memory_mib
-            score = (least_requested(slices * self.CPU_PER_SLICE, cpu)
-                     + least_requested(slices * self.MEM_PER_SLICE, mem)) // 2
-            if score > top:
-                top, best = score, [(name, fits)]
-            elif score == top:
-                best.append((name, fits))
-        if not best:
-            return None
-        _, fits = self.rng.choice(best)
-        return self.rng.choice(fits)
+            yield default_score(slices, node.info.cpu_milli, node.info.memory_mib), (name, fits)
 
     @staticmethod
     def _free(g: GpuState, profile: str | None) -> list[int]:
@@ -1024,33 +1046,15 @@ class GpupackCompact(Gpupack):
                           state.mig_pods, frozenset(self.changes), tuple(self.evicted_at),
                           dict(self.cooldown))
         d = decide_compaction(cs, self.now, self.compact_settings)
-        self.cooldown = dict(d.cooldown)
-        for e in d.ends:
-            self.drains.pop(e.drain.gpu_key, None)
-            self.drain_results[e.result] += 1
-        for dr in d.starts:
-            self.drains[dr.gpu_key] = dr
+        keep_drains(self, d)
         self.sync_holds(d.holds, DRAIN_PREFIX)
         for dr, key in d.evict:
             self.evict(self.drains[dr.gpu_key], key)
         return bool(d.ends or d.evict)
 
     def evict(self, dr: Drain, key: str) -> None:
-        old = self.running[key]
-        assert old.start is not None
         self.drains[dr.gpu_key] = replace(dr, evicted=dr.evicted | {key})
-        self.evicted_at.append(self.now)
-        self.evicted_at_all.append(self.now)
-        old.evicted = True
-        if self.now >= self.warmup:
-            self.moved_in_window += 1
-        rest = max(0.0, old.start + old.duration - self.now)
-        new = Pod(replace(old.req, key=f"{key}~{len(self.moves) + 1}"), old.model, old.cls,
-                  self.now, rest)
-        self.by_key[new.req.key] = new
-        self.pending[new.req.key] = new
-        self._count(self.wait_slices, new, +1)
-        self.push(self.now + self.args.evict_grace, "gone", (old, new))
+        evict_pod(self, self.running[key], len(self.moves) + 1)
 
     def handle(self, ev: Event) -> None:
         if ev.kind != "gone":
@@ -1072,18 +1076,54 @@ class GpupackCompact(Gpupack):
         self.schedule()
 
     def report(self, wall: float) -> dict[str, object]:
-        out = super().report(wall)
-        hours = max(self.horizon - self.warmup, 1.0) / 3600
-        gaps = [max(0.0, (new.start if new.start is not None else self.horizon) - gone)
-                for gone, new in self.moves if gone >= self.warmup]
-        out["evictions"] = len(self.evicted_at_all)
-        out["evictions_per_h"] = round(self.moved_in_window / hours, 1)
-        out["move_gap_p50_s"] = round(percentile(gaps, 50), 1)
-        out["move_gap_p99_s"] = round(percentile(gaps, 99), 1)
-        out["drains_ended"] = dict(sorted(self.drain_results.items()))
-        return out
+        return {**super().report(wall), **move_figures(self)}
 
     moved_in_window = 0
+
+
+def keep_drains(sim: GpupackCompact | Any, d: CompactDecision) -> None:
+    """A compaction decision's bookkeeping, as ``scheduler/mig/compact/loop.py`` keeps it:
+    the cool-downs, the drains ended (counted by result) and started."""
+    sim.cooldown = dict(d.cooldown)
+    for e in d.ends:
+        sim.drains.pop(e.drain.gpu_key, None)
+        sim.drain_results[e.result] += 1
+    for dr in d.starts:
+        sim.drains[dr.gpu_key] = dr
+
+
+def evict_pod(sim: GpupackCompact | Any, old: Pod, number: int) -> Pod:
+    """A drained pod evicted (accepted: no PodDisruptionBudget here): gone
+    ``--evict-grace`` s later (a "gone" event), its replacement ``<key>~<number>``
+    pending from now (a Deployment makes it at once) with the rest of its run time.
+    ``sim`` keeps ``evicted_at``, ``evicted_at_all`` and ``moved_in_window``."""
+    assert old.start is not None
+    sim.evicted_at.append(sim.now)
+    sim.evicted_at_all.append(sim.now)
+    old.evicted = True
+    if sim.now >= sim.warmup:
+        sim.moved_in_window += 1
+    rest = max(0.0, old.start + old.duration - sim.now)
+    new = Pod(replace(old.req, key=f"{old.req.key}~{number}"), old.model, old.cls, sim.now,
+              rest)
+    sim.by_key[new.req.key] = new
+    sim.pending[new.req.key] = new
+    sim._count(sim.wait_slices, new, +1)
+    sim.push(sim.now + sim.args.evict_grace, "gone", (old, new))
+    return new
+
+
+def move_figures(sim: GpupackCompact | Any) -> dict[str, object]:
+    """Compaction's figures of a run: evictions (all, per hour after the warm-up), the
+    move gap (evicted pod gone to replacement started), how drains ended."""
+    hours = max(sim.horizon - sim.warmup, 1.0) / 3600
+    gaps = [max(0.0, (new.start if new.start is not None else sim.horizon) - gone)
+            for gone, new in sim.moves if gone >= sim.warmup]
+    return {"evictions": len(sim.evicted_at_all),
+            "evictions_per_h": round(sim.moved_in_window / hours, 1),
+            "move_gap_p50_s": round(percentile(gaps, 50), 1),
+            "move_gap_p99_s": round(percentile(gaps, 99), 1),
+            "drains_ended": dict(sorted(sim.drain_results.items()))}
 
 
 class GpupackBestfit(Gpupack):
@@ -1103,6 +1143,29 @@ POLICIES: dict[str, Callable[..., Sim]] = {
     "static": Static, "static-default": StaticDefault, "first-fit": FirstFit,
     "gpupack": Gpupack,
     "gpupack-compact": GpupackCompact, "gpupack-bestfit": GpupackBestfit}
+
+
+def run_sim(sim: Sim) -> dict[str, object]:
+    """A policy's figures, with its first invalid placements where there are any."""
+    out = sim.run()
+    if sim.invalid:
+        out["invalid_examples"] = sim.invalid[:5]
+    return out
+
+
+def run_params(ns: Any, args: Args, period: float, arrivals: int,
+               whole: dict[str, int]) -> dict[str, object]:
+    """The ``params`` both protocols report (each adds its own delays)."""
+    return {"protocol": ns.protocol, "nodes": ns.nodes, "gpus_per_node": ns.gpus_per_node,
+            "hours": ns.hours, "rate_per_h": ns.rate, "swing": ns.swing, "period_h": period,
+            "seed": ns.seed, "warmup_h": args.warmup_h, "create_delay_s": ns.create_delay,
+            "tick_s": ns.tick, "arrivals": arrivals,
+            "compact": {"evictions_per_hour": ns.compact_evictions_per_hour,
+                        "min_age_s": ns.compact_min_age, "max_pods": ns.compact_max_pods,
+                        "min_excess": ns.compact_min_excess, "evict_grace_s": ns.evict_grace},
+            "static_whole_gpus": whole,
+            "mix": {c.name: {"profile": c.profile or "whole", "share": c.share,
+                             "mean_min": c.mean_min} for c in CLASSES}}
 
 
 def run(ns: argparse.Namespace) -> dict[str, object]:
@@ -1125,29 +1188,12 @@ def run(ns: argparse.Namespace) -> dict[str, object]:
             sim: Sim = POLICIES[name](nodes, pods, args, whole)
         else:
             sim = POLICIES[name](nodes, pods, args)
-        results[name] = sim.run()
-        if sim.invalid:
-            results[name]["invalid_examples"] = sim.invalid[:5]
-    out: dict[str, object] = {
-        "params": {"nodes": ns.nodes, "gpus_per_node": ns.gpus_per_node, "hours": ns.hours,
-                   "rate_per_h": ns.rate, "swing": ns.swing, "period_h": period,
-                   "seed": ns.seed, "warmup_h": args.warmup_h,
-                   "reconfig_delay_s": ns.reconfig_delay, "create_delay_s": ns.create_delay,
-                   "config_propagation_s": ns.config_propagation,
-                   "tick_s": ns.tick,
-                   "solver_time_s": ns.solver_time, "arrivals": len(pods),
-                   "compact": {"evictions_per_hour": ns.compact_evictions_per_hour,
-                               "min_age_s": ns.compact_min_age,
-                               "max_pods": ns.compact_max_pods,
-                               "min_excess": ns.compact_min_excess,
-                               "evict_grace_s": ns.evict_grace},
-                   "static_whole_gpus": whole,
-                   "mix": {c.name: {"profile": c.profile or "whole", "share": c.share,
-                                    "mean_min": c.mean_min} for c in CLASSES}},
-        "policies": results,
-    }
-    out["goals"] = goals(results)
-    return out
+        results[name] = run_sim(sim)
+    params = {**run_params(ns, args, period, len(pods), whole),
+              "reconfig_delay_s": ns.reconfig_delay,
+              "config_propagation_s": ns.config_propagation,
+              "solver_time_s": ns.solver_time}
+    return {"params": params, "policies": results, "goals": goals(results)}
 
 
 def goals(results: dict[str, dict[str, object]]) -> dict[str, object]:
@@ -1231,8 +1277,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="seconds between a change's entry and its node label (gpupack: the "
                          "extender's --mig-config-propagation; the kubelet's copy of the "
                          "ConfigMap lags)")
+    ap.add_argument("--protocol", choices=PROTOCOLS, default="mig-manager",
+                    help="how MIG slices are made: the GPU Operator's MIG manager (this "
+                         "script) or the NVIDIA DRA driver's DynamicMIG (bench/mig_dra.py)")
     ap.add_argument("--create-delay", type=float, default=5.0,
-                    help="seconds DynamicMIG takes to create an instance (first-fit)")
+                    help="seconds DynamicMIG takes to create an instance (first-fit; "
+                         "dra-dynamic)")
+    ap.add_argument("--destroy-delay", type=float, default=5.0,
+                    help="dra-dynamic: seconds an ended pod's instance takes to go (its "
+                         "claim keeps its counters until then)")
+    ap.add_argument("--mode-switch-delay", type=float, default=10.0,
+                    help="dra-dynamic: seconds added to the first instance of a GPU whose "
+                         "MIG mode it turns on")
     ap.add_argument("--tick", type=float, default=2.0,
                     help="seconds between the MIG actuator's decisions (gpupack; the "
                          "extender's poll)")
@@ -1250,14 +1306,25 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="gpupack-compact: --mig-compact-max-pods")
     ap.add_argument("--compact-min-excess", type=int, default=d.min_excess,
                     help="gpupack-compact: --mig-compact-min-excess")
-    ap.add_argument("--policies",
-                    default="static,static-default,first-fit,gpupack,gpupack-compact")
+    ap.add_argument("--policies", default="",
+                    help="comma-separated (default: static,static-default,first-fit,"
+                         "gpupack,gpupack-compact; with --protocol dra-dynamic: "
+                         "static-default,dra-first-fit,gpupack,layout-bound)")
     ap.add_argument("--format", choices=("table", "json"), default="table")
     ns = ap.parse_args(argv)
-    ns.policies = [p.strip() for p in ns.policies.split(",") if p.strip()]
+    dra = None
+    if ns.protocol == "dra-dynamic":
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import mig_dra as dra  # the other protocol's module, on demand
+    known = (list(POLICIES) if dra is None
+             else [*dra.POLICIES, *dra.DRA_POLICIES])
+    default = ("static,static-default,first-fit,gpupack,gpupack-compact" if dra is None
+               else ",".join(dra.POLICIES))
+    ns.policies = [p.strip() for p in (ns.policies or default).split(",") if p.strip()]
     for p in ns.policies:
-        if p not in POLICIES:
-            ap.error(f"--policies: unknown policy {p!r}; known: {', '.join(POLICIES)}")
+        if p not in known:
+            ap.error(f"--policies: unknown policy {p!r} for --protocol {ns.protocol}; "
+                     f"known: {', '.join(dict.fromkeys(known))}")
     if not 0 <= ns.swing <= 1:
         ap.error(f"--swing {ns.swing}: must be within 0..1")
     if ns.nodes < 1 or ns.gpus_per_node < 1 or ns.hours <= 0 or ns.rate <= 0:
@@ -1268,10 +1335,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.error("--compact-evictions-per-hour, --compact-max-pods and --compact-min-excess "
                  "must be at least 1")
     if min(ns.reconfig_delay, ns.create_delay, ns.warmup_h, ns.compact_min_age,
-           ns.config_propagation) < 0:
-        ap.error("--reconfig-delay, --create-delay, --warmup-h, --compact-min-age and "
-                 "--config-propagation must not be negative")
-    out = run(ns)
+           ns.config_propagation, ns.destroy_delay, ns.mode_switch_delay) < 0:
+        ap.error("--reconfig-delay, --create-delay, --destroy-delay, --mode-switch-delay, "
+                 "--warmup-h, --compact-min-age and --config-propagation must not be "
+                 "negative")
+    out = run(ns) if dra is None else dra.run(ns)
     print(json.dumps(out, indent=2) if ns.format == "json" else table(out))
     pol = out["policies"]
     assert isinstance(pol, dict)

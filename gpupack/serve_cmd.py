@@ -188,6 +188,7 @@ class Components:
             if args.mig_compact and self.owners is not None:
                 from kube.evictions import ApiEvents, ApiEvictor
                 from kube.mig.compaction_memory import ApiMemoryReader
+                from kube.mig.fences import ApiFences
                 from scheduler.mig.compact.decide import CompactSettings
 
                 # The budget and cool-downs outlive a leader (kube.mig.compaction_memory).
@@ -205,7 +206,8 @@ class Components:
                     metrics=compact_metrics,
                     memory=(ApiMemoryReader(api, args.namespace), self.compaction_writer,
                             args.namespace),
-                    is_leader=self.leader.is_leader)  # asked before each eviction
+                    is_leader=self.leader.is_leader,  # asked before each eviction
+                    fences=ApiFences(api))  # DynamicMIG GPUs being drained (DRA nodes)
             self.mig = MigActuator(
                 self.cache, mig_api, compactor=compactor,
                 is_leader=self.leader.is_leader, reserved=self.groups.held_members,

@@ -445,6 +445,13 @@ class DraObjects:
         c = self.claims.get(key)
         return None if c is None else c.claim
 
+    def owner_pod(self, key: str) -> str | None:
+        """The pod claim ``key`` was made for (``namespace/name`` from its
+        ownerReferences: a claim template's claim, or the claim made for a pod's
+        extended resources), None for a claim of its own or one not seen."""
+        c = self.claims.get(key)
+        return None if c is None else c.owner_pod
+
     def extended_claim_of(self, pod: str) -> ResourceClaim | None:
         """The claim kube-scheduler made for ``pod``'s extended resources, once created."""
         for c in self.claims.values():

@@ -124,6 +124,47 @@ def test_mig_bench_runs_and_its_figures_are_consistent() -> None:
             "fewer_waiting_than_first_fit", "naive_ratio"}
 
 
+def test_mig_bench_dra_dynamic_protocol_runs_and_its_figures_are_consistent() -> None:
+    import json
+
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "mig.py"), "--protocol", "dra-dynamic",
+         "--nodes", "4", "--hours", "1.5", "--rate", "60", "--warmup-h", "0.25", "--seed", "3",
+         "--format", "json", "--compact-min-age", "0", "--compact-min-excess", "1"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    out = json.loads(proc.stdout)
+    assert out["params"]["protocol"] == "dra-dynamic"
+    pols = out["policies"]
+    assert list(pols) == ["static-default", "dra-first-fit", "gpupack", "gpupack-compact",
+                          "layout-bound"]
+    arrivals = out["params"]["arrivals"]
+    bound = pols["layout-bound"]
+    for name, r in pols.items():
+        for key in ("gpus_used", "lower_bound", "pods_waiting", "wait_p99_s",
+                    "reconfigs_per_h"):
+            assert isinstance(r[key], (int, float)), (name, key)
+        assert r["invalid"] == 0, (name, r.get("invalid_examples"))
+    for name in ("dra-first-fit", "gpupack", "gpupack-compact"):
+        r = pols[name]
+        assert r["arrived"] == arrivals and r["validated"] == r["placed"] > 0, name
+        # No policy packs below the layout bound of what it runs.
+        assert r["gpus_used"] >= r["layout_bound"] >= r["lower_bound"] > 0, name
+        # DynamicMIG makes and destroys an instance per MIG pod, and the pod waits for it.
+        assert r["reconfigs_per_h"] > 0 and r["wait_max_s"] >= out["params"]["create_delay_s"]
+    # The bound's own row: every pod from its arrival, no wait, the least reconfiguring.
+    assert bound["pods_waiting"] == 0 and bound["gpus_used"] == bound["layout_bound"]
+    assert bound["reconfigs_per_h"] <= pols["dra-first-fit"]["reconfigs_per_h"]
+    compact = pols["gpupack-compact"]
+    assert compact["evictions"] > 0 and sum(compact["drains_ended"].values()) > 0
+    for name in ("gpupack", "gpupack-compact"):
+        assert set(out["goals"][name]) == {
+            "vs_layout_bound", "within_1_05_of_layout_bound", "fewer_gpus_than_dra_first_fit",
+            "at_least_20pct_fewer_than_dra_first_fit", "waiting_no_more_than_dra_first_fit",
+            "reconfigs_per_h"}
+
+
 def test_mig_bench_check_catches_an_overlapping_instance() -> None:
     mod = _load_mig_bench()
     from packing.model import GpuMode, Placement, PodRequest, RequestKind
@@ -261,3 +302,30 @@ def test_dra_bench_sizes_and_its_json_keys_are_the_issues() -> None:
     given = parser.parse_args(list(mod.EXTENDER_ARGS))
     assert (given.group_ttl, given.max_namespace_reserved_gpus) == (
         defaults.group_ttl, defaults.max_namespace_reserved_gpus)
+
+
+def test_mig_dra_bench_check_catches_a_device_allocated_twice() -> None:
+    import importlib.util
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    spec = importlib.util.spec_from_file_location("bench_mig_dra",
+                                                  ROOT / "bench" / "mig_dra.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["bench_mig_dra"] = mod
+    spec.loader.exec_module(mod)
+    from packing.dra.objects import AllocatedDevice
+
+    base = mod.base
+    nodes = base.make_nodes(1, 2)
+    args = base.Args(hours=1, warmup_h=0, reconfig_delay=60, create_delay=5, tick=2,
+                     scorer_refresh=300, params=base.DEFAULT_PARAMS)
+    pods = [p for p in base.make_stream(nodes, 1, 200, 0, 1, 1) if p.profile == "1g.10gb"][:2]
+    sim = mod.DraFirstFit(nodes, pods, args, mod.DraArgs())
+    sim.setup()
+    name = nodes[0].name
+    dev = (AllocatedDevice("r", "gpu.nvidia.com", name, "gpu-0-mig-1g10gb-19-0"),)
+    for p in pods:
+        sim.pending[p.req.key] = p
+        sim.allocate(p, name, dev)
+    assert sim.invalid and "allocated already" in sim.invalid[0]

@@ -72,6 +72,7 @@ GPU_DRIVER = "gpu.nvidia.com"
 CLIQUE_ATTRIBUTE = "cliqueID"
 PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
 USE_MARK = "#dra"  # claim uses' keys: <namespace>/<claim>#dra...
+TAINT_MARK = f"{USE_MARK}-tainted"  # a tainted idle GPU's hold: <node>/gpu-<i>#dra-tainted
 MIB = 1 << 20
 _SLICE_COUNTER = re.compile(r"^memory-slice-(\d+)$")
 _SLICE_CAPACITY = re.compile(r"^memorySlice(\d+)$")
@@ -308,7 +309,7 @@ def taint_uses(inventory: DraInventory, held: set[int]) -> list[tuple[PodRequest
     out = []
     for g in inventory.gpus:
         if g.index in inventory.tainted and g.index not in held and g.mode is GpuMode.WHOLE:
-            key = f"{inventory.node}/gpu-{g.index}{USE_MARK}-tainted"
+            key = f"{inventory.node}/gpu-{g.index}{TAINT_MARK}"
             out.append((PodRequest(key, kind=RequestKind.WHOLE, gpu_count=1),
                         Placement(key, inventory.node, (g.index,))))
     return out

@@ -113,6 +113,9 @@ _FAMILY = {"A100-40GB": ("Ampere", "8.0", _AMPERE), "A100-80GB": ("Ampere", "8.0
            "H100-94GB": ("Hopper", "9.0", _HOPPER), "H100-96GB": ("Hopper", "9.0", _HOPPER),
            "H20": ("Hopper", "9.0", _HOPPER), "H200-141GB": ("Hopper", "9.0", _HOPPER),
            "B200": ("Blackwell", "10.0", _HOPPER)}
+# Parts whose MIG mode changes only with a GPU reset (Ampere): under DynamicMIG one already
+# in MIG mode publishes no whole-GPU device, and stays in MIG mode.
+MIG_MODE_NEEDS_RESET = frozenset({"A100-40GB", "A100-80GB", "A30-24GB"})
 # NVML product names (spaces), where they differ from the catalog's GFD spelling.
 _PRODUCT = {"H100-80GB": "NVIDIA H100 80GB HBM3", "A100-40GB": "NVIDIA A100-SXM4-40GB",
             "A100-80GB": "NVIDIA A100-SXM4-80GB", "H200-141GB": "NVIDIA H200",
@@ -349,7 +352,7 @@ def gpu_devices(spec: GpuSpec, info: DriverInfo, layout: Layout) -> list[dict[st
                     for prof, start in spec.static_mig]
         return [gpu_device(spec, info, partitionable=False)]
     devices = []
-    if not spec.mig_mode or model.name not in ("A100-40GB", "A100-80GB", "A30-24GB"):
+    if not spec.mig_mode or model.name not in MIG_MODE_NEEDS_RESET:
         devices.append(gpu_device(spec, info, partitionable=True))
     for p in model.mig.profiles:
         for start in p.starts:

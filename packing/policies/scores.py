@@ -10,7 +10,8 @@ from __future__ import annotations
 import zlib
 
 from packing.catalog import get_model
-from packing.mig.layout import MigSlot, free_starts
+from packing.mig.dynamic import largest_run
+from packing.mig.layout import MigSlot
 from packing.model import GPU_MILLI, GpuMode, Placement, PodRequest, RequestKind
 from packing.scoring import Score
 from packing.state import ClusterState, GpuState, NodeState
@@ -71,17 +72,7 @@ def _largest_placeable(g: GpuState, extra_start: int, extra_profile: str) -> tup
     """After adding an instance: (largest memory slices still placeable, count of starts)."""
     geom = get_model(g.info.model).mig
     assert geom is not None
-    slots = [*g.mig_slots(), MigSlot(extra_profile, extra_start)]
-    largest = 0
-    starts = 0
-    for prof in geom.profiles:
-        if prof.media_extensions:
-            continue
-        n = len(free_starts(geom, slots, prof.name))
-        starts += n
-        if n:
-            largest = max(largest, prof.memory_slices)
-    return largest, starts
+    return largest_run(geom, [*g.mig_slots(), MigSlot(extra_profile, extra_start)])
 
 
 def mig_preference(state: ClusterState, pod: PodRequest, option: Placement) -> Score:

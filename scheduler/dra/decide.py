@@ -24,8 +24,11 @@ Verdicts of the prediction, per node:
   model cannot make would strand pods whose selectors use CEL the model does not read;
   scoring such nodes last keeps every node gpupack can judge ahead of them.
 
-The score: the scorer's key of the fit's last device with the others applied first (one
-claim is one device in the common case: a MIG partition, a share, or k whole GPUs
+The score: where the fit creates a DynamicMIG instance, its density key first
+(:func:`packing.dra.mig_fit.dynamic_mig_key`: best fit by GPU and no compute stranded,
+which the scorer's MIG preference does not see, since under DynamicMIG every instance is
+created); then the scorer's key of the fit's last device with the others applied first
+(one claim is one device in the common case: a MIG partition, a share, or k whole GPUs
 counted as one request), cut to its preference (:func:`scheduler.memo.decide.preference`).
 
 Nothing here does I/O or takes locks: the participant (:mod:`scheduler.dra.plugin`) holds
@@ -39,6 +42,7 @@ from dataclasses import dataclass
 
 from packing.dra.allocator import Prediction, Verdict
 from packing.dra.inventory import DraInventory, claim_uses
+from packing.dra.mig_fit import dynamic_mig_key
 from packing.dra.objects import Node, ResourceClaim, frozen_map
 from packing.dra.world import DraWorld
 from packing.groups.members import is_reservation
@@ -145,5 +149,18 @@ def evaluate(state: ClusterState, world: DraWorld, node: str, labels: Mapping[st
     why = kept_conflict(state, uses)
     if why is not None:
         return NodeAnswer(False, why, prediction=pred, keys=keys)
-    return NodeAnswer(True, pref=score_uses(state, uses, scorer), prediction=pred, keys=keys)
+    return NodeAnswer(True, pref=fit_preference(state, inventory, uses, scorer),
+                      prediction=pred, keys=keys)
+
+
+def fit_preference(state: ClusterState, inventory: DraInventory | None, uses: Uses,
+                   scorer: Scorer) -> Score | None:
+    """The fit's preference: under DynamicMIG its instance's density key first
+    (:func:`packing.dra.mig_fit.dynamic_mig_key`: whole node, opening a GPU, compute
+    stranded, best fit by GPU, largest run kept; neutral for any other fit), then the
+    scorer's (:func:`score_uses`)."""
+    pref = score_uses(state, uses, scorer)
+    if pref is None:
+        return None
+    return (*dynamic_mig_key(state, inventory, uses), *pref)
 

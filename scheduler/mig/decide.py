@@ -103,7 +103,8 @@ from packing.mig.plan import (
     WholeDemand,
     plan_mig,
 )
-from packing.model import MigReconfigure
+from packing.model import GpuMode, MigReconfigure
+from packing.state import GpuState
 from scheduler.backoff import doubling
 from scheduler.mig.changes import Backoff, Change, Target
 
@@ -150,6 +151,10 @@ class GpuView:
     free: tuple[MigSlot, ...] = ()  # instances no one holds (MIG on)
     holders: frozenset[str] = frozenset()  # pods / reservations / holds using it
     inferred: bool = False  # detail inferred from allocatable counts (no agent inventory)
+    # Its MIG instances are made one per claim by the NVIDIA DRA driver's DynamicMIG (a
+    # DRA node's partitionable GPU): ``layout`` is the instances claims hold, ``free`` is
+    # empty, and the MIG manager never re-lays it (the actuator leaves its node alone).
+    dynamic: bool = False
 
     @property
     def layout_now(self) -> Target:
@@ -168,6 +173,25 @@ class GpuView:
         if target == WHOLE:
             return not self.mig_enabled
         return self.mig_enabled and self.counts == target
+
+
+def gpu_view(g: GpuState, dynamic: bool = False) -> GpuView:
+    """A GPU of the packer's state as the actuator sees it: its instances (MIG on), the
+    free ones, and every holder (whole owner, shares, instance owners). ``dynamic``: its
+    instances are made per claim by DynamicMIG (:attr:`GpuView.dynamic`)."""
+    holders: set[str] = set(g.shared_owners)
+    if g.whole_owner is not None:
+        holders.add(g.whole_owner)
+    layout, free = [], []
+    for start, (profile, owner) in sorted(g.instances.items()):
+        if g.info.mode is GpuMode.MIG:
+            layout.append(MigSlot(profile, start))
+            if owner is None:
+                free.append(MigSlot(profile, start))
+        if owner is not None:
+            holders.add(owner)
+    return GpuView(g.info.index, g.info.model, g.info.mode is GpuMode.MIG, tuple(layout),
+                   tuple(free), frozenset(holders), g.info.inferred, dynamic)
 
 
 @dataclass(frozen=True)
@@ -488,6 +512,7 @@ def _planner_nodes(state: ActuatorState, now: float, s: MigSettings,
         guessed = any(g.inferred for g in n.gpus)
         opted = (n.reconfigure is MigReconfigure.ON and not n.unschedulable
                  and not n.tainted and n.name not in state.in_flight
+                 and not any(g.dynamic for g in n.gpus)
                  and (b is None or b.until <= now) and n.state_label not in BUSY_STATES
                  and not (guessed and any(g.holders for g in n.gpus)))
         if gpus:

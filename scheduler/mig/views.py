@@ -1,7 +1,7 @@
 """The MIG actuator's view of the extender's cache: every node as
 :func:`scheduler.mig.decide.decide_mig` sees it (:class:`~scheduler.mig.decide.NodeView`:
-its GPUs, their MIG layouts and who holds each, its opt-in, labels and taints), rebuilt
-only for the nodes that changed.
+its GPUs, their MIG layouts and who holds each, its opt-in, labels and taints; a DRA
+node's partitionable GPUs marked DynamicMIG), rebuilt only for the nodes that changed.
 """
 
 from __future__ import annotations
@@ -9,37 +9,22 @@ from __future__ import annotations
 from typing import Any
 
 from kube.cache import ClusterCache
-from packing.mig.layout import MigSlot
-from packing.model import GpuMode
 from scheduler.mig.decide import (
     CONFIG_LABEL,
     STATE_LABEL,
-    GpuView,
     NodeView,
+    gpu_view,
 )
 
 
 def node_view(cache: ClusterCache, name: str) -> NodeView:
     ns = cache.state.nodes[name]
     info = ns.info
-    gpus = []
-    for g in ns.gpus:
-        holders: set[str] = set()
-        if g.whole_owner is not None:
-            holders.add(g.whole_owner)
-        holders.update(g.shared_owners)
-        layout, free = [], []
-        for start, (profile, owner) in sorted(g.instances.items()):
-            if g.info.mode is GpuMode.MIG:
-                layout.append(MigSlot(profile, start))
-                if owner is None:
-                    free.append(MigSlot(profile, start))
-            if owner is not None:
-                holders.add(owner)
-        gpus.append(GpuView(g.info.index, g.info.model, g.info.mode is GpuMode.MIG,
-                            tuple(layout), tuple(free), frozenset(holders), g.info.inferred))
+    inventory = cache.dra_inventory(name)
+    dynamic = inventory.partitionable if inventory is not None else frozenset()
+    gpus = tuple(gpu_view(g, g.info.index in dynamic) for g in ns.gpus)
     tainted = any(t.effect in ("NoSchedule", "NoExecute") for t in cache.taints(name))
-    return NodeView(name, info.mig_reconfigure, tuple(gpus), info.unschedulable,
+    return NodeView(name, info.mig_reconfigure, gpus, info.unschedulable,
                     info.labels.get(CONFIG_LABEL), info.labels.get(STATE_LABEL), tainted)
 
 

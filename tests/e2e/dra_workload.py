@@ -89,12 +89,13 @@ def pool(prefix: str, *, cliques: Sequence[int] = (4, 2), small: int = 1, l40s: 
     return out
 
 
-def publish(admin: Any, nodes: Sequence[DraNode]) -> list[str]:
+def publish(admin: Any, nodes: Sequence[DraNode], double: Any = None) -> list[str]:
     """Create the Nodes (no GPU resource in allocatable: the DRA driver's) and, as the
-    driver double, their slices and the driver's DeviceClasses."""
+    driver double (``double``, or a new one), their slices and the driver's
+    DeviceClasses."""
     from dra_driver_double import DraDriverDouble
 
-    double = DraDriverDouble(admin)
+    double = double or DraDriverDouble(admin)
     double.install_classes()
     core = client.CoreV1Api(admin)
     names = create_nodes(core, [NodeSpec(n.name, {**n.labels, "e2e.gpupack.io/dra": "1"}, {})

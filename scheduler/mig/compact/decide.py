@@ -59,7 +59,8 @@ from dataclasses import dataclass, field
 
 from kube.mig.compaction_memory import DEFAULT_COOLDOWN_S, DrainRecord
 from packing.catalog import get_model
-from packing.mig.layout import slice_bound
+from packing.dra.inventory import TAINT_MARK
+from packing.mig.layout import MigSlot, free_starts, slice_bound, used_slices
 from packing.model import MigReconfigure
 from scheduler.mig.decide import GpuView, Hold, MigPod, NodeView
 
@@ -134,6 +135,9 @@ class CompactDecision:
     holds: tuple[Hold, ...] = ()  # every drain hold wanted now
     cooldown: Mapping[GpuKey, float] = field(default_factory=dict)
     why: Mapping[GpuKey, str] = field(default_factory=dict)  # per started drain
+    # DynamicMIG GPUs being drained: the handler keeps the DRA allocator off them (a
+    # NoSchedule device taint on each of their devices) until their drain ends.
+    fences: tuple[GpuKey, ...] = ()
 
 
 def _eligible(n: NodeView, changing: frozenset[str]) -> bool:
@@ -145,11 +149,15 @@ def _end(d: Drain, gpus: Mapping[GpuKey, GpuView], now: float, s: CompactSetting
          ) -> DrainEnd | None:
     g = gpus.get(d.gpu_key)
     where = f"GPU {d.gpu} of {d.node}"
-    if g is None or not g.mig_enabled:
+    # A DynamicMIG GPU leaves MIG mode when its last instance goes: that is emptied.
+    if g is None or not (g.mig_enabled or g.dynamic):
         return DrainEnd(d, "gone", f"{where} is gone or no longer in MIG mode")
     if d.refused is not None:
         return DrainEnd(d, "refused", f"{where}: an eviction was refused: {d.refused}")
-    pods = {h for h in g.holders if not h.startswith(DRAIN_PREFIX)}
+    # A fenced DynamicMIG GPU left idle is held by its own taint (the cache counts a
+    # tainted idle GPU as held): that is the fence, not a pod.
+    pods = {h for h in g.holders if not h.startswith(DRAIN_PREFIX)
+            and not (g.dynamic and h.endswith(TAINT_MARK))}
     strangers = sorted(pods - set(d.pods))
     if strangers:
         return DrainEnd(d, "refilled", f"{where}: {', '.join(strangers)} landed on it while "
@@ -221,6 +229,7 @@ def decide_compaction(state: CompactState, now: float,
         if e.result != "emptied":
             cooldown[d.gpu_key] = now + s.cooldown_s
     holds = [h for d in live for h in drain_holds(d, gpus[d.gpu_key])]
+    fences = [d.gpu_key for d in live if gpus[d.gpu_key].dynamic]
     evict = [(d, p) for d in live for p in d.pods
              if p not in d.evicted and p in gpus[d.gpu_key].holders]
     budget = (s.evictions_per_hour - sum(1 for t in state.evictions if now - t < HOUR_S)
@@ -237,29 +246,131 @@ def decide_compaction(state: CompactState, now: float,
         for t in state.tenants.values():
             by_gpu[t.node, t.gpu].append(t)
         excess = _excess(state.nodes, by_gpu)
+        room = DynamicRoom(state.nodes, state.changing, draining, state.pending)
         for cand in _candidates(state, by_gpu, now, s, cooldown, draining, busy_models):
             node, g, pods = cand
             if (g.model in busy_models or len(pods) > budget
                     or excess.get(g.model, 0) < s.min_excess):
                 continue
-            # Destinations on other GPUs: the source's own free instances do not count.
-            own = free.get((node, g.index), Counter())
             need = Counter(t.profile for t in pods)
-            if any(left[g.model, p] - own[p] < k for p, k in need.items()):
-                continue
+            if g.dynamic:
+                # Destinations: instances the allocator would create on other GPUs in use.
+                if not room.take((node, g.index), g.model, [t.profile for t in pods]):
+                    continue
+                fences.append((node, g.index))
+                where = "room for the same profiles on GPUs in use takes them"
+            else:
+                # Destinations on other GPUs: the source's own free instances do not count.
+                own = free.get((node, g.index), Counter())
+                if any(left[g.model, p] - own[p] < k for p, k in need.items()):
+                    continue
+                for p, k in need.items():
+                    left[g.model, p] -= k
+                where = "free slices of the same profiles on GPUs in use take them"
             d = Drain(node, g.index, g.model, tuple(t.key for t in pods), now)
             starts.append(d)
             why[d.gpu_key] = (f"GPU {g.index} of {node} ({g.model}) holds only "
                               + ", ".join(f"{t.key} ({t.profile})" for t in pods)
-                              + "; free slices of the same profiles on GPUs in use take them")
+                              + f"; {where}")
             busy_models.add(g.model)
             budget -= len(pods)
-            for p, k in need.items():
-                left[g.model, p] -= k
             holds += drain_holds(d, g)
             evict += [(d, t.key) for t in pods]
     return CompactDecision(tuple(starts), tuple(ends), tuple(evict), tuple(holds), cooldown,
-                           why)
+                           why, tuple(fences))
+
+
+class DynamicRoom:
+    """Where the DRA allocator would create the instances of moved pods on DynamicMIG
+    GPUs: on each node its first fit (the first GPU in the driver's order, which is
+    index order, with a free start for the profile, at its lowest free start), and the
+    pod counts as placed only where that first fit is a GPU already in use (a pod there
+    already: moving onto an idle GPU would only move the use). Of the nodes that qualify
+    the one whose GPU keeps the least free compute is taken (best fit by GPU, as the
+    extender ranks DynamicMIG fits). Fenced GPUs (drains) get nothing (their devices
+    are tainted); cordoned and tainted nodes, and nodes with a change in flight, take
+    nothing. With a candidate source fenced too, the pending MIG pods take their fits
+    first, in arrival order, then the source's pods, largest first.
+
+    Only memory slices, compute and the layout rules are counted (the engines the driver
+    also counts follow the profile for the profiles of a 7/8-slice part), so this is the
+    allocator's choice for GPUs without device taints."""
+
+    def __init__(self, nodes: Sequence[NodeView], changing: frozenset[str],
+                 fenced: set[GpuKey], pending: Sequence[MigPod]) -> None:
+        self._base: dict[str, list[tuple[int, str, tuple[MigSlot, ...], bool]]] = {}
+        for n in nodes:
+            if n.unschedulable or n.tainted or n.name in changing:
+                continue
+            rows = [(g.index, g.model, g.layout, bool(g.holders))
+                    for g in sorted(n.gpus, key=lambda g: g.index)
+                    # a whole GPU in use has no room
+                    if g.dynamic and not (not g.mig_enabled and g.holders)]
+            if rows:
+                self._base[n.name] = rows
+        self._fenced = set(fenced)
+        self._taken: list[tuple[str, int, MigSlot]] = []  # moved pods of earlier drains
+        self._pending = tuple(pending)
+
+    def _rows(self, source: GpuKey) -> dict[str, list[tuple[int, str, list[MigSlot], bool]]]:
+        out = {}
+        for n, rows in self._base.items():
+            kept = [(i, m, list(lay), used) for i, m, lay, used in rows
+                    if (n, i) not in self._fenced and (n, i) != source]
+            for tn, ti, slot in self._taken:
+                for i, _, lay, _ in kept:
+                    if (tn, ti) == (n, i):
+                        lay.append(slot)
+            out[n] = kept
+        return out
+
+    @staticmethod
+    def _place(rows: dict[str, list[tuple[int, str, list[MigSlot], bool]]],
+               models: frozenset[str], profile: str) -> tuple[str, int, MigSlot] | None:
+        best: tuple[tuple[int, str], str, int, list[MigSlot], MigSlot] | None = None
+        for node, gpus in rows.items():
+            for index, model, layout, used in gpus:
+                if models and model not in models:
+                    continue
+                geom = get_model(model).mig
+                if geom is None or not geom.has_profile(profile):
+                    continue
+                starts = free_starts(geom, layout, profile)
+                if not starts:
+                    continue
+                if used or layout:  # the node's first fit is a GPU in use
+                    slot = MigSlot(profile, starts[0])
+                    compute, _ = used_slices(geom, [*layout, slot])
+                    key = (geom.compute_slices - compute, node)
+                    if best is None or key < best[0]:
+                        best = (key, node, index, layout, slot)
+                break  # the allocator stops at the node's first GPU with room
+        if best is None:
+            return None
+        _, node, index, layout, slot = best
+        layout.append(slot)
+        return node, index, slot
+
+    def take(self, source: GpuKey, model: str, profiles: Sequence[str]) -> bool:
+        """Whether, with ``source`` fenced, the pending pods and then every pod of
+        ``profiles`` (the source's, on a GPU of ``model``) get instances on other GPUs in
+        use; if so the moved pods' room is taken and the source stays fenced, else
+        nothing changes."""
+        geom = get_model(model).mig
+        if geom is None:
+            return False
+        rows = self._rows(source)
+        for pod in self._pending:
+            self._place(rows, pod.models, pod.profile)
+        placed = []
+        for p in sorted(profiles, key=lambda p: -geom.profile(p).compute_slices):
+            got = self._place(rows, frozenset({model}), p)
+            if got is None:
+                return False
+            placed.append(got)
+        self._taken += placed
+        self._fenced.add(source)
+        return True
 
 
 def _excess(nodes: Sequence[NodeView], by_gpu: Mapping[GpuKey, list[Tenant]]
@@ -313,4 +424,5 @@ def _candidates(state: CompactState, by_gpu: Mapping[GpuKey, list[Tenant]], now:
 
 
 __all__ = ["DEFAULT_COMPACT", "DRAIN_PREFIX", "CompactDecision", "CompactSettings",
-           "CompactState", "Drain", "DrainEnd", "Tenant", "decide_compaction", "drain_holds"]
+           "CompactState", "Drain", "DrainEnd", "DynamicRoom", "Tenant", "decide_compaction",
+           "drain_holds"]

@@ -45,7 +45,9 @@ from typing import Any, Protocol
 from kube.cache import ClusterCache
 from kube.evictions import EventSink, EvictionResult, Evictor, PodRef
 from kube.mig.compaction_memory import NAME, CompactionMemory, DrainRecord, memory_object
+from kube.mig.fences import Fences, gpu_devices
 from kube.record_writer import Submitter
+from packing.dra.inventory import USE_MARK
 from packing.model import MigReconfigure
 from scheduler.engine import LeaderGate
 from scheduler.mig.compact.decide import (
@@ -62,6 +64,9 @@ from scheduler.mig.decide import HOLD_PREFIX, ActuatorState, Hold, NodeView
 from scheduler.mig.holds import hold_one, sync_holds, take_holds
 
 log = logging.getLogger("gpupack.scheduler.mig")
+# A pod on a MIG slice as read: node, GPU, profile, uid, start time, and the pod's key
+# (the holder's own, or for a DynamicMIG instance the key of the pod owning its claim).
+Found = tuple[str, int, str, str, float | None, str]
 
 
 # Controllers whose pods compaction moves: servers that a replacement serves as well.
@@ -118,13 +123,20 @@ class Compactor:
                  settings: CompactSettings = DEFAULT_COMPACT,
                  metrics: CompactMetrics | None = None,
                  memory: tuple[MemoryReader, Submitter, str] | None = None,
-                 is_leader: Callable[[], bool] | None = None) -> None:
+                 is_leader: Callable[[], bool] | None = None,
+                 fences: Fences | None = None) -> None:
         """``memory``: where the evictions of the last hour and the cool-downs are kept
         across leaders (:mod:`kube.mig.compaction_memory`): a reader, a writer and the
         namespace of the ConfigMap; None: nowhere (a new leader starts with none).
         ``is_leader``: asked before each eviction and Event; None: the actuator that
-        runs this compactor sets its own (:class:`scheduler.mig.loop.MigActuator`)."""
+        runs this compactor sets its own (:class:`scheduler.mig.loop.MigActuator`).
+        ``fences``: the DeviceTaintRules that keep the DRA allocator off DynamicMIG GPUs
+        being drained (:mod:`kube.mig.fences`); None: such GPUs are not drained."""
         self.cache = cache
+        self.fences = fences
+        # A DynamicMIG GPU's holders are claim uses (<claim>#dra-<device>): the pod each
+        # stands for (the claim's owner), as last read.
+        self._pod_of: dict[str, str] = {}
         self.memory = memory
         self.gate = None if is_leader is None else LeaderGate(is_leader)
         # What this leader last read or wrote of the memory (None: not read back yet).
@@ -139,8 +151,7 @@ class Compactor:
         self.metrics = metrics
         self.drains: dict[tuple[str, int], Drain] = {}
         # Per opted-in node: the view last read and the pods found on its MIG slices.
-        self._pods_on: dict[str, tuple[NodeView, dict[str, tuple[str, int, str, str,
-                                                                  float | None]], bool]] = {}
+        self._pods_on: dict[str, tuple[NodeView, dict[str, Found], bool]] = {}
         self.since: dict[tuple[str, str], float] = {}  # (pod, uid) -> first seen on a slice
         self.evicted: dict[tuple[str, str], float] = {}  # (pod, uid) -> accepted at
         self.evicted_at: list[float] = []
@@ -157,8 +168,8 @@ class Compactor:
         a failover), or from when this handler first saw it on its slice if that is
         earlier or the start time is not known (a pod the kubelet has not acknowledged,
         a node clock ahead of this one's)."""
-        found: dict[str, tuple[str, int, str, str, float | None]] = {}
-        memo: dict[str, tuple[NodeView, dict[str, tuple[str, int, str, str, float | None]],
+        found: dict[str, Found] = {}
+        memo: dict[str, tuple[NodeView, dict[str, Found],
                               bool]] = {}
         with self.cache.lock:
             for n in state.nodes:
@@ -176,7 +187,9 @@ class Compactor:
                 memo[n.name] = (n, on_node, settled)
                 found.update(on_node)
         self._pods_on = memo
-        movable = self.owners.movable(found.keys(), MOVABLE_KINDS)
+        self._pod_of = {h: f[5] for h, f in found.items() if f[5] != h}
+        by_pod = {f[5]: k for k, f in found.items()}
+        movable = {by_pod[p] for p in self.owners.movable(by_pod.keys(), MOVABLE_KINDS)}
         # By (name, uid): a StatefulSet's replacement keeps the name, not the age.
         self.since = {(k, f[3]): min(self.since.get((k, f[3]), now),
                                      now if f[4] is None else f[4])
@@ -184,10 +197,10 @@ class Compactor:
         self.evicted = {k: t for k, t in self.evicted.items() if now - t < EVICTED_MEMORY_S}
         return {k: Tenant(k, node, gpu, profile, self.since[k, uid],
                           k in movable and (k, uid) not in self.evicted)
-                for k, (node, gpu, profile, uid, _) in found.items()}
+                for k, (node, gpu, profile, uid, _, _pod) in found.items()}
 
     def _read(self, n: NodeView
-              ) -> tuple[dict[str, tuple[str, int, str, str, float | None]], bool]:
+              ) -> tuple[dict[str, Found], bool]:
         """Under the cache lock: the pods on the node's MIG slices (node, GPU, profile,
         uid, start time), assumed binds left out; and whether there was none."""
         out = {}
@@ -201,13 +214,17 @@ class Compactor:
                 counted = self.cache.counted(h)
                 if counted is None:
                     continue
-                if self.cache.is_assumed(h):
+                # A DynamicMIG instance is held by a claim: the pod is the claim's owner.
+                pod = self.cache.dra.owner_pod(h.split(USE_MARK)[0]) if g.dynamic else h
+                if pod is None:
+                    continue  # a claim of its own: no pod to move it with
+                if self.cache.is_assumed(pod):
                     settled = False
                     continue
                 p = counted[1]
-                entry = self.cache.pod_entry(h)
+                entry = self.cache.pod_entry(pod)
                 if p.mig_profile is not None and entry is not None:
-                    out[h] = (n.name, g.index, p.mig_profile, entry.uid, entry.started)
+                    out[h] = (n.name, g.index, p.mig_profile, entry.uid, entry.started, pod)
         return out, settled
 
     # ---- one step ----------------------------------------------------------------------------
@@ -314,8 +331,16 @@ class Compactor:
                              else "MigDrainStopped", e.message,
                              warning=e.result != "emptied")
             self._count(e.result)
+        fenced = set(d.fences)
         for dr in d.starts:
-            why = self._take([h for h in d.holds if (h.node, h.gpu) == dr.gpu_key], dr)
+            if dr.gpu_key in fenced and self.fences is None:
+                log.info("MIG drain of GPU %d on %s not started: a DynamicMIG GPU is drained "
+                         "only behind DeviceTaintRules, and this compactor has no writer of "
+                         "them", dr.gpu, dr.node)
+                fenced.discard(dr.gpu_key)
+                continue
+            why = (None if dr.gpu_key in fenced else
+                   self._take([h for h in d.holds if (h.node, h.gpu) == dr.gpu_key], dr))
             if why is not None:
                 log.info("MIG drain of GPU %d on %s not started: %s", dr.gpu, dr.node, why)
                 continue
@@ -326,13 +351,33 @@ class Compactor:
                              f"{reason}; evicting {len(dr.pods)} pod(s) so the GPU "
                              "can be re-partitioned or turned whole")
             self._count("started")
+        fence_error = self._fence(fenced & set(self.drains))
         for dr, key in d.evict:
+            if fence_error is not None and dr.gpu_key in fenced:
+                continue  # not before its fence is up: tried again at the next step
             # A refusal ends the drain: its other pods are not restarted for nothing.
             live_drain = self.drains.get(dr.gpu_key)
             if live_drain is not None and live_drain.refused is None:
                 self._evict(live_drain, key, now)
         if self.metrics is not None:
             self.metrics.in_flight.set(len(self.drains))
+
+    def _fence(self, gpus: set[tuple[str, int]]) -> str | None:
+        """Fence exactly the devices of ``gpus`` (DynamicMIG GPUs being drained); None
+        when done (or nothing to do), else why not. The leader only."""
+        if self.fences is None or not self._leading():
+            return None if not gpus else "not fenced"
+        devices: list[str] = []
+        with self.cache.lock:
+            for node, gpu in sorted(gpus):
+                inv = self.cache.dra_inventory(node)
+                if inv is not None:
+                    devices += gpu_devices(inv.devices, gpu)
+        why = self.fences.sync(devices)
+        if why is not None:
+            log.warning("MIG compaction: %s; drained DynamicMIG GPUs not evicted from yet",
+                        why)
+        return why
 
     def release(self) -> None:
         """Leadership lost: drain holds given back, drains forgotten; the memory is read
@@ -412,8 +457,9 @@ class Compactor:
         # another, each up to seconds, and meanwhile a drained pod may have gone and a
         # StatefulSet made it again under its name, elsewhere. Only the pod still on the
         # drained GPU is evicted, under its own UID (a precondition the API checks).
+        pod = self._pod_of.get(key, key)  # a DynamicMIG tenant is a claim use
         with self.cache.lock:
-            entry = self.cache.pod_entry(key)
+            entry = self.cache.pod_entry(pod)
             counted = self.cache.counted(key)
         if (entry is None or not entry.uid or counted is None
                 or counted[1].node != dr.node or dr.gpu not in counted[1].gpus):
@@ -421,7 +467,7 @@ class Compactor:
                      dr.gpu, dr.node)
             self.drains[dr.gpu_key] = replace(dr, evicted=dr.evicted | {key})
             return
-        ref = PodRef(key, entry.uid)
+        ref = PodRef(pod, entry.uid)
         try:
             res = self.evictor.evict(ref)
         except Exception as e:  # a client bug must not stop the actuator

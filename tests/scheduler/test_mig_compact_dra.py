@@ -1,0 +1,118 @@
+"""MIG compaction on a DynamicMIG (DRA) node, on a real cache with DRA objects: the
+tenants of a partitionable GPU are its claims' owner pods, the drained GPU is fenced by
+DeviceTaintRules before any eviction (no fence writer: no drain; a failed write: no
+eviction until it is up), the pod and not its claim is evicted, and the MIG actuator
+never asks the MIG manager to change the node. Plus the fences' own plan."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from builders_dra import claim, claim_pod, dra_node, h100_slices, result
+from prometheus_client import CollectorRegistry
+from sched_builders import FakeClock
+from test_mig_compact_act import FakeEvents, FakeEvictor
+from test_mig_loop import FAST, FakeApi
+
+from kube.cache import ClusterCache
+from kube.defrag.inputs import PodOwners
+from kube.dra_store import CLAIMS, CLASSES, SLICES
+from kube.mig.fences import TAINT_KEY, plan, rule_name, rule_object
+from packing.dra import nvidia
+from scheduler.mig.compact.decide import CompactSettings
+from scheduler.mig.compact.loop import CompactMetrics, Compactor
+from scheduler.mig.decide import MigSettings
+from scheduler.mig.loop import MigActuator
+
+MIG_1G = f"device.attributes['{nvidia.DRIVER}'].profile == '1g.10gb'"
+RS = {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "asr", "uid": "rs-1",
+      "controller": True}
+
+
+class FakeFences:
+    def __init__(self, fail: bool = False) -> None:
+        self.fail = fail
+        self.synced: list[list[str]] = []
+
+    def sync(self, devices: Any) -> str | None:
+        if self.fail:
+            return "DeviceTaintRules not written: 403 Forbidden"
+        self.synced.append(sorted(devices))
+        return None
+
+
+def asr(name: str, gpu: int, start: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A pod on node a and the claim made for it, allocated a 1g.10gb at ``start``."""
+    c = claim(f"{name}-gpu", klass=nvidia.MIG_CLASS, selectors=[MIG_1G], owner_pod=name,
+              reserved_for=[name], results=[result("a", f"gpu-{gpu}-mig-1g10gb-19-{start}")])
+    p = claim_pod(name, claims=[f"{name}-gpu"], node="a")
+    p["metadata"]["ownerReferences"] = [RS]
+    return p, c
+
+
+def setup(fences: FakeFences | None) -> tuple[ClusterCache, MigActuator, FakeEvictor,
+                                               FakeApi]:
+    # GPU 0 holds one ASR pod's instance; GPU 1 four.
+    made = [asr("lone", 0, 0)] + [asr(f"p{i}", 1, i) for i in range(4)]
+    cache = ClusterCache("gpupack", mig_actuator=True)
+    cache.replace([dra_node("a", labels={"gpupack.io/mig-reconfigure": "true"})],
+                  [p for p, _ in made])
+    cache.replace_dra(SLICES, h100_slices("a", 2))
+    cache.replace_dra(CLASSES, nvidia.device_classes())
+    cache.replace_dra(CLAIMS, [c for _, c in made])
+    cache.mark_synced()
+    owners = PodOwners(cache)
+    owners.replace(None, [p for p, _ in made])
+    api, evictor = FakeApi(), FakeEvictor()
+    compactor = Compactor(cache, owners, evictor, FakeEvents(), api,
+                          settings=CompactSettings(min_pod_age_s=0, max_pods=2, min_excess=1),
+                          metrics=CompactMetrics(CollectorRegistry()), fences=fences)
+    act = MigActuator(cache, api, is_leader=lambda: True, clock=FakeClock(), params=FAST,
+                      settings=MigSettings(config_propagation_s=0, settle_s=0),
+                      compactor=compactor)
+    return cache, act, evictor, api
+
+
+def gpu0_devices(cache: ClusterCache) -> list[str]:
+    inv = cache.dra_inventory("a")
+    assert inv is not None
+    return sorted(d for d, dev in inv.devices.items() if dev.gpu == 0)
+
+
+def test_the_lone_pod_is_evicted_behind_a_fence_of_its_gpu() -> None:
+    fences = FakeFences()
+    cache, act, evictor, api = setup(fences)
+    act.step()
+    devices = gpu0_devices(cache)
+    assert len(devices) == 26  # whole GPU and every placement of every profile
+    assert fences.synced == [devices]
+    assert evictor.asked == ["default/lone"]  # the pod, not its claim
+    assert ("a", "MigDrainStarted", False) in api.events
+    assert api.labels == []  # the MIG manager is never asked to touch a DRA node
+
+
+def test_no_eviction_until_the_fence_is_up() -> None:
+    fences = FakeFences(fail=True)
+    _, act, evictor, _ = setup(fences)
+    act.step()
+    assert evictor.asked == []
+    fences.fail = False
+    act.step()
+    assert evictor.asked == ["default/lone"]
+
+
+def test_without_a_fence_writer_a_dynamic_gpu_is_not_drained() -> None:
+    _, act, evictor, api = setup(None)
+    act.step()
+    assert evictor.asked == [] and not any(e[1] == "MigDrainStarted" for e in api.events)
+
+
+def test_fence_plan_and_rule() -> None:
+    a, b = "gpu.nvidia.com/n1/gpu-0", "gpu.nvidia.com/n1/gpu-0-mig-1g10gb-19-0"
+    create, delete = plan([a, b], [rule_name(a), "gpupack-drain-stale"])
+    assert create == [b] and delete == ["gpupack-drain-stale"]
+    r = rule_object(b)
+    assert r["spec"]["deviceSelector"] == {"driver": "gpu.nvidia.com", "pool": "n1",
+                                           "device": "gpu-0-mig-1g10gb-19-0"}
+    assert r["spec"]["taint"] == {"key": TAINT_KEY, "effect": "NoSchedule"}
+    assert len(rule_name("x" * 500)) <= 63
