@@ -68,6 +68,7 @@ from __future__ import annotations
 import math
 import random
 import time
+from abc import abstractmethod
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -76,7 +77,6 @@ from typing import Any
 
 import mig as base  # bench/mig.py (this directory is on sys.path when it runs us)
 
-from packing.catalog import get_model
 from packing.dra import nvidia
 from packing.dra.allocator import AllocatedState, Prediction, Verdict, predict
 from packing.dra.inventory import (
@@ -249,10 +249,13 @@ class DraSim(base.Sim):
         self.rng = random.Random(f"{self.name}:{self.args.params.seed}")
 
     def place(self, pod: base.Pod) -> Placement | None:  # pragma: no cover - unused
+        # Sim's abstract hook for device-plugin placements; a DRA simulation allocates
+        # devices instead (choose, then allocate, which validates each use).
         raise NotImplementedError("DraSim schedules through choose()")
 
+    @abstractmethod
     def choose(self, pod: base.Pod) -> tuple[str, tuple[AllocatedDevice, ...]] | None:
-        raise NotImplementedError
+        """The node and the devices the pod's claim gets, None while nothing fits."""
 
     def schedule(self, pods: Sequence[base.Pod] | None = None) -> None:
         for pod in list(self.pending.values()) if pods is None else pods:
@@ -371,9 +374,6 @@ class DraSim(base.Sim):
         self.mode_switches += 1
         if self.now >= self.warmup:
             self.mode_switches_in_window += 1
-
-    def check_placement(self, pod: base.Pod, p: Placement) -> None:  # pragma: no cover
-        raise NotImplementedError("allocate() checks each use")
 
     def report(self, wall: float) -> dict[str, object]:
         out = super().report(wall)
@@ -709,87 +709,3 @@ def goals(results: dict[str, dict[str, object]]) -> dict[str, object]:
 
 __all__ = ["DIAGNOSTIC", "POLICIES", "DraArgs", "DraFirstFit", "DraGpupack", "DraSim",
            "LayoutBound", "claim_for", "goals", "run"]
-
-
-class DraFreeChoice(DraGpupack):
-    """Diagnostic, not reachable through the API: gpupack's DynamicMIG key over every
-    free placement of every node (what steering each allocation to any GPU and start
-    would give)."""
-
-    name = "gpupack-free-choice"
-
-    def choose(self, pod: base.Pod) -> tuple[str, tuple[AllocatedDevice, ...]] | None:
-        if pod.profile is None:
-            return super().choose(pod)
-        from packing.dra.mig_fit import dynamic_mig_key
-        from packing.mig.layout import MigSlot, free_starts
-        from packing.model import RequestKind
-        best = None
-        for i, name in enumerate(self.candidates(pod)):
-            inv = self.inventories[name]
-            assert inv is not None
-            by_place = {(d.gpu, d.profile, d.start): d for d in inv.devices.values()}
-            for g in self.state.nodes[name].gpus:
-                geom = get_model(g.info.model).mig
-                assert geom is not None
-                if g.whole_owner is not None:
-                    continue
-                slots = [MigSlot(p, s) for s, (p, _) in g.instances.items()]
-                for start in free_starts(geom, slots, pod.profile):
-                    dev = by_place.get((g.info.index, pod.profile, start))
-                    if dev is None or any(t.effect in ("NoSchedule", "NoExecute")
-                                          for t in ()):
-                        continue
-                    key = f"{pod.req.key}#dra-x"
-                    use = (PodRequest(key, kind=RequestKind.MIG, mig_profile=pod.profile),
-                           Placement(key, name, (g.info.index,), pod.profile, start, True))
-                    k = (dynamic_mig_key(self.state, inv, [use]), i, g.info.index, start)
-                    if best is None or k < best[0]:
-                        best = (k, name, dev)
-        if best is None:
-            return None
-        _, name, dev = best
-        drv, pool, device = dev.id.split("/", 2)
-        return name, (AllocatedDevice("r", drv, pool, device),)
-
-
-DRA_POLICIES["gpupack-free-choice"] = DraFreeChoice
-
-
-class DraGpupackCompactKeep(DraGpupackCompact):
-    """Diagnostic: gpupack-compact with standing NoSchedule DeviceTaintRules on every
-    dominated placement (``packing.mig.dynamic.dominated_starts``: ``3g`` at 0 here), so
-    the allocator's first fit never strands compute there."""
-
-    name = "gpupack-compact-keep"
-
-    def setup(self) -> None:
-        super().setup()
-        from packing.mig.dynamic import dominated_starts
-
-        names = set()
-        for inv in self.inventories.values():
-            assert inv is not None
-            for d in inv.devices.values():
-                g = next(x for x in inv.gpus if x.index == d.gpu)
-                geom = get_model(g.model).mig
-                if (d.profile is not None and geom is not None and d.start is not None
-                        and d.start in dominated_starts(geom, d.profile)):
-                    names.add(d.id.split("/", 2)[2])
-        self.standing = [DeviceTaintRule(f"keep-{n}", Taint("gpupack.io/keep", "",
-                                                            "NoSchedule"),
-                                         nvidia.DRIVER, None, n) for n in sorted(names)]
-        self.rules = list(self.standing)
-        for name in self.cluster:
-            self.rebuild(name)
-
-    def fence(self, wanted: set[tuple[str, int]]) -> None:
-        super().fence(wanted)
-        keep = {r.name for r in self.standing}
-        if not any(r.name in keep for r in self.rules):
-            self.rules = [*self.standing, *self.rules]
-            for name in self.cluster:
-                self.rebuild(name)
-
-
-DRA_POLICIES["gpupack-compact-keep"] = DraGpupackCompactKeep
