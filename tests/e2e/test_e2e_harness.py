@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import sys
 import time
@@ -19,6 +18,7 @@ from typing import Any
 
 import controlplane
 import pytest
+from conftest import need_go
 
 
 def processes_under(path: Path) -> list[int]:
@@ -70,9 +70,7 @@ def test_a_failed_bring_up_stops_what_it_started(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The real etcd and kube-apiserver are started; the API server then 'never becomes
     ready' (its readiness check fails at once): up raises, and neither process is left."""
-    if shutil.which("go") is None:
-        pytest.skip("Go is not installed: the real control plane is built from its Go "
-                    "modules (tests/e2e/build.sh)")
+    need_go()
     real_wait = controlplane.Stack.wait_ready
 
     def wait_ready(self: controlplane.Stack, component: str, proc: Any = None,

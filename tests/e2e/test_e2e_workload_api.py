@@ -29,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import statistics
 import threading
 import time
@@ -51,7 +50,7 @@ from cluster import (
     pods_in,
     wait_for_webhook,
 )
-from conftest import Space
+from conftest import Space, need_go
 from test_e2e_workload import cluster, scheduling_trail, workload
 
 from kube.groups.reservations import RECORD_SELECTOR
@@ -69,9 +68,7 @@ def twin(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     webhook and the MIG manager double (no plain scheduler, no agent, no standby); "on"
     adds GenericWorkload and serves scheduling.k8s.io/v1beta1. (The session's stack,
     with the gate off, is left as the other tests know it.)"""
-    if shutil.which("go") is None:
-        pytest.skip("Go is not installed: the real control plane is built from its Go "
-                    "modules (tests/e2e/build.sh)")
+    need_go()
     gate = request.param == "on"
     keep = os.environ.get("GPUPACK_E2E_TWIN_DIR")
     base = (Path(keep) / request.param if keep
