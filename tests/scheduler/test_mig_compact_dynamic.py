@@ -34,7 +34,8 @@ from scheduler.mig.decide import (
 
 H100 = "H100-80GB"
 NOW = 10_000.0
-S = CompactSettings(min_pod_age_s=300, max_pods=3, evictions_per_hour=100, min_excess=1)
+S = CompactSettings(min_pod_age_s=300, max_pods=3, evictions_per_hour=100, min_excess=1,
+                    keep_room=False)
 ON = MigReconfigure.ON
 GEOM = get_model(H100).mig
 assert GEOM is not None

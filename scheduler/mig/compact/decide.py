@@ -33,7 +33,25 @@ Rules (each has a row in ``tests/scheduler/test_mig_compact.py``):
   pending MIG pods took theirs (in arrival order: they are served first). The
   extender prefers instances on GPUs in use (``scores.mig_preference``).
 * **only when it pays**: the model's MIG GPUs in use on opted-in nodes exceed the slice
-  bound of their pods by at least ``min_excess`` GPUs.
+  bound of their pods by at least ``min_excess`` GPUs (``dynamic_min_excess`` for a
+  DynamicMIG source GPU: a move there creates one instance beside the others, no GPU is
+  re-laid, so the first GPU of excess is worth a drain).
+* **DynamicMIG sources** (issue 34; ``bench/mig.py --protocol dra-dynamic`` measured
+  each rule): what emptying a GPU costs later depends on its MIG mode once its last
+  instance goes (:func:`keeps_mig_mode`).
+
+  - A GPU that **keeps MIG mode** (Ampere: the mode changes only with a GPU reset, so
+    the driver leaves it on) costs only the moved pods' restarts: the next pod gets an
+    instance there as on any GPU in MIG mode. Its guards are ``kept_mode_max_pods`` and
+    ``kept_mode_min_pod_age_s`` (looser than ``max_pods`` and ``min_pod_age_s``).
+  - A GPU that **leaves MIG mode** with its last instance (Hopper and later) makes the
+    pod that next opens an idle GPU of its model wait the mode switch. So with
+    ``keep_room`` it is drained only when, once the pending pods and the moved pods took
+    their instances, the model's other GPUs in use still have room for one more pod of
+    every profile in use on the model: the next arrivals of any of those profiles find an
+    instance without opening a GPU. (Measured: without it, compaction's drains at 200
+    pods/h made about 15 H100 mode switches on an hour that a pod waited for, against
+    first-fit's 9; with it about 10, at the same density.)
 * **pace**: one drain per GPU model at a time; a drain starts only when its evictions fit
   in ``evictions_per_hour`` (accepted evictions in the last hour plus those of drains in
   flight not yet done).
@@ -54,12 +72,13 @@ Rules (each has a row in ``tests/scheduler/test_mig_compact.py``):
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from kube.mig.compaction_memory import DEFAULT_COOLDOWN_S, DrainRecord
 from packing.catalog import get_model
 from packing.dra.inventory import TAINT_MARK
+from packing.dra.nvidia import MIG_MODE_NEEDS_RESET
 from packing.mig.layout import MigSlot, free_starts, slice_bound, used_slices
 from packing.model import MigReconfigure
 from scheduler.mig.decide import GpuView, Hold, MigPod, NodeView
@@ -81,9 +100,39 @@ class CompactSettings:
     # Only a GPU model whose MIG GPUs in use exceed the slice bound of their pods by at
     # least this many GPUs is compacted (no restarts where the packing is tight already).
     min_excess: int = 2
+    # DynamicMIG source GPUs (module docstring): the excess that pays for a drain, the
+    # guards of a GPU that keeps MIG mode once empty, and the room a GPU that leaves MIG
+    # mode must leave for every profile in use.
+    dynamic_min_excess: int = 1
+    # A drain of a DynamicMIG GPU may start while accepted evictions in any hour stay
+    # under this (all evictions counted, as for ``evictions_per_hour``).
+    dynamic_evictions_per_hour: int = 240
+    kept_mode_max_pods: int = 7
+    kept_mode_min_pod_age_s: float = 0.0
+    keep_room: bool = True
+
+    def excess_needed(self, g: GpuView) -> int:
+        return self.dynamic_min_excess if g.dynamic else self.min_excess
+
+    def evictions_limit(self, g: GpuView) -> int:
+        return self.dynamic_evictions_per_hour if g.dynamic else self.evictions_per_hour
+
+    def most_pods(self, g: GpuView) -> int:
+        return self.kept_mode_max_pods if g.dynamic and keeps_mig_mode(g) else self.max_pods
+
+    def least_age(self, g: GpuView) -> float:
+        return (self.kept_mode_min_pod_age_s if g.dynamic and keeps_mig_mode(g)
+                else self.min_pod_age_s)
 
 
 DEFAULT_COMPACT = CompactSettings()
+
+
+def keeps_mig_mode(g: GpuView) -> bool:
+    """Whether the GPU stays in MIG mode once its last instance goes: a part whose MIG
+    mode changes only with a reset (``packing.dra.nvidia.MIG_MODE_NEEDS_RESET``: A100,
+    A30), which the DynamicMIG driver therefore leaves in MIG mode."""
+    return g.model in MIG_MODE_NEEDS_RESET
 
 
 @dataclass(frozen=True)
@@ -232,8 +281,10 @@ def decide_compaction(state: CompactState, now: float,
     fences = [d.gpu_key for d in live if gpus[d.gpu_key].dynamic]
     evict = [(d, p) for d in live for p in d.pods
              if p not in d.evicted and p in gpus[d.gpu_key].holders]
-    budget = (s.evictions_per_hour - sum(1 for t in state.evictions if now - t < HOUR_S)
-              - len(evict))
+    # Evictions counted against the budgets: accepted in the last hour, and those of the
+    # drains in flight not yet done.
+    spent = sum(1 for t in state.evictions if now - t < HOUR_S) + len(evict)
+    budget = max(s.evictions_per_hour, s.dynamic_evictions_per_hour) - spent
     busy_models = {d.model for d in live}
     draining = {d.gpu_key for d in live}
     starts: list[Drain] = []
@@ -247,15 +298,19 @@ def decide_compaction(state: CompactState, now: float,
             by_gpu[t.node, t.gpu].append(t)
         excess = _excess(state.nodes, by_gpu)
         room = DynamicRoom(state.nodes, state.changing, draining, state.pending)
+        in_use = _profiles_in_use(state.tenants.values(), gpus)
         for cand in _candidates(state, by_gpu, now, s, cooldown, draining, busy_models):
             node, g, pods = cand
-            if (g.model in busy_models or len(pods) > budget
-                    or excess.get(g.model, 0) < s.min_excess):
+            if (g.model in busy_models or spent + len(pods) > s.evictions_limit(g)
+                    or excess.get(g.model, 0) < s.excess_needed(g)):
                 continue
             need = Counter(t.profile for t in pods)
             if g.dynamic:
-                # Destinations: instances the allocator would create on other GPUs in use.
-                if not room.take((node, g.index), g.model, [t.profile for t in pods]):
+                # Destinations: instances the allocator would create on other GPUs in use;
+                # a GPU that leaves MIG mode also leaves room for every profile in use.
+                keep = (in_use.get(g.model, ()) if s.keep_room and not keeps_mig_mode(g)
+                        else ())
+                if not room.take((node, g.index), g.model, [t.profile for t in pods], keep):
                     continue
                 fences.append((node, g.index))
                 where = "room for the same profiles on GPUs in use takes them"
@@ -273,7 +328,7 @@ def decide_compaction(state: CompactState, now: float,
                               + ", ".join(f"{t.key} ({t.profile})" for t in pods)
                               + f"; {where}")
             busy_models.add(g.model)
-            budget -= len(pods)
+            spent += len(pods)
             holds += drain_holds(d, g)
             evict += [(d, t.key) for t in pods]
     return CompactDecision(tuple(starts), tuple(ends), tuple(evict), tuple(holds), cooldown,
@@ -351,11 +406,13 @@ class DynamicRoom:
         layout.append(slot)
         return node, index, slot
 
-    def take(self, source: GpuKey, model: str, profiles: Sequence[str]) -> bool:
+    def take(self, source: GpuKey, model: str, profiles: Sequence[str],
+             keep: Sequence[str] = ()) -> bool:
         """Whether, with ``source`` fenced, the pending pods and then every pod of
         ``profiles`` (the source's, on a GPU of ``model``) get instances on other GPUs in
-        use; if so the moved pods' room is taken and the source stays fenced, else
-        nothing changes."""
+        use, and after them one more pod of each profile of ``keep`` would too (each
+        tried alone: room kept, not taken); if so the moved pods' room is taken and the
+        source stays fenced, else nothing changes."""
         geom = get_model(model).mig
         if geom is None:
             return False
@@ -368,9 +425,25 @@ class DynamicRoom:
             if got is None:
                 return False
             placed.append(got)
+        for p in keep:
+            trial = {n: [(i, m, list(lay), used) for i, m, lay, used in gpus]
+                     for n, gpus in rows.items()}
+            if self._place(trial, frozenset({model}), p) is None:
+                return False
         self._taken += placed
         self._fenced.add(source)
         return True
+
+
+def _profiles_in_use(tenants: Iterable[Tenant], gpus: Mapping[GpuKey, GpuView]
+                     ) -> dict[str, tuple[str, ...]]:
+    """Per GPU model, the MIG profiles its tenants hold (sorted)."""
+    out: dict[str, set[str]] = defaultdict(set)
+    for t in tenants:
+        g = gpus.get((t.node, t.gpu))
+        if g is not None:
+            out[g.model].add(t.profile)
+    return {m: tuple(sorted(ps)) for m, ps in out.items()}
 
 
 def _excess(nodes: Sequence[NodeView], by_gpu: Mapping[GpuKey, list[Tenant]]
@@ -412,8 +485,8 @@ def _candidates(state: CompactState, by_gpu: Mapping[GpuKey, list[Tenant]], now:
                     or g.model in busy_models or not g.holders):
                 continue
             pods = sorted(by_gpu.get(k, ()), key=lambda t: t.key)
-            if (not pods or len(pods) > s.max_pods or set(g.holders) != {t.key for t in pods}
-                    or any(not t.movable or now - t.since < s.min_pod_age_s for t in pods)):
+            if (not pods or len(pods) > s.most_pods(g) or set(g.holders) != {t.key for t in pods}
+                    or any(not t.movable or now - t.since < s.least_age(g) for t in pods)):
                 continue
             geom = get_model(g.model).mig
             used = (sum(geom.profile(t.profile).memory_slices for t in pods)
@@ -425,4 +498,4 @@ def _candidates(state: CompactState, by_gpu: Mapping[GpuKey, list[Tenant]], now:
 
 __all__ = ["DEFAULT_COMPACT", "DRAIN_PREFIX", "CompactDecision", "CompactSettings",
            "CompactState", "Drain", "DrainEnd", "DynamicRoom", "Tenant", "decide_compaction",
-           "drain_holds"]
+           "drain_holds", "keeps_mig_mode"]
