@@ -8,6 +8,7 @@ allocator's first fit."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -17,12 +18,14 @@ from packing.catalog import get_model
 from packing.mig.layout import MigSlot, free_starts
 from packing.model import MigReconfigure
 from scheduler.mig.compact.decide import (
+    DEFAULT_COMPACT,
     CompactSettings,
     CompactState,
     Drain,
     DynamicRoom,
     Tenant,
     decide_compaction,
+    keeps_mig_mode,
 )
 from scheduler.mig.decide import (
     ActuatorState,
@@ -32,7 +35,7 @@ from scheduler.mig.decide import (
     decide_mig,
 )
 
-H100 = "H100-80GB"
+H100, A100 = "H100-80GB", "A100-80GB"
 NOW = 10_000.0
 S = CompactSettings(min_pod_age_s=300, max_pods=3, evictions_per_hour=100, min_excess=1,
                     keep_room=False)
@@ -44,17 +47,17 @@ assert GEOM is not None
 Gpu = dict[int, tuple[str, str]] | str
 
 
-def view(i: int, g: Gpu) -> GpuView:
+def view(i: int, g: Gpu, model: str = H100) -> GpuView:
     if g == "whole":
-        return GpuView(i, H100, False, holders=frozenset({f"whole-{i}"}), dynamic=True)
+        return GpuView(i, model, False, holders=frozenset({f"whole-{i}"}), dynamic=True)
     assert isinstance(g, dict)
     layout = tuple(MigSlot(p, s) for s, (p, _) in sorted(g.items()))
-    return GpuView(i, H100, bool(layout), layout, (), frozenset(o for _, o in g.values()),
+    return GpuView(i, model, bool(layout), layout, (), frozenset(o for _, o in g.values()),
                    dynamic=True)
 
 
-def node(name: str, gpus: Sequence[Gpu], **kw: object) -> NodeView:
-    return NodeView(name, ON, tuple(view(i, g) for i, g in enumerate(gpus)),
+def node(name: str, gpus: Sequence[Gpu], model: str = H100, **kw: object) -> NodeView:
+    return NodeView(name, ON, tuple(view(i, g, model) for i, g in enumerate(gpus)),
                     **kw)  # type: ignore[arg-type]
 
 
@@ -76,9 +79,10 @@ def ones(node_name: str, gpu: int, n: int) -> dict[int, tuple[str, str]]:
     return pods(node_name, gpu, *[("1g.10gb", i) for i in range(n)])
 
 
-def decide(nodes: Sequence[NodeView], **kw: object) -> tuple[list[tuple[str, int]], object]:
-    cs = CompactState(tuple(nodes), tenants(nodes), **kw)  # type: ignore[arg-type]
-    d = decide_compaction(cs, NOW, S)
+def decide(nodes: Sequence[NodeView], settings: CompactSettings = S, since: float = 0.0,
+           **kw: object) -> tuple[list[tuple[str, int]], object]:
+    cs = CompactState(tuple(nodes), tenants(nodes, since), **kw)  # type: ignore[arg-type]
+    d = decide_compaction(cs, NOW, settings)
     return sorted(dr.gpu_key for dr in d.starts), d
 
 
@@ -217,3 +221,129 @@ def test_dynamic_room_alone() -> None:
     assert room.take(("a", 0), H100, ["1g.10gb"])
     assert not room.take(("b", 0), H100, ["3g.40gb", "3g.40gb"])
     assert Drain  # the record type drains carry
+
+
+# -- the DynamicMIG rules of issue 34: what emptying a GPU costs later ---------------------
+
+KEEP = replace(S, keep_room=True)
+THREE_G_BESIDE_FOUR_ONES = [pods("a", 0, ("3g.40gb", 4)), ones("a", 1, 4)]
+
+ROOM_CASES = [
+    # (name, nodes, settings, drained)
+    ("keep_room: a Hopper GPU is not emptied when the 3g in use would find no room after",
+     [node("a", THREE_G_BESIDE_FOUR_ONES)], KEEP, []),
+    ("without keep_room the same GPU is emptied",
+     [node("a", THREE_G_BESIDE_FOUR_ONES)], S, [("a", 0)]),
+    ("keep_room: room for every profile in use stays on a third GPU in use: emptied",
+     [node("a", [*THREE_G_BESIDE_FOUR_ONES, pods("a", 2, ("3g.40gb", 4))])], KEEP,
+     [("a", 0)]),
+    ("an Ampere GPU keeps MIG mode once empty: keep_room does not apply",
+     [node("a", THREE_G_BESIDE_FOUR_ONES, A100)], KEEP, [("a", 0)]),
+    ("keep_room: only the model's own profiles count (a 3g on an A100 asks no H100 room)",
+     [node("a", [ones("a", 0, 1), ones("a", 1, 5)]),
+      node("b", [pods("b", 0, ("3g.40gb", 0))], A100)], KEEP, [("a", 0)]),
+    ("keep_room: the moved pod's own profile must still fit once it moved",
+     [node("a", [ones("a", 0, 1), ones("a", 1, 6)])], KEEP, []),
+]
+
+
+@pytest.mark.parametrize("name,nodes,settings,want", ROOM_CASES,
+                         ids=[c[0] for c in ROOM_CASES])
+def test_keep_room(name: str, nodes: list[NodeView], settings: CompactSettings,
+                   want: list[tuple[str, int]]) -> None:
+    assert decide(nodes, settings)[0] == want
+
+
+GUARD_CASES = [
+    # (name, nodes, settings, pods' age in s, drained)
+    ("Hopper: a pod younger than min_pod_age_s stays",
+     [node("a", [ones("a", 0, 1), ones("a", 1, 4)])], S, 60.0, []),
+    ("Ampere: the kept-mode age (0 s) lets a young pod move",
+     [node("a", [ones("a", 0, 1), ones("a", 1, 4)], A100)], S, 60.0, [("a", 0)]),
+    ("Ampere: a kept-mode age set above the pod's keeps it",
+     [node("a", [ones("a", 0, 1), ones("a", 1, 4)], A100)],
+     replace(S, kept_mode_min_pod_age_s=120), 60.0, []),
+    ("Hopper: GPUs of 2 pods are past max_pods (1)",
+     [node("a", [ones("a", 0, 2), ones("a", 1, 2)])], replace(S, max_pods=1), 1e4, []),
+    ("Ampere: up to kept_mode_max_pods (7) pods leave one GPU",
+     [node("a", [ones("a", 0, 2), ones("a", 1, 2)], A100)], replace(S, max_pods=1), 1e4,
+     [("a", 0)]),
+    ("dynamic_min_excess: one GPU of excess is enough on DynamicMIG GPUs",
+     [node("a", [ones("a", 0, 1), ones("a", 1, 4)])],
+     replace(S, min_excess=2, dynamic_min_excess=1), 1e4, [("a", 0)]),
+    ("dynamic_min_excess 2: one GPU of excess is not",
+     [node("a", [ones("a", 0, 1), ones("a", 1, 4)])],
+     replace(S, min_excess=1, dynamic_min_excess=2), 1e4, []),
+]
+
+
+@pytest.mark.parametrize("name,nodes,settings,age,want", GUARD_CASES,
+                         ids=[c[0] for c in GUARD_CASES])
+def test_dynamic_guards(name: str, nodes: list[NodeView], settings: CompactSettings,
+                        age: float, want: list[tuple[str, int]]) -> None:
+    assert decide(nodes, settings, since=NOW - age)[0] == want
+
+
+@pytest.mark.parametrize("recent,limit,started", [
+    (95, 100, True),   # 95 + 1 within the DynamicMIG budget, past evictions_per_hour (10)
+    (99, 100, True),
+    (100, 100, False),
+])
+def test_the_dynamic_eviction_budget(recent: int, limit: int, started: bool) -> None:
+    nodes = [node("a", [ones("a", 0, 1), ones("a", 1, 4)])]
+    s = replace(S, evictions_per_hour=10, dynamic_evictions_per_hour=limit)
+    got, _ = decide(nodes, s, evictions=tuple(NOW - 60 for _ in range(recent)))
+    assert (got == [("a", 0)]) is started
+
+
+def test_which_gpus_keep_mig_mode() -> None:
+    assert keeps_mig_mode(view(0, {}, A100)) and not keeps_mig_mode(view(0, {}, H100))
+    # The shipped defaults are the ones bench/README.md measured (issue 34).
+    d = DEFAULT_COMPACT
+    assert (d.dynamic_min_excess, d.kept_mode_max_pods, d.kept_mode_min_pod_age_s,
+            d.keep_room, d.dynamic_evictions_per_hour) == (1, 7, 0.0, True, 240)
+
+
+def _fits_in_use(nodes: Sequence[NodeView], fenced: set[tuple[str, int]], taken: list[
+        tuple[str, int, MigSlot]], profile: str) -> bool:
+    """Whether some node's first fit for ``profile`` (fenced GPUs skipped, the moved pods'
+    instances added) is a GPU in use."""
+    rows = {n.name: [(g.index, [*g.layout, *(sl for tn, ti, sl in taken
+                                          if (tn, ti) == (n.name, g.index))], bool(g.holders))
+                     for g in n.gpus if (g.mig_enabled or not g.holders)
+                     and (n.name, g.index) not in fenced] for n in nodes}
+    return bool(_first_fit(rows, profile))
+
+
+@settings(max_examples=120, deadline=None)
+@given(st.lists(st.lists(GPU, min_size=1, max_size=3), min_size=1, max_size=3))
+def test_keep_room_leaves_a_fit_for_every_profile_in_use(spec: list[list[object]]) -> None:
+    nodes = []
+    for ni, gpus in enumerate(spec):
+        built: list[Gpu] = []
+        for gi, g in enumerate(gpus):
+            if isinstance(g, list):
+                lay: list[MigSlot] = []
+                slots: dict[int, tuple[str, str]] = {}
+                for p in g:
+                    starts = free_starts(GEOM, lay, p)
+                    if starts:
+                        lay.append(MigSlot(p, starts[0]))
+                        slots[starts[0]] = (p, f"n{ni}/{gi}/{starts[0]}/{p}")
+                built.append(slots)
+            else:
+                built.append(g)  # type: ignore[arg-type]
+        nodes.append(node(f"n{ni}", built))
+    _, d = decide(nodes, KEEP)
+    starts = d.starts  # type: ignore[attr-defined]
+    assert len(starts) <= 1  # one drain per GPU model at a time
+    for dr in starts:
+        in_use = {s.profile for n in nodes for g in n.gpus for s in g.layout}
+        # The drained pods land somewhere in use (the other property); after them, one
+        # more pod of each profile in use still has a first fit on a GPU in use.
+        src = next(g for n in nodes if n.name == dr.node for g in n.gpus if g.index == dr.gpu)
+        room = DynamicRoom(nodes, frozenset(), set(), ())
+        assert room.take(dr.gpu_key, H100, [s.profile for s in src.layout])
+        taken = room._taken  # the moved pods' instances, as the decision placed them
+        for p in sorted(in_use):
+            assert _fits_in_use(nodes, {dr.gpu_key}, taken, p), (dr, p)
