@@ -99,6 +99,14 @@ def test_serve_refuses_a_malformed_mig_config_map() -> None:
      "--mig-compact-min-excess 0: must be at least 1"),
     (["--mig-actuator", "--mig-compact-min-age", "-1"],
      "--mig-compact-min-age -1.0: must be 0 or positive"),
+    (["--mig-actuator", "--mig-compact-dynamic-min-excess", "0"],
+     "--mig-compact-dynamic-min-excess 0: must be at least 1"),
+    (["--mig-actuator", "--mig-compact-dynamic-evictions-per-hour", "0"],
+     "--mig-compact-dynamic-evictions-per-hour 0: must be at least 1"),
+    (["--mig-actuator", "--mig-compact-kept-mode-max-pods", "0"],
+     "--mig-compact-kept-mode-max-pods 0: must be at least 1"),
+    (["--mig-actuator", "--mig-compact-kept-mode-min-age", "-5"],
+     "--mig-compact-kept-mode-min-age -5.0: must be 0 or positive"),
 ])
 def test_serve_refuses_bad_mig_compaction_settings(flags: list[str], says: str) -> None:
     out = gpupack("serve", *flags)

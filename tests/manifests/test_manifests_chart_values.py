@@ -307,6 +307,10 @@ def _mig_compact_flag(flag: str, want: str) -> Callable[[list[Obj]], None]:
     return check
 
 
+def _mig_compact_keep_room_off(objs: list[Obj]) -> None:
+    assert "--no-mig-compact-keep-room" in containers(objs)["extender"]["command"]
+
+
 def _policy(objs: list[Obj]) -> None:
     assert arg(containers(objs)["extender"], "--policy") == "bestfit"
 
@@ -552,6 +556,15 @@ CASES: dict[str, tuple[dict[str, Any] | None, Callable[[list[Obj]], None]]] = {
     "migActuator.compact.maxPods": (None, _mig_compact_flag("--mig-compact-max-pods", "2")),
     "migActuator.compact.minExcess": (None, _mig_compact_flag("--mig-compact-min-excess",
                                                               "1")),
+    "migActuator.compact.dynamicMinExcess": (
+        None, _mig_compact_flag("--mig-compact-dynamic-min-excess", "2")),
+    "migActuator.compact.dynamicEvictionsPerHour": (
+        None, _mig_compact_flag("--mig-compact-dynamic-evictions-per-hour", "90")),
+    "migActuator.compact.keptModeMaxPods": (
+        None, _mig_compact_flag("--mig-compact-kept-mode-max-pods", "4")),
+    "migActuator.compact.keptModeMinAgeSeconds": (
+        None, _mig_compact_flag("--mig-compact-kept-mode-min-age", "30")),
+    "migActuator.compact.keepRoom": (None, _mig_compact_keep_room_off),
     "policy": (None, _policy),
     "defrag.mode": (None, _defrag_mode),
     "defrag.evictionsPerMinute": (None, _defrag_rate),
