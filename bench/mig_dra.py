@@ -651,10 +651,7 @@ def run(ns: Any) -> dict[str, object]:
                      reconfig_delay=ns.reconfig_delay, create_delay=ns.create_delay,
                      tick=ns.tick, scorer_refresh=ns.scorer_refresh,
                      evict_grace=ns.evict_grace,
-                     compact=base.CompactSettings(
-                         min_pod_age_s=ns.compact_min_age, max_pods=ns.compact_max_pods,
-                         evictions_per_hour=ns.compact_evictions_per_hour,
-                         min_excess=ns.compact_min_excess),
+                     compact=base.compact_settings(ns),
                      params=replace(base.DEFAULT_PARAMS, max_time_s=ns.solver_time,
                                     seed=ns.seed))
     dra = DraArgs(create_delay=ns.create_delay, destroy_delay=ns.destroy_delay,
