@@ -136,6 +136,12 @@ def test_mig_bench_dra_dynamic_protocol_runs_and_its_figures_are_consistent() ->
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     out = json.loads(proc.stdout)
     assert out["params"]["protocol"] == "dra-dynamic"
+    # Compaction's DynamicMIG settings are reported (the product's defaults here).
+    assert {k: out["params"]["compact"][k] for k in (
+        "dynamic_min_excess", "dynamic_evictions_per_hour", "kept_mode_max_pods",
+        "kept_mode_min_age_s", "keep_room")} == {
+        "dynamic_min_excess": 1, "dynamic_evictions_per_hour": 240, "kept_mode_max_pods": 7,
+        "kept_mode_min_age_s": 0.0, "keep_room": True}
     pols = out["policies"]
     assert list(pols) == ["static-default", "dra-first-fit", "gpupack", "gpupack-compact",
                           "layout-bound"]
