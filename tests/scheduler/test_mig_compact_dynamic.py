@@ -174,9 +174,9 @@ GPU = st.one_of(
     st.lists(st.sampled_from(["1g.10gb", "2g.20gb", "3g.40gb"]), min_size=1, max_size=4))
 
 
-@settings(max_examples=120, deadline=None)
-@given(st.lists(st.lists(GPU, min_size=1, max_size=3), min_size=1, max_size=3))
-def test_every_drain_has_an_in_use_first_fit_for_each_pod(spec: list[list[object]]) -> None:
+def built_nodes(spec: list[list[object]]) -> list[NodeView]:
+    """Nodes of H100s from a drawn spec: each GPU idle, whole, or its profiles placed at
+    their first free starts (one pod each)."""
     nodes = []
     for ni, gpus in enumerate(spec):
         name = f"n{ni}"
@@ -194,6 +194,13 @@ def test_every_drain_has_an_in_use_first_fit_for_each_pod(spec: list[list[object
             else:
                 built.append(g)  # type: ignore[arg-type]
         nodes.append(node(name, built))
+    return nodes
+
+
+@settings(max_examples=120, deadline=None)
+@given(st.lists(st.lists(GPU, min_size=1, max_size=3), min_size=1, max_size=3))
+def test_every_drain_has_an_in_use_first_fit_for_each_pod(spec: list[list[object]]) -> None:
+    nodes = built_nodes(spec)
     _, d = decide(nodes)
     fenced = set(d.fences)  # type: ignore[attr-defined]
     rows = {n.name: [(g.index, list(g.layout), bool(g.holders)) for g in n.gpus
@@ -318,22 +325,7 @@ def _fits_in_use(nodes: Sequence[NodeView], fenced: set[tuple[str, int]], taken:
 @settings(max_examples=120, deadline=None)
 @given(st.lists(st.lists(GPU, min_size=1, max_size=3), min_size=1, max_size=3))
 def test_keep_room_leaves_a_fit_for_every_profile_in_use(spec: list[list[object]]) -> None:
-    nodes = []
-    for ni, gpus in enumerate(spec):
-        built: list[Gpu] = []
-        for gi, g in enumerate(gpus):
-            if isinstance(g, list):
-                lay: list[MigSlot] = []
-                slots: dict[int, tuple[str, str]] = {}
-                for p in g:
-                    starts = free_starts(GEOM, lay, p)
-                    if starts:
-                        lay.append(MigSlot(p, starts[0]))
-                        slots[starts[0]] = (p, f"n{ni}/{gi}/{starts[0]}/{p}")
-                built.append(slots)
-            else:
-                built.append(g)  # type: ignore[arg-type]
-        nodes.append(node(f"n{ni}", built))
+    nodes = built_nodes(spec)
     _, d = decide(nodes, KEEP)
     starts = d.starts  # type: ignore[attr-defined]
     assert len(starts) <= 1  # one drain per GPU model at a time
