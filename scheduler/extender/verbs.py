@@ -235,7 +235,10 @@ def preferences(names: Sequence[str], pod: PodRequest, view: CacheView, memo: Me
 @dataclass(frozen=True)
 class BestCandidates:
     """Filter hands kube-scheduler at most ``top`` fitting nodes: those the policy prefers
-    (ties in kube-scheduler's own order), plus the planner's node for the pod if it fits.
+    (ties by node name, so prioritize's :func:`winner` is among them), plus the planner's
+    node for the pod if it fits. With ``top`` 1 and no planner's node, kube-scheduler
+    takes the one node without scoring (schedule_one.go: "When only one node after
+    predicate, just use it"): no prioritize call at all.
 
     Why: kube-scheduler then scores, and asks prioritize about, ``top`` nodes instead of
     every fitting one (at 5,000 nodes its score plugins and the 5,000-entry prioritize
@@ -254,7 +257,7 @@ class BestCandidates:
         """``fitting[i]`` and its memo entry ``evals[i]``: the candidates, in their
         order."""
         gen = self.scorer.gen
-        ranked: list[tuple[Score, int]] = []
+        ranked: list[tuple[Score, str, int]] = []
         unscored: list[int] = []
         for i, (name, ev) in enumerate(zip(fitting, evals, strict=True)):
             if not ev.has_score(gen):
@@ -262,8 +265,9 @@ class BestCandidates:
             if ev.pref is None:
                 unscored.append(i)
             else:
-                ranked.append((ev.pref, i))
-        chosen = [i for _, i in heapq.nsmallest(self.top, ranked)]
+                ranked.append((ev.pref, name, i))
+        # Ties by name, as prioritize's winner (see winner()): it is always kept.
+        chosen = [i for _, _, i in heapq.nsmallest(self.top, ranked)]
         if len(chosen) < self.top:  # fitting nodes the policy has no score for, last
             chosen += unscored[: self.top - len(chosen)]
         planned = self.plan.placement_of(pod_key)
@@ -272,13 +276,41 @@ class BestCandidates:
         return [fitting[i] for i in sorted(set(chosen))]
 
 
+def winner(prefs: Mapping[str, Score]) -> str | None:
+    """The node the policy places the pod on among ``prefs`` (its preference per fitting
+    node): the best preference, ties by node name, as the replay's scorers break them
+    (their keys end with the node's name, which :func:`~scheduler.memo.decide.preference`
+    drops).
+
+    Why one node and a fixed tie-break: kube-scheduler breaks equal total scores at
+    random (schedule_one.go, prioritizeNodes: a random ``Randomizer`` per node whenever
+    an extender scores), and in a burst the next pod's prioritize comes before the
+    previous pod's bind has reached gpupack (kube-scheduler binds asynchronously). With
+    every empty node tied, two pods in a row then open two nodes; with the name order
+    both see the same first node, whatever gpupack knows of the other's bind yet, and
+    kube-scheduler's own Filter (which counts its assumed pods) moves on once it is
+    full."""
+    if not prefs:
+        return None
+    return min(prefs, key=lambda n: (prefs[n], n))
+
+
 def prioritize(
     args: ExtenderArgs, view: CacheView, memo: Memo, scorer: ScorerRef, plan: PlanView,
     pod: PodRequest | None = None,
 ) -> list[HostPriority]:
-    """0..10 per node: the policy's preference for the node's best option, by rank among
-    the nodes asked about; the planner's node for this pod gets 10 alone. ``pod``: the
-    request's pod, already read (else it is read here)."""
+    """0..10 per node: 10 for one node alone, the policy's :func:`winner`, or the
+    planner's node for this pod where the winner's preference differs from it; the others 0..9 by the rank of their preference among the
+    nodes asked about (a node tied with the winner gets 9). ``pod``: the request's pod,
+    already read (else it is read here).
+
+    Score math: kube-scheduler adds score x weight x 10 (chart: weight 5) to its own
+    plugins' sums, so the winner leads a node of equal preference by 50 points, more
+    than the pull of its default score plugins between an empty and a used node (cpu
+    and memory, 0..100 each at weight 1; the gpupack profile scores them
+    MostAllocated, see manifests/base/scheduler-config.yaml) for pods that are small
+    against the node, while larger soft preferences (preferred affinity, PreferNoSchedule
+    taints, 100-300 points) still win."""
     pod = read_pod(args.pod) if pod is None else pod
     sigs = view.signatures()
     names = args.candidate_names
@@ -290,7 +322,14 @@ def prioritize(
     ):
         plan_node = planned.node
     prefs = preferences(names, pod, view, memo, scorer)
-    top = MAX_PRIORITY - 1 if plan_node is not None else MAX_PRIORITY
+    best = winner(prefs)
+    # The plan's node, unless the winner is as good to the policy (a node in an equal
+    # state, as far as the preference tells): the plan chose a kind of node, and among
+    # equal ones the name order keeps every pod of the burst on the same one (the plan
+    # was solved on an older snapshot, in the cache's node order).
+    if plan_node is not None and (best is None or prefs.get(plan_node) != prefs[best]):
+        best = plan_node
+    top = MAX_PRIORITY - 1
     distinct = sorted(set(prefs.values()))
     rank = {k: i for i, k in enumerate(distinct)}
     span = max(len(distinct) - 1, 1)
@@ -298,7 +337,7 @@ def prioritize(
     for name in dict.fromkeys(names):  # each name once
         if name not in sigs:
             continue  # unknown: left out (kube-scheduler adds nothing for it either way)
-        if name == plan_node:
+        if name == best:
             out.append(HostPriority(name, MAX_PRIORITY))
         elif name in prefs:
             r = rank[prefs[name]]
