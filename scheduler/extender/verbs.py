@@ -180,7 +180,8 @@ def filter_nodes(args: ExtenderArgs, view: CacheView, memo: Memo,
                 f"no candidate node fits in gpupack's view, which is behind on "
                 f"{len(fresh)} of them (such as {fresh[0]}: not seen yet, or fewer devices "
                 f"than kube-scheduler counts); try again"))
-    if choose and best is not None and best.top < len(keep):
+    if (choose and best is not None and best.top < len(keep)
+            and not soft_preferences(args.pod)):
         keep = best.select(keep, fit_evals, base, pod.key, state)
     if args.node_cache_capable:
         return FilterResult(node_names=tuple(keep), failed=failed, unresolvable=never)
@@ -232,6 +233,29 @@ def preferences(names: Sequence[str], pod: PodRequest, view: CacheView, memo: Me
     return prefs
 
 
+def soft_preferences(pod: Mapping[str, Any]) -> bool:
+    """Whether the pod object declares preferences kube-scheduler's score plugins weigh:
+    preferred node affinity, preferred pod affinity or anti-affinity (NodeAffinity,
+    InterPodAffinity), a ``ScheduleAnyway`` topology spread constraint (PodTopologySpread).
+    Filter then hands back every fitting node, so that they still choose among the nodes
+    (:class:`BestCandidates` would leave kube-scheduler nothing to choose from). Malformed
+    fields count as none: the pod's reader reports them."""
+    spec = pod.get("spec")
+    if not isinstance(spec, Mapping):
+        return False
+    affinity = spec.get("affinity")
+    if isinstance(affinity, Mapping):
+        for kind in ("nodeAffinity", "podAffinity", "podAntiAffinity"):
+            part = affinity.get(kind)
+            if isinstance(part, Mapping) and part.get(
+                    "preferredDuringSchedulingIgnoredDuringExecution"):
+                return True
+    spread = spec.get("topologySpreadConstraints")
+    return isinstance(spread, list) and any(
+        isinstance(c, Mapping) and c.get("whenUnsatisfiable") == "ScheduleAnyway"
+        for c in spread)
+
+
 @dataclass(frozen=True)
 class BestCandidates:
     """Filter hands kube-scheduler at most ``top`` fitting nodes: those the policy prefers
@@ -244,9 +268,12 @@ class BestCandidates:
     every fitting one (at 5,000 nodes its score plugins and the 5,000-entry prioritize
     exchange were most of a scheduling cycle). What is dropped is only what the policy
     ranks below ``top`` others, which prioritize would have scored lower anyway; kube-
-    scheduler's own soft preferences (preferred affinity, PreferNoSchedule) then choose
-    among the ``top``. The dropped nodes are not listed as failed: the pod fits elsewhere,
-    and kube-scheduler ignores a node that the answer leaves out."""
+    scheduler's own score plugins then choose among the ``top`` (with ``top`` 1: none,
+    which is why a pod that declares soft preferences of its own gets every fitting node,
+    see :func:`soft_preferences`; what stays unweighed then is node-side:
+    PreferNoSchedule taints, image locality, cluster-default spreading). The dropped
+    nodes are not listed as failed: the pod fits elsewhere, and kube-scheduler ignores a
+    node that the answer leaves out."""
 
     top: int
     scorer: ScorerRef
@@ -300,9 +327,10 @@ def prioritize(
     pod: PodRequest | None = None,
 ) -> list[HostPriority]:
     """0..10 per node: 10 for one node alone, the policy's :func:`winner`, or the
-    planner's node for this pod where the winner's preference differs from it; the others 0..9 by the rank of their preference among the
-    nodes asked about (a node tied with the winner gets 9). ``pod``: the request's pod,
-    already read (else it is read here).
+    planner's node for this pod where the winner's preference differs from it; the
+    others 0..9 by the rank of their preference among the nodes asked about (a node tied
+    with the winner gets 9). ``pod``: the request's pod, already read (else it is read
+    here).
 
     Score math: kube-scheduler adds score x weight x 10 (chart: weight 5) to its own
     plugins' sums, so the winner leads a node of equal preference by 50 points, more
