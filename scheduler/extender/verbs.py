@@ -334,11 +334,12 @@ def prioritize(
 
     Score math: kube-scheduler adds score x weight x 10 (chart: weight 5) to its own
     plugins' sums, so the winner leads a node of equal preference by 50 points, more
-    than the pull of its default score plugins between an empty and a used node (cpu
-    and memory, 0..100 each at weight 1; the gpupack profile scores them
-    MostAllocated, see manifests/base/scheduler-config.yaml) for pods that are small
-    against the node, while larger soft preferences (preferred affinity, PreferNoSchedule
-    taints, 100-300 points) still win."""
+    than the pull of its default score plugins between an empty and a used node for pods
+    that are small against the node (NodeResourcesFit LeastAllocated, 0..100 at weight
+    1, moves by 100 x request / allocatable), while larger soft preferences (preferred
+    affinity, PreferNoSchedule taints, 100-300 points) still win. With filter's best
+    candidates (``gpupack serve --filter-top``, default 1) kube-scheduler mostly sees one
+    node and asks nothing more."""
     pod = read_pod(args.pod) if pod is None else pod
     sigs = view.signatures()
     names = args.candidate_names
