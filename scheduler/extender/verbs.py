@@ -259,7 +259,7 @@ def soft_preferences(pod: Mapping[str, Any]) -> bool:
 @dataclass(frozen=True)
 class BestCandidates:
     """Filter hands kube-scheduler at most ``top`` fitting nodes: those the policy prefers
-    (ties by node name, so prioritize's :func:`winner` is among them), plus the planner's
+    (ties by :func:`in_use_first`, so prioritize's :func:`winner` is among them), plus the planner's
     node for the pod if it fits. With ``top`` 1 and no planner's node, kube-scheduler
     takes the one node without scoring (schedule_one.go: "When only one node after
     predicate, just use it"): no prioritize call at all.
@@ -284,7 +284,7 @@ class BestCandidates:
         """``fitting[i]`` and its memo entry ``evals[i]``: the candidates, in their
         order."""
         gen = self.scorer.gen
-        ranked: list[tuple[Score, str, int]] = []
+        ranked: list[tuple[Score, tuple[int, int, str], int]] = []
         unscored: list[int] = []
         for i, (name, ev) in enumerate(zip(fitting, evals, strict=True)):
             if not ev.has_score(gen):
@@ -292,8 +292,8 @@ class BestCandidates:
             if ev.pref is None:
                 unscored.append(i)
             else:
-                ranked.append((ev.pref, name, i))
-        # Ties by name, as prioritize's winner (see winner()): it is always kept.
+                ranked.append((ev.pref, in_use_first(state, name), i))
+        # Ties as prioritize's winner breaks them (see winner()): it is always kept.
         chosen = [i for _, _, i in heapq.nsmallest(self.top, ranked)]
         if len(chosen) < self.top:  # fitting nodes the policy has no score for, last
             chosen += unscored[: self.top - len(chosen)]
@@ -303,23 +303,35 @@ class BestCandidates:
         return [fitting[i] for i in sorted(set(chosen))]
 
 
-def winner(prefs: Mapping[str, Score]) -> str | None:
+def in_use_first(state: ClusterState, name: str) -> tuple[int, int, str]:
+    """The order among nodes the policy rates equal: least free CPU, then memory (a node
+    already in use first), then the name, as the replay's scorers end their keys (the
+    part :func:`~scheduler.memo.decide.preference` drops).
+
+    Why in use first: kube-scheduler's sampling (percentageOfNodesToScore) shows each
+    pod another window of the nodes; a node in use is preferred in every window that
+    holds it, where a name order alone picks a fresh node in each window. The policy
+    itself can rate a used node and an empty one equal (a time-sliced share that names no
+    GPU memory counts as almost nothing)."""
+    node = state.nodes[name]
+    return (node.cpu_free, node.mem_free, name)
+
+
+def winner(prefs: Mapping[str, Score], state: ClusterState) -> str | None:
     """The node the policy places the pod on among ``prefs`` (its preference per fitting
-    node): the best preference, ties by node name, as the replay's scorers break them
-    (their keys end with the node's name, which :func:`~scheduler.memo.decide.preference`
-    drops).
+    node): the best preference, ties by :func:`in_use_first`.
 
     Why one node and a fixed tie-break: kube-scheduler breaks equal total scores at
     random (schedule_one.go, prioritizeNodes: a random ``Randomizer`` per node whenever
     an extender scores), and in a burst the next pod's prioritize comes before the
     previous pod's bind has reached gpupack (kube-scheduler binds asynchronously). With
-    every empty node tied, two pods in a row then open two nodes; with the name order
+    every empty node tied, two pods in a row then open two nodes; with a fixed order
     both see the same first node, whatever gpupack knows of the other's bind yet, and
     kube-scheduler's own Filter (which counts its assumed pods) moves on once it is
     full."""
     if not prefs:
         return None
-    return min(prefs, key=lambda n: (prefs[n], n))
+    return min(prefs, key=lambda n: (prefs[n], in_use_first(state, n)))
 
 
 def prioritize(
@@ -351,11 +363,11 @@ def prioritize(
     ):
         plan_node = planned.node
     prefs = preferences(names, pod, view, memo, scorer)
-    best = winner(prefs)
+    best = winner(prefs, view.state)
     # The plan's node, unless the winner is as good to the policy (a node in an equal
     # state, as far as the preference tells): the plan chose a kind of node, and among
-    # equal ones the name order keeps every pod of the burst on the same one (the plan
-    # was solved on an older snapshot, in the cache's node order).
+    # equal ones in_use_first keeps every pod of the burst on the same one (the plan was
+    # solved on an older snapshot, in the cache's node order).
     if plan_node is not None and (best is None or prefs.get(plan_node) != prefs[best]):
         best = plan_node
     top = MAX_PRIORITY - 1
