@@ -162,7 +162,7 @@ class GpupackPlacer:
             return None
         names = list(found)
         prefs = {n: preference(k) for n, (k, _) in found.items()}
-        extender = extender_priorities(prefs, names)
+        extender = extender_priorities(prefs, names, state)
         scores = default_scores(state, pod, names, self.workload_of(pod.key),
                                 self.workload_of)
         factor = EXTENDER_WEIGHT * (MAX_NODE_SCORE // MAX_EXTENDER_PRIORITY)

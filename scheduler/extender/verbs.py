@@ -22,7 +22,7 @@ from itertools import combinations
 from typing import Any, Protocol
 
 from packing.model import Placement, PodRequest
-from packing.scoring import Score, Scorer
+from packing.scoring import Score, Scorer, in_use_first, winner
 from packing.state import ClusterState
 from packing.status import Status
 from scheduler.extender.cycle import read_pod
@@ -259,7 +259,8 @@ def soft_preferences(pod: Mapping[str, Any]) -> bool:
 @dataclass(frozen=True)
 class BestCandidates:
     """Filter hands kube-scheduler at most ``top`` fitting nodes: those the policy prefers
-    (ties by :func:`in_use_first`, so prioritize's :func:`winner` is among them), plus the planner's
+    (ties by :func:`~packing.scoring.in_use_first`, so prioritize's
+    :func:`~packing.scoring.winner` is among them), plus the planner's
     node for the pod if it fits. With ``top`` 1 and no planner's node, kube-scheduler
     takes the one node without scoring (schedule_one.go: "When only one node after
     predicate, just use it"): no prioritize call at all.
@@ -303,42 +304,11 @@ class BestCandidates:
         return [fitting[i] for i in sorted(set(chosen))]
 
 
-def in_use_first(state: ClusterState, name: str) -> tuple[int, int, str]:
-    """The order among nodes the policy rates equal: least free CPU, then memory (a node
-    already in use first), then the name, as the replay's scorers end their keys (the
-    part :func:`~scheduler.memo.decide.preference` drops).
-
-    Why in use first: kube-scheduler's sampling (percentageOfNodesToScore) shows each
-    pod another window of the nodes; a node in use is preferred in every window that
-    holds it, where a name order alone picks a fresh node in each window. The policy
-    itself can rate a used node and an empty one equal (a time-sliced share that names no
-    GPU memory counts as almost nothing)."""
-    node = state.nodes[name]
-    return (node.cpu_free, node.mem_free, name)
-
-
-def winner(prefs: Mapping[str, Score], state: ClusterState) -> str | None:
-    """The node the policy places the pod on among ``prefs`` (its preference per fitting
-    node): the best preference, ties by :func:`in_use_first`.
-
-    Why one node and a fixed tie-break: kube-scheduler breaks equal total scores at
-    random (schedule_one.go, prioritizeNodes: a random ``Randomizer`` per node whenever
-    an extender scores), and in a burst the next pod's prioritize comes before the
-    previous pod's bind has reached gpupack (kube-scheduler binds asynchronously). With
-    every empty node tied, two pods in a row then open two nodes; with a fixed order
-    both see the same first node, whatever gpupack knows of the other's bind yet, and
-    kube-scheduler's own Filter (which counts its assumed pods) moves on once it is
-    full."""
-    if not prefs:
-        return None
-    return min(prefs, key=lambda n: (prefs[n], in_use_first(state, n)))
-
-
 def prioritize(
     args: ExtenderArgs, view: CacheView, memo: Memo, scorer: ScorerRef, plan: PlanView,
     pod: PodRequest | None = None,
 ) -> list[HostPriority]:
-    """0..10 per node: 10 for one node alone, the policy's :func:`winner`, or the
+    """0..10 per node: 10 for one node alone, the policy's :func:`~packing.scoring.winner`, or the
     planner's node for this pod where the winner's preference differs from it; the
     others 0..9 by the rank of their preference among the nodes asked about (a node tied
     with the winner gets 9). ``pod``: the request's pod, already read (else it is read
