@@ -19,8 +19,8 @@ without scoring; with ``filter_top`` 0 (every fitting node) or above 1, a node's
 the default plugins' score plus ``weight x 10 x`` the extender's priority (10 for the
 policy's winner alone, else 0..9 by the rank of gpupack's preference for the node among
 the candidates, as ``scheduler/extender/verbs.py`` answers prioritize); ties at random;
-and the extender binds the pod to gpupack's best option on
-the chosen node (which slice, which GPU). Groups are placed whole or not at all
+and the extender binds the pod to gpupack's best option on the chosen node (which
+slice, which GPU). Groups are placed whole or not at all
 (:func:`packing.groups.placement.place_members`, as the extender reserves a group's room).
 The preference is the extender's scorer (:func:`make_gpupack_scorer`), made from the
 pods present (running and waiting) and made anew when their typical shapes change, as

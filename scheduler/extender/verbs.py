@@ -260,10 +260,10 @@ def soft_preferences(pod: Mapping[str, Any]) -> bool:
 class BestCandidates:
     """Filter hands kube-scheduler at most ``top`` fitting nodes: those the policy prefers
     (ties by :func:`~packing.scoring.in_use_first`, so prioritize's
-    :func:`~packing.scoring.winner` is among them), plus the planner's
-    node for the pod if it fits. With ``top`` 1 and no planner's node, kube-scheduler
-    takes the one node without scoring (schedule_one.go: "When only one node after
-    predicate, just use it"): no prioritize call at all.
+    :func:`~packing.scoring.winner` is among them), plus the planner's node for the pod
+    if it fits. With ``top`` 1 and no planner's node, kube-scheduler takes the one node
+    without scoring (schedule_one.go: "When only one node after predicate, just use
+    it"): no prioritize call at all.
 
     Why: kube-scheduler then scores, and asks prioritize about, ``top`` nodes instead of
     every fitting one (at 5,000 nodes its score plugins and the 5,000-entry prioritize
@@ -308,11 +308,11 @@ def prioritize(
     args: ExtenderArgs, view: CacheView, memo: Memo, scorer: ScorerRef, plan: PlanView,
     pod: PodRequest | None = None,
 ) -> list[HostPriority]:
-    """0..10 per node: 10 for one node alone, the policy's :func:`~packing.scoring.winner`, or the
-    planner's node for this pod where the winner's preference differs from it; the
-    others 0..9 by the rank of their preference among the nodes asked about (a node tied
-    with the winner gets 9). ``pod``: the request's pod, already read (else it is read
-    here).
+    """0..10 per node: 10 for one node alone, the policy's
+    :func:`~packing.scoring.winner`, or the planner's node for this pod where the
+    winner's preference differs from it; the others 0..9 by the rank of their preference
+    among the nodes asked about (a node tied with the winner gets 9). ``pod``: the
+    request's pod, already read (else it is read here).
 
     Score math: kube-scheduler adds score x weight x 10 (chart: weight 5) to its own
     plugins' sums, so the winner leads a node of equal preference by 50 points, more
