@@ -284,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--format", choices=["table", "json"], default="table")
     p.add_argument("--dir", type=Path, default=None, help="stack folder (default: a temp dir)")
     p.add_argument("--percentage-of-nodes-to-score", type=int, default=None,
-                   help="override the chart's profile setting (100) for the gpupack profile")
+                   help="override the chart's setting (0: adaptive) for the gpupack profile")
     p.add_argument("--profile-json", default=None,
                    help="JSON merged into the gpupack profile (benchmark experiments)")
     p.add_argument("--extender-arg", action="append", default=[],

@@ -51,10 +51,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "in equal states (default 16; 0 plans over every node)")
     p.add_argument("--no-warm", action="store_true",
                    help="do not warm the verbs' memo in the background (requests fill it)")
-    p.add_argument("--filter-top", type=int, default=0, metavar="N",
+    p.add_argument("--filter-top", type=int, default=1, metavar="N",
                    help="filter hands kube-scheduler at most N fitting nodes, those the "
-                        "policy prefers (default 0: every fitting node); at thousands of "
-                        "nodes this shortens kube-scheduler's cycle (docs/install.md)")
+                        "policy prefers, plus the plan's node (default 1: kube-scheduler "
+                        "takes gpupack's node without scoring, unless the pod declares "
+                        "preferred affinity or ScheduleAnyway spreading; 0: every fitting "
+                        "node, for kube-scheduler's score plugins to weigh; docs/install.md)")
     p.add_argument("--no-planner", action="store_true",
                    help="do not run the background planner (verbs answer greedily)")
     # Deprecated: assumed binds no longer expire (kube-scheduler dropped its assume expiry

@@ -10,7 +10,7 @@ walks the pending pods is :mod:`packing.policies.engine`; group placement is
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from packing.model import GroupRef, Placement, PodRequest
@@ -23,6 +23,37 @@ Scorer = Callable[[ClusterState, PodRequest, Placement], Score]
 def order_pods(pending: Sequence[PodRequest]) -> list[PodRequest]:
     """Higher priority first; among equals, arrival order (the input order)."""
     return sorted(pending, key=lambda p: -p.priority)
+
+
+def in_use_first(state: ClusterState, name: str) -> tuple[int, int, str]:
+    """The order among nodes the policy rates equal: least free CPU, then memory (a node
+    already in use first), then the name, as the replay's scorers end their keys (the
+    part the extender's preference drops).
+
+    Why in use first: kube-scheduler's sampling (percentageOfNodesToScore) shows each
+    pod another window of the nodes; a node in use is preferred in every window that
+    holds it, where a name order alone picks a fresh node in each window. The policy
+    itself can rate a used node and an empty one equal (a time-sliced share that names no
+    GPU memory counts as almost nothing)."""
+    node = state.nodes[name]
+    return (node.cpu_free, node.mem_free, name)
+
+
+def winner(prefs: Mapping[str, Score], state: ClusterState) -> str | None:
+    """The node the policy places the pod on among ``prefs`` (its preference per fitting
+    node): the best preference, ties by :func:`in_use_first`.
+
+    Why one node and a fixed tie-break: kube-scheduler breaks equal total scores at
+    random (schedule_one.go, prioritizeNodes: a random ``Randomizer`` per node whenever
+    an extender scores), and in a burst the next pod's prioritize comes before the
+    previous pod's bind has reached gpupack (kube-scheduler binds asynchronously). With
+    every empty node tied, two pods in a row then open two nodes; with a fixed order
+    both see the same first node, whatever gpupack knows of the other's bind yet, and
+    kube-scheduler's own Filter (which counts its assumed pods) moves on once it is
+    full."""
+    if not prefs:
+        return None
+    return min(prefs, key=lambda n: (prefs[n], in_use_first(state, n)))
 
 
 def best_option(

@@ -13,11 +13,14 @@ a time-sliced share, where plain kube-scheduler would leave it waiting for the o
 profile its manifest names). Its scheduler profile keeps kube-scheduler's default
 plugins and adds the extender at weight 5 (``manifests/base/scheduler-config.yaml``):
 the feasible nodes are those both kube-scheduler's filter and the extender's (gpupack's
-view of slices, shares and whole GPUs) accept; a node's total is the default plugins'
-score plus ``weight x 10 x`` the extender's priority (0..10, the rank of gpupack's
-preference for the node among the candidates, as ``scheduler/extender/verbs.py`` answers
-prioritize); ties at random; and the extender binds the pod to gpupack's best option on
-the chosen node (which slice, which GPU). Groups are placed whole or not at all
+view of slices, shares and whole GPUs) accept, and of these the extender's filter hands
+back its best one (``gpupack serve --filter-top``, default 1), which kube-scheduler takes
+without scoring; with ``filter_top`` 0 (every fitting node) or above 1, a node's total is
+the default plugins' score plus ``weight x 10 x`` the extender's priority (10 for the
+policy's winner alone, else 0..9 by the rank of gpupack's preference for the node among
+the candidates, as ``scheduler/extender/verbs.py`` answers prioritize); ties at random;
+and the extender binds the pod to gpupack's best option on the chosen node (which
+slice, which GPU). Groups are placed whole or not at all
 (:func:`packing.groups.placement.place_members`, as the extender reserves a group's room).
 The preference is the extender's scorer (:func:`make_gpupack_scorer`), made from the
 pods present (running and waiting) and made anew when their typical shapes change, as
@@ -46,7 +49,7 @@ from packing.policies.kube_default import (
     preference,
     select_host,
 )
-from packing.scoring import Score, Scorer
+from packing.scoring import Score, Scorer, in_use_first
 from packing.state import ClusterState
 from packing.status import Status
 
@@ -101,8 +104,9 @@ class GpupackPlacer:
     all_or_nothing = True
 
     def __init__(self, admit: Admit = as_written, seed: int = 0,
-                 exact_groups: bool = True) -> None:
+                 exact_groups: bool = True, filter_top: int = 1) -> None:
         self._admit = admit
+        self.filter_top = filter_top  # gpupack serve --filter-top (0: every fitting node)
         self.rng = random.Random(f"gpupack:{seed}")
         self.exact_groups = exact_groups
         self.workload_of: Callable[[str], str] = lambda _k: ""
@@ -160,9 +164,17 @@ class GpupackPlacer:
                 found[name] = best
         if not found:
             return None
-        names = list(found)
         prefs = {n: preference(k) for n, (k, _) in found.items()}
-        extender = extender_priorities(prefs, names)
+        if self.filter_top:
+            # The extender's filter hands back its ``filter_top`` best nodes (verbs.py,
+            # BestCandidates; the day's pods declare no soft preferences); one node
+            # kube-scheduler takes without scoring.
+            kept = sorted(prefs, key=lambda n: (prefs[n], in_use_first(state, n)))
+            found = {n: found[n] for n in kept[: self.filter_top]}
+            if len(found) == 1:
+                return next(iter(found.values()))[1]
+        names = list(found)
+        extender = extender_priorities(prefs, names, state)
         scores = default_scores(state, pod, names, self.workload_of(pod.key),
                                 self.workload_of)
         factor = EXTENDER_WEIGHT * (MAX_NODE_SCORE // MAX_EXTENDER_PRIORITY)

@@ -22,7 +22,7 @@ from itertools import combinations
 from typing import Any, Protocol
 
 from packing.model import Placement, PodRequest
-from packing.scoring import Score, Scorer
+from packing.scoring import Score, Scorer, in_use_first, winner
 from packing.state import ClusterState
 from packing.status import Status
 from scheduler.extender.cycle import read_pod
@@ -180,7 +180,8 @@ def filter_nodes(args: ExtenderArgs, view: CacheView, memo: Memo,
                 f"no candidate node fits in gpupack's view, which is behind on "
                 f"{len(fresh)} of them (such as {fresh[0]}: not seen yet, or fewer devices "
                 f"than kube-scheduler counts); try again"))
-    if choose and best is not None and best.top < len(keep):
+    if (choose and best is not None and best.top < len(keep)
+            and not soft_preferences(args.pod)):
         keep = best.select(keep, fit_evals, base, pod.key, state)
     if args.node_cache_capable:
         return FilterResult(node_names=tuple(keep), failed=failed, unresolvable=never)
@@ -232,18 +233,48 @@ def preferences(names: Sequence[str], pod: PodRequest, view: CacheView, memo: Me
     return prefs
 
 
+def soft_preferences(pod: Mapping[str, Any]) -> bool:
+    """Whether the pod object declares preferences kube-scheduler's score plugins weigh:
+    preferred node affinity, preferred pod affinity or anti-affinity (NodeAffinity,
+    InterPodAffinity), a ``ScheduleAnyway`` topology spread constraint (PodTopologySpread).
+    Filter then hands back every fitting node, so that they still choose among the nodes
+    (:class:`BestCandidates` would leave kube-scheduler nothing to choose from). Malformed
+    fields count as none: the pod's reader reports them."""
+    spec = pod.get("spec")
+    if not isinstance(spec, Mapping):
+        return False
+    affinity = spec.get("affinity")
+    if isinstance(affinity, Mapping):
+        for kind in ("nodeAffinity", "podAffinity", "podAntiAffinity"):
+            part = affinity.get(kind)
+            if isinstance(part, Mapping) and part.get(
+                    "preferredDuringSchedulingIgnoredDuringExecution"):
+                return True
+    spread = spec.get("topologySpreadConstraints")
+    return isinstance(spread, list) and any(
+        isinstance(c, Mapping) and c.get("whenUnsatisfiable") == "ScheduleAnyway"
+        for c in spread)
+
+
 @dataclass(frozen=True)
 class BestCandidates:
     """Filter hands kube-scheduler at most ``top`` fitting nodes: those the policy prefers
-    (ties in kube-scheduler's own order), plus the planner's node for the pod if it fits.
+    (ties by :func:`~packing.scoring.in_use_first`, so prioritize's
+    :func:`~packing.scoring.winner` is among them), plus the planner's node for the pod
+    if it fits. With ``top`` 1 and no planner's node, kube-scheduler takes the one node
+    without scoring (schedule_one.go: "When only one node after predicate, just use
+    it"): no prioritize call at all.
 
     Why: kube-scheduler then scores, and asks prioritize about, ``top`` nodes instead of
     every fitting one (at 5,000 nodes its score plugins and the 5,000-entry prioritize
     exchange were most of a scheduling cycle). What is dropped is only what the policy
     ranks below ``top`` others, which prioritize would have scored lower anyway; kube-
-    scheduler's own soft preferences (preferred affinity, PreferNoSchedule) then choose
-    among the ``top``. The dropped nodes are not listed as failed: the pod fits elsewhere,
-    and kube-scheduler ignores a node that the answer leaves out."""
+    scheduler's own score plugins then choose among the ``top`` (with ``top`` 1: none,
+    which is why a pod that declares soft preferences of its own gets every fitting node,
+    see :func:`soft_preferences`; what stays unweighed then is node-side:
+    PreferNoSchedule taints, image locality, cluster-default spreading). The dropped
+    nodes are not listed as failed: the pod fits elsewhere, and kube-scheduler ignores a
+    node that the answer leaves out."""
 
     top: int
     scorer: ScorerRef
@@ -254,7 +285,7 @@ class BestCandidates:
         """``fitting[i]`` and its memo entry ``evals[i]``: the candidates, in their
         order."""
         gen = self.scorer.gen
-        ranked: list[tuple[Score, int]] = []
+        ranked: list[tuple[Score, tuple[int, int, str], int]] = []
         unscored: list[int] = []
         for i, (name, ev) in enumerate(zip(fitting, evals, strict=True)):
             if not ev.has_score(gen):
@@ -262,8 +293,9 @@ class BestCandidates:
             if ev.pref is None:
                 unscored.append(i)
             else:
-                ranked.append((ev.pref, i))
-        chosen = [i for _, i in heapq.nsmallest(self.top, ranked)]
+                ranked.append((ev.pref, in_use_first(state, name), i))
+        # Ties as prioritize's winner breaks them (see winner()): it is always kept.
+        chosen = [i for _, _, i in heapq.nsmallest(self.top, ranked)]
         if len(chosen) < self.top:  # fitting nodes the policy has no score for, last
             chosen += unscored[: self.top - len(chosen)]
         planned = self.plan.placement_of(pod_key)
@@ -276,9 +308,20 @@ def prioritize(
     args: ExtenderArgs, view: CacheView, memo: Memo, scorer: ScorerRef, plan: PlanView,
     pod: PodRequest | None = None,
 ) -> list[HostPriority]:
-    """0..10 per node: the policy's preference for the node's best option, by rank among
-    the nodes asked about; the planner's node for this pod gets 10 alone. ``pod``: the
-    request's pod, already read (else it is read here)."""
+    """0..10 per node: 10 for one node alone, the policy's
+    :func:`~packing.scoring.winner`, or the planner's node for this pod where the
+    winner's preference differs from it; the others 0..9 by the rank of their preference
+    among the nodes asked about (a node tied with the winner gets 9). ``pod``: the
+    request's pod, already read (else it is read here).
+
+    Score math: kube-scheduler adds score x weight x 10 (chart: weight 5) to its own
+    plugins' sums, so the winner leads a node of equal preference by 50 points, more
+    than the pull of its default score plugins between an empty and a used node for pods
+    that are small against the node (NodeResourcesFit LeastAllocated, 0..100 at weight
+    1, moves by 100 x request / allocatable), while larger soft preferences (preferred
+    affinity, PreferNoSchedule taints, 100-300 points) still win. With filter's best
+    candidates (``gpupack serve --filter-top``, default 1) kube-scheduler mostly sees one
+    node and asks nothing more."""
     pod = read_pod(args.pod) if pod is None else pod
     sigs = view.signatures()
     names = args.candidate_names
@@ -290,7 +333,14 @@ def prioritize(
     ):
         plan_node = planned.node
     prefs = preferences(names, pod, view, memo, scorer)
-    top = MAX_PRIORITY - 1 if plan_node is not None else MAX_PRIORITY
+    best = winner(prefs, view.state)
+    # The plan's node, unless the winner is as good to the policy (a node in an equal
+    # state, as far as the preference tells): the plan chose a kind of node, and among
+    # equal ones in_use_first keeps every pod of the burst on the same one (the plan was
+    # solved on an older snapshot, in the cache's node order).
+    if plan_node is not None and (best is None or prefs.get(plan_node) != prefs[best]):
+        best = plan_node
+    top = MAX_PRIORITY - 1
     distinct = sorted(set(prefs.values()))
     rank = {k: i for i, k in enumerate(distinct)}
     span = max(len(distinct) - 1, 1)
@@ -298,7 +348,7 @@ def prioritize(
     for name in dict.fromkeys(names):  # each name once
         if name not in sigs:
             continue  # unknown: left out (kube-scheduler adds nothing for it either way)
-        if name == plan_node:
+        if name == best:
             out.append(HostPriority(name, MAX_PRIORITY))
         elif name in prefs:
             r = rank[prefs[name]]

@@ -86,7 +86,11 @@ def pick_candidates(labels: Callable[[str], Mapping[str, str]], signatures: Mapp
     decides who gets which node.
     """
     classes: dict[int, list[str]] = {}
-    for name, sid in signatures.items():
+    # Members in name order: of equal nodes the plan gets the ones the extender's
+    # prioritize prefers (scheduler.extender.verbs.winner: ties by name), so the pods the
+    # plan places and those kube-scheduler places before the plan exists fill the same
+    # nodes, not two sets of half-used ones.
+    for name, sid in sorted(signatures.items()):
         classes.setdefault(sid, []).append(name)
     by_shape: dict[tuple[Any, ...], list[PodRequest]] = {}
     for pod in order_pods(batch):

@@ -297,11 +297,15 @@ def test_default_scores_weigh_spread_twice() -> None:
 @pytest.mark.parametrize(("prefs", "expected"), [
     ({}, {"a": 0, "b": 0}),
     ({"a": (1,)}, {"a": 10, "b": 0}),
-    ({"a": (1,), "b": (1,)}, {"a": 10, "b": 10}),
+    ({"b": (1,)}, {"a": 0, "b": 10}),
+    # Equal preferences: one winner (the node in use first, then the name), the other 9.
+    ({"a": (1,), "b": (1,)}, {"a": 10, "b": 9}),
     ({"a": (1,), "b": (2,)}, {"a": 10, "b": 0}),
+    ({"a": (2,), "b": (1,)}, {"a": 0, "b": 10}),
 ])
 def test_extender_priorities_rank_the_preferences(prefs, expected) -> None:
-    assert extender_priorities(prefs, ["a", "b"]) == expected
+    state = ClusterState(Snapshot(nodes=(node("a"), node("b"))))
+    assert extender_priorities(prefs, ["a", "b"], state) == expected
 
 
 def test_p99_by_nearest_rank() -> None:

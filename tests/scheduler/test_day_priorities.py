@@ -42,4 +42,4 @@ def test_extender_priorities_equal_prioritize(pod: dict[str, Any]) -> None:
     args = ExtenderArgs.decode(filter_args(pod, NAMES))
     served = {h.host: h.score for h in prioritize(args, cache, Memo(), scorer, NoPlan())}
     prefs = preferences(NAMES, read_pod(args.pod), cache, Memo(), scorer)
-    assert extender_priorities(prefs, NAMES) == served
+    assert extender_priorities(prefs, NAMES, cache.state) == served

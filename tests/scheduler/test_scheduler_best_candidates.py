@@ -65,3 +65,39 @@ def test_whole_gpu_pods_see_the_best_whole_nodes() -> None:
     args = ExtenderArgs.decode(filter_args(whole_pod("llm", 8, namespace="llm"), NAMES))
     result = filter_nodes(args, cache, Memo(), BestCandidates(1, scorer(), NoPlan()))
     assert len(result.node_names) == 1 and result.node_names[0].startswith("whole-")
+
+
+PREFERRED_NODE = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+    {"weight": 50, "preference": {"matchExpressions": [
+        {"key": "zone", "operator": "In", "values": ["a"]}]}}]}}
+PREFERRED_POD = {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+    {"weight": 10, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname",
+                                       "labelSelector": {"matchLabels": {"app": "asr"}}}}]}}
+SPREAD = {"maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
+          "labelSelector": {"matchLabels": {"app": "asr"}}}
+
+
+@pytest.mark.parametrize(("spec", "cut"), [
+    ({}, True),
+    ({"affinity": PREFERRED_NODE}, False),
+    ({"affinity": PREFERRED_POD}, False),
+    ({"topologySpreadConstraints": [{**SPREAD, "whenUnsatisfiable": "ScheduleAnyway"}]},
+     False),
+    # Required terms are kube-scheduler's filters, already applied to the candidates.
+    ({"topologySpreadConstraints": [{**SPREAD, "whenUnsatisfiable": "DoNotSchedule"}]},
+     True),
+    ({"affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}}},
+     True),
+    ({"affinity": "not a mapping"}, True),
+])
+def test_pods_with_soft_preferences_get_every_fitting_node(spec: dict[str, Any],
+                                                           cut: bool) -> None:
+    # kube-scheduler's score plugins weigh such preferences only among the nodes filter
+    # hands back: one node would leave them nothing to weigh.
+    cache = cluster()
+    p = mig_pod("asr")
+    p["spec"].update(spec)
+    args = ExtenderArgs.decode(filter_args(p, NAMES))
+    result = filter_nodes(args, cache, Memo(), BestCandidates(1, scorer(), NoPlan()))
+    assert list(result.node_names) == (["mig-1"] if cut else
+                                       ["mig-0", "mig-1", "mig-2", "mig-3"])

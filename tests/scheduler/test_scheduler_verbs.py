@@ -197,14 +197,40 @@ def test_prioritize_prefers_partly_used_gpus_and_keeps_whole_nodes_whole() -> No
     assert scores == {"used": 10, "fresh": 0}  # the unknown node is left out
 
 
-def test_prioritize_gives_the_plan_node_ten_alone(cache: Any) -> None:
+def test_prioritize_gives_the_plan_node_ten_alone() -> None:
+    # The policy alone would fill "used" (6 of 8 GPUs taken); the plan chose "fresh".
+    cache = make_cache([node("fresh", gpus=8, reconfigurable=False),
+                        node("used", gpus=8, reconfigurable=False)],
+                       [whole_pod("big", 6, node="used", namespace="llm")])
     p = whole_pod("llm", 2, namespace="llm")
-    plan = FixedPlan(Placement("llm/llm", "whole-2", (0, 1)))
-    out = prioritize(ExtenderArgs.decode(filter_args(p, ["whole", "whole-2"])), cache, Memo(),
+    plan = FixedPlan(Placement("llm/llm", "fresh", (0, 1)))
+    out = prioritize(ExtenderArgs.decode(filter_args(p, ["used", "fresh"])), cache, Memo(),
                      scorer(), plan)
     scores = {h.host: h.score for h in out}
-    assert scores["whole-2"] == 10
-    assert scores["whole"] <= 9
+    assert scores["fresh"] == 10
+    assert scores["used"] <= 9
+
+
+def test_prioritize_the_plan_yields_to_the_name_order_among_equal_nodes(cache: Any) -> None:
+    # "whole" (2 of 8 free) and "whole-2" (2 of 2) are alike to the policy for a 2-GPU
+    # pod: the plan's choice between them was arbitrary, the name order is not.
+    p = whole_pod("llm", 2, namespace="llm")
+    plan = FixedPlan(Placement("llm/llm", "whole-2", (0, 1)))
+    out = prioritize(ExtenderArgs.decode(filter_args(p, ["whole-2", "whole"])), cache, Memo(),
+                     scorer(), plan)
+    assert {h.host: h.score for h in out} == {"whole": 10, "whole-2": 9}
+
+
+@pytest.mark.parametrize("order", [[0, 1, 2, 3, 4], [4, 3, 2, 1, 0], [2, 4, 0, 3, 1]])
+def test_prioritize_gives_one_of_equal_nodes_ten_whatever_the_candidate_order(
+        order: list[int]) -> None:
+    # kube-scheduler breaks equal totals at random: equal empty nodes all scored 10 let
+    # two pods of a burst open two nodes. One winner, by name, in any window.
+    names = [f"l40s-{i}" for i in (7, 10, 100, 13, 4)]
+    cache = make_cache([node(n, product=L40S, gpus=4, shared_replicas=4) for n in names])
+    args = ExtenderArgs.decode(filter_args(shared_pod("emb"), [names[i] for i in order]))
+    scores = {h.host: h.score for h in prioritize(args, cache, Memo(), scorer(), NoPlan())}
+    assert scores == {n: 10 if n == "l40s-10" else 9 for n in names}
 
 
 def test_prioritize_scores_are_within_range_and_unfit_nodes_get_zero(cache: Any) -> None:

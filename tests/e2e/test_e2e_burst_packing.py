@@ -1,0 +1,88 @@
+"""A burst through the real kube-scheduler and gpupack's extender packs node after node
+(issue 38 item 4; bench/README.md, "Where a burst's packing was lost").
+
+kube-scheduler schedules the next pod before the previous pod's bind reaches the
+extender, and breaks equal totals at random. The extender's filter hands back the one
+node the policy places the pod on (``--filter-top 1``), ties among equal nodes broken
+in a fixed order with nodes in use first, so pods in flight land on the same node until
+kube-scheduler's own Filter finds it full. A pod that declares soft preferences gets
+every fitting node, for kube-scheduler's score plugins to weigh.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from cluster import (
+    GPU,
+    SHARED,
+    create_nodes,
+    h100_whole,
+    l40s_shared,
+    pending_report,
+    pod,
+    pods_in,
+    wait_for,
+)
+from conftest import Space
+from controlplane import SCHEDULER_NAME
+
+
+def _bound(core: Any, ns: str, count: int) -> dict[str, str]:
+    def done() -> dict[str, str] | None:
+        got = {p["metadata"]["name"]: p["spec"]["nodeName"] for p in pods_in(core, ns)
+               if p["spec"].get("nodeName")}
+        return got if len(got) == count else None
+
+    try:
+        found = wait_for(done, 180, f"{count} pods bound in {ns}")
+    except AssertionError as e:
+        raise AssertionError(f"{e}; {pending_report(core, ns)}") from e
+    assert isinstance(found, dict)
+    return found
+
+
+def test_a_burst_fills_node_after_node(space: Space, core: Any) -> None:
+    ns = space.namespace()
+    space.nodes += create_nodes(core, [
+        *(l40s_shared(f"{space.name}-l40s-{i}", space.name) for i in range(5)),
+        *(h100_whole(f"{space.name}-whole-{i}", space.name) for i in range(5)),
+    ])
+    # 32 shares (16 per L40S node: 4 GPUs x 4 replicas) and 16 one-GPU pods (8 per node),
+    # interleaved and created at once: the fewest nodes are 2 + 2.
+    bodies = [pod(f"b-{i:02d}", pool=space.name, scheduler=SCHEDULER_NAME,
+                  limits={SHARED if i % 3 else GPU: "1"}, cpu="100m", memory="256Mi")
+              for i in range(48)]
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        list(pool.map(lambda b: core.create_namespaced_pod(ns, b), bodies))
+    where = _bound(core, ns, len(bodies))
+    kinds: dict[str, Counter[str]] = {SHARED: Counter(), GPU: Counter()}
+    for b in bodies:
+        (resource,) = b["spec"]["containers"][0]["resources"]["limits"]
+        kinds[resource][where[b["metadata"]["name"]]] += 1
+    assert sorted(kinds[SHARED].values()) == [16, 16], kinds[SHARED]
+    assert sorted(kinds[GPU].values()) == [8, 8], kinds[GPU]
+
+
+def test_a_pod_with_soft_preferences_gets_them_weighed(space: Space, core: Any) -> None:
+    ns = space.namespace()
+    names = create_nodes(core, [l40s_shared(f"{space.name}-l40s-{i}", space.name)
+                                for i in range(3)])
+    space.nodes += names
+    # All three empty: the policy rates them equal, and its winner (the first name) leads
+    # by one extender point (50); the preferred node affinity (weight 2 x 100) outweighs it,
+    # but only if kube-scheduler gets more than the one node to score.
+    picky = pod("picky", pool=space.name, scheduler=SCHEDULER_NAME, limits={SHARED: "1"},
+                cpu="100m", memory="256Mi")
+    picky["spec"]["affinity"] = {"nodeAffinity": {
+        "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "preference": {
+            "matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In",
+                                  "values": [names[2]]}]}}]}}
+    core.create_namespaced_pod(ns, picky)
+    assert _bound(core, ns, 1) == {"picky": names[2]}
+    # The next pod, without preferences, joins the node in use rather than the first name.
+    core.create_namespaced_pod(ns, pod("plain", pool=space.name, scheduler=SCHEDULER_NAME,
+                                       limits={SHARED: "1"}, cpu="100m", memory="256Mi"))
+    assert _bound(core, ns, 2)["plain"] == names[2]
