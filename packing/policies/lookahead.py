@@ -30,6 +30,14 @@ outweigh a level: at 0.003 a placement one level worse in fragment wins only if 
 counts half (``fgd_weight`` 0.5). ``levels=None`` drops the level: score = -(loss +
 fgd_weight * dF), the continuous cost alone.
 
+The workload sets three more terms (each measured on the openb traces, bench/README.md,
+"Packing quality"): on a cpu-bound workload (CPU-only pods ask more than
+``CPU_BOUND_GATE`` times the cores of the GPU pods) the score has no level
+(:func:`workload_weights`); elsewhere a GPU pod's score loses ``CORE_DEFICIT_WEIGHT``
+levels per GPU of free capacity it leaves without cores (:class:`CoreDeficitRule`); and
+two lexicographic rules come before everything (:class:`FreshGpuRule` for shares,
+:class:`KeepCoresRule` for CPU-only pods).
+
 Ties: :func:`rank_value` rounds the score to 1e-6 and then prefers the GPU left with the
 least free compute (best fit), so float noise never decides; nodes of equal rank go to
 the one left with the least free GPU capacity (:func:`node_free_after`, best fit on the
