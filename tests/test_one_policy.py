@@ -26,7 +26,7 @@ from packing.model import Snapshot
 from packing.policies.fgd import Shape
 from packing.policies.fgd import node_fragmentation as product_fragmentation
 from packing.policies.gpupack import GpupackScorer
-from packing.policies.lookahead import FreshGpuRule
+from packing.policies.lookahead import FreshGpuRule, cpu_bound
 from packing.scoring import best_option
 from packing.state import ClusterState
 from sim.openb.cluster import Nodes, Pods
@@ -74,7 +74,7 @@ def _shapes(pods: list[OpenbPod], models: tuple[str, ...]):  # type: ignore[no-u
 
 @pytest.mark.parametrize(("seed", "weights"), [(1, MIXED), (2, MIXED), (3, MIXED),
                                                (4, SHARE_HEAVY), (5, SHARE_HEAVY),
-                                               (6, CPU_HEAVY), (11, CPU_HEAVY)])
+                                               (6, CPU_HEAVY), (13, CPU_HEAVY)])
 def test_the_replay_and_the_extenders_scorer_make_the_same_decisions(
         seed: int, weights: tuple[int, ...]) -> None:
     nodes, trace = _trace(seed, n_nodes=14, n_pods=260, weights=weights)  # late pods fail
@@ -91,6 +91,16 @@ def test_the_replay_and_the_extenders_scorer_make_the_same_decisions(
         assert before.placements != run.placements
     if weights == CPU_HEAVY:
         before = replay(arrays, pods, order, ProductPolicy(keep_cores=False), seed, shapes)
+        assert before.placements != run.placements
+    # The CPU-heavy mix is cpu-bound (the score drops the FGD level, and with it the
+    # core-deficit price), and that decides; on the mixed one the price decides.
+    assert cpu_bound(shapes) is (weights == CPU_HEAVY)
+    if weights == CPU_HEAVY:
+        before = replay(arrays, pods, order, ProductPolicy(cpu_bound_cost=False), seed,
+                        shapes)
+        assert before.placements != run.placements
+    if weights == MIXED:
+        before = replay(arrays, pods, order, ProductPolicy(core_deficit=False), seed, shapes)
         assert before.placements != run.placements
 
     requests = [to_pod_request(p) for p in trace]
@@ -113,8 +123,8 @@ def test_each_node_is_ranked_alike(keep_whole_nodes: bool) -> None:
     arrays = Nodes.from_trace(nodes)
     pods = Pods.from_trace(trace, arrays.models)
     shapes = _shapes(trace, arrays.models)
-    # Half the trace placed first, by the replay, so nodes are in mixed states.
-    half = np.arange(60, dtype=np.int64)
+    # A fifth of the trace placed first, by the replay, so nodes are in mixed states.
+    half = np.arange(40, dtype=np.int64)
     policy = ProductPolicy(keep_whole_nodes=keep_whole_nodes)
     run = replay(arrays, pods, half, policy, 0, shapes)
     state = ClusterState(Snapshot(to_snapshot_nodes(nodes)))
@@ -124,7 +134,7 @@ def test_each_node_is_ranked_alike(keep_whole_nodes: bool) -> None:
         state.apply(requests[i], opts[0])
     scorer = GpupackScorer(requests, keep_whole_nodes=keep_whole_nodes)
     checked = opened = 0
-    for pod, row in zip(requests[60:], trace[60:], strict=True):
+    for pod, row in zip(requests[40:], trace[40:], strict=True):
         q = pods.requests.index((row.cpu_milli, row.memory_mib, row.num_gpu, row.gpu_milli,
                                  row.gpu_spec))
         req = MilliRequest(row.cpu_milli, row.memory_mib, row.num_gpu, row.gpu_milli,

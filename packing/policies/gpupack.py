@@ -40,6 +40,7 @@ from packing.policies.engine import greedy
 from packing.policies.fgd import workload_of
 from packing.policies.lookahead import (
     CapacityModel,
+    CoreDeficitRule,
     FloatArray,
     FreshGpuRule,
     GpupackWeights,
@@ -49,6 +50,7 @@ from packing.policies.lookahead import (
     node_free_after,
     opens_whole_node,
     ranks,
+    workload_weights,
 )
 from packing.policies.scores import bestfit, mig_preference, pod_milli_on
 from packing.scoring import Score, Scorer
@@ -139,7 +141,10 @@ class GpupackScorer:
         self.cap = CapacityModel(self.shapes)
         self.fresh = FreshGpuRule.of(self.shapes)
         self.keep = KeepCoresRule.of(self.shapes)
-        self.weights = weights or GpupackWeights()
+        # The FGD level goes on cpu-bound workloads (workload_weights), and with it the
+        # core-deficit price.
+        self.weights = workload_weights(self.shapes, weights)
+        self.deficit = CoreDeficitRule.of(self.shapes, self.weights)
         # MilliRequest.model_ok: the score never reads it (the verbs filter by model).
         self._any_model = np.ones(len(self.models), dtype=bool)
         # Per node name, its latest state only: (version, arrays, rank values by request,
@@ -193,7 +198,7 @@ class GpupackScorer:
         found = evals.get(key)
         if found is None:
             found = ranks(arrays, req, self.shapes, self.cap, self.weights, self.fresh,
-                          self.keep)[0]
+                          self.keep, self.deficit)[0]
             if len(evals) >= EVALS_PER_NODE:
                 evals.clear()
             evals[key] = found

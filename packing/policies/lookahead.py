@@ -30,6 +30,14 @@ outweigh a level: at 0.003 a placement one level worse in fragment wins only if 
 counts half (``fgd_weight`` 0.5). ``levels=None`` drops the level: score = -(loss +
 fgd_weight * dF), the continuous cost alone.
 
+The workload sets three more terms (each measured on the openb traces, bench/README.md,
+"Packing quality"): on a cpu-bound workload (CPU-only pods ask more than
+``CPU_BOUND_GATE`` times the cores of the GPU pods) the score has no level
+(:func:`workload_weights`); elsewhere a GPU pod's score loses ``CORE_DEFICIT_WEIGHT``
+levels per GPU of free capacity it leaves without cores (:class:`CoreDeficitRule`); and
+two lexicographic rules come before everything (:class:`FreshGpuRule` for shares,
+:class:`KeepCoresRule` for CPU-only pods).
+
 Ties: :func:`rank_value` rounds the score to 1e-6 and then prefers the GPU left with the
 least free compute (best fit), so float noise never decides; nodes of equal rank go to
 the one left with the least free GPU capacity (:func:`node_free_after`, best fit on the
@@ -39,7 +47,7 @@ opens an idle one), then the first in the caller's order. Both callers break tie
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import numpy.typing as npt
@@ -282,6 +290,92 @@ class KeepCoresRule:
         return np.asarray(np.where(keeps, self.bonus, 0.0), dtype=np.float64)
 
 
+# Where CPU-only pods ask more than this share of the cores the GPU pods ask (the
+# workload's typical shapes), cores, not GPUs, run out first: the score drops the FGD level
+# (``GpupackWeights.levels`` None, the continuous cost alone). Measured on the openb cpu
+# traces (bench/README.md, "Packing quality"): cpu250 (0.68) +0.73 over the level on seeds
+# 42-47, cpu200 (0.51) -0.23 on seeds 42-44; the other traces lie at 0.11-0.46.
+CPU_BOUND_GATE = 0.6
+
+
+def cpu_bound(shapes: TypicalShapes) -> bool:
+    """Whether the workload's CPU-only pods ask more than ``CPU_BOUND_GATE`` times the
+    cores its GPU pods ask: sum_{s CPU-only} p_s cpu_s > gate x sum_{s GPU} p_s cpu_s."""
+    gpu = np.array([k.num_gpu > 0 for k in shapes.keys], dtype=bool)
+    cores = shapes.freq * shapes.cpu_milli
+    gpu_cores = float(cores[gpu].sum())
+    return gpu_cores > 0 and float(cores[~gpu].sum()) > CPU_BOUND_GATE * gpu_cores
+
+
+def workload_weights(shapes: TypicalShapes, weights: GpupackWeights | None = None
+                     ) -> GpupackWeights:
+    """The weights gpupack ranks a workload's pods with: ``weights`` (default
+    :class:`GpupackWeights`), without the FGD level where the workload is
+    :func:`cpu_bound`."""
+    w = weights or GpupackWeights()
+    return replace(w, levels=None) if cpu_bound(shapes) else w
+
+
+# Levels a GPU pod's placement loses per GPU of core deficit it adds (CoreDeficitRule).
+CORE_DEFICIT_WEIGHT = 20.0
+
+
+@dataclass(frozen=True)
+class CoreDeficitRule:
+    """A price, in FGD levels, for the GPU capacity a GPU pod leaves without cores.
+
+    A node's core deficit, in GPUs, with f_g its GPUs' free milli, c its free cpu and k
+    the workload's cpu per GPU of demand (:func:`cores_per_gpu`)::
+
+        D(node) = max(0, k x sum_g f_g / 1000 - c) / k
+
+    is the free GPU capacity the node's free cores cannot serve at the workload's mix.
+    A GPU pod's placement scores ``weight`` x (D_after - D_before) lower: a pod that asks
+    many cores per GPU goes where cores are spare (nodes rich in cores per GPU, such as
+    the openb traces' T4 nodes), one that asks few where they are short, so GPUs and
+    cores run out together. At 20 levels per GPU a placement that adds a GPU of deficit
+    must save ~400 milli of fragment to win. Measured on the openb traces (seeds 42-44,
+    bench/README.md, "Packing quality"): gpuspec33 +0.70, multigpu20 +0.35, cpu050-200
+    +0.12-0.18, default +0.09, gpushare40 +0.08, gpushare100 and multigpu50 +-0.01;
+    flat between 10 and 50 levels; counting only fully free GPUs, or CPU-only pods too,
+    did worse. Off without GPU shapes, and where the score has no level
+    (:func:`workload_weights`: on cpu-bound workloads; there it made no difference).
+    """
+
+    active: bool
+    cores: float = 0.0
+    weight: float = CORE_DEFICIT_WEIGHT
+
+    @staticmethod
+    def of(shapes: TypicalShapes, weights: GpupackWeights) -> CoreDeficitRule:
+        k = cores_per_gpu(shapes)
+        return CoreDeficitRule(active=k > 0 and weights.levels is not None, cores=k)
+
+    def applies(self, req: MilliRequest) -> bool:
+        return self.active and req.num_gpu > 0
+
+    def deficit(self, free: IntArray, cpu: npt.ArrayLike) -> FloatArray:
+        """D of the module-level formula, per row (``free`` ``[..., G]``)."""
+        need = self.cores * free.sum(axis=-1) / GPU_MILLI
+        return np.asarray(np.maximum(0.0, need - np.asarray(cpu)) / self.cores,
+                          dtype=np.float64)
+
+    def penalty_of(self, free: IntArray, cpu: IntArray, req: MilliRequest) -> FloatArray:
+        """``weight`` x (D_after - D_before): ``[n]`` for a whole-GPU request (it takes
+        the first fully free GPUs), ``[n, G]`` for a share (one per GPU it may take)."""
+        before = self.deficit(free, cpu)
+        c2 = cpu - req.cpu
+        if not req.shared:
+            isfull = free == GPU_MILLI
+            taken = isfull & (np.cumsum(isfull, axis=-1) <= req.num_gpu)
+            after = self.deficit(np.where(taken, 0, free), c2)
+            return np.asarray(self.weight * (after - before), dtype=np.float64)
+        g = free.shape[-1]
+        f2 = free[:, None, :] - np.eye(g, dtype=np.int64)[None, :, :] * req.milli
+        after = self.deficit(f2, c2[:, None])
+        return np.asarray(self.weight * (after - before[:, None]), dtype=np.float64)
+
+
 def placement_score(delta: FloatArray, loss: FloatArray, weights: GpupackWeights) -> FloatArray:
     """The score of the module docstring; INFEASIBLE where ``delta`` is +inf (no fit)."""
     fits = np.isfinite(delta)
@@ -361,16 +455,20 @@ class NodeArrays:
 
 def ranks(nodes: NodeArrays, req: MilliRequest, shapes: TypicalShapes, cap: CapacityModel,
           weights: GpupackWeights, fresh: FreshGpuRule | None = None,
-          keep: KeepCoresRule | None = None) -> FloatArray:
+          keep: KeepCoresRule | None = None, deficit: CoreDeficitRule | None = None
+          ) -> FloatArray:
     """Rank values (higher better) of placing ``req`` on each node: ``[n]`` for
     whole-GPU and CPU-only requests (they take the first fully free GPUs, or none),
     ``[n, G]`` for a share (one per GPU). INFEASIBLE where the request does not fit.
     ``fresh``, ``keep``: the workload's :class:`FreshGpuRule` and :class:`KeepCoresRule`
-    (their terms come first)."""
+    (their terms come first); ``deficit``: its :class:`CoreDeficitRule` (a price in
+    levels, inside the score)."""
     delta = fragment_delta(nodes.stats, nodes.free, nodes.cpu, nodes.mem, nodes.model, req,
                            shapes)
     loss = cap.loss(nodes.free, nodes.cpu, cap.weights(nodes.model), req)
     score = placement_score(delta, loss, weights)
+    if deficit is not None and deficit.applies(req):
+        score = score - deficit.penalty_of(nodes.free, nodes.cpu, req)
     if keep is not None and keep.applies(req):
         score = score + keep.bonus_of(nodes.free, nodes.cpu, req)
     if not req.shared:
@@ -382,10 +480,11 @@ def ranks(nodes: NodeArrays, req: MilliRequest, shapes: TypicalShapes, cap: Capa
 
 def best_on_nodes(nodes: NodeArrays, req: MilliRequest, shapes: TypicalShapes, cap: CapacityModel,
              weights: GpupackWeights, fresh: FreshGpuRule | None = None,
-             keep: KeepCoresRule | None = None) -> tuple[FloatArray, IntArray]:
+             keep: KeepCoresRule | None = None, deficit: CoreDeficitRule | None = None
+             ) -> tuple[FloatArray, IntArray]:
     """Each node's best rank value and the GPU a share takes there (the first on ties;
     -1 for whole-GPU and CPU-only requests)."""
-    r = ranks(nodes, req, shapes, cap, weights, fresh, keep)
+    r = ranks(nodes, req, shapes, cap, weights, fresh, keep, deficit)
     if not req.shared:
         return r, np.full(len(nodes.cpu), -1, dtype=np.int64)
     gpu = np.asarray(r.argmax(axis=1), dtype=np.int64)

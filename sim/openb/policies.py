@@ -29,6 +29,7 @@ from packing.fragmentation import (
 from packing.model import GPU_MILLI
 from packing.policies.lookahead import (
     CapacityModel,
+    CoreDeficitRule,
     FreshGpuRule,
     GpupackWeights,
     KeepCoresRule,
@@ -37,6 +38,7 @@ from packing.policies.lookahead import (
     fgd_level,
     node_free_after,
     opens_whole_node,
+    workload_weights,
 )
 from sim.openb.cluster import ReplayState
 
@@ -291,8 +293,14 @@ class ProductPolicy(FragmentAware):
 
     def __init__(self, weights: GpupackWeights | None = None, coverage_all: bool = False,
                  keep_whole_nodes: bool = False, fresh_gpus: bool = True,
-                 keep_cores: bool = True) -> None:
+                 keep_cores: bool = True, core_deficit: bool = True,
+                 cpu_bound_cost: bool = True) -> None:
         self.weights = weights or GpupackWeights()
+        # The workload's CoreDeficitRule, and its weights without the FGD level where it
+        # is cpu-bound (workload_weights), as the extender's scorer applies them (False:
+        # the policy before them, for comparison).
+        self.core_deficit = core_deficit
+        self.cpu_bound_cost = cpu_bound_cost
         # The workload's FreshGpuRule, as the extender's scorer applies it (False: the
         # policy before issue 38, for comparison).
         self.fresh_gpus = fresh_gpus
@@ -318,10 +326,14 @@ class ProductPolicy(FragmentAware):
         self.cap = CapacityModel(self.all_shapes if self.coverage_all else shapes)
         self.fresh = FreshGpuRule.of(shapes) if self.fresh_gpus else None
         self.keep = KeepCoresRule.of(shapes) if self.keep_cores else None
+        self.run_weights = (workload_weights(shapes, self.weights) if self.cpu_bound_cost
+                            else self.weights)
+        self.deficit = (CoreDeficitRule.of(shapes, self.run_weights) if self.core_deficit
+                        else None)
 
     def evaluate(self, idx: IntArray, req: MilliRequest) -> tuple[FloatArray, IntArray]:
         score, gpu = best_on_nodes(self.fs.arrays(idx), req, self.shapes, self.cap,
-                                   self.weights, self.fresh, self.keep)
+                                   self.run_weights, self.fresh, self.keep, self.deficit)
         if not self.keep_whole_nodes:
             return score, gpu
         # The extender's first term: a whole node is broken only where no node in use
