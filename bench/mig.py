@@ -465,32 +465,11 @@ class Sim(ABC):
     def freed(self, pod: Pod) -> None:  # noqa: B027 (an optional hook: nothing by default)
         """After a pod's resources were given back."""
 
-    def schedule(self, pods: Sequence[Pod] | None = None) -> None:
-        """Place what waits, in arrival order (kube-scheduler retries its queue when
-        something is freed or created)."""
-        for pod in list(self.pending.values()) if pods is None else pods:
-            p = self.place(pod)
-            if p is not None:
-                self.bind(pod, p, self.start_delay(p))
-
     @abstractmethod
-    def place(self, pod: Pod) -> Placement | None:
-        """Where the policy puts ``pod`` now (None: it waits)."""
-
-    def start_delay(self, p: Placement) -> float:
-        return 0.0
-
-    def bind(self, pod: Pod, p: Placement, delay: float) -> None:
-        self.check_placement(pod, p)
-        self.state.apply(pod.req, p)
-        del self.pending[pod.req.key]
-        self._count(self.wait_slices, pod, -1)
-        self.running[pod.req.key] = pod
-        self._count(self.run_slices, pod, +1)
-        pod.placement = p
-        pod.start = self.now + delay
-        self.placed += 1
-        self.push(pod.start + pod.duration, "departure", pod)
+    def schedule(self, pods: Sequence[Pod] | None = None) -> None:
+        """Start what waits (``pods``: only these), in arrival order, as the
+        protocol places pods: through the device plugin (:class:`DevicePluginSim`) or
+        DRA's allocator (``bench/mig_dra.py``)."""
 
     def _count(self, table: dict[str, list[int]], pod: Pod, sign: int) -> None:
         c, m = slices_of(pod)
@@ -501,19 +480,6 @@ class Sim(ABC):
                 pod.req.gpu_count if pod.profile is None else 1)
 
     # -- checks --------------------------------------------------------------------------
-
-    def check_placement(self, pod: Pod, p: Placement) -> None:
-        """The shared validator on the node the pod lands on."""
-        self.validated += 1
-        node = self.state.nodes[p.node]
-        snap = Snapshot(nodes=(node_info(node),),
-                        running=tuple((self.by_key[k].req, q) for k, q in node.pods.items()),
-                        pending=(pod.req,))
-        errors = validate(snap, [p])
-        if pod.req.gpu_models and any(node_gpu(node, i).info.model not in pod.req.gpu_models
-                                      for i in p.gpus):
-            errors.append(f"{pod.req.key}: on a GPU model it does not allow")
-        self.invalid.extend(f"{self.name}: {e}" for e in errors)
 
     def check_layout(self, node: str, g: GpuState) -> None:
         geom = get_model(g.info.model).mig
@@ -578,6 +544,53 @@ class Sim(ABC):
             self.reconfigs_in_window += n
 
 
+class DevicePluginSim(Sim):
+    """Pods placed as the device plugin serves them: the policy's :meth:`place`, then
+    the bind, each placement checked by the shared validator."""
+
+    def schedule(self, pods: Sequence[Pod] | None = None) -> None:
+        """Place what waits, in arrival order (kube-scheduler retries its queue when
+        something is freed or created)."""
+        for pod in list(self.pending.values()) if pods is None else pods:
+            p = self.place(pod)
+            if p is not None:
+                self.bind(pod, p, self.start_delay(p))
+
+    @abstractmethod
+    def place(self, pod: Pod) -> Placement | None:
+        """Where the policy puts ``pod`` now (None: it waits)."""
+
+    def start_delay(self, p: Placement) -> float:
+        return 0.0
+
+    def bind(self, pod: Pod, p: Placement, delay: float) -> None:
+        self.check_placement(pod, p)
+        self.state.apply(pod.req, p)
+        del self.pending[pod.req.key]
+        self._count(self.wait_slices, pod, -1)
+        self.running[pod.req.key] = pod
+        self._count(self.run_slices, pod, +1)
+        pod.placement = p
+        pod.start = self.now + delay
+        self.placed += 1
+        self.push(pod.start + pod.duration, "departure", pod)
+
+    # -- checks --------------------------------------------------------------------------
+
+    def check_placement(self, pod: Pod, p: Placement) -> None:
+        """The shared validator on the node the pod lands on."""
+        self.validated += 1
+        node = self.state.nodes[p.node]
+        snap = Snapshot(nodes=(node_info(node),),
+                        running=tuple((self.by_key[k].req, q) for k, q in node.pods.items()),
+                        pending=(pod.req,))
+        errors = validate(snap, [p])
+        if pod.req.gpu_models and any(node_gpu(node, i).info.model not in pod.req.gpu_models
+                                      for i in p.gpus):
+            errors.append(f"{pod.req.key}: on a GPU model it does not allow")
+        self.invalid.extend(f"{self.name}: {e}" for e in errors)
+
+
 def node_gpu(node: NodeState, index: int) -> GpuState:
     return next(g for g in node.gpus if g.info.index == index)
 
@@ -598,7 +611,7 @@ def snapshot_of(state: ClusterState, sim: Sim) -> Snapshot:
                     pending=tuple(p.req for p in sim.pending.values()))
 
 
-class ScoredPlacement(Sim):
+class ScoredPlacement(DevicePluginSim):
     """Pods on existing slices and idle whole GPUs, best option by the extender's scorer."""
 
     def setup(self) -> None:
@@ -719,7 +732,7 @@ class StaticDefault(Static):
         return [s for s, (p, o) in sorted(g.instances.items()) if p == profile and o is None]
 
 
-class FirstFit(Sim):
+class FirstFit(DevicePluginSim):
     name = "first-fit"
 
     def place(self, pod: Pod) -> Placement | None:

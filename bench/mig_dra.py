@@ -248,11 +248,6 @@ class DraSim(base.Sim):
         super().setup()
         self.rng = random.Random(f"{self.name}:{self.args.params.seed}")
 
-    def place(self, pod: base.Pod) -> Placement | None:  # pragma: no cover - unused
-        # Sim's abstract hook for device-plugin placements; a DRA simulation allocates
-        # devices instead (choose, then allocate, which validates each use).
-        raise NotImplementedError("DraSim schedules through choose()")
-
     @abstractmethod
     def choose(self, pod: base.Pod) -> tuple[str, tuple[AllocatedDevice, ...]] | None:
         """The node and the devices the pod's claim gets, None while nothing fits."""
