@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
+from itertools import combinations
 
 import numpy as np
 
@@ -28,6 +30,7 @@ from packing.fragmentation import (
 from packing.groups.placement import exclusive_domains_in_use
 from packing.model import (
     GPU_MILLI,
+    GpuMode,
     Placement,
     PlanResult,
     PodRequest,
@@ -64,6 +67,20 @@ REFERENCE_GPU_MIB = 80 * 1024
 # Model id of GPU models no shape names (and of CPU-only nodes): shapes without a model
 # restriction may use them, restricted shapes may not.
 OTHER_MODEL = "*"
+# The kinds of pod a GPU can take in each mode, as packing.state admits them (a whole-mode
+# GPU that may be switched to MIG takes MIG pods too, see served_kinds). FRACTIONAL is the
+# openb replay's mode: whole GPUs and shares alike.
+MODE_SERVES: dict[GpuMode, frozenset[RequestKind]] = {
+    GpuMode.WHOLE: frozenset({RequestKind.WHOLE}),
+    GpuMode.SHARED: frozenset({RequestKind.SHARED}),
+    GpuMode.MIG: frozenset({RequestKind.MIG}),
+    GpuMode.FRACTIONAL: frozenset({RequestKind.WHOLE, RequestKind.SHARED}),
+}
+GPU_KINDS = (RequestKind.WHOLE, RequestKind.SHARED, RequestKind.MIG)
+# Every set of GPU kinds a node may serve, the empty one (no GPUs) included.
+SERVE_CLASSES: tuple[frozenset[RequestKind], ...] = tuple(
+    frozenset(c) for r in range(len(GPU_KINDS) + 1) for c in combinations(GPU_KINDS, r))
+
 # Evaluations one node's memo keeps for its current state (distinct pod requests).
 EVALS_PER_NODE = 64
 
@@ -108,6 +125,17 @@ def node_gpu_free(node: NodeState) -> list[int]:
             for g in node.gpus]
 
 
+def served_kinds(node: NodeState) -> frozenset[RequestKind]:
+    """The kinds of GPU pod some GPU of ``node`` takes in its mode (:data:`MODE_SERVES`;
+    a whole-mode GPU that the MIG actuator may convert takes MIG pods too)."""
+    out: set[RequestKind] = set()
+    for g in node.gpus:
+        out |= MODE_SERVES[g.mode]
+        if g.reconfigurable and g.mode is GpuMode.WHOLE:
+            out.add(RequestKind.MIG)
+    return frozenset(out)
+
+
 class GpupackScorer:
     """The extender's scorer: :mod:`packing.policies.lookahead` on one node at a time.
 
@@ -133,11 +161,31 @@ class GpupackScorer:
         # Whether whole nodes are kept for LLM groups (:func:`keeps_whole_nodes`): the
         # key's first term for whole-GPU pods, else always 0.
         self.keep_whole_nodes = keep_whole_nodes
-        keys = [typical_shape_key(p) for p in workload]
+        pods = list(workload)
+        keys = [typical_shape_key(p) for p in pods]
         named = sorted({m for k in keys for m in k.gpu_spec})
         self.models: tuple[str, ...] = (*named, OTHER_MODEL)
-        self._model_id = {m: i for i, m in enumerate(self.models)}
-        self.shapes: TypicalShapes = typical_shape_table(keys, self.models)
+        # The score's model ids are (GPU model, kinds of pod the node's GPUs take): a
+        # shape counts in a node's capacity and fragment only where its pods could run.
+        # Without the kinds, a time-sliced share (1 milli when it names no GPU memory)
+        # counted as a thousand shares on every free GPU of a whole-GPU H100 node, which
+        # made a one-GPU pod's last GPUs there cost more than a fresh node's (the burst
+        # of tests/e2e/test_e2e_burst_packing.py then opened a third node). The openb
+        # replay's GPUs (FRACTIONAL) take whole GPUs and shares: its ids are unchanged
+        # in effect.
+        self._model_id = {(m, c): i for i, (m, c) in enumerate(
+            (m, c) for m in self.models for c in SERVE_CLASSES)}
+        table = typical_shape_table(keys, self.models)
+        kinds: dict[ShapeKey, set[RequestKind]] = {}
+        for k, p in zip(keys, pods, strict=True):
+            kinds.setdefault(k, set()).add(p.kind)
+        by_model = {m: i for i, m in enumerate(self.models)}
+        ok = np.zeros((len(table.keys), len(self._model_id)), dtype=bool)
+        for (m, c), i in self._model_id.items():
+            takes = np.array([k.num_gpu == 0 or bool(kinds.get(k, set()) & c)
+                              for k in table.keys], dtype=bool)
+            ok[:, i] = table.model_ok[:, by_model[m]] & takes
+        self.shapes: TypicalShapes = replace(table, model_ok=ok)
         self.cap = CapacityModel(self.shapes)
         self.fresh = FreshGpuRule.of(self.shapes)
         self.keep = KeepCoresRule.of(self.shapes)
@@ -146,7 +194,7 @@ class GpupackScorer:
         self.weights = workload_weights(self.shapes, weights)
         self.deficit = CoreDeficitRule.of(self.shapes, self.weights)
         # MilliRequest.model_ok: the score never reads it (the verbs filter by model).
-        self._any_model = np.ones(len(self.models), dtype=bool)
+        self._any_model = np.ones(len(self._model_id), dtype=bool)
         # Per node name, its latest state only: (version, arrays, rank values by request,
         # one per GPU for a share). Bounded by the nodes (~1.5 kB each), never by how
         # many states they went through.
@@ -159,7 +207,9 @@ class GpupackScorer:
         if found is None or found[0] != node.version:
             free = np.array([node_gpu_free(node)], dtype=np.int64)
             model = node.gpus[0].info.model if node.gpus else OTHER_MODEL
-            mid = np.array([self._model_id.get(model, self._model_id[OTHER_MODEL])],
+            serves = served_kinds(node)
+            mid = np.array([self._model_id.get((model, serves),
+                                               self._model_id[OTHER_MODEL, serves])],
                            dtype=np.int64)
             cpu = np.array([node.cpu_free], dtype=np.int64)
             mem = np.array([node.mem_free], dtype=np.int64)
