@@ -8,7 +8,10 @@ memo warmer each hand a :class:`Loop` their step and keep only their own logic. 
 * **wakes** when :meth:`Loop.wake` is called (a handler subscribes it to the cache's
   changes) and at least every ``poll_s`` seconds (deadlines; None: only when woken);
 * **settles** ``settle_s`` after a wake (a burst of watch events becomes one step), and
-  begins a step at most every ``min_interval_s`` (a step may be a long solve);
+  begins a step at most every ``min_interval_s`` (a step may be a long solve); with
+  ``rest``, a step of d seconds is followed by at least ``rest`` x d seconds without one,
+  so the loop takes at most 1 / (1 + ``rest``) of the time however often it is woken (a
+  step that could not act, or failed, is not rested after: backoff rules failures);
 * **stops** on :meth:`Loop.stop`, which ends any wait at once; a step in progress ends on
   its own, and :meth:`Loop.join` waits for it a bounded time (the shutdown then flushes
   the writers); ``on_exit`` runs when the thread ends, however it ends;
@@ -83,6 +86,7 @@ class Loop:
         poll_s: float | None = None,
         settle_s: float = 0.0,
         min_interval_s: float = 0.0,
+        rest: float = 0.0,
         backoff: Callable[[int], float] | None = None,
         retry: bool = False,
         on_failure: Callable[[Exception, int], None] | None = None,
@@ -99,6 +103,7 @@ class Loop:
         self.poll_s = poll_s
         self.settle_s = settle_s
         self.min_interval_s = min_interval_s
+        self.rest = rest
         self.backoff = backoff
         self.retry = retry
         self.on_failure = on_failure
@@ -160,13 +165,14 @@ class Loop:
 
     def _run(self) -> None:
         last = -math.inf
+        rested = -math.inf  # no step begins before this (``rest``)
         while not self._stop.is_set():
             self._wake.wait(self.poll_s)
             if self._stop.is_set():
                 return
             if self.settle_s > 0:
                 self._stop.wait(self.settle_s)  # let a burst of events land first
-            wait = last + self.min_interval_s - self.clock()
+            wait = max(last + self.min_interval_s, rested) - self.clock()
             if wait > 0:
                 self._stop.wait(wait)
             if self._stop.is_set():
@@ -176,6 +182,9 @@ class Loop:
             outcome = self.run_step()
             if outcome is not Outcome.IDLE:
                 last = began  # a step that could not act does not delay the next
+            if outcome is Outcome.DONE and self.rest > 0:
+                ended = self.clock()
+                rested = ended + self.rest * max(0.0, ended - began)
             if outcome is Outcome.FAILED and self.backoff is not None:
                 if self._stop.wait(self.backoff(self.failures)):
                     return

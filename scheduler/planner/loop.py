@@ -66,6 +66,16 @@ from scheduler.planner.solve import (
 
 log = logging.getLogger("gpupack.scheduler.planner")
 
+# After a solve of d seconds the planner rests PLAN_REST x d before the next: at most a
+# quarter of the time. In a burst every bind wakes it, and back-to-back solves (CP-SAT
+# on two workers for up to its time limit, then the solver child's clean-up) took about
+# as much CPU as the extender's verbs, on the cores kube-scheduler and the API server
+# need: at 2,000 nodes, 1,000 pods at once, the extender's CPU went from 19.8 s to 10.0 s
+# with the planner off (bench/e2e_throughput.py, bench/README.md "Where a burst's
+# packing was lost"). The verbs answer a pod the latest plan does not hold greedily, as
+# they do while any solve runs; a lone pod after a quiet spell waits for nothing.
+PLAN_REST = 3.0
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -99,6 +109,7 @@ class Planner:
         per_class: int = 16,
         max_nodes: int = PLAN_NODES,
         loop_metrics: LoopMetrics | None = None,
+        rest: float = PLAN_REST,
     ) -> None:
         self.cache = cache
         self.policy_name = policy
@@ -146,7 +157,7 @@ class Planner:
         # restarted by the next solve), backing off 1, 2, 4 .. BACKOFF_MAX_S seconds. No
         # solver child outlives the thread.
         self.loop = Loop("planner", self._turn, settle_s=debounce_s,
-                         min_interval_s=min_interval_s, backoff=backoff_s,
+                         min_interval_s=min_interval_s, rest=rest, backoff=backoff_s,
                          retry=True, on_failure=lambda e, _: self._failed(e),
                          on_exit=self._shutdown_solver, log=log, clock=time.monotonic,
                          metrics=loop_metrics)

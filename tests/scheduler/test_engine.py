@@ -84,6 +84,37 @@ def test_steps_begin_at_most_every_min_interval() -> None:
     assert all(g >= 0.29 for g in gaps), gaps
 
 
+@pytest.mark.parametrize(("answers", "rested"), [
+    ((None, None, None), True),  # a step that acted: rest x its duration before the next
+    ((Outcome.IDLE, None), False),  # one that could not act is not rested after
+])
+def test_a_step_is_followed_by_rest_times_its_duration(
+        answers: tuple[Outcome | None, ...], rested: bool) -> None:
+    """A step of d seconds, then no step for rest x d: the loop's share of the time stays
+    at most 1 / (1 + rest), however often it is woken (the planner in a burst)."""
+    inner = Steps(*answers)
+
+    def slow() -> Outcome | None:
+        answer = inner()
+        time.sleep(0.1)  # d = 0.1 s
+        return answer
+
+    loop = started(Loop("t", slow, rest=3.0))
+    try:
+        for _ in answers:
+            loop.wake()
+            assert inner.wait(1)
+            loop.wake()  # woken again at once, as every bind of a burst wakes it
+    finally:
+        loop.stop()
+        assert loop.join(5)
+    gaps = [b - a for a, b in zip(inner.at, inner.at[1:], strict=False)]
+    if rested:
+        assert all(g >= 0.1 + 0.3 - 0.01 for g in gaps), gaps
+    else:
+        assert gaps[0] < 0.35, gaps
+
+
 def test_an_idle_step_does_not_delay_the_next() -> None:
     steps = Steps(Outcome.IDLE, None)
     loop = started(Loop("t", steps, min_interval_s=30.0))
