@@ -210,13 +210,9 @@ class FreshGpuRule:
         half a GPU, the gate on whole-GPU pods' share w of the GPU demand, and ``cores``
         = FRESH_GPU_CORES (1 + 4 w^2) x the workload's cpu per GPU of demand (GPU shapes
         only)."""
-        gpu = np.array([k.num_gpu > 0 for k in shapes.keys], dtype=bool)
-        if not gpu.any():
+        if not any(k.num_gpu > 0 for k in shapes.keys):
             return FreshGpuRule(active=False)
-        demand = np.array([k.num_gpu * k.gpu_milli for k in shapes.keys], dtype=np.float64)
-        weight = shapes.freq * demand
-        whole = np.array([k.gpu_milli >= GPU_MILLI for k in shapes.keys], dtype=bool)
-        whole_share = float(weight[whole].sum() / max(weight[gpu].sum(), 1e-12))
+        whole_share = whole_gpu_share(shapes)
         by_size: dict[int, float] = {}
         for k, p in zip(shapes.keys, shapes.freq, strict=True):
             if GPU_MILLI // 2 < k.gpu_milli < GPU_MILLI and k.num_gpu == 1:
@@ -239,6 +235,16 @@ class FreshGpuRule:
         left_whole = np.maximum(fresh.sum(axis=-1) - 1, 0)
         keeps = (cpu - req.cpu) >= self.cores * left_whole
         return np.asarray(np.where(fresh & keeps[:, None], self.bonus, 0.0), dtype=np.float64)
+
+
+def whole_gpu_share(shapes: TypicalShapes) -> float:
+    """w, the whole-GPU pods' share of the workload's GPU demand:
+    sum_{s whole} p_s d_s / sum_{s GPU} p_s d_s (0 without GPU shapes)."""
+    demand = np.array([k.num_gpu * k.gpu_milli for k in shapes.keys], dtype=np.float64)
+    weight = shapes.freq * demand
+    whole = np.array([k.gpu_milli >= GPU_MILLI for k in shapes.keys], dtype=bool)
+    total = float(weight.sum())
+    return float(weight[whole].sum()) / total if total > 0 else 0.0
 
 
 def cores_per_gpu(shapes: TypicalShapes) -> float:
@@ -376,6 +382,67 @@ class CoreDeficitRule:
         return np.asarray(self.weight * (after - before[:, None]), dtype=np.float64)
 
 
+# The sliver price (SliverRule): on where whole-GPU pods ask at least this share of the
+# workload's GPU demand; a share size counts as common from this frequency; the price in
+# levels per GPU (1000 milli) of dead sliver a share leaves.
+SLIVER_GATE = 0.6
+SLIVER_MIN_FREQ = 0.01
+SLIVER_WEIGHT = 200.0
+
+
+@dataclass(frozen=True)
+class SliverRule:
+    """A price, in FGD levels, for the dead sliver a share leaves on its GPU.
+
+    With s_min the smallest share size of at least ``SLIVER_MIN_FREQ`` of the
+    workload's pods (one-GPU shares, typical shapes) and r = f_g - milli the compute a
+    share leaves on the GPU it takes, the sliver is dead when 0 < r < s_min: no common
+    share fits it any more, and under the openb protocol only the rare small shares ever
+    will. The share's score on that GPU loses ``weight`` x r / 1000 levels; a GPU left
+    exactly full, or with room for a common share, pays nothing. So a share prefers to
+    finish a GPU, or to leave it usable, and of two dead slivers the smaller (on the
+    openb traces an 810-milli share takes a GPU with a small share on it, leaving ~10-90
+    milli, rather than a fully free one, leaving 190, when FGD's level is close). Only
+    the share's own GPU is charged, one subtraction per GPU.
+
+    On where whole-GPU pods ask at least ``SLIVER_GATE`` of the GPU demand (w of
+    :func:`whole_gpu_share`) and the score has levels. Measured on the openb traces
+    (bench/README.md, "Packing quality", seeds 42-44): 200 levels per GPU gains
+    0.11-0.14 on cpu050-200 and default, ~0.1 on gpuspec, 0.01-0.05 on multigpu; 50 and
+    100 levels gain less, 400 as much, 800 loses ~2 points (the price then outweighs
+    every FGD level step); a flat price per dead sliver gains less; s_min at 0.5% or 2%
+    frequency gains nothing. On the share-heavy traces (gpushare, w <= 0.57) it lost
+    0.5-2 points, hence the gate; on the cpu-bound one (no levels) it is off.
+    """
+
+    active: bool
+    smallest: int = 0
+    weight: float = SLIVER_WEIGHT
+
+    @staticmethod
+    def of(shapes: TypicalShapes, weights: GpupackWeights) -> SliverRule:
+        by_size: dict[int, float] = {}
+        for k, p in zip(shapes.keys, shapes.freq, strict=True):
+            if 0 < k.gpu_milli < GPU_MILLI and k.num_gpu == 1:
+                by_size[k.gpu_milli] = by_size.get(k.gpu_milli, 0.0) + float(p)
+        common = [m for m, p in by_size.items() if p >= SLIVER_MIN_FREQ]
+        if (not common or weights.levels is None
+                or whole_gpu_share(shapes) < SLIVER_GATE):
+            return SliverRule(active=False)
+        return SliverRule(active=True, smallest=min(common))
+
+    def applies(self, req: MilliRequest) -> bool:
+        return self.active and req.shared
+
+    def penalty_of(self, free: IntArray, req: MilliRequest) -> FloatArray:
+        """``[n, G]``: ``weight`` x r / 1000 where 0 < r = free - milli < ``smallest``,
+        else 0."""
+        left = free - req.milli
+        dead = (left > 0) & (left < self.smallest)
+        return np.asarray(np.where(dead, self.weight * left / GPU_MILLI, 0.0),
+                          dtype=np.float64)
+
+
 def placement_score(delta: FloatArray, loss: FloatArray, weights: GpupackWeights) -> FloatArray:
     """The score of the module docstring; INFEASIBLE where ``delta`` is +inf (no fit)."""
     fits = np.isfinite(delta)
@@ -455,14 +522,14 @@ class NodeArrays:
 
 def ranks(nodes: NodeArrays, req: MilliRequest, shapes: TypicalShapes, cap: CapacityModel,
           weights: GpupackWeights, fresh: FreshGpuRule | None = None,
-          keep: KeepCoresRule | None = None, deficit: CoreDeficitRule | None = None
-          ) -> FloatArray:
+          keep: KeepCoresRule | None = None, deficit: CoreDeficitRule | None = None,
+          sliver: SliverRule | None = None) -> FloatArray:
     """Rank values (higher better) of placing ``req`` on each node: ``[n]`` for
     whole-GPU and CPU-only requests (they take the first fully free GPUs, or none),
     ``[n, G]`` for a share (one per GPU). INFEASIBLE where the request does not fit.
     ``fresh``, ``keep``: the workload's :class:`FreshGpuRule` and :class:`KeepCoresRule`
-    (their terms come first); ``deficit``: its :class:`CoreDeficitRule` (a price in
-    levels, inside the score)."""
+    (their terms come first); ``deficit``, ``sliver``: its :class:`CoreDeficitRule`
+    and :class:`SliverRule` (prices in levels, inside the score)."""
     delta = fragment_delta(nodes.stats, nodes.free, nodes.cpu, nodes.mem, nodes.model, req,
                            shapes)
     loss = cap.loss(nodes.free, nodes.cpu, cap.weights(nodes.model), req)
@@ -473,6 +540,8 @@ def ranks(nodes: NodeArrays, req: MilliRequest, shapes: TypicalShapes, cap: Capa
         score = score + keep.bonus_of(nodes.free, nodes.cpu, req)
     if not req.shared:
         return rank_value(score)
+    if sliver is not None and sliver.applies(req):
+        score = score - sliver.penalty_of(nodes.free, req)
     if fresh is not None and fresh.applies(req):
         score = score + fresh.bonus_of(nodes.free, nodes.cpu, req)
     return rank_value(score, nodes.free - req.milli)
@@ -480,11 +549,11 @@ def ranks(nodes: NodeArrays, req: MilliRequest, shapes: TypicalShapes, cap: Capa
 
 def best_on_nodes(nodes: NodeArrays, req: MilliRequest, shapes: TypicalShapes, cap: CapacityModel,
              weights: GpupackWeights, fresh: FreshGpuRule | None = None,
-             keep: KeepCoresRule | None = None, deficit: CoreDeficitRule | None = None
-             ) -> tuple[FloatArray, IntArray]:
+             keep: KeepCoresRule | None = None, deficit: CoreDeficitRule | None = None,
+             sliver: SliverRule | None = None) -> tuple[FloatArray, IntArray]:
     """Each node's best rank value and the GPU a share takes there (the first on ties;
     -1 for whole-GPU and CPU-only requests)."""
-    r = ranks(nodes, req, shapes, cap, weights, fresh, keep, deficit)
+    r = ranks(nodes, req, shapes, cap, weights, fresh, keep, deficit, sliver)
     if not req.shared:
         return r, np.full(len(nodes.cpu), -1, dtype=np.int64)
     gpu = np.asarray(r.argmax(axis=1), dtype=np.int64)
