@@ -1,10 +1,10 @@
 """The sliver price of gpupack's score (packing.policies.lookahead.SliverRule).
 
 Table-driven: the price a share pays on each GPU for the dead sliver it leaves there
-(0 < free - milli < the smallest common share), when a workload turns the rule on (whole-GPU
-pods' share of the GPU demand against SLIVER_GATE, a level in the score, a common share
-size), and that the price moves a share's choice of GPU inside a node the way the rule
-says: finish a GPU, or leave it usable, or leave the smaller dead sliver.
+(0 < free - milli < the smallest common share), when a workload turns the rule on
+(whole-GPU pods' share of the GPU demand between SLIVER_GATE and SLIVER_GATE_HIGH, a
+level in the score, a common share size), and that the price moves a share's choice of
+GPU inside a node the way the rule says: finish a GPU, or leave it usable, or leave the smaller dead sliver.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from packing.fragmentation import (
 )
 from packing.policies.lookahead import (
     SLIVER_GATE,
+    SLIVER_GATE_HIGH,
     SLIVER_MIN_FREQ,
     SLIVER_WEIGHT,
     CapacityModel,
@@ -94,14 +95,18 @@ def test_rule_of_the_workload(shapes: TypicalShapes, weights: GpupackWeights,
     assert rule.smallest == smallest
 
 
-@pytest.mark.parametrize("gap", [-0.01, 0.01])
-def test_gate_on_the_whole_gpu_share(gap: float) -> None:
+@pytest.mark.parametrize(("w", "active"), [
+    (SLIVER_GATE - 0.01, False),
+    (SLIVER_GATE + 0.01, True),
+    (SLIVER_GATE_HIGH - 0.01, True),
+    (SLIVER_GATE_HIGH + 0.01, False),
+])
+def test_gates_on_the_whole_gpu_share(w: float, active: bool) -> None:
     # whole-GPU pods (1000) and 500-milli shares: w = p / (p + (1 - p) / 2)
-    w = SLIVER_GATE + gap
     p = w / (2.0 - w)
     shapes = _mix(p, {500: 1.0 - p})
     assert whole_gpu_share(shapes) == pytest.approx(w)
-    assert SliverRule.of(shapes, GpupackWeights()).active is (gap > 0)
+    assert SliverRule.of(shapes, GpupackWeights()).active is active
     assert 1.0 - p > SLIVER_MIN_FREQ
 
 
