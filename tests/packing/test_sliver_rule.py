@@ -4,7 +4,8 @@ Table-driven: the price a share pays on each GPU for the dead sliver it leaves t
 (0 < free - milli < the smallest common share), when a workload turns the rule on
 (whole-GPU pods' share of the GPU demand between SLIVER_GATE and SLIVER_GATE_HIGH, a
 level in the score, a common share size), and that the price moves a share's choice of
-GPU inside a node the way the rule says: finish a GPU, or leave it usable, or leave the smaller dead sliver.
+GPU inside a node the way the rule says: finish a GPU, or leave it usable, or leave the
+smaller dead sliver.
 """
 
 from __future__ import annotations
