@@ -179,10 +179,11 @@ def test_gpupack_score_is_fgd_level_minus_weighted_cost(
     state.place(2, 16000, 0, 2, 1000, (0, 1))
     state.place(3, 90000, 0, 0, 0, ())
     # The formula alone: the workload's lexicographic rules (FreshGpuRule, KeepCoresRule),
-    # its core-deficit price and its cpu-bound weights (tests/packing/
-    # test_fresh_gpu_rule.py, test_core_deficit_rule.py) are off here.
+    # its core-deficit and sliver prices and its cpu-bound weights (tests/packing/
+    # test_fresh_gpu_rule.py, test_core_deficit_rule.py, test_sliver_rule.py) are off here.
     policy = ProductPolicy(GpupackWeights(levels, weight, fgd_weight), fresh_gpus=False,
-                           keep_cores=False, core_deficit=False, cpu_bound_cost=False)
+                           keep_cores=False, core_deficit=False, cpu_bound_cost=False,
+                           slivers=False)
     policy.reset(state, sh, sh)
     fs, cap = FragmentationState(state, sh), CapacityModel(sh)
     for q, (cpu, mem, k, milli, _) in enumerate(pods.requests):

@@ -49,6 +49,7 @@ from packing.policies.lookahead import (
     GpupackWeights,
     KeepCoresRule,
     NodeArrays,
+    SliverRule,
     keeps_whole_nodes,
     node_free_after,
     opens_whole_node,
@@ -193,6 +194,7 @@ class GpupackScorer:
         # core-deficit price.
         self.weights = workload_weights(self.shapes, weights)
         self.deficit = CoreDeficitRule.of(self.shapes, self.weights)
+        self.sliver = SliverRule.of(self.shapes, self.weights)
         # MilliRequest.model_ok: the score never reads it (the verbs filter by model).
         self._any_model = np.ones(len(self._model_id), dtype=bool)
         # Per node name, its latest state only: (version, arrays, rank values by request,
@@ -248,7 +250,7 @@ class GpupackScorer:
         found = evals.get(key)
         if found is None:
             found = ranks(arrays, req, self.shapes, self.cap, self.weights, self.fresh,
-                          self.keep, self.deficit)[0]
+                          self.keep, self.deficit, self.sliver)[0]
             if len(evals) >= EVALS_PER_NODE:
                 evals.clear()
             evals[key] = found

@@ -30,12 +30,14 @@ outweigh a level: at 0.003 a placement one level worse in fragment wins only if 
 counts half (``fgd_weight`` 0.5). ``levels=None`` drops the level: score = -(loss +
 fgd_weight * dF), the continuous cost alone.
 
-The workload sets three more terms (each measured on the openb traces, bench/README.md,
+The workload sets four more terms (each measured on the openb traces, bench/README.md,
 "Packing quality"): on a cpu-bound workload (CPU-only pods ask more than
 ``CPU_BOUND_GATE`` times the cores of the GPU pods) the score has no level
 (:func:`workload_weights`); elsewhere a GPU pod's score loses ``CORE_DEFICIT_WEIGHT``
-levels per GPU of free capacity it leaves without cores (:class:`CoreDeficitRule`); and
-two lexicographic rules come before everything (:class:`FreshGpuRule` for shares,
+levels per GPU of free capacity it leaves without cores (:class:`CoreDeficitRule`), and,
+where whole-GPU pods ask most of the GPU demand, a share's score loses ``SLIVER_WEIGHT``
+levels per GPU of dead sliver it leaves on its GPU (:class:`SliverRule`); and two
+lexicographic rules come before everything (:class:`FreshGpuRule` for shares,
 :class:`KeepCoresRule` for CPU-only pods).
 
 Ties: :func:`rank_value` rounds the score to 1e-6 and then prefers the GPU left with the
@@ -210,13 +212,9 @@ class FreshGpuRule:
         half a GPU, the gate on whole-GPU pods' share w of the GPU demand, and ``cores``
         = FRESH_GPU_CORES (1 + 4 w^2) x the workload's cpu per GPU of demand (GPU shapes
         only)."""
-        gpu = np.array([k.num_gpu > 0 for k in shapes.keys], dtype=bool)
-        if not gpu.any():
+        if not any(k.num_gpu > 0 for k in shapes.keys):
             return FreshGpuRule(active=False)
-        demand = np.array([k.num_gpu * k.gpu_milli for k in shapes.keys], dtype=np.float64)
-        weight = shapes.freq * demand
-        whole = np.array([k.gpu_milli >= GPU_MILLI for k in shapes.keys], dtype=bool)
-        whole_share = float(weight[whole].sum() / max(weight[gpu].sum(), 1e-12))
+        whole_share = whole_gpu_share(shapes)
         by_size: dict[int, float] = {}
         for k, p in zip(shapes.keys, shapes.freq, strict=True):
             if GPU_MILLI // 2 < k.gpu_milli < GPU_MILLI and k.num_gpu == 1:
@@ -239,6 +237,16 @@ class FreshGpuRule:
         left_whole = np.maximum(fresh.sum(axis=-1) - 1, 0)
         keeps = (cpu - req.cpu) >= self.cores * left_whole
         return np.asarray(np.where(fresh & keeps[:, None], self.bonus, 0.0), dtype=np.float64)
+
+
+def whole_gpu_share(shapes: TypicalShapes) -> float:
+    """w, the whole-GPU pods' share of the workload's GPU demand:
+    sum_{s whole} p_s d_s / sum_{s GPU} p_s d_s (0 without GPU shapes)."""
+    demand = np.array([k.num_gpu * k.gpu_milli for k in shapes.keys], dtype=np.float64)
+    weight = shapes.freq * demand
+    whole = np.array([k.gpu_milli >= GPU_MILLI for k in shapes.keys], dtype=bool)
+    total = float(weight.sum())
+    return float(weight[whole].sum()) / total if total > 0 else 0.0
 
 
 def cores_per_gpu(shapes: TypicalShapes) -> float:
@@ -376,6 +384,74 @@ class CoreDeficitRule:
         return np.asarray(self.weight * (after - before[:, None]), dtype=np.float64)
 
 
+# The sliver price (SliverRule): on where whole-GPU pods ask at least SLIVER_GATE and
+# less than SLIVER_GATE_HIGH of the workload's GPU demand; a share size counts as common
+# from SLIVER_MIN_FREQ; the price in levels per GPU (1000 milli) of dead sliver a share
+# leaves.
+SLIVER_GATE = 0.6
+SLIVER_GATE_HIGH = 0.83
+SLIVER_MIN_FREQ = 0.01
+SLIVER_WEIGHT = 200.0
+
+
+@dataclass(frozen=True)
+class SliverRule:
+    """A price, in FGD levels, for the dead sliver a share leaves on its GPU.
+
+    With s_min the smallest share size of at least ``SLIVER_MIN_FREQ`` of the
+    workload's pods (one-GPU shares, typical shapes) and r = f_g - milli the compute a
+    share leaves on the GPU it takes, the sliver is dead when 0 < r < s_min: no common
+    share fits it any more, and under the openb protocol only the rare small shares ever
+    will. The share's score on that GPU loses ``weight`` x r / 1000 levels; a GPU left
+    exactly full, or with room for a common share, pays nothing. So a share prefers to
+    finish a GPU, or to leave it usable, and of two dead slivers the smaller (on the
+    openb traces an 810-milli share takes a GPU with a small share on it, leaving ~10-90
+    milli, rather than a fully free one, leaving 190, when FGD's level is close). Only
+    the share's own GPU is charged, one subtraction per GPU.
+
+    On where whole-GPU pods ask at least ``SLIVER_GATE`` and less than
+    ``SLIVER_GATE_HIGH`` of the GPU demand (w of :func:`whole_gpu_share`) and the score
+    has levels. Measured on the openb traces (bench/README.md, "Packing quality"):
+    seeds 42-44, 200 levels per GPU gained 0.11-0.14 on cpu050-200 and default, ~0.1 on
+    gpuspec, 0.01-0.05 on multigpu; 50 and 100 levels less, 400 as much, 800 lost ~2
+    points (the price then outweighs the FGD level's steps); a flat price per dead sliver
+    less; s_min at 0.5% or 2% frequency nothing. On the share-heavy traces (gpushare, w
+    <= 0.57) it lost 0.5-2 points, hence the lower gate; on the cpu-bound one (no levels)
+    it is off. 10 seeds: +0.09 to +0.13 on cpu050-200, default and gpuspec (w ~0.7),
+    +0.01 to +0.04 on multigpu20-40 (w 0.74-0.81), -0.035 (s.e. 0.030) on multigpu50 (w
+    0.85), hence the upper gate: it rests on that one trace, where few shares are left
+    for the price to steer, and that loss may be noise.
+    """
+
+    active: bool
+    smallest: int = 0
+    weight: float = SLIVER_WEIGHT
+
+    @staticmethod
+    def of(shapes: TypicalShapes, weights: GpupackWeights) -> SliverRule:
+        by_size: dict[int, float] = {}
+        for k, p in zip(shapes.keys, shapes.freq, strict=True):
+            if 0 < k.gpu_milli < GPU_MILLI and k.num_gpu == 1:
+                by_size[k.gpu_milli] = by_size.get(k.gpu_milli, 0.0) + float(p)
+        common = [m for m, p in by_size.items() if p >= SLIVER_MIN_FREQ]
+        w = whole_gpu_share(shapes)
+        if (not common or weights.levels is None
+                or not SLIVER_GATE <= w < SLIVER_GATE_HIGH):
+            return SliverRule(active=False)
+        return SliverRule(active=True, smallest=min(common))
+
+    def applies(self, req: MilliRequest) -> bool:
+        return self.active and req.shared
+
+    def penalty_of(self, free: IntArray, req: MilliRequest) -> FloatArray:
+        """``[n, G]``: ``weight`` x r / 1000 where 0 < r = free - milli < ``smallest``,
+        else 0."""
+        left = free - req.milli
+        dead = (left > 0) & (left < self.smallest)
+        return np.asarray(np.where(dead, self.weight * left / GPU_MILLI, 0.0),
+                          dtype=np.float64)
+
+
 def placement_score(delta: FloatArray, loss: FloatArray, weights: GpupackWeights) -> FloatArray:
     """The score of the module docstring; INFEASIBLE where ``delta`` is +inf (no fit)."""
     fits = np.isfinite(delta)
@@ -455,14 +531,14 @@ class NodeArrays:
 
 def ranks(nodes: NodeArrays, req: MilliRequest, shapes: TypicalShapes, cap: CapacityModel,
           weights: GpupackWeights, fresh: FreshGpuRule | None = None,
-          keep: KeepCoresRule | None = None, deficit: CoreDeficitRule | None = None
-          ) -> FloatArray:
+          keep: KeepCoresRule | None = None, deficit: CoreDeficitRule | None = None,
+          sliver: SliverRule | None = None) -> FloatArray:
     """Rank values (higher better) of placing ``req`` on each node: ``[n]`` for
     whole-GPU and CPU-only requests (they take the first fully free GPUs, or none),
     ``[n, G]`` for a share (one per GPU). INFEASIBLE where the request does not fit.
     ``fresh``, ``keep``: the workload's :class:`FreshGpuRule` and :class:`KeepCoresRule`
-    (their terms come first); ``deficit``: its :class:`CoreDeficitRule` (a price in
-    levels, inside the score)."""
+    (their terms come first); ``deficit``, ``sliver``: its :class:`CoreDeficitRule`
+    and :class:`SliverRule` (prices in levels, inside the score)."""
     delta = fragment_delta(nodes.stats, nodes.free, nodes.cpu, nodes.mem, nodes.model, req,
                            shapes)
     loss = cap.loss(nodes.free, nodes.cpu, cap.weights(nodes.model), req)
@@ -473,6 +549,8 @@ def ranks(nodes: NodeArrays, req: MilliRequest, shapes: TypicalShapes, cap: Capa
         score = score + keep.bonus_of(nodes.free, nodes.cpu, req)
     if not req.shared:
         return rank_value(score)
+    if sliver is not None and sliver.applies(req):
+        score = score - sliver.penalty_of(nodes.free, req)
     if fresh is not None and fresh.applies(req):
         score = score + fresh.bonus_of(nodes.free, nodes.cpu, req)
     return rank_value(score, nodes.free - req.milli)
@@ -480,11 +558,11 @@ def ranks(nodes: NodeArrays, req: MilliRequest, shapes: TypicalShapes, cap: Capa
 
 def best_on_nodes(nodes: NodeArrays, req: MilliRequest, shapes: TypicalShapes, cap: CapacityModel,
              weights: GpupackWeights, fresh: FreshGpuRule | None = None,
-             keep: KeepCoresRule | None = None, deficit: CoreDeficitRule | None = None
-             ) -> tuple[FloatArray, IntArray]:
+             keep: KeepCoresRule | None = None, deficit: CoreDeficitRule | None = None,
+             sliver: SliverRule | None = None) -> tuple[FloatArray, IntArray]:
     """Each node's best rank value and the GPU a share takes there (the first on ties;
     -1 for whole-GPU and CPU-only requests)."""
-    r = ranks(nodes, req, shapes, cap, weights, fresh, keep, deficit)
+    r = ranks(nodes, req, shapes, cap, weights, fresh, keep, deficit, sliver)
     if not req.shared:
         return r, np.full(len(nodes.cpu), -1, dtype=np.int64)
     gpu = np.asarray(r.argmax(axis=1), dtype=np.int64)

@@ -34,6 +34,7 @@ from packing.policies.lookahead import (
     GpupackWeights,
     KeepCoresRule,
     NodeArrays,
+    SliverRule,
     best_on_nodes,
     fgd_level,
     node_free_after,
@@ -294,7 +295,7 @@ class ProductPolicy(FragmentAware):
     def __init__(self, weights: GpupackWeights | None = None, coverage_all: bool = False,
                  keep_whole_nodes: bool = False, fresh_gpus: bool = True,
                  keep_cores: bool = True, core_deficit: bool = True,
-                 cpu_bound_cost: bool = True) -> None:
+                 cpu_bound_cost: bool = True, slivers: bool = True) -> None:
         self.weights = weights or GpupackWeights()
         # The workload's CoreDeficitRule, and its weights without the FGD level where it
         # is cpu-bound (workload_weights), as the extender's scorer applies them (False:
@@ -304,8 +305,9 @@ class ProductPolicy(FragmentAware):
         # The workload's FreshGpuRule, as the extender's scorer applies it (False: the
         # policy before issue 38, for comparison).
         self.fresh_gpus = fresh_gpus
-        # Its KeepCoresRule likewise (False: the policy before it).
+        # Its KeepCoresRule and SliverRule likewise (False: the policy before them).
         self.keep_cores = keep_cores
+        self.slivers = slivers
         self.coverage_all = coverage_all
         # The extender keeps whole nodes only on clusters that run LLM groups
         # (packing.policies.lookahead.keeps_whole_nodes: group pods, NVLink cliques or the
@@ -330,10 +332,12 @@ class ProductPolicy(FragmentAware):
                             else self.weights)
         self.deficit = (CoreDeficitRule.of(shapes, self.run_weights) if self.core_deficit
                         else None)
+        self.sliver = SliverRule.of(shapes, self.run_weights) if self.slivers else None
 
     def evaluate(self, idx: IntArray, req: MilliRequest) -> tuple[FloatArray, IntArray]:
         score, gpu = best_on_nodes(self.fs.arrays(idx), req, self.shapes, self.cap,
-                                   self.run_weights, self.fresh, self.keep, self.deficit)
+                                   self.run_weights, self.fresh, self.keep, self.deficit,
+                                   self.sliver)
         if not self.keep_whole_nodes:
             return score, gpu
         # The extender's first term: a whole node is broken only where no node in use
