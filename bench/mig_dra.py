@@ -495,6 +495,7 @@ class DraGpupackCompact(DraGpupack):
         self.drain_results: Counter[str] = Counter()
         self.moves: list[tuple[float, base.Pod]] = []
         self.fenced: set[tuple[str, int]] = set()
+        self.steered: set[tuple[str, int, str]] = set()
         self.holder_pod: dict[str, base.Pod] = {}
         self.moved_in_window = 0
         self._seen: object = None
@@ -536,10 +537,10 @@ class DraGpupackCompact(DraGpupack):
                           frozenset(), tuple(self.evicted_at), dict(self.cooldown))
         d = decide_compaction(cs, self.now, self.args.compact)
         base.keep_drains(self, d)
-        self.fence(set(d.fences))
+        lifted = self.fence(set(d.fences), set(d.steer))
         for dr, key in d.evict:
             self.evict(self.drains[dr.gpu_key], key)
-        if d.evict or d.ends:
+        if d.evict or d.ends or lifted:
             self.schedule()
 
     def tenants(self) -> dict[str, Tenant]:
@@ -560,24 +561,37 @@ class DraGpupackCompact(DraGpupack):
                 self.holder_pod[req.key] = pod
         return tenants
 
-    def fence(self, wanted: set[tuple[str, int]]) -> None:
-        """The DeviceTaintRules of the fenced GPUs: one per device, NoSchedule."""
-        if wanted == self.fenced:
-            return
-        touched = {n for n, _ in wanted ^ self.fenced}
-        self.fenced = wanted
+    def fence(self, wanted: set[tuple[str, int]], steer: set[tuple[str, int, str]]) -> bool:
+        """The DeviceTaintRules, one per device, NoSchedule: every device of the fenced
+        (drained) GPUs, and the devices of each steered (node, GPU, profile): a MIG
+        profile of an idle GPU kept off while a GPU in MIG mode on its node has room
+        (``scheduler.mig.compact.steer``). True when a fence was lifted (a pending pod
+        may fit now: kube-scheduler retries on the ResourceSlice change)."""
+        if wanted == self.fenced and steer == self.steered:
+            return False
+        touched = ({n for n, _ in wanted ^ self.fenced}
+                   | {n for n, _, _ in steer ^ self.steered})
+        lifted = bool(self.fenced - wanted or self.steered - steer)
+        self.fenced, self.steered = wanted, steer
+        by_node: dict[str, set[tuple[int, str | None]]] = {}
+        for name, index in wanted:
+            by_node.setdefault(name, set()).add((index, None))
+        for name, index, profile in steer:
+            by_node.setdefault(name, set()).add((index, profile))
         self.rules = []
-        for name, index in sorted(wanted):
+        for name, picks in sorted(by_node.items()):
             inv = self.inventories[name]
             assert inv is not None
             for d in sorted(inv.devices.values(), key=lambda d: d.id):
-                if d.gpu == index:
+                if (d.gpu, None) in picks or (d.profile is not None
+                                              and (d.gpu, d.profile) in picks):
                     driver, pool, device = d.id.split("/", 2)
                     self.rules.append(DeviceTaintRule(
                         f"gpupack-drain-{name}-{device}", Taint(DRAIN_TAINT, "", "NoSchedule"),
                         driver, pool, device))
         for name in touched:
             self.rebuild(name)
+        return lifted
 
     def evict(self, dr: Drain, holder: str) -> None:
         self.drains[dr.gpu_key] = replace(dr, evicted=dr.evicted | {holder})
