@@ -77,6 +77,7 @@ from typing import Any
 
 import mig as base  # bench/mig.py (this directory is on sys.path when it runs us)
 
+from gpupack.compact_flags import compact_settings
 from packing.dra import nvidia
 from packing.dra.allocator import AllocatedState, Prediction, Verdict, predict
 from packing.dra.inventory import (
@@ -660,7 +661,7 @@ def run(ns: Any) -> dict[str, object]:
                      reconfig_delay=ns.reconfig_delay, create_delay=ns.create_delay,
                      tick=ns.tick, scorer_refresh=ns.scorer_refresh,
                      evict_grace=ns.evict_grace,
-                     compact=base.compact_settings(ns),
+                     compact=compact_settings(ns, "--compact-"),
                      params=replace(base.DEFAULT_PARAMS, max_time_s=ns.solver_time,
                                     seed=ns.seed))
     dra = DraArgs(create_delay=ns.create_delay, destroy_delay=ns.destroy_delay,

@@ -310,7 +310,12 @@ def decide_compaction(state: CompactState, now: float,
         for t in state.tenants.values():
             by_gpu[t.node, t.gpu].append(t)
         excess = _excess(state.nodes, by_gpu)
-        room = DynamicRoom(state.nodes, state.changing, draining, state.pending)
+        # The allocator skips the MIG devices steering fences (``steer.py``): a moved
+        # pod's first fit is then a GPU in MIG mode where an idle GPU comes first.
+        steered = steer_fences([n for n in state.nodes if _eligible(n, state.changing)],
+                               draining, s.dynamic_steer_margin)
+        room = DynamicRoom(state.nodes, state.changing, draining, state.pending,
+                           frozenset(steered))
         in_use = _profiles_in_use(state.tenants.values(), gpus)
         for cand in _candidates(state, by_gpu, now, s, cooldown, draining, busy_models):
             node, g, pods = cand
@@ -364,10 +369,12 @@ class DynamicRoom:
 
     Only memory slices, compute and the layout rules are counted (the engines the driver
     also counts follow the profile for the profiles of a 7/8-slice part), so this is the
-    allocator's choice for GPUs without device taints."""
+    allocator's choice for GPUs without device taints but those of drains and of
+    ``steered`` (node, GPU, profile): steering's fences (``steer.py``), skipped."""
 
     def __init__(self, nodes: Sequence[NodeView], changing: frozenset[str],
-                 fenced: set[GpuKey], pending: Sequence[MigPod]) -> None:
+                 fenced: set[GpuKey], pending: Sequence[MigPod],
+                 steered: frozenset[Steer] = frozenset()) -> None:
         self._base: dict[str, list[tuple[int, str, tuple[MigSlot, ...], bool]]] = {}
         for n in nodes:
             if n.unschedulable or n.tainted or n.name in changing:
@@ -381,6 +388,7 @@ class DynamicRoom:
         self._fenced = set(fenced)
         self._taken: list[tuple[str, int, MigSlot]] = []  # moved pods of earlier drains
         self._pending = tuple(pending)
+        self._steered = steered
 
     def _rows(self, source: GpuKey) -> dict[str, list[tuple[int, str, list[MigSlot], bool]]]:
         out = {}
@@ -394,13 +402,12 @@ class DynamicRoom:
             out[n] = kept
         return out
 
-    @staticmethod
-    def _place(rows: dict[str, list[tuple[int, str, list[MigSlot], bool]]],
+    def _place(self, rows: dict[str, list[tuple[int, str, list[MigSlot], bool]]],
                models: frozenset[str], profile: str) -> tuple[str, int, MigSlot] | None:
         best: tuple[tuple[int, str], str, int, list[MigSlot], MigSlot] | None = None
         for node, gpus in rows.items():
             for index, model, layout, used in gpus:
-                if models and model not in models:
+                if (models and model not in models) or (node, index, profile) in self._steered:
                     continue
                 geom = get_model(model).mig
                 if geom is None or not geom.has_profile(profile):
