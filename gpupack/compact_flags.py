@@ -93,7 +93,7 @@ def compact_flag_error(ns: Any, prefix: str) -> str | None:
             continue
         value = getattr(ns, _dest(prefix, f))
         if value < f.least:
-            return (f"{prefix}{f.name} {value:g}: must be "
+            return (f"{prefix}{f.name} {value}: must be "
                     + (f"at least {f.least:g}" if f.least else "0 or positive"))
     return None
 
