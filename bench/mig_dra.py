@@ -479,10 +479,13 @@ class DraGpupackCompact(DraGpupack):
     settings) over the nodes as the actuator's view shows them (``gpu_view``, the DRA
     inventory's partitionable GPUs marked DynamicMIG), applied as the handler applies
     it: each fenced GPU's devices tainted NoSchedule by DeviceTaintRules (the allocator
-    and gpupack's prediction skip them) until its drain ends; evictions accepted (no
-    PodDisruptionBudget here), the evicted pod gone ``--evict-grace`` s later (its
-    instance then destroyed), its replacement pending from the eviction with the rest of
-    its run time, placed like any pod."""
+    and gpupack's prediction skip them) until its drain ends, and the decision's steered
+    (node, GPU, profile) likewise (``scheduler.mig.compact.steer``: the MIG devices of an
+    idle GPU while a GPU in MIG mode on its node has room; pending pods are tried again
+    when a fence lifts, as kube-scheduler does on the ResourceSlice change); evictions
+    accepted (no PodDisruptionBudget here), the evicted pod gone ``--evict-grace`` s
+    later (its instance then destroyed), its replacement pending from the eviction with
+    the rest of its run time, placed like any pod."""
 
     name = "gpupack-compact"
 

@@ -19,19 +19,12 @@ pods a controller recreates, so nothing here is evicted.
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import dra_workload as W
 from cluster import pending_report, wait_for
 from conftest import Space
-from controlplane import claim_controller
-from dra_driver_double import DraDriverDouble
-from kubelet_double import workloads
-from kubernetes import client
-from test_e2e_dra_compact import _fences, _gpu_of_pods
-
-from packing.dra import nvidia
+from test_e2e_dra_compact import _fences, _gpu_of_pods, dynamic_mig_node
 
 
 def _submit(core: Any, ns: str, pool: str, names: list[str]) -> None:
@@ -47,58 +40,39 @@ def _fenced(admin: Any) -> set[str]:
 
 def test_an_idle_gpu_is_steered_off_while_a_gpu_in_mig_mode_has_room(
         space: Space, core: Any, admin: Any, kcm: None, stack: Any) -> None:
-    ns, pool = space.namespace(), space.name
-    node = W.DraNode(f"{pool}-steer", {W.POOL: pool, "gpupack.io/mig-reconfigure": "true"},
-                     tuple(nvidia.GpuSpec(g, "H100-80GB") for g in range(2)),
-                     layout=nvidia.Layout.SPLIT)
-    double = DraDriverDouble(admin)
-    stop = threading.Event()
-    server = threading.Thread(target=double.serve, args=(stop,), daemon=True)
-    objects = client.CustomObjectsApi(admin)
-    try:
-        with claim_controller(stack), workloads(core, admin, ns):
-            space.nodes += W.publish(admin, [node], double)
-            server.start()
-            objects.create_namespaced_custom_object(
-                W.GROUP, W.VERSION, ns, "resourceclaimtemplates",
-                {"apiVersion": f"{W.GROUP}/{W.VERSION}", "kind": "ResourceClaimTemplate",
-                 "metadata": {"name": "mig-1g"}, "spec": {"spec": W.MIG_1G}})
-            # Seven pods fill GPU 0 (the allocator's first fit), an eighth opens GPU 1;
-            # the seven end, so GPU 0 leaves MIG mode (Hopper) and is idle.
-            fill = [f"fill-{i}" for i in range(7)]
-            _submit(core, ns, pool, fill)
-            try:
-                wait_for(lambda: len(_gpu_of_pods(admin, ns)) == 7, 90, "7 fill pods")
-            except AssertionError:
-                raise AssertionError(pending_report(core, ns)) from None
-            _submit(core, ns, pool, ["lone"])
-            wait_for(lambda: "lone" in _gpu_of_pods(admin, ns), 60, "the lone pod")
-            assert _gpu_of_pods(admin, ns)["lone"] == "gpu-1"
-            for name in fill:
-                core.delete_namespaced_pod(name, ns, grace_period_seconds=0)
-            wait_for(lambda: not double.instances.get(node.name, {}).get(0), 60,
-                     "GPU 0's instances destroyed")
-            # GPU 1 has room: GPU 0's MIG devices of those profiles are fenced.
-            steered = wait_for(lambda: _fenced(admin) if any(
-                d.startswith("gpu-0-mig-1g10gb-") for d in _fenced(admin)) else None,
-                30, "GPU 0's 1g.10gb devices fenced")
-            # Six pods fill GPU 1; a seventh finds GPU 1 full and GPU 0 fenced until the
-            # next step lifts the fences.
-            more = [f"asr-{i}" for i in range(7)]
-            _submit(core, ns, pool, more)
-            try:
-                wait_for(lambda: all(p in _gpu_of_pods(admin, ns) for p in more), 90,
-                         "the seven ASR pods allocated")
-            except AssertionError:
-                raise AssertionError(f"fences {sorted(_fenced(admin))}\n"
-                                     + pending_report(core, ns)) from None
-            on = _gpu_of_pods(admin, ns)
-            wait_for(lambda: _fenced(admin) == set(), 30, "the fences lifted")
-            errors = list(double.errors)
-    finally:
-        stop.set()
-        server.join(timeout=5)
-        W.cleanup(admin, [ns], [node.name])
+    with dynamic_mig_node(space, core, admin, stack, "steer") as (ns, pool, node, double):
+        # Seven pods fill GPU 0 (the allocator's first fit), an eighth opens GPU 1;
+        # the seven end, so GPU 0 leaves MIG mode (Hopper) and is idle.
+        fill = [f"fill-{i}" for i in range(7)]
+        _submit(core, ns, pool, fill)
+        try:
+            wait_for(lambda: len(_gpu_of_pods(admin, ns)) == 7, 90, "7 fill pods")
+        except AssertionError:
+            raise AssertionError(pending_report(core, ns)) from None
+        _submit(core, ns, pool, ["lone"])
+        wait_for(lambda: "lone" in _gpu_of_pods(admin, ns), 60, "the lone pod")
+        assert _gpu_of_pods(admin, ns)["lone"] == "gpu-1"
+        for name in fill:
+            core.delete_namespaced_pod(name, ns, grace_period_seconds=0)
+        wait_for(lambda: not double.instances.get(node.name, {}).get(0), 60,
+                 "GPU 0's instances destroyed")
+        # GPU 1 has room: GPU 0's MIG devices of those profiles are fenced.
+        steered = wait_for(lambda: _fenced(admin) if any(
+            d.startswith("gpu-0-mig-1g10gb-") for d in _fenced(admin)) else None,
+            30, "GPU 0's 1g.10gb devices fenced")
+        # Six pods fill GPU 1; a seventh finds GPU 1 full and GPU 0 fenced until the
+        # next step lifts the fences.
+        more = [f"asr-{i}" for i in range(7)]
+        _submit(core, ns, pool, more)
+        try:
+            wait_for(lambda: all(p in _gpu_of_pods(admin, ns) for p in more), 90,
+                     "the seven ASR pods allocated")
+        except AssertionError:
+            raise AssertionError(f"fences {sorted(_fenced(admin))}\n"
+                                 + pending_report(core, ns)) from None
+        on = _gpu_of_pods(admin, ns)
+        wait_for(lambda: _fenced(admin) == set(), 30, "the fences lifted")
+        errors = list(double.errors)
     # Only MIG devices of GPU 0: its whole device and GPU 1 left alone.
     assert steered and all(d.startswith("gpu-0-mig-") for d in steered), sorted(steered)
     assert "gpu-0" not in steered
