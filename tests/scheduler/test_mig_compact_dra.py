@@ -50,10 +50,12 @@ def asr(name: str, gpu: int, start: int) -> tuple[dict[str, Any], dict[str, Any]
     return p, c
 
 
-def setup(fences: FakeFences | None) -> tuple[ClusterCache, MigActuator, FakeEvictor,
-                                               FakeApi]:
-    # GPU 0 holds one ASR pod's instance; GPU 1 four.
-    made = [asr("lone", 0, 0)] + [asr(f"p{i}", 1, i) for i in range(4)]
+def setup(fences: FakeFences | None, made: list[tuple[dict[str, Any], dict[str, Any]]]
+          | None = None) -> tuple[ClusterCache, MigActuator, FakeEvictor, FakeApi]:
+    """Node a of two H100s and the pods and claims ``made`` (default: GPU 0 holds one
+    ASR pod's instance; GPU 1 four)."""
+    if made is None:
+        made = [asr("lone", 0, 0)] + [asr(f"p{i}", 1, i) for i in range(4)]
     cache = ClusterCache("gpupack", mig_actuator=True)
     cache.replace([dra_node("a", labels={"gpupack.io/mig-reconfigure": "true"})],
                   [p for p, _ in made])
@@ -121,23 +123,8 @@ def test_fence_plan_and_rule() -> None:
 def steer_setup(on_gpu1: int) -> tuple[ClusterCache, MigActuator, FakeFences, FakeEvictor]:
     """GPU 0 idle, GPU 1 holding ``on_gpu1`` ASR instances (pods of a ReplicaSet, too
     many to drain: ``max_pods`` 2)."""
-    made = [asr(f"p{i}", 1, i) for i in range(on_gpu1)]
-    cache = ClusterCache("gpupack", mig_actuator=True)
-    cache.replace([dra_node("a", labels={"gpupack.io/mig-reconfigure": "true"})],
-                  [p for p, _ in made])
-    cache.replace_dra(SLICES, h100_slices("a", 2))
-    cache.replace_dra(CLASSES, nvidia.device_classes())
-    cache.replace_dra(CLAIMS, [c for _, c in made])
-    cache.mark_synced()
-    owners = PodOwners(cache)
-    owners.replace(None, [p for p, _ in made])
-    fences, evictor = FakeFences(), FakeEvictor()
-    compactor = Compactor(cache, owners, evictor, FakeEvents(), FakeApi(),
-                          settings=CompactSettings(min_pod_age_s=0, max_pods=2, min_excess=1),
-                          metrics=CompactMetrics(CollectorRegistry()), fences=fences)
-    act = MigActuator(cache, FakeApi(), is_leader=lambda: True, clock=FakeClock(),
-                      params=FAST, settings=MigSettings(config_propagation_s=0, settle_s=0),
-                      compactor=compactor)
+    fences = FakeFences()
+    cache, act, evictor, _ = setup(fences, [asr(f"p{i}", 1, i) for i in range(on_gpu1)])
     return cache, act, fences, evictor
 
 
