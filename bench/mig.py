@@ -119,6 +119,7 @@ from typing import Any, TypeVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from gpupack.compact_flags import add_compact_flags, compact_flag_error, compact_settings
 from packing.catalog import get_model
 from packing.cpsat import SolverParams
 from packing.mig.layout import (
@@ -1186,19 +1187,6 @@ def run_params(ns: Any, args: Args, period: float, arrivals: int,
                              "mean_min": c.mean_min} for c in CLASSES}}
 
 
-def compact_settings(ns: Any) -> CompactSettings:
-    """The ``--compact-*`` flags as compaction's settings (the extender's
-    ``--mig-compact-*``)."""
-    return CompactSettings(min_pod_age_s=ns.compact_min_age, max_pods=ns.compact_max_pods,
-                           evictions_per_hour=ns.compact_evictions_per_hour,
-                           min_excess=ns.compact_min_excess,
-                           dynamic_min_excess=ns.compact_dynamic_min_excess,
-                           dynamic_evictions_per_hour=ns.compact_dynamic_evictions_per_hour,
-                           kept_mode_max_pods=ns.compact_kept_mode_max_pods,
-                           kept_mode_min_pod_age_s=ns.compact_kept_mode_min_age,
-                           keep_room=ns.compact_keep_room)
-
-
 def run(ns: argparse.Namespace) -> dict[str, object]:
     nodes = make_nodes(ns.nodes, ns.gpus_per_node)
     period = ns.period_h or ns.hours
@@ -1207,7 +1195,7 @@ def run(ns: argparse.Namespace) -> dict[str, object]:
                 reconfig_delay=ns.reconfig_delay, create_delay=ns.create_delay, tick=ns.tick,
                 scorer_refresh=ns.scorer_refresh, evict_grace=ns.evict_grace,
                 config_propagation=ns.config_propagation,
-                compact=compact_settings(ns),
+                compact=compact_settings(ns, "--compact-"),
                 params=replace(DEFAULT_PARAMS, max_time_s=ns.solver_time, seed=ns.seed))
     whole = static_whole_gpus(nodes, ns.rate, ns.swing)
     results: dict[str, dict[str, object]] = {}
@@ -1325,27 +1313,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="seconds an evicted pod keeps its slice (gpupack-compact)")
     ap.add_argument("--solver-time", type=float, default=DEFAULT_PARAMS.max_time_s,
                     help="the planner's deterministic time limit (product default)")
-    d = DEFAULT_COMPACT
-    ap.add_argument("--compact-evictions-per-hour", type=int, default=d.evictions_per_hour,
-                    help="gpupack-compact: the extender's --mig-compact-evictions-per-hour")
-    ap.add_argument("--compact-min-age", type=float, default=d.min_pod_age_s,
-                    help="gpupack-compact: --mig-compact-min-age")
-    ap.add_argument("--compact-max-pods", type=int, default=d.max_pods,
-                    help="gpupack-compact: --mig-compact-max-pods")
-    ap.add_argument("--compact-min-excess", type=int, default=d.min_excess,
-                    help="gpupack-compact: --mig-compact-min-excess")
-    ap.add_argument("--compact-dynamic-min-excess", type=int, default=d.dynamic_min_excess,
-                    help="gpupack-compact: --mig-compact-dynamic-min-excess")
-    ap.add_argument("--compact-dynamic-evictions-per-hour", type=int,
-                    default=d.dynamic_evictions_per_hour,
-                    help="gpupack-compact: --mig-compact-dynamic-evictions-per-hour")
-    ap.add_argument("--compact-kept-mode-max-pods", type=int, default=d.kept_mode_max_pods,
-                    help="gpupack-compact: --mig-compact-kept-mode-max-pods")
-    ap.add_argument("--compact-kept-mode-min-age", type=float,
-                    default=d.kept_mode_min_pod_age_s,
-                    help="gpupack-compact: --mig-compact-kept-mode-min-age")
-    ap.add_argument("--compact-keep-room", action=argparse.BooleanOptionalAction,
-                    default=d.keep_room, help="gpupack-compact: --[no-]mig-compact-keep-room")
+    add_compact_flags(ap, "--compact-", "gpupack-compact (the extender's --mig-compact-*): ")
     ap.add_argument("--policies", default="",
                     help="comma-separated (default: static,static-default,first-fit,"
                          "gpupack,gpupack-compact; with --protocol dra-dynamic: "
@@ -1371,18 +1339,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.error("--nodes, --gpus-per-node, --hours and --rate must be positive")
     if ns.tick <= 0 or ns.solver_time <= 0 or ns.scorer_refresh <= 0:
         ap.error("--tick, --solver-time and --scorer-refresh must be positive")
-    if min(ns.compact_evictions_per_hour, ns.compact_max_pods, ns.compact_min_excess,
-           ns.compact_dynamic_min_excess, ns.compact_dynamic_evictions_per_hour,
-           ns.compact_kept_mode_max_pods) < 1:
-        ap.error("--compact-evictions-per-hour, --compact-max-pods, --compact-min-excess and "
-                 "the --compact-dynamic-* and --compact-kept-mode-max-pods counts must be at "
-                 "least 1")
-    if min(ns.reconfig_delay, ns.create_delay, ns.warmup_h, ns.compact_min_age,
-           ns.compact_kept_mode_min_age,
+    compact_error = compact_flag_error(ns, "--compact-")
+    if compact_error is not None:
+        ap.error(compact_error)
+    if min(ns.reconfig_delay, ns.create_delay, ns.warmup_h,
            ns.config_propagation, ns.destroy_delay, ns.mode_switch_delay) < 0:
         ap.error("--reconfig-delay, --create-delay, --destroy-delay, --mode-switch-delay, "
-                 "--warmup-h, --compact-min-age, --compact-kept-mode-min-age and "
-                 "--config-propagation must not be negative")
+                 "--warmup-h and --config-propagation must not be negative")
     out = run(ns) if dra is None else dra.run(ns)
     print(json.dumps(out, indent=2) if ns.format == "json" else table(out))
     pol = out["policies"]

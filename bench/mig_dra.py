@@ -77,6 +77,7 @@ from typing import Any
 
 import mig as base  # bench/mig.py (this directory is on sys.path when it runs us)
 
+from gpupack.compact_flags import compact_settings
 from packing.dra import nvidia
 from packing.dra.allocator import AllocatedState, Prediction, Verdict, predict
 from packing.dra.inventory import (
@@ -478,10 +479,13 @@ class DraGpupackCompact(DraGpupack):
     settings) over the nodes as the actuator's view shows them (``gpu_view``, the DRA
     inventory's partitionable GPUs marked DynamicMIG), applied as the handler applies
     it: each fenced GPU's devices tainted NoSchedule by DeviceTaintRules (the allocator
-    and gpupack's prediction skip them) until its drain ends; evictions accepted (no
-    PodDisruptionBudget here), the evicted pod gone ``--evict-grace`` s later (its
-    instance then destroyed), its replacement pending from the eviction with the rest of
-    its run time, placed like any pod."""
+    and gpupack's prediction skip them) until its drain ends, and the decision's steered
+    (node, GPU, profile) likewise (``scheduler.mig.compact.steer``: the MIG devices of an
+    idle GPU while a GPU in MIG mode on its node has room; pending pods are tried again
+    when a fence lifts, as kube-scheduler does on the ResourceSlice change); evictions
+    accepted (no PodDisruptionBudget here), the evicted pod gone ``--evict-grace`` s
+    later (its instance then destroyed), its replacement pending from the eviction with
+    the rest of its run time, placed like any pod."""
 
     name = "gpupack-compact"
 
@@ -495,6 +499,7 @@ class DraGpupackCompact(DraGpupack):
         self.drain_results: Counter[str] = Counter()
         self.moves: list[tuple[float, base.Pod]] = []
         self.fenced: set[tuple[str, int]] = set()
+        self.steered: set[tuple[str, int, str]] = set()
         self.holder_pod: dict[str, base.Pod] = {}
         self.moved_in_window = 0
         self._seen: object = None
@@ -536,10 +541,10 @@ class DraGpupackCompact(DraGpupack):
                           frozenset(), tuple(self.evicted_at), dict(self.cooldown))
         d = decide_compaction(cs, self.now, self.args.compact)
         base.keep_drains(self, d)
-        self.fence(set(d.fences))
+        lifted = self.fence(set(d.fences), set(d.steer))
         for dr, key in d.evict:
             self.evict(self.drains[dr.gpu_key], key)
-        if d.evict or d.ends:
+        if d.evict or d.ends or lifted:
             self.schedule()
 
     def tenants(self) -> dict[str, Tenant]:
@@ -560,24 +565,37 @@ class DraGpupackCompact(DraGpupack):
                 self.holder_pod[req.key] = pod
         return tenants
 
-    def fence(self, wanted: set[tuple[str, int]]) -> None:
-        """The DeviceTaintRules of the fenced GPUs: one per device, NoSchedule."""
-        if wanted == self.fenced:
-            return
-        touched = {n for n, _ in wanted ^ self.fenced}
-        self.fenced = wanted
+    def fence(self, wanted: set[tuple[str, int]], steer: set[tuple[str, int, str]]) -> bool:
+        """The DeviceTaintRules, one per device, NoSchedule: every device of the fenced
+        (drained) GPUs, and the devices of each steered (node, GPU, profile): a MIG
+        profile of an idle GPU kept off while a GPU in MIG mode on its node has room
+        (``scheduler.mig.compact.steer``). True when a fence was lifted (a pending pod
+        may fit now: kube-scheduler retries on the ResourceSlice change)."""
+        if wanted == self.fenced and steer == self.steered:
+            return False
+        touched = ({n for n, _ in wanted ^ self.fenced}
+                   | {n for n, _, _ in steer ^ self.steered})
+        lifted = bool(self.fenced - wanted or self.steered - steer)
+        self.fenced, self.steered = wanted, steer
+        by_node: dict[str, set[tuple[int, str | None]]] = {}
+        for name, index in wanted:
+            by_node.setdefault(name, set()).add((index, None))
+        for name, index, profile in steer:
+            by_node.setdefault(name, set()).add((index, profile))
         self.rules = []
-        for name, index in sorted(wanted):
+        for name, picks in sorted(by_node.items()):
             inv = self.inventories[name]
             assert inv is not None
             for d in sorted(inv.devices.values(), key=lambda d: d.id):
-                if d.gpu == index:
+                if (d.gpu, None) in picks or (d.profile is not None
+                                              and (d.gpu, d.profile) in picks):
                     driver, pool, device = d.id.split("/", 2)
                     self.rules.append(DeviceTaintRule(
                         f"gpupack-drain-{name}-{device}", Taint(DRAIN_TAINT, "", "NoSchedule"),
                         driver, pool, device))
         for name in touched:
             self.rebuild(name)
+        return lifted
 
     def evict(self, dr: Drain, holder: str) -> None:
         self.drains[dr.gpu_key] = replace(dr, evicted=dr.evicted | {holder})
@@ -646,7 +664,7 @@ def run(ns: Any) -> dict[str, object]:
                      reconfig_delay=ns.reconfig_delay, create_delay=ns.create_delay,
                      tick=ns.tick, scorer_refresh=ns.scorer_refresh,
                      evict_grace=ns.evict_grace,
-                     compact=base.compact_settings(ns),
+                     compact=compact_settings(ns, "--compact-"),
                      params=replace(base.DEFAULT_PARAMS, max_time_s=ns.solver_time,
                                     seed=ns.seed))
     dra = DraArgs(create_delay=ns.create_delay, destroy_delay=ns.destroy_delay,

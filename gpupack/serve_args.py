@@ -11,6 +11,7 @@ import os
 import socket
 from pathlib import Path
 
+from gpupack.compact_flags import add_compact_flags, compact_flag_error
 from gpupack.inputs import add_mig_actuator_argument
 from gpupack.inventory_expiry import (
     add_inventory_age_argument,
@@ -147,46 +148,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="MIG actuator: also empty MIG GPUs whose few pods fit in free slices "
                         "of GPUs in use, by evicting them (PodDisruptionBudgets honoured; "
                         "pods a controller recreates only; docs/mig.md)")
-    from scheduler.mig.compact.decide import DEFAULT_COMPACT as dc
-
-    p.add_argument("--mig-compact-evictions-per-hour", type=int,
-                   default=dc.evictions_per_hour,
-                   help="MIG compaction: accepted evictions in any hour (default "
-                        f"{dc.evictions_per_hour})")
-    p.add_argument("--mig-compact-min-age", type=float, default=dc.min_pod_age_s,
-                   help="MIG compaction: seconds a pod must have run on its slice before it "
-                        f"is moved (default {dc.min_pod_age_s:g})")
-    p.add_argument("--mig-compact-max-pods", type=int, default=dc.max_pods,
-                   help=f"MIG compaction: most pods evicted to empty one GPU (default "
-                        f"{dc.max_pods})")
-    p.add_argument("--mig-compact-min-excess", type=int, default=dc.min_excess,
-                   help="MIG compaction: act on a GPU model only while its MIG GPUs in use "
-                        f"exceed the slice bound of their pods by this many (default "
-                        f"{dc.min_excess})")
-    p.add_argument("--mig-compact-dynamic-min-excess", type=int,
-                   default=dc.dynamic_min_excess,
-                   help="MIG compaction, DynamicMIG GPUs (DRA nodes): the excess of GPUs in "
-                        "use over the slice bound that pays for a drain (default "
-                        f"{dc.dynamic_min_excess})")
-    p.add_argument("--mig-compact-dynamic-evictions-per-hour", type=int,
-                   default=dc.dynamic_evictions_per_hour,
-                   help="MIG compaction: a drain of a DynamicMIG GPU starts while accepted "
-                        "evictions in any hour stay under this (default "
-                        f"{dc.dynamic_evictions_per_hour})")
-    p.add_argument("--mig-compact-kept-mode-max-pods", type=int,
-                   default=dc.kept_mode_max_pods,
-                   help="MIG compaction: most pods evicted to empty a DynamicMIG GPU that "
-                        "stays in MIG mode once empty (A100, A30; default "
-                        f"{dc.kept_mode_max_pods})")
-    p.add_argument("--mig-compact-kept-mode-min-age", type=float,
-                   default=dc.kept_mode_min_pod_age_s,
-                   help="MIG compaction: seconds a pod must have run on such a GPU before it "
-                        f"is moved (default {dc.kept_mode_min_pod_age_s:g})")
-    p.add_argument("--mig-compact-keep-room", action=argparse.BooleanOptionalAction,
-                   default=dc.keep_room,
-                   help="MIG compaction: empty a DynamicMIG GPU that leaves MIG mode once "
-                        "empty (Hopper) only while the model's other GPUs in use keep room "
-                        "for a pod of every profile in use (default on)")
+    add_compact_flags(p, "--mig-compact-", "MIG compaction: ")
     p.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     p.add_argument("--dra", default="auto", choices=["auto", "off"],
                    help="Dynamic Resource Allocation (docs/dra.md): auto watches the "
@@ -248,22 +210,9 @@ def check_args(args: argparse.Namespace) -> str | None:
         return "--mig-compact needs --mig-actuator (compaction runs in the actuator's step)"
     if args.mig_compact and not (args.kubeconfig or args.in_cluster):
         return "--mig-compact needs a cluster (--kubeconfig or --in-cluster) to evict through"
-    for flag, value in (("--mig-compact-evictions-per-hour",
-                         args.mig_compact_evictions_per_hour),
-                        ("--mig-compact-max-pods", args.mig_compact_max_pods),
-                        ("--mig-compact-min-excess", args.mig_compact_min_excess),
-                        ("--mig-compact-dynamic-min-excess",
-                         args.mig_compact_dynamic_min_excess),
-                        ("--mig-compact-dynamic-evictions-per-hour",
-                         args.mig_compact_dynamic_evictions_per_hour),
-                        ("--mig-compact-kept-mode-max-pods",
-                         args.mig_compact_kept_mode_max_pods)):
-        if value < 1:
-            return f"{flag} {value}: must be at least 1"
-    for flag, age in (("--mig-compact-min-age", args.mig_compact_min_age),
-                      ("--mig-compact-kept-mode-min-age", args.mig_compact_kept_mode_min_age)):
-        if age < 0:
-            return f"{flag} {age}: must be 0 or positive"
+    compact_error = compact_flag_error(args, "--mig-compact-")
+    if compact_error is not None:
+        return compact_error
     ns, _, name = str(args.mig_config_map).rpartition("/")
     if not name or "/" in ns or (str(args.mig_config_map).startswith("/")):
         return (f"--mig-config-map {args.mig_config_map!r}: expected NAME or "

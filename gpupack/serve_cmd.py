@@ -186,10 +186,10 @@ class Components:
             mig_api = MigApi(api, cm_ns or args.namespace, cm_name)
             compactor = None
             if args.mig_compact and self.owners is not None:
+                from gpupack.compact_flags import compact_settings
                 from kube.evictions import ApiEvents, ApiEvictor
                 from kube.mig.compaction_memory import ApiMemoryReader
                 from kube.mig.fences import ApiFences
-                from scheduler.mig.compact.decide import CompactSettings
 
                 # The budget and cool-downs outlive a leader (kube.mig.compaction_memory).
                 self.compaction_writer = RecordWriter(
@@ -198,17 +198,7 @@ class Components:
                 compactor = Compactor(
                     self.cache, self.owners, ApiEvictor(api),
                     ApiEvents(api, args.leader_identity, component="gpupack-mig-actuator"), mig_api,
-                    settings=CompactSettings(
-                        min_pod_age_s=args.mig_compact_min_age,
-                        max_pods=args.mig_compact_max_pods,
-                        evictions_per_hour=args.mig_compact_evictions_per_hour,
-                        min_excess=args.mig_compact_min_excess,
-                        dynamic_min_excess=args.mig_compact_dynamic_min_excess,
-                        dynamic_evictions_per_hour=(
-                            args.mig_compact_dynamic_evictions_per_hour),
-                        kept_mode_max_pods=args.mig_compact_kept_mode_max_pods,
-                        kept_mode_min_pod_age_s=args.mig_compact_kept_mode_min_age,
-                        keep_room=args.mig_compact_keep_room),
+                    settings=compact_settings(args, "--mig-compact-"),
                     metrics=compact_metrics,
                     memory=(ApiMemoryReader(api, args.namespace), self.compaction_writer,
                             args.namespace),

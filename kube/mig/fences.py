@@ -1,6 +1,8 @@
 """Fences: NoSchedule DeviceTaintRules that keep kube-scheduler's DRA allocator off the
 devices of DynamicMIG GPUs that MIG compaction drains (docs/mig.md, "Compaction on
-DynamicMIG nodes").
+DynamicMIG nodes"), and off the MIG devices of idle DynamicMIG GPUs while a GPU in MIG
+mode on the same node has room for their profile (``scheduler.mig.compact.steer``: the
+whole-GPU device stays untainted).
 
 On a DRA node the allocator, not gpupack, picks the device: a replacement pod would get
 its first fit, which can be a placement of the very GPU being emptied. A device taint is
@@ -109,6 +111,13 @@ def gpu_devices(devices: Mapping[str, Any], gpu: int) -> list[str]:
     return sorted(d for d, dev in devices.items() if getattr(dev, "gpu", None) == gpu)
 
 
+def mig_devices(devices: Mapping[str, Any], gpu: int, profile: str) -> list[str]:
+    """Ids of the MIG devices of profile ``profile`` on GPU ``gpu`` (every placement;
+    the whole-GPU device and other profiles left out)."""
+    return sorted(d for d, dev in devices.items()
+                  if getattr(dev, "gpu", None) == gpu and getattr(dev, "profile", None) == profile)
+
+
 __all__ = [
     "LABEL",
     "TAINT_KEY",
@@ -116,6 +125,7 @@ __all__ = [
     "ApiFences",
     "Fences",
     "gpu_devices",
+    "mig_devices",
     "plan",
     "rule_name",
     "rule_object",

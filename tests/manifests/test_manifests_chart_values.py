@@ -565,6 +565,8 @@ CASES: dict[str, tuple[dict[str, Any] | None, Callable[[list[Obj]], None]]] = {
     "migActuator.compact.keptModeMinAgeSeconds": (
         None, _mig_compact_flag("--mig-compact-kept-mode-min-age", "30")),
     "migActuator.compact.keepRoom": (None, _mig_compact_keep_room_off),
+    "migActuator.compact.steerMargin": (
+        None, _mig_compact_flag("--mig-compact-steer-margin", "2")),
     "policy": (None, _policy),
     "defrag.mode": (None, _defrag_mode),
     "defrag.evictionsPerMinute": (None, _defrag_rate),

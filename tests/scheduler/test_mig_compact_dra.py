@@ -50,10 +50,12 @@ def asr(name: str, gpu: int, start: int) -> tuple[dict[str, Any], dict[str, Any]
     return p, c
 
 
-def setup(fences: FakeFences | None) -> tuple[ClusterCache, MigActuator, FakeEvictor,
-                                               FakeApi]:
-    # GPU 0 holds one ASR pod's instance; GPU 1 four.
-    made = [asr("lone", 0, 0)] + [asr(f"p{i}", 1, i) for i in range(4)]
+def setup(fences: FakeFences | None, made: list[tuple[dict[str, Any], dict[str, Any]]]
+          | None = None) -> tuple[ClusterCache, MigActuator, FakeEvictor, FakeApi]:
+    """Node a of two H100s and the pods and claims ``made`` (default: GPU 0 holds one
+    ASR pod's instance; GPU 1 four)."""
+    if made is None:
+        made = [asr("lone", 0, 0)] + [asr(f"p{i}", 1, i) for i in range(4)]
     cache = ClusterCache("gpupack", mig_actuator=True)
     cache.replace([dra_node("a", labels={"gpupack.io/mig-reconfigure": "true"})],
                   [p for p, _ in made])
@@ -116,3 +118,34 @@ def test_fence_plan_and_rule() -> None:
                                            "device": "gpu-0-mig-1g10gb-19-0"}
     assert r["spec"]["taint"] == {"key": TAINT_KEY, "effect": "NoSchedule"}
     assert len(rule_name("x" * 500)) <= 63
+
+
+def steer_setup(on_gpu1: int) -> tuple[ClusterCache, MigActuator, FakeFences, FakeEvictor]:
+    """GPU 0 idle, GPU 1 holding ``on_gpu1`` ASR instances (pods of a ReplicaSet, too
+    many to drain: ``max_pods`` 2)."""
+    fences = FakeFences()
+    cache, act, evictor, _ = setup(fences, [asr(f"p{i}", 1, i) for i in range(on_gpu1)])
+    return cache, act, fences, evictor
+
+
+def test_steering_fences_the_idle_gpus_mig_devices_in_the_same_pass() -> None:
+    cache, act, fences, evictor = steer_setup(4)
+    act.step()
+    inv = cache.dra_inventory("a")
+    assert inv is not None
+    ones = sorted(d for d, dev in inv.devices.items()
+                  if dev.gpu == 0 and dev.profile == "1g.10gb")
+    assert len(ones) == 7
+    got = fences.synced[-1]
+    assert set(ones) <= set(got)
+    profiles = {inv.devices[d].profile for d in got}
+    # GPU 1 (1g at 0-3) has room for 1g, 1g.20gb, 2g, 3g at 4 and the +me; not 4g or 7g.
+    assert profiles == {"1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb"}, profiles
+    assert all(inv.devices[d].gpu == 0 for d in got)  # never the GPU in use
+    assert evictor.asked == []
+
+
+def test_a_full_gpu_in_mig_mode_steers_nothing() -> None:
+    _, act, fences, _ = steer_setup(7)
+    act.step()
+    assert fences.synced[-1:] in ([], [[]])

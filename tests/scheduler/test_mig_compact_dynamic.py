@@ -27,6 +27,7 @@ from scheduler.mig.compact.decide import (
     decide_compaction,
     keeps_mig_mode,
 )
+from scheduler.mig.compact.steer import steer_fences
 from scheduler.mig.decide import (
     ActuatorState,
     GpuView,
@@ -91,8 +92,8 @@ CASES = [
      [node("a", [ones("a", 0, 1), ones("a", 1, 4)])], [("a", 0)]),
     ("room only on an idle GPU: nothing",
      [node("a", [ones("a", 0, 1), {}])], []),
-    ("the node's first fit is an idle GPU before the one in use: that node takes nothing",
-     [node("a", [ones("a", 0, 1)]), node("b", [{}, ones("b", 1, 4)])], []),
+    ("an idle GPU before the one in use is steered off: the GPU in use takes it",
+     [node("a", [ones("a", 0, 1)]), node("b", [{}, ones("b", 1, 4)])], [("a", 0)]),
     ("another node's GPU in use takes it",
      [node("a", [ones("a", 0, 1)]), node("b", [ones("b", 0, 4)])], [("a", 0)]),
     ("a whole GPU in use has no room",
@@ -116,6 +117,15 @@ def test_dynamic_starts(name: str, nodes: list[NodeView], want: list[tuple[str, 
     assert d.holds == ()  # type: ignore[attr-defined]
     for dr in d.starts:  # type: ignore[attr-defined]
         assert {p for drain, p in d.evict if drain == dr} == set(dr.pods)  # type: ignore[attr-defined]
+
+
+def test_unsteered_first_fit_on_an_idle_gpu_takes_nothing() -> None:
+    """Without steering the allocator's first fit on node b is the idle GPU 0, where a
+    moved pod would only move the use."""
+    nodes = [node("a", [ones("a", 0, 1)]), node("b", [{}, ones("b", 1, 4)])]
+    assert decide(nodes, replace(S, dynamic_steer_margin=0))[0] == []
+    _, d = decide(nodes)
+    assert ("b", 0, "1g.10gb") in d.steer  # type: ignore[attr-defined]
 
 
 def test_pending_pods_take_the_room_first() -> None:
@@ -156,12 +166,16 @@ def test_the_actuator_never_changes_a_dynamic_node() -> None:
     assert not d.starts
 
 
-def _first_fit(rows: dict[str, list[tuple[int, list[MigSlot], bool]]], profile: str
+def _first_fit(rows: dict[str, list[tuple[int, list[MigSlot], bool]]], profile: str,
+               steered: frozenset[tuple[str, int, str]] = frozenset()
                ) -> list[tuple[str, int]]:
-    """Per node, the allocator's first GPU with room for ``profile``, if in use."""
+    """Per node, the allocator's first GPU with room for ``profile``, if in use; the
+    ``profile`` devices of a steered (node, GPU, profile) are tainted, so skipped."""
     out = []
     for n, gpus in rows.items():
         for i, lay, used in gpus:
+            if (n, i, profile) in steered:
+                continue
             if free_starts(GEOM, lay, profile):
                 if used:
                     out.append((n, i))
@@ -212,7 +226,7 @@ def test_every_drain_has_an_in_use_first_fit_for_each_pod(spec: list[list[object
                           key=lambda p: -GEOM.profile(p).compute_slices)
         rows = {n: [r for r in gpus if (n, r[0]) not in fenced] for n, gpus in rows.items()}
         for p in profiles:
-            fits = _first_fit(rows, p)
+            fits = _first_fit(rows, p, frozenset(d.steer))  # type: ignore[attr-defined]
             assert fits, (dr, p)
             # Take the fit the decision would (the fullest), for the next pod's check.
             n, i = min(fits, key=lambda k: (sum(GEOM.profile(s.profile).compute_slices
@@ -312,14 +326,15 @@ def test_which_gpus_keep_mig_mode() -> None:
 
 
 def _fits_in_use(nodes: Sequence[NodeView], fenced: set[tuple[str, int]], taken: list[
-        tuple[str, int, MigSlot]], profile: str) -> bool:
-    """Whether some node's first fit for ``profile`` (fenced GPUs skipped, the moved pods'
-    instances added) is a GPU in use."""
+        tuple[str, int, MigSlot]], profile: str,
+        steered: frozenset[tuple[str, int, str]] = frozenset()) -> bool:
+    """Whether some node's first fit for ``profile`` (fenced GPUs and steered devices
+    skipped, the moved pods' instances added) is a GPU in use."""
     rows = {n.name: [(g.index, [*g.layout, *(sl for tn, ti, sl in taken
                                           if (tn, ti) == (n.name, g.index))], bool(g.holders))
                      for g in n.gpus if (g.mig_enabled or not g.holders)
                      and (n.name, g.index) not in fenced] for n in nodes}
-    return bool(_first_fit(rows, profile))
+    return bool(_first_fit(rows, profile, steered))
 
 
 @settings(max_examples=120, deadline=None)
@@ -334,8 +349,10 @@ def test_keep_room_leaves_a_fit_for_every_profile_in_use(spec: list[list[object]
         # The drained pods land somewhere in use (the other property); after them, one
         # more pod of each profile in use still has a first fit on a GPU in use.
         src = next(g for n in nodes if n.name == dr.node for g in n.gpus if g.index == dr.gpu)
-        room = DynamicRoom(nodes, frozenset(), set(), ())
+        steered = frozenset(steer_fences(nodes, (), KEEP.dynamic_steer_margin))
+        room = DynamicRoom(nodes, frozenset(), set(), (), steered)
         assert room.take(dr.gpu_key, H100, [s.profile for s in src.layout])
         taken = room._taken  # the moved pods' instances, as the decision placed them
         for p in sorted(in_use):
-            assert _fits_in_use(nodes, {dr.gpu_key}, taken, p), (dr, p)
+            assert _fits_in_use(nodes, {dr.gpu_key}, taken, p,
+                                frozenset(d.steer)), (dr, p)  # type: ignore[attr-defined]

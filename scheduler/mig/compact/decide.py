@@ -62,6 +62,10 @@ Rules (each has a row in ``tests/scheduler/test_mig_compact.py``):
   so nothing, a replacement included, lands there; the handler also holds an instance
   the moment a drained pod goes (the cache's ``on_pod_gone`` hook), before any other pod
   is answered.
+* **steering** (``steer.py``): on opted-in nodes, the MIG devices of idle DynamicMIG
+  GPUs are fenced for each profile the node's GPUs in MIG mode have room for
+  (``dynamic_steer_margin`` instances or more), so the allocator's first fit creates the
+  instance beside the others instead of turning an idle GPU's MIG mode on.
 * **end**: ``emptied`` once none of the drain's pods is on the GPU; ``refilled`` when a
   pod not in the drain is on it (kube-scheduler counts MIG resources per node, and the
   kubelet may hand a replacement any free instance of its profile on the node);
@@ -82,6 +86,7 @@ from packing.dra.inventory import TAINT_MARK
 from packing.dra.nvidia import MIG_MODE_NEEDS_RESET
 from packing.mig.layout import MigSlot, free_starts, slice_bound, used_slices
 from packing.model import MigReconfigure
+from scheduler.mig.compact.steer import Steer, steer_fences
 from scheduler.mig.decide import GpuView, Hold, MigPod, NodeView
 
 DRAIN_PREFIX = "gpupack-mig-drain/"  # cache hold keys of drains (never a pod's key)
@@ -111,6 +116,10 @@ class CompactSettings:
     kept_mode_max_pods: int = 7
     kept_mode_min_pod_age_s: float = 0.0
     keep_room: bool = True
+    # Steering (``steer.py``): the MIG devices of idle DynamicMIG GPUs are fenced for a
+    # profile while the node's GPUs in MIG mode have room for at least this many more
+    # instances of it; 0: never.
+    dynamic_steer_margin: int = 1
 
     def excess_needed(self, g: GpuView) -> int:
         return self.dynamic_min_excess if g.dynamic else self.min_excess
@@ -188,6 +197,9 @@ class CompactDecision:
     # DynamicMIG GPUs being drained: the handler keeps the DRA allocator off them (a
     # NoSchedule device taint on each of their devices) until their drain ends.
     fences: tuple[GpuKey, ...] = ()
+    # (node, GPU, MIG profile): the handler fences those MIG devices of idle DynamicMIG
+    # GPUs (``steer.py``) so the allocator creates the instance on a GPU in MIG mode.
+    steer: tuple[Steer, ...] = ()
 
 
 def _eligible(n: NodeView, changing: frozenset[str]) -> bool:
@@ -298,7 +310,12 @@ def decide_compaction(state: CompactState, now: float,
         for t in state.tenants.values():
             by_gpu[t.node, t.gpu].append(t)
         excess = _excess(state.nodes, by_gpu)
-        room = DynamicRoom(state.nodes, state.changing, draining, state.pending)
+        # The allocator skips the MIG devices steering fences (``steer.py``): a moved
+        # pod's first fit is then a GPU in MIG mode where an idle GPU comes first.
+        steered = steer_fences([n for n in state.nodes if _eligible(n, state.changing)],
+                               draining, s.dynamic_steer_margin)
+        room = DynamicRoom(state.nodes, state.changing, draining, state.pending,
+                           frozenset(steered))
         in_use = _profiles_in_use(state.tenants.values(), gpus)
         for cand in _candidates(state, by_gpu, now, s, cooldown, draining, busy_models):
             node, g, pods = cand
@@ -332,8 +349,10 @@ def decide_compaction(state: CompactState, now: float,
             spent += len(pods)
             holds += drain_holds(d, g)
             evict += [(d, t.key) for t in pods]
+    steer = steer_fences([n for n in state.nodes if _eligible(n, state.changing)],
+                         set(fences), s.dynamic_steer_margin)
     return CompactDecision(tuple(starts), tuple(ends), tuple(evict), tuple(holds), cooldown,
-                           why, tuple(fences))
+                           why, tuple(fences), steer)
 
 
 class DynamicRoom:
@@ -350,10 +369,12 @@ class DynamicRoom:
 
     Only memory slices, compute and the layout rules are counted (the engines the driver
     also counts follow the profile for the profiles of a 7/8-slice part), so this is the
-    allocator's choice for GPUs without device taints."""
+    allocator's choice for GPUs without device taints but those of drains and of
+    ``steered`` (node, GPU, profile): steering's fences (``steer.py``), skipped."""
 
     def __init__(self, nodes: Sequence[NodeView], changing: frozenset[str],
-                 fenced: set[GpuKey], pending: Sequence[MigPod]) -> None:
+                 fenced: set[GpuKey], pending: Sequence[MigPod],
+                 steered: frozenset[Steer] = frozenset()) -> None:
         self._base: dict[str, list[tuple[int, str, tuple[MigSlot, ...], bool]]] = {}
         for n in nodes:
             if n.unschedulable or n.tainted or n.name in changing:
@@ -367,6 +388,7 @@ class DynamicRoom:
         self._fenced = set(fenced)
         self._taken: list[tuple[str, int, MigSlot]] = []  # moved pods of earlier drains
         self._pending = tuple(pending)
+        self._steered = steered
 
     def _rows(self, source: GpuKey) -> dict[str, list[tuple[int, str, list[MigSlot], bool]]]:
         out = {}
@@ -380,13 +402,12 @@ class DynamicRoom:
             out[n] = kept
         return out
 
-    @staticmethod
-    def _place(rows: dict[str, list[tuple[int, str, list[MigSlot], bool]]],
+    def _place(self, rows: dict[str, list[tuple[int, str, list[MigSlot], bool]]],
                models: frozenset[str], profile: str) -> tuple[str, int, MigSlot] | None:
         best: tuple[tuple[int, str], str, int, list[MigSlot], MigSlot] | None = None
         for node, gpus in rows.items():
             for index, model, layout, used in gpus:
-                if models and model not in models:
+                if (models and model not in models) or (node, index, profile) in self._steered:
                     continue
                 geom = get_model(model).mig
                 if geom is None or not geom.has_profile(profile):

@@ -38,14 +38,14 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import fields, replace
 from typing import Any, Protocol
 
 from kube.cache import ClusterCache
 from kube.evictions import EventSink, EvictionResult, Evictor, PodRef
 from kube.mig.compaction_memory import NAME, CompactionMemory, DrainRecord, memory_object
-from kube.mig.fences import Fences, gpu_devices
+from kube.mig.fences import Fences, gpu_devices, mig_devices
 from kube.record_writer import Submitter
 from packing.dra.inventory import USE_MARK
 from packing.model import MigReconfigure
@@ -60,6 +60,7 @@ from scheduler.mig.compact.decide import (
     Tenant,
     decide_compaction,
 )
+from scheduler.mig.compact.steer import Steer
 from scheduler.mig.decide import HOLD_PREFIX, ActuatorState, Hold, NodeView
 from scheduler.mig.holds import hold_one, sync_holds, take_holds
 
@@ -351,7 +352,7 @@ class Compactor:
                              f"{reason}; evicting {len(dr.pods)} pod(s) so the GPU "
                              "can be re-partitioned or turned whole")
             self._count("started")
-        fence_error = self._fence(fenced & set(self.drains))
+        fence_error = self._fence(fenced & set(self.drains), d.steer)
         for dr, key in d.evict:
             if fence_error is not None and dr.gpu_key in fenced:
                 continue  # not before its fence is up: tried again at the next step
@@ -362,9 +363,11 @@ class Compactor:
         if self.metrics is not None:
             self.metrics.in_flight.set(len(self.drains))
 
-    def _fence(self, gpus: set[tuple[str, int]]) -> str | None:
-        """Fence exactly the devices of ``gpus`` (DynamicMIG GPUs being drained); None
-        when done (or nothing to do), else why not. The leader only."""
+    def _fence(self, gpus: set[tuple[str, int]], steer: Iterable[Steer] = ()) -> str | None:
+        """Fence exactly the devices of ``gpus`` (DynamicMIG GPUs being drained) and the
+        MIG devices of each steered (node, GPU, profile) (idle GPUs kept off while a GPU
+        in MIG mode on their node has room: ``steer.py``), in one pass; None when done
+        (or nothing to do), else why not. The leader only."""
         if self.fences is None or not self._leading():
             return None if not gpus else "not fenced"
         devices: list[str] = []
@@ -373,6 +376,10 @@ class Compactor:
                 inv = self.cache.dra_inventory(node)
                 if inv is not None:
                     devices += gpu_devices(inv.devices, gpu)
+            for node, gpu, profile in sorted(steer):
+                inv = self.cache.dra_inventory(node)
+                if inv is not None:
+                    devices += mig_devices(inv.devices, gpu, profile)
         why = self.fences.sync(devices)
         if why is not None:
             log.warning("MIG compaction: %s; drained DynamicMIG GPUs not evicted from yet",
