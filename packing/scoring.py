@@ -56,6 +56,31 @@ def winner(prefs: Mapping[str, Score], state: ClusterState) -> str | None:
     return min(prefs, key=lambda n: (prefs[n], in_use_first(state, n)))
 
 
+def rank_priorities(prefs: Mapping[str, Score], names: Sequence[str], best: str | None,
+                    top: int) -> dict[str, int]:
+    """The extender's prioritize answer (0..``top``) over ``names`` from the policy's
+    preference per node (lower is better; absent: no preference, 0): ``top`` for
+    ``best`` alone; the others by the rank of their preference among the distinct ones,
+    the best ``top`` - 1, the worst 0, linear between (all ``top`` - 1 when they are
+    equal). The one mapping of ``scheduler/extender/verbs.py``'s prioritize and the day
+    replay's model of it (``packing.policies.kube_default.extender_priorities``)."""
+    rest = top - 1
+    distinct = sorted(set(prefs.values()))
+    rank = {k: i for i, k in enumerate(distinct)}
+    span = max(len(distinct) - 1, 1)
+    out = {}
+    for n in names:
+        if n == best:
+            out[n] = top
+        elif n not in prefs:
+            out[n] = 0
+        elif len(distinct) > 1:
+            out[n] = round(rest * (span - rank[prefs[n]]) / span)
+        else:
+            out[n] = rest
+    return out
+
+
 def best_option(
     state: ClusterState, pod: PodRequest, scorer: Scorer, nodes: Sequence[str] | None = None
 ) -> Placement | None:

@@ -60,7 +60,7 @@ import random
 from collections.abc import Callable, Mapping, Sequence
 
 from packing.model import GpuMode, Placement, PodRequest, RequestKind
-from packing.scoring import Score, winner
+from packing.scoring import Score, rank_priorities, winner
 from packing.state import ClusterState, NodeState, fits_node, plugin_pick
 
 MAX_NODE_SCORE = 100
@@ -221,24 +221,9 @@ def extender_priorities(prefs: Mapping[str, Score], names: Sequence[str],
                         state: ClusterState, top: int = MAX_EXTENDER_PRIORITY
                         ) -> dict[str, int]:
     """The extender's prioritize answer (0..10) over ``names`` from gpupack's
-    preference per node (lower is better; absent: the node does not fit): ``top`` for
-    the policy's :func:`~packing.scoring.winner` alone; the others by the rank among the
-    distinct preferences, the best ``top`` - 1, the worst 0, linear between; a node
-    without a preference 0. Mirrors ``scheduler/extender/verbs.py``'s prioritize without a
-    planner node (tests/scheduler/test_day_priorities.py checks the two agree)."""
-    best = winner(prefs, state)
-    rest = top - 1
-    distinct = sorted(set(prefs.values()))
-    rank = {k: i for i, k in enumerate(distinct)}
-    span = max(len(distinct) - 1, 1)
-    out = {}
-    for n in names:
-        if n == best:
-            out[n] = top
-        elif n not in prefs:
-            out[n] = 0
-        elif len(distinct) > 1:
-            out[n] = round(rest * (span - rank[prefs[n]]) / span)
-        else:
-            out[n] = rest
-    return out
+    preference per node (lower is better; absent: the node does not fit), as
+    ``scheduler/extender/verbs.py``'s prioritize answers without a planner node: both map
+    by :func:`~packing.scoring.rank_priorities`, ``top`` for the policy's
+    :func:`~packing.scoring.winner` (tests/scheduler/test_day_priorities.py checks the
+    two agree)."""
+    return rank_priorities(prefs, names, winner(prefs, state), top)

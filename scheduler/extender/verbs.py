@@ -22,7 +22,7 @@ from itertools import combinations
 from typing import Any, Protocol
 
 from packing.model import Placement, PodRequest
-from packing.scoring import Score, Scorer, in_use_first, winner
+from packing.scoring import Score, Scorer, in_use_first, rank_priorities, winner
 from packing.state import ClusterState
 from packing.status import Status
 from scheduler.extender.cycle import read_pod
@@ -340,23 +340,10 @@ def prioritize(
     # solved on an older snapshot, in the cache's node order).
     if plan_node is not None and (best is None or prefs.get(plan_node) != prefs[best]):
         best = plan_node
-    top = MAX_PRIORITY - 1
-    distinct = sorted(set(prefs.values()))
-    rank = {k: i for i, k in enumerate(distinct)}
-    span = max(len(distinct) - 1, 1)
-    out = []
-    for name in dict.fromkeys(names):  # each name once
-        if name not in sigs:
-            continue  # unknown: left out (kube-scheduler adds nothing for it either way)
-        if name == best:
-            out.append(HostPriority(name, MAX_PRIORITY))
-        elif name in prefs:
-            r = rank[prefs[name]]
-            score = round(top * (span - r) / span) if len(distinct) > 1 else top
-            out.append(HostPriority(name, score))
-        else:
-            out.append(HostPriority(name, 0))
-    return out
+    known = [n for n in dict.fromkeys(names) if n in sigs]  # each name once
+    # (an unknown node is left out: kube-scheduler adds nothing for it either way)
+    scores = rank_priorities(prefs, known, best, MAX_PRIORITY)
+    return [HostPriority(n, scores[n]) for n in known]
 
 
 # ---- bind ----------------------------------------------------------------------------------
