@@ -181,11 +181,11 @@ class GpupackScorer:
         for k, p in zip(keys, pods, strict=True):
             kinds.setdefault(k, set()).add(p.kind)
         by_model = {m: i for i, m in enumerate(self.models)}
+        takes = {c: np.array([k.num_gpu == 0 or bool(kinds.get(k, set()) & c)
+                              for k in table.keys], dtype=bool) for c in SERVE_CLASSES}
         ok = np.zeros((len(table.keys), len(self._model_id)), dtype=bool)
         for (m, c), i in self._model_id.items():
-            takes = np.array([k.num_gpu == 0 or bool(kinds.get(k, set()) & c)
-                              for k in table.keys], dtype=bool)
-            ok[:, i] = table.model_ok[:, by_model[m]] & takes
+            ok[:, i] = table.model_ok[:, by_model[m]] & takes[c]
         self.shapes: TypicalShapes = replace(table, model_ok=ok)
         self.cap = CapacityModel(self.shapes)
         self.fresh = FreshGpuRule.of(self.shapes)

@@ -215,10 +215,7 @@ class FreshGpuRule:
         if not any(k.num_gpu > 0 for k in shapes.keys):
             return FreshGpuRule(active=False)
         whole_share = whole_gpu_share(shapes)
-        by_size: dict[int, float] = {}
-        for k, p in zip(shapes.keys, shapes.freq, strict=True):
-            if GPU_MILLI // 2 < k.gpu_milli < GPU_MILLI and k.num_gpu == 1:
-                by_size[k.gpu_milli] = by_size.get(k.gpu_milli, 0.0) + float(p)
+        by_size = {m: p for m, p in share_sizes(shapes).items() if m > GPU_MILLI // 2}
         if not by_size or whole_share >= FRESH_GPU_GATE:
             return FreshGpuRule(active=False)
         m_star = max(by_size, key=lambda m: (by_size[m], m))
@@ -237,6 +234,16 @@ class FreshGpuRule:
         left_whole = np.maximum(fresh.sum(axis=-1) - 1, 0)
         keeps = (cpu - req.cpu) >= self.cores * left_whole
         return np.asarray(np.where(fresh & keeps[:, None], self.bonus, 0.0), dtype=np.float64)
+
+
+def share_sizes(shapes: TypicalShapes) -> dict[int, float]:
+    """The frequency of each share size (milli of one GPU, 0 < milli < 1000) among the
+    workload's typical shapes."""
+    out: dict[int, float] = {}
+    for k, p in zip(shapes.keys, shapes.freq, strict=True):
+        if 0 < k.gpu_milli < GPU_MILLI and k.num_gpu == 1:
+            out[k.gpu_milli] = out.get(k.gpu_milli, 0.0) + float(p)
+    return out
 
 
 def whole_gpu_share(shapes: TypicalShapes) -> float:
@@ -429,11 +436,7 @@ class SliverRule:
 
     @staticmethod
     def of(shapes: TypicalShapes, weights: GpupackWeights) -> SliverRule:
-        by_size: dict[int, float] = {}
-        for k, p in zip(shapes.keys, shapes.freq, strict=True):
-            if 0 < k.gpu_milli < GPU_MILLI and k.num_gpu == 1:
-                by_size[k.gpu_milli] = by_size.get(k.gpu_milli, 0.0) + float(p)
-        common = [m for m, p in by_size.items() if p >= SLIVER_MIN_FREQ]
+        common = [m for m, p in share_sizes(shapes).items() if p >= SLIVER_MIN_FREQ]
         w = whole_gpu_share(shapes)
         if (not common or weights.levels is None
                 or not SLIVER_GATE <= w < SLIVER_GATE_HIGH):

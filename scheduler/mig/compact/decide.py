@@ -300,6 +300,7 @@ def decide_compaction(state: CompactState, now: float,
     budget = max(s.evictions_per_hour, s.dynamic_evictions_per_hour) - spent
     busy_models = {d.model for d in live}
     draining = {d.gpu_key for d in live}
+    eligible = [n for n in state.nodes if _eligible(n, state.changing)]  # steering's nodes
     starts: list[Drain] = []
     why: dict[GpuKey, str] = {}
     if budget > 0:
@@ -312,8 +313,7 @@ def decide_compaction(state: CompactState, now: float,
         excess = _excess(state.nodes, by_gpu)
         # The allocator skips the MIG devices steering fences (``steer.py``): a moved
         # pod's first fit is then a GPU in MIG mode where an idle GPU comes first.
-        steered = steer_fences([n for n in state.nodes if _eligible(n, state.changing)],
-                               draining, s.dynamic_steer_margin)
+        steered = steer_fences(eligible, draining, s.dynamic_steer_margin)
         room = DynamicRoom(state.nodes, state.changing, draining, state.pending,
                            frozenset(steered))
         in_use = _profiles_in_use(state.tenants.values(), gpus)
@@ -349,8 +349,7 @@ def decide_compaction(state: CompactState, now: float,
             spent += len(pods)
             holds += drain_holds(d, g)
             evict += [(d, t.key) for t in pods]
-    steer = steer_fences([n for n in state.nodes if _eligible(n, state.changing)],
-                         set(fences), s.dynamic_steer_margin)
+    steer = steer_fences(eligible, set(fences), s.dynamic_steer_margin)
     return CompactDecision(tuple(starts), tuple(ends), tuple(evict), tuple(holds), cooldown,
                            why, tuple(fences), steer)
 
