@@ -42,19 +42,14 @@ from packing.policies.base import checked
 from packing.policies.engine import greedy
 from packing.policies.fgd import workload_of
 from packing.policies.lookahead import (
-    CapacityModel,
-    CoreDeficitRule,
     FloatArray,
-    FreshGpuRule,
     GpupackWeights,
-    KeepCoresRule,
     NodeArrays,
-    SliverRule,
+    WorkloadRules,
     keeps_whole_nodes,
     node_free_after,
     opens_whole_node,
     ranks,
-    workload_weights,
 )
 from packing.policies.scores import bestfit, mig_preference, pod_milli_on
 from packing.scoring import Score, Scorer
@@ -187,14 +182,9 @@ class GpupackScorer:
         for (m, c), i in self._model_id.items():
             ok[:, i] = table.model_ok[:, by_model[m]] & takes[c]
         self.shapes: TypicalShapes = replace(table, model_ok=ok)
-        self.cap = CapacityModel(self.shapes)
-        self.fresh = FreshGpuRule.of(self.shapes)
-        self.keep = KeepCoresRule.of(self.shapes)
-        # The FGD level goes on cpu-bound workloads (workload_weights), and with it the
-        # core-deficit price.
-        self.weights = workload_weights(self.shapes, weights)
-        self.deficit = CoreDeficitRule.of(self.shapes, self.weights)
-        self.sliver = SliverRule.of(self.shapes, self.weights)
+        # The workload's rules, as the replay builds them (WorkloadRules.of: the FGD
+        # level goes on cpu-bound workloads, and with it the core-deficit price).
+        self.rules = WorkloadRules.of(self.shapes, weights)
         # MilliRequest.model_ok: the score never reads it (the verbs filter by model).
         self._any_model = np.ones(len(self._model_id), dtype=bool)
         # Per node name, its latest state only: (version, arrays, rank values by request,
@@ -249,8 +239,7 @@ class GpupackScorer:
         key = (req.cpu, req.mem, req.num_gpu, req.milli)
         found = evals.get(key)
         if found is None:
-            found = ranks(arrays, req, self.shapes, self.cap, self.weights, self.fresh,
-                          self.keep, self.deficit, self.sliver)[0]
+            found = ranks(arrays, req, self.rules)[0]
             if len(evals) >= EVALS_PER_NODE:
                 evals.clear()
             evals[key] = found

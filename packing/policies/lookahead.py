@@ -532,40 +532,68 @@ class NodeArrays:
     stats: FragmentStats
 
 
-def ranks(nodes: NodeArrays, req: MilliRequest, shapes: TypicalShapes, cap: CapacityModel,
-          weights: GpupackWeights, fresh: FreshGpuRule | None = None,
-          keep: KeepCoresRule | None = None, deficit: CoreDeficitRule | None = None,
-          sliver: SliverRule | None = None) -> FloatArray:
+@dataclass(frozen=True, eq=False)
+class WorkloadRules:
+    """What the score takes from one workload, built once (:meth:`of`): the extender's
+    scorer and the replay each hold one, so they are one policy by construction.
+    ``weights``: after :func:`workload_weights`; a rule left ``None`` adds no term."""
+
+    shapes: TypicalShapes
+    cap: CapacityModel
+    weights: GpupackWeights
+    fresh: FreshGpuRule | None = None
+    keep: KeepCoresRule | None = None
+    deficit: CoreDeficitRule | None = None
+    sliver: SliverRule | None = None
+
+    @staticmethod
+    def of(shapes: TypicalShapes, weights: GpupackWeights | None = None, *,
+           cap_shapes: TypicalShapes | None = None, fresh: bool = True, keep: bool = True,
+           deficit: bool = True, cpu_bound_cost: bool = True, sliver: bool = True
+           ) -> WorkloadRules:
+        """The rules gpupack ships for ``shapes`` (a flag turns one off: the replay's
+        comparisons); ``cap_shapes``: what the capacity model counts, if not ``shapes``."""
+        w = workload_weights(shapes, weights) if cpu_bound_cost else (weights or GpupackWeights())
+        return WorkloadRules(
+            shapes=shapes,
+            cap=CapacityModel(cap_shapes if cap_shapes is not None else shapes),
+            weights=w,
+            fresh=FreshGpuRule.of(shapes) if fresh else None,
+            keep=KeepCoresRule.of(shapes) if keep else None,
+            deficit=CoreDeficitRule.of(shapes, w) if deficit else None,
+            sliver=SliverRule.of(shapes, w) if sliver else None)
+
+
+def ranks(nodes: NodeArrays, req: MilliRequest, rules: WorkloadRules) -> FloatArray:
     """Rank values (higher better) of placing ``req`` on each node: ``[n]`` for
     whole-GPU and CPU-only requests (they take the first fully free GPUs, or none),
     ``[n, G]`` for a share (one per GPU). INFEASIBLE where the request does not fit.
-    ``fresh``, ``keep``: the workload's :class:`FreshGpuRule` and :class:`KeepCoresRule`
-    (their terms come first); ``deficit``, ``sliver``: its :class:`CoreDeficitRule`
-    and :class:`SliverRule` (prices in levels, inside the score)."""
+    The workload's :class:`FreshGpuRule` and :class:`KeepCoresRule` terms come first;
+    its :class:`CoreDeficitRule` and :class:`SliverRule` are prices in levels, inside
+    the score."""
     delta = fragment_delta(nodes.stats, nodes.free, nodes.cpu, nodes.mem, nodes.model, req,
-                           shapes)
+                           rules.shapes)
+    cap = rules.cap
     loss = cap.loss(nodes.free, nodes.cpu, cap.weights(nodes.model), req)
-    score = placement_score(delta, loss, weights)
-    if deficit is not None and deficit.applies(req):
+    score = placement_score(delta, loss, rules.weights)
+    if (deficit := rules.deficit) is not None and deficit.applies(req):
         score = score - deficit.penalty_of(nodes.free, nodes.cpu, req)
-    if keep is not None and keep.applies(req):
+    if (keep := rules.keep) is not None and keep.applies(req):
         score = score + keep.bonus_of(nodes.free, nodes.cpu, req)
     if not req.shared:
         return rank_value(score)
-    if sliver is not None and sliver.applies(req):
+    if (sliver := rules.sliver) is not None and sliver.applies(req):
         score = score - sliver.penalty_of(nodes.free, req)
-    if fresh is not None and fresh.applies(req):
+    if (fresh := rules.fresh) is not None and fresh.applies(req):
         score = score + fresh.bonus_of(nodes.free, nodes.cpu, req)
     return rank_value(score, nodes.free - req.milli)
 
 
-def best_on_nodes(nodes: NodeArrays, req: MilliRequest, shapes: TypicalShapes, cap: CapacityModel,
-             weights: GpupackWeights, fresh: FreshGpuRule | None = None,
-             keep: KeepCoresRule | None = None, deficit: CoreDeficitRule | None = None,
-             sliver: SliverRule | None = None) -> tuple[FloatArray, IntArray]:
+def best_on_nodes(nodes: NodeArrays, req: MilliRequest, rules: WorkloadRules
+                  ) -> tuple[FloatArray, IntArray]:
     """Each node's best rank value and the GPU a share takes there (the first on ties;
     -1 for whole-GPU and CPU-only requests)."""
-    r = ranks(nodes, req, shapes, cap, weights, fresh, keep, deficit, sliver)
+    r = ranks(nodes, req, rules)
     if not req.shared:
         return r, np.full(len(nodes.cpu), -1, dtype=np.int64)
     gpu = np.asarray(r.argmax(axis=1), dtype=np.int64)

@@ -28,18 +28,13 @@ from packing.fragmentation import (
 )
 from packing.model import GPU_MILLI
 from packing.policies.lookahead import (
-    CapacityModel,
-    CoreDeficitRule,
-    FreshGpuRule,
     GpupackWeights,
-    KeepCoresRule,
     NodeArrays,
-    SliverRule,
+    WorkloadRules,
     best_on_nodes,
     fgd_level,
     node_free_after,
     opens_whole_node,
-    workload_weights,
 )
 from sim.openb.cluster import ReplayState
 
@@ -325,19 +320,13 @@ class ProductPolicy(FragmentAware):
         seed: int = 0,
     ) -> None:
         super().reset(state, shapes, all_shapes, seed)
-        self.cap = CapacityModel(self.all_shapes if self.coverage_all else shapes)
-        self.fresh = FreshGpuRule.of(shapes) if self.fresh_gpus else None
-        self.keep = KeepCoresRule.of(shapes) if self.keep_cores else None
-        self.run_weights = (workload_weights(shapes, self.weights) if self.cpu_bound_cost
-                            else self.weights)
-        self.deficit = (CoreDeficitRule.of(shapes, self.run_weights) if self.core_deficit
-                        else None)
-        self.sliver = SliverRule.of(shapes, self.run_weights) if self.slivers else None
+        self.rules = WorkloadRules.of(
+            shapes, self.weights, cap_shapes=self.all_shapes if self.coverage_all else None,
+            fresh=self.fresh_gpus, keep=self.keep_cores, deficit=self.core_deficit,
+            cpu_bound_cost=self.cpu_bound_cost, sliver=self.slivers)
 
     def evaluate(self, idx: IntArray, req: MilliRequest) -> tuple[FloatArray, IntArray]:
-        score, gpu = best_on_nodes(self.fs.arrays(idx), req, self.shapes, self.cap,
-                                   self.run_weights, self.fresh, self.keep, self.deficit,
-                                   self.sliver)
+        score, gpu = best_on_nodes(self.fs.arrays(idx), req, self.rules)
         if not self.keep_whole_nodes:
             return score, gpu
         # The extender's first term: a whole node is broken only where no node in use

@@ -29,6 +29,7 @@ from packing.policies.lookahead import (
     GpupackWeights,
     NodeArrays,
     SliverRule,
+    WorkloadRules,
     best_on_nodes,
     ranks,
     whole_gpu_share,
@@ -118,7 +119,8 @@ def test_share_finishes_a_gpu_rather_than_leave_a_dead_sliver() -> None:
     shapes = _mix(0.7, {810: 0.2, 230: 0.1})
     weights = GpupackWeights()
     rule = SliverRule.of(shapes, weights)
-    cap = CapacityModel(shapes)
+    priced = WorkloadRules(shapes, CapacityModel(shapes), weights, sliver=rule)
+    plain = WorkloadRules(shapes, CapacityModel(shapes), weights)
     for free, want in (([1000, 900, 810], 2), ([1000, 900, 0], 1)):
         f = np.array([free], dtype=np.int64)
         cpu = np.array([64_000], dtype=np.int64)
@@ -126,11 +128,11 @@ def test_share_finishes_a_gpu_rather_than_leave_a_dead_sliver() -> None:
         model = np.zeros(1, dtype=np.int64)
         nodes = NodeArrays(f, cpu, mem, model, fragment_stats(f, cpu, mem, model, shapes))
         req = MilliRequest(cpu=4_000, mem=1024, num_gpu=1, milli=810, model_ok=ANY)
-        _, gpu = best_on_nodes(nodes, req, shapes, cap, weights, sliver=rule)
+        _, gpu = best_on_nodes(nodes, req, priced)
         assert gpu[0] == want
         # the price is inside the rank: with and without it differ by it, GPU by GPU
-        with_price = ranks(nodes, req, shapes, cap, weights, sliver=rule)
-        without = ranks(nodes, req, shapes, cap, weights)
+        with_price = ranks(nodes, req, priced)
+        without = ranks(nodes, req, plain)
         fits = np.isfinite(without)
         assert np.array_equal(np.isfinite(with_price), fits)
         assert np.allclose(without[fits] - with_price[fits],
