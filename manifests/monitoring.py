@@ -22,7 +22,8 @@ Metric sources (see the code for their definitions):
   ``gpupack_mig_reconfigurations_in_flight``, ``gpupack_mig_gpus_converted_total{to}``,
   ``gpupack_mig_gpus_held``, ``gpupack_mig_nodes_backed_off``; MIG compaction,
   ``scheduler/mig/compact/loop.py``: ``gpupack_mig_drains_total{result}``,
-  ``gpupack_mig_compaction_evictions_total{outcome}``, ``gpupack_mig_drains_in_flight``;
+  ``gpupack_mig_compaction_evictions_total{outcome}``, ``gpupack_mig_drains_in_flight``,
+  ``gpupack_mig_steered``, ``gpupack_mig_steer_changes_total{change}``;
   defragmentation,
   ``scheduler/defrag/loop.py``: ``gpupack_defrag_moves_planned_total``,
   ``gpupack_defrag_evictions_total{outcome}``, ``gpupack_defrag_gpus_freed_total``,
@@ -192,10 +193,13 @@ CLUSTER = Dashboard(
               "drain {{result}}"),
             Q("sum by (outcome) (increase(gpupack_mig_compaction_evictions_total"
               "[$__rate_interval]))", "eviction {{outcome}}"),
-            Q("gpupack_mig_drains_in_flight", "draining"),), width=12,
+            Q("gpupack_mig_drains_in_flight", "draining"),
+            Q("gpupack_mig_steered", "steered (GPU, profile)"),), width=12,
             description="MIG compaction (--mig-compact): GPUs drained (started; emptied, or "
                         "stopped: refilled, refused, timeout, gone) and the evictions it "
-                        "asked of the Eviction API by outcome. Alert "
+                        "asked of the Eviction API by outcome; on DynamicMIG nodes, the "
+                        "(idle GPU, MIG profile) pairs whose MIG devices it fences so the "
+                        "DRA allocator fills a GPU in MIG mode first. Alert "
                         "GpupackMigDrainsStopped when drains keep stopping."),
         Panel("Defragmentation: evictions for waiting groups", (
             Q("sum by (outcome) (increase(gpupack_defrag_evictions_total"

@@ -139,9 +139,9 @@ def test_mig_bench_dra_dynamic_protocol_runs_and_its_figures_are_consistent() ->
     # Compaction's DynamicMIG settings are reported (the product's defaults here).
     assert {k: out["params"]["compact"][k] for k in (
         "dynamic_min_excess", "dynamic_evictions_per_hour", "kept_mode_max_pods",
-        "kept_mode_min_age_s", "keep_room")} == {
+        "kept_mode_min_age_s", "keep_room", "steer_margin")} == {
         "dynamic_min_excess": 1, "dynamic_evictions_per_hour": 240, "kept_mode_max_pods": 7,
-        "kept_mode_min_age_s": 0.0, "keep_room": True}
+        "kept_mode_min_age_s": 0.0, "keep_room": True, "steer_margin": 1}
     pols = out["policies"]
     assert list(pols) == ["static-default", "dra-first-fit", "gpupack", "gpupack-compact",
                           "layout-bound"]

@@ -149,3 +149,50 @@ def test_a_full_gpu_in_mig_mode_steers_nothing() -> None:
     _, act, fences, _ = steer_setup(7)
     act.step()
     assert fences.synced[-1:] in ([], [[]])
+
+
+def _value(metric: Any, change: str | None = None) -> float:
+    """A gauge's value, or a counter's total for ``change``, read as a scrape would."""
+    samples = [x for m in metric.collect() for x in m.samples
+               if not x.name.endswith("_created")
+               and (change is None or x.labels.get("change") == change)]
+    assert len(samples) == 1, samples
+    return float(samples[0].value)
+
+
+def test_steering_reports_its_changes_once_each() -> None:
+    # Fenced at the first step (one MigSteered Event, the gauge counts the pairs), the
+    # same fences again at the second (no new Event), lifted once GPU 1 is full.
+    made = [asr(f"p{i}", 1, i) for i in range(4)]
+    fences = FakeFences()
+    cache, act, _, api = setup(fences, made)
+    compactor = act.compactor
+    assert compactor is not None and compactor.metrics is not None
+    metrics = compactor.metrics
+    act.step()
+    steered = [e for e in api.events if e[1] == "MigSteered"]
+    assert steered == [("a", "MigSteered", False)]
+    pairs = len(compactor.steered)
+    assert pairs == 5 and {g for _, g, _ in compactor.steered} == {0}
+    assert _value(metrics.steered) == pairs
+    assert _value(metrics.steer_changes, "fenced") == pairs
+    act.step()
+    assert [e for e in api.events if e[1] == "MigSteered"] == steered
+    full = made + [asr(f"q{i}", 1, 4 + i) for i in range(3)]
+    cache.replace([dra_node("a", labels={"gpupack.io/mig-reconfigure": "true"})],
+                  [p for p, _ in full])
+    cache.replace_dra(CLAIMS, [c for _, c in full])
+    act.step()
+    assert [e for e in api.events if e[1] == "MigSteerLifted"] == [
+        ("a", "MigSteerLifted", False)]
+    assert compactor.steered == set() and _value(metrics.steered) == 0
+    assert _value(metrics.steer_changes, "lifted") == pairs
+    assert fences.synced[-1] == []
+
+
+def test_a_failed_fence_write_reports_no_steering() -> None:
+    fences = FakeFences(fail=True)
+    _, act, _, api = setup(fences, [asr(f"p{i}", 1, i) for i in range(4)])
+    act.step()
+    assert act.compactor is not None and act.compactor.steered == set()
+    assert not any(e[1] == "MigSteered" for e in api.events)

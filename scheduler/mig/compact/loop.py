@@ -14,7 +14,10 @@ controller recreates them), and applies the :class:`CompactDecision`:
   remembered in the drain, a refusal (429, 403, an error) marks the drain, which then
   ends as ``refused`` and cools the GPU down;
 * an Event per drain started and ended (on the node) and per eviction (on the pod), a
-  log line, and the ``gpupack_mig_drains`` / ``gpupack_mig_compaction_evictions`` metrics.
+  log line, and the ``gpupack_mig_drains`` / ``gpupack_mig_compaction_evictions`` metrics;
+* steering's fences (``steer.py``) written with the drains' in one pass, and an Event on
+  the node when they are put up or lifted (``MigSteered``, ``MigSteerLifted``), with the
+  ``gpupack_mig_steered`` / ``gpupack_mig_steer_changes`` metrics.
 
 Leadership is checked again right before each eviction and each Event: the actuator's
 step calls this after its own slow part (the decision, the ConfigMap and Node writes),
@@ -93,8 +96,9 @@ class MemoryReader(Protocol):
 
 
 class CompactMetrics:
-    """``gpupack_mig_drains{result}``, ``gpupack_mig_compaction_evictions{outcome}`` and
-    ``gpupack_mig_drains_in_flight`` (registered by every extender: zero when off)."""
+    """``gpupack_mig_drains{result}``, ``gpupack_mig_compaction_evictions{outcome}``,
+    ``gpupack_mig_drains_in_flight``, ``gpupack_mig_steered`` and
+    ``gpupack_mig_steer_changes{change}`` (registered by every extender: zero when off)."""
 
     def __init__(self, registry: Any) -> None:
         from prometheus_client import Counter, Gauge
@@ -114,6 +118,15 @@ class CompactMetrics:
             self.evictions.labels(o)
         self.in_flight = Gauge("gpupack_mig_drains_in_flight",
                                "MIG GPUs being drained by compaction", registry=registry)
+        self.steered = Gauge("gpupack_mig_steered",
+                             "(idle DynamicMIG GPU, MIG profile) pairs whose MIG devices "
+                             "compaction fences so the DRA allocator fills a GPU in MIG "
+                             "mode first", registry=registry)
+        self.steer_changes = Counter("gpupack_mig_steer_changes",
+                                     "(GPU, MIG profile) pairs steering fenced or lifted, "
+                                     "by change", ["change"], registry=registry)
+        for c in ("fenced", "lifted"):
+            self.steer_changes.labels(c)
 
 
 class Compactor:
@@ -158,6 +171,9 @@ class Compactor:
         self.evicted_at: list[float] = []
         self.cooldown: dict[tuple[str, int], float] = {}
         self.slots: dict[str, Hold] = {}  # drained pod -> the hold its slice takes once gone
+        # Steering's fences as last written (node, GPU, profile): what the Events and
+        # the gauge report changes of.
+        self.steered: set[Steer] = set()
         self.last: CompactDecision | None = None
         cache.on_pod_gone(self._on_gone)
 
@@ -384,7 +400,36 @@ class Compactor:
         if why is not None:
             log.warning("MIG compaction: %s; drained DynamicMIG GPUs not evicted from yet",
                         why)
+        else:
+            self._steering(set(steer))
         return why
+
+    def _steering(self, now: set[Steer]) -> None:
+        """Report what steering fenced or lifted since its fences were last written: one
+        Event per node and change (the GPUs and profiles), a log line and the metrics.
+        Nothing when nothing changed: the fences are written again every step."""
+        fenced, lifted = now - self.steered, self.steered - now
+        self.steered = now
+        for change, keys in (("fenced", fenced), ("lifted", lifted)):
+            for node in sorted({n for n, _, _ in keys}):
+                mine = [(g, p) for n, g, p in keys if n == node]
+                gpus = ", ".join(str(g) for g in sorted({g for g, _ in mine}))
+                profiles = ", ".join(sorted({p for _, p in mine}))
+                if change == "fenced":
+                    reason = "MigSteered"
+                    msg = (f"MIG devices of idle GPU(s) {gpus} fenced for {profiles}: a GPU "
+                           "in MIG mode on this node has room for them, so the DRA "
+                           "allocator's first fit takes it instead of switching an idle GPU")
+                else:
+                    reason = "MigSteerLifted"
+                    msg = (f"steering fences of GPU(s) {gpus} lifted for {profiles}: the "
+                           "GPUs in MIG mode on this node no longer have room for them")
+                log.info("MIG compaction on %s: %s", node, msg)
+                self._node_event(node, reason, msg)
+            if self.metrics is not None and keys:
+                self.metrics.steer_changes.labels(change).inc(len(keys))
+        if self.metrics is not None:
+            self.metrics.steered.set(len(now))
 
     def release(self) -> None:
         """Leadership lost: drain holds given back, drains forgotten; the memory is read
@@ -394,8 +439,12 @@ class Compactor:
             self.drains.clear()
             self.slots.clear()
             self._sync_holds([], set())
+        # The rules stay in the API until the next leader writes its own; this replica
+        # no longer answers for them.
+        self.steered = set()
         if self.metrics is not None:
             self.metrics.in_flight.set(0)
+            self.metrics.steered.set(0)
 
     # ---- pieces --------------------------------------------------------------------------------
 
