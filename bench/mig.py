@@ -99,6 +99,9 @@ Figures, time-averaged after ``--warmup-h`` (the cluster starts empty), to the e
   evictions_per_h  (gpupack-compact) pods moved per hour; move_gap_p99_s: from an evicted
                    pod gone to its replacement started (0: the replacement was placed while
                    the pod terminated)
+  taint_rule_writes_per_h, taint_rules_peak  (gpupack-compact, dra-dynamic) the
+                   DeviceTaintRules drains and steering create plus delete per hour after
+                   the warm-up, and the most in force at once: their load on the API server
 """
 
 from __future__ import annotations

@@ -500,6 +500,10 @@ class DraGpupackCompact(DraGpupack):
         self.moves: list[tuple[float, base.Pod]] = []
         self.fenced: set[tuple[str, int]] = set()
         self.steered: set[tuple[str, int, str]] = set()
+        # DeviceTaintRule churn: rules created plus deleted after the warm-up, and the
+        # most in force at once (one rule per fenced device, as kube/mig/fences.py writes).
+        self.rule_writes = 0
+        self.rules_peak = 0
         self.holder_pod: dict[str, base.Pod] = {}
         self.moved_in_window = 0
         self._seen: object = None
@@ -582,6 +586,7 @@ class DraGpupackCompact(DraGpupack):
             by_node.setdefault(name, set()).add((index, None))
         for name, index, profile in steer:
             by_node.setdefault(name, set()).add((index, profile))
+        before = {r.name for r in self.rules}
         self.rules = []
         for name, picks in sorted(by_node.items()):
             inv = self.inventories[name]
@@ -593,6 +598,9 @@ class DraGpupackCompact(DraGpupack):
                     self.rules.append(DeviceTaintRule(
                         f"gpupack-drain-{name}-{device}", Taint(DRAIN_TAINT, "", "NoSchedule"),
                         driver, pool, device))
+        if self.now >= self.warmup:
+            self.rule_writes += len(before ^ {r.name for r in self.rules})
+        self.rules_peak = max(self.rules_peak, len(self.rules))
         for name in touched:
             self.rebuild(name)
         return lifted
@@ -602,7 +610,10 @@ class DraGpupackCompact(DraGpupack):
         base.evict_pod(self, self.holder_pod[holder], len(self.evicted_at_all) + 1)
 
     def report(self, wall: float) -> dict[str, object]:
-        return {**super().report(wall), **base.move_figures(self)}
+        hours = max(self.horizon - self.warmup, 1.0) / 3600
+        return {**super().report(wall), **base.move_figures(self),
+                "taint_rule_writes_per_h": round(self.rule_writes / hours, 1),
+                "taint_rules_peak": self.rules_peak}
 
 
 class LayoutBound:

@@ -164,6 +164,8 @@ def test_mig_bench_dra_dynamic_protocol_runs_and_its_figures_are_consistent() ->
     assert bound["reconfigs_per_h"] <= pols["dra-first-fit"]["reconfigs_per_h"]
     compact = pols["gpupack-compact"]
     assert compact["evictions"] > 0 and sum(compact["drains_ended"].values()) > 0
+    # Drains and steering put DeviceTaintRules up and take them down: the churn is counted.
+    assert compact["taint_rules_peak"] > 0 and compact["taint_rule_writes_per_h"] > 0
     for name in ("gpupack", "gpupack-compact"):
         assert set(out["goals"][name]) == {
             "vs_layout_bound", "within_1_05_of_layout_bound", "fewer_gpus_than_dra_first_fit",
