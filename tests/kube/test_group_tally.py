@@ -5,19 +5,15 @@ cache with group members and other pods bound, assumed, forgotten, deleted, reli
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from sched_builders import make_cache, node, pod
 
 from kube.grouped import GroupTally
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scheduler"))
-from sched_builders import make_cache, node, pod  # noqa: E402
 
 OPS = st.lists(st.tuples(st.sampled_from(["set", "del", "pop", "pop_default", "clear"]),
                          st.integers(0, 5), st.integers(0, 9)), max_size=60)
