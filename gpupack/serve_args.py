@@ -53,9 +53,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-warm", action="store_true",
                    help="do not warm the verbs' memo in the background (requests fill it)")
     p.add_argument("--gc-freeze-every", type=float, default=30.0, metavar="S",
-                   help="every S seconds, collect garbage and freeze what survived, so the "
-                        "interpreter's own full collections scan only younger objects "
-                        "(default 30; 0: freeze once, when the first lists are in; "
+                   help="freeze what the heap gained (a young collection, then gc.freeze) "
+                        "1 s after the first lists, then at doubling intervals up to every S "
+                        "seconds, so the interpreter's own full collections scan only newer "
+                        "objects (default 30; 0: freeze once, when the first lists are in; "
                         "gpupack/gc_keeper.py)")
     p.add_argument("--gc-full-every", type=float, default=3600.0, metavar="S",
                    help="every S seconds the freeze step first unfreezes everything, so "
