@@ -3,11 +3,12 @@
 CPython's collector scans, in a full (generation 2) collection, every container object
 it tracks that is not frozen, holding the GIL throughout. ``gpupack serve`` freezes
 (``gc.freeze``) what the first lists of the cluster built, but much of the long-lived
-heap is made after that: the MIG actuator's views of every node (~40,000 GPU views and
-their MIG slots at 5,000 nodes), the metrics' rendered rows, the memo's entries, the
-plans. Measured at 5,000 nodes (bench/README.md, "Extender latency: what makes the
-tail"): ~220,000 objects made after the first freeze, and a full collection over them
-took ~80 ms, once every few thousand requests, inside whichever request triggered it.
+heap is made after that: the per-node MIG views (~40,000 GPU views and their MIG slots
+at 5,000 nodes) and rendered rows that the first scrape of ``/metrics`` builds and keeps
+(the MIG actuator keeps views too, where it runs), the memo's entries, the plans.
+Measured at 5,000 nodes (bench/README.md, section "What makes the tail"): ~220,000
+objects made after the first freeze, and a full collection over them took 80-110 ms,
+once every few thousand requests, inside whichever request triggered it.
 
 :class:`GcKeeper` freezes again: ``first_s`` after the first freeze, then at doubling
 intervals up to every ``every_s`` seconds, so that the start-up's builds (the first MIG
