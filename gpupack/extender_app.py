@@ -59,6 +59,7 @@ def create_extender_app(
     memo = Memo(cfg.memo_limit)
     inflight = InFlight(app.wsgi_app)
     app.wsgi_app = inflight  # type: ignore[method-assign]
+    app.extensions["gpupack.inflight"] = inflight
     warmer = Warmer(cache, memo, lambda: planner.scorer, busy=inflight.busy,
                     loop_metrics=loop_metrics)
     app.extensions["gpupack.warmer"] = warmer

@@ -52,6 +52,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "in equal states (default 16; 0 plans over every node)")
     p.add_argument("--no-warm", action="store_true",
                    help="do not warm the verbs' memo in the background (requests fill it)")
+    p.add_argument("--gc-freeze-every", type=float, default=30.0, metavar="S",
+                   help="freeze what the heap gained (a young collection, then gc.freeze) "
+                        "1 s after the first lists, then at doubling intervals up to every S "
+                        "seconds, so the interpreter's own full collections scan only newer "
+                        "objects (default 30; 0: freeze once, when the first lists are in; "
+                        "gpupack/gc_keeper.py)")
+    p.add_argument("--gc-full-every", type=float, default=3600.0, metavar="S",
+                   help="every S seconds the freeze step first unfreezes everything, so "
+                        "garbage cycles among frozen objects are reclaimed: one scan of "
+                        "the whole heap (~0.1 s at 5,000 nodes) that often (default 3600; "
+                        "0: never)")
     p.add_argument("--filter-top", type=int, default=1, metavar="N",
                    help="filter hands kube-scheduler at most N fitting nodes, those the "
                         "policy prefers, plus the plan's node (default 1: kube-scheduler "
@@ -219,6 +230,11 @@ def check_args(args: argparse.Namespace) -> str | None:
                 "NAMESPACE/NAME")
     if args.filter_top < 0:
         return "--filter-top must be 0 (every fitting node) or positive"
+    for flag in ("gc_freeze_every", "gc_full_every"):
+        value = getattr(args, flag)
+        if not (value >= 0 and value != float("inf")):  # NaN fails both
+            return (f"--{flag.replace('_', '-')} {value:g}: must be 0 or a positive "
+                    "number of seconds")
     if args.plan_per_class < 0:
         return "--plan-per-class must be 0 (every node) or positive"
     if args.plan_batch < 1:  # 0 planned nothing at all; a negative one dropped pods

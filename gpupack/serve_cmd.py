@@ -28,7 +28,6 @@ child process (:mod:`scheduler.planner.solve`).
 from __future__ import annotations
 
 import argparse
-import gc
 import logging
 import os
 import sys
@@ -234,6 +233,11 @@ class Components:
                                                  filter_top=args.filter_top),
                                        groups=self.groups, refusals=self.refusals,
                                        loop_metrics=self.loop_metrics)
+        from gpupack.gc_keeper import GcKeeper
+
+        self.gc_keeper = GcKeeper(args.gc_freeze_every, args.gc_full_every,
+                                  busy=self.app.extensions["gpupack.inflight"].busy,
+                                  loop_metrics=self.loop_metrics)
         self.no_planner = bool(args.no_planner)
         self.metrics_port = int(args.metrics_port)
         self.host = str(args.host)
@@ -288,7 +292,7 @@ class Components:
             self.lws.start()
         self.source.start(self.tap, self.tap, self.inputs, self.cache)
         start_expiry(self.cache, self._expiry_stop)
-        threading.Thread(target=self._freeze_when_synced, name="gpupack-gc-freeze",
+        threading.Thread(target=self._freeze_when_synced, name="gpupack-gc-sync",
                          daemon=True).start()
         if self.webhook is not None:
             self.webhook.start()
@@ -317,6 +321,7 @@ class Components:
         if self.unreadable is not None:
             self.unreadable.stop()
         self._expiry_stop.set()
+        self.gc_keeper.stop()
         for loop in loops:
             loop.stop()
         half = clock() + budget_s / 2
@@ -339,11 +344,13 @@ class Components:
     def _freeze_when_synced(self) -> None:
         """Once the first list is in, move everything allocated so far out of the garbage
         collector's reach: a full collection over a 5,000-node cache holds the GIL for
-        ~0.1 s (a latency spike for every request in flight); frozen objects are skipped."""
+        ~0.1 s (a latency spike for every request in flight); frozen objects are skipped.
+        Then the keeper freezes again every ``--gc-freeze-every`` seconds what was made
+        since (gpupack/gc_keeper.py)."""
         while not self.cache.synced:
             time.sleep(0.1)
-        gc.collect()
-        gc.freeze()
+        self.gc_keeper.freeze_now()
+        self.gc_keeper.start()
 
 
 def defragmenter(args: argparse.Namespace, c: Components, api: Any) -> Any:

@@ -55,6 +55,7 @@ from kube.assumptions import AssumedBinds, AssumeError, Assumption, same_uid
 from kube.constraints import PodConstraints, Taint, node_taints, pod_constraints
 from kube.dra_pods import read_pod_claims
 from kube.dra_store import DraObjects
+from kube.grouped import GroupTally
 from kube.inventory_age import (
     InventoryAge,
     InventoryTrust,
@@ -127,11 +128,13 @@ class ClusterCache:
         self._pods: dict[str, PodEntry] = {}
         self._assumed = AssumedBinds()
         # Everything applied to ``state``: watch-bound pods and assumed ones.
-        self._counted: dict[str, tuple[PodRequest, Placement]] = {}
+        self._counted: GroupTally[str, tuple[PodRequest, Placement]] = GroupTally(
+            lambda e: e[0].group is not None)
         self._on_node: dict[str, set[str]] = {}
         self._touched_at: dict[str, float] = {}  # node -> monotonic time of its last change
         self._uid_key: dict[str, str] = {}
-        self._pending: dict[str, PodRequest] = {}  # ours, unbound, not assumed; arrival order
+        # Ours, unbound, not assumed; arrival order.
+        self._pending: GroupTally[str, PodRequest] = GroupTally(lambda r: r.group is not None)
         self._gen: dict[str, int] = {}
         self._next_gen = 0
         self.version = 0  # changes on every change that could change a plan
@@ -353,6 +356,17 @@ class ClusterCache:
 
     def pending(self) -> list[PodRequest]:
         return list(self._pending.values())
+
+    def group_requests(self) -> tuple[list[tuple[PodRequest, Placement]], list[PodRequest]]:
+        """The counted entries (bound, assumed, held) and the pending pods whose request
+        is in a group, each in the order :meth:`snapshot` and :meth:`pending` list them;
+        no pass over the pods when none is (the reservation book's every step)."""
+        with self.lock:
+            counted = ([e for e in self._counted.values() if e[0].group is not None]
+                       if self._counted.grouped_count else [])
+            pending = ([p for p in self._pending.values() if p.group is not None]
+                       if self._pending.grouped_count else [])
+            return counted, pending
 
     def counts(self) -> dict[str, int]:
         return {

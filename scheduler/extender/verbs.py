@@ -285,7 +285,7 @@ class BestCandidates:
         """``fitting[i]`` and its memo entry ``evals[i]``: the candidates, in their
         order."""
         gen = self.scorer.gen
-        ranked: list[tuple[Score, tuple[int, int, str], int]] = []
+        prefs: list[tuple[Score, int]] = []
         unscored: list[int] = []
         for i, (name, ev) in enumerate(zip(fitting, evals, strict=True)):
             if not ev.has_score(gen):
@@ -293,8 +293,14 @@ class BestCandidates:
             if ev.pref is None:
                 unscored.append(i)
             else:
-                ranked.append((ev.pref, in_use_first(state, name), i))
-        # Ties as prioritize's winner breaks them (see winner()): it is always kept.
+                prefs.append((ev.pref, i))
+        # Ties as prioritize's winner breaks them (see winner()): it is always kept. Only
+        # nodes whose preference is at most the top-th best can be among the top, so the
+        # tie-break is read for those alone (~12 of ~220 fitting nodes at 5,000 nodes).
+        if len(prefs) > self.top:
+            cut = heapq.nsmallest(self.top, [p for p, _ in prefs])[-1]
+            prefs = [(p, i) for p, i in prefs if p <= cut]
+        ranked = [(p, in_use_first(state, fitting[i]), i) for p, i in prefs]
         chosen = [i for _, _, i in heapq.nsmallest(self.top, ranked)]
         if len(chosen) < self.top:  # fitting nodes the policy has no score for, last
             chosen += unscored[: self.top - len(chosen)]

@@ -316,10 +316,10 @@ class ReservationBook(GatedHandler):
     def members(self) -> dict[str, list[Member]]:
         """Every group's pods: counted ones with where (and whether only assumed: a
         group is complete once the watch confirms every bind), pending ones."""
-        pods: list[tuple[PodRequest, Placement | None]] = [
-            (req, p) for req, p in self.cache.snapshot().running if req.group is not None]
+        counted, pending = self.cache.group_requests()
+        pods: list[tuple[PodRequest, Placement | None]] = list(counted)
         assumed = {req.key for req, _ in pods if self.cache.is_assumed(req.key)}
-        pods += [(p, None) for p in self.cache.pending() if p.group is not None]
+        pods += [(p, None) for p in pending]
         # PodGroup members as their PodGroup says now (scheduler.groups.pod_groups).
         return resolve_members(members_of(pods, assumed), self.inputs.pod_group)
 

@@ -253,6 +253,10 @@ def _max_group_gpus(objs: list[Obj]) -> None:
     assert arg(containers(objs)["extender"], "--max-group-gpus") == "32"
 
 
+def _gc_freeze_every(objs: list[Obj]) -> None:
+    assert arg(containers(objs)["extender"], "--gc-freeze-every") == "10"
+
+
 def _max_namespace_reserved(objs: list[Obj]) -> None:
     assert arg(containers(objs)["extender"], "--max-namespace-reserved-gpus") == "25%"
 
@@ -543,6 +547,7 @@ CASES: dict[str, tuple[dict[str, Any] | None, Callable[[list[Obj]], None]]] = {
     "extender.httpTimeout": (None, _http_timeout),
     "extender.maxGroupGpus": (None, _max_group_gpus),
     "extender.maxNamespaceReservedGpus": (None, _max_namespace_reserved),
+    "extender.gcFreezeEverySeconds": (None, _gc_freeze_every),
     "extender.dra": (None, _dra_off),
     "migActuator.enabled": (None, _mig_actuator),
     "migActuator.configMap": (None, _mig_config_map),

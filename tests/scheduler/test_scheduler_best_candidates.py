@@ -6,6 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from sched_builders import filter_args, make_cache, mig_pod, node, whole_pod
 from test_scheduler_verbs import FixedPlan, scorer
 
@@ -101,3 +103,35 @@ def test_pods_with_soft_preferences_get_every_fitting_node(spec: dict[str, Any],
     result = filter_nodes(args, cache, Memo(), BestCandidates(1, scorer(), NoPlan()))
     assert list(result.node_names) == (["mig-1"] if cut else
                                        ["mig-0", "mig-1", "mig-2", "mig-3"])
+
+
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 2), st.integers(0, 2)),
+                min_size=1, max_size=40),
+       st.integers(1, 6))
+def test_best_candidates_are_the_top_of_the_full_order(
+        nodes: list[tuple[int, int, int]], top: int) -> None:
+    """select reads the tie-break (in_use_first) only for nodes whose preference is at
+    most the top-th best; the nodes it keeps are still the first ``top`` in the full order
+    (preference, in_use_first, position), as prioritize's winner() breaks ties, whatever
+    the ties among preferences and free CPU and memory. A node without a preference
+    (None) comes after every scored one."""
+    from types import SimpleNamespace
+
+    from packing.scoring import in_use_first
+    from scheduler.memo.decide import NodeEval, ScorerRef
+
+    names = [f"n{i:02d}" for i in range(len(nodes))]
+    state: Any = SimpleNamespace(nodes={
+        n: SimpleNamespace(cpu_free=cpu, mem_free=mem) for n, (_, cpu, mem) in zip(
+            names, nodes, strict=True)})
+    evals = [NodeEval(True, score_gen=7, pref=None if p == 3 else (p,))
+             for p, _, _ in nodes]
+    ref = ScorerRef(lambda *a: (0,), 7)
+    got = BestCandidates(top, ref, NoPlan()).select(list(names), evals, None, "ns/p",  # type: ignore[arg-type]
+                                                    state)
+    scored = sorted((ev.pref, in_use_first(state, n), i)
+                    for i, (n, ev) in enumerate(zip(names, evals, strict=True))
+                    if ev.pref is not None)
+    want = [i for _, _, i in scored[:top]]
+    want += [i for i, ev in enumerate(evals) if ev.pref is None][: top - len(want)]
+    assert got == [names[i] for i in sorted(want)]
