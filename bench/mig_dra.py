@@ -542,7 +542,8 @@ class DraGpupackCompact(DraGpupack):
         pending = tuple(MigPod(p.req.key, p.profile, p.req.gpu_models, p.arrival)
                         for p in self.pending.values() if p.profile is not None)
         cs = CompactState(self._views, self._tenants, tuple(self.drains.values()), pending,
-                          frozenset(), tuple(self.evicted_at), dict(self.cooldown))
+                          frozenset(), tuple(self.evicted_at), dict(self.cooldown),
+                          frozenset(self.steered))
         d = decide_compaction(cs, self.now, self.args.compact)
         base.keep_drains(self, d)
         lifted = self.fence(set(d.fences), set(d.steer))

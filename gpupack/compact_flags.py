@@ -58,6 +58,10 @@ FLAGS: tuple[CompactFlag, ...] = (
                 "DynamicMIG nodes: keep the DRA allocator off the MIG devices of idle GPUs "
                 "(DeviceTaintRules) for a profile while the node's GPUs in MIG mode have "
                 "room for at least this many more of it; 0: never (default {default})"),
+    CompactFlag("steer-keep", "dynamic_steer_keep", int, 0,
+                "once up, such fences stay while the room is at least this many (1 up to "
+                "the margin: fewer DeviceTaintRule writes; 0: the margin; default "
+                "{default})"),
 )
 
 
@@ -95,6 +99,11 @@ def compact_flag_error(ns: Any, prefix: str) -> str | None:
         if value < f.least:
             return (f"{prefix}{f.name} {value}: must be "
                     + (f"at least {f.least:g}" if f.least else "0 or positive"))
+    keep, margin = (getattr(ns, prefix.lstrip("-").replace("-", "_") + name)
+                    for name in ("steer_keep", "steer_margin"))
+    if keep > margin > 0:
+        return (f"{prefix}steer-keep {keep}: must be at most {prefix}steer-margin "
+                f"({margin}): fences stay up down to the keep, and go up at the margin")
     return None
 
 

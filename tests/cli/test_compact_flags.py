@@ -50,6 +50,9 @@ def test_every_flag_sets_its_field(prefix: str) -> None:
     ("--mig-compact-", ["--mig-compact-steer-margin", "-1"],
      "--mig-compact-steer-margin -1: must be 0 or positive"),
     ("--compact-", ["--compact-max-pods", "0"], "--compact-max-pods 0: must be at least 1"),
+    ("--mig-compact-", ["--mig-compact-steer-margin", "2", "--mig-compact-steer-keep", "3"],
+     "--mig-compact-steer-keep 3: must be at most --mig-compact-steer-margin (2): fences "
+     "stay up down to the keep, and go up at the margin"),
     ("--compact-", ["--compact-min-age", "-5"], "--compact-min-age -5.0: must be 0 or positive"),
 ])
 def test_a_value_out_of_range_is_named(prefix: str, argv: list[str], message: str) -> None:

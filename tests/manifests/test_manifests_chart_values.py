@@ -572,6 +572,8 @@ CASES: dict[str, tuple[dict[str, Any] | None, Callable[[list[Obj]], None]]] = {
     "migActuator.compact.keepRoom": (None, _mig_compact_keep_room_off),
     "migActuator.compact.steerMargin": (
         None, _mig_compact_flag("--mig-compact-steer-margin", "2")),
+    "migActuator.compact.steerKeep": (
+        None, _mig_compact_flag("--mig-compact-steer-keep", "1")),
     "policy": (None, _policy),
     "defrag.mode": (None, _defrag_mode),
     "defrag.evictionsPerMinute": (None, _defrag_rate),

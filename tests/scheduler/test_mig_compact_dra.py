@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from builders_dra import claim, claim_pod, dra_node, h100_slices, result
 from prometheus_client import CollectorRegistry
 from sched_builders import FakeClock
@@ -51,9 +52,11 @@ def asr(name: str, gpu: int, start: int) -> tuple[dict[str, Any], dict[str, Any]
 
 
 def setup(fences: FakeFences | None, made: list[tuple[dict[str, Any], dict[str, Any]]]
-          | None = None) -> tuple[ClusterCache, MigActuator, FakeEvictor, FakeApi]:
+          | None = None, settings: CompactSettings | None = None
+          ) -> tuple[ClusterCache, MigActuator, FakeEvictor, FakeApi]:
     """Node a of two H100s and the pods and claims ``made`` (default: GPU 0 holds one
-    ASR pod's instance; GPU 1 four)."""
+    ASR pod's instance; GPU 1 four); compaction's ``settings`` (default: drains of up to
+    two pods of any age)."""
     if made is None:
         made = [asr("lone", 0, 0)] + [asr(f"p{i}", 1, i) for i in range(4)]
     cache = ClusterCache("gpupack", mig_actuator=True)
@@ -67,7 +70,8 @@ def setup(fences: FakeFences | None, made: list[tuple[dict[str, Any], dict[str, 
     owners.replace(None, [p for p, _ in made])
     api, evictor = FakeApi(), FakeEvictor()
     compactor = Compactor(cache, owners, evictor, FakeEvents(), api,
-                          settings=CompactSettings(min_pod_age_s=0, max_pods=2, min_excess=1),
+                          settings=settings or CompactSettings(min_pod_age_s=0, max_pods=2,
+                                                               min_excess=1),
                           metrics=CompactMetrics(CollectorRegistry()), fences=fences)
     act = MigActuator(cache, api, is_leader=lambda: True, clock=FakeClock(), params=FAST,
                       settings=MigSettings(config_propagation_s=0, settle_s=0),
@@ -196,3 +200,35 @@ def test_a_failed_fence_write_reports_no_steering() -> None:
     act.step()
     assert act.compactor is not None and act.compactor.steered == set()
     assert not any(e[1] == "MigSteered" for e in api.events)
+
+
+def _refill(cache: ClusterCache, made: list[tuple[dict[str, Any], dict[str, Any]]]) -> None:
+    cache.replace([dra_node("a", labels={"gpupack.io/mig-reconfigure": "true"})],
+                  [p for p, _ in made])
+    cache.replace_dra(CLAIMS, [c for _, c in made])
+
+
+@pytest.mark.parametrize(("keep", "kept"), [(1, True), (0, False)])
+def test_the_compactor_keeps_its_fences_up_down_to_the_keep(keep: int, kept: bool) -> None:
+    # Margin 2: with 1g.10gb at 0-3 on GPU 1, the profiles with room for two more go up
+    # (1g.10gb: 4, 5, 6; 1g.20gb: 4, 6). Two more pods leave room for one of each: with
+    # keep 1 the compactor, told what it put up, keeps them; with keep 0 (the margin)
+    # they lift. Seven pods: no room, lifted either way.
+    made = [asr(f"p{i}", 1, i) for i in range(4)]
+    fences = FakeFences()
+    settings = CompactSettings(min_pod_age_s=0, max_pods=2, min_excess=1,
+                               dynamic_steer_margin=2, dynamic_steer_keep=keep)
+    cache, act, _, _ = setup(fences, made, settings)
+    compactor = act.compactor
+    assert compactor is not None
+    act.step()
+    first = {p for _, _, p in compactor.steered}
+    assert first == {"1g.10gb", "1g.20gb"}
+    made += [asr(f"q{i}", 1, 4 + i) for i in range(2)]
+    _refill(cache, made)
+    act.step()
+    assert ({p for _, _, p in compactor.steered} == first) is kept
+    assert (fences.synced[-1] != []) is kept
+    _refill(cache, [*made, asr("r", 1, 6)])
+    act.step()
+    assert compactor.steered == set() and fences.synced[-1] == []

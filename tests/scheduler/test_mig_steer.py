@@ -114,12 +114,21 @@ def gpus(draw: st.DrawFn) -> list[GpuView]:
 
 
 @settings(max_examples=200, deadline=None)
-@given(gpus(), st.integers(1, 3))
-def test_no_fit_is_lost_and_first_fit_is_in_mig_mode(gs: list[GpuView], margin: int) -> None:
+@given(gpus(), st.integers(1, 3), st.integers(0, 3), st.sets(st.sampled_from(PROFILES)))
+def test_no_fit_is_lost_and_first_fit_is_in_mig_mode(gs: list[GpuView], margin: int,
+                                                     keep: int, up_profiles: set[str]
+                                                     ) -> None:
     """Walk the node in the allocator's order (GPU index, then start) for every profile:
     where some GPU has a free start without the fences, one is left with them, and when
-    the profile is steered the first one left is on a GPU in MIG mode."""
-    steer = set(steer_fences([node(*gs)], (), margin))
+    the profile is steered the first one left is on a GPU in MIG mode. With fences up
+    already (``up_profiles`` on every idle GPU) and a keep below the margin, the same
+    holds, the room of a steered profile is at least the keep, and the fences are a
+    superset of those without the keep rule (it only keeps fences up longer)."""
+    up = {("a", g.index, p) for g in gs for p in up_profiles}
+    plain = set(steer_fences([node(*gs)], (), margin))
+    steer = set(steer_fences([node(*gs)], (), margin, keep, up))
+    assert plain <= steer
+    least = keep if 0 < keep < margin else margin
     def fits(g: GpuView, p: str) -> bool:
         if g.holders and not g.mig_enabled:
             return False  # a whole-GPU pod's
@@ -131,7 +140,8 @@ def test_no_fit_is_lost_and_first_fit_is_in_mig_mode(gs: list[GpuView], margin: 
         assert bool(before) == bool(after)
         if any(("a", g.index, p) in steer for g in gs):
             assert after[0].mig_enabled
-            assert sum(room(GEOM, g.layout, p) for g in gs if g.mig_enabled) >= margin
+            have = sum(room(GEOM, g.layout, p) for g in gs if g.mig_enabled)
+            assert have >= (least if p in up_profiles else margin)
         # never a GPU in MIG mode or one a pod holds
         assert all(not g.mig_enabled and not g.holders for g in gs
                    if ("a", g.index, p) in steer)
@@ -146,3 +156,30 @@ def test_the_decision_carries_the_steer_set() -> None:
     # a node with a MIG change in flight (or not opted in) is not steered
     changing = CompactState((node(idle(0), BUSY),), {}, (), (), frozenset({"a"}), (), {})
     assert decide_compaction(changing, 0.0, CompactSettings()).steer == ()
+
+
+@pytest.mark.parametrize(("margin", "keep", "up", "want"), [
+    # margin 2 alone: only 1g.10gb (room 3) goes up; 2g.20gb (room 1) does not
+    (2, 0, set(), {"1g.10gb"}),
+    # 2g.20gb's fences up already: kept at room 1 with keep 1, not with keep 0 (= margin)
+    (2, 1, {"2g.20gb"}, {"1g.10gb", "2g.20gb"}),
+    (2, 0, {"2g.20gb"}, {"1g.10gb"}),
+    # keep above the margin means the margin; a keep never raises fences not up
+    (2, 5, {"2g.20gb"}, {"1g.10gb"}),
+    (2, 1, set(), {"1g.10gb"}),
+    # fences up for a profile the GPUs in MIG mode have no room for (3g) are lifted
+    (2, 1, {"3g.40gb"}, {"1g.10gb"}),
+])
+def test_keep_rule(margin: int, keep: int, up: set[str], want: set[str]) -> None:
+    got = steer_fences([node(idle(0), BUSY)], (), margin, keep, {("a", 0, p) for p in up})
+    assert profiles_of(got, 0) == want
+
+
+def test_the_decision_keeps_the_fences_up_it_is_told_of() -> None:
+    settings_ = CompactSettings(dynamic_steer_margin=2, dynamic_steer_keep=1)
+    cs = CompactState((node(idle(0), BUSY),), {}, (), (), frozenset(), (), {})
+    assert profiles_of(decide_compaction(cs, 0.0, settings_).steer, 0) == {"1g.10gb"}
+    up = CompactState((node(idle(0), BUSY),), {}, (), (), frozenset(), (), {},
+                      frozenset({("a", 0, "2g.20gb")}))
+    assert profiles_of(decide_compaction(up, 0.0, settings_).steer, 0) == {"1g.10gb",
+                                                                           "2g.20gb"}

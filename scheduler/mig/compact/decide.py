@@ -120,6 +120,10 @@ class CompactSettings:
     # profile while the node's GPUs in MIG mode have room for at least this many more
     # instances of it; 0: never.
     dynamic_steer_margin: int = 1
+    # Once up, a profile's fences stay while the room is at least this many (1 ..
+    # margin; 0: the margin itself, no hysteresis). Below the margin, fewer fences go
+    # up and down as pods come and go on the GPUs in MIG mode (DeviceTaintRule writes).
+    dynamic_steer_keep: int = 0
 
     def excess_needed(self, g: GpuView) -> int:
         return self.dynamic_min_excess if g.dynamic else self.min_excess
@@ -177,6 +181,7 @@ class CompactState:
     changing: frozenset[str] = frozenset()  # nodes with a MIG change in flight
     evictions: tuple[float, ...] = ()  # when recent accepted evictions happened
     cooldown: Mapping[GpuKey, float] = field(default_factory=dict)  # GPU -> until
+    steered: frozenset[Steer] = frozenset()  # steering's fences up now (the keep rule)
 
 
 @dataclass(frozen=True)
@@ -313,7 +318,8 @@ def decide_compaction(state: CompactState, now: float,
         excess = _excess(state.nodes, by_gpu)
         # The allocator skips the MIG devices steering fences (``steer.py``): a moved
         # pod's first fit is then a GPU in MIG mode where an idle GPU comes first.
-        steered = steer_fences(eligible, draining, s.dynamic_steer_margin)
+        steered = steer_fences(eligible, draining, s.dynamic_steer_margin,
+                               s.dynamic_steer_keep, state.steered)
         room = DynamicRoom(state.nodes, state.changing, draining, state.pending,
                            frozenset(steered))
         in_use = _profiles_in_use(state.tenants.values(), gpus)
@@ -349,7 +355,8 @@ def decide_compaction(state: CompactState, now: float,
             spent += len(pods)
             holds += drain_holds(d, g)
             evict += [(d, t.key) for t in pods]
-    steer = steer_fences(eligible, set(fences), s.dynamic_steer_margin)
+    steer = steer_fences(eligible, set(fences), s.dynamic_steer_margin, s.dynamic_steer_keep,
+                         state.steered)
     return CompactDecision(tuple(starts), tuple(ends), tuple(evict), tuple(holds), cooldown,
                            why, tuple(fences), steer)
 

@@ -254,7 +254,7 @@ class Compactor:
         self.evicted_at = hour
         cs = CompactState(state.nodes, self.tenants(state, now), tuple(self.drains.values()),
                           state.mig_pods, frozenset(changing), tuple(hour),
-                          dict(self.cooldown))
+                          dict(self.cooldown), frozenset(self.steered))
         d = decide_compaction(cs, now, self.settings)
         self.apply(d, now)
         self._remember(now)

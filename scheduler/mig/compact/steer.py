@@ -25,7 +25,10 @@ Rule, per node, per MIG profile ``p`` of the node's DynamicMIG GPUs:
 * **idle** GPUs: DynamicMIG, MIG mode off, nothing holding them. Only an idle GPU of
   lower index than the last open GPU with room for ``p`` comes first in the allocator's
   order, so only those are fenced.
-* fence the ``p`` devices of those idle GPUs when the room is at least ``margin``.
+* fence the ``p`` devices of those idle GPUs when the room is at least ``margin``;
+  once fenced, keep them while it is at least ``keep`` (hysteresis: between the two,
+  a pod that comes or goes on the GPUs in MIG mode no longer puts up or takes down
+  about 20 DeviceTaintRules per idle GPU; measured in docs/mig.md).
 
 What stays open, by construction: the whole-GPU device of every idle GPU (a whole-GPU
 pod keeps it), and every profile the node's open GPUs have no room for (a pod of that
@@ -74,11 +77,16 @@ def _idle(g: GpuView) -> bool:
 
 
 def steer_fences(nodes: Sequence[NodeView], draining: Collection[GpuKey] = (),
-                 margin: int = 1) -> tuple[Steer, ...]:
+                 margin: int = 1, keep: int = 0, up: Collection[Steer] = ()
+                 ) -> tuple[Steer, ...]:
     """The (node, GPU, profile) whose MIG devices to fence now (sorted); none when
-    ``margin`` is 0 or less. See the module docstring."""
+    ``margin`` is 0 or less. ``up``: the fences up now; a profile with fences up on a
+    node keeps them while its room is at least ``keep`` (1 .. ``margin``; 0 or more
+    than the margin: the margin). See the module docstring."""
     if margin <= 0:
         return ()
+    keep = keep if 0 < keep < margin else margin
+    fenced_now = {(node, p) for node, _, p in up}
     out: list[Steer] = []
     for n in nodes:
         if n.unschedulable or n.tainted:
@@ -96,7 +104,7 @@ def steer_fences(nodes: Sequence[NodeView], draining: Collection[GpuKey] = (),
             for p in geom.profile_names:
                 rooms = [(g.index, room(geom, g.layout, p)) for g in mine]
                 total = sum(k for _, k in rooms)
-                if total < margin:
+                if total < (keep if (n.name, p) in fenced_now else margin):
                     continue
                 last = max(i for i, k in rooms if k)
                 out += [(n.name, g.index, p) for g in idle
