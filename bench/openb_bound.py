@@ -52,11 +52,13 @@ def _log(msg: str) -> None:
 
 
 def bound_trace(trace_dir: Path, trace: str, seeds: list[int], out: Path,
-                refine_lps: int, clairvoyant: bool = False) -> dict[str, Any]:
-    """The trace's per-seed bounds, from ``out/<trace>.json`` where already there."""
+                refine_lps: int, clairvoyant: bool = False, lps: int = 1) -> dict[str, Any]:
+    """The trace's per-seed bounds, from ``out/<trace>.json`` where already there with at
+    least ``lps`` LPs of branch and bound (a record without "lps" had 1: the root)."""
     path = out / f"{trace}.json"
     doc: dict[str, Any] = json.loads(path.read_text()) if path.is_file() else {"seeds": {}}
-    todo = [s for s in seeds if str(s) not in doc["seeds"]]
+    todo = [s for s in seeds
+            if str(s) not in doc["seeds"] or doc["seeds"][str(s)].get("lps", 1) < lps]
     refine = refine_lps > 1 and doc.get("refined", {}).get("lps", 0) < refine_lps
     run_cv = clairvoyant and "clairvoyant" not in doc
     if not todo and not refine and not run_cv:
@@ -66,11 +68,13 @@ def bound_trace(trace_dir: Path, trace: str, seeds: list[int], out: Path,
                            nodes.models)
     for seed in todo:
         inst = make_instance(nodes, pods, build_workload(pods, nodes.gpu_capacity_milli, seed))
-        found = allocation_bound(inst)
+        found = allocation_bound(inst, budget=lps)
         doc["seeds"][str(seed)] = {"alloc_130": found.alloc_130, "kind": found.kind,
                                    "lp_130": found.lp_130, "demand_pct": found.demand_pct,
-                                   "seconds": round(found.seconds, 1)}
-        _log(f"  {trace} seed {seed}: {found.alloc_130:.3f} ({found.seconds:.0f}s)")
+                                   "seconds": round(found.seconds, 1), "lps": lps,
+                                   "solved": found.nodes, "log": list(found.log)}
+        _log(f"  {trace} seed {seed}: {found.alloc_130:.3f} (root {found.lp_130:.3f}, "
+             f"{found.nodes} LPs, {found.seconds:.0f}s)")
         path.write_text(json.dumps(doc, indent=1))
     if refine:
         seed = seeds[0]
@@ -163,6 +167,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--traces", default=",".join(TRACES))
     ap.add_argument("--seeds", type=int, default=10)
+    ap.add_argument("--lps", type=int, default=1,
+                    help="LPs of branch and bound per seed (1: the root relaxation); a seed "
+                    "kept in --out with fewer is computed again")
     ap.add_argument("--refine-lps", type=int, default=1)
     ap.add_argument("--out", default="bench/results/openb-bound")
     ap.add_argument("--reuse", action="store_true",
@@ -179,7 +186,8 @@ def main() -> int:
     seeds = [PUBLISHED_SEEDS[0] + i for i in range(args.seeds)]
     t0 = time.perf_counter()
     bounds = {t: (json.loads((out / f"{t}.json").read_text()) if args.reuse
-                  else bound_trace(trace_dir, t, seeds, out, args.refine_lps, args.clairvoyant))
+                  else bound_trace(trace_dir, t, seeds, out, args.refine_lps, args.clairvoyant,
+                                   args.lps))
               for t in args.traces.split(",")}
     _log(f"done in {time.perf_counter() - t0:.0f}s")
     policies = None

@@ -110,6 +110,25 @@ def test_the_bound_is_above_every_legal_run(case: str) -> None:
             assert found.alloc_130 <= 100.0 + 1e-9
 
 
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_branch_and_bound_only_tightens_and_stays_above_every_run(case: str) -> None:
+    # Best first, deterministic: a larger budget runs the smaller one's steps and more,
+    # and each step replaces an open node by children bounded by it, so the certificate
+    # never rises with the budget and never drops below the best legal run.
+    node_spec, pod_spec = CASES[case]
+    nodes = Nodes.from_trace(_cluster(node_spec))
+    pods = Pods.from_trace(_pods(pod_spec), nodes.models)
+    order = np.random.default_rng(7).permutation(len(pod_spec)).astype(np.int64)
+    inst = make_instance(nodes, pods, order, load_pct=100)
+    best = 100.0 * best_legal_run(nodes, pods, order[:inst.n_arrivals]) / nodes.gpu_capacity_milli
+    found = [allocation_bound(inst, budget=lps) for lps in (1, 3, 9, 27)]
+    for before, after in zip(found, found[1:], strict=False):
+        assert after.alloc_130 <= before.alloc_130 + 1e-9
+        assert after.nodes >= before.nodes
+    assert found[-1].alloc_130 >= best - 1e-6
+    assert found[0].alloc_130 == pytest.approx(found[0].lp_130, abs=1e-6)
+
+
 def test_must_place_makes_the_bound_informative() -> None:
     # One node, 16 cores, 2 GPUs. A CPU-only pod of 8 cores arrives first and fits, so
     # the protocol places it; of the two 8-core whole-GPU pods after it only one finds
@@ -139,14 +158,17 @@ def test_the_bound_is_above_the_replays_policies(seed: int) -> None:
     nodes = Nodes.from_trace(_cluster(node_spec))
     pods = Pods.from_trace(_pods(pod_spec), nodes.models)
     workload = build_workload(pods, nodes.gpu_capacity_milli, seed)
-    found = allocation_bound(make_instance(nodes, pods, workload))
+    inst = make_instance(nodes, pods, workload)
+    found = allocation_bound(inst)
+    refined = allocation_bound(inst, budget=6)  # branch and bound: still a certificate
+    assert refined.alloc_130 <= found.alloc_130 + 1e-9
     typical = trace_shapes(pods, nodes.models)
     for name in ("random", "bestfit", "fgd", "gpupack"):
         run = replay(nodes, pods, workload, make(name), seed, typical)
         got = run.alloc_at(130)
         if np.isnan(got):  # the small workload never reads 129-131%: the cut is its end
             got = float(run.alloc_pct[-1])
-        assert got <= found.alloc_130 + 1e-6, name
+        assert got <= refined.alloc_130 + 1e-6, name
 
 
 def test_protocol_cut_reads_the_load_like_alloc_at() -> None:

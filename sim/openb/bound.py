@@ -546,16 +546,21 @@ def allocation_bound(inst: Instance, *, slices: Sequence[float] = SLICES,
             continue
         _, q, k = max(frac)
         lo, hi = fixed.get(q, (0, model.n_slices))
+        got = []
         for child in ({**fixed, q: (lo, k)}, {**fixed, q: (k + 1, hi)}):
             if child[q][0] > child[q][1]:
                 continue
             _fix(model, child)
             found = _solve(model, bound)
             solved += 1
+            got.append("infeasible" if found is None else f"{100 * min(found[0], bound) / cap:.3f}")
             if found is not None:
-                open_nodes.append((found[0], child, found[2]))
+                # the child's LP is the parent's with b fixed further, so the parent's
+                # certificate also bounds the child's runs: keep the smaller of the two
+                open_nodes.append((min(found[0], bound), child, found[2]))
         top = max([best_leaf] + [node[0] for node in open_nodes])
-        log.append(f"  {solved} LPs: {100 * top / cap:.3f}")
+        log.append(f"  {solved} LPs: {100 * top / cap:.3f} (class {q} blocked by slice {k}"
+                   f" / not: {' / '.join(got)})")
     _fix(model, {})
     top = max([best_leaf] + [node[0] for node in open_nodes])
     log.append(f"branch and bound: {solved} LPs, bound {100 * top / cap:.3f}")
