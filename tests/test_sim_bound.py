@@ -7,6 +7,7 @@ hand-made cases where the protocol's must-place rule is what limits the allocati
 
 from __future__ import annotations
 
+import itertools
 from functools import cache
 
 import numpy as np
@@ -122,7 +123,7 @@ def test_branch_and_bound_only_tightens_and_stays_above_every_run(case: str) -> 
     inst = make_instance(nodes, pods, order, load_pct=100)
     best = 100.0 * best_legal_run(nodes, pods, order[:inst.n_arrivals]) / nodes.gpu_capacity_milli
     found = [allocation_bound(inst, budget=lps) for lps in (1, 3, 9, 27)]
-    for before, after in zip(found, found[1:], strict=False):
+    for before, after in itertools.pairwise(found):
         assert after.alloc_130 <= before.alloc_130 + 1e-9
         assert after.nodes >= before.nodes
     assert found[-1].alloc_130 >= best - 1e-6
