@@ -134,32 +134,43 @@ def table(bounds: dict[str, dict[str, Any]], seeds: list[int],
     achievable figure where computed (first seed, beside that seed's bound) and, with the
     policies' series, FGD and gpupack over the same seeds, the distance from FGD to the
     bound and the share of it gpupack closes."""
-    head = "| trace | bound @130 (seeds) | clairvoyant (seed, its bound) |"
-    sep = "|---|---|---|"
+    head = ("| trace | root LP | bound @130 (seeds) | LPs, s a seed "
+            "| clairvoyant (seed, its bound) |")
+    sep = "|---|---|---|---|---|"
     if policies:
-        head += " fgd | gpupack | bound - fgd | bound - gpupack | closed |"
-        sep += "---|---|---|---|---|"
+        head += " fgd | gpupack | bound - fgd | bound - gpupack | closed (root LP) | closed |"
+        sep += "---|---|---|---|---|---|"
     lines = [head, sep]
-    fams: dict[str, list[float]] = {}
+    fams: dict[str, list[tuple[float, float]]] = {}
     for trace in sorted(bounds):
         doc = bounds[trace]
         have = [x for x in seeds if str(x) in doc["seeds"]]  # --reuse: those computed
         ub = mean_bound(doc, have)
+        root = sum(doc["seeds"][str(s)]["lp_130"] for s in have) / len(have)
+        lps = sum(doc["seeds"][str(s)].get("solved", 1) for s in have) / len(have)
+        secs = sum(doc["seeds"][str(s)]["seconds"] for s in have) / len(have)
         cv = doc.get("clairvoyant")
         cv_cell = (f"{cv['alloc_130']:.2f} ({cv['seed']}, "
                    f"{doc['seeds'][str(cv['seed'])]['alloc_130']:.2f})" if cv else "-")
-        row = f"| {trace} | {ub:.2f} ({len(have)}) | {cv_cell} |"
+        row = (f"| {trace} | {root:.2f} | {ub:.2f} ({len(have)}) | {lps:.0f}, {secs:.0f} |"
+               f" {cv_cell} |")
         series = (policies or {}).get(trace, {})
         if policies and {"fgd", "gpupack"} <= series.keys():
             f = sum(series["fgd"][s] for s in have) / len(have)
             g = sum(series["gpupack"][s] for s in have) / len(have)
             closed = (g - f) / (ub - f) * 100 if ub > f else float("nan")
-            fams.setdefault(family(trace), []).append(closed)
-            row += f" {f:.2f} | {g:.2f} | {ub - f:.2f} | {ub - g:.2f} | {closed:.0f}% |"
+            closed_root = (g - f) / (root - f) * 100 if root > f else float("nan")
+            fams.setdefault(family(trace), []).append((closed_root, closed))
+            row += (f" {f:.2f} | {g:.2f} | {ub - f:.2f} | {ub - g:.2f} | {closed_root:.0f}% |"
+                    f" {closed:.0f}% |")
         lines.append(row)
     if fams:
-        lines += ["", "| family | mean share of the distance closed |", "|---|---|"]
-        lines += [f"| {k} | {sum(v) / len(v):.0f}% |" for k, v in sorted(fams.items())]
+        lines += ["", "| family | mean share of the distance closed: to the root LP -> to the "
+                  "bound |", "|---|---|"]
+        for k, v in sorted(fams.items()):
+            a = sum(x for x, _ in v) / len(v)
+            b = sum(y for _, y in v) / len(v)
+            lines.append(f"| {k} | {a:.0f}% -> {b:.0f}% |")
     return "\n".join(lines)
 
 
