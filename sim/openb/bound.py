@@ -63,11 +63,15 @@ its own certificate and its parent's (its LP is the parent's with bounds tighten
 both bound its runs), and the result is the largest figure among the nodes left open and
 the leaves (b integral for every major class): a certificate at any budget, never above
 the root's, and never above a smaller budget's (best first and deterministic: the larger
-budget runs the smaller one's steps first). It branches on the fractional b_k,q of
-largest min(b, 1 - b) x the class's share of the demand or cpu: the diagnosis of issue 38
-found the root's excess in the heavy share classes' fractional blocking (a 0.35-0.41
-share of every GPU class blocked from the first slice on, which lifts must-place for as
-much of their arrivals) and one branch on the 810-milli class closing most of it.
+budget runs the smaller one's steps first). It branches on the class whose pods the
+node's LP leaves unplaced most (weighted by their GPU milli; a CPU-only class's cpu at the
+cluster's milli per cpu), at its most fractional slice: the diagnosis of issue 38 (seed
+42 of default and multigpu50) found the root's excess there: b = 0.35-0.41 for every GPU
+class from the first slice on (through dominance), which lifts must-place for as large a
+part of their arrivals, and the LP leaves half the 810- and 470-milli shares unplaced
+and fills their GPUs with whole-GPU pods; a branch on the 810-milli class removes most of
+it. (Branching on the most fractional b alone spends its LPs on classes that move
+nothing: the CPU-only ones.)
 """
 
 from __future__ import annotations
@@ -299,7 +303,11 @@ class SlicedModel:
     b: dict[tuple[int, int], int]
     major: list[int]
     n_slices: int
-    weight: dict[int, float] = field(default_factory=dict)  # major class -> its share
+    # per major class: its arrivals, its end placement's variables, and the weight of one
+    # pod (its GPU milli, or for a CPU-only class its cpu at the cluster's milli per cpu)
+    arrivals: dict[int, int] = field(default_factory=dict)
+    x_end: dict[int, list[int]] = field(default_factory=dict)
+    weight: dict[int, float] = field(default_factory=dict)
 
 
 def build(inst: Instance, slices: Sequence[float] = SLICES, major: float = MAJOR) -> SlicedModel:
@@ -393,7 +401,11 @@ def build(inst: Instance, slices: Sequence[float] = SLICES, major: float = MAJOR
                 continue  # implied through q3 (the transitive reduction suffices)
             for k in range(K):
                 lp.row(-inf, 0.0, [(B[k, q], 1.0), (B[k, q2], -1.0)])
-    return SlicedModel(inst, lp, B, majors, K, {q: float(weight[q]) for q in majors})
+    per_cpu = float(inst.capacity_milli) / max(float((inst.type_count * inst.type_cpu).sum()), 1.0)
+    return SlicedModel(inst, lp, B, majors, K, {q: int(total[q]) for q in majors},
+                       {q: [X[last, t, q] for t in by_class.get(q, [])] for q in majors},
+                       {q: float(d[q]) if d[q] > 0 else float(cpu[q]) * per_cpu
+                        for q in majors})
 
 
 def _share_flow(inst: Instance, lp: CertifiedLP, by_type: dict[int, list[int]],
@@ -520,14 +532,18 @@ def _fix(model: SlicedModel, first: dict[int, tuple[int, int]]) -> None:
 
 def _solve(model: SlicedModel, parent: float = math.inf
            ) -> tuple[float, float, dict[int, list[float]]] | None:
-    """(certified bound, LP value, b per major class); None when proven infeasible; the
-    parent's bound when the solver gives no answer (so the result stays valid)."""
+    """(certified bound, LP value, per major class its b per slice followed by what the LP
+    leaves of it unplaced, weighted: :attr:`SlicedModel.weight`); None when proven
+    infeasible; the parent's bound when the solver gives no answer (so the result stays
+    valid)."""
     status = model.lp.solve()
     if status == "infeasible":
         return None
     if status != "optimal":
-        return parent, parent, {q: [0.5] * model.n_slices for q in model.major}
+        return parent, parent, {q: [0.5] * model.n_slices + [1.0] for q in model.major}
     bvals = {q: [model.lp.primal(model.b[k, q]) for k in range(model.n_slices)]
+             + [model.weight[q] * max(0.0, float(model.arrivals[q])
+                                      - sum(model.lp.primal(j) for j in model.x_end[q]))]
              for q in model.major}
     return model.lp.dual_bound(), model.lp.value(), bvals
 
@@ -557,14 +573,14 @@ def allocation_bound(inst: Instance, *, slices: Sequence[float] = SLICES,
             continue
         # branch on the most fractional blocking variable of a major class: blocked
         # from slice k on, or not yet at slice k
-        # (weighted by the class's share of the demand or cpu: a heavy class's blocking
-        # moves the bound most, so it is settled first)
-        frac = [(min(v, 1.0 - v) * model.weight.get(q, 1.0), q, k) for q in model.major
-                for k, v in enumerate(bvals[q]) if 1e-6 < v < 1.0 - 1e-6]
+        # (of the class whose pods the LP leaves unplaced most, weighted by their GPU
+        # milli: the root's excess comes from heavy share classes it need not place)
+        frac = [(bvals[q][-1], min(v, 1.0 - v), q, k) for q in model.major
+                for k, v in enumerate(bvals[q][:-1]) if 1e-6 < v < 1.0 - 1e-6]
         if not frac:
             best_leaf = max(best_leaf, bound)  # integral: this LP is the leaf's value
             continue
-        _, q, k = max(frac)
+        _, _, q, k = max(frac)
         lo, hi = fixed.get(q, (0, model.n_slices))
         got = []
         for child in ({**fixed, q: (lo, k)}, {**fixed, q: (k + 1, hi)}):
