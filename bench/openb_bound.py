@@ -1,14 +1,16 @@
 """Benchmark: the certified upper bound on openb allocation at 130% (issue 38, item 1).
 
 For every trace with a published FGD series and every seed, the bound of
-``sim/openb/bound.py`` (the relaxation, ``--lps 1``; with ``--refine-lps N`` the first
-seed's bound also by branch and bound with at most N LPs), kept per trace as JSON under
+``sim/openb/bound.py`` (``--lps N``: branch and bound with at most N LPs, 1 = the root
+relaxation; a seed kept with fewer LPs is computed again; with ``--refine-lps N`` the first
+seed's bound also, kept apart under "refined"), kept per trace as JSON under
 ``--out`` so that a rerun computes only what is missing, and a table beside the policies'
 figures of a ``bench/openb_all.py`` run (``--policies DIR``): FGD, gpupack, the bound and
 how much of the distance from FGD to the bound gpupack closes.
 
     python bench/openb_bound.py --seeds 10 --out bench/results/openb-bound-2026-12-06
-    python bench/openb_bound.py --traces default --seeds 1 --refine-lps 40
+    python bench/openb_bound.py --traces default,multigpu50 --seeds 1 --lps 9 \
+        --out bench/results/openb-bound-2026-12-06-bb
     python bench/openb_bound.py --seeds 3 --policies \\
         bench/results/openb-all-2026-12-01-shipped,bench/results/openb-all-2026-12-06-fresh
     python bench/openb_bound.py --traces gpushare100 --seeds 1 --clairvoyant
