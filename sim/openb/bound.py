@@ -72,6 +72,9 @@ part of their arrivals, and the LP leaves half the 810- and 470-milli shares unp
 and fills their GPUs with whole-GPU pods; a branch on the 810-milli class removes most of
 it. (Branching on the most fractional b alone spends its LPs on classes that move
 nothing: the CPU-only ones.)
+
+Past 600 lines because the relaxation, its certified LP and the branch and bound are one
+argument of validity, kept beside the code it speaks of.
 """
 
 from __future__ import annotations
