@@ -1,14 +1,16 @@
 """Benchmark: the certified upper bound on openb allocation at 130% (issue 38, item 1).
 
 For every trace with a published FGD series and every seed, the bound of
-``sim/openb/bound.py`` (the relaxation, ``--lps 1``; with ``--refine-lps N`` the first
-seed's bound also by branch and bound with at most N LPs), kept per trace as JSON under
+``sim/openb/bound.py`` (``--lps N``: branch and bound with at most N LPs, 1 = the root
+relaxation; a seed kept with fewer LPs is computed again; with ``--refine-lps N`` the first
+seed's bound also, kept apart under "refined"), kept per trace as JSON under
 ``--out`` so that a rerun computes only what is missing, and a table beside the policies'
 figures of a ``bench/openb_all.py`` run (``--policies DIR``): FGD, gpupack, the bound and
 how much of the distance from FGD to the bound gpupack closes.
 
     python bench/openb_bound.py --seeds 10 --out bench/results/openb-bound-2026-12-06
-    python bench/openb_bound.py --traces default --seeds 1 --refine-lps 40
+    python bench/openb_bound.py --traces default,multigpu50 --seeds 1 --lps 9 \
+        --out bench/results/openb-bound-2026-12-06-bb
     python bench/openb_bound.py --seeds 3 --policies \\
         bench/results/openb-all-2026-12-01-shipped,bench/results/openb-all-2026-12-06-fresh
     python bench/openb_bound.py --traces gpushare100 --seeds 1 --clairvoyant
@@ -52,11 +54,13 @@ def _log(msg: str) -> None:
 
 
 def bound_trace(trace_dir: Path, trace: str, seeds: list[int], out: Path,
-                refine_lps: int, clairvoyant: bool = False) -> dict[str, Any]:
-    """The trace's per-seed bounds, from ``out/<trace>.json`` where already there."""
+                refine_lps: int, clairvoyant: bool = False, lps: int = 1) -> dict[str, Any]:
+    """The trace's per-seed bounds, from ``out/<trace>.json`` where already there with at
+    least ``lps`` LPs of branch and bound (a record without "lps" had 1: the root)."""
     path = out / f"{trace}.json"
     doc: dict[str, Any] = json.loads(path.read_text()) if path.is_file() else {"seeds": {}}
-    todo = [s for s in seeds if str(s) not in doc["seeds"]]
+    todo = [s for s in seeds
+            if str(s) not in doc["seeds"] or doc["seeds"][str(s)].get("lps", 1) < lps]
     refine = refine_lps > 1 and doc.get("refined", {}).get("lps", 0) < refine_lps
     run_cv = clairvoyant and "clairvoyant" not in doc
     if not todo and not refine and not run_cv:
@@ -66,11 +70,13 @@ def bound_trace(trace_dir: Path, trace: str, seeds: list[int], out: Path,
                            nodes.models)
     for seed in todo:
         inst = make_instance(nodes, pods, build_workload(pods, nodes.gpu_capacity_milli, seed))
-        found = allocation_bound(inst)
+        found = allocation_bound(inst, budget=lps)
         doc["seeds"][str(seed)] = {"alloc_130": found.alloc_130, "kind": found.kind,
                                    "lp_130": found.lp_130, "demand_pct": found.demand_pct,
-                                   "seconds": round(found.seconds, 1)}
-        _log(f"  {trace} seed {seed}: {found.alloc_130:.3f} ({found.seconds:.0f}s)")
+                                   "seconds": round(found.seconds, 1), "lps": lps,
+                                   "solved": found.nodes, "log": list(found.log)}
+        _log(f"  {trace} seed {seed}: {found.alloc_130:.3f} (root {found.lp_130:.3f}, "
+             f"{found.nodes} LPs, {found.seconds:.0f}s)")
         path.write_text(json.dumps(doc, indent=1))
     if refine:
         seed = seeds[0]
@@ -130,32 +136,43 @@ def table(bounds: dict[str, dict[str, Any]], seeds: list[int],
     achievable figure where computed (first seed, beside that seed's bound) and, with the
     policies' series, FGD and gpupack over the same seeds, the distance from FGD to the
     bound and the share of it gpupack closes."""
-    head = "| trace | bound @130 (seeds) | clairvoyant (seed, its bound) |"
-    sep = "|---|---|---|"
+    head = ("| trace | root LP | bound @130 (seeds) | LPs, s a seed "
+            "| clairvoyant (seed, its bound) |")
+    sep = "|---|---|---|---|---|"
     if policies:
-        head += " fgd | gpupack | bound - fgd | bound - gpupack | closed |"
-        sep += "---|---|---|---|---|"
+        head += " fgd | gpupack | bound - fgd | bound - gpupack | closed (root LP) | closed |"
+        sep += "---|---|---|---|---|---|"
     lines = [head, sep]
-    fams: dict[str, list[float]] = {}
+    fams: dict[str, list[tuple[float, float]]] = {}
     for trace in sorted(bounds):
         doc = bounds[trace]
         have = [x for x in seeds if str(x) in doc["seeds"]]  # --reuse: those computed
         ub = mean_bound(doc, have)
+        root = sum(doc["seeds"][str(s)]["lp_130"] for s in have) / len(have)
+        lps = sum(doc["seeds"][str(s)].get("solved", 1) for s in have) / len(have)
+        secs = sum(doc["seeds"][str(s)]["seconds"] for s in have) / len(have)
         cv = doc.get("clairvoyant")
         cv_cell = (f"{cv['alloc_130']:.2f} ({cv['seed']}, "
                    f"{doc['seeds'][str(cv['seed'])]['alloc_130']:.2f})" if cv else "-")
-        row = f"| {trace} | {ub:.2f} ({len(have)}) | {cv_cell} |"
+        row = (f"| {trace} | {root:.2f} | {ub:.2f} ({len(have)}) | {lps:.0f}, {secs:.0f} |"
+               f" {cv_cell} |")
         series = (policies or {}).get(trace, {})
         if policies and {"fgd", "gpupack"} <= series.keys():
             f = sum(series["fgd"][s] for s in have) / len(have)
             g = sum(series["gpupack"][s] for s in have) / len(have)
             closed = (g - f) / (ub - f) * 100 if ub > f else float("nan")
-            fams.setdefault(family(trace), []).append(closed)
-            row += f" {f:.2f} | {g:.2f} | {ub - f:.2f} | {ub - g:.2f} | {closed:.0f}% |"
+            closed_root = (g - f) / (root - f) * 100 if root > f else float("nan")
+            fams.setdefault(family(trace), []).append((closed_root, closed))
+            row += (f" {f:.2f} | {g:.2f} | {ub - f:.2f} | {ub - g:.2f} | {closed_root:.0f}% |"
+                    f" {closed:.0f}% |")
         lines.append(row)
     if fams:
-        lines += ["", "| family | mean share of the distance closed |", "|---|---|"]
-        lines += [f"| {k} | {sum(v) / len(v):.0f}% |" for k, v in sorted(fams.items())]
+        lines += ["", "| family | mean share of the distance closed: to the root LP -> to the "
+                  "bound |", "|---|---|"]
+        for k, v in sorted(fams.items()):
+            a = sum(x for x, _ in v) / len(v)
+            b = sum(y for _, y in v) / len(v)
+            lines.append(f"| {k} | {a:.0f}% -> {b:.0f}% |")
     return "\n".join(lines)
 
 
@@ -163,6 +180,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--traces", default=",".join(TRACES))
     ap.add_argument("--seeds", type=int, default=10)
+    ap.add_argument("--lps", type=int, default=1,
+                    help="LPs of branch and bound per seed (1: the root relaxation); a seed "
+                    "kept in --out with fewer is computed again")
     ap.add_argument("--refine-lps", type=int, default=1)
     ap.add_argument("--out", default="bench/results/openb-bound")
     ap.add_argument("--reuse", action="store_true",
@@ -179,7 +199,8 @@ def main() -> int:
     seeds = [PUBLISHED_SEEDS[0] + i for i in range(args.seeds)]
     t0 = time.perf_counter()
     bounds = {t: (json.loads((out / f"{t}.json").read_text()) if args.reuse
-                  else bound_trace(trace_dir, t, seeds, out, args.refine_lps, args.clairvoyant))
+                  else bound_trace(trace_dir, t, seeds, out, args.refine_lps, args.clairvoyant,
+                                   args.lps))
               for t in args.traces.split(",")}
     _log(f"done in {time.perf_counter() - t0:.0f}s")
     policies = None

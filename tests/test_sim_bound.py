@@ -7,6 +7,7 @@ hand-made cases where the protocol's must-place rule is what limits the allocati
 
 from __future__ import annotations
 
+import itertools
 from functools import cache
 
 import numpy as np
@@ -15,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from packing.model import GPU_MILLI
-from sim.openb.bound import allocation_bound, dominates, make_instance, protocol_cut
+from sim.openb.bound import _solve, allocation_bound, build, dominates, make_instance, protocol_cut
 from sim.openb.cluster import Nodes, Pods
 from sim.openb.policies import make
 from sim.openb.replay import build_workload, replay, trace_shapes
@@ -110,6 +111,69 @@ def test_the_bound_is_above_every_legal_run(case: str) -> None:
             assert found.alloc_130 <= 100.0 + 1e-9
 
 
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_branch_and_bound_only_tightens_and_stays_above_every_run(case: str) -> None:
+    # Best first, deterministic: a larger budget runs the smaller one's steps and more,
+    # and each step replaces an open node by children bounded by it, so the certificate
+    # never rises with the budget and never drops below the best legal run.
+    node_spec, pod_spec = CASES[case]
+    nodes = Nodes.from_trace(_cluster(node_spec))
+    pods = Pods.from_trace(_pods(pod_spec), nodes.models)
+    order = np.random.default_rng(7).permutation(len(pod_spec)).astype(np.int64)
+    inst = make_instance(nodes, pods, order, load_pct=100)
+    best = 100.0 * best_legal_run(nodes, pods, order[:inst.n_arrivals]) / nodes.gpu_capacity_milli
+    found = [allocation_bound(inst, budget=lps) for lps in (1, 3, 9, 27)]
+    for before, after in itertools.pairwise(found):
+        assert after.alloc_130 <= before.alloc_130 + 1e-9
+        assert after.nodes >= before.nodes
+    assert found[-1].alloc_130 >= best - 1e-6
+    assert found[0].alloc_130 == pytest.approx(found[0].lp_130, abs=1e-6)
+
+
+SHAPES = [(1000, 2048, 1, 1000), (2000, 4096, 2, 1000), (1000, 2048, 1, 810),
+          (4000, 8192, 1, 470), (2000, 4096, 1, 320), (500, 1024, 1, 160),
+          (6000, 16384, 0, 0), (9000, 8192, 1, 1000)]
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.sampled_from([8000, 16000]), st.sampled_from([1, 2])),
+                min_size=1, max_size=3),
+       st.lists(st.integers(0, len(SHAPES) - 1), min_size=3, max_size=8),
+       st.sampled_from([100, 130]))
+def test_the_bound_is_above_every_legal_run_on_random_tiny_clusters(
+        node_spec: list[tuple[int, int]], pod_idx: list[int], load: int) -> None:
+    # Every part of the relaxation at once (blocking at every slice, the last included,
+    # dominance, share packing, branch and bound), against the exhaustive best run.
+    nodes = Nodes.from_trace(_cluster([(c, 65536, g) for c, g in node_spec]))
+    pods = Pods.from_trace(_pods([SHAPES[i] for i in pod_idx]), nodes.models)
+    order = np.arange(len(pod_idx), dtype=np.int64)
+    inst = make_instance(nodes, pods, order, load_pct=load)
+    best = best_legal_run(nodes, pods, order[:inst.n_arrivals])
+    for lps in (1, 9):
+        found = allocation_bound(inst, budget=lps)
+        assert found.alloc_130 * nodes.gpu_capacity_milli / 100 >= best - 1e-6, lps
+
+
+def test_the_exhaustive_check_catches_an_invalid_cut() -> None:
+    # The check above has teeth: claim, wrongly, that no class is blocked at the end (so
+    # every arrival must be placed) and the relaxation either has no solution or falls
+    # below the best legal run of a case where a class does end blocked.
+    node_spec, pod_spec = CASES["cpu"]
+    nodes = Nodes.from_trace(_cluster(node_spec))
+    pods = Pods.from_trace(_pods(pod_spec), nodes.models)
+    order = np.arange(len(pod_spec), dtype=np.int64)
+    inst = make_instance(nodes, pods, order, load_pct=10_000)
+    best = best_legal_run(nodes, pods, order)
+    model = build(inst)
+    honest = _solve(model)
+    assert honest is not None and honest[0] >= best - 1e-6
+    for (k, _), j in model.b.items():
+        if k == model.n_slices - 1:
+            model.lp.set_bounds(j, 0.0, 0.0)
+    invalid = _solve(model)
+    assert invalid is None or invalid[0] < best - 1e-6
+
+
 def test_must_place_makes_the_bound_informative() -> None:
     # One node, 16 cores, 2 GPUs. A CPU-only pod of 8 cores arrives first and fits, so
     # the protocol places it; of the two 8-core whole-GPU pods after it only one finds
@@ -139,14 +203,17 @@ def test_the_bound_is_above_the_replays_policies(seed: int) -> None:
     nodes = Nodes.from_trace(_cluster(node_spec))
     pods = Pods.from_trace(_pods(pod_spec), nodes.models)
     workload = build_workload(pods, nodes.gpu_capacity_milli, seed)
-    found = allocation_bound(make_instance(nodes, pods, workload))
+    inst = make_instance(nodes, pods, workload)
+    found = allocation_bound(inst)
+    refined = allocation_bound(inst, budget=6)  # branch and bound: still a certificate
+    assert refined.alloc_130 <= found.alloc_130 + 1e-9
     typical = trace_shapes(pods, nodes.models)
     for name in ("random", "bestfit", "fgd", "gpupack"):
         run = replay(nodes, pods, workload, make(name), seed, typical)
         got = run.alloc_at(130)
         if np.isnan(got):  # the small workload never reads 129-131%: the cut is its end
             got = float(run.alloc_pct[-1])
-        assert got <= found.alloc_130 + 1e-6, name
+        assert got <= refined.alloc_130 + 1e-6, name
 
 
 def test_protocol_cut_reads_the_load_like_alloc_at() -> None:

@@ -37,10 +37,13 @@ than m_q free, or (whole GPUs) fewer than k_q GPUs are fully free.
   every node that rejects q rejects q' (:func:`dominates`).
 * Blocking, for the major classes (``MAJOR``: >= 3% of the demand or of the cpu):
   blocked at slice k => each node of each allowed type is short of cpu, of memory or of
-  GPUs for q. With z^C + z^M + z^G = N_t b_k,q nodes in each state, the type's usage at
-  slice k covers the states (cpu used >= (cpu_t - c_q + 1) z^C, memory likewise; a
-  share: U_k,t >= G_t z^G and milli used >= G_t (1001 - m_q) z^G; whole GPUs: U_k,t >=
-  (G_t - k_q + 1) z^G), and what is placed after slice k fits in what each state leaves:
+  GPUs for q; at the last slice too (blocked at the end => each node short for q in the
+  end state; without it b at the last slice was free, and with it the must-place of the
+  arrivals after the slice before). With z^C + z^M + z^G = N_t b_k,q nodes in each state,
+  the type's usage at slice k covers the states (cpu used >= (cpu_t - c_q + 1) z^C,
+  memory likewise; a share: U_k,t >= G_t z^G and milli used >= G_t (1001 - m_q) z^G;
+  whole GPUs: U_k,t >= (G_t - k_q + 1) z^G), and what is placed after slice k (before
+  the last) fits in what each state leaves:
   cpu after <= (c_q - 1) z^C + cpu_t (z^M + z^G), memory likewise, and whole GPUs after
   only on nodes whose state admits the pod (short of cpu: pods asking < c_q; of memory:
   < r_q; of GPUs: fewer than k_q GPUs, none for a share), G_t per node, k_q - 1 per
@@ -50,9 +53,28 @@ Every run of the protocol gives a feasible point (b the 0/1 blocking indicators,
 states a node-by-node choice), so the LP optimum bounds its allocation. What it relaxes:
 cpu and memory pooled within a type; share packing pooled across types; b fractional
 (a class partly blocked); blocking of minor classes only through dominance; no
-migration only through monotone counts. :func:`refine` tightens b by branch and bound
-(each leaf fixes the slice where the major classes block; an unexplored branch counts
-at its LP bound, so the result stays a certificate at any budget).
+migration only through monotone counts.
+
+**Branch and bound** (:func:`allocation_bound`, ``budget`` > 1) tightens b: a node fixes,
+for some major classes, an interval of slices in which the class first blocks; its two
+children split the interval at a fractional b_k,q ("blocked by slice k" / "not yet at
+slice k"), which together hold every run the node holds. A node's figure is the smaller of
+its own certificate and its parent's (its LP is the parent's with bounds tightened, so
+both bound its runs), and the result is the largest figure among the nodes left open and
+the leaves (b integral for every major class): a certificate at any budget, never above
+the root's, and never above a smaller budget's (best first and deterministic: the larger
+budget runs the smaller one's steps first). It branches on the class whose pods the
+node's LP leaves unplaced most (weighted by their GPU milli; a CPU-only class's cpu at the
+cluster's milli per cpu), at its most fractional slice: the diagnosis of issue 38 (seed
+42 of default and multigpu50) found the root's excess there: b = 0.35-0.41 for every GPU
+class from the first slice on (through dominance), which lifts must-place for as large a
+part of their arrivals, and the LP leaves half the 810- and 470-milli shares unplaced
+and fills their GPUs with whole-GPU pods; a branch on the 810-milli class removes most of
+it. (Branching on the most fractional b alone spends its LPs on classes that move
+nothing: the CPU-only ones.)
+
+Past 600 lines because the relaxation, its certified LP and the branch and bound are one
+argument of validity, kept beside the code it speaks of.
 """
 
 from __future__ import annotations
@@ -284,6 +306,11 @@ class SlicedModel:
     b: dict[tuple[int, int], int]
     major: list[int]
     n_slices: int
+    # per major class: its arrivals, its end placement's variables, and the weight of one
+    # pod (its GPU milli, or for a CPU-only class its cpu at the cluster's milli per cpu)
+    arrivals: dict[int, int] = field(default_factory=dict)
+    x_end: dict[int, list[int]] = field(default_factory=dict)
+    weight: dict[int, float] = field(default_factory=dict)
 
 
 def build(inst: Instance, slices: Sequence[float] = SLICES, major: float = MAJOR) -> SlicedModel:
@@ -365,7 +392,7 @@ def build(inst: Instance, slices: Sequence[float] = SLICES, major: float = MAJOR
             lp.row(float(A[k, q]), inf, [(X[k, t, q], 1.0) for t in ts] + [(b, float(A[k, q]))])
             lp.row(-inf, float(total[q]), [(X[last, t, q], 1.0) for t in ts]
                    + [(b, float(total[q] - A[k, q]))])
-            if k < last and q in majors:
+            if q in majors:
                 for t in ts:
                     _blocking(inst, lp, q, k, t, b, X, U, use, by_type[t], last)
     dom = {q: {q2 for q2 in tracked if q2 != q and dominates(inst, q, q2)} for q in tracked}
@@ -377,7 +404,11 @@ def build(inst: Instance, slices: Sequence[float] = SLICES, major: float = MAJOR
                 continue  # implied through q3 (the transitive reduction suffices)
             for k in range(K):
                 lp.row(-inf, 0.0, [(B[k, q], 1.0), (B[k, q2], -1.0)])
-    return SlicedModel(inst, lp, B, majors, K)
+    per_cpu = float(inst.capacity_milli) / max(float((inst.type_count * inst.type_cpu).sum()), 1.0)
+    return SlicedModel(inst, lp, B, majors, K, {q: int(total[q]) for q in majors},
+                       {q: [X[last, t, q] for t in by_class.get(q, [])] for q in majors},
+                       {q: float(d[q]) if d[q] > 0 else float(cpu[q]) * per_cpu
+                        for q in majors})
 
 
 def _share_flow(inst: Instance, lp: CertifiedLP, by_type: dict[int, list[int]],
@@ -446,6 +477,8 @@ def _blocking(inst: Instance, lp: CertifiedLP, q: int, k: int, t: int, b: int,
     else:
         lp.row(0.0, inf, [(U[k, t], 1.0), (zg, -float(g - inst.cls_gpus[q] + 1))])
         w_g = float(inst.cls_gpus[q] - 1)
+    if k == last:
+        return  # blocked at the end: nothing is placed after it
     big = nn * cap_c  # cpu placed after slice k fits in what the states leave
     lp.row(-inf, big, [(zc, -(c_q - 1)), (zm, -cap_c), (zg, -cap_c), (b, big),
                        (use["cpu", last, t], 1.0), (use["cpu", k, t], -1.0)])
@@ -502,14 +535,18 @@ def _fix(model: SlicedModel, first: dict[int, tuple[int, int]]) -> None:
 
 def _solve(model: SlicedModel, parent: float = math.inf
            ) -> tuple[float, float, dict[int, list[float]]] | None:
-    """(certified bound, LP value, b per major class); None when proven infeasible; the
-    parent's bound when the solver gives no answer (so the result stays valid)."""
+    """(certified bound, LP value, per major class its b per slice followed by what the LP
+    leaves of it unplaced, weighted: :attr:`SlicedModel.weight`); None when proven
+    infeasible; the parent's bound when the solver gives no answer (so the result stays
+    valid)."""
     status = model.lp.solve()
     if status == "infeasible":
         return None
     if status != "optimal":
-        return parent, parent, {q: [0.5] * model.n_slices for q in model.major}
+        return parent, parent, {q: [0.5] * model.n_slices + [1.0] for q in model.major}
     bvals = {q: [model.lp.primal(model.b[k, q]) for k in range(model.n_slices)]
+             + [model.weight[q] * max(0.0, float(model.arrivals[q])
+                                      - sum(model.lp.primal(j) for j in model.x_end[q]))]
              for q in model.major}
     return model.lp.dual_bound(), model.lp.value(), bvals
 
@@ -539,23 +576,30 @@ def allocation_bound(inst: Instance, *, slices: Sequence[float] = SLICES,
             continue
         # branch on the most fractional blocking variable of a major class: blocked
         # from slice k on, or not yet at slice k
-        frac = [(min(v, 1.0 - v), q, k) for q in model.major
-                for k, v in enumerate(bvals[q]) if 1e-6 < v < 1.0 - 1e-6]
+        # (of the class whose pods the LP leaves unplaced most, weighted by their GPU
+        # milli: the root's excess comes from heavy share classes it need not place)
+        frac = [(bvals[q][-1], min(v, 1.0 - v), q, k) for q in model.major
+                for k, v in enumerate(bvals[q][:-1]) if 1e-6 < v < 1.0 - 1e-6]
         if not frac:
             best_leaf = max(best_leaf, bound)  # integral: this LP is the leaf's value
             continue
-        _, q, k = max(frac)
+        _, _, q, k = max(frac)
         lo, hi = fixed.get(q, (0, model.n_slices))
+        got = []
         for child in ({**fixed, q: (lo, k)}, {**fixed, q: (k + 1, hi)}):
             if child[q][0] > child[q][1]:
                 continue
             _fix(model, child)
             found = _solve(model, bound)
             solved += 1
+            got.append("infeasible" if found is None else f"{100 * min(found[0], bound) / cap:.3f}")
             if found is not None:
-                open_nodes.append((found[0], child, found[2]))
+                # the child's LP is the parent's with b fixed further, so the parent's
+                # certificate also bounds the child's runs: keep the smaller of the two
+                open_nodes.append((min(found[0], bound), child, found[2]))
         top = max([best_leaf] + [node[0] for node in open_nodes])
-        log.append(f"  {solved} LPs: {100 * top / cap:.3f}")
+        log.append(f"  {solved} LPs: {100 * top / cap:.3f} (class {q} blocked by slice {k}"
+                   f" / not: {' / '.join(got)})")
     _fix(model, {})
     top = max([best_leaf] + [node[0] for node in open_nodes])
     log.append(f"branch and bound: {solved} LPs, bound {100 * top / cap:.3f}")
