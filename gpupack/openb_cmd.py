@@ -85,7 +85,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--bound-lps",
         type=int,
         default=1,
-        help="LPs the bound may solve per seed (1: the relaxation; more: branch and bound)",
+        help="LPs the bound may solve per seed (1: the relaxation, 1-2 min a seed; more: "
+        "branch and bound, never looser: 9 gives bench/README.md's table, 4-6 min a seed)",
     )
 
 
