@@ -78,6 +78,7 @@ from typing import Any
 import mig as base  # bench/mig.py (this directory is on sys.path when it runs us)
 
 from gpupack.compact_flags import compact_settings
+from kube.mig.fences import TAINT_KEY, gpu_devices, mig_devices, rule_name
 from packing.dra import nvidia
 from packing.dra.allocator import AllocatedState, Prediction, Verdict, predict
 from packing.dra.inventory import (
@@ -111,7 +112,6 @@ from scheduler.mig.compact.decide import CompactState, Drain, Tenant, decide_com
 from scheduler.mig.decide import MigPod, NodeView, gpu_view
 
 HERE = Path(__file__).resolve().parent
-DRAIN_TAINT = "gpupack.io/mig-drain"
 PROFILE_SELECTOR = "device.attributes['gpu.nvidia.com'].profile == '{}'"
 POLICIES = ("static-default", "dra-first-fit", "gpupack", "gpupack-compact", "layout-bound")
 DIAGNOSTIC = ("gpupack-scorer-only",)
@@ -582,23 +582,25 @@ class DraGpupackCompact(DraGpupack):
                    | {n for n, _, _ in steer ^ self.steered})
         lifted = bool(self.fenced - wanted or self.steered - steer)
         self.fenced, self.steered = wanted, steer
-        by_node: dict[str, set[tuple[int, str | None]]] = {}
-        for name, index in wanted:
-            by_node.setdefault(name, set()).add((index, None))
-        for name, index, profile in steer:
-            by_node.setdefault(name, set()).add((index, profile))
-        before = {r.name for r in self.rules}
-        self.rules = []
-        for name, picks in sorted(by_node.items()):
+        # The devices as the product's compactor picks them (kube.mig.fences), one rule
+        # each, named and tainted as it writes them.
+        def devices_of(name: str) -> Any:
             inv = self.inventories[name]
             assert inv is not None
-            for d in sorted(inv.devices.values(), key=lambda d: d.id):
-                if (d.gpu, None) in picks or (d.profile is not None
-                                              and (d.gpu, d.profile) in picks):
-                    driver, pool, device = d.id.split("/", 2)
-                    self.rules.append(DeviceTaintRule(
-                        f"gpupack-drain-{name}-{device}", Taint(DRAIN_TAINT, "", "NoSchedule"),
-                        driver, pool, device))
+            return inv.devices
+
+        devices: set[str] = set()
+        for name, index in wanted:
+            devices.update(gpu_devices(devices_of(name), index))
+        for name, index, profile in steer:
+            devices.update(mig_devices(devices_of(name), index, profile))
+        before = {r.name for r in self.rules}
+        self.rules = []
+        for device_id in sorted(devices):
+            driver, pool, device = device_id.split("/", 2)
+            self.rules.append(DeviceTaintRule(rule_name(device_id),
+                                              Taint(TAINT_KEY, "", "NoSchedule"),
+                                              driver, pool, device))
         if self.now >= self.warmup:
             self.rule_writes += len(before ^ {r.name for r in self.rules})
         self.rules_peak = max(self.rules_peak, len(self.rules))
