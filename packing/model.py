@@ -96,6 +96,16 @@ class RequestKind(StrEnum):
     SHARED = "shared"  # one share of one GPU: gpu_milli compute, gpu_memory_mib memory
 
 
+# The kinds of GPU pod a GPU takes in each mode (packing.state admits by it; a whole-mode
+# GPU that the MIG actuator may switch takes MIG pods too, which the state checks apart).
+MODE_SERVES: dict[GpuMode, frozenset[RequestKind]] = {
+    GpuMode.WHOLE: frozenset({RequestKind.WHOLE}),
+    GpuMode.SHARED: frozenset({RequestKind.SHARED}),
+    GpuMode.MIG: frozenset({RequestKind.MIG}),
+    GpuMode.FRACTIONAL: frozenset({RequestKind.WHOLE, RequestKind.SHARED}),
+}
+
+
 @dataclass(frozen=True, slots=True)
 class MigInstance:
     """One GPU instance of a MIG layout; ``owner`` is the pod key using it, if any."""

@@ -31,6 +31,7 @@ from packing.device_plugin import (
 from packing.mig.layout import MigSlot, free_starts, memory_range
 from packing.model import (
     GPU_MILLI,
+    MODE_SERVES,
     GpuInfo,
     GpuMode,
     MigReconfigure,
@@ -339,10 +340,8 @@ class ClusterState:
         for g in node.gpus:
             if pod.gpu_models and g.info.model not in pod.gpu_models:
                 continue
-            mode = g.mode
-            if pod.kind is RequestKind.WHOLE and mode not in (GpuMode.WHOLE, GpuMode.FRACTIONAL):
-                continue
-            if pod.kind is RequestKind.SHARED and mode not in (GpuMode.SHARED, GpuMode.FRACTIONAL):
+            if (pod.kind in (RequestKind.WHOLE, RequestKind.SHARED)
+                    and pod.kind not in MODE_SERVES[g.mode]):
                 continue
             if pod.kind is RequestKind.MIG:
                 geom = get_model(g.info.model).mig

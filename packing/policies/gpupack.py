@@ -30,6 +30,7 @@ from packing.fragmentation import (
 from packing.groups.placement import exclusive_domains_in_use
 from packing.model import (
     GPU_MILLI,
+    MODE_SERVES,
     GpuMode,
     Placement,
     PlanResult,
@@ -63,15 +64,6 @@ REFERENCE_GPU_MIB = 80 * 1024
 # Model id of GPU models no shape names (and of CPU-only nodes): shapes without a model
 # restriction may use them, restricted shapes may not.
 OTHER_MODEL = "*"
-# The kinds of pod a GPU can take in each mode, as packing.state admits them (a whole-mode
-# GPU that may be switched to MIG takes MIG pods too, see served_kinds). FRACTIONAL is the
-# openb replay's mode: whole GPUs and shares alike.
-MODE_SERVES: dict[GpuMode, frozenset[RequestKind]] = {
-    GpuMode.WHOLE: frozenset({RequestKind.WHOLE}),
-    GpuMode.SHARED: frozenset({RequestKind.SHARED}),
-    GpuMode.MIG: frozenset({RequestKind.MIG}),
-    GpuMode.FRACTIONAL: frozenset({RequestKind.WHOLE, RequestKind.SHARED}),
-}
 GPU_KINDS = (RequestKind.WHOLE, RequestKind.SHARED, RequestKind.MIG)
 # Every set of GPU kinds a node may serve, the empty one (no GPUs) included.
 SERVE_CLASSES: tuple[frozenset[RequestKind], ...] = tuple(
@@ -122,8 +114,9 @@ def node_gpu_free(node: NodeState) -> list[int]:
 
 
 def served_kinds(node: NodeState) -> frozenset[RequestKind]:
-    """The kinds of GPU pod some GPU of ``node`` takes in its mode (:data:`MODE_SERVES`;
-    a whole-mode GPU that the MIG actuator may convert takes MIG pods too)."""
+    """The kinds of GPU pod some GPU of ``node`` takes in its mode
+    (:data:`packing.model.MODE_SERVES`; a whole-mode GPU that the MIG actuator may
+    convert takes MIG pods too)."""
     out: set[RequestKind] = set()
     for g in node.gpus:
         out |= MODE_SERVES[g.mode]
