@@ -19,17 +19,39 @@ pods a controller recreates, so nothing here is evicted.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import dra_workload as W
 from cluster import pending_report, wait_for
 from conftest import Space
+from kubernetes import client
 from test_e2e_dra_compact import _fences, _gpu_of_pods, dynamic_mig_node
 
 
 def _submit(core: Any, ns: str, pool: str, names: list[str]) -> None:
     for n in names:
         core.create_namespaced_pod(ns, W._pod(n, pool, "gpupack", template="mig-1g"))
+
+
+# How long kube-scheduler may take to see a DeviceTaintRule after the API has it.
+INFORMER_PAUSE_S = 2.0
+
+
+def _devices(admin: Any, node: str, prefix: str, profile: str) -> set[str]:
+    """Names of ``node``'s published devices of MIG ``profile`` whose names start with
+    ``prefix`` (``gpu-0-``: GPU 0's)."""
+    out = set()
+    for s in client.CustomObjectsApi(admin).list_cluster_custom_object(
+            W.GROUP, W.VERSION, "resourceslices")["items"]:
+        if s["spec"].get("nodeName") != node:
+            continue
+        for d in s["spec"].get("devices", []):
+            attrs = d.get("attributes", {})
+            if (d["name"].startswith(prefix)
+                    and attrs.get("profile", {}).get("string") == profile):
+                out.add(d["name"])
+    return out
 
 
 def _fenced(admin: Any) -> set[str]:
@@ -56,10 +78,16 @@ def test_an_idle_gpu_is_steered_off_while_a_gpu_in_mig_mode_has_room(
             core.delete_namespaced_pod(name, ns, grace_period_seconds=0)
         wait_for(lambda: not double.instances.get(node.name, {}).get(0), 60,
                  "GPU 0's instances destroyed")
-        # GPU 1 has room: GPU 0's MIG devices of those profiles are fenced.
-        steered = wait_for(lambda: _fenced(admin) if any(
-            d.startswith("gpu-0-mig-1g10gb-") for d in _fenced(admin)) else None,
-            30, "GPU 0's 1g.10gb devices fenced")
+        # GPU 1 has room: GPU 0's MIG devices of those profiles are fenced. The step
+        # writes its ~20 rules one by one; the pods come only once every 1g.10gb device
+        # of GPU 0 is fenced (a pod sent after the first rule found the next device open
+        # and took GPU 0: CI, 2026-12-06), and after a pause for kube-scheduler's
+        # DeviceTaintRule informer, a watch apart from the pods'.
+        asr_on_0 = _devices(admin, node.name, "gpu-0-", "1g.10gb")
+        assert len(asr_on_0) == 7, sorted(asr_on_0)
+        steered = wait_for(lambda: (lambda f: f if asr_on_0 <= f else None)(_fenced(admin)),
+                           30, "all of GPU 0's 1g.10gb devices fenced")
+        time.sleep(INFORMER_PAUSE_S)
         # Six pods fill GPU 1; a seventh finds GPU 1 full and GPU 0 fenced until the
         # next step lifts the fences.
         more = [f"asr-{i}" for i in range(7)]
