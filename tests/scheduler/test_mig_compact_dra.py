@@ -1,8 +1,9 @@
 """MIG compaction on a DynamicMIG (DRA) node, on a real cache with DRA objects: the
 tenants of a partitionable GPU are its claims' owner pods, the drained GPU is fenced by
 DeviceTaintRules before any eviction (no fence writer: no drain; a failed write: no
-eviction until it is up), the pod and not its claim is evicted, and the MIG actuator
-never asks the MIG manager to change the node. Plus the fences' own plan."""
+eviction until it is up; none until it has stood FENCE_SETTLE_S), the pod and not its
+claim is evicted, and the MIG actuator never asks the MIG manager to change the node.
+Plus the fences' own plan."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from kube.dra_store import CLAIMS, CLASSES, SLICES
 from kube.mig.fences import TAINT_KEY, plan, rule_name, rule_object
 from packing.dra import nvidia
 from scheduler.mig.compact.decide import CompactSettings
-from scheduler.mig.compact.loop import CompactMetrics, Compactor
+from scheduler.mig.compact.loop import FENCE_SETTLE_S, CompactMetrics, Compactor
 from scheduler.mig.decide import MigSettings
 from scheduler.mig.loop import MigActuator
 
@@ -92,6 +93,14 @@ def test_the_lone_pod_is_evicted_behind_a_fence_of_its_gpu() -> None:
     devices = gpu0_devices(cache)
     assert len(devices) == 26  # whole GPU and every placement of every profile
     assert fences.synced == [devices]
+    # Not in the step that wrote the fence: kube-scheduler sees it through a watch.
+    assert evictor.asked == []
+    act.clock.advance(FENCE_SETTLE_S - 0.1)
+    act.step()
+    assert evictor.asked == []
+    act.clock.advance(0.1)
+    act.step()
+    assert fences.synced == [devices] * 3
     assert evictor.asked == ["default/lone"]  # the pod, not its claim
     assert ("a", "MigDrainStarted", False) in api.events
     assert api.labels == []  # the MIG manager is never asked to touch a DRA node
@@ -103,6 +112,15 @@ def test_no_eviction_until_the_fence_is_up() -> None:
     act.step()
     assert evictor.asked == []
     fences.fail = False
+    act.step()
+    assert evictor.asked == []  # up now; the wait starts here
+    act.clock.advance(FENCE_SETTLE_S)
+    fences.fail = True
+    act.step()
+    assert evictor.asked == []  # a failed write: not known to be up, starts again
+    fences.fail = False
+    act.step()
+    act.clock.advance(FENCE_SETTLE_S)
     act.step()
     assert evictor.asked == ["default/lone"]
 
