@@ -109,6 +109,7 @@ from packing.state import ClusterState, NodeState
 from packing.taints import Taint
 from scheduler.dra.decide import NodeAnswer, evaluate
 from scheduler.mig.compact.decide import CompactState, Drain, Tenant, decide_compaction
+from scheduler.mig.compact.loop import FENCE_SETTLE_S
 from scheduler.mig.decide import MigPod, NodeView, gpu_view
 
 HERE = Path(__file__).resolve().parent
@@ -499,6 +500,7 @@ class DraGpupackCompact(DraGpupack):
         self.drain_results: Counter[str] = Counter()
         self.moves: list[tuple[float, base.Pod]] = []
         self.fenced: set[tuple[str, int]] = set()
+        self.fenced_since: dict[tuple[str, int], float] = {}
         self.steered: set[tuple[str, int, str]] = set()
         # DeviceTaintRule churn: rules created plus deleted after the warm-up, and the
         # most in force at once (one rule per fenced device, as kube/mig/fences.py writes).
@@ -547,7 +549,13 @@ class DraGpupackCompact(DraGpupack):
         d = decide_compaction(cs, self.now, self.args.compact)
         base.keep_drains(self, d)
         lifted = self.fence(set(d.fences), set(d.steer))
+        # As the product's compactor: a drained GPU's pods only once its fence has stood
+        # FENCE_SETTLE_S (the next tick); kube-scheduler sees the rules through a watch.
+        self.fenced_since = {g: self.fenced_since.get(g, self.now) for g in self.fenced}
         for dr, key in d.evict:
+            if (dr.gpu_key in self.fenced
+                    and self.now - self.fenced_since[dr.gpu_key] < FENCE_SETTLE_S):
+                continue
             self.evict(self.drains[dr.gpu_key], key)
         if d.evict or d.ends or lifted:
             self.schedule()
