@@ -290,7 +290,8 @@ class ProductPolicy(FragmentAware):
     def __init__(self, weights: GpupackWeights | None = None, coverage_all: bool = False,
                  keep_whole_nodes: bool = False, fresh_gpus: bool = True,
                  keep_cores: bool = True, core_deficit: bool = True,
-                 cpu_bound_cost: bool = True, slivers: bool = True) -> None:
+                 cpu_bound_cost: bool = True, slivers: bool = True,
+                 fresh_clean: bool = True) -> None:
         self.weights = weights or GpupackWeights()
         # The workload's CoreDeficitRule, and its weights without the FGD level where it
         # is cpu-bound (workload_weights), as the extender's scorer applies them (False:
@@ -303,6 +304,9 @@ class ProductPolicy(FragmentAware):
         # Its KeepCoresRule and SliverRule likewise (False: the policy before them).
         self.keep_cores = keep_cores
         self.slivers = slivers
+        # The fresh-GPU rule's clean-node form on whole-GPU heavy workloads (False: the
+        # policy before issue 38 item 2's change, for comparison).
+        self.fresh_clean = fresh_clean
         self.coverage_all = coverage_all
         # The extender keeps whole nodes only on clusters that run LLM groups
         # (packing.policies.lookahead.keeps_whole_nodes: group pods, NVLink cliques or the
@@ -323,7 +327,8 @@ class ProductPolicy(FragmentAware):
         self.rules = WorkloadRules.of(
             shapes, self.weights, cap_shapes=self.all_shapes if self.coverage_all else None,
             fresh=self.fresh_gpus, keep=self.keep_cores, deficit=self.core_deficit,
-            cpu_bound_cost=self.cpu_bound_cost, sliver=self.slivers)
+            cpu_bound_cost=self.cpu_bound_cost, sliver=self.slivers,
+            fresh_clean=self.fresh_clean, keep_whole_nodes=self.keep_whole_nodes)
 
     def evaluate(self, idx: IntArray, req: MilliRequest) -> tuple[FloatArray, IntArray]:
         score, gpu = best_on_nodes(self.fs.arrays(idx), req, self.rules)

@@ -66,6 +66,37 @@ def test_the_mixes_switch_different_rules_on() -> None:
     assert on["whole-heavy"].weights.levels is not None
 
 
+# Whole-GPU heavy (w ~0.55, above FRESH_GPU_GATE) with an 810 share and no share small
+# enough for the sliver price's floor to matter: the price is off (w < SLIVER_GATE), so
+# the fresh-GPU rule takes its clean-node form.
+CLEAN = _mix((8_000, 1, 1000, 0.4), (4_000, 1, 810, 0.3), (4_000, 1, 470, 0.1),
+             (8_000, 0, 0, 0.2))
+
+
+def test_the_clean_node_form_is_on_only_where_the_sliver_price_is_off() -> None:
+    on = WorkloadRules.of(CLEAN)
+    assert on.fresh is not None and on.fresh.active and on.fresh.clean_nodes
+    assert on.sliver is not None and not on.sliver.active
+    assert on.fresh == FreshGpuRule.of(CLEAN, clean_nodes=True)
+    # Off where whole nodes are kept for LLM groups (an idle node is clean), with
+    # fresh_clean False, and without the FGD level; the other rules stay as they were.
+    for rules in (WorkloadRules.of(CLEAN, keep_whole_nodes=True),
+                  WorkloadRules.of(CLEAN, fresh_clean=False),
+                  WorkloadRules.of(CLEAN, GpupackWeights(levels=None))):
+        assert rules.fresh is not None and not rules.fresh.active
+        assert rules.keep == on.keep
+    # Dropping the sliver term for a comparison does not turn the form on where the
+    # price would be on (whole-heavy: sliver price on).
+    whole = MIXES[0][1]
+    assert WorkloadRules.of(whole).sliver.active  # type: ignore[union-attr]
+    for rules in (WorkloadRules.of(whole), WorkloadRules.of(whole, sliver=False)):
+        assert rules.fresh is not None and not rules.fresh.active
+    # Share heavy: the plain form, whether whole nodes are kept or not.
+    for kept in (False, True):
+        plain = WorkloadRules.of(MIXES[1][1], keep_whole_nodes=kept).fresh
+        assert plain is not None and plain.active and not plain.clean_nodes
+
+
 @pytest.mark.parametrize("flag", ["fresh", "keep", "deficit", "sliver"])
 def test_a_switch_drops_its_rule_only(flag: str) -> None:
     shapes = MIXES[0][1]
