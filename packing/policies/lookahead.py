@@ -179,6 +179,9 @@ FRESH_GPU_GATE = 0.5
 # The node keeps FRESH_GPU_CORES x (1 + 4 w^2) times the workload's cores per GPU of
 # demand for each GPU it leaves fully free, w the whole-GPU pods' share of the demand.
 FRESH_GPU_CORES = 2.0
+# Beside the sliver price the rule's clean-node form is on only from this w (measured:
+# 0.69-0.70 lost or did nothing, 0.74-0.81 gained; it rests on those openb traces).
+CLEAN_NODES_GATE = 0.72
 
 
 @dataclass(frozen=True)
@@ -207,14 +210,15 @@ class FreshGpuRule:
     shares after saturation can fill (default: 89.5 against 96.1, seed 42); one hole
     per node at a time spreads the mid-size shares so that later ones find a GPU they
     fill closely (multigpu50, seed 42: 320 + 470 pairs, which leave a dead 210, 35 ->
-    12 GPUs; GPUs without the cores for a share 24.5 -> 14.7 GPUs idle). It pulls
-    shares the other way from the :class:`SliverRule` (which finishes used GPUs), so
-    :meth:`WorkloadRules.of` turns it on only where that price is off and the score has
-    levels: gpushare40 and multigpu50 among the openb traces (bench/README.md, "Packing
-    quality", issue 38 item 2); with the price on it lost up to 0.15 (cpu200, gpuspec33,
-    seeds 42-44). Off where whole nodes are kept for LLM groups
-    (:func:`keeps_whole_nodes`): an idle node is clean, and a share must not break the
-    whole nodes a group needs.
+    12 GPUs; GPUs without the cores for a share 24.5 -> 14.7 GPUs idle).
+    :meth:`WorkloadRules.of` turns it on where the score has levels, except where the
+    :class:`SliverRule` is on and w < ``CLEAN_NODES_GATE``: there (the openb default,
+    cpu and gpuspec traces, w 0.69-0.70) it lost up to 0.15 (cpu200, gpuspec33, seeds
+    42-44) or gained nothing beyond noise (default), while above the gate, beside the
+    price, it gained (multigpu20-40, w 0.74-0.81, 10 seeds); on among the openb traces:
+    gpushare40 and multigpu20-50 (bench/README.md, "Packing quality", issue 38 item 2).
+    Off where whole nodes are kept for LLM groups (:func:`keeps_whole_nodes`): an idle
+    node is clean, and a share must not break the whole nodes a group needs.
     """
 
     active: bool
@@ -580,12 +584,14 @@ class WorkloadRules:
         ``cap_shapes``: what the capacity model counts, if not ``shapes``;
         ``keep_whole_nodes``: whether whole nodes are kept for LLM groups
         (:func:`keeps_whole_nodes`; then the clean-node form is off, as it is on
-        cpu-bound workloads and where the sliver price is on)."""
+        cpu-bound workloads and where the sliver price is on below
+        ``CLEAN_NODES_GATE``)."""
         w = workload_weights(shapes, weights) if cpu_bound_cost else (weights or GpupackWeights())
-        # One share-steering term per workload: the fresh-GPU rule's clean-node form only
-        # where the score has levels and the sliver price is off (FreshGpuRule).
+        # The fresh-GPU rule's clean-node form where the score has levels, except where
+        # the sliver price is on and w < CLEAN_NODES_GATE (FreshGpuRule).
         clean = (fresh_clean and not keep_whole_nodes and w.levels is not None
-                 and not SliverRule.of(shapes, w).active)
+                 and (not SliverRule.of(shapes, w).active
+                      or whole_gpu_share(shapes) >= CLEAN_NODES_GATE))
         return WorkloadRules(
             shapes=shapes,
             cap=CapacityModel(cap_shapes if cap_shapes is not None else shapes),
