@@ -348,7 +348,7 @@ class ProductPolicy(FragmentAware):
 
 
 # Weight of the sum-of-squares term (SquaresProbe), in FGD levels per unit of the
-# change in sum_h N(h)^2 (measured on default: 0.01 +0.09, 0.03 +0.13, 0.1 lost; seeds 42-44).
+# change in sum_h N(h)^2 (measured on default: 0.01 +0.09, 0.03 +0.14, 0.1 lost; seeds 42-44).
 SQUARES_WEIGHT = 0.03
 
 
