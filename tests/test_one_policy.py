@@ -26,7 +26,7 @@ from packing.model import Snapshot
 from packing.policies.fgd import Shape
 from packing.policies.fgd import node_fragmentation as product_fragmentation
 from packing.policies.gpupack import GpupackScorer
-from packing.policies.lookahead import FreshGpuRule, SliverRule, cpu_bound, workload_weights
+from packing.policies.lookahead import SliverRule, WorkloadRules, cpu_bound, workload_weights
 from packing.scoring import best_option
 from packing.state import ClusterState
 from sim.openb.cluster import Nodes, Pods
@@ -84,10 +84,19 @@ def test_the_replay_and_the_extenders_scorer_make_the_same_decisions(
     order = np.arange(len(trace), dtype=np.int64)
     run = replay(arrays, pods, order, make("gpupack"), seed, shapes)
     replayed = {i: (arrays.names[n], gpus) for i, n, gpus in run.placements}
-    # The fresh-GPU rule is on exactly for the share-heavy mix, and there it decides.
-    assert FreshGpuRule.of(shapes).active is (weights == SHARE_HEAVY)
+    # The fresh-GPU rule's plain form is on exactly for the share-heavy mix, and there it
+    # decides; its clean-node form where the score has levels and the sliver price is
+    # off (the mixed mix of seed 3, w 0.57), and there it decides.
+    fresh = WorkloadRules.of(shapes).fresh
+    assert fresh is not None
+    assert (fresh.active and not fresh.clean_nodes) is (weights == SHARE_HEAVY)
+    clean_on = weights == MIXED and seed == 3
+    assert (fresh.active and fresh.clean_nodes) is clean_on
     if weights == SHARE_HEAVY:
         before = replay(arrays, pods, order, ProductPolicy(fresh_gpus=False), seed, shapes)
+        assert before.placements != run.placements
+    if clean_on:
+        before = replay(arrays, pods, order, ProductPolicy(fresh_clean=False), seed, shapes)
         assert before.placements != run.placements
     if weights == CPU_HEAVY:
         before = replay(arrays, pods, order, ProductPolicy(keep_cores=False), seed, shapes)

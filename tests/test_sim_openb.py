@@ -21,6 +21,7 @@ from sim.openb.policies import (
     POLICIES,
     FragmentationState,
     ProductPolicy,
+    SquaresProbe,
     make,
 )
 from sim.openb.replay import alloc_at, build_workload, replay, workload_shapes
@@ -347,3 +348,54 @@ def test_cache_does_not_change_decisions() -> None:
         a = replay(nodes, pods, w, make(policy), 3, sh, cache=True)
         b = replay(nodes, pods, w, make(policy), 3, sh, cache=False)
         assert a.placements == b.placements
+
+
+def _share_pods() -> list[OpenbPod]:
+    # Shares of several sizes (the term's subject), whole GPUs and a CPU-only pod.
+    sizes = (810, 470, 320, 650, 230, 160)
+    return [OpenbPod(f"s{m}", 2000, 4000, 1, m, frozenset()) for m in sizes] + [
+        OpenbPod("w", 4000, 8000, 1, 1000, frozenset()),
+        OpenbPod("c", 4000, 8000, 0, 0, frozenset()),
+    ]
+
+
+def test_squares_probe_is_gpupack_plus_its_term() -> None:
+    # SquaresProbe (a measurement, not the product): at weight 0 it decides as gpupack;
+    # at its weight the cluster-level term decides some shares' GPUs.
+    nodes = _cluster([(8, "G2"), (2, "T4"), (4, "G2"), (1, "T4")] * 3)
+    pods = Pods.from_trace(_share_pods(), nodes.models)
+    w = build_workload(pods, nodes.gpu_capacity_milli, seed=5)
+    sh = workload_shapes(pods, w, nodes.models)
+    shipped = replay(nodes, pods, w, make("gpupack"), 5, sh)
+    zero = replay(nodes, pods, w, SquaresProbe(weight=0.0), 5, sh)
+    probe = replay(nodes, pods, w, make("gpupack-squares"), 5, sh)
+    assert zero.placements == shipped.placements
+    assert probe.placements != shipped.placements
+    assert make("gpupack-squares").name == "gpupack-squares"
+
+
+@pytest.mark.parametrize(("other", "milli", "want"), [
+    # Node 0's GPUs have 1000 and 530 free; node 1's GPUs are ``other``. N(h) counts the
+    # partly free GPUs of both. A 320 beside N(530) = 2, N(190) = 1: on the 530 a 210
+    # (N = 0): change 2 (0 - 2) + 2 = -2; on the fully free GPU a 680: 2 (0 - 0) + 2 = +2.
+    ([530, 190, 0, 0], 320, 1),
+    # A 470 beside N(60) = 3, N(530) = 1: on the 530 a fourth 60: 2 (3 - 1) + 2 = 6; on
+    # the fully free GPU a second 530: 2 (1 - 0) + 2 = 4, so the term opens the fresh
+    # GPU where best fit would not.
+    ([60, 60, 60, 0], 470, 0),
+])
+def test_squares_term_keeps_the_free_sizes_spread(other: list[int], milli: int,
+                                                  want: int) -> None:
+    nodes = _cluster([(2, "G2"), (4, "G2")])
+    state = ReplayState(nodes)
+    pods = Pods.from_trace([OpenbPod("x", 1000, 1000, 1, milli, frozenset())], nodes.models)
+    sh = workload_shapes(pods, np.zeros(1, dtype=np.int64), nodes.models)
+    probe = SquaresProbe(weight=1000.0)  # the term alone decides
+    probe.reset(state, sh)
+    state.free_gpu[0, :2] = (1000, 530)
+    state.free_gpu[1, :4] = other
+    probe.fs.refresh(0)
+    probe.fs.refresh(1)
+    req = MilliRequest(1000, 1000, 1, milli, pods.request_model_ok[0], 0)
+    _, gpu = probe.evaluate(np.array([0]), req)
+    assert int(gpu[0]) == want

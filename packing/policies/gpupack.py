@@ -176,8 +176,9 @@ class GpupackScorer:
             ok[:, i] = table.model_ok[:, by_model[m]] & takes[c]
         self.shapes: TypicalShapes = replace(table, model_ok=ok)
         # The workload's rules, as the replay builds them (WorkloadRules.of: the FGD
-        # level goes on cpu-bound workloads, and with it the core-deficit price).
-        self.rules = WorkloadRules.of(self.shapes, weights)
+        # level goes on cpu-bound workloads, and with it the core-deficit price; where
+        # whole nodes are kept for groups, the fresh-GPU rule's clean-node form is off).
+        self.rules = WorkloadRules.of(self.shapes, weights, keep_whole_nodes=keep_whole_nodes)
         # MilliRequest.model_ok: the score never reads it (the verbs filter by model).
         self._any_model = np.ones(len(self._model_id), dtype=bool)
         # Per node name, its latest state only: (version, arrays, rank values by request,

@@ -40,6 +40,9 @@ levels per GPU of dead sliver it leaves on its GPU (:class:`SliverRule`); and tw
 lexicographic rules come before everything (:class:`FreshGpuRule` for shares,
 :class:`KeepCoresRule` for CPU-only pods).
 
+The module is past 600 lines because the workload's rules live beside the score they
+enter: both callers import this one module, which is what keeps them one policy.
+
 Ties: :func:`rank_value` rounds the score to 1e-6 and then prefers the GPU left with the
 least free compute (best fit), so float noise never decides; nodes of equal rank go to
 the one left with the least free GPU capacity (:func:`node_free_after`, best fit on the
@@ -176,6 +179,9 @@ FRESH_GPU_GATE = 0.5
 # The node keeps FRESH_GPU_CORES x (1 + 4 w^2) times the workload's cores per GPU of
 # demand for each GPU it leaves fully free, w the whole-GPU pods' share of the demand.
 FRESH_GPU_CORES = 2.0
+# Beside the sliver price the rule's clean-node form is on only from this w (measured:
+# 0.69-0.70 lost or did nothing, 0.74-0.81 gained; it rests on those openb traces).
+CLEAN_NODES_GATE = 0.72
 
 
 @dataclass(frozen=True)
@@ -195,9 +201,24 @@ class FreshGpuRule:
     gained 0.5-0.6, while gpushare80/100 gained most at 2 x), and m* finds no GPU
     sooner. The rule is a lexicographic term:
     such an option outranks every option that is not one (``bonus`` > any level step).
-    Measured on the openb gpushare traces (bench/README.md, "Packing quality"). Off
-    (``active`` False) where whole-GPU pods ask more, which keeps LLM groups' whole GPUs
-    and nodes as they were: their pods are whole-GPU pods.
+    Measured on the openb gpushare traces (bench/README.md, "Packing quality").
+
+    Where whole-GPU pods ask more (w >= ``FRESH_GPU_GATE``) the rule takes its
+    clean-node form (``clean_nodes``): the bonus goes only to the fully free GPUs of
+    nodes that have no partially used GPU (each GPU either fully free or fully taken;
+    an idle node counts). Opening fresh GPUs everywhere there leaves more holes than the
+    shares after saturation can fill (default: 89.5 against 96.1, seed 42); one hole
+    per node at a time spreads the mid-size shares so that later ones find a GPU they
+    fill closely (multigpu50, seed 42: 320 + 470 pairs, which leave a dead 210, 35 ->
+    12 GPUs; GPUs without the cores for a share 24.5 -> 14.7 GPUs idle).
+    :meth:`WorkloadRules.of` turns it on where the score has levels, except where the
+    :class:`SliverRule` is on and w < ``CLEAN_NODES_GATE``: there (the openb default,
+    cpu and gpuspec traces, w 0.69-0.70) it lost up to 0.15 (cpu200, gpuspec33, seeds
+    42-44) or gained nothing beyond noise (default), while above the gate, beside the
+    price, it gained (multigpu20-40, w 0.74-0.81, 10 seeds); on among the openb traces:
+    gpushare40 and multigpu20-50 (bench/README.md, "Packing quality", issue 38 item 2).
+    Off where whole nodes are kept for LLM groups (:func:`keeps_whole_nodes`): an idle
+    node is clean, and a share must not break the whole nodes a group needs.
     """
 
     active: bool
@@ -205,34 +226,41 @@ class FreshGpuRule:
     hi: int = 0
     cores: int = 0
     bonus: float = 1000.0
+    clean_nodes: bool = False
 
     @staticmethod
-    def of(shapes: TypicalShapes) -> FreshGpuRule:
+    def of(shapes: TypicalShapes, clean_nodes: bool = False) -> FreshGpuRule:
         """The rule for a workload's typical shapes: m* the most frequent share above
-        half a GPU, the gate on whole-GPU pods' share w of the GPU demand, and ``cores``
-        = FRESH_GPU_CORES (1 + 4 w^2) x the workload's cpu per GPU of demand (GPU shapes
+        half a GPU, the gate on whole-GPU pods' share w of the GPU demand (at or above
+        it the clean-node form where ``clean_nodes``, which :meth:`WorkloadRules.of`
+        decides; else off), and ``cores`` =
+        FRESH_GPU_CORES (1 + 4 w^2) x the workload's cpu per GPU of demand (GPU shapes
         only)."""
         if not any(k.num_gpu > 0 for k in shapes.keys):
             return FreshGpuRule(active=False)
         whole_share = whole_gpu_share(shapes)
         by_size = {m: p for m, p in share_sizes(shapes).items() if m > GPU_MILLI // 2}
-        if not by_size or whole_share >= FRESH_GPU_GATE:
+        clean = whole_share >= FRESH_GPU_GATE
+        if not by_size or (clean and not clean_nodes):
             return FreshGpuRule(active=False)
         m_star = max(by_size, key=lambda m: (by_size[m], m))
         cpu_per_gpu = cores_per_gpu(shapes)
         factor = FRESH_GPU_CORES * (1.0 + 4.0 * whole_share ** 2)
         return FreshGpuRule(active=True, lo=GPU_MILLI - m_star + 1, hi=m_star - 1,
-                            cores=int(factor * cpu_per_gpu))
+                            cores=int(factor * cpu_per_gpu), clean_nodes=clean)
 
     def applies(self, req: MilliRequest) -> bool:
         return self.active and req.shared and self.lo <= req.milli <= self.hi
 
     def bonus_of(self, free: IntArray, cpu: IntArray, req: MilliRequest) -> FloatArray:
         """``[n, G]``: ``bonus`` on the fully free GPUs of nodes that keep ``cores`` per
-        GPU still fully free after ``req`` takes one, else 0."""
+        GPU still fully free after ``req`` takes one (with ``clean_nodes``: and have no
+        partially used GPU), else 0."""
         fresh = free == GPU_MILLI
         left_whole = np.maximum(fresh.sum(axis=-1) - 1, 0)
         keeps = (cpu - req.cpu) >= self.cores * left_whole
+        if self.clean_nodes:
+            keeps &= ~((free > 0) & (free < GPU_MILLI)).any(axis=-1)
         return np.asarray(np.where(fresh & keeps[:, None], self.bonus, 0.0), dtype=np.float64)
 
 
@@ -549,16 +577,26 @@ class WorkloadRules:
     @staticmethod
     def of(shapes: TypicalShapes, weights: GpupackWeights | None = None, *,
            cap_shapes: TypicalShapes | None = None, fresh: bool = True, keep: bool = True,
-           deficit: bool = True, cpu_bound_cost: bool = True, sliver: bool = True
-           ) -> WorkloadRules:
+           deficit: bool = True, cpu_bound_cost: bool = True, sliver: bool = True,
+           fresh_clean: bool = True, keep_whole_nodes: bool = False) -> WorkloadRules:
         """The rules gpupack ships for ``shapes`` (a flag turns one off: the replay's
-        comparisons); ``cap_shapes``: what the capacity model counts, if not ``shapes``."""
+        comparisons; ``fresh_clean`` the fresh-GPU rule's clean-node form);
+        ``cap_shapes``: what the capacity model counts, if not ``shapes``;
+        ``keep_whole_nodes``: whether whole nodes are kept for LLM groups
+        (:func:`keeps_whole_nodes`; then the clean-node form is off, as it is on
+        cpu-bound workloads and where the sliver price is on below
+        ``CLEAN_NODES_GATE``)."""
         w = workload_weights(shapes, weights) if cpu_bound_cost else (weights or GpupackWeights())
+        # The fresh-GPU rule's clean-node form where the score has levels, except where
+        # the sliver price is on and w < CLEAN_NODES_GATE (FreshGpuRule).
+        clean = (fresh_clean and not keep_whole_nodes and w.levels is not None
+                 and (not SliverRule.of(shapes, w).active
+                      or whole_gpu_share(shapes) >= CLEAN_NODES_GATE))
         return WorkloadRules(
             shapes=shapes,
             cap=CapacityModel(cap_shapes if cap_shapes is not None else shapes),
             weights=w,
-            fresh=FreshGpuRule.of(shapes) if fresh else None,
+            fresh=FreshGpuRule.of(shapes, clean_nodes=clean) if fresh else None,
             keep=KeepCoresRule.of(shapes) if keep else None,
             deficit=CoreDeficitRule.of(shapes, w) if deficit else None,
             sliver=SliverRule.of(shapes, w) if sliver else None)
