@@ -184,7 +184,7 @@ def test_more_slices_only_tighten_the_root(
     pods = Pods.from_trace(_pods([SHAPES[i] for i in pod_idx]), nodes.models)
     order = np.arange(len(pod_idx), dtype=np.int64)
     inst = make_instance(nodes, pods, order, load_pct=100)
-    best = 100.0 * best_legal_run(nodes, pods, order) / nodes.gpu_capacity_milli
+    best = 100.0 * best_legal_run(nodes, pods, order[:inst.n_arrivals]) / nodes.gpu_capacity_milli
     coarse = allocation_bound(inst, slices=tuple(sorted(fewer | {1.0})))
     fine = allocation_bound(inst, slices=DENSE)
     assert best - 1e-6 <= fine.alloc_130 <= coarse.alloc_130 + 1e-6
@@ -311,7 +311,7 @@ def test_finer_slices_remove_the_drop_inside_an_interval() -> None:
                                   (2000, 4096, 1, 320)]), nodes.models)
     order = np.arange(7, dtype=np.int64)
     inst = make_instance(nodes, pods, order, load_pct=100)
-    best = 100.0 * best_legal_run(nodes, pods, order) / nodes.gpu_capacity_milli
+    best = 100.0 * best_legal_run(nodes, pods, order[:inst.n_arrivals]) / nodes.gpu_capacity_milli
     coarse = allocation_bound(inst, slices=(0.5, 1.0)).alloc_130
     fine = allocation_bound(inst, slices=DENSE).alloc_130
     assert best == pytest.approx(88.5)
