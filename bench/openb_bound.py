@@ -6,7 +6,8 @@ relaxation; a seed kept with fewer LPs is computed again; with ``--refine-lps N`
 seed's bound also, kept apart under "refined"), kept per trace as JSON under
 ``--out`` so that a rerun computes only what is missing, and a table beside the policies'
 figures of a ``bench/openb_all.py`` run (``--policies DIR``): FGD, gpupack, the bound and
-how much of the distance from FGD to the bound gpupack closes.
+how much of the distance from FGD to the bound gpupack closes. ``--slices fine``: the
+relaxation with finer slices (``FINE_SLICES``: tighter, slower).
 
     python bench/openb_bound.py --seeds 10 --out bench/results/openb-bound-2026-12-06
     python bench/openb_bound.py --traces default,multigpu50 --seeds 1 --lps 9 \
@@ -14,6 +15,8 @@ how much of the distance from FGD to the bound gpupack closes.
     python bench/openb_bound.py --seeds 3 --policies \\
         bench/results/openb-all-2026-12-01-shipped,bench/results/openb-all-2026-12-06-fresh
     python bench/openb_bound.py --traces gpushare100 --seeds 1 --clairvoyant
+    python bench/openb_bound.py --traces default,multigpu50 --seeds 1 --lps 9 --slices fine \
+        --out bench/results/openb-bound-2026-12-06-fine
 
 ``--clairvoyant``: also the clairvoyant rolling-horizon CP-SAT run of the first seed
 (``sim/openb/clairvoyant.py``), an achievable figure: the bound must be at least it
@@ -34,11 +37,15 @@ sys.path.insert(0, str(ROOT))
 
 from bench.openb_all import PREFIX, family  # noqa: E402
 from sim.openb import bundled  # noqa: E402
-from sim.openb.bound import allocation_bound, make_instance  # noqa: E402
+from sim.openb.bound import FINE_SLICES, SLICES, allocation_bound, make_instance  # noqa: E402
 from sim.openb.clairvoyant import clairvoyant_run  # noqa: E402
 from sim.openb.cluster import Nodes, Pods  # noqa: E402
 from sim.openb.replay import PUBLISHED_SEEDS, build_workload, trace_shapes  # noqa: E402
 from sim.traces import parse_nodes, parse_pods  # noqa: E402
+
+# The relaxation's slices (fractions of the arrivals; ``sim/openb/bound.py``): "fine"
+# tightens the bound, each LP is larger and slower.
+SLICE_SETS: dict[str, tuple[float, ...]] = {"coarse": SLICES, "fine": FINE_SLICES}
 
 # The clairvoyant run's settings: the policy to 60% of the arrivals, then CP-SAT plans
 # 80 arrivals at a time over each pod's 6 best nodes, 5 s a window.
@@ -54,13 +61,17 @@ def _log(msg: str) -> None:
 
 
 def bound_trace(trace_dir: Path, trace: str, seeds: list[int], out: Path,
-                refine_lps: int, clairvoyant: bool = False, lps: int = 1) -> dict[str, Any]:
+                refine_lps: int, clairvoyant: bool = False, lps: int = 1,
+                slices: str = "coarse") -> dict[str, Any]:
     """The trace's per-seed bounds, from ``out/<trace>.json`` where already there with at
-    least ``lps`` LPs of branch and bound (a record without "lps" had 1: the root)."""
+    least ``lps`` LPs of branch and bound (a record without "lps" had 1: the root) and the
+    same ``slices`` (a record without "slices" had the coarse ones)."""
     path = out / f"{trace}.json"
     doc: dict[str, Any] = json.loads(path.read_text()) if path.is_file() else {"seeds": {}}
+    fractions = SLICE_SETS[slices]
     todo = [s for s in seeds
-            if str(s) not in doc["seeds"] or doc["seeds"][str(s)].get("lps", 1) < lps]
+            if str(s) not in doc["seeds"] or doc["seeds"][str(s)].get("lps", 1) < lps
+            or doc["seeds"][str(s)].get("slices", "coarse") != slices]
     refine = refine_lps > 1 and doc.get("refined", {}).get("lps", 0) < refine_lps
     run_cv = clairvoyant and "clairvoyant" not in doc
     if not todo and not refine and not run_cv:
@@ -70,10 +81,11 @@ def bound_trace(trace_dir: Path, trace: str, seeds: list[int], out: Path,
                            nodes.models)
     for seed in todo:
         inst = make_instance(nodes, pods, build_workload(pods, nodes.gpu_capacity_milli, seed))
-        found = allocation_bound(inst, budget=lps)
+        found = allocation_bound(inst, budget=lps, slices=fractions)
         doc["seeds"][str(seed)] = {"alloc_130": found.alloc_130, "kind": found.kind,
                                    "lp_130": found.lp_130, "demand_pct": found.demand_pct,
                                    "seconds": round(found.seconds, 1), "lps": lps,
+                                   "slices": slices,
                                    "solved": found.nodes, "log": list(found.log)}
         _log(f"  {trace} seed {seed}: {found.alloc_130:.3f} (root {found.lp_130:.3f}, "
              f"{found.nodes} LPs, {found.seconds:.0f}s)")
@@ -81,8 +93,9 @@ def bound_trace(trace_dir: Path, trace: str, seeds: list[int], out: Path,
     if refine:
         seed = seeds[0]
         inst = make_instance(nodes, pods, build_workload(pods, nodes.gpu_capacity_milli, seed))
-        found = allocation_bound(inst, budget=refine_lps)
-        doc["refined"] = {"seed": seed, "lps": refine_lps, "alloc_130": found.alloc_130,
+        found = allocation_bound(inst, budget=refine_lps, slices=fractions)
+        doc["refined"] = {"seed": seed, "lps": refine_lps, "slices": slices,
+                          "alloc_130": found.alloc_130,
                           "solved": found.nodes, "seconds": round(found.seconds, 1),
                           "log": list(found.log)}
         _log(f"  {trace} seed {seed} refined ({found.nodes} LPs): {found.alloc_130:.3f} "
@@ -184,6 +197,10 @@ def main() -> int:
                     help="LPs of branch and bound per seed (1: the root relaxation); a seed "
                     "kept in --out with fewer is computed again")
     ap.add_argument("--refine-lps", type=int, default=1)
+    ap.add_argument("--slices", choices=sorted(SLICE_SETS), default="coarse",
+                    help="the relaxation's slices: coarse (0.6, 0.75, 0.85, 0.93, 1) or fine "
+                    "(0.65, 0.7 and 0.8 added: tighter, slower); a seed kept in --out with "
+                    "other slices is computed again")
     ap.add_argument("--out", default="bench/results/openb-bound")
     ap.add_argument("--reuse", action="store_true",
                     help="only the table, from the seeds already in --out (computes nothing)")
@@ -200,7 +217,7 @@ def main() -> int:
     t0 = time.perf_counter()
     bounds = {t: (json.loads((out / f"{t}.json").read_text()) if args.reuse
                   else bound_trace(trace_dir, t, seeds, out, args.refine_lps, args.clairvoyant,
-                                   args.lps))
+                                   args.lps, args.slices))
               for t in args.traces.split(",")}
     _log(f"done in {time.perf_counter() - t0:.0f}s")
     policies = None

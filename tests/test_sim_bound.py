@@ -16,7 +16,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from packing.model import GPU_MILLI
-from sim.openb.bound import _solve, allocation_bound, build, dominates, make_instance, protocol_cut
+from sim.openb.bound import (
+    FINE_SLICES,
+    SLICES,
+    _solve,
+    allocation_bound,
+    build,
+    dominates,
+    make_instance,
+    protocol_cut,
+)
 from sim.openb.cluster import Nodes, Pods
 from sim.openb.policies import make
 from sim.openb.replay import build_workload, replay, trace_shapes
@@ -135,13 +144,20 @@ SHAPES = [(1000, 2048, 1, 1000), (2000, 4096, 2, 1000), (1000, 2048, 1, 810),
           (6000, 16384, 0, 0), (9000, 8192, 1, 1000)]
 
 
+# Slices that cut a handful of arrivals finely (on 8 arrivals the coarse and the fine
+# slices give the same counts), to exercise every slice's rows
+DENSE = tuple(i / 10 for i in range(1, 11))
+SLICE_SETS = [SLICES, FINE_SLICES, DENSE]
+
+
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.tuples(st.sampled_from([8000, 16000]), st.sampled_from([1, 2])),
                 min_size=1, max_size=3),
        st.lists(st.integers(0, len(SHAPES) - 1), min_size=3, max_size=8),
-       st.sampled_from([100, 130]))
+       st.sampled_from([100, 130]), st.sampled_from(SLICE_SETS))
 def test_the_bound_is_above_every_legal_run_on_random_tiny_clusters(
-        node_spec: list[tuple[int, int]], pod_idx: list[int], load: int) -> None:
+        node_spec: list[tuple[int, int]], pod_idx: list[int], load: int,
+        slices: tuple[float, ...]) -> None:
     # Every part of the relaxation at once (blocking at every slice, the last included,
     # dominance, share packing, branch and bound), against the exhaustive best run.
     nodes = Nodes.from_trace(_cluster([(c, 65536, g) for c, g in node_spec]))
@@ -150,8 +166,28 @@ def test_the_bound_is_above_every_legal_run_on_random_tiny_clusters(
     inst = make_instance(nodes, pods, order, load_pct=load)
     best = best_legal_run(nodes, pods, order[:inst.n_arrivals])
     for lps in (1, 9):
-        found = allocation_bound(inst, budget=lps)
+        found = allocation_bound(inst, budget=lps, slices=slices)
         assert found.alloc_130 * nodes.gpu_capacity_milli / 100 >= best - 1e-6, lps
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.sampled_from([8000, 16000]), st.sampled_from([1, 2])),
+                min_size=1, max_size=3),
+       st.lists(st.integers(0, len(SHAPES) - 1), min_size=4, max_size=8),
+       st.sets(st.sampled_from(DENSE[:-1]), max_size=5))
+def test_more_slices_only_tighten_the_root(
+        node_spec: list[tuple[int, int]], pod_idx: list[int], fewer: set[float]) -> None:
+    # The LP of a set of slices is a projection of the LP of any superset, restricted
+    # (sim/openb/bound.py, "Slices"): its root is never below the superset's, and both
+    # stay above the exhaustive best run.
+    nodes = Nodes.from_trace(_cluster([(c, 65536, g) for c, g in node_spec]))
+    pods = Pods.from_trace(_pods([SHAPES[i] for i in pod_idx]), nodes.models)
+    order = np.arange(len(pod_idx), dtype=np.int64)
+    inst = make_instance(nodes, pods, order, load_pct=100)
+    best = 100.0 * best_legal_run(nodes, pods, order[:inst.n_arrivals]) / nodes.gpu_capacity_milli
+    coarse = allocation_bound(inst, slices=tuple(sorted(fewer | {1.0})))
+    fine = allocation_bound(inst, slices=DENSE)
+    assert best - 1e-6 <= fine.alloc_130 <= coarse.alloc_130 + 1e-6
 
 
 def test_the_exhaustive_check_catches_an_invalid_cut() -> None:
@@ -260,3 +296,23 @@ def test_the_clairvoyant_run_is_legal_and_below_the_bound() -> None:
     assert runs[0].planned > 0 and runs[0].placed + runs[0].failed == len(workload)
     found = allocation_bound(make_instance(nodes, pods, workload))
     assert 0 < runs[0].alloc_130 <= found.alloc_130 + 1e-6
+
+
+def test_finer_slices_remove_the_drop_inside_an_interval() -> None:
+    # One node, 8 cores, 2 GPUs, mostly 320-milli shares. With slices at half and at the
+    # end, a class first blocked in the second half may leave, in the LP, every arrival
+    # of that half unplaced; with a slice every tenth the LP has to say in which tenth it
+    # blocks, and the blocking rows there cost it: the certificate falls (100 -> 95.07),
+    # still above the best legal run (88.5).
+    nodes = Nodes.from_trace(_cluster([(8000, 65536, 2)]))
+    pods = Pods.from_trace(_pods([(2000, 4096, 1, 320), (1000, 2048, 1, 810),
+                                  (2000, 4096, 2, 1000), (2000, 4096, 1, 320),
+                                  (2000, 4096, 1, 320), (2000, 4096, 1, 320),
+                                  (2000, 4096, 1, 320)]), nodes.models)
+    order = np.arange(7, dtype=np.int64)
+    inst = make_instance(nodes, pods, order, load_pct=100)
+    best = 100.0 * best_legal_run(nodes, pods, order[:inst.n_arrivals]) / nodes.gpu_capacity_milli
+    coarse = allocation_bound(inst, slices=(0.5, 1.0)).alloc_130
+    fine = allocation_bound(inst, slices=DENSE).alloc_130
+    assert best == pytest.approx(88.5)
+    assert best - 1e-6 <= fine < coarse - 1.0

@@ -73,6 +73,18 @@ and fills their GPUs with whole-GPU pods; a branch on the 810-milli class remove
 it. (Branching on the most fractional b alone spends its LPs on classes that move
 nothing: the CPU-only ones.)
 
+**Slices.** Any increasing set of slices gives a valid relaxation (every row above holds at
+every arrival count). Adding slices only tightens it: the LP of a set of slices is the
+projection of the LP of any superset onto its slices' variables, restricted (each of its
+rows is a row of the superset's LP, or follows from the superset's chains X_k <= X_k+1,
+b_k <= b_k+1, U_k <= U_k+1). What finer slices remove: a class first blocked between
+g_k-1 and g_k may, in the LP, leave every pod of it arriving in that interval unplaced,
+although a run places those that arrive before the moment it blocks; with the interval cut
+in three, the branch has to say in which third it blocks, and the blocking rows at the
+earlier slices make the early thirds expensive (issue 38, default seed 42: the branch
+"the 810-milli class first blocks in 60-75%", 97.11 with ``SLICES``, is at most 96.84
+with 0.65 and 0.7 added: 91.12 / 96.48 / 96.84 for its three parts).
+
 Past 600 lines because the relaxation, its certified LP and the branch and bound are one
 argument of validity, kept beside the code it speaks of.
 """
@@ -92,6 +104,9 @@ from packing.model import GPU_MILLI
 from sim.openb.cluster import Nodes, Pods
 
 SLICES = (0.6, 0.75, 0.85, 0.93, 1.0)
+# Finer slices where the heavy share classes first block (``bench/openb_bound.py --slices
+# fine``): tighter, never looser (:func:`build`), and slower (``bench/README.md``).
+FINE_SLICES = (0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.93, 1.0)
 MAJOR = 0.03
 UNIT = 10  # share sizes are multiples of 10 milli in every openb trace (make_instance checks)
 
