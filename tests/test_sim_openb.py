@@ -377,10 +377,11 @@ def test_squares_probe_is_gpupack_plus_its_term() -> None:
 @pytest.mark.parametrize(("other", "milli", "want"), [
     # Node 0's GPUs have 1000 and 530 free; node 1's GPUs are ``other``. N(h) counts the
     # partly free GPUs of both. A 320 beside N(530) = 2, N(190) = 1: on the 530 a 210
-    # (N = 0): change 2 (0 - 2) + 2 = -2; on the fully free GPU a 680: 2 (0 - 0) + 2 = +2.
+    # (N = 0): change 2 (0 - 2) + 2 = -2; on the fully free GPU (not counted) a 680:
+    # 2 N(680) + 1 = +1.
     ([530, 190, 0, 0], 320, 1),
     # A 470 beside N(60) = 3, N(530) = 1: on the 530 a fourth 60: 2 (3 - 1) + 2 = 6; on
-    # the fully free GPU a second 530: 2 (1 - 0) + 2 = 4, so the term opens the fresh
+    # the fully free GPU a second 530: 2 N(530) + 1 = 3, so the term opens the fresh
     # GPU where best fit would not.
     ([60, 60, 60, 0], 470, 0),
 ])

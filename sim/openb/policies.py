@@ -358,8 +358,9 @@ class SquaresProbe(ProductPolicy):
 
     With N(h) the number of the cluster's GPUs with h free milli (0 < h < 1000, in
     10-milli buckets), a share of m milli taking a GPU with f free changes
-    sum_h N(h)^2 by ``2 (N(f - m) - N(f)) + 2`` (terms for f = 1000 or f - m = 0 drop
-    out); the option's rank loses ``weight`` levels per unit of that change, so shares
+    sum_h N(h)^2 by ``2 (N(f - m) - N(f)) + 2`` (a fully free GPU, f = 1000, is not
+    counted: ``2 N(f - m) + 1``; nor a GPU left full, f - m = 0: ``1 - 2 N(f)``); the
+    option's rank loses ``weight`` levels per unit of that change, so shares
     go where they keep the cluster's free sizes spread out. The term reads the whole
     cluster, so the per-node score cache is off (``cacheable`` False; ~10x slower), and
     the extender's per-node memo could not hold it either: that is why it is not in
@@ -388,7 +389,8 @@ class SquaresProbe(ProductPolicy):
         left = f - req.milli
         n_f = np.where((f > 0) & (f < GPU_MILLI), counts[np.clip(f // 10, 0, None)], 0.0)
         n_left = np.where(left > 0, counts[np.clip(left // 10, 0, None)], 0.0)
-        change = 2.0 * (n_left - n_f) + 2.0 * (left > 0)
+        counted = (f > 0) & (f < GPU_MILLI)
+        change = 2.0 * (n_left - n_f) + (left > 0) + counted
         rank = np.where(np.isfinite(rank), rank - self.weight * change, rank)
         gpu = np.asarray(rank.argmax(axis=1), dtype=np.int64)
         return np.asarray(rank[np.arange(len(gpu)), gpu], dtype=np.float64), gpu
