@@ -108,8 +108,14 @@ from packing.scoring import Scorer
 from packing.state import ClusterState, NodeState
 from packing.taints import Taint
 from scheduler.dra.decide import NodeAnswer, evaluate
-from scheduler.mig.compact.decide import CompactState, Drain, Tenant, decide_compaction
-from scheduler.mig.compact.loop import FENCE_SETTLE_S
+from scheduler.mig.compact.decide import (
+    CompactState,
+    Drain,
+    Tenant,
+    decide_compaction,
+    fence_seen,
+    fences_up_since,
+)
 from scheduler.mig.decide import MigPod, NodeView, gpu_view
 
 HERE = Path(__file__).resolve().parent
@@ -551,10 +557,10 @@ class DraGpupackCompact(DraGpupack):
         lifted = self.fence(set(d.fences), set(d.steer))
         # As the product's compactor: a drained GPU's pods only once its fence has stood
         # FENCE_SETTLE_S (the next tick); kube-scheduler sees the rules through a watch.
-        self.fenced_since = {g: self.fenced_since.get(g, self.now) for g in self.fenced}
+        self.fenced_since = fences_up_since(self.fenced_since, self.fenced, self.now)
         for dr, key in d.evict:
-            if (dr.gpu_key in self.fenced
-                    and self.now - self.fenced_since[dr.gpu_key] < FENCE_SETTLE_S):
+            if dr.gpu_key in self.fenced and not fence_seen(self.fenced_since, dr.gpu_key,
+                                                            self.now):
                 continue
             self.evict(self.drains[dr.gpu_key], key)
         if d.evict or d.ends or lifted:

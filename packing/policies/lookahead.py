@@ -589,9 +589,9 @@ class WorkloadRules:
         w = workload_weights(shapes, weights) if cpu_bound_cost else (weights or GpupackWeights())
         # The fresh-GPU rule's clean-node form where the score has levels, except where
         # the sliver price is on and w < CLEAN_NODES_GATE (FreshGpuRule).
+        slivers = SliverRule.of(shapes, w)
         clean = (fresh_clean and not keep_whole_nodes and w.levels is not None
-                 and (not SliverRule.of(shapes, w).active
-                      or whole_gpu_share(shapes) >= CLEAN_NODES_GATE))
+                 and (not slivers.active or whole_gpu_share(shapes) >= CLEAN_NODES_GATE))
         return WorkloadRules(
             shapes=shapes,
             cap=CapacityModel(cap_shapes if cap_shapes is not None else shapes),
@@ -599,7 +599,7 @@ class WorkloadRules:
             fresh=FreshGpuRule.of(shapes, clean_nodes=clean) if fresh else None,
             keep=KeepCoresRule.of(shapes) if keep else None,
             deficit=CoreDeficitRule.of(shapes, w) if deficit else None,
-            sliver=SliverRule.of(shapes, w) if sliver else None)
+            sliver=slivers if sliver else None)
 
 
 def ranks(nodes: NodeArrays, req: MilliRequest, rules: WorkloadRules) -> FloatArray:

@@ -387,9 +387,9 @@ class SquaresProbe(ProductPolicy):
                              minlength=GPU_MILLI // 10 + 1).astype(np.float64)
         f = arrays.free
         left = f - req.milli
-        n_f = np.where((f > 0) & (f < GPU_MILLI), counts[np.clip(f // 10, 0, None)], 0.0)
-        n_left = np.where(left > 0, counts[np.clip(left // 10, 0, None)], 0.0)
         counted = (f > 0) & (f < GPU_MILLI)
+        n_f = np.where(counted, counts[np.clip(f // 10, 0, None)], 0.0)
+        n_left = np.where(left > 0, counts[np.clip(left // 10, 0, None)], 0.0)
         change = 2.0 * (n_left - n_f) + (left > 0) + counted
         rank = np.where(np.isfinite(rank), rank - self.weight * change, rank)
         gpu = np.asarray(rank.argmax(axis=1), dtype=np.int64)

@@ -21,8 +21,8 @@ from kube.defrag.inputs import PodOwners
 from kube.dra_store import CLAIMS, CLASSES, SLICES
 from kube.mig.fences import TAINT_KEY, plan, rule_name, rule_object
 from packing.dra import nvidia
-from scheduler.mig.compact.decide import CompactSettings
-from scheduler.mig.compact.loop import FENCE_SETTLE_S, CompactMetrics, Compactor
+from scheduler.mig.compact.decide import FENCE_SETTLE_S, CompactSettings
+from scheduler.mig.compact.loop import CompactMetrics, Compactor
 from scheduler.mig.decide import MigSettings
 from scheduler.mig.loop import MigActuator
 

@@ -94,6 +94,12 @@ RESULTS = ("emptied", "refilled", "refused", "timeout", "gone")
 HOUR_S = 3600.0
 
 GpuKey = tuple[str, int]  # (node, GPU index)
+# How long a drained DynamicMIG GPU's fences stand before its pods are evicted: the API
+# has the DeviceTaintRules once written, but kube-scheduler's allocator sees them only
+# when its DeviceTaintRule informer (a watch apart from the pods') delivers them; a
+# replacement created at once could be allocated the drained GPU again. The actuator
+# steps at least every 2 s, so the eviction comes one step after the fence.
+FENCE_SETTLE_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -245,6 +251,18 @@ def drain_holds(d: Drain, g: GpuView) -> list[Hold]:
         if slot in g.free or h.key in g.holders:
             out.append(h)
     return out
+
+
+def fences_up_since(since: Mapping[GpuKey, float], up: Iterable[GpuKey], now: float
+                    ) -> dict[GpuKey, float]:
+    """When the fences of each GPU in ``up`` (written now) went up: as in ``since``, else
+    ``now``; GPUs not in ``up`` are forgotten (a failed write: pass none)."""
+    return {g: since.get(g, now) for g in up}
+
+
+def fence_seen(since: Mapping[GpuKey, float], gpu: GpuKey, now: float) -> bool:
+    """Whether ``gpu``'s fences have stood ``FENCE_SETTLE_S`` (see there)."""
+    return gpu in since and now - since[gpu] >= FENCE_SETTLE_S
 
 
 def _free_on_used(nodes: Sequence[NodeView], changing: frozenset[str],
@@ -524,6 +542,7 @@ def _candidates(state: CompactState, by_gpu: Mapping[GpuKey, list[Tenant]], now:
     return [(node, g, pods) for _, node, g, pods in out]
 
 
-__all__ = ["DEFAULT_COMPACT", "DRAIN_PREFIX", "CompactDecision", "CompactSettings",
-           "CompactState", "Drain", "DrainEnd", "DynamicRoom", "Tenant", "decide_compaction",
-           "drain_holds", "keeps_mig_mode"]
+__all__ = ["DEFAULT_COMPACT", "DRAIN_PREFIX", "FENCE_SETTLE_S", "CompactDecision",
+           "CompactSettings", "CompactState", "Drain", "DrainEnd", "DynamicRoom", "Tenant",
+           "decide_compaction", "drain_holds", "fence_seen", "fences_up_since",
+           "keeps_mig_mode"]

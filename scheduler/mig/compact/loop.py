@@ -13,7 +13,8 @@ controller recreates them), and applies the :class:`CompactDecision`:
   the API server's to enforce), outside the cache lock; an accepted eviction is
   remembered in the drain, a refusal (429, 403, an error) marks the drain, which then
   ends as ``refused`` and cools the GPU down; a drained DynamicMIG GPU's pods only once
-  its fences have stood ``FENCE_SETTLE_S`` (kube-scheduler sees them through a watch);
+  its fences have stood ``FENCE_SETTLE_S`` (``fence_seen``: kube-scheduler sees them
+  through a watch);
 * an Event per drain started and ended (on the node) and per eviction (on the pod), a
   log line, and the ``gpupack_mig_drains`` / ``gpupack_mig_compaction_evictions`` metrics;
 * steering's fences (``steer.py``) written with the drains' in one pass, and an Event on
@@ -63,6 +64,8 @@ from scheduler.mig.compact.decide import (
     Drain,
     Tenant,
     decide_compaction,
+    fence_seen,
+    fences_up_since,
 )
 from scheduler.mig.compact.steer import Steer
 from scheduler.mig.decide import HOLD_PREFIX, ActuatorState, Hold, NodeView
@@ -79,12 +82,6 @@ Found = tuple[str, int, str, str, float | None, str]
 # LeaderWorkerSets (their groups are placed whole, never on MIG slices).
 MOVABLE_KINDS = frozenset({"ReplicaSet", "ReplicationController", "StatefulSet"})
 EVICTED_MEMORY_S = 3600.0  # a pod whose eviction was accepted is not asked again
-# How long a drained DynamicMIG GPU's fences stand before its pods are evicted: the API
-# has the DeviceTaintRules once written, but kube-scheduler's allocator sees them only
-# when its DeviceTaintRule informer (a watch apart from the pods') delivers them; a
-# replacement created at once could be allocated the drained GPU again. The actuator
-# steps at least every 2 s, so the eviction comes one step after the fence.
-FENCE_SETTLE_S = 1.0
 
 
 class Owners(Protocol):
@@ -377,14 +374,13 @@ class Compactor:
                              f"{reason}; evicting {len(dr.pods)} pod(s) so the GPU "
                              "can be re-partitioned or turned whole")
             self._count("started")
-        fence_error = self._fence(fenced & set(self.drains), d.steer)
+        up = fenced & set(self.drains)
+        fence_error = self._fence(up, d.steer)
         # A failed write may have left some rules out: the wait starts again after it.
-        up = fenced & set(self.drains) if fence_error is None else set()
-        self.fenced_since = {g: self.fenced_since.get(g, now) for g in up}
+        self.fenced_since = fences_up_since(self.fenced_since,
+                                            up if fence_error is None else (), now)
         for dr, key in d.evict:
-            if dr.gpu_key in fenced and (
-                    fence_error is not None
-                    or now - self.fenced_since.get(dr.gpu_key, now) < FENCE_SETTLE_S):
+            if dr.gpu_key in fenced and not fence_seen(self.fenced_since, dr.gpu_key, now):
                 continue  # not before its fence is up and seen: tried at the next step
             # A refusal ends the drain: its other pods are not restarted for nothing.
             live_drain = self.drains.get(dr.gpu_key)
