@@ -25,7 +25,7 @@ from packing.fragmentation import (
 from packing.model import Snapshot
 from packing.policies.fgd import Shape
 from packing.policies.fgd import node_fragmentation as product_fragmentation
-from packing.policies.gpupack import GpupackScorer
+from packing.policies.gpupack import GpupackScorer, free_sizes, share_gpu_free
 from packing.policies.lookahead import SliverRule, WorkloadRules, cpu_bound, workload_weights
 from packing.scoring import best_option
 from packing.state import ClusterState
@@ -82,7 +82,8 @@ def test_the_replay_and_the_extenders_scorer_make_the_same_decisions(
     pods = Pods.from_trace(trace, arrays.models)
     shapes = _shapes(trace, arrays.models)
     order = np.arange(len(trace), dtype=np.int64)
-    run = replay(arrays, pods, order, make("gpupack"), seed, shapes)
+    run_policy = make("gpupack")
+    run = replay(arrays, pods, order, run_policy, seed, shapes)
     replayed = {i: (arrays.names[n], gpus) for i, n, gpus in run.placements}
     # The fresh-GPU rule's plain form is on exactly for the share-heavy mix, and there it
     # decides; its clean-node form where the score has levels and the sliver price is
@@ -120,11 +121,19 @@ def test_the_replay_and_the_extenders_scorer_make_the_same_decisions(
     if sliver_on:
         before = replay(arrays, pods, order, ProductPolicy(slivers=False), seed, shapes)
         assert before.placements != run.placements
+    # The sum-of-squares price is on where the sliver price is on and the clean-node
+    # form off (the same mixes), its held histogram replaced as it drifts; on seed 1's
+    # mix it decides (on seed 2's it changes no placement).
+    squares = WorkloadRules.of(shapes).squares
+    assert squares is not None and squares.active is sliver_on
+    if sliver_on and seed == 1:
+        before = replay(arrays, pods, order, ProductPolicy(squares=False), seed, shapes)
+        assert before.placements != run.placements
 
     requests = [to_pod_request(p) for p in trace]
     state = ClusterState(Snapshot(to_snapshot_nodes(nodes)))
     scorer = GpupackScorer(requests)  # the workload is the trace, as in the replay
-    placed = 0
+    placed = replaced = 0
     for i, pod in enumerate(requests):
         got = best_option(state, pod, scorer)
         want = replayed.get(i)
@@ -132,6 +141,14 @@ def test_the_replay_and_the_extenders_scorer_make_the_same_decisions(
         if got is not None:
             state.apply(pod, got)
             placed += 1
+            # The extender's planner replaces the held histogram by the same rule (each
+            # cycle; the replay and this loop after every placement).
+            counts, gpus = free_sizes(share_gpu_free(n) for n in state.nodes.values())
+            if scorer.free_sizes_due(counts, gpus):
+                scorer = scorer.at_free_sizes(counts, gpus)
+                replaced += 1
+    assert replaced == (run_policy.generation if sliver_on else 0)
+    assert (replaced > 0) is sliver_on
     assert 0 < placed < len(trace)  # both paths filled the cluster and then refused
 
 

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
@@ -21,6 +22,7 @@ import numpy as np
 from packing.catalog import CATALOG
 from packing.cpsat import SolverParams, priority_weights, solve_batch
 from packing.fragmentation import (
+    IntArray,
     MilliRequest,
     ShapeKey,
     TypicalShapes,
@@ -53,6 +55,7 @@ from packing.policies.lookahead import (
     ranks,
 )
 from packing.policies.scores import bestfit, mig_preference, pod_milli_on
+from packing.policies.squares import free_size_counts
 from packing.scoring import Score, Scorer
 from packing.state import ClusterState, NodeState
 from packing.validate import validate
@@ -111,6 +114,21 @@ def node_gpu_free(node: NodeState) -> list[int]:
     that only GPUs a whole-GPU pod could take count as whole."""
     return [g.free_milli if g.whole_free else min(g.free_milli, GPU_MILLI - 1)
             for g in node.gpus]
+
+
+def share_gpu_free(node: NodeState) -> tuple[int, ...]:
+    """The free milli, as the score reads it (:func:`node_gpu_free`), of each GPU of
+    ``node`` whose mode takes time-sliced shares: what the sum-of-squares price's
+    histogram counts (:mod:`packing.policies.squares`)."""
+    return tuple(f for g, f in zip(node.gpus, node_gpu_free(node), strict=True)
+                 if RequestKind.SHARED in MODE_SERVES[g.mode])
+
+
+def free_sizes(values: Iterable[Sequence[int]]) -> tuple[IntArray, int]:
+    """The histogram of free sizes (:func:`~packing.policies.squares.free_size_counts`)
+    and the GPU count, over nodes whose :func:`share_gpu_free` are ``values``."""
+    flat = [f for v in values for f in v]
+    return free_size_counts(np.array(flat, dtype=np.int64)), len(flat)
 
 
 def served_kinds(node: NodeState) -> frozenset[RequestKind]:
@@ -186,6 +204,20 @@ class GpupackScorer:
         # many states they went through.
         self._nodes: dict[str, tuple[int, NodeArrays, dict[tuple[int, int, int, int],
                                                           FloatArray]]] = {}
+
+    def at_free_sizes(self, counts: IntArray, gpus: int) -> GpupackScorer:
+        """This scorer with the sum-of-squares price holding the cluster's histogram of
+        free sizes (:meth:`WorkloadRules.at_free_sizes`) and an empty memo: a new scorer
+        generation for the verbs."""
+        other = copy.copy(self)
+        other.rules = self.rules.at_free_sizes(counts, gpus)
+        other._nodes = {}
+        return other
+
+    def free_sizes_due(self, counts: IntArray, gpus: int) -> bool:
+        """Whether the cluster's histogram ``counts`` has drifted from the held one
+        enough to replace it (:meth:`WorkloadRules.free_sizes_due`)."""
+        return self.rules.free_sizes_due(counts, gpus)
 
     def _entry(self, node: NodeState) -> tuple[int, NodeArrays,
                                                dict[tuple[int, int, int, int], FloatArray]]:

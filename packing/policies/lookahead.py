@@ -30,13 +30,16 @@ outweigh a level: at 0.003 a placement one level worse in fragment wins only if 
 counts half (``fgd_weight`` 0.5). ``levels=None`` drops the level: score = -(loss +
 fgd_weight * dF), the continuous cost alone.
 
-The workload sets four more terms (each measured on the openb traces, bench/README.md,
+The workload sets five more terms (each measured on the openb traces, bench/README.md,
 "Packing quality"): on a cpu-bound workload (CPU-only pods ask more than
 ``CPU_BOUND_GATE`` times the cores of the GPU pods) the score has no level
 (:func:`workload_weights`); elsewhere a GPU pod's score loses ``CORE_DEFICIT_WEIGHT``
 levels per GPU of free capacity it leaves without cores (:class:`CoreDeficitRule`), and,
 where whole-GPU pods ask most of the GPU demand, a share's score loses ``SLIVER_WEIGHT``
-levels per GPU of dead sliver it leaves on its GPU (:class:`SliverRule`); and two
+levels per GPU of dead sliver it leaves on its GPU (:class:`SliverRule`) and, where the
+clean-node form below is off, the sum-of-squares price of the cluster's free sizes
+(:class:`~packing.policies.squares.SquaresRule`: the one term that reads other nodes,
+through a histogram the rules hold and the callers replace as it drifts); and two
 lexicographic rules come before everything (:class:`FreshGpuRule` for shares,
 :class:`KeepCoresRule` for CPU-only pods).
 
@@ -68,6 +71,7 @@ from packing.fragmentation import (
 )
 from packing.groups.members import CLIQUE_LABEL, KEEP_WHOLE_NODES_LABEL
 from packing.model import GPU_MILLI, Snapshot
+from packing.policies.squares import SquaresRule
 
 # A share that does not fit a GPU scores this (never chosen).
 INFEASIBLE = -np.inf
@@ -573,19 +577,23 @@ class WorkloadRules:
     keep: KeepCoresRule | None = None
     deficit: CoreDeficitRule | None = None
     sliver: SliverRule | None = None
+    squares: SquaresRule | None = None
 
     @staticmethod
     def of(shapes: TypicalShapes, weights: GpupackWeights | None = None, *,
            cap_shapes: TypicalShapes | None = None, fresh: bool = True, keep: bool = True,
            deficit: bool = True, cpu_bound_cost: bool = True, sliver: bool = True,
-           fresh_clean: bool = True, keep_whole_nodes: bool = False) -> WorkloadRules:
+           fresh_clean: bool = True, keep_whole_nodes: bool = False,
+           squares: bool = True) -> WorkloadRules:
         """The rules gpupack ships for ``shapes`` (a flag turns one off: the replay's
         comparisons; ``fresh_clean`` the fresh-GPU rule's clean-node form);
         ``cap_shapes``: what the capacity model counts, if not ``shapes``;
         ``keep_whole_nodes``: whether whole nodes are kept for LLM groups
         (:func:`keeps_whole_nodes`; then the clean-node form is off, as it is on
         cpu-bound workloads and where the sliver price is on below
-        ``CLEAN_NODES_GATE``)."""
+        ``CLEAN_NODES_GATE``); ``squares``: the sum-of-squares price
+        (:mod:`packing.policies.squares`: on where the sliver price is on and the
+        clean-node form off), holding an empty histogram until :meth:`at_free_sizes`."""
         w = workload_weights(shapes, weights) if cpu_bound_cost else (weights or GpupackWeights())
         # The fresh-GPU rule's clean-node form where the score has levels, except where
         # the sliver price is on and w < CLEAN_NODES_GATE (FreshGpuRule).
@@ -599,7 +607,20 @@ class WorkloadRules:
             fresh=FreshGpuRule.of(shapes, clean_nodes=clean) if fresh else None,
             keep=KeepCoresRule.of(shapes) if keep else None,
             deficit=CoreDeficitRule.of(shapes, w) if deficit else None,
-            sliver=slivers if sliver else None)
+            sliver=slivers if sliver else None,
+            squares=SquaresRule.of(slivers.active and sliver, clean) if squares else None)
+
+    def at_free_sizes(self, counts: IntArray, gpus: int) -> WorkloadRules:
+        """These rules with the sum-of-squares price holding the cluster's histogram of
+        free sizes ``counts`` over ``gpus`` GPUs (:meth:`SquaresRule.at`)."""
+        if self.squares is None:
+            return self
+        return replace(self, squares=self.squares.at(counts, gpus))
+
+    def free_sizes_due(self, counts: IntArray, gpus: int) -> bool:
+        """Whether the held histogram should be replaced by ``counts``
+        (:meth:`SquaresRule.due`; never where the price is off)."""
+        return self.squares is not None and self.squares.due(counts, gpus)
 
 
 def ranks(nodes: NodeArrays, req: MilliRequest, rules: WorkloadRules) -> FloatArray:
@@ -622,6 +643,8 @@ def ranks(nodes: NodeArrays, req: MilliRequest, rules: WorkloadRules) -> FloatAr
         return rank_value(score)
     if (sliver := rules.sliver) is not None and sliver.applies(req):
         score = score - sliver.penalty_of(nodes.free, req)
+    if (squares := rules.squares) is not None and squares.applies(req):
+        score = score - squares.penalty_of(nodes.free, req)
     if (fresh := rules.fresh) is not None and fresh.applies(req):
         score = score + fresh.bonus_of(nodes.free, nodes.cpu, req)
     return rank_value(score, nodes.free - req.milli)

@@ -18,15 +18,20 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+import numpy as np
+
 from packing.catalog import get_model
 from packing.cpsat import SolverParams
 from packing.mig.layout import free_starts
 from packing.model import GpuMode, Placement, PodRequest, RequestKind, Snapshot
 from packing.policies import get_policy
 from packing.policies.base import Policy
-from packing.policies.gpupack import GpupackPolicy
+from packing.policies.gpupack import GpupackPolicy, GpupackScorer
 from packing.scoring import Score, Scorer
 from packing.state import ClusterState, creatable
+
+# A histogram of free sizes as it travels: (bucket counts, GPUs counted).
+FreeSizes = tuple[tuple[int, ...], int]
 
 
 @dataclass(frozen=True)
@@ -37,9 +42,22 @@ class ScorerRef:
     gen: int
     name_sensitive: bool = False  # scores depend on the pod's name (the random policy)
     # How to rebuild the same scorer in another process: the policy's name and the
-    # workload it was made from (scorers depend on the pods, not on the nodes).
+    # workload it was made from (scorers depend on the pods, not on the nodes), and the
+    # histogram it holds (holding).
     policy: str = ""
     source: Snapshot | None = None
+    # The cluster's histogram of free sizes the scorer holds (bucket counts, GPUs), for
+    # gpupack's sum-of-squares price (packing.policies.squares); None: none held.
+    free_sizes: FreeSizes | None = None
+
+def holding(scorer: Scorer, free_sizes: FreeSizes | None) -> Scorer:
+    """``scorer`` holding the cluster's histogram of free sizes where it is gpupack's
+    (:meth:`GpupackScorer.at_free_sizes`); any other scorer as it is."""
+    if free_sizes is None or not isinstance(scorer, GpupackScorer):
+        return scorer
+    counts, gpus = free_sizes
+    return scorer.at_free_sizes(np.array(counts, dtype=np.int64), gpus)
+
 
 def make_policy(name: str, params: SolverParams) -> Policy:
     if name == "gpupack":

@@ -59,6 +59,7 @@ from scheduler.memo.decide import (
     NodeEval,
     ScorerRef,
     evaluate_fit,
+    holding,
     make_policy,
     scored,
     selector_free,
@@ -133,9 +134,10 @@ class _WarmHandler:
 
     def __call__(self, msg: tuple[Any, ...]) -> Any:
         if msg[0] == "scorer":
-            _, gen, policy, running, pending = msg
+            _, gen, policy, running, pending, free_sizes = msg
             source = Snapshot((), unpickle_chunks(running), unpickle_chunks(pending))
-            self.gen, self.scorer = gen, make_policy(policy, SolverParams()).make_scorer(source)
+            self.gen, self.scorer = gen, holding(
+                make_policy(policy, SolverParams()).make_scorer(source), free_sizes)
             return None
         if msg[0] == "eval":
             _, want, items = msg
@@ -149,7 +151,7 @@ class _WarmHandler:
 
 def warm_main(conn: Connection) -> None:
     """The child's loop. Messages, each answered with ("ok", value) or ("error", text):
-    ("scorer", gen, policy, running chunks, pending chunks) -> None;
+    ("scorer", gen, policy, running chunks, pending chunks, free sizes) -> None;
     ("eval", gen, [(pod, node state, known, score)]) -> [NodeEval]."""
     background()
     serve_messages(conn, _WarmHandler())
@@ -179,7 +181,7 @@ class WarmChild(ChildProcess):
         assert ref.source is not None
         self.gen = -1
         self.call(("scorer", ref.gen, ref.policy, pickle_chunks(ref.source.running),
-                   pickle_chunks(ref.source.pending)))
+                   pickle_chunks(ref.source.pending), ref.free_sizes))
         self.gen = ref.gen
 
     def close(self) -> None:

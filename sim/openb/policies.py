@@ -37,6 +37,7 @@ from packing.policies.lookahead import (
     opens_whole_node,
     ranks,
 )
+from packing.policies.squares import SQUARES_WEIGHT, SquaresRule, free_size_counts
 from sim.openb.cluster import ReplayState
 
 
@@ -46,6 +47,9 @@ class ReplayPolicy(ABC):
     name = "base"
     cacheable = True
     random_ties = True
+    # Changes whenever the policy's scores change on nodes that did not (a held input
+    # replaced, e.g. the sum-of-squares histogram): the per-node score cache is dropped.
+    generation = 0
 
     def reset(
         self,
@@ -292,8 +296,11 @@ class ProductPolicy(FragmentAware):
                  keep_whole_nodes: bool = False, fresh_gpus: bool = True,
                  keep_cores: bool = True, core_deficit: bool = True,
                  cpu_bound_cost: bool = True, slivers: bool = True,
-                 fresh_clean: bool = True) -> None:
+                 fresh_clean: bool = True, squares: bool = True) -> None:
         self.weights = weights or GpupackWeights()
+        # The sum-of-squares price with its held histogram, replaced as the extender's
+        # planner replaces it (packing.policies.squares; False: the policy before it).
+        self.squares = squares
         # The workload's CoreDeficitRule, and its weights without the FGD level where it
         # is cpu-bound (workload_weights), as the extender's scorer applies them (False:
         # the policy before them, for comparison).
@@ -329,7 +336,21 @@ class ProductPolicy(FragmentAware):
             shapes, self.weights, cap_shapes=self.all_shapes if self.coverage_all else None,
             fresh=self.fresh_gpus, keep=self.keep_cores, deficit=self.core_deficit,
             cpu_bound_cost=self.cpu_bound_cost, sliver=self.slivers,
-            fresh_clean=self.fresh_clean, keep_whole_nodes=self.keep_whole_nodes)
+            fresh_clean=self.fresh_clean, keep_whole_nodes=self.keep_whole_nodes,
+            squares=self.squares)
+        self.generation = 0
+        self._has_gpus = state.nodes.gpu_count > 0
+        self._gpus = int(state.nodes.gpu_count.sum())
+
+    def placed(self, node: int) -> None:
+        super().placed(node)
+        # The held histogram of free sizes is replaced once the cluster's has drifted
+        # from it (SquaresRule.due), checked after every placement.
+        if self.rules.squares is not None and self.rules.squares.active:
+            counts = free_size_counts(self.state.free_gpu[self._has_gpus])
+            if self.rules.free_sizes_due(counts, self._gpus):
+                self.rules = self.rules.at_free_sizes(counts, self._gpus)
+                self.generation += 1
 
     def evaluate(self, idx: IntArray, req: MilliRequest) -> tuple[FloatArray, IntArray]:
         score, gpu = best_on_nodes(self.fs.arrays(idx), req, self.rules)
@@ -347,34 +368,23 @@ class ProductPolicy(FragmentAware):
         return int(node_free_after(self.state.free_gpu[tied], req).argmin())
 
 
-# Weight of the sum-of-squares term (SquaresProbe), in FGD levels per unit of the
-# change in sum_h N(h)^2 (measured on default: 0.01 +0.09, 0.03 +0.14, 0.1 lost; seeds 42-44).
-SQUARES_WEIGHT = 0.03
-
-
 class SquaresProbe(ProductPolicy):
-    """A measurement, not the product: gpupack plus the sum-of-squares rule of online
-    bin packing (Csirik et al., J. ACM 2006) for shares.
+    """A measurement: gpupack with the sum-of-squares price read live and on everywhere.
 
-    With N(h) the number of the cluster's GPUs with h free milli (0 < h < 1000, in
-    10-milli buckets), a share of m milli taking a GPU with f free changes
-    sum_h N(h)^2 by ``2 (N(f - m) - N(f)) + 2`` (a fully free GPU, f = 1000, is not
-    counted: ``2 N(f - m) + 1``; nor a GPU left full, f - m = 0: ``1 - 2 N(f)``); the
-    option's rank loses ``weight`` levels per unit of that change, so shares
-    go where they keep the cluster's free sizes spread out. The term reads the whole
-    cluster, so the per-node score cache is off (``cacheable`` False; ~10x slower), and
-    the extender's per-node memo could not hold it either: that is why it is not in
-    :mod:`packing.policies.lookahead`. Measured (bench/README.md, "Packing quality",
-    idea 7): default +0.13 on 10 seeds, cpu200 and gpuspec20 +0.14-0.18 on seed 42;
-    where the fresh-GPU rule's clean-node form is on it lost (multigpu50 -0.3,
-    gpushare40 -0.4, multigpu40 -0.04, seed 42).
+    The product (:mod:`packing.policies.squares`) holds a copy of the cluster's histogram
+    of free sizes, replaced after it drifts, and is on only where the sliver price is on
+    and the clean-node form off. This probe instead reads the histogram afresh at every
+    share (so the per-node score cache is off: ``cacheable`` False, ~10x slower) and
+    applies the price on every workload, which is how both choices were measured
+    (bench/README.md, "Packing quality", idea 7: the live and the held histogram gain
+    alike on default; on the traces where the clean-node form is on it lost).
     """
 
     name = "gpupack-squares"
     cacheable = False
 
     def __init__(self, weight: float = SQUARES_WEIGHT) -> None:
-        super().__init__()
+        super().__init__(squares=False)
         self.weight = weight
 
     def evaluate(self, idx: IntArray, req: MilliRequest) -> tuple[FloatArray, IntArray]:
@@ -382,16 +392,9 @@ class SquaresProbe(ProductPolicy):
             return super().evaluate(idx, req)
         arrays = self.fs.arrays(idx)
         rank = ranks(arrays, req, self.rules)  # [n, G]
-        free = self.state.free_gpu[self.state.nodes.gpu_count > 0]
-        counts = np.bincount(free[(free > 0) & (free < GPU_MILLI)] // 10,
-                             minlength=GPU_MILLI // 10 + 1).astype(np.float64)
-        f = arrays.free
-        left = f - req.milli
-        counted = (f > 0) & (f < GPU_MILLI)
-        n_f = np.where(counted, counts[np.clip(f // 10, 0, None)], 0.0)
-        n_left = np.where(left > 0, counts[np.clip(left // 10, 0, None)], 0.0)
-        change = 2.0 * (n_left - n_f) + (left > 0) + counted
-        rank = np.where(np.isfinite(rank), rank - self.weight * change, rank)
+        live = SquaresRule(active=True, weight=self.weight).at(
+            free_size_counts(self.state.free_gpu[self._has_gpus]), self._gpus)
+        rank = np.where(np.isfinite(rank), rank - live.penalty_of(arrays.free, req), rank)
         gpu = np.asarray(rank.argmax(axis=1), dtype=np.int64)
         return np.asarray(rank[np.arange(len(gpu)), gpu], dtype=np.float64), gpu
 

@@ -147,6 +147,7 @@ class _Decider:
         self.policy = policy
         self.rng = np.random.default_rng(seed + 7919)
         self.cache = cache and policy.cacheable
+        self.generation = policy.generation
         n = state.nodes.size
         self.score = np.zeros((n, n_requests), dtype=np.float64)
         self.gpu = np.full((n, n_requests), -1, dtype=np.int64)
@@ -159,6 +160,9 @@ class _Decider:
         if len(idx) == 0:
             return None
         if self.cache:
+            if self.policy.generation != self.generation:
+                self.stamp.fill(-1)  # the policy's scores changed everywhere
+                self.generation = self.policy.generation
             q = req.rid
             dirty = idx[self.stamp[idx, q] != st.version[idx]]
             if len(dirty):

@@ -31,7 +31,8 @@ def test_the_warm_child_builds_its_scorer_without_or_tools() -> None:
         from packing.model import PodRequest, Placement, RequestKind
         running = [(PodRequest("a/p", 1000, 1024, RequestKind.WHOLE, gpu_count=1),
                     Placement("a/p", "n", (0,)))]
-        _WarmHandler()(("scorer", 1, "gpupack", pickle_chunks(running), pickle_chunks([])))
+        _WarmHandler()(("scorer", 1, "gpupack", pickle_chunks(running), pickle_chunks([]),
+                        None))
         print(sorted(m for m in ("ortools", "numpy", "pandas") if m in sys.modules))
     """)
     assert loaded == "['numpy']"

@@ -7,10 +7,11 @@ import time
 from typing import Any
 
 import pytest
-from sched_builders import FakeClock, make_cache, mig_pod, node, whole_pod
+from sched_builders import FakeClock, make_cache, mig_pod, node, shared_pod, whole_pod
 
 from packing.cpsat import SolverParams
 from packing.validate import validate
+from scheduler.memo.decide import holding, make_policy
 from scheduler.planner.loop import Planner
 from scheduler.planner.solve import SnapshotPacker, SolveJob, solve, solve_packed, unpack
 
@@ -190,3 +191,41 @@ def test_a_child_that_cannot_start_is_reported_and_retried_not_half_kept(
             child.solve(job, 5.0) if which == "solver" else child.call(("ping",))
         assert child.pid is None
     child.close()  # nothing to stop
+
+
+def test_the_scorer_holds_the_clusters_free_sizes_and_replaces_them_past_the_drift() -> None:
+    # gpupack's sum-of-squares price (packing.policies.squares) is on where whole-GPU
+    # pods ask 0.6-0.72 of the GPU demand: 13 one-GPU pods against 13 shares of half a
+    # GPU (w 0.67). Two running shares leave GPUs of the time-sliced node part free.
+    pods = ([whole_pod(f"w{i}") for i in range(13)]
+            + [shared_pod(f"s{i}", compute="0.5") for i in range(13)]
+            + [shared_pod("r0", compute="0.25", node="s"),
+               shared_pod("r1", compute="0.5", node="s")])
+    cache = make_cache([node("w", gpus=8, reconfigurable=False),
+                        node("s", gpus=4, shared_replicas=4, reconfigurable=False)], pods)
+    planner = Planner(cache, "gpupack-greedy", in_process=True)
+    planner.make_job()
+    ref = planner.scorer
+    rules = ref.scorer.rules  # type: ignore[attr-defined]
+    assert rules.squares is not None and rules.squares.active
+    # The first job finds GPUs partly used where the scorer held none: replaced.
+    assert ref.free_sizes is not None and ref.gen == 2
+    counts, gpus = ref.free_sizes
+    assert gpus == 4 and sum(counts) >= 1
+    assert list(rules.squares.counts) == list(counts)
+    # The warm child and the planner's own scorer rebuild it holding the same histogram.
+    rebuilt = holding(make_policy("gpupack-greedy", SolverParams()).make_scorer(ref.source),
+                      ref.free_sizes)
+    assert list(rebuilt.rules.squares.counts) == list(counts)  # type: ignore[attr-defined]
+    # Nothing moved: no new generation.
+    planner.make_job()
+    assert planner.scorer.gen == ref.gen
+    # Another share bound moves a GPU to another bucket (drift 2 > 0.03 x 4): replaced
+    # (the workload's shapes moved too: that generation keeps the held histogram, and
+    # the next one holds the new).
+    cache.upsert_pod(shared_pod("r2", compute="0.25", node="s"))
+    planner.make_job()
+    now = planner.scorer
+    assert now.gen == ref.gen + 2 and now.free_sizes != ref.free_sizes
+    assert now.free_sizes is not None
+    assert list(now.scorer.rules.squares.counts) == list(now.free_sizes[0])  # type: ignore[attr-defined]
