@@ -13,7 +13,8 @@ Metric sources (see the code for their definitions):
   ``gpupack_extender_requests_total{verb,outcome}``,
   ``gpupack_extender_request_seconds{verb}`` (histogram), ``gpupack_binds_total{result}``,
   ``gpupack_plan_solve_seconds``, ``gpupack_plan_age_seconds``,
-  ``gpupack_plan_status{status}``, ``gpupack_dra_devices{model,profile,state}``,
+  ``gpupack_plan_status{status}``, ``gpupack_scorer_replacements{reason}``,
+  ``gpupack_dra_devices{model,profile,state}``,
   ``gpupack_dra_shared_memory_mib{model,state}``,
   ``gpupack_dra_node_answers_total{verdict}`` (``scheduler/dra/metrics.py``),
   ``gpupack_dra_predictions_checked_total{outcome}``, ``gpupack_dra_nodes``

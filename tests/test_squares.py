@@ -10,7 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from packing.fragmentation import MilliRequest
-from packing.model import GPU_MILLI
+from packing.model import GPU_MILLI, PodRequest, RequestKind
+from packing.policies.gpupack import GpupackScorer
 from packing.policies.squares import (
     BUCKETS,
     REFERENCE_GPUS,
@@ -86,3 +87,20 @@ def test_the_held_histogram_is_replaced_only_past_the_drift() -> None:
     assert not SquaresRule(active=False).due(moved, gpus)  # off: never replaced
     with pytest.raises(ValueError, match="buckets"):
         rule.at(np.zeros(3, dtype=np.int64), gpus)
+
+
+@pytest.mark.parametrize(("whole", "shares", "milli", "on"), [
+    (12, 20, 300, True),  # tests/e2e/test_e2e_squares.py: w 0.67, sliver price on
+    (14, 18, 300, True),  # w 0.72: the clean-node form would be chosen, but the fresh-GPU
+    # rule is off for these shapes, so it is not in effect
+    (8, 40, 300, False),  # w 0.40: no sliver price
+    (20, 2, 300, False),  # w 0.97: no sliver price (above its upper gate)
+])
+def test_the_extenders_scorer_turns_it_on_by_the_workload(whole: int, shares: int,
+                                                          milli: int, on: bool) -> None:
+    pods = ([PodRequest(f"a/w{i}", 100, 256, RequestKind.WHOLE, gpu_count=1)
+             for i in range(whole)]
+            + [PodRequest(f"a/s{i}", 100, 256, RequestKind.SHARED, gpu_milli=milli,
+                          gpu_memory_mib=8192) for i in range(shares)])
+    rules = GpupackScorer(pods).rules
+    assert rules.squares is not None and rules.squares.active is on

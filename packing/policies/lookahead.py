@@ -600,15 +600,21 @@ class WorkloadRules:
         slivers = SliverRule.of(shapes, w)
         clean = (fresh_clean and not keep_whole_nodes and w.levels is not None
                  and (not slivers.active or whole_gpu_share(shapes) >= CLEAN_NODES_GATE))
+        fresh_rule = FreshGpuRule.of(shapes, clean_nodes=clean) if fresh else None
+        # The sum-of-squares price where the clean-node form is not in effect (off, or
+        # the fresh-GPU rule itself off for these shapes): it pulls shares apart.
+        clean_in_effect = (fresh_rule is not None and fresh_rule.active
+                           and fresh_rule.clean_nodes)
         return WorkloadRules(
             shapes=shapes,
             cap=CapacityModel(cap_shapes if cap_shapes is not None else shapes),
             weights=w,
-            fresh=FreshGpuRule.of(shapes, clean_nodes=clean) if fresh else None,
+            fresh=fresh_rule,
             keep=KeepCoresRule.of(shapes) if keep else None,
             deficit=CoreDeficitRule.of(shapes, w) if deficit else None,
             sliver=slivers if sliver else None,
-            squares=SquaresRule.of(slivers.active and sliver, clean) if squares else None)
+            squares=(SquaresRule.of(slivers.active and sliver, clean_in_effect)
+                     if squares else None))
 
     def at_free_sizes(self, counts: IntArray, gpus: int) -> WorkloadRules:
         """These rules with the sum-of-squares price holding the cluster's histogram of

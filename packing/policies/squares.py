@@ -36,7 +36,8 @@ every 1,000 placements 96.228, every 5,000 96.160; a node-local histogram (the n
 own GPUs only, no cluster state) 96.107, no better than without the price (96.113).
 
 **Where it is on** (:meth:`SquaresRule.of`): where the sliver price is on and the
-fresh-GPU rule's clean-node form is off (the default, cpu and gpuspec openb traces). Beside
+fresh-GPU rule's clean-node form is not in effect (the default, cpu and gpuspec openb
+traces; on multigpu20-40 the form is, on the other traces the sliver price is off). Beside
 the clean-node form it lost (seed 42: multigpu50 -0.30, gpushare40 -0.37, multigpu40
 -0.04): that form keeps one open GPU per node, and the price pulls shares apart.
 """

@@ -451,6 +451,14 @@ class ClusterCollector(Collector):
         status.add_metric([_status_category(plan.status)], 1.0)
         yield status
         yield gauge("gpupack_plan_solves", "Solves since start", self.planner.solves)
+        replaced = GaugeMetricFamily(
+            "gpupack_scorer_replacements",
+            "Scorer replacements since start, by reason (shapes: the workload's shapes moved; "
+            "free_sizes: the cluster's histogram of GPU free sizes drifted); each makes the "
+            "verbs score every node state again", labels=["reason"])
+        for reason, count in sorted(self.planner.replacements.items()):
+            replaced.add_metric([reason], count)
+        yield replaced
         tally: Tally[tuple[str, str]] = Tally()
         for pod in pending:
             if pod.key in plan.placements:

@@ -135,6 +135,9 @@ class Planner:
                                 name_sensitive=policy == "random", policy=policy,
                                 source=Snapshot(nodes=()))
         self.solves = 0
+        # Scorer replacements since start, by why (the shapes moved, or the held
+        # histogram of free sizes): each one makes the verbs score every node again.
+        self.replacements = {"shapes": 0, "free_sizes": 0}
         # in_process: solve in the calling thread (tests, tools); else in the child.
         self.in_process = in_process
         # Plan over candidate nodes (pick_candidates): up to per_class nodes of a class
@@ -433,6 +436,7 @@ class Planner:
         self._keep_whole_nodes = keep
         self._frag_memo = {}
         self._scorer_gen += 1
+        self.replacements["shapes"] += 1
         source = shape_workload(snapshot)
         self._workload = compact_workload(source)
         self.scorer = ScorerRef(holding(self.policy.make_scorer(snapshot), self._free_sizes),
@@ -458,5 +462,6 @@ class Planner:
             return
         self._free_sizes = (tuple(int(c) for c in counts), gpus)
         self._scorer_gen += 1
+        self.replacements["free_sizes"] += 1
         self.scorer = replace(self.scorer, scorer=scorer.at_free_sizes(counts, gpus),
                               gen=self._scorer_gen, free_sizes=self._free_sizes)

@@ -229,6 +229,7 @@ def test_health_metrics_and_no_benchmark_route(server: Client) -> None:
                  "gpupack_plan_age_seconds", "gpupack_plan_solve_seconds", "gpupack_plan_status",
                  "gpupack_cache_nodes 3.0", "gpupack_cache_synced 1.0", "gpupack_whole_gpus_free",
                  "gpupack_whole_nodes_free", "gpupack_fragmentation_ratio",
-                 "gpupack_pending_pods{", 'verb="filter",outcome="bad_request"'):
+                 "gpupack_pending_pods{", 'verb="filter",outcome="bad_request"',
+                 'gpupack_scorer_replacements{reason="free_sizes"}'):
         assert name in text.replace('outcome="bad_request",verb="filter"',
                                     'verb="filter",outcome="bad_request"'), name
