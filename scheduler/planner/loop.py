@@ -305,11 +305,12 @@ class Planner:
             unplaceable = [p for p in batch if p.key not in placeable]
             job = SolveJob(self.policy_name, self.params, Snapshot(nodes, running, ()),
                            batch, self._workload, frozenset(p.key for p in unplaceable),
-                           self._explain(unplaceable, signatures, infos))
+                           self._explain(unplaceable, signatures, infos),
+                           free_sizes=self.scorer.free_sizes)
         else:
             job = SolveJob(self.policy_name, self.params,
                            Snapshot(snapshot.nodes, snapshot.running, ()), tuple(batch),
-                           self._workload)
+                           self._workload, free_sizes=self.scorer.free_sizes)
         self.last_job_nodes = len(job.snapshot.nodes)
         return job, version, frag
 

@@ -44,7 +44,7 @@ from scheduler.child import (
     serve_messages,
     unpickle_chunks,
 )
-from scheduler.memo.decide import make_policy
+from scheduler.memo.decide import FreeSizes, holding, make_policy
 
 if TYPE_CHECKING:
     from ortools.sat.python import cp_model
@@ -111,6 +111,9 @@ class SolveJob:
     # planner's :func:`scheduler.planner.loop.explain_by_class`): the candidate nodes hold
     # none of the nodes that refused them, so the plan's own reason would be "no nodes".
     reasons: tuple[tuple[str, str], ...] = ()
+    # The histogram of free sizes the verbs' scorer holds (its sum-of-squares price): the
+    # solve's scorer holds the same.
+    free_sizes: FreeSizes | None = None
 
 
 @dataclass(frozen=True)
@@ -140,12 +143,13 @@ def expand_workload(workload: Sequence[tuple[PodRequest, int, int]]) -> Snapshot
                     tuple(p for p, _, q in workload for _ in range(q)))
 
 
-def scored_by(policy: Policy, workload: Snapshot) -> Policy:
-    """``policy`` with its scorer made from ``workload`` whatever snapshot it plans: a
-    plan over a few candidate nodes then scores options with the whole cluster's typical
-    shapes, as the verbs do."""
+def scored_by(policy: Policy, workload: Snapshot, free_sizes: FreeSizes | None = None
+              ) -> Policy:
+    """``policy`` with its scorer made from ``workload`` whatever snapshot it plans,
+    holding ``free_sizes``: a plan over a few candidate nodes then scores options with
+    the whole cluster's typical shapes and histogram of free sizes, as the verbs do."""
     make = policy.make_scorer
-    policy.__dict__["make_scorer"] = lambda _snapshot: make(workload)
+    policy.__dict__["make_scorer"] = lambda _snapshot: holding(make(workload), free_sizes)
     return policy
 
 
@@ -166,7 +170,7 @@ def _solve(job: SolveJob, nodes: tuple[NodeInfo, ...],
     if job.batch:
         policy = make_policy(job.policy, planner_params(job.params))
         if job.workload:
-            policy = scored_by(policy, expand_workload(job.workload))
+            policy = scored_by(policy, expand_workload(job.workload), job.free_sizes)
         result = policy.plan(Snapshot(nodes, running, job.batch))
         if job.unplaceable is not None:
             # A pod left out of a plan over candidate nodes may still fit elsewhere: only
@@ -211,7 +215,7 @@ class SnapshotPacker:
         return (
             job.policy, job.params, tuple(pieces),
             pickle_chunks(snap.running), pickle_chunks(snap.pending),
-            pickle.dumps((job.batch, job.workload, job.unplaceable, job.reasons),
+            pickle.dumps((job.batch, job.workload, job.unplaceable, job.reasons, job.free_sizes),
                          protocol=pickle.HIGHEST_PROTOCOL),
         )
 
@@ -220,13 +224,14 @@ class SnapshotPacker:
 
 def unpack(packed: tuple[Any, ...]) -> SolveJob:
     policy, params, nodes, running, pending, rest = packed
-    batch, workload, unplaceable, reasons = pickle.loads(rest)
+    batch, workload, unplaceable, reasons, free_sizes = pickle.loads(rest)
     snapshot = Snapshot(
         tuple(pickle.loads(b) for b in nodes),
         unpickle_chunks(running),
         unpickle_chunks(pending),
     )
-    return SolveJob(policy, params, snapshot, batch, workload, unplaceable, reasons)
+    return SolveJob(policy, params, snapshot, batch, workload, unplaceable, reasons,
+                    free_sizes)
 
 
 def solver_main(conn: Connection) -> None:

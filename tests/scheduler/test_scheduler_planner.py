@@ -13,7 +13,15 @@ from packing.cpsat import SolverParams
 from packing.validate import validate
 from scheduler.memo.decide import holding, make_policy
 from scheduler.planner.loop import Planner
-from scheduler.planner.solve import SnapshotPacker, SolveJob, solve, solve_packed, unpack
+from scheduler.planner.solve import (
+    SnapshotPacker,
+    SolveJob,
+    expand_workload,
+    scored_by,
+    solve,
+    solve_packed,
+    unpack,
+)
 
 
 def test_solve_once_plans_every_pending_pod_validly() -> None:
@@ -204,16 +212,24 @@ def test_the_scorer_holds_the_clusters_free_sizes_and_replaces_them_past_the_dri
     cache = make_cache([node("w", gpus=8, reconfigurable=False),
                         node("s", gpus=4, shared_replicas=4, reconfigurable=False)], pods)
     planner = Planner(cache, "gpupack-greedy", in_process=True)
-    planner.make_job()
+    job, _, _ = planner.make_job()
     ref = planner.scorer
     rules = ref.scorer.rules  # type: ignore[attr-defined]
     assert rules.squares is not None and rules.squares.active
     # The first job finds GPUs partly used where the scorer held none: replaced.
     assert ref.free_sizes is not None and ref.gen == 2
     counts, gpus = ref.free_sizes
+    # The solve's scorer holds it too, in the solver child as well.
+    assert job.batch and job.free_sizes == ref.free_sizes
+    assert unpack(SnapshotPacker().pack(job)).free_sizes == ref.free_sizes
+    solver = scored_by(make_policy("gpupack-greedy", SolverParams()),
+                       expand_workload(job.workload), job.free_sizes)
+    held = solver.make_scorer(job.snapshot).rules.squares  # type: ignore[attr-defined]
+    assert list(held.counts) == list(counts)
     assert gpus == 4 and sum(counts) >= 1
     assert list(rules.squares.counts) == list(counts)
     # The warm child and the planner's own scorer rebuild it holding the same histogram.
+    assert ref.source is not None
     rebuilt = holding(make_policy("gpupack-greedy", SolverParams()).make_scorer(ref.source),
                       ref.free_sizes)
     assert list(rebuilt.rules.squares.counts) == list(counts)  # type: ignore[attr-defined]
