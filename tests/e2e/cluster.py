@@ -219,6 +219,22 @@ def pending_report(core: Any, namespace: str, limit: int = 8) -> str:
     return f"{len(out)} pending" + "".join(f"\n  {line}" for line in out[:limit])
 
 
+def bound_in(core: Any, namespace: str, count: int, timeout_s: float = 180) -> dict[str, str]:
+    """Pod name -> node, once ``count`` pods of ``namespace`` are bound (the pending ones
+    reported if they are not in time)."""
+    def done() -> dict[str, str] | None:
+        got = {p["metadata"]["name"]: p["spec"]["nodeName"] for p in pods_in(core, namespace)
+               if p["spec"].get("nodeName")}
+        return got if len(got) == count else None
+
+    try:
+        found = wait_for(done, timeout_s, f"{count} pods bound in {namespace}")
+    except AssertionError as e:
+        raise AssertionError(f"{e}; {pending_report(core, namespace)}") from e
+    assert isinstance(found, dict)
+    return found
+
+
 def force_delete_pods(core: Any, namespace: str) -> None:
     """No kubelet confirms a deletion here: grace period 0 removes bound pods at once."""
     for p in core.list_namespaced_pod(namespace).items:

@@ -18,30 +18,14 @@ from typing import Any
 from cluster import (
     GPU,
     SHARED,
+    bound_in,
     create_nodes,
     h100_whole,
     l40s_shared,
-    pending_report,
     pod,
-    pods_in,
-    wait_for,
 )
 from conftest import Space
 from controlplane import SCHEDULER_NAME
-
-
-def _bound(core: Any, ns: str, count: int) -> dict[str, str]:
-    def done() -> dict[str, str] | None:
-        got = {p["metadata"]["name"]: p["spec"]["nodeName"] for p in pods_in(core, ns)
-               if p["spec"].get("nodeName")}
-        return got if len(got) == count else None
-
-    try:
-        found = wait_for(done, 180, f"{count} pods bound in {ns}")
-    except AssertionError as e:
-        raise AssertionError(f"{e}; {pending_report(core, ns)}") from e
-    assert isinstance(found, dict)
-    return found
 
 
 def test_a_burst_fills_node_after_node(space: Space, core: Any) -> None:
@@ -64,7 +48,7 @@ def test_a_burst_fills_node_after_node(space: Space, core: Any) -> None:
                   for i in range(48)]
         with ThreadPoolExecutor(max_workers=8) as pool:
             list(pool.map(lambda b, ns=ns: core.create_namespaced_pod(ns, b), bodies))
-        where = _bound(core, ns, len(bodies))
+        where = bound_in(core, ns, len(bodies))
         kinds: dict[str, Counter[str]] = {SHARED: Counter(), GPU: Counter()}
         for b in bodies:
             (resource,) = b["spec"]["containers"][0]["resources"]["limits"]
@@ -96,8 +80,8 @@ def test_a_pod_with_soft_preferences_gets_them_weighed(space: Space, core: Any) 
             "matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In",
                                   "values": [names[2]]}]}}]}}
     core.create_namespaced_pod(ns, picky)
-    assert _bound(core, ns, 1) == {"picky": names[2]}
+    assert bound_in(core, ns, 1) == {"picky": names[2]}
     # The next pod, without preferences, joins the node in use rather than the first name.
     core.create_namespaced_pod(ns, pod("plain", pool=space.name, scheduler=SCHEDULER_NAME,
                                        limits={SHARED: "1"}, cpu="100m", memory="256Mi"))
-    assert _bound(core, ns, 2)["plain"] == names[2]
+    assert bound_in(core, ns, 2)["plain"] == names[2]

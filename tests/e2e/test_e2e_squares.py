@@ -17,32 +17,17 @@ from typing import Any
 from cluster import (
     GPU,
     SHARED,
+    bound_in,
     create_nodes,
     h100_whole,
     l40s_shared,
-    pending_report,
     pod,
-    pods_in,
     wait_for,
 )
 from conftest import Space
 from controlplane import SCHEDULER_NAME, Stack, extender_metrics, metric_sample
 
 SHARE = {"gpupack.io/gpu-compute": "0.3", "gpupack.io/gpu-memory": "8Gi"}
-
-
-def _bound(core: Any, ns: str, count: int) -> dict[str, str]:
-    def done() -> dict[str, str] | None:
-        got = {p["metadata"]["name"]: p["spec"]["nodeName"] for p in pods_in(core, ns)
-               if p["spec"].get("nodeName")}
-        return got if len(got) == count else None
-
-    try:
-        found = wait_for(done, 180, f"{count} pods bound in {ns}")
-    except AssertionError as e:
-        raise AssertionError(f"{e}; {pending_report(core, ns)}") from e
-    assert isinstance(found, dict)
-    return found
 
 
 def _replacements(stack: Stack, admin: Any, scraper: str) -> float | None:
@@ -73,7 +58,7 @@ def test_the_planner_hands_the_verbs_the_clusters_free_sizes(
                for i in range(20)]
     for b in bodies:
         core.create_namespaced_pod(ns, b)
-    where = _bound(core, ns, len(bodies))
+    where = bound_in(core, ns, len(bodies))
     # Shares only on the time-sliced nodes, one-GPU pods only on the whole-GPU ones.
     for name, node in where.items():
         assert ("-l40s-" in node) is name.startswith("s-"), (name, node)
@@ -90,7 +75,7 @@ def test_the_planner_hands_the_verbs_the_clusters_free_sizes(
         core.create_namespaced_pod(ns, pod(f"s-{i:02d}", pool=space.name,
                                            scheduler=SCHEDULER_NAME, limits={SHARED: "1"},
                                            annotations=SHARE, cpu="100m", memory="256Mi"))
-    where = _bound(core, ns, 36)
+    where = bound_in(core, ns, 36)
     assert all("-l40s-" in where[f"s-{i:02d}"] for i in range(24))
     after = _replacements(stack, admin, scraper)
     assert after is not None and after >= held
