@@ -117,11 +117,11 @@ def node_gpu_free(node: NodeState) -> list[int]:
 
 
 def share_gpu_free(node: NodeState) -> tuple[int, ...]:
-    """The free milli, as the score reads it (:func:`node_gpu_free`), of each GPU of
-    ``node`` whose mode takes time-sliced shares: what the sum-of-squares price's
-    histogram counts (:mod:`packing.policies.squares`)."""
-    return tuple(f for g, f in zip(node.gpus, node_gpu_free(node), strict=True)
-                 if RequestKind.SHARED in MODE_SERVES[g.mode])
+    """The free milli of each GPU of ``node`` whose mode takes time-sliced shares (an
+    idle one 1000): what the sum-of-squares price's histogram counts
+    (:mod:`packing.policies.squares`; as the openb replay's FRACTIONAL GPUs, an idle GPU
+    is not counted, where the score's ``free`` shows it as 999)."""
+    return tuple(g.free_milli for g in node.gpus if RequestKind.SHARED in MODE_SERVES[g.mode])
 
 
 def free_sizes(values: Iterable[Sequence[int]]) -> tuple[IntArray, int]:
@@ -197,12 +197,15 @@ class GpupackScorer:
         # level goes on cpu-bound workloads, and with it the core-deficit price; where
         # whole nodes are kept for groups, the fresh-GPU rule's clean-node form is off).
         self.rules = WorkloadRules.of(self.shapes, weights, keep_whole_nodes=keep_whole_nodes)
+        # MIG pods are ranked without the sum-of-squares price: its histogram counts the
+        # GPUs that take time-sliced shares, and a MIG GPU's free milli is not one of them.
+        self._mig_rules = replace(self.rules, squares=None)
         # MilliRequest.model_ok: the score never reads it (the verbs filter by model).
         self._any_model = np.ones(len(self._model_id), dtype=bool)
         # Per node name, its latest state only: (version, arrays, rank values by request,
         # one per GPU for a share). Bounded by the nodes (~1.5 kB each), never by how
         # many states they went through.
-        self._nodes: dict[str, tuple[int, NodeArrays, dict[tuple[int, int, int, int],
+        self._nodes: dict[str, tuple[int, NodeArrays, dict[tuple[int, int, int, int, bool],
                                                           FloatArray]]] = {}
 
     def at_free_sizes(self, counts: IntArray, gpus: int) -> GpupackScorer:
@@ -219,8 +222,8 @@ class GpupackScorer:
         enough to replace it (:meth:`WorkloadRules.free_sizes_due`)."""
         return self.rules.free_sizes_due(counts, gpus)
 
-    def _entry(self, node: NodeState) -> tuple[int, NodeArrays,
-                                               dict[tuple[int, int, int, int], FloatArray]]:
+    def _entry(self, node: NodeState) -> tuple[
+            int, NodeArrays, dict[tuple[int, int, int, int, bool], FloatArray]]:
         found = self._nodes.get(node.info.name)
         if found is None or found[0] != node.version:
             free = np.array([node_gpu_free(node)], dtype=np.int64)
@@ -232,7 +235,8 @@ class GpupackScorer:
             cpu = np.array([node.cpu_free], dtype=np.int64)
             mem = np.array([node.mem_free], dtype=np.int64)
             arrays = NodeArrays(free, cpu, mem, mid,
-                                fragment_stats(free, cpu, mem, mid, self.shapes))
+                                fragment_stats(free, cpu, mem, mid, self.shapes),
+                                np.array([[g.free_milli for g in node.gpus]], dtype=np.int64))
             found = self._nodes[node.info.name] = (node.version, arrays, {})
         return found
 
@@ -262,10 +266,11 @@ class GpupackScorer:
         if req is None:
             req = self.request(state, pod, option)
         _, arrays, evals = self._entry(node)
-        key = (req.cpu, req.mem, req.num_gpu, req.milli)
+        mig = pod.kind is RequestKind.MIG
+        key = (req.cpu, req.mem, req.num_gpu, req.milli, mig)
         found = evals.get(key)
         if found is None:
-            found = ranks(arrays, req, self.rules)[0]
+            found = ranks(arrays, req, self._mig_rules if mig else self.rules)[0]
             if len(evals) >= EVALS_PER_NODE:
                 evals.clear()
             evals[key] = found

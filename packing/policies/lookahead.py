@@ -562,6 +562,9 @@ class NodeArrays:
     mem: IntArray  # [n]
     model: IntArray  # [n]
     stats: FragmentStats
+    # Each GPU's free milli as the sum-of-squares price counts it (an idle GPU 1000 even
+    # where ``free`` shows 999 because it cannot be taken whole); None: ``free``.
+    share_free: IntArray | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -650,7 +653,8 @@ def ranks(nodes: NodeArrays, req: MilliRequest, rules: WorkloadRules) -> FloatAr
     if (sliver := rules.sliver) is not None and sliver.applies(req):
         score = score - sliver.penalty_of(nodes.free, req)
     if (squares := rules.squares) is not None and squares.applies(req):
-        score = score - squares.penalty_of(nodes.free, req)
+        score = score - squares.penalty_of(
+            nodes.free if nodes.share_free is None else nodes.share_free, req)
     if (fresh := rules.fresh) is not None and fresh.applies(req):
         score = score + fresh.bonus_of(nodes.free, nodes.cpu, req)
     return rank_value(score, nodes.free - req.milli)
