@@ -79,11 +79,13 @@ children, f <= m and f >= m + 1, that together hold every run the node holds (ea
 has one f), so every rule is a certificate; the rule only decides which LPs the budget
 buys. "fractional" (the default) splits at the most fractional b_m: with
 ``FINE_SLICES`` the LP spreads b evenly over the interval and the split peels one slice
-off it, so the open node that decides the figure ("the 810-milli class first blocks
-between 70% and 93%", multigpu50 and gpushare40, seed 42) is never split within 9 LPs
-and the fine figure ends above the coarse one. "middle" splits at the middle slice of
-the run of fractional b_m (b is nondecreasing, so they are contiguous; both children cut
-the node's LP point off, as with the other rule): each branch halves the interval.
+off it, so the open node that decides the figure (seed 42: the 810-milli class first
+blocks between 70% and 93% on multigpu50, between 65% and 93% on gpushare40) is never
+split within 9 LPs and the fine figure ends above the coarse one. "middle" splits at the
+middle slice of the run of fractional b_m (b is nondecreasing, so they are contiguous;
+both children cut the node's LP point off, as with the other rule): each branch halves
+the interval (``bench/README.md``: gpushare40 95.82 -> 95.49 at 9 LPs; not better
+everywhere, so the default stays).
 
 **Slices.** Any increasing set of slices gives a valid relaxation (every row above holds at
 every arrival count). Adding slices only tightens it: the LP of a set of slices is the
@@ -634,8 +636,8 @@ def allocation_bound(inst: Instance, *, slices: Sequence[float] = SLICES,
             continue
         _, _, q, k = max(frac)
         lo, hi = fixed.get(q, (0, model.n_slices))
-        m = _split_slice(split, bvals[q][:-1], lo, hi) if split == "middle" else None
-        k = k if m is None else m  # "middle": the same class, its interval halved
+        m = _split_slice(split, bvals[q][:-1], lo, hi)  # "fractional": k itself
+        k = k if m is None else m
         got = []
         for child in ({**fixed, q: (lo, k)}, {**fixed, q: (k + 1, hi)}):
             if child[q][0] > child[q][1]:
