@@ -7,7 +7,9 @@ seed's bound also, kept apart under "refined"), kept per trace as JSON under
 ``--out`` so that a rerun computes only what is missing, and a table beside the policies'
 figures of a ``bench/openb_all.py`` run (``--policies DIR``): FGD, gpupack, the bound and
 how much of the distance from FGD to the bound gpupack closes. ``--slices fine``: the
-relaxation with finer slices (``FINE_SLICES``: tighter, slower).
+relaxation with finer slices (``FINE_SLICES``: tighter, slower). ``--split middle``: branch
+and bound halves a class's first-blocking interval instead of splitting it at its most
+fractional slice (``sim/openb/bound.py``; the records keep "split").
 
     python bench/openb_bound.py --seeds 10 --out bench/results/openb-bound-2026-12-06
     python bench/openb_bound.py --traces default,multigpu50 --seeds 1 --lps 9 \
@@ -17,6 +19,8 @@ relaxation with finer slices (``FINE_SLICES``: tighter, slower).
     python bench/openb_bound.py --traces gpushare100 --seeds 1 --clairvoyant
     python bench/openb_bound.py --traces default,multigpu50 --seeds 1 --lps 9 --slices fine \
         --out bench/results/openb-bound-2026-12-06-fine
+    python bench/openb_bound.py --traces multigpu50 --seeds 1 --lps 9 --slices fine \
+        --split middle --out bench/results/openb-bound-2026-12-06-mid
 
 ``--clairvoyant``: also the clairvoyant rolling-horizon CP-SAT run of the first seed
 (``sim/openb/clairvoyant.py``), an achievable figure: the bound must be at least it
@@ -37,7 +41,13 @@ sys.path.insert(0, str(ROOT))
 
 from bench.openb_all import PREFIX, family  # noqa: E402
 from sim.openb import bundled  # noqa: E402
-from sim.openb.bound import FINE_SLICES, SLICES, allocation_bound, make_instance  # noqa: E402
+from sim.openb.bound import (  # noqa: E402
+    FINE_SLICES,
+    SLICES,
+    SPLITS,
+    allocation_bound,
+    make_instance,
+)
 from sim.openb.clairvoyant import clairvoyant_run  # noqa: E402
 from sim.openb.cluster import Nodes, Pods  # noqa: E402
 from sim.openb.replay import PUBLISHED_SEEDS, build_workload, trace_shapes  # noqa: E402
@@ -62,16 +72,18 @@ def _log(msg: str) -> None:
 
 def bound_trace(trace_dir: Path, trace: str, seeds: list[int], out: Path,
                 refine_lps: int, clairvoyant: bool = False, lps: int = 1,
-                slices: str = "coarse") -> dict[str, Any]:
+                slices: str = "coarse", split: str = "fractional") -> dict[str, Any]:
     """The trace's per-seed bounds, from ``out/<trace>.json`` where already there with at
     least ``lps`` LPs of branch and bound (a record without "lps" had 1: the root) and the
-    same ``slices`` (a record without "slices" had the coarse ones)."""
+    same ``slices`` (a record without "slices" had the coarse ones) and ``split`` (without
+    "split": the most fractional slice)."""
     path = out / f"{trace}.json"
     doc: dict[str, Any] = json.loads(path.read_text()) if path.is_file() else {"seeds": {}}
     fractions = SLICE_SETS[slices]
     todo = [s for s in seeds
             if str(s) not in doc["seeds"] or doc["seeds"][str(s)].get("lps", 1) < lps
-            or doc["seeds"][str(s)].get("slices", "coarse") != slices]
+            or doc["seeds"][str(s)].get("slices", "coarse") != slices
+            or doc["seeds"][str(s)].get("split", "fractional") != split]
     refine = refine_lps > 1 and doc.get("refined", {}).get("lps", 0) < refine_lps
     run_cv = clairvoyant and "clairvoyant" not in doc
     if not todo and not refine and not run_cv:
@@ -81,11 +93,11 @@ def bound_trace(trace_dir: Path, trace: str, seeds: list[int], out: Path,
                            nodes.models)
     for seed in todo:
         inst = make_instance(nodes, pods, build_workload(pods, nodes.gpu_capacity_milli, seed))
-        found = allocation_bound(inst, budget=lps, slices=fractions)
+        found = allocation_bound(inst, budget=lps, slices=fractions, split=split)
         doc["seeds"][str(seed)] = {"alloc_130": found.alloc_130, "kind": found.kind,
                                    "lp_130": found.lp_130, "demand_pct": found.demand_pct,
                                    "seconds": round(found.seconds, 1), "lps": lps,
-                                   "slices": slices,
+                                   "slices": slices, "split": split,
                                    "solved": found.nodes, "log": list(found.log)}
         _log(f"  {trace} seed {seed}: {found.alloc_130:.3f} (root {found.lp_130:.3f}, "
              f"{found.nodes} LPs, {found.seconds:.0f}s)")
@@ -93,8 +105,8 @@ def bound_trace(trace_dir: Path, trace: str, seeds: list[int], out: Path,
     if refine:
         seed = seeds[0]
         inst = make_instance(nodes, pods, build_workload(pods, nodes.gpu_capacity_milli, seed))
-        found = allocation_bound(inst, budget=refine_lps, slices=fractions)
-        doc["refined"] = {"seed": seed, "lps": refine_lps, "slices": slices,
+        found = allocation_bound(inst, budget=refine_lps, slices=fractions, split=split)
+        doc["refined"] = {"seed": seed, "lps": refine_lps, "slices": slices, "split": split,
                           "alloc_130": found.alloc_130,
                           "solved": found.nodes, "seconds": round(found.seconds, 1),
                           "log": list(found.log)}
@@ -201,6 +213,11 @@ def main() -> int:
                     help="the relaxation's slices: coarse (0.6, 0.75, 0.85, 0.93, 1) or fine "
                     "(0.65, 0.7 and 0.8 added: tighter, slower); a seed kept in --out with "
                     "other slices is computed again")
+    ap.add_argument("--split", choices=SPLITS, default="fractional",
+                    help="where branch and bound splits a class's first-blocking interval: "
+                    "at its most fractional slice, or at the middle of its fractional "
+                    "slices (halves it); a seed kept in --out with the other rule is "
+                    "computed again")
     ap.add_argument("--out", default="bench/results/openb-bound")
     ap.add_argument("--reuse", action="store_true",
                     help="only the table, from the seeds already in --out (computes nothing)")
@@ -217,7 +234,7 @@ def main() -> int:
     t0 = time.perf_counter()
     bounds = {t: (json.loads((out / f"{t}.json").read_text()) if args.reuse
                   else bound_trace(trace_dir, t, seeds, out, args.refine_lps, args.clairvoyant,
-                                   args.lps, args.slices))
+                                   args.lps, args.slices, args.split))
               for t in args.traces.split(",")}
     _log(f"done in {time.perf_counter() - t0:.0f}s")
     policies = None

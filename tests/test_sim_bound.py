@@ -19,7 +19,9 @@ from packing.model import GPU_MILLI
 from sim.openb.bound import (
     FINE_SLICES,
     SLICES,
+    SPLITS,
     _solve,
+    _split_slice,
     allocation_bound,
     build,
     dominates,
@@ -104,8 +106,9 @@ CASES = {
 }
 
 
+@pytest.mark.parametrize("split", SPLITS)
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_the_bound_is_above_every_legal_run(case: str) -> None:
+def test_the_bound_is_above_every_legal_run(case: str, split: str) -> None:
     node_spec, pod_spec = CASES[case]
     nodes = Nodes.from_trace(_cluster(node_spec))
     pods = Pods.from_trace(_pods(pod_spec), nodes.models)
@@ -113,15 +116,18 @@ def test_the_bound_is_above_every_legal_run(case: str) -> None:
         order = np.random.default_rng(seed).permutation(len(pod_spec)).astype(np.int64)
         inst = make_instance(nodes, pods, order)
         best = best_legal_run(nodes, pods, order[:inst.n_arrivals])
+        root = allocation_bound(inst)
         for lps in (1, 12):
-            found = allocation_bound(inst, budget=lps)
+            found = allocation_bound(inst, budget=lps, split=split)
             assert found.kind == "certificate"
             assert found.alloc_130 * nodes.gpu_capacity_milli / 100 >= best - 1e-6, (seed, lps)
-            assert found.alloc_130 <= 100.0 + 1e-9
+            assert found.alloc_130 <= min(100.0, root.alloc_130) + 1e-9
 
 
+@pytest.mark.parametrize("split", SPLITS)
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_branch_and_bound_only_tightens_and_stays_above_every_run(case: str) -> None:
+def test_branch_and_bound_only_tightens_and_stays_above_every_run(case: str,
+                                                                  split: str) -> None:
     # Best first, deterministic: a larger budget runs the smaller one's steps and more,
     # and each step replaces an open node by children bounded by it, so the certificate
     # never rises with the budget and never drops below the best legal run.
@@ -131,7 +137,7 @@ def test_branch_and_bound_only_tightens_and_stays_above_every_run(case: str) -> 
     order = np.random.default_rng(7).permutation(len(pod_spec)).astype(np.int64)
     inst = make_instance(nodes, pods, order, load_pct=100)
     best = 100.0 * best_legal_run(nodes, pods, order[:inst.n_arrivals]) / nodes.gpu_capacity_milli
-    found = [allocation_bound(inst, budget=lps) for lps in (1, 3, 9, 27)]
+    found = [allocation_bound(inst, budget=lps, split=split) for lps in (1, 3, 9, 27)]
     for before, after in itertools.pairwise(found):
         assert after.alloc_130 <= before.alloc_130 + 1e-9
         assert after.nodes >= before.nodes
@@ -154,10 +160,10 @@ SLICE_SETS = [SLICES, FINE_SLICES, DENSE]
 @given(st.lists(st.tuples(st.sampled_from([8000, 16000]), st.sampled_from([1, 2])),
                 min_size=1, max_size=3),
        st.lists(st.integers(0, len(SHAPES) - 1), min_size=3, max_size=8),
-       st.sampled_from([100, 130]), st.sampled_from(SLICE_SETS))
+       st.sampled_from([100, 130]), st.sampled_from(SLICE_SETS), st.sampled_from(SPLITS))
 def test_the_bound_is_above_every_legal_run_on_random_tiny_clusters(
         node_spec: list[tuple[int, int]], pod_idx: list[int], load: int,
-        slices: tuple[float, ...]) -> None:
+        slices: tuple[float, ...], split: str) -> None:
     # Every part of the relaxation at once (blocking at every slice, the last included,
     # dominance, share packing, branch and bound), against the exhaustive best run.
     nodes = Nodes.from_trace(_cluster([(c, 65536, g) for c, g in node_spec]))
@@ -165,9 +171,47 @@ def test_the_bound_is_above_every_legal_run_on_random_tiny_clusters(
     order = np.arange(len(pod_idx), dtype=np.int64)
     inst = make_instance(nodes, pods, order, load_pct=load)
     best = best_legal_run(nodes, pods, order[:inst.n_arrivals])
+    root = allocation_bound(inst, slices=slices)
     for lps in (1, 9):
-        found = allocation_bound(inst, budget=lps, slices=slices)
+        found = allocation_bound(inst, budget=lps, slices=slices, split=split)
         assert found.alloc_130 * nodes.gpu_capacity_milli / 100 >= best - 1e-6, lps
+        assert found.alloc_130 <= root.alloc_130 + 1e-9, lps  # never above the root
+
+
+# (rule, b per slice, interval [lo, hi]) -> the slice m of the children [lo, m], [m+1, hi]
+SPLIT_TABLE = [
+    # the LP spreads b evenly over a fine interval: "fractional" peels the last slice
+    # (ties go to the later slice), "middle" halves it
+    ("fractional", [0.4] * 8, 0, 8, 7),
+    ("middle", [0.4] * 8, 0, 8, 3),
+    # the fractional run [2, 6] inside a wider interval: its middle, not the interval's
+    ("middle", [0.0, 0.0, 0.2, 0.3, 0.3, 0.5, 0.9, 1.0], 0, 8, 4),
+    ("fractional", [0.0, 0.0, 0.2, 0.3, 0.3, 0.5, 0.9, 1.0], 0, 8, 5),
+    # b fixed outside [lo, hi): only the interval's slices count
+    ("middle", [0.0, 0.0, 0.0, 0.6, 0.6, 1.0, 1.0, 1.0], 3, 5, 3),
+    ("middle", [0.0] * 7 + [0.5], 7, 8, 7),
+    ("middle", [0.5] + [1.0] * 7, 0, 1, 0),  # slice 0 is a split like any other
+    # integral within the interval: nothing to split
+    ("middle", [0.0, 0.0, 1.0, 1.0], 0, 4, None),
+    ("fractional", [0.0, 0.0, 1.0, 1.0], 0, 4, None),
+]
+
+
+@pytest.mark.parametrize(("rule", "b", "lo", "hi", "want"), SPLIT_TABLE)
+def test_split_slice(rule: str, b: list[float], lo: int, hi: int, want: int | None) -> None:
+    got = _split_slice(rule, b, lo, hi)
+    assert got == want
+    if got is not None:  # both children are non-empty and cut the LP point off
+        assert lo <= got < hi and 0.0 < b[got] < 1.0
+
+
+def test_an_unknown_split_is_refused() -> None:
+    node_spec, pod_spec = CASES["slivers"]
+    nodes = Nodes.from_trace(_cluster(node_spec))
+    pods = Pods.from_trace(_pods(pod_spec), nodes.models)
+    inst = make_instance(nodes, pods, np.arange(len(pod_spec), dtype=np.int64))
+    with pytest.raises(ValueError, match="split must be one of"):
+        allocation_bound(inst, budget=3, split="halves")
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -73,6 +73,20 @@ and fills their GPUs with whole-GPU pods; a branch on the 810-milli class remove
 it. (Branching on the most fractional b alone spends its LPs on classes that move
 nothing: the CPU-only ones.)
 
+**Where the interval is split** (``split``). The class's first blocking slice f lies in
+the node's interval [lo, hi] (hi = K: never blocked); ANY m with lo <= m < hi gives two
+children, f <= m and f >= m + 1, that together hold every run the node holds (each run
+has one f), so every rule is a certificate; the rule only decides which LPs the budget
+buys. "fractional" (the default) splits at the most fractional b_m: with
+``FINE_SLICES`` the LP spreads b evenly over the interval and the split peels one slice
+off it, so the open node that decides the figure (seed 42: the 810-milli class first
+blocks between 70% and 93% on multigpu50, between 65% and 93% on gpushare40) is never
+split within 9 LPs and the fine figure ends above the coarse one. "middle" splits at the
+middle slice of the run of fractional b_m (b is nondecreasing, so they are contiguous;
+both children cut the node's LP point off, as with the other rule): each branch halves
+the interval (``bench/README.md``: gpushare40 95.82 -> 95.49 at 9 LPs; not better
+everywhere, so the default stays).
+
 **Slices.** Any increasing set of slices gives a valid relaxation (every row above holds at
 every arrival count). Adding slices only tightens it: the LP of a set of slices is the
 projection of the LP of any superset onto its slices' variables, restricted (each of its
@@ -566,11 +580,33 @@ def _solve(model: SlicedModel, parent: float = math.inf
     return model.lp.dual_bound(), model.lp.value(), bvals
 
 
+SPLITS = ("fractional", "middle")
+
+
+def _split_slice(rule: str, b: list[float], lo: int, hi: int) -> int | None:
+    """The slice m at which a node splits its class's first-blocking interval [lo, hi]
+    into [lo, m] and [m + 1, hi] (None: b is integral there). ``b`` is the class's b per
+    slice in the node's LP; it is nondecreasing, so its fractional slices form one run
+    [a, c] inside [lo, hi - 1] (b is fixed outside). "fractional": the most fractional
+    slice; "middle": the run's middle slice (a + c) // 2, which halves the interval the
+    LP leaves open instead of peeling one slice off it. Both cut the node's LP point off
+    in both children (b_m is fractional: 1 in the first, 0 in the second)."""
+    run = [k for k in range(lo, min(hi, len(b))) if 1e-6 < b[k] < 1.0 - 1e-6]
+    if not run:
+        return None
+    if rule == "middle":
+        return (run[0] + run[-1]) // 2
+    return max(run, key=lambda k: (min(b[k], 1.0 - b[k]), k))
+
+
 def allocation_bound(inst: Instance, *, slices: Sequence[float] = SLICES,
-                     major: float = MAJOR, budget: int = 1) -> Bound:
+                     major: float = MAJOR, budget: int = 1, split: str = "fractional") -> Bound:
     """The certificate: the relaxation's dual bound, tightened by at most ``budget`` LPs
     of branch and bound on the major classes' blocking slices (best first; the result is
-    the largest bound among the leaves and the branches left open)."""
+    the largest bound among the leaves and the branches left open). ``split``: where a
+    node splits the interval of its class's first blocking slice (:func:`_split_slice`)."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, not {split!r}")
     t0 = time.perf_counter()
     model = build(inst, slices, major)
     cap = float(inst.capacity_milli)
@@ -600,6 +636,8 @@ def allocation_bound(inst: Instance, *, slices: Sequence[float] = SLICES,
             continue
         _, _, q, k = max(frac)
         lo, hi = fixed.get(q, (0, model.n_slices))
+        m = _split_slice(split, bvals[q][:-1], lo, hi)  # "fractional": k itself
+        k = k if m is None else m
         got = []
         for child in ({**fixed, q: (lo, k)}, {**fixed, q: (k + 1, hi)}):
             if child[q][0] > child[q][1]:
