@@ -55,7 +55,7 @@ from packing.policies.squares import BUCKETS
 from packing.scoring import Score, order_pods
 from packing.state import ClusterState
 from scheduler.engine import Loop, LoopMetrics, Outcome
-from scheduler.memo.decide import FreeSizes, ScorerRef, best_key, holding, make_policy, shape_key
+from scheduler.memo.decide import ScorerRef, best_key, holding, make_policy, shape_key
 from scheduler.planner.decide import (
     PLAN_NODES,
     backoff_s,
@@ -155,11 +155,10 @@ class Planner:
         self._why_memo: dict[tuple[tuple[Any, ...], int], tuple[str, bool]] = {}
         self._rank_gen = -1
         self._rank_scorer = self.scorer.scorer
-        # Per node state: its fragmentation, its free GPU milli, and the free milli of
-        # its GPUs that take shares (the sum-of-squares price's histogram).
+        # Per node state: its fragmentation, its free GPU milli, and the histogram of
+        # free sizes of its GPUs that take shares with their count (the sum-of-squares
+        # price's, :func:`free_sizes`).
         self._frag_memo: dict[int, tuple[float, int, tuple[IntArray, int]]] = {}
-        # The histogram the verbs' scorer holds (_refresh_free_sizes).
-        self._free_sizes: FreeSizes | None = None
         self._workload: tuple[tuple[PodRequest, int, int], ...] = ()
         self.last_job_nodes = 0  # nodes the latest job was planned over
         # Pending pods the latest plan that held them left unschedulable: a batch takes
@@ -440,8 +439,9 @@ class Planner:
         self.replacements["shapes"] += 1
         source = shape_workload(snapshot)
         self._workload = compact_workload(source)
-        self.scorer = ScorerRef(holding(self.policy.make_scorer(snapshot), self._free_sizes),
-                                self._scorer_gen, free_sizes=self._free_sizes,
+        held = self.scorer.free_sizes  # a new workload keeps the histogram held
+        self.scorer = ScorerRef(holding(self.policy.make_scorer(snapshot), held),
+                                self._scorer_gen, free_sizes=held,
                                 name_sensitive=self.policy_name == "random",
                                 policy=self.policy_name, source=source)
 
@@ -461,8 +461,8 @@ class Planner:
             gpus += nodes * g
         if not scorer.free_sizes_due(counts, gpus):
             return
-        self._free_sizes = (tuple(int(c) for c in counts), gpus)
         self._scorer_gen += 1
         self.replacements["free_sizes"] += 1
         self.scorer = replace(self.scorer, scorer=scorer.at_free_sizes(counts, gpus),
-                              gen=self._scorer_gen, free_sizes=self._free_sizes)
+                              gen=self._scorer_gen,
+                              free_sizes=(tuple(int(c) for c in counts), gpus))
