@@ -20,6 +20,8 @@ from sim.openb.bound import (
     FINE_SLICES,
     SLICES,
     SPLITS,
+    CertifiedLP,
+    _first_blocking,
     _solve,
     _split_slice,
     allocation_bound,
@@ -360,3 +362,58 @@ def test_finer_slices_remove_the_drop_inside_an_interval() -> None:
     fine = allocation_bound(inst, slices=DENSE).alloc_130
     assert best == pytest.approx(88.5)
     assert best - 1e-6 <= fine < coarse - 1.0
+
+
+ARRIVED = [6.0, 8.0, 9.0, 12.0]  # A_k: a class's arrivals by each of four slices
+
+
+def _placed_range(b: list[float], per_slice: bool) -> tuple[float, float]:
+    """The least and most pods of one class placed by the last slice that the rows allow,
+    with b fixed: X_k <= A_k, X nondecreasing, and either only the per-slice must-place
+    rows of :func:`build` or those and :func:`_first_blocking`'s."""
+    out = []
+    for sense in (-1.0, 1.0):
+        lp = CertifiedLP()
+        K = len(ARRIVED)
+        x = [lp.var(0.0, a, sense if k == K - 1 else 0.0) for k, a in enumerate(ARRIVED)]
+        bv = [lp.var(v, v) for v in b]
+        for k in range(K):
+            if k:
+                lp.row(-lp.inf, 0.0, [(x[k - 1], 1.0), (x[k], -1.0)])
+            lp.row(ARRIVED[k], lp.inf, [(x[k], 1.0), (bv[k], ARRIVED[k])])
+            lp.row(-lp.inf, ARRIVED[-1], [(x[-1], 1.0), (bv[k], ARRIVED[-1] - ARRIVED[k])])
+        if not per_slice:
+            _first_blocking(lp, [[j] for j in x], bv, ARRIVED)
+        assert lp.solve() == "optimal"
+        out.append(sense * lp.value())
+    return out[0], out[1]
+
+
+@pytest.mark.parametrize("first", range(len(ARRIVED) + 1))
+def test_first_blocking_rows_are_must_place_for_every_run(first: int) -> None:
+    # A run whose class first blocks at slice f placed every pod that arrived by slice
+    # f - 1 and none after slice f: exactly what the rows allow (f = 4: never blocked).
+    b = [float(k >= first) for k in range(len(ARRIVED))]
+    low = ARRIVED[first - 1] if first >= 1 else 0.0
+    high = ARRIVED[first] if first < len(ARRIVED) else ARRIVED[-1]
+    if first == len(ARRIVED):
+        low = ARRIVED[-1]
+    assert _placed_range(b, per_slice=False) == pytest.approx((low, high))
+    assert _placed_range(b, per_slice=True) == pytest.approx((low, high))
+
+
+@pytest.mark.parametrize(("b", "per_slice", "without"), [
+    # half the runs first block at slice 1, half at slice 3: by the expected must-place
+    # at least 0.5 * 6 + 0.5 * 9 = 7.5 placed, at most 0.5 * 8 + 0.5 * 12 = 10; the
+    # per-slice rows alone allow 6 (max_k A_k (1 - b_k)) to 10.
+    ([0.0, 0.5, 0.5, 1.0], (7.5, 10.0), (6.0, 10.0)),
+    # a class blocked from the first slice in 43% of the runs, 71% by the cut (issue 38,
+    # multigpu40): at least 0.14 * 6 + 0.14 * 9 + 0.29 * 12 = 5.58 and at most 0.43 * 6
+    # + 0.14 * 8 + 0.14 * 12 + 0.29 * 12 = 8.86; the per-slice rows alone: 9 * 0.43 =
+    # 3.87 to 12 - 0.43 * 6 = 9.42
+    ([0.43, 0.57, 0.57, 0.71], (5.58, 8.86), (3.87, 9.42)),
+])
+def test_first_blocking_rows_weigh_each_first_blocking_slice(
+        b: list[float], per_slice: tuple[float, float], without: tuple[float, float]) -> None:
+    assert _placed_range(b, per_slice=False) == pytest.approx(per_slice, abs=1e-6)
+    assert _placed_range(b, per_slice=True) == pytest.approx(without, abs=1e-6)

@@ -424,6 +424,8 @@ def build(inst: Instance, slices: Sequence[float] = SLICES, major: float = MAJOR
             if q in majors:
                 for t in ts:
                     _blocking(inst, lp, q, k, t, b, X, U, use, by_type[t], last)
+        _first_blocking(lp, [[X[k, t, q] for t in ts] for k in range(K)],
+                        [B[k, q] for k in range(K)], [float(a) for a in A[:, q]])
     dom = {q: {q2 for q2 in tracked if q2 != q and dominates(inst, q, q2)} for q in tracked}
     for q in tracked:
         for q2 in dom[q]:
@@ -438,6 +440,26 @@ def build(inst: Instance, slices: Sequence[float] = SLICES, major: float = MAJOR
                        {q: [X[last, t, q] for t in by_class.get(q, [])] for q in majors},
                        {q: float(d[q]) if d[q] > 0 else float(cpu[q]) * per_cpu
                         for q in majors})
+
+
+def _first_blocking(lp: CertifiedLP, x: list[list[int]], b: list[int], a: list[float]) -> None:
+    """Must-place by the slice where the class first blocks: with f_j = b_j - b_j-1 (b_-1
+    = 0) the share of runs that first block at slice j, the pods placed by slice k are at
+    least sum_{1<=j<=k} f_j A_j-1 + (1 - b_k) A_k (not blocked at j-1: all of its arrivals
+    so far placed) and at most f_0 A_0 + sum_{1<=j<=k} f_j A_j + (1 - b_k) A_k (blocked at j:
+    none after it). For 0/1 b both are the must-place rows themselves; for fractional b
+    they weigh each first-blocking slice by its share where the per-slice rows take only
+    the tightest slice (issue 38, multigpu40 seed 42: a 470-milli class with b = 0.43 at
+    60% of the arrivals and 0.71 at the cut had 35% of its pods placed, these rows ask at
+    least 49%)."""
+    inf = lp.inf
+    for k in range(1, len(b)):
+        xs = [(j, 1.0) for j in x[k]]
+        low = [(b[j], -(a[j - 1] if j >= 1 else 0.0) + (a[j] if j < k else a[k]))
+               for j in range(k + 1)]
+        lp.row(a[k], inf, xs + low)
+        high = [(b[j], -(a[j] - a[j + 1])) for j in range(k)]
+        lp.row(-inf, a[k], xs + high)
 
 
 def _share_flow(inst: Instance, lp: CertifiedLP, by_type: dict[int, list[int]],
