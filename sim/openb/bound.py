@@ -642,7 +642,12 @@ def allocation_bound(inst: Instance, *, slices: Sequence[float] = SLICES,
     ceiling = min(demand, cap)
     root = _solve(model)
     if root is None or not math.isfinite(root[0]):
-        raise RuntimeError("the bound's relaxation was not solved: a bug, never a trace's fault")
+        # infeasible would be a bug (every run is a point of it); no answer is GLOP's
+        # time limit or numerical trouble (gpuspec33 with fine slices, two LP runs
+        # sharing 2 cores: over 600 s)
+        raise RuntimeError("the bound's root LP ended without an optimum (infeasible: a bug;"
+                           " else GLOP's time limit of CertifiedLP.solve or numerical"
+                           " trouble): nothing is certified")
     log = [f"root: lp {100 * root[1] / cap:.3f} certified {100 * root[0] / cap:.3f}"]
     Fixing = dict[int, tuple[int, int]]
     open_nodes: list[tuple[float, Fixing, dict[int, list[float]]]] = [(root[0], {}, root[2])]
