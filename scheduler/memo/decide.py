@@ -50,6 +50,7 @@ class ScorerRef:
     # gpupack's sum-of-squares price (packing.policies.squares); None: none held.
     free_sizes: FreeSizes | None = None
 
+
 def holding(scorer: Scorer, free_sizes: FreeSizes | None) -> Scorer:
     """``scorer`` holding the cluster's histogram of free sizes where it is gpupack's
     (:meth:`GpupackScorer.at_free_sizes`); any other scorer as it is."""

@@ -35,12 +35,13 @@ than m_q free, or (whole GPUs) fewer than k_q GPUs are fully free.
   sum_t X_k,t,q >= A_q(k) (1 - b_k,q); blocked => none after: sum_t X_end,t,q <=
   A_q(k) + (A_q - A_q(k)) (1 - b_k,q); b nondecreasing in k; b_k,q <= b_k,q' whenever
   every node that rejects q rejects q' (:func:`dominates`). With f_j = b_j,q - b_j-1,q
-  the share of runs that first block at slice j, also placed by slice k >= sum_{1<=j<=k}
+  the share of runs that first block at slice j, placed by slice k >= sum_{1<=j<=k}
   f_j A_q(j-1) + (1 - b_k,q) A_q(k) and <= f_0 A_q(0) + sum_{1<=j<=k} f_j A_q(j) + (1 -
   b_k,q) A_q(k) (:func:`_first_blocking`: the same facts for 0/1 b; for fractional b the
   rows above take only the tightest slice, these the expectation over the first
-  blocking slice; 2026-12-07, seed 42, coarse slices: gpushare40's root 97.24 -> 96.66,
-  multigpu50's 99.22 -> 98.85).
+  blocking slice, and imply them, so the LP carries must-place in this form only;
+  2026-12-07, seed 42, coarse slices: gpushare40's root 97.24 -> 96.66, multigpu50's
+  99.22 -> 98.85).
 * Blocking, for the major classes (``MAJOR``: >= 3% of the demand or of the cpu):
   blocked at slice k => each node of each allowed type is short of cpu, of memory or of
   GPUs for q; at the last slice too (blocked at the end => each node short for q in the
@@ -424,12 +425,10 @@ def build(inst: Instance, slices: Sequence[float] = SLICES, major: float = MAJOR
             B[k, q] = b = lp.var(0.0, 1.0)
             if k > 0:
                 lp.row(-inf, 0.0, [(B[k - 1, q], 1.0), (b, -1.0)])
-            lp.row(float(A[k, q]), inf, [(X[k, t, q], 1.0) for t in ts] + [(b, float(A[k, q]))])
-            lp.row(-inf, float(total[q]), [(X[last, t, q], 1.0) for t in ts]
-                   + [(b, float(total[q] - A[k, q]))])
             if q in majors:
                 for t in ts:
                     _blocking(inst, lp, q, k, t, b, X, U, use, by_type[t], last)
+        # must-place (the per-slice rows of the module docstring follow from these)
         _first_blocking(lp, [[X[k, t, q] for t in ts] for k in range(K)],
                         [B[k, q] for k in range(K)], [float(a) for a in A[:, q]])
     dom = {q: {q2 for q2 in tracked if q2 != q and dominates(inst, q, q2)} for q in tracked}
@@ -457,15 +456,16 @@ def _first_blocking(lp: CertifiedLP, x: list[list[int]], b: list[int], a: list[f
     they weigh each first-blocking slice by its share where the per-slice rows take only
     the tightest slice (issue 38, multigpu40 seed 42: a 470-milli class with b = 0.43 at
     60% of the arrivals and 0.71 at the cut had 35% of its pods placed, these rows ask at
-    least 49%)."""
+    least 49%). They imply the per-slice rows (f_j >= 0, A nondecreasing), which are
+    therefore not added: at slice 0 the lower row is A_0 (1 - b_0) itself."""
     inf = lp.inf
-    for k in range(1, len(b)):
+    for k in range(len(b)):
         xs = [(j, 1.0) for j in x[k]]
         low = [(b[j], -(a[j - 1] if j >= 1 else 0.0) + (a[j] if j < k else a[k]))
                for j in range(k + 1)]
         lp.row(a[k], inf, xs + low)
-        high = [(b[j], -(a[j] - a[j + 1])) for j in range(k)]
-        lp.row(-inf, a[k], xs + high)
+        if k:  # at slice 0 the upper row is X_0 <= A_0, the variables' own bound
+            lp.row(-inf, a[k], xs + [(b[j], -(a[j] - a[j + 1])) for j in range(k)])
 
 
 def _share_flow(inst: Instance, lp: CertifiedLP, by_type: dict[int, list[int]],
