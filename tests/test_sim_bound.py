@@ -8,13 +8,18 @@ hand-made cases where the protocol's must-place rule is what limits the allocati
 from __future__ import annotations
 
 import itertools
+import math
+from collections.abc import Callable
 from functools import cache
+from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import sim.openb.bound as bound_module
 from packing.model import GPU_MILLI
 from sim.openb.bound import (
     FINE_SLICES,
@@ -205,6 +210,68 @@ def test_split_slice(rule: str, b: list[float], lo: int, hi: int, want: int | No
     assert got == want
     if got is not None:  # both children are non-empty and cut the LP point off
         assert lo <= got < hi and 0.0 < b[got] < 1.0
+
+
+def _scripted_lps(monkeypatch: pytest.MonkeyPatch,
+                  value: Callable[[dict[int, tuple[int, int]]], float],
+                  weight: dict[int, float], slices: int = 4) -> Any:
+    """Branch and bound over scripted LPs: ``value(fixing)`` is the node's figure (milli
+    of a 100-milli cluster); each major class's b is fractional on every slice its fixing
+    leaves open, and ``weight`` is what the LP leaves of it unplaced."""
+    fixing: dict[int, tuple[int, int]] = {}
+
+    def fix(model: object, first: dict[int, tuple[int, int]]) -> None:
+        fixing.clear()
+        fixing.update(first)
+
+    def solve(model: object, parent: float = math.inf
+              ) -> tuple[float, float, dict[int, list[float]]]:
+        bvals = {}
+        for q in weight:
+            lo, hi = fixing.get(q, (0, slices))
+            bvals[q] = [0.5 if lo <= k < hi else float(k >= hi) for k in range(slices)]
+            bvals[q].append(weight[q])
+        v = min(value(dict(fixing)), parent)
+        return v, v, bvals
+
+    model = SimpleNamespace(major=sorted(weight), n_slices=slices)
+    monkeypatch.setattr(bound_module, "build", lambda *a, **k: model)
+    monkeypatch.setattr(bound_module, "_fix", fix)
+    monkeypatch.setattr(bound_module, "_solve", solve)
+    return SimpleNamespace(capacity_milli=100, demand=np.array([100]),
+                           total=lambda: np.array([2]))
+
+
+def _width(fixing: dict[int, tuple[int, int]], q: int) -> int:
+    lo, hi = fixing.get(q, (0, 4))
+    return hi - lo
+
+
+# (what the scripted LPs answer, the classes branched on in order): class 0 leaves most
+# unplaced, class 1 less; a class whose branch moved neither child is tried again only
+# when no other class is fractional
+STALL_TABLE: list[tuple[str, Callable[[dict[int, tuple[int, int]]], float], list[int]]] = [
+    # class 0 moves nothing, class 1 does: after one stalled branch, class 1
+    ("class 1 moves", lambda f: 90.0 - 5 * (1 in f), [0, 1, 1, 1]),
+    # both move (class 0 by how far its interval narrows): the heavier class until it is
+    # integral on the open nodes
+    ("both move", lambda f: 86.0 + _width(f, 0) - 2 * (1 in f), [0, 0, 0, 0, 1]),
+    # neither moves: once both stalled, the heavier class again
+    ("nothing moves", lambda f: 90.0, [0, 1, 0, 0]),
+]
+
+
+@pytest.mark.parametrize(("value", "want"), [c[1:] for c in STALL_TABLE],
+                         ids=[c[0] for c in STALL_TABLE])
+def test_a_branch_that_moved_nothing_demotes_its_class(
+        monkeypatch: pytest.MonkeyPatch, value: Callable[[dict[int, tuple[int, int]]], float],
+        want: list[int]) -> None:
+    inst = _scripted_lps(monkeypatch, value, {0: 10.0, 1: 5.0})
+    found = allocation_bound(inst, budget=1 + 2 * len(want), split="middle")
+    branched = [int(line.split("class ")[1].split()[0]) for line in found.log
+                if line.startswith("  ")]
+    assert branched == want
+    assert found.alloc_130 <= value({})  # never above the root
 
 
 def test_an_unknown_split_is_refused() -> None:
