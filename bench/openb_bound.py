@@ -2,8 +2,10 @@
 
 For every trace with a published FGD series and every seed, the bound of
 ``sim/openb/bound.py`` (``--lps N``: branch and bound with at most N LPs, 1 = the root
-relaxation; a seed kept with fewer LPs is computed again; with ``--refine-lps N`` the first
-seed's bound also, kept apart under "refined"), kept per trace as JSON under
+relaxation; a seed kept with fewer LPs is computed again, from where its search stopped
+when the record keeps it, "frontier", with the same slices and split; with
+``--refine-lps N`` the first seed's bound also, kept apart under "refined"), kept per
+trace as JSON under
 ``--out`` so that a rerun computes only what is missing, and a table beside the policies'
 figures of a ``bench/openb_all.py`` run (``--policies DIR``): FGD, gpupack, the bound and
 how much of the distance from FGD to the bound gpupack closes. ``--slices fine``: the
@@ -45,6 +47,8 @@ from sim.openb.bound import (  # noqa: E402
     FINE_SLICES,
     SLICES,
     SPLITS,
+    Bound,
+    Frontier,
     allocation_bound,
     make_instance,
 )
@@ -93,15 +97,32 @@ def bound_trace(trace_dir: Path, trace: str, seeds: list[int], out: Path,
                            nodes.models)
     for seed in todo:
         inst = make_instance(nodes, pods, build_workload(pods, nodes.gpu_capacity_milli, seed))
-        found = allocation_bound(inst, budget=lps, slices=fractions, split=split)
-        doc["seeds"][str(seed)] = {"alloc_130": found.alloc_130, "kind": found.kind,
-                                   "lp_130": found.lp_130, "demand_pct": found.demand_pct,
-                                   "seconds": round(found.seconds, 1), "lps": lps,
-                                   "slices": slices, "split": split,
-                                   "solved": found.nodes, "log": list(found.log)}
+        kept = doc["seeds"].get(str(seed), {})
+        resume = None
+        if (kept.get("frontier") and kept.get("slices", "coarse") == slices
+                and kept.get("split", "fractional") == split):
+            resume = Frontier.from_json(kept["frontier"])  # deepen the kept search
+        before = kept.get("seconds", 0.0) if resume else 0.0
+
+        def keep(found: Bound, budget: int, seed: int = seed, before: float = before,
+                 resume: Frontier | None = resume) -> None:
+            """The seed's record (after every branch too, with the LPs solved as its
+            budget, so that a stopped run is deepened from there)."""
+            assert found.frontier is not None
+            doc["seeds"][str(seed)] = {
+                "alloc_130": found.alloc_130, "kind": found.kind, "lp_130": found.lp_130,
+                "demand_pct": found.demand_pct, "seconds": round(found.seconds + before, 1),
+                "lps": budget, "slices": slices, "split": split, "solved": found.nodes,
+                "log": list(found.log), "resumed_at": resume.solved if resume else None,
+                "frontier": found.frontier.to_json()}
+            path.write_text(json.dumps(doc, indent=1))
+
+        found = allocation_bound(inst, budget=lps, slices=fractions, split=split, resume=resume,
+                                 on_branch=lambda b: keep(b, b.nodes))
+        keep(found, lps)
         _log(f"  {trace} seed {seed}: {found.alloc_130:.3f} (root {found.lp_130:.3f}, "
-             f"{found.nodes} LPs, {found.seconds:.0f}s)")
-        path.write_text(json.dumps(doc, indent=1))
+             f"{found.nodes} LPs, {found.seconds:.0f}s"
+             + (f", resumed at {resume.solved} LPs)" if resume else ")"))
     if refine:
         seed = seeds[0]
         inst = make_instance(nodes, pods, build_workload(pods, nodes.gpu_capacity_milli, seed))
@@ -207,7 +228,8 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, default=10)
     ap.add_argument("--lps", type=int, default=1,
                     help="LPs of branch and bound per seed (1: the root relaxation); a seed "
-                    "kept in --out with fewer is computed again")
+                    "kept in --out with fewer is computed again, resumed where its record "
+                    "keeps the search's frontier")
     ap.add_argument("--refine-lps", type=int, default=1)
     ap.add_argument("--slices", choices=sorted(SLICE_SETS), default="coarse",
                     help="the relaxation's slices: coarse (0.6, 0.75, 0.85, 0.93, 1) or fine "

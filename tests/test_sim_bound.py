@@ -8,6 +8,7 @@ hand-made cases where the protocol's must-place rule is what limits the allocati
 from __future__ import annotations
 
 import itertools
+import json
 import math
 from collections.abc import Callable
 from functools import cache
@@ -25,7 +26,9 @@ from sim.openb.bound import (
     FINE_SLICES,
     SLICES,
     SPLITS,
+    Bound,
     CertifiedLP,
+    Frontier,
     _first_blocking,
     _solve,
     _split_slice,
@@ -150,6 +153,43 @@ def test_branch_and_bound_only_tightens_and_stays_above_every_run(case: str,
         assert after.nodes >= before.nodes
     assert found[-1].alloc_130 >= best - 1e-6
     assert found[0].alloc_130 == pytest.approx(found[0].lp_130, abs=1e-6)
+
+
+@pytest.mark.parametrize("split", SPLITS)
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_resumed_search_goes_on_where_it_stopped(case: str, split: str) -> None:
+    # what a bench keeps between runs (JSON) carries the whole state: going on from 1, 3
+    # or 5 LPs to 15 keeps the steps taken, counts on from them, never rises above where
+    # it stopped, and stays above every legal run; where no degenerate LP tells the fresh
+    # solver's point from the warm one (most cases here) it is a single run of 15
+    node_spec, pod_spec = CASES[case]
+    nodes = Nodes.from_trace(_cluster(node_spec))
+    pods = Pods.from_trace(_pods(pod_spec), nodes.models)
+    order = np.random.default_rng(7).permutation(len(pod_spec)).astype(np.int64)
+    inst = make_instance(nodes, pods, order, load_pct=100)
+    best = 100.0 * best_legal_run(nodes, pods, order[:inst.n_arrivals]) / nodes.gpu_capacity_milli
+    snapshots: list[Bound] = []
+    whole = allocation_bound(inst, budget=15, split=split, on_branch=snapshots.append)
+    # one snapshot a branch, the last of them the result
+    assert len(snapshots) == sum(line.startswith("  ") for line in whole.log)
+    assert [b.nodes for b in snapshots] == sorted({b.nodes for b in snapshots})
+    if snapshots:
+        assert (snapshots[-1].log, snapshots[-1].alloc_130) == (whole.log, whole.alloc_130)
+    same = 0
+    for first in (1, 3, 5):
+        part = allocation_bound(inst, budget=first, split=split)
+        assert part.frontier is not None
+        kept = Frontier.from_json(json.loads(json.dumps(part.frontier.to_json())))
+        assert kept == part.frontier
+        stay = allocation_bound(inst, budget=first, split=split, resume=kept)
+        assert (stay.alloc_130, stay.nodes, stay.log) == (part.alloc_130, part.nodes, part.log)
+        resumed = allocation_bound(inst, budget=15, split=split, resume=kept)
+        assert resumed.log[:len(part.log) - 1] == part.log[:-1]
+        assert part.nodes <= resumed.nodes <= 15
+        assert best - 1e-6 <= resumed.alloc_130 <= part.alloc_130 + 1e-9
+        assert resumed.lp_130 == part.lp_130
+        same += resumed.log == whole.log
+    assert same >= 1
 
 
 SHAPES = [(1000, 2048, 1, 1000), (2000, 4096, 2, 1000), (1000, 2048, 1, 810),

@@ -117,8 +117,9 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from ortools.linear_solver import pywraplp
@@ -582,9 +583,47 @@ class Bound:
     nodes: int = 1  # LPs solved (branch and bound)
     seconds: float = 0.0
     log: tuple[str, ...] = field(default_factory=tuple)
+    # where branch and bound stopped: passed back as ``resume`` it goes on with a larger
+    # budget as if it had never stopped
+    frontier: Frontier | None = None
 
     def to_json(self) -> dict[str, object]:
         return {"alloc_130": round(self.alloc_130, 2), "kind": self.kind}
+
+
+@dataclass(frozen=True)
+class Frontier:
+    """Branch and bound's state between LPs: the open nodes (certificate, per fixed class
+    its first-blocking interval, per major class the LP's b and unplaced weight, as
+    :func:`_solve` gives them), the best integral leaf, the stalled classes, the LPs
+    solved, the root's LP value (milli) and the log so far. Plain data, so a bench can
+    keep it in JSON (:meth:`to_json`, :meth:`from_json`) and deepen a run later; it is
+    valid only for the instance, slices, ``major`` and split rule it came from."""
+
+    open_nodes: tuple[tuple[float, tuple[tuple[int, int, int], ...],
+                            tuple[tuple[int, tuple[float, ...]], ...]], ...]
+    best_leaf: float
+    stalled: tuple[int, ...]
+    solved: int
+    root_lp: float
+    log: tuple[str, ...]
+
+    def to_json(self) -> dict[str, object]:
+        return {"open": [[b, [list(f) for f in fixed], [[q, list(v)] for q, v in bvals]]
+                         for b, fixed, bvals in self.open_nodes],
+                "best_leaf": None if self.best_leaf == -math.inf else self.best_leaf,
+                "stalled": list(self.stalled), "solved": self.solved,
+                "root_lp": self.root_lp, "log": list(self.log)}
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> Frontier:
+        leaf = doc["best_leaf"]
+        return cls(tuple((float(b), tuple((int(q), int(lo), int(hi)) for q, lo, hi in fixed),
+                          tuple((int(q), tuple(float(x) for x in v)) for q, v in bvals))
+                         for b, fixed, bvals in doc["open"]),
+                   -math.inf if leaf is None else float(leaf),
+                   tuple(int(q) for q in doc["stalled"]), int(doc["solved"]),
+                   float(doc["root_lp"]), tuple(str(line) for line in doc["log"]))
 
 
 def _fix(model: SlicedModel, first: dict[int, tuple[int, int]]) -> None:
@@ -634,11 +673,21 @@ def _split_slice(rule: str, b: list[float], lo: int, hi: int) -> int | None:
 
 
 def allocation_bound(inst: Instance, *, slices: Sequence[float] = SLICES,
-                     major: float = MAJOR, budget: int = 1, split: str = "fractional") -> Bound:
+                     major: float = MAJOR, budget: int = 1, split: str = "fractional",
+                     resume: Frontier | None = None,
+                     on_branch: Callable[[Bound], None] | None = None) -> Bound:
     """The certificate: the relaxation's dual bound, tightened by at most ``budget`` LPs
     of branch and bound on the major classes' blocking slices (best first; the result is
     the largest bound among the leaves and the branches left open). ``split``: where a
-    node splits the interval of its class's first blocking slice (:func:`_split_slice`)."""
+    node splits the interval of its class's first blocking slice (:func:`_split_slice`).
+    ``resume``: the :attr:`Bound.frontier` of an earlier call with the same instance,
+    slices, ``major`` and ``split``; the search goes on from there (its LPs count toward
+    ``budget``) as a single call with ``budget`` would, except that its LPs start from a
+    fresh solver, not from the previous LP's state (pywraplp's GLOP keeps it and has no
+    reset): the figures agree to rounding, and where an LP has several optimal points
+    the branching may differ (the result is a certificate either way). ``on_branch``
+    receives the result so far after each branch (a bench keeps it, so that a run
+    stopped midway is resumed from its last branch)."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, not {split!r}")
     t0 = time.perf_counter()
@@ -646,22 +695,45 @@ def allocation_bound(inst: Instance, *, slices: Sequence[float] = SLICES,
     cap = float(inst.capacity_milli)
     demand = float((inst.demand * inst.total()).sum())
     ceiling = min(demand, cap)
-    root = _solve(model)
-    if root is None or not math.isfinite(root[0]):
-        # infeasible would be a bug (every run is a point of it); no answer is GLOP's
-        # time limit or numerical trouble (gpuspec33 with fine slices, two LP runs
-        # sharing 2 cores: over 600 s)
-        raise RuntimeError("the bound's root LP ended without an optimum (infeasible: a bug;"
-                           " else GLOP's time limit of CertifiedLP.solve or numerical"
-                           " trouble): nothing is certified")
-    log = [f"root: lp {100 * root[1] / cap:.3f} certified {100 * root[0] / cap:.3f}"]
     Fixing = dict[int, tuple[int, int]]
-    open_nodes: list[tuple[float, Fixing, dict[int, list[float]]]] = [(root[0], {}, root[2])]
-    best_leaf = -math.inf
-    solved = 1
-    # classes whose branch moved neither child's figure (pseudo-costs of zero): branched on
-    # again only when no other class is fractional, so the budget goes where it moved
-    stalled: set[int] = set()
+    open_nodes: list[tuple[float, Fixing, dict[int, list[float]]]]
+    if resume is None:
+        root = _solve(model)
+        if root is None or not math.isfinite(root[0]):
+            # infeasible would be a bug (every run is a point of it); no answer is GLOP's
+            # time limit or numerical trouble (gpuspec33 with fine slices, two LP runs
+            # sharing 2 cores: over 600 s)
+            raise RuntimeError("the bound's root LP ended without an optimum (infeasible: a"
+                               " bug; else GLOP's time limit of CertifiedLP.solve or numerical"
+                               " trouble): nothing is certified")
+        log = [f"root: lp {100 * root[1] / cap:.3f} certified {100 * root[0] / cap:.3f}"]
+        open_nodes = [(root[0], {}, root[2])]
+        best_leaf = -math.inf
+        solved = 1
+        root_lp = root[1]
+        # classes whose branch moved neither child's figure (pseudo-costs of zero): branched
+        # on again only when no other class is fractional, so the budget goes where it moved
+        stalled: set[int] = set()
+    else:
+        open_nodes = [(b, {q: (lo, hi) for q, lo, hi in fixed}, {q: list(v) for q, v in bvals})
+                      for b, fixed, bvals in resume.open_nodes]
+        best_leaf, solved, root_lp = resume.best_leaf, resume.solved, resume.root_lp
+        stalled = set(resume.stalled)
+        log = list(resume.log[:-1])  # without its closing line
+
+    def result() -> Bound:
+        """The certificate so far, and the frontier to go on from."""
+        top = max([best_leaf] + [node[0] for node in open_nodes])
+        done = (*log, f"branch and bound: {solved} LPs, bound {100 * top / cap:.3f}")
+        frontier = Frontier(
+            tuple((b, tuple((q, lo, hi) for q, (lo, hi) in sorted(fixed.items())),
+                   tuple((q, tuple(v)) for q, v in sorted(bvals.items())))
+                  for b, fixed, bvals in open_nodes),
+            best_leaf, tuple(sorted(stalled)), solved, root_lp, done)
+        return Bound(100.0 * min(top, ceiling) / cap, "certificate",
+                     100.0 * min(root_lp, ceiling) / cap, 100.0 * demand / cap, solved,
+                     time.perf_counter() - t0, done, frontier)
+
     while open_nodes and solved < budget:
         open_nodes.sort(key=lambda node: -node[0])
         bound, fixed, bvals = open_nodes.pop(0)
@@ -699,9 +771,7 @@ def allocation_bound(inst: Instance, *, slices: Sequence[float] = SLICES,
         top = max([best_leaf] + [node[0] for node in open_nodes])
         log.append(f"  {solved} LPs: {100 * top / cap:.3f} (class {q} blocked by slice {k}"
                    f" / not: {' / '.join(got)})")
+        if on_branch is not None:
+            on_branch(result())
     _fix(model, {})
-    top = max([best_leaf] + [node[0] for node in open_nodes])
-    log.append(f"branch and bound: {solved} LPs, bound {100 * top / cap:.3f}")
-    alloc = 100.0 * min(top, ceiling) / cap
-    return Bound(alloc, "certificate", 100.0 * min(root[1], ceiling) / cap,
-                 100.0 * demand / cap, solved, time.perf_counter() - t0, tuple(log))
+    return result()
