@@ -42,6 +42,16 @@ than m_q free, or (whole GPUs) fewer than k_q GPUs are fully free.
   blocking slice, and imply them, so the LP carries must-place in this form only;
   2026-12-07, seed 42, coarse slices: gpushare40's root 97.24 -> 96.66, multigpu50's
   99.22 -> 98.85).
+* Counts of dominated classes (:func:`_dominated_counts`, 2026-12-07): the pods of a
+  class placed by the cut are a prefix of its arrivals, and when q's (n+1)-th pod fails
+  every class q dominates fails from then on, so the pods placed of those classes are
+  at most the ones that arrived before it: a step function of n, whose least concave
+  majorant gives rows over X_end (each class against all the GPU classes it dominates
+  weighted by demand, and per kind; a major class against each major class it
+  dominates). They forbid what the LP did at the node that decided multigpu40 (seed 42):
+  place 71% of the 810-milli pods and 76% of a whole-GPU class they dominate. Coarse
+  roots, seed 42: multigpu40 98.57 -> 97.72, gpushare40 96.66 -> 95.18, default 98.28
+  -> 96.66 (``bench/README.md``).
 * Blocking, for the major classes (``MAJOR``: >= 3% of the demand or of the cpu):
   blocked at slice k => each node of each allowed type is short of cpu, of memory or of
   GPUs for q; at the last slice too (blocked at the end => each node short for q in the
@@ -463,6 +473,10 @@ def build(inst: Instance, slices: Sequence[float] = SLICES, major: float = MAJOR
             if 1 < len(part) < len(heavy):
                 groups.append(part)
         for group in groups:
+            # weights scaled to at most 1 (the row is the same; GLOP ended ABNORMAL on
+            # default seed 51 with the demand in milli as weights)
+            top = max(group.values())
+            group = {q2: w / top for q2, w in group.items()}
             rows = _dominated_counts(inst.positions[q], [(inst.positions[q2], w)
                                                          for q2, w in group.items()])
             # by the cut only: the same rows hold at every slice too, but with them
