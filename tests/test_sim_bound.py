@@ -29,6 +29,7 @@ from sim.openb.bound import (
     Bound,
     CertifiedLP,
     Frontier,
+    Instance,
     _dominated_counts,
     _first_blocking,
     _solve,
@@ -135,6 +136,18 @@ def test_the_bound_is_above_every_legal_run(case: str, split: str) -> None:
             assert found.alloc_130 <= min(100.0, root.alloc_130) + 1e-9
 
 
+def _case_at_full_load(case: str) -> tuple[Instance, float]:
+    """The case's instance in a fixed arrival order, read at 100% load, and the best legal
+    run's allocation, % of capacity."""
+    node_spec, pod_spec = CASES[case]
+    nodes = Nodes.from_trace(_cluster(node_spec))
+    pods = Pods.from_trace(_pods(pod_spec), nodes.models)
+    order = np.random.default_rng(7).permutation(len(pod_spec)).astype(np.int64)
+    inst = make_instance(nodes, pods, order, load_pct=100)
+    best = best_legal_run(nodes, pods, order[:inst.n_arrivals])
+    return inst, 100.0 * best / nodes.gpu_capacity_milli
+
+
 @pytest.mark.parametrize("split", SPLITS)
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_branch_and_bound_only_tightens_and_stays_above_every_run(case: str,
@@ -142,12 +155,7 @@ def test_branch_and_bound_only_tightens_and_stays_above_every_run(case: str,
     # Best first, deterministic: a larger budget runs the smaller one's steps and more,
     # and each step replaces an open node by children bounded by it, so the certificate
     # never rises with the budget and never drops below the best legal run.
-    node_spec, pod_spec = CASES[case]
-    nodes = Nodes.from_trace(_cluster(node_spec))
-    pods = Pods.from_trace(_pods(pod_spec), nodes.models)
-    order = np.random.default_rng(7).permutation(len(pod_spec)).astype(np.int64)
-    inst = make_instance(nodes, pods, order, load_pct=100)
-    best = 100.0 * best_legal_run(nodes, pods, order[:inst.n_arrivals]) / nodes.gpu_capacity_milli
+    inst, best = _case_at_full_load(case)
     found = [allocation_bound(inst, budget=lps, split=split) for lps in (1, 3, 9, 27)]
     for before, after in itertools.pairwise(found):
         assert after.alloc_130 <= before.alloc_130 + 1e-9
@@ -163,12 +171,7 @@ def test_a_resumed_search_goes_on_where_it_stopped(case: str, split: str) -> Non
     # or 5 LPs to 15 keeps the steps taken, counts on from them, never rises above where
     # it stopped, and stays above every legal run (not always a single run of 15: a
     # degenerate LP may answer the fresh solver with another optimal point)
-    node_spec, pod_spec = CASES[case]
-    nodes = Nodes.from_trace(_cluster(node_spec))
-    pods = Pods.from_trace(_pods(pod_spec), nodes.models)
-    order = np.random.default_rng(7).permutation(len(pod_spec)).astype(np.int64)
-    inst = make_instance(nodes, pods, order, load_pct=100)
-    best = 100.0 * best_legal_run(nodes, pods, order[:inst.n_arrivals]) / nodes.gpu_capacity_milli
+    inst, best = _case_at_full_load(case)
     snapshots: list[Bound] = []
     whole = allocation_bound(inst, budget=15, split=split, on_branch=snapshots.append)
     # one snapshot a branch, the last of them the result
