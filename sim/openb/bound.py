@@ -50,8 +50,8 @@ than m_q free, or (whole GPUs) fewer than k_q GPUs are fully free.
   weighted by demand, and per kind; a major class against each major class it
   dominates). They forbid what the LP did at the node that decided multigpu40 (seed 42):
   place 71% of the 810-milli pods and 76% of a whole-GPU class they dominate. Coarse
-  roots, seed 42: multigpu40 98.57 -> 97.72, gpushare40 96.66 -> 95.18, default 98.28
-  -> 96.66 (``bench/README.md``).
+  roots, seed 42: multigpu40 98.57 -> 97.72, gpushare40 96.66 -> 95.18, default 96.66
+  (98.28 before these rows and the first-blocking ones; ``bench/README.md``).
 * Blocking, for the major classes (``MAJOR``: >= 3% of the demand or of the cpu):
   blocked at slice k => each node of each allowed type is short of cpu, of memory or of
   GPUs for q; at the last slice too (blocked at the end => each node short for q in the
@@ -667,7 +667,7 @@ class Bound:
     seconds: float = 0.0
     log: tuple[str, ...] = field(default_factory=tuple)
     # where branch and bound stopped: passed back as ``resume`` it goes on with a larger
-    # budget as if it had never stopped
+    # budget (:func:`allocation_bound`)
     frontier: Frontier | None = None
 
     def to_json(self) -> dict[str, object]:
