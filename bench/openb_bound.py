@@ -49,6 +49,7 @@ from sim.openb.bound import (  # noqa: E402
     SPLITS,
     Bound,
     Frontier,
+    Instance,
     allocation_bound,
     make_instance,
 )
@@ -74,6 +75,34 @@ def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+def _bound_seed(inst: Instance, doc: dict[str, Any], path: Path, seed: str, lps: int,
+                slices: str, split: str) -> Bound:
+    """One seed's bound into ``doc["seeds"][seed]``, written to ``path`` after every
+    branch too (its "lps" then the LPs solved), with the search's frontier: a record
+    with the same slices and split is deepened from it instead of computed again."""
+    kept = doc["seeds"].get(seed, {})
+    resume = None
+    if (kept.get("frontier") and kept.get("slices", "coarse") == slices
+            and kept.get("split", "fractional") == split):
+        resume = Frontier.from_json(kept["frontier"])
+    before = kept.get("seconds", 0.0) if resume else 0.0
+
+    def keep(found: Bound, budget: int) -> None:
+        assert found.frontier is not None
+        doc["seeds"][seed] = {
+            "alloc_130": found.alloc_130, "kind": found.kind, "lp_130": found.lp_130,
+            "demand_pct": found.demand_pct, "seconds": round(found.seconds + before, 1),
+            "lps": budget, "slices": slices, "split": split, "solved": found.nodes,
+            "log": list(found.log), "resumed_at": resume.solved if resume else None,
+            "frontier": found.frontier.to_json()}
+        path.write_text(json.dumps(doc, indent=1))
+
+    found = allocation_bound(inst, budget=lps, slices=SLICE_SETS[slices], split=split,
+                             resume=resume, on_branch=lambda b: keep(b, b.nodes))
+    keep(found, lps)
+    return found
+
+
 def bound_trace(trace_dir: Path, trace: str, seeds: list[int], out: Path,
                 refine_lps: int, clairvoyant: bool = False, lps: int = 1,
                 slices: str = "coarse", split: str = "fractional") -> dict[str, Any]:
@@ -97,32 +126,11 @@ def bound_trace(trace_dir: Path, trace: str, seeds: list[int], out: Path,
                            nodes.models)
     for seed in todo:
         inst = make_instance(nodes, pods, build_workload(pods, nodes.gpu_capacity_milli, seed))
-        kept = doc["seeds"].get(str(seed), {})
-        resume = None
-        if (kept.get("frontier") and kept.get("slices", "coarse") == slices
-                and kept.get("split", "fractional") == split):
-            resume = Frontier.from_json(kept["frontier"])  # deepen the kept search
-        before = kept.get("seconds", 0.0) if resume else 0.0
-
-        def keep(found: Bound, budget: int, seed: int = seed, before: float = before,
-                 resume: Frontier | None = resume) -> None:
-            """The seed's record (after every branch too, with the LPs solved as its
-            budget, so that a stopped run is deepened from there)."""
-            assert found.frontier is not None
-            doc["seeds"][str(seed)] = {
-                "alloc_130": found.alloc_130, "kind": found.kind, "lp_130": found.lp_130,
-                "demand_pct": found.demand_pct, "seconds": round(found.seconds + before, 1),
-                "lps": budget, "slices": slices, "split": split, "solved": found.nodes,
-                "log": list(found.log), "resumed_at": resume.solved if resume else None,
-                "frontier": found.frontier.to_json()}
-            path.write_text(json.dumps(doc, indent=1))
-
-        found = allocation_bound(inst, budget=lps, slices=fractions, split=split, resume=resume,
-                                 on_branch=lambda b: keep(b, b.nodes))
-        keep(found, lps)
+        found = _bound_seed(inst, doc, path, str(seed), lps, slices, split)
+        resumed = doc["seeds"][str(seed)]["resumed_at"]
         _log(f"  {trace} seed {seed}: {found.alloc_130:.3f} (root {found.lp_130:.3f}, "
              f"{found.nodes} LPs, {found.seconds:.0f}s"
-             + (f", resumed at {resume.solved} LPs)" if resume else ")"))
+             + (f", resumed at {resumed} LPs)" if resumed else ")"))
     if refine:
         seed = seeds[0]
         inst = make_instance(nodes, pods, build_workload(pods, nodes.gpu_capacity_milli, seed))
