@@ -311,8 +311,12 @@ class CertifiedLP:
     def set_bounds(self, j: int, lb: float, ub: float) -> None:
         self.vars[j].SetBounds(lb, ub)
 
-    def solve(self, time_limit: float = 600.0) -> str:
-        """"optimal", "infeasible" (proven) or "unknown" (anything else). GLOP's presolve
+    def solve(self, time_limit: float = 1800.0) -> str:
+        """"optimal", "infeasible" (proven) or "unknown" (anything else). The time limit
+        leaves room for the slowest roots: gpuspec25 seed 42 with the dominated-count rows
+        takes 1,018-1,040 s in the primal simplex (the dual simplex had not ended after 19
+        minutes). gpuspec33 seed 44 ends without an optimum at 600 s and at 1,800 s alike
+        (not resolved; its certificate stays the older root's). GLOP's presolve
         can end in ABNORMAL on these LPs (gpuspec20, seed 46); then it solves once more
         without presolve, and if that ends ABNORMAL too, with the dual simplex (same LP,
         so the dual bound stays a certificate)."""
