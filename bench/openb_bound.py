@@ -75,8 +75,8 @@ def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def _bound_seed(inst: Instance, doc: dict[str, Any], path: Path, seed: str, lps: int,
-                slices: str, split: str) -> Bound:
+def _bound_seed(inst: Instance, doc: dict[str, Any], path: Path, trace: str, seed: str,
+                lps: int, slices: str, split: str) -> None:
     """One seed's bound into ``doc["seeds"][seed]``, written to ``path`` after every
     branch too (its "lps" then the LPs solved), with the search's frontier: a record
     with the same slices and split is deepened from it instead of computed again."""
@@ -100,7 +100,9 @@ def _bound_seed(inst: Instance, doc: dict[str, Any], path: Path, seed: str, lps:
     found = allocation_bound(inst, budget=lps, slices=SLICE_SETS[slices], split=split,
                              resume=resume, on_branch=lambda b: keep(b, b.nodes))
     keep(found, lps)
-    return found
+    _log(f"  {trace} seed {seed}: {found.alloc_130:.3f} (root {found.lp_130:.3f}, "
+         f"{found.nodes} LPs, {found.seconds:.0f}s"
+         + (f", resumed at {resume.solved} LPs)" if resume else ")"))
 
 
 def bound_trace(trace_dir: Path, trace: str, seeds: list[int], out: Path,
@@ -112,7 +114,6 @@ def bound_trace(trace_dir: Path, trace: str, seeds: list[int], out: Path,
     "split": the most fractional slice)."""
     path = out / f"{trace}.json"
     doc: dict[str, Any] = json.loads(path.read_text()) if path.is_file() else {"seeds": {}}
-    fractions = SLICE_SETS[slices]
     todo = [s for s in seeds
             if str(s) not in doc["seeds"] or doc["seeds"][str(s)].get("lps", 1) < lps
             or doc["seeds"][str(s)].get("slices", "coarse") != slices
@@ -126,15 +127,12 @@ def bound_trace(trace_dir: Path, trace: str, seeds: list[int], out: Path,
                            nodes.models)
     for seed in todo:
         inst = make_instance(nodes, pods, build_workload(pods, nodes.gpu_capacity_milli, seed))
-        found = _bound_seed(inst, doc, path, str(seed), lps, slices, split)
-        resumed = doc["seeds"][str(seed)]["resumed_at"]
-        _log(f"  {trace} seed {seed}: {found.alloc_130:.3f} (root {found.lp_130:.3f}, "
-             f"{found.nodes} LPs, {found.seconds:.0f}s"
-             + (f", resumed at {resumed} LPs)" if resumed else ")"))
+        _bound_seed(inst, doc, path, trace, str(seed), lps, slices, split)
     if refine:
         seed = seeds[0]
         inst = make_instance(nodes, pods, build_workload(pods, nodes.gpu_capacity_milli, seed))
-        found = allocation_bound(inst, budget=refine_lps, slices=fractions, split=split)
+        found = allocation_bound(inst, budget=refine_lps, slices=SLICE_SETS[slices],
+                                 split=split)
         doc["refined"] = {"seed": seed, "lps": refine_lps, "slices": slices, "split": split,
                           "alloc_130": found.alloc_130,
                           "solved": found.nodes, "seconds": round(found.seconds, 1),
