@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from builders_openb import openb_cluster as _cluster
+from builders_openb import openb_pods as _pods
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -43,16 +45,6 @@ from sim.openb.bound import (
 from sim.openb.cluster import Nodes, Pods
 from sim.openb.policies import make
 from sim.openb.replay import build_workload, replay, trace_shapes
-from sim.traces import OpenbNode, OpenbPod
-
-
-def _cluster(spec: list[tuple[int, int, int]]) -> list[OpenbNode]:
-    return [OpenbNode(f"n{i}", cpu, mem, gpus, "G2") for i, (cpu, mem, gpus) in enumerate(spec)]
-
-
-def _pods(spec: list[tuple[int, int, int, int]]) -> list[OpenbPod]:
-    return [OpenbPod(f"p{i}", cpu, mem, k, m, frozenset())
-            for i, (cpu, mem, k, m) in enumerate(spec)]
 
 
 def best_legal_run(nodes: Nodes, pods: Pods, order: np.ndarray) -> int:

@@ -169,6 +169,7 @@ class Instance:
     positions: tuple[IntArray, ...]  # per class, its arrival positions (sorted)
     n_arrivals: int  # after the cut
     capacity_milli: int
+    node_type: IntArray  # [nodes]: each node's type (the runs' end states per type)
 
     @property
     def n_types(self) -> int:
@@ -239,7 +240,8 @@ def make_instance(nodes: Nodes, pods: Pods, workload: IntArray,
         cls_cpu=cls_cpu, cls_mem=cls_mem, cls_gpus=cls_gpus, cls_milli=milli,
         ok=np.asarray(ok, dtype=np.bool_),
         positions=tuple(np.flatnonzero(rid == q).astype(np.int64) for q in used),
-        n_arrivals=len(workload), capacity_milli=nodes.gpu_capacity_milli)
+        n_arrivals=len(workload), capacity_milli=nodes.gpu_capacity_milli,
+        node_type=np.array([types.index(k) for k in keys], dtype=np.int64))
 
 
 def dominates(inst: Instance, q: int, q2: int) -> bool:
@@ -307,6 +309,16 @@ class CertifiedLP:
         self.lo.append(lo)
         self.hi.append(hi)
         return i
+
+    def column(self, lb: float, ub: float, obj: float,
+               terms: Sequence[tuple[int, float]]) -> int:
+        """A variable added to rows that exist already (``terms``: row, coefficient)."""
+        j = self.var(lb, ub, obj)
+        for i, a in terms:
+            if a:
+                self.rows[i].SetCoefficient(self.vars[j], a)
+                self.cols[j].append((i, a))
+        return j
 
     def set_bounds(self, j: int, lb: float, ub: float) -> None:
         self.vars[j].SetBounds(lb, ub)
@@ -376,6 +388,15 @@ class SlicedModel:
     arrivals: dict[int, int] = field(default_factory=dict)
     x_end: dict[int, list[int]] = field(default_factory=dict)
     weight: dict[int, float] = field(default_factory=dict)
+    # every class's placement per type at the cut, X_end,t,q (:mod:`sim.openb.floors`)
+    x_last: dict[tuple[int, int], int] = field(default_factory=dict)
+
+
+def slice_ends(n_arrivals: int, slices: Sequence[float]) -> list[int]:
+    """g_0 < ... < g_K-1: the arrival counts at which the slices are read (the last is
+    the cut)."""
+    n = n_arrivals
+    return sorted({max(1, min(n, round(f * n))) for f in slices} | {n})
 
 
 def build(inst: Instance, slices: Sequence[float] = SLICES, major: float = MAJOR) -> SlicedModel:
@@ -383,7 +404,7 @@ def build(inst: Instance, slices: Sequence[float] = SLICES, major: float = MAJOR
     inf = lp.inf
     T, Q = inst.n_types, inst.n_classes
     n = inst.n_arrivals
-    gs = sorted({max(1, min(n, round(f * n))) for f in slices} | {n})
+    gs = slice_ends(n, slices)
     K, last = len(gs), len(gs) - 1
     A = np.stack([inst.arrived(g) for g in gs])  # [K, Q]
     total = inst.total()
@@ -501,7 +522,8 @@ def build(inst: Instance, slices: Sequence[float] = SLICES, major: float = MAJOR
     return SlicedModel(inst, lp, B, majors, K, {q: int(total[q]) for q in majors},
                        {q: [X[last, t, q] for t in by_class.get(q, [])] for q in majors},
                        {q: float(d[q]) if d[q] > 0 else float(cpu[q]) * per_cpu
-                        for q in majors})
+                        for q in majors},
+                       {(t, q): X[last, t, q] for t, q in pairs})
 
 
 def _dominated_counts(positions: IntArray, others: Sequence[tuple[IntArray, float]]
