@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
+from argparse import ArgumentTypeError
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,26 +36,32 @@ from sim.traces import parse_nodes, parse_pods  # noqa: E402
 KEYS = ("run", "root", "blocking", "configurations", "both")
 
 
+MAX_SLICES = 1000
+
+
 def parse_slices(text: str) -> tuple[float, ...]:
-    """"coarse" (``SLICES``), "a:b:step" (a to b inclusive), or a comma list; each in
-    (0, 1], increasing."""
+    """"coarse" (``SLICES``), "a:b:step" (a to b inclusive: the step must divide b - a),
+    or a comma list; each in (0, 1], increasing, at most ``MAX_SLICES``."""
     if text == "coarse":
         return SLICES
     try:
         if ":" in text:
             lo, hi, step = (float(x) for x in text.split(":"))
-            if step <= 0:
+            if step <= 0 or hi < lo:
                 raise ValueError
             count = round((hi - lo) / step)
-            got = tuple(round(lo + i * step, 6) for i in range(count + 1))
+            if abs(lo + count * step - hi) > 1e-9 or count >= MAX_SLICES:
+                raise ArgumentTypeError(
+                    f"{text!r}: the step must divide {hi} - {lo} into fewer than"
+                    f" {MAX_SLICES} slices")
+            got = tuple(round(lo + i * step, 9) for i in range(count + 1))
         else:
             got = tuple(float(x) for x in text.split(","))
     except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"--slices: {text!r} is not 'coarse', 'a:b:step' or a comma list") from None
-    if not got or any(not 0 < f <= 1 for f in got) or list(got) != sorted(set(got)):
-        raise argparse.ArgumentTypeError(
-            f"--slices: {text!r} must be increasing fractions in (0, 1]")
+        raise ArgumentTypeError(
+            f"{text!r} is not 'coarse', 'lo:hi:step' or a comma list of fractions") from None
+    if len(got) > MAX_SLICES or any(not 0 < f <= 1 for f in got) or list(got) != sorted(set(got)):
+        raise ArgumentTypeError(f"{text!r}: slices must be increasing fractions in (0, 1]")
     return got
 
 
@@ -70,12 +78,17 @@ def main(argv: list[str] | None = None) -> int:
     d = bundled.trace_dir()
     nodes = Nodes.from_trace(parse_nodes((d / "openb_node_list_gpu_node.csv").read_text()))
     seeds = [PUBLISHED_SEEDS[0] + i for i in range(args.seeds)]
+    traces = [t for t in args.traces.split(",") if t]
+    for trace in traces:
+        if not (d / f"{PREFIX}{trace}.csv").exists():
+            ap.error(f"--traces: no trace {trace!r} ({PREFIX}{trace}.csv is not bundled)")
+    if not traces:
+        ap.error("--traces: no trace named")
+    failed = 0
     print("| trace | seed | " + " | ".join(KEYS) + " | s |")
     print("|---" * (len(KEYS) + 3) + "|")
-    for trace in [t for t in args.traces.split(",") if t]:
+    for trace in traces:
         path = d / f"{PREFIX}{trace}.csv"
-        if not path.exists():
-            ap.error(f"--traces: no trace {trace!r} ({path.name} is not bundled)")
         pods = Pods.from_trace(parse_pods(path.read_text()), nodes.models)
         record = args.out / f"{trace}.json" if args.out else None
         doc = (json.loads(record.read_text()) if record and record.exists()
@@ -95,14 +108,21 @@ def main(argv: list[str] | None = None) -> int:
                              trace_shapes(pods, nodes.models, coverage=1.0))
                 got = floors(inst, run_end(inst, workload, run.placements),
                              args.slices).to_json()
+                # the record's seconds: the whole seed (the replay and the four LPs)
                 got["seconds"] = round(time.perf_counter() - t0, 1)
+                if any(math.isnan(float(got[k])) for k in KEYS):
+                    # GLOP's time limit: nothing kept, so a rerun computes it again
+                    failed += 1
+                    print(f"| {trace} | {seed} | an LP ended without an optimum: not kept"
+                          " |", flush=True)
+                    continue
                 doc["seeds"][str(seed)] = got
                 if record:
                     record.parent.mkdir(parents=True, exist_ok=True)
                     record.write_text(json.dumps(doc, indent=1) + "\n")
             print(f"| {trace} | {seed} | " + " | ".join(f"{got[k]:.3f}" for k in KEYS)
                   + f" | {got['seconds']:.0f} |", flush=True)
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

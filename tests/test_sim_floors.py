@@ -5,6 +5,9 @@ certificate at any budget, as the module argues."""
 from __future__ import annotations
 
 import argparse
+import json
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,6 +15,7 @@ from builders_openb import openb_cluster, openb_pods
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from bench.openb_floors import main as floors_main
 from bench.openb_floors import parse_slices
 from sim.openb.bound import SLICES, allocation_bound, dominates, make_instance, slice_ends
 from sim.openb.cluster import Nodes, Pods
@@ -121,7 +125,68 @@ def test_parse_slices(text: str, want: tuple[float, ...]) -> None:
 
 
 @pytest.mark.parametrize("text", ["", "fine", "0.9,0.6", "0.5:1.0:0", "0,1", "0.5,1.5",
-                                  "0.5:1:x"])
+                                  "0.5:1:x", "0.5:1.0:0.2", "0.5:1.0:0.3", "0:1:1e-12",
+                                  "1.0:0.5:0.1"])
 def test_parse_slices_names_the_bad_value(text: str) -> None:
-    with pytest.raises(argparse.ArgumentTypeError, match="--slices"):
+    with pytest.raises(argparse.ArgumentTypeError, match=re.escape(repr(text))):
         parse_slices(text)
+
+
+def test_each_restriction_binds() -> None:
+    # three nodes of 4 cores and 2 GPUs, whole-GPU pods of 3 cores: one fits a node, but
+    # the pooled cpu (12 cores) admits four; the run's configurations (one pod a node) do not
+    nodes = Nodes.from_trace(openb_cluster([(4000, 65536, 2)] * 3))
+    pods = Pods.from_trace(openb_pods([(3000, 1024, 1, 1000)] * 5), nodes.models)
+    order = np.arange(5, dtype=np.int64)
+    inst = make_instance(nodes, pods, order, load_pct=83)
+    run = replay(nodes, pods, order, make("fgd"), 0, trace_shapes(pods, nodes.models))
+    got = floors(inst, run_end(inst, order, run.placements))
+    assert (got.run, got.configurations, got.both) == pytest.approx((50.0, 50.0, 50.0))
+    assert got.root == pytest.approx(200 / 3) and got.blocking == pytest.approx(200 / 3)
+    # a random case where all four differ: each restriction, and their sum, binds
+    nodes, pods, workload = _random_case(0)
+    inst = make_instance(nodes, pods, workload)
+    run = replay(nodes, pods, workload[:inst.n_arrivals], make("fgd"), 0,
+                 trace_shapes(pods, nodes.models))
+    got = floors(inst, run_end(inst, workload, run.placements))
+    assert got.root > got.blocking + 0.5 and got.root > got.configurations + 0.5
+    assert got.blocking > got.both + 0.5 and got.configurations > got.both + 0.1
+
+
+def test_run_end_matches_a_repeated_pod_to_its_own_arrival() -> None:
+    # pods 0 and 1 arrive twice each, then pod 0 once more past the cut; the second
+    # arrival of pod 1 fails; the placement past the cut is read (in order), not counted
+    nodes = Nodes.from_trace(openb_cluster([(16000, 65536, 2)] * 2))
+    pods = Pods.from_trace(openb_pods([(1000, 1024, 1, 1000), (1000, 1024, 1, 500)]),
+                           nodes.models)
+    workload = np.array([0, 1, 0, 1, 0], dtype=np.int64)
+    inst = make_instance(nodes, pods, workload, load_pct=75)
+    assert inst.n_arrivals == 4
+    placements = [(0, 0, (0,)), (1, 0, (1,)), (0, 1, (0,)), (0, 1, (1,))]
+    end = run_end(inst, workload, placements)
+    assert end.placed.tolist() == [True, True, True, False]
+    whole = next(q for q, p in enumerate(inst.positions) if 0 in p.tolist())
+    share = 1 - whole
+    assert end.configs == ((0, tuple(sorted(((whole, 1), (share, 1))))), (0, ((whole, 1),)))
+    with pytest.raises(ValueError, match="does not fit node"):
+        small = Nodes.from_trace(openb_cluster([(16000, 65536, 2), (500, 65536, 2)]))
+        tiny = make_instance(small, Pods.from_trace(openb_pods([(1000, 1024, 1, 1000)]),
+                                                    small.models),
+                             np.array([0, 0], dtype=np.int64), load_pct=50)
+        run_end(tiny, np.array([0, 0], dtype=np.int64), [(0, 1, (0,))])
+
+
+def test_the_bench_reads_a_kept_seed_and_refuses_another_policys_record(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    kept = {"run": 88.6, "root": 91.5, "blocking": 90.2, "configurations": 91.4,
+            "both": 90.1, "configs": 700, "seconds": 20.0}
+    doc = {"trace": "gpushare100", "policy": "gpupack", "slices": list(SLICES),
+           "seeds": {"42": kept}}
+    (tmp_path / "gpushare100.json").write_text(json.dumps(doc))
+    # a kept seed is printed, not computed again (no LP would end this fast in a test)
+    assert floors_main(["--traces", "gpushare100", "--out", str(tmp_path)]) == 0
+    assert "| gpushare100 | 42 | 88.600 | 91.500 | 90.200 | 91.400 | 90.100 | 20 |" in (
+        capsys.readouterr().out)
+    with pytest.raises(SystemExit):
+        floors_main(["--traces", "gpushare100", "--policy", "fgd", "--out", str(tmp_path)])
+    assert "kept for policy gpupack" in capsys.readouterr().err

@@ -519,11 +519,12 @@ def build(inst: Instance, slices: Sequence[float] = SLICES, major: float = MAJOR
                        + [(X[last, t, q2], w) for q2, w in group.items()
                           for t in by_class.get(q2, [])])
     per_cpu = float(inst.capacity_milli) / max(float((inst.type_count * inst.type_cpu).sum()), 1.0)
-    return SlicedModel(inst, lp, B, majors, K, {q: int(total[q]) for q in majors},
-                       {q: [X[last, t, q] for t in by_class.get(q, [])] for q in majors},
-                       {q: float(d[q]) if d[q] > 0 else float(cpu[q]) * per_cpu
-                        for q in majors},
-                       {(t, q): X[last, t, q] for t, q in pairs})
+    return SlicedModel(inst=inst, lp=lp, b=B, major=majors, n_slices=K,
+                       arrivals={q: int(total[q]) for q in majors},
+                       x_end={q: [X[last, t, q] for t in by_class.get(q, [])] for q in majors},
+                       weight={q: float(d[q]) if d[q] > 0 else float(cpu[q]) * per_cpu
+                               for q in majors},
+                       x_last={(t, q): X[last, t, q] for t, q in pairs})
 
 
 def _dominated_counts(positions: IntArray, others: Sequence[tuple[IntArray, float]]

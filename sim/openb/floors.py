@@ -4,16 +4,19 @@ bring it down, measured from one run of the protocol (issue 38, item 2).
 The certificate of :mod:`sim.openb.bound` stopped moving on multigpu40 and gpushare40.
 There are two ways to tighten a relaxation like it:
 
-* **Integral blocking.** Branch and bound on the blocking variables b. Every run fixes
-  b: class q is blocked at slice k iff one of its pods failed before g_k, or a class
-  that dominates it is blocked (:func:`blocking_profile`). A run may not fail a pod
-  before a class blocks, but then b = 0 only asks that every pod arrived so far be
-  placed, which the run did. So the run is a point of the LP with b fixed so. Branch
-  and bound, at any budget and with these slices, keeps a node whose fixings hold
-  this profile. That node's LP contains the profile's LP, and so does every ancestor's,
-  so its figure (the smaller of its own certificate and its parent's) is at least the
-  **blocking floor**: the optimum of the relaxation with b fixed to the run's profile.
-  The result is the largest figure left, so it is never below the floor.
+* **Integral blocking.** Branch and bound on the blocking variables b. A run is a
+  point of the LP with b fixed to its profile (:func:`blocking_profile`): class q
+  blocked at slice k iff one of its pods failed before g_k, or a class that dominates
+  it is blocked. Those facts hold in the run. Where the profile says 0, the class may
+  in truth be blocked already (no pod of it arrived since), but b = 0 only asks that
+  every pod of it arrived so far be placed, which the run did. (Other profiles fit the
+  same run too, for example one that counts a failure at g_k as blocked at slice k;
+  each gives a floor of its own, and this one is a floor like any.) Branch and bound,
+  at any budget and with these slices, keeps a node whose fixings hold this profile.
+  That node's LP contains the profile's LP, and so does every ancestor's, so its
+  figure (the smaller of its own certificate and its parent's) is at least the
+  **blocking floor**: the optimum of the relaxation with b fixed to the profile. The
+  result is the largest figure left, so it is never below the floor.
 * **Per-node end states.** Column generation over node configurations. A configuration
   c of type t is a multiset of pods that fits one node of t: cpu, memory, whole GPUs,
   and shares packed per GPU. The rows added are
@@ -86,6 +89,9 @@ def run_end(inst: Instance, workload: IntArray, placements: Sequence[Placement])
             node = int(placements[p][1])
             if not 0 <= node < nodes:
                 raise ValueError(f"placement {p}: node {node} is not one of {nodes} nodes")
+            if not inst.ok[cls[j], inst.node_type[node]]:
+                raise ValueError(f"placement {p}: pod {placements[p][0]} does not fit node"
+                                 f" {node} even when it is empty")
             placed[j] = True
             per_node[node][int(cls[j])] += 1
             p += 1
@@ -112,6 +118,8 @@ def blocking_profile(inst: Instance, placed: BoolArray, slices: Sequence[float] 
              for q in tracked}
     below = {q: [q2 for q2 in tracked if q2 != q and dominates(inst, q, q2)] for q in tracked}
     blocked = {(k, q): first[q] < g for k, g in enumerate(gs) for q in tracked}
+    # dominance is transitive (inclusion of the sets of nodes that reject), so one pass
+    # would do; the worklist does not rely on it
     for k in range(len(gs)):
         todo = [q for q in tracked if blocked[k, q]]
         while todo:
@@ -144,17 +152,28 @@ class Floors:
                 "seconds": round(self.seconds, 1)}
 
 
-def _optimum(model: SlicedModel) -> float:
+def _optimum(model: SlicedModel, what: str) -> float:
+    """The LP's optimum, % of capacity; NaN when GLOP ends without an answer (its time
+    limit). Infeasible is an error: the run is a point of every LP here."""
     status = model.lp.solve()
+    if status == "infeasible":
+        raise RuntimeError(f"the {what} LP is infeasible although the run is a point of"
+                           " it: a bug in the profile, the configurations or the model")
     if status != "optimal":
         return math.nan
     return 100.0 * model.lp.value() / float(model.inst.capacity_milli)
 
 
-def _fix_profile(model: SlicedModel, blocked: dict[tuple[int, int], bool] | None) -> None:
+def _fix_profile(model: SlicedModel, blocked: dict[tuple[int, int], bool]) -> None:
+    """Every b to the profile's 0 or 1."""
     for (k, q), j in model.b.items():
-        v = float(blocked[k, q]) if blocked is not None else None
-        model.lp.set_bounds(j, 0.0 if v is None else v, 1.0 if v is None else v)
+        model.lp.set_bounds(j, float(blocked[k, q]), float(blocked[k, q]))
+
+
+def _free_blocking(model: SlicedModel) -> None:
+    """Every b back to [0, 1]."""
+    for j in model.b.values():
+        model.lp.set_bounds(j, 0.0, 1.0)
 
 
 def _add_configurations(model: SlicedModel, end: RunEnd) -> int:
@@ -164,10 +183,6 @@ def _add_configurations(model: SlicedModel, end: RunEnd) -> int:
     conv = {t: lp.row(-lp.inf, float(inst.type_count[t]), []) for t in range(inst.n_types)}
     seen = set(end.configs)
     for t, pods in sorted(seen):
-        missing = [q for q, _ in pods if (t, q) not in link]
-        if missing:  # a class the model never places on t: the run cannot have done it
-            raise ValueError(f"the run placed classes {missing} on node type {t}, which"
-                             " none of their pods fits")
         lp.column(0.0, float(inst.type_count[t]), 0.0,
                   [(conv[t], 1.0)] + [(link[t, q], -float(c)) for q, c in pods])
     return len(seen)
@@ -181,13 +196,12 @@ def floors(inst: Instance, end: RunEnd, slices: Sequence[float] = SLICES,
     cls = arrival_classes(inst)
     run = 100.0 * float(inst.demand[cls[end.placed]].sum()) / float(inst.capacity_milli)
     model = build(inst, slices, major)
-    root = _optimum(model)
-    profile = blocking_profile(inst, end.placed, slices)
-    _fix_profile(model, profile)
-    blocking = _optimum(model)
+    root = _optimum(model, "root")
+    _fix_profile(model, blocking_profile(inst, end.placed, slices))
+    blocking = _optimum(model, "blocking")
     count = _add_configurations(model, end)
-    both = _optimum(model)
-    _fix_profile(model, None)
-    configurations = _optimum(model)
+    both = _optimum(model, "both")
+    _free_blocking(model)
+    configurations = _optimum(model, "configurations")
     return Floors(run, root, blocking, configurations, both, count,
                   time.perf_counter() - t0)
