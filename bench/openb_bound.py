@@ -122,7 +122,7 @@ def bound_trace(trace_dir: Path, trace: str, seeds: list[int], out: Path,
     run_cv = clairvoyant and "clairvoyant" not in doc
     if not todo and not refine and not run_cv:
         return doc
-    nodes = Nodes.from_trace(parse_nodes((trace_dir / "openb_node_list_gpu_node.csv").read_text()))
+    nodes = Nodes.from_trace(parse_nodes((trace_dir / bundled.DEFAULT_NODES).read_text()))
     pods = Pods.from_trace(parse_pods((trace_dir / f"{PREFIX}{trace}.csv").read_text()),
                            nodes.models)
     for seed in todo:

@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.seeds < 1:
         ap.error("--seeds must be >= 1")
     d = bundled.trace_dir()
-    nodes = Nodes.from_trace(parse_nodes((d / "openb_node_list_gpu_node.csv").read_text()))
+    nodes = Nodes.from_trace(parse_nodes((d / bundled.DEFAULT_NODES).read_text()))
     seeds = [PUBLISHED_SEEDS[0] + i for i in range(args.seeds)]
     traces = [t for t in args.traces.split(",") if t]
     for trace in traces:
@@ -97,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
         if doc["policy"] != args.policy or doc["slices"] != list(args.slices):
             ap.error(f"{record}: kept for policy {doc['policy']} and slices {doc['slices']}"
                      "; use another --out")
+        shapes = trace_shapes(pods, nodes.models)
+        all_shapes = trace_shapes(pods, nodes.models, coverage=1.0)
         for seed in seeds:
             got = doc["seeds"].get(str(seed))
             if got is None:
@@ -104,8 +106,7 @@ def main(argv: list[str] | None = None) -> int:
                 workload = build_workload(pods, nodes.gpu_capacity_milli, seed)
                 inst = make_instance(nodes, pods, workload)
                 run = replay(nodes, pods, workload[:inst.n_arrivals], make(args.policy), seed,
-                             trace_shapes(pods, nodes.models),
-                             trace_shapes(pods, nodes.models, coverage=1.0))
+                             shapes, all_shapes)
                 got = floors(inst, run_end(inst, workload, run.placements),
                              args.slices).to_json()
                 # the record's seconds: the whole seed (the replay and the four LPs)

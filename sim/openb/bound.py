@@ -386,10 +386,14 @@ class SlicedModel:
     # per major class: its arrivals, its end placement's variables, and the weight of one
     # pod (its GPU milli, or for a CPU-only class its cpu at the cluster's milli per cpu)
     arrivals: dict[int, int] = field(default_factory=dict)
-    x_end: dict[int, list[int]] = field(default_factory=dict)
     weight: dict[int, float] = field(default_factory=dict)
-    # every class's placement per type at the cut, X_end,t,q (:mod:`sim.openb.floors`)
+    # every class's placement per type at the cut, X_end,t,q (also :mod:`sim.openb.floors`)
     x_last: dict[tuple[int, int], int] = field(default_factory=dict)
+
+    @property
+    def x_end(self) -> dict[int, list[int]]:
+        """Per major class, its placement variables at the cut (one per type)."""
+        return {q: [j for (_, q2), j in self.x_last.items() if q2 == q] for q in self.major}
 
 
 def slice_ends(n_arrivals: int, slices: Sequence[float]) -> list[int]:
@@ -521,7 +525,6 @@ def build(inst: Instance, slices: Sequence[float] = SLICES, major: float = MAJOR
     per_cpu = float(inst.capacity_milli) / max(float((inst.type_count * inst.type_cpu).sum()), 1.0)
     return SlicedModel(inst=inst, lp=lp, b=B, major=majors, n_slices=K,
                        arrivals={q: int(total[q]) for q in majors},
-                       x_end={q: [X[last, t, q] for t in by_class.get(q, [])] for q in majors},
                        weight={q: float(d[q]) if d[q] > 0 else float(cpu[q]) * per_cpu
                                for q in majors},
                        x_last={(t, q): X[last, t, q] for t, q in pairs})
@@ -756,9 +759,10 @@ def _solve(model: SlicedModel, parent: float = math.inf
         return None
     if status != "optimal":
         return parent, parent, {q: [0.5] * model.n_slices + [1.0] for q in model.major}
+    x_end = model.x_end
     bvals = {q: [model.lp.primal(model.b[k, q]) for k in range(model.n_slices)]
              + [model.weight[q] * max(0.0, float(model.arrivals[q])
-                                      - sum(model.lp.primal(j) for j in model.x_end[q]))]
+                                      - sum(model.lp.primal(j) for j in x_end[q]))]
              for q in model.major}
     return model.lp.dual_bound(), model.lp.value(), bvals
 
