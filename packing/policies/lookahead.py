@@ -34,7 +34,8 @@ The workload sets five more terms (each measured on the openb traces, bench/READ
 "Packing quality"): on a cpu-bound workload (CPU-only pods ask more than
 ``CPU_BOUND_GATE`` times the cores of the GPU pods) the score has no level
 (:func:`workload_weights`); elsewhere a GPU pod's score loses ``CORE_DEFICIT_WEIGHT``
-levels per GPU of free capacity it leaves without cores (:class:`CoreDeficitRule`), and,
+levels (``CORE_DEFICIT_WEIGHT_SHARES`` on share-heavy workloads) per GPU of free
+capacity it leaves without cores (:class:`CoreDeficitRule`), and,
 where whole-GPU pods ask most of the GPU demand, a share's score loses ``SLIVER_WEIGHT``
 levels per GPU of dead sliver it leaves on its GPU (:class:`SliverRule`) and, where the
 clean-node form below is off, the sum-of-squares price of the cluster's free sizes
@@ -363,8 +364,12 @@ def workload_weights(shapes: TypicalShapes, weights: GpupackWeights | None = Non
     return replace(w, levels=None) if cpu_bound(shapes) else w
 
 
-# Levels a GPU pod's placement loses per GPU of core deficit it adds (CoreDeficitRule).
-CORE_DEFICIT_WEIGHT = 20.0
+# Levels a GPU pod's placement loses per GPU of core deficit it adds (CoreDeficitRule):
+# CORE_DEFICIT_WEIGHT where whole-GPU pods ask at least FRESH_GPU_GATE of the workload's
+# GPU demand, CORE_DEFICIT_WEIGHT_SHARES where they ask less (the plain fresh-GPU rule's
+# workloads; measured in the rule's docstring).
+CORE_DEFICIT_WEIGHT = 80.0
+CORE_DEFICIT_WEIGHT_SHARES = 20.0
 
 
 @dataclass(frozen=True)
@@ -380,13 +385,22 @@ class CoreDeficitRule:
     A GPU pod's placement scores ``weight`` x (D_after - D_before) lower: a pod that asks
     many cores per GPU goes where cores are spare (nodes rich in cores per GPU, such as
     the openb traces' T4 nodes), one that asks few where they are short, so GPUs and
-    cores run out together. At 20 levels per GPU a placement that adds a GPU of deficit
-    must save ~400 milli of fragment to win. Measured on the openb traces (seeds 42-44,
-    bench/README.md, "Packing quality"): gpuspec33 +0.70, multigpu20 +0.35, cpu050-200
-    +0.12-0.18, default +0.09, gpushare40 +0.08, gpushare100 and multigpu50 +-0.01;
-    flat between 10 and 50 levels; counting only fully free GPUs, or CPU-only pods too,
-    did worse. Off without GPU shapes, and where the score has no level
-    (:func:`workload_weights`: on cpu-bound workloads; there it made no difference).
+    cores run out together. At 80 levels per GPU (``CORE_DEFICIT_WEIGHT``) a placement
+    that adds a GPU of deficit must save ~1,600 milli of fragment to win (one level is
+    ~20 milli near 0); at 20 (``CORE_DEFICIT_WEIGHT_SHARES``), ~400. Measured on the
+    openb traces (bench/README.md, "Packing quality"): at 20 levels, before the later
+    rules (seeds 42-44), gpuspec33 +0.70, multigpu20 +0.35, cpu050-200 +0.12-0.18,
+    default +0.09, gpushare40 +0.08, gpushare100 and multigpu50 +-0.01; flat between 10
+    and 50 levels; counting only fully free GPUs, or CPU-only pods too, did worse. Beside
+    the later rules (the clean-node form, the sliver and sum-of-squares prices; issue 38,
+    2026-12-07, seeds 42-46, against 20 levels) a heavier price pays where whole-GPU pods
+    ask most of the demand: 40 / 80 / 120 / 160 levels gave multigpu20-50 +0.06-0.10 /
+    +0.12-0.15 / +0.11-0.13 / +0.09-0.17, and 80 gave default +0.04 and cpu100-200
+    +0.06-0.07; on the share-heavy workloads where the plain fresh-GPU rule is on (w below
+    ``FRESH_GPU_GATE``) 80 lost (gpushare80 -0.05, gpushare100 -0.03): that rule already
+    keeps cores per fresh GPU, and there the weight stays 20. Off without GPU shapes, and
+    where the score has no level (:func:`workload_weights`: on cpu-bound workloads; there
+    it made no difference).
     """
 
     active: bool
@@ -396,7 +410,10 @@ class CoreDeficitRule:
     @staticmethod
     def of(shapes: TypicalShapes, weights: GpupackWeights) -> CoreDeficitRule:
         k = cores_per_gpu(shapes)
-        return CoreDeficitRule(active=k > 0 and weights.levels is not None, cores=k)
+        weight = (CORE_DEFICIT_WEIGHT if whole_gpu_share(shapes) >= FRESH_GPU_GATE
+                  else CORE_DEFICIT_WEIGHT_SHARES)
+        return CoreDeficitRule(active=k > 0 and weights.levels is not None, cores=k,
+                               weight=weight)
 
     def applies(self, req: MilliRequest) -> bool:
         return self.active and req.num_gpu > 0

@@ -16,10 +16,13 @@ import pytest
 from packing.fragmentation import MilliRequest, ShapeKey, TypicalShapes, make_shapes
 from packing.policies.lookahead import (
     CORE_DEFICIT_WEIGHT,
+    CORE_DEFICIT_WEIGHT_SHARES,
     CPU_BOUND_GATE,
+    FRESH_GPU_GATE,
     CoreDeficitRule,
     GpupackWeights,
     cpu_bound,
+    whole_gpu_share,
     workload_weights,
 )
 
@@ -97,6 +100,29 @@ def test_rule_of_the_workload(shapes: TypicalShapes, weights: GpupackWeights,
     assert rule.applies(_req(8_000, 1, 1000)) is active
     assert rule.applies(_req(4_000, 1, 300)) is active
     assert not rule.applies(_req(8_000, 0, 0))
+
+
+def _shares_and_whole(whole_freq: float) -> TypicalShapes:
+    """1-GPU pods with frequency ``whole_freq``, 500-milli shares the rest: the
+    whole-GPU pods' share of the GPU demand is w = 1000 p / (1000 p + 500 (1 - p))."""
+    return make_shapes([(_shape(8_000, 1, 1000), whole_freq),
+                        (_shape(4_000, 1, 500), 1.0 - whole_freq)], ("G2",))
+
+
+@pytest.mark.parametrize(("shapes", "weight"), [
+    (_mix(0.2), CORE_DEFICIT_WEIGHT),                       # whole-GPU pods only: w = 1
+    (_shares_and_whole(0.34), CORE_DEFICIT_WEIGHT),         # w 0.507: at the gate
+    (_shares_and_whole(0.32), CORE_DEFICIT_WEIGHT_SHARES),  # w 0.485: below it
+    (_shares_and_whole(0.0), CORE_DEFICIT_WEIGHT_SHARES),   # shares only
+])
+def test_price_weight_follows_the_whole_gpu_share(shapes: TypicalShapes,
+                                                  weight: float) -> None:
+    # the heavier price where whole-GPU pods ask at least FRESH_GPU_GATE of the demand;
+    # where the plain fresh-GPU rule is on (below it) the lighter one
+    assert (whole_gpu_share(shapes) >= FRESH_GPU_GATE) is (weight == CORE_DEFICIT_WEIGHT)
+    rule = CoreDeficitRule.of(shapes, GpupackWeights())
+    assert rule.active
+    assert rule.weight == weight
 
 
 @pytest.mark.parametrize(("cpu_only_share", "bound"), [
