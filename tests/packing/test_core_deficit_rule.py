@@ -111,9 +111,12 @@ def _shares_and_whole(whole_freq: float) -> TypicalShapes:
 
 @pytest.mark.parametrize(("shapes", "weight"), [
     (_mix(0.2), CORE_DEFICIT_WEIGHT),                       # whole-GPU pods only: w = 1
-    (_shares_and_whole(0.34), CORE_DEFICIT_WEIGHT),         # w 0.507: at the gate
+    (_shares_and_whole(0.34), CORE_DEFICIT_WEIGHT),         # w 0.507: above the gate
     (_shares_and_whole(0.32), CORE_DEFICIT_WEIGHT_SHARES),  # w 0.485: below it
     (_shares_and_whole(0.0), CORE_DEFICIT_WEIGHT_SHARES),   # shares only
+    # 1-GPU pods at 0.2 and 250-milli shares at 0.8: w = 200 / 400, exactly the gate
+    (make_shapes([(_shape(8_000, 1, 1000), 0.2), (_shape(4_000, 1, 250), 0.8)], ("G2",)),
+     CORE_DEFICIT_WEIGHT),
 ])
 def test_price_weight_follows_the_whole_gpu_share(shapes: TypicalShapes,
                                                   weight: float) -> None:
