@@ -9,9 +9,11 @@ trace as JSON under
 ``--out`` so that a rerun computes only what is missing, and a table beside the policies'
 figures of a ``bench/openb_all.py`` run (``--policies DIR``): FGD, gpupack, the bound and
 how much of the distance from FGD to the bound gpupack closes. ``--slices fine``: the
-relaxation with finer slices (``FINE_SLICES``: tighter, slower). ``--split middle``: branch
-and bound halves a class's first-blocking interval instead of splitting it at its most
-fractional slice (``sim/openb/bound.py``; the records keep "split").
+relaxation with finer slices (``FINE_SLICES``: tighter, slower); ``--slices early``: with
+slices before 0.6 too (``EARLY_SLICES``: when the heavy share classes first block).
+``--split middle``: branch and bound halves a class's first-blocking interval instead of
+splitting it at its most fractional slice (``sim/openb/bound.py``; the records keep
+"split").
 
     python bench/openb_bound.py --seeds 10 --out bench/results/openb-bound-2026-12-06
     python bench/openb_bound.py --traces default,multigpu50 --seeds 1 --lps 9 \
@@ -44,6 +46,7 @@ sys.path.insert(0, str(ROOT))
 from bench.openb_all import PREFIX, family  # noqa: E402
 from sim.openb import bundled  # noqa: E402
 from sim.openb.bound import (  # noqa: E402
+    EARLY_SLICES,
     FINE_SLICES,
     SLICES,
     SPLITS,
@@ -59,8 +62,9 @@ from sim.openb.replay import PUBLISHED_SEEDS, build_workload, trace_shapes  # no
 from sim.traces import parse_nodes, parse_pods  # noqa: E402
 
 # The relaxation's slices (fractions of the arrivals; ``sim/openb/bound.py``): "fine"
-# tightens the bound, each LP is larger and slower.
-SLICE_SETS: dict[str, tuple[float, ...]] = {"coarse": SLICES, "fine": FINE_SLICES}
+# and "early" tighten the bound (never loosen it), each LP is larger and slower.
+SLICE_SETS: dict[str, tuple[float, ...]] = {"coarse": SLICES, "fine": FINE_SLICES,
+                                            "early": EARLY_SLICES}
 
 # The clairvoyant run's settings: the policy to 60% of the arrivals, then CP-SAT plans
 # 80 arrivals at a time over each pod's 6 best nodes, 5 s a window.
@@ -238,9 +242,10 @@ def main() -> int:
                     "keeps the search's frontier")
     ap.add_argument("--refine-lps", type=int, default=1)
     ap.add_argument("--slices", choices=sorted(SLICE_SETS), default="coarse",
-                    help="the relaxation's slices: coarse (0.6, 0.75, 0.85, 0.93, 1) or fine "
-                    "(0.65, 0.7 and 0.8 added: tighter, slower); a seed kept in --out with "
-                    "other slices is computed again")
+                    help="the relaxation's slices: coarse (0.6, 0.75, 0.85, 0.93, 1), fine "
+                    "(0.65, 0.7 and 0.8 added) or early (0.4, 0.45, 0.5 and 0.55 added): "
+                    "tighter, slower; a seed kept in --out with other slices is computed "
+                    "again")
     ap.add_argument("--split", choices=SPLITS, default="fractional",
                     help="where branch and bound splits a class's first-blocking interval: "
                     "at its most fractional slice, or at the middle of its fractional "

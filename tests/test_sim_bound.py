@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 import sim.openb.bound as bound_module
 from packing.model import GPU_MILLI
 from sim.openb.bound import (
+    EARLY_SLICES,
     FINE_SLICES,
     SLICES,
     SPLITS,
@@ -193,7 +194,7 @@ SHAPES = [(1000, 2048, 1, 1000), (2000, 4096, 2, 1000), (1000, 2048, 1, 810),
 # Slices that cut a handful of arrivals finely (on 8 arrivals the coarse and the fine
 # slices give the same counts), to exercise every slice's rows
 DENSE = tuple(i / 10 for i in range(1, 11))
-SLICE_SETS = [SLICES, FINE_SLICES, DENSE]
+SLICE_SETS = [SLICES, FINE_SLICES, EARLY_SLICES, DENSE]
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
