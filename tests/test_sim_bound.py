@@ -219,6 +219,56 @@ def test_the_bound_is_above_every_legal_run_on_random_tiny_clusters(
         assert found.alloc_130 <= root.alloc_130 + 1e-9, lps  # never above the root
 
 
+# Shapes whose cpu and memory differ in ratio (cpu-heavy, memory-heavy), on nodes where
+# memory is as short as cpu: the blocking rows' cross terms (LeastMix) at work
+MIXED_SHAPES = [(2000, 2048, 0, 0), (1000, 4096, 0, 0), (4000, 1024, 0, 0),
+                (5000, 5120, 0, 0), (3000, 3072, 1, 1000), (6000, 6144, 1, 1000),
+                (2000, 2048, 1, 500), (4000, 4096, 1, 500)]
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.sampled_from([8192, 16384]), st.sampled_from([1, 2])),
+                min_size=1, max_size=3),
+       st.lists(st.integers(0, len(MIXED_SHAPES) - 1), min_size=3, max_size=8),
+       st.sampled_from([EARLY_SLICES, DENSE]), st.sampled_from(SPLITS))
+def test_the_bound_is_above_every_legal_run_where_memory_binds(
+        node_spec: list[tuple[int, int]], pod_idx: list[int], slices: tuple[float, ...],
+        split: str) -> None:
+    nodes = Nodes.from_trace(_cluster([(8000, m, g) for m, g in node_spec]))
+    pods = Pods.from_trace(_pods([MIXED_SHAPES[i] for i in pod_idx]), nodes.models)
+    order = np.arange(len(pod_idx), dtype=np.int64)
+    inst = make_instance(nodes, pods, order)
+    best = best_legal_run(nodes, pods, order[:inst.n_arrivals])
+    for lps in (1, 9):
+        found = allocation_bound(inst, budget=lps, slices=slices, split=split)
+        assert found.alloc_130 * nodes.gpu_capacity_milli / 100 >= best - 1e-6, lps
+
+
+def test_a_node_short_of_memory_still_holds_the_cpu_its_pods_bring(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Two nodes of 8 cores, 8 GiB and 2 GPUs. Blocking a class needs every node short
+    # of cpu or of memory for it; the pods carry 0.25-1 core per GiB, so a node short of
+    # memory also holds at least a quarter of its memory's worth of cores. Without the
+    # cross terms the LP counts the same pods' cpu toward the nodes short of cpu and
+    # their memory toward the nodes short of memory, and blocks the CPU-only classes
+    # early with far less usage than a run needs (the case came from a random search
+    # over MIXED_SHAPES).
+    nodes = Nodes.from_trace(_cluster([(8000, 8192, 2)] * 2))
+    spec = [(5000, 5120, 0, 0), (3000, 3072, 1, 1000), (2000, 2048, 0, 0),
+            (3000, 3072, 1, 1000), (2000, 2048, 0, 0), (3000, 3072, 1, 1000),
+            (1000, 4096, 0, 0)]
+    pods = Pods.from_trace(_pods(spec), nodes.models)
+    order = np.arange(len(spec), dtype=np.int64)
+    inst = make_instance(nodes, pods, order)
+    best = best_legal_run(nodes, pods, order[:inst.n_arrivals])
+    with_mix = allocation_bound(inst, budget=8, slices=DENSE).alloc_130
+    monkeypatch.setattr(bound_module, "_least_mix",
+                        lambda inst, t: bound_module.LeastMix(0.0, 0.0, 0.0, 0.0, 0.0))
+    without = allocation_bound(inst, budget=8, slices=DENSE).alloc_130
+    assert best * 100 / nodes.gpu_capacity_milli <= with_mix + 1e-6
+    assert with_mix < without - 10.0  # 58.3 against 75.0 (best run: 50.0)
+
+
 # (rule, b per slice, interval [lo, hi]) -> the slice m of the children [lo, m], [m+1, hi]
 SPLIT_TABLE = [
     # the LP spreads b evenly over a fine interval: "fractional" peels the last slice

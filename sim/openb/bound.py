@@ -59,8 +59,18 @@ than m_q free, or (whole GPUs) fewer than k_q GPUs are fully free.
   arrivals after the slice before). With z^C + z^M + z^G = N_t b_k,q nodes in each state,
   the type's usage at slice k covers the states (cpu used >= (cpu_t - c_q + 1) z^C,
   memory likewise; a share: U_k,t >= G_t z^G and milli used >= G_t (1001 - m_q) z^G;
-  whole GPUs: U_k,t >= (G_t - k_q + 1) z^G), and what is placed after slice k (before
-  the last) fits in what each state leaves:
+  whole GPUs: U_k,t >= (G_t - k_q + 1) z^G), counting what each state's pods bring of
+  the other resources (:class:`LeastMix`: the pods of a node short of memory carry at
+  least s_cm cpu per MiB of it, s_cm the least cpu per MiB of the classes allowed on
+  the type, so cpu used >= (cpu_t - c_q + 1) z^C + s_cm (mem_t - r_q + 1) z^M + s_cg
+  g_q z^G, g_q the milli a node short of GPUs holds; memory likewise. Without these
+  terms the same pods' cpu counted toward the nodes short of cpu and their memory
+  toward those short of memory. On gpushare100, seed 42, blocking the 32-core CPU-only
+  class by 40% of the arrivals needs ~71k cores used if every node is short of cpu,
+  against the 50k arrived by then; the LP made up the rest with nodes short of memory,
+  from the same pods. That branch is now infeasible. The terms moved no openb figure:
+  the LP blocks those classes fractionally, or later, at the same optimum), and what is placed
+  after slice k (before the last) fits in what each state leaves:
   cpu after <= (c_q - 1) z^C + cpu_t (z^M + z^G), memory likewise, and whole GPUs after
   only on nodes whose state admits the pod (short of cpu: pods asking < c_q; of memory:
   < r_q; of GPUs: fewer than k_q GPUs, none for a share), G_t per node, k_q - 1 per
@@ -135,7 +145,7 @@ from typing import Any
 import numpy as np
 from ortools.linear_solver import pywraplp
 
-from packing.fragmentation import BoolArray, IntArray
+from packing.fragmentation import BoolArray, FloatArray, IntArray
 from packing.model import GPU_MILLI
 from sim.openb.cluster import Nodes, Pods
 
@@ -637,6 +647,37 @@ def _share_flow(inst: Instance, lp: CertifiedLP, by_type: dict[int, list[int]],
     lp.row(0.0, lp.inf, [(h, 1.0) for h in H.values()] + [(F, -1.0)])
 
 
+@dataclass(frozen=True)
+class LeastMix:
+    """The least of one resource that the pods on a node of one type carry per unit of
+    another: every pod there is of a class allowed on the type, so a node's usage
+    (cpu_n, mem_n, milli_n) has cpu_n >= cpu_per_mem x mem_n, mem_n >= mem_per_cpu x
+    cpu_n, cpu_n >= cpu_per_milli x milli_n and mem_n >= mem_per_milli x milli_n (the
+    minima of the ratios over those classes; 0 where a class asks none of the first)."""
+
+    cpu_per_mem: float
+    mem_per_cpu: float
+    cpu_per_milli: float
+    mem_per_milli: float
+    milli_per_gpu: float  # the least milli a GPU pod holds on each GPU it touches
+
+
+def _least_mix(inst: Instance, t: int) -> LeastMix:
+    ok = inst.ok[:, t]
+    cpu = inst.cls_cpu[ok].astype(np.float64)
+    mem = inst.cls_mem[ok].astype(np.float64)
+    gpus = inst.cls_gpus[ok].astype(np.float64)
+    milli = inst.cls_milli[ok].astype(np.float64) * gpus
+
+    def least(num: FloatArray, den: FloatArray) -> float:
+        per = num[den > 0] / den[den > 0]
+        return float(per.min()) if per.size else 0.0
+
+    return LeastMix(cpu_per_mem=least(cpu, mem), mem_per_cpu=least(mem, cpu),
+                    cpu_per_milli=least(cpu, milli), mem_per_milli=least(mem, milli),
+                    milli_per_gpu=least(milli, gpus))
+
+
 def _blocking(inst: Instance, lp: CertifiedLP, q: int, k: int, t: int, b: int,
               X: dict[tuple[int, int, int], int], U: dict[tuple[int, int], int],
               use: dict[tuple[str, int, int], int], qs: list[int], last: int) -> None:
@@ -647,8 +688,17 @@ def _blocking(inst: Instance, lp: CertifiedLP, q: int, k: int, t: int, b: int,
     c_q, r_q = float(inst.cls_cpu[q]), float(inst.cls_mem[q])
     zc, zm, zg = lp.var(0.0, nn), lp.var(0.0, nn), lp.var(0.0, nn)
     lp.row(0.0, 0.0, [(zc, 1.0), (zm, 1.0), (zg, 1.0), (b, -nn)])
-    lp.row(0.0, inf, [(zc, -(cap_c - c_q + 1)), (use["cpu", k, t], 1.0)])
-    lp.row(0.0, inf, [(zm, -(cap_m - r_q + 1)), (use["mem", k, t], 1.0)])
+    short_c, short_m = cap_c - c_q + 1, cap_m - r_q + 1
+    mix = _least_mix(inst, t)
+    g_milli = 0.0  # the GPU milli a node short of GPUs for q holds at least
+    if inst.cls_gpus[q] > 0 and inst.shared[q]:
+        g_milli = float(g * (GPU_MILLI - inst.cls_milli[q] + 1))
+    elif inst.cls_gpus[q] > 0:
+        g_milli = float((g - inst.cls_gpus[q] + 1) * mix.milli_per_gpu)
+    lp.row(0.0, inf, [(zc, -short_c), (zm, -mix.cpu_per_mem * short_m),
+                      (zg, -mix.cpu_per_milli * g_milli), (use["cpu", k, t], 1.0)])
+    lp.row(0.0, inf, [(zm, -short_m), (zc, -mix.mem_per_cpu * short_c),
+                      (zg, -mix.mem_per_milli * g_milli), (use["mem", k, t], 1.0)])
     if inst.cls_gpus[q] == 0:
         lp.set_bounds(zg, 0.0, 0.0)  # only cpu or memory block a CPU-only pod
         w_g = float(g)
