@@ -269,6 +269,17 @@ def test_a_node_short_of_memory_still_holds_the_cpu_its_pods_bring(
     assert with_mix < without - 10.0  # 58.3 against 75.0 (best run: 50.0)
 
 
+
+@pytest.mark.parametrize(("x", "want"), [
+    (0.0, 0.0), (-1.0, 0.0),  # no ratio: no cross term
+    (1.0, 1.0), (0.125, 0.125), (3.0, 3.0),  # few significant bits: kept
+    (2.048, 2.03125), (0.0915527, 0.0908203125), (1000 / 4096, 0.244140625),
+])
+def test_cross_ratios_round_down_to_few_bits(x: float, want: float) -> None:
+    got = bound_module._round_down(x)
+    assert got == want
+    assert x <= 0 or x * (1 - 2 ** -6) <= got <= x  # valid (not above), and close
+
 # (rule, b per slice, interval [lo, hi]) -> the slice m of the children [lo, m], [m+1, hi]
 SPLIT_TABLE = [
     # the LP spreads b evenly over a fine interval: "fractional" peels the last slice
