@@ -664,13 +664,13 @@ class LeastMix:
 
 
 def _round_down(x: float, bits: int = 6) -> float:
-    """``x`` rounded down to ``bits`` significant bits (0 stays 0). A smaller ratio keeps
-    the rows valid; ratios such as 2.048 MiB per milli-cpu, with their full binary
-    expansion, left GLOP's first solve ABNORMAL on 10% of small random instances and
-    without an answer after the fallbacks (:meth:`CertifiedLP.solve`) on 2%
-    (tests/test_sim_floors.py found one), against 4% and none rounded so, and 3% and
-    none without the cross terms (seeds 150-199 of that test's cases, both slice
-    sets)."""
+    """``x`` rounded down to 1 + ``bits`` significant bits, so within a factor 1 - 2^-bits
+    of it (0 and below give 0). A smaller ratio keeps the rows valid; ratios such as 2.048
+    MiB per milli-cpu, with their full binary expansion, left GLOP's first solve ABNORMAL
+    on 10% of small random instances and without an answer after the fallbacks
+    (:meth:`CertifiedLP.solve`) on 2% (tests/test_sim_floors.py found one), against 4%
+    and none rounded so, and 3% and none without the cross terms (seeds 150-199 of that
+    test's cases, both slice sets)."""
     if x <= 0.0:
         return 0.0
     step = 2.0 ** (math.floor(math.log2(x)) - bits)
