@@ -269,7 +269,6 @@ def test_a_node_short_of_memory_still_holds_the_cpu_its_pods_bring(
     assert with_mix < without - 10.0  # 58.3 against 75.0 (best run: 50.0)
 
 
-
 @pytest.mark.parametrize(("x", "want"), [
     (0.0, 0.0), (-1.0, 0.0),  # no ratio: no cross term
     (1.0, 1.0), (0.125, 0.125), (3.0, 3.0),  # few significant bits: kept

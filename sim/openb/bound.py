@@ -489,6 +489,7 @@ def build(inst: Instance, slices: Sequence[float] = SLICES, major: float = MAJOR
                         total * cpu / max(float((total * cpu).sum()), 1.0))
     majors = [q for q in tracked if weight[q] >= major]
     B: dict[tuple[int, int], int] = {}
+    mixes = {t: _least_mix(inst, t) for t in by_type}  # per type, for every blocking row
     for q in tracked:
         ts = by_class.get(q, [])
         for k in range(K):
@@ -497,7 +498,7 @@ def build(inst: Instance, slices: Sequence[float] = SLICES, major: float = MAJOR
                 lp.row(-inf, 0.0, [(B[k - 1, q], 1.0), (b, -1.0)])
             if q in majors:
                 for t in ts:
-                    _blocking(inst, lp, q, k, t, b, X, U, use, by_type[t], last)
+                    _blocking(inst, lp, q, k, t, b, X, U, use, by_type[t], last, mixes[t])
         # must-place (the per-slice rows of the module docstring follow from these)
         _first_blocking(lp, [[X[k, t, q] for t in ts] for k in range(K)],
                         [B[k, q] for k in range(K)], [float(a) for a in A[:, q]])
@@ -695,8 +696,10 @@ def _least_mix(inst: Instance, t: int) -> LeastMix:
 
 def _blocking(inst: Instance, lp: CertifiedLP, q: int, k: int, t: int, b: int,
               X: dict[tuple[int, int, int], int], U: dict[tuple[int, int], int],
-              use: dict[tuple[str, int, int], int], qs: list[int], last: int) -> None:
-    """Class q blocked at slice k, on the nodes of type t (module docstring)."""
+              use: dict[tuple[str, int, int], int], qs: list[int], last: int,
+              mix: LeastMix) -> None:
+    """Class q blocked at slice k, on the nodes of type t (module docstring); ``mix``:
+    the type's :func:`_least_mix`."""
     inf = lp.inf
     nn, g = float(inst.type_count[t]), int(inst.type_gpus[t])
     cap_c, cap_m = float(inst.type_cpu[t]), float(inst.type_mem[t])
@@ -704,7 +707,6 @@ def _blocking(inst: Instance, lp: CertifiedLP, q: int, k: int, t: int, b: int,
     zc, zm, zg = lp.var(0.0, nn), lp.var(0.0, nn), lp.var(0.0, nn)
     lp.row(0.0, 0.0, [(zc, 1.0), (zm, 1.0), (zg, 1.0), (b, -nn)])
     short_c, short_m = cap_c - c_q + 1, cap_m - r_q + 1
-    mix = _least_mix(inst, t)
     g_milli = 0.0  # the GPU milli a node short of GPUs for q holds at least
     if inst.cls_gpus[q] > 0 and inst.shared[q]:
         g_milli = float(g * (GPU_MILLI - inst.cls_milli[q] + 1))
