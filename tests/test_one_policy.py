@@ -261,3 +261,54 @@ def test_the_scorers_memo_is_bounded_by_the_nodes() -> None:
             state.undo(pod, got)
     assert len(scorer._nodes) <= len(nodes)
     assert all(len(evals) <= 64 for _, _, evals in scorer._nodes.values())
+
+
+def _rare_trace(seed: int) -> tuple[list[OpenbNode], list[OpenbPod]]:
+    """23 nodes of 96 cores and one of 128, 8 GPUs each: an 8-GPU pod of 120 cores fits
+    only the last (a rare shape, packing.policies.rare). One-GPU pods and shares come
+    first, the 120-core pods late."""
+    rng = random.Random(seed)
+    nodes = [OpenbNode(f"n{i:03d}", 96000, 786432, 8, "G2") for i in range(23)]
+    nodes.insert(rng.randrange(24), OpenbNode("big", 128000, 786432, 8, "G2"))
+    small = [(14000, 1, 1000), (12000, 1, 1000), (4000, 1, 500), (3000, 1, 810)]
+    pods = []
+    for i in range(150):
+        cpu, k, milli = rng.choice(small)
+        pods.append(OpenbPod(f"p{i:04d}", cpu, 49152, k, milli, frozenset()))
+    for i in range(3):
+        pods.insert(rng.randrange(100, len(pods)),
+                    OpenbPod(f"big{i}", 120000, 655360, 8, 1000, frozenset()))
+    return nodes, pods
+
+
+@pytest.mark.parametrize("seed", [1, 2, 4])
+def test_the_rare_shape_price_is_one_policy_and_keeps_the_rare_node(seed: int) -> None:
+    nodes, trace = _rare_trace(seed)
+    arrays = Nodes.from_trace(nodes)
+    pods = Pods.from_trace(trace, arrays.models)
+    shapes = _shapes(trace, arrays.models)
+    every = typical_shape_table([ShapeKey(p.cpu_milli, p.num_gpu, p.gpu_milli, p.gpu_spec)
+                                 for p in trace], arrays.models, coverage=1.0)
+    order = np.arange(len(trace), dtype=np.int64)
+    run = replay(arrays, pods, order, make("gpupack"), seed, shapes, every)
+    before = replay(arrays, pods, order, ProductPolicy(rare=False), seed, shapes, every)
+    big = {i for i, p in enumerate(trace) if p.name.startswith("big")}
+    # The 120-core pods are rare (one host of 24) and outside the typical shapes: without
+    # the price one-GPU pods break the 128-core node and the first of them fails; with
+    # it the node is kept and the first one lands there.
+    assert not any(i in big for i, _, _ in before.placements)
+    assert sum(i in big for i, _, _ in run.placements) == 1
+    replayed = {i: (arrays.names[n], gpus) for i, n, gpus in run.placements}
+    requests = [to_pod_request(p) for p in trace]
+    snapshot = Snapshot(to_snapshot_nodes(nodes))
+    state = ClusterState(snapshot)
+    scorer = GpupackScorer(requests, nodes=snapshot.nodes)
+    assert scorer.rules.rare is not None and scorer.rules.rare.active
+    for i, pod in enumerate(requests):
+        got = best_option(state, pod, scorer)
+        assert (None if got is None else (got.node, got.gpus)) == replayed.get(i), f"pod {i}"
+        if got is not None:
+            state.apply(pod, got)
+            counts, gpus = free_sizes(share_gpu_free(n) for n in state.nodes.values())
+            if scorer.free_sizes_due(counts, gpus):
+                scorer = scorer.at_free_sizes(counts, gpus)

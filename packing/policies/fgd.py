@@ -35,6 +35,7 @@ from packing.model import (
     GPU_MILLI,
     GpuMode,
     GroupRef,
+    NodeInfo,
     Placement,
     PodRequest,
     RequestKind,
@@ -253,8 +254,9 @@ def shape_workload(snapshot: Snapshot) -> Snapshot:
     """A snapshot with the same workload as far as any scorer can tell: every pod stands
     for its :class:`Shape` through one shared pod of that shape (and one shared
     placement), so :func:`typical_shapes` counts exactly as on ``snapshot``, and
-    :func:`~packing.policies.lookahead.keeps_whole_nodes` answers the same, while the
-    whole thing pickles to a few kB for another process (50,000 running pods: ~10 MB)."""
+    :func:`~packing.policies.lookahead.keeps_whole_nodes` answers the same; every node
+    for its capacity class (:func:`capacity_classes`); the whole thing pickles to a few
+    kB for another process (50,000 running pods: ~10 MB)."""
     reps: dict[Shape, PodRequest] = {}
     # The gpupack scorer's one input beyond the shapes (whether whole nodes are kept for
     # groups: group pods or NVLink cliques) travels on the stand-ins: each carries a
@@ -273,8 +275,33 @@ def shape_workload(snapshot: Snapshot) -> Snapshot:
         return kept
 
     nowhere = Placement("shape/", "")
-    return Snapshot((), tuple((rep(p), nowhere) for p, _ in snapshot.running),
+    return Snapshot(tuple(n for n, count in capacity_classes(snapshot.nodes)
+                          for _ in range(count)),
+                    tuple((rep(p), nowhere) for p, _ in snapshot.running),
                     tuple(rep(p) for p in snapshot.pending))
+
+
+def _capacity_class(n: NodeInfo) -> tuple[object, ...]:
+    return (n.cpu_milli, n.memory_mib, tuple((g.model, g.mode) for g in n.gpus),
+            n.mig_reconfigure)
+
+
+def capacity_classes(nodes: Iterable[NodeInfo]) -> tuple[tuple[NodeInfo, int], ...]:
+    """The nodes by what a scorer reads of their capacity (cpu, memory, GPUs with their
+    model and mode, MIG reconfiguration: the rare-shape price,
+    :mod:`packing.policies.rare`): one stand-in NodeInfo per class (no labels, taints
+    or name of a real node) and how many nodes it stands for. A shape workload
+    (:func:`shape_workload`) repeats each stand-in, one shared object, so it pickles to
+    a reference per node."""
+    found: dict[tuple[object, ...], list[Any]] = {}
+    for n in nodes:
+        key = _capacity_class(n)
+        kept = found.get(key)
+        if kept is None:
+            kept = found[key] = [NodeInfo(f"class/{len(found)}", n.cpu_milli, n.memory_mib,
+                                          n.gpus, mig_reconfigure=n.mig_reconfigure), 0]
+        kept[1] += 1
+    return tuple((n, count) for n, count in found.values())
 
 
 def make_fgd_scorer(snapshot: Snapshot) -> Scorer:

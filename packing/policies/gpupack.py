@@ -14,7 +14,7 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from itertools import combinations
 
 import numpy as np
@@ -22,6 +22,7 @@ import numpy as np
 from packing.catalog import CATALOG
 from packing.cpsat import SolverParams, priority_weights, solve_batch
 from packing.fragmentation import (
+    DEFAULT_COVERAGE,
     IntArray,
     MilliRequest,
     ShapeKey,
@@ -34,6 +35,7 @@ from packing.model import (
     GPU_MILLI,
     MODE_SERVES,
     GpuMode,
+    NodeInfo,
     Placement,
     PlanResult,
     PodRequest,
@@ -54,6 +56,7 @@ from packing.policies.lookahead import (
     opens_whole_node,
     ranks,
 )
+from packing.policies.rare import NodeCapacity, RareShapeRule
 from packing.policies.scores import bestfit, mig_preference, pod_milli_on
 from packing.policies.squares import free_size_counts
 from packing.scoring import Score, Scorer
@@ -143,6 +146,92 @@ def served_kinds(node: NodeState) -> frozenset[RequestKind]:
     return frozenset(out)
 
 
+@dataclass(frozen=True, eq=False)
+class ScoreModels:
+    """A workload's shape keys and the score's model ids for them.
+
+    The score's model ids are (GPU model, kinds of pod the node's GPUs take): a shape
+    counts in a node's capacity and fragment only where its pods could run. Without the
+    kinds, a time-sliced share (1 milli when it names no GPU memory) counted as a
+    thousand shares on every free GPU of a whole-GPU H100 node, which made a one-GPU
+    pod's last GPUs there cost more than a fresh node's (the burst of
+    tests/e2e/test_e2e_burst_packing.py then opened a third node). The openb replay's
+    GPUs (FRACTIONAL) take whole GPUs and shares: its ids are unchanged in effect."""
+
+    keys: tuple[ShapeKey, ...]
+    models: tuple[str, ...]
+    ids: dict[tuple[str, frozenset[RequestKind]], int]
+    kinds: dict[ShapeKey, frozenset[RequestKind]]
+
+    @staticmethod
+    def of(workload: Iterable[PodRequest]) -> ScoreModels:
+        pods = list(workload)
+        keys = tuple(typical_shape_key(p) for p in pods)
+        models = (*sorted({m for k in keys for m in k.gpu_spec}), OTHER_MODEL)
+        ids = {(m, c): i for i, (m, c) in enumerate(
+            (m, c) for m in models for c in SERVE_CLASSES)}
+        kinds: dict[ShapeKey, set[RequestKind]] = {}
+        for k, p in zip(keys, pods, strict=True):
+            kinds.setdefault(k, set()).add(p.kind)
+        return ScoreModels(keys, models, ids, {k: frozenset(v) for k, v in kinds.items()})
+
+    def table(self, coverage: float = DEFAULT_COVERAGE) -> TypicalShapes:
+        """The typical shapes (``coverage`` 1: every shape) with the score's model ids:
+        a GPU shape may run where the model fits and the GPUs take a kind of pod of
+        that shape."""
+        table = typical_shape_table(self.keys, self.models, coverage=coverage)
+        by_model = {m: i for i, m in enumerate(self.models)}
+        takes = {c: np.array([k.num_gpu == 0 or bool(self.kinds.get(k, frozenset()) & c)
+                              for k in table.keys], dtype=bool) for c in SERVE_CLASSES}
+        ok = np.zeros((len(table.keys), len(self.ids)), dtype=bool)
+        for (m, c), i in self.ids.items():
+            ok[:, i] = table.model_ok[:, by_model[m]] & takes[c]
+        return replace(table, model_ok=ok)
+
+    def id_of(self, model: str, serves: frozenset[RequestKind]) -> int:
+        return self.ids.get((model, serves), self.ids[OTHER_MODEL, serves])
+
+    def capacity(self, nodes: Sequence[NodeInfo]) -> NodeCapacity:
+        """The nodes' capacity as the rare-shape price counts hosts."""
+        return NodeCapacity(
+            cpu=np.array([n.cpu_milli for n in nodes], dtype=np.int64),
+            mem=np.array([n.memory_mib for n in nodes], dtype=np.int64),
+            gpus=np.array([len(n.gpus) for n in nodes], dtype=np.int64),
+            model=np.array([self.id_of(n.gpus[0].model if n.gpus else OTHER_MODEL,
+                                       info_served_kinds(n)) for n in nodes],
+                           dtype=np.int64))
+
+
+def rare_shapes_key(snapshot: Snapshot) -> tuple[object, ...]:
+    """What the rare-shape price reads of ``snapshot`` (its workload and its nodes): the
+    rare shapes' requests and the (model, kinds) pairs each may use. The extender's
+    planner builds a new scorer when it changes (a shape that only a few nodes host
+    appears, or the nodes that host one come or go), which the typical shapes alone do
+    not show: a rare shape is seldom a typical one."""
+    ids = ScoreModels.of(workload_of(snapshot))
+    if not snapshot.nodes:
+        return ()
+    rule = RareShapeRule.of(ids.table(coverage=1.0), ids.capacity(snapshot.nodes))
+    if not rule.active:
+        return ()
+    names = {i: (m, tuple(sorted(k.value for k in c))) for (m, c), i in ids.ids.items()}
+    return tuple((int(cpu), int(mem), int(g), int(milli),
+                  tuple(names[int(i)] for i in np.flatnonzero(ok)))
+                 for cpu, mem, g, milli, ok in zip(rule.cpu, rule.mem, rule.num_gpu,
+                                                   rule.milli, rule.model_ok, strict=True))
+
+
+def info_served_kinds(info: NodeInfo) -> frozenset[RequestKind]:
+    """:func:`served_kinds` of a node as its :class:`NodeInfo` describes it (no GPU
+    converted to MIG yet): what its capacity offers the rare-shape price."""
+    out: set[RequestKind] = set()
+    for g in info.gpus:
+        out |= MODE_SERVES[g.mode]
+        if info.mig_reconfigurable and g.mode is GpuMode.WHOLE:
+            out.add(RequestKind.MIG)
+    return frozenset(out)
+
+
 class GpupackScorer:
     """The extender's scorer: :mod:`packing.policies.lookahead` on one node at a time.
 
@@ -163,45 +252,27 @@ class GpupackScorer:
     """
 
     def __init__(self, workload: Iterable[PodRequest],
-                 weights: GpupackWeights | None = None, keep_whole_nodes: bool = False
-                 ) -> None:
+                 weights: GpupackWeights | None = None, keep_whole_nodes: bool = False,
+                 nodes: Sequence[NodeInfo] = ()) -> None:
         # Whether whole nodes are kept for LLM groups (:func:`keeps_whole_nodes`): the
         # key's first term for whole-GPU pods, else always 0.
         self.keep_whole_nodes = keep_whole_nodes
-        pods = list(workload)
-        keys = [typical_shape_key(p) for p in pods]
-        named = sorted({m for k in keys for m in k.gpu_spec})
-        self.models: tuple[str, ...] = (*named, OTHER_MODEL)
-        # The score's model ids are (GPU model, kinds of pod the node's GPUs take): a
-        # shape counts in a node's capacity and fragment only where its pods could run.
-        # Without the kinds, a time-sliced share (1 milli when it names no GPU memory)
-        # counted as a thousand shares on every free GPU of a whole-GPU H100 node, which
-        # made a one-GPU pod's last GPUs there cost more than a fresh node's (the burst
-        # of tests/e2e/test_e2e_burst_packing.py then opened a third node). The openb
-        # replay's GPUs (FRACTIONAL) take whole GPUs and shares: its ids are unchanged
-        # in effect.
-        self._model_id = {(m, c): i for i, (m, c) in enumerate(
-            (m, c) for m in self.models for c in SERVE_CLASSES)}
-        table = typical_shape_table(keys, self.models)
-        kinds: dict[ShapeKey, set[RequestKind]] = {}
-        for k, p in zip(keys, pods, strict=True):
-            kinds.setdefault(k, set()).add(p.kind)
-        by_model = {m: i for i, m in enumerate(self.models)}
-        takes = {c: np.array([k.num_gpu == 0 or bool(kinds.get(k, set()) & c)
-                              for k in table.keys], dtype=bool) for c in SERVE_CLASSES}
-        ok = np.zeros((len(table.keys), len(self._model_id)), dtype=bool)
-        for (m, c), i in self._model_id.items():
-            ok[:, i] = table.model_ok[:, by_model[m]] & takes[c]
-        self.shapes: TypicalShapes = replace(table, model_ok=ok)
+        self.ids = ScoreModels.of(workload)
+        self.models = self.ids.models
+        self.shapes: TypicalShapes = self.ids.table()
         # The workload's rules, as the replay builds them (WorkloadRules.of: the FGD
         # level goes on cpu-bound workloads, and with it the core-deficit price; where
-        # whole nodes are kept for groups, the fresh-GPU rule's clean-node form is off).
-        self.rules = WorkloadRules.of(self.shapes, weights, keep_whole_nodes=keep_whole_nodes)
+        # whole nodes are kept for groups, the fresh-GPU rule's clean-node form is off;
+        # the rare-shape price over every shape and the nodes' capacity, none given: off).
+        self.rules = WorkloadRules.of(
+            self.shapes, weights, keep_whole_nodes=keep_whole_nodes,
+            all_shapes=self.ids.table(coverage=1.0) if nodes else None,
+            nodes=self.ids.capacity(nodes) if nodes else None)
         # MIG pods are ranked without the sum-of-squares price: its histogram counts the
         # GPUs that take time-sliced shares, and a MIG GPU's free milli is not one of them.
         self._mig_rules = replace(self.rules, squares=None)
         # MilliRequest.model_ok: the score never reads it (the verbs filter by model).
-        self._any_model = np.ones(len(self._model_id), dtype=bool)
+        self._any_model = np.ones(len(self.ids.ids), dtype=bool)
         # Per node name, its latest state only: (version, arrays, rank values by request,
         # one per GPU for a share). Bounded by the nodes (~1.5 kB each), never by how
         # many states they went through.
@@ -228,10 +299,7 @@ class GpupackScorer:
         if found is None or found[0] != node.version:
             free = np.array([node_gpu_free(node)], dtype=np.int64)
             model = node.gpus[0].info.model if node.gpus else OTHER_MODEL
-            serves = served_kinds(node)
-            mid = np.array([self._model_id.get((model, serves),
-                                               self._model_id[OTHER_MODEL, serves])],
-                           dtype=np.int64)
+            mid = np.array([self.ids.id_of(model, served_kinds(node))], dtype=np.int64)
             cpu = np.array([node.cpu_free], dtype=np.int64)
             mem = np.array([node.mem_free], dtype=np.int64)
             arrays = NodeArrays(free, cpu, mem, mid,
@@ -318,8 +386,10 @@ def objective_key(snapshot: Snapshot, placements: Sequence[Placement]) -> tuple[
 
 def make_gpupack_scorer(snapshot: Snapshot) -> Scorer:
     """The extender's scorer for the workload of ``snapshot`` (its running and pending
-    pods) and whether its nodes are kept whole for groups (:func:`keeps_whole_nodes`)."""
-    return GpupackScorer(workload_of(snapshot), keep_whole_nodes=keeps_whole_nodes(snapshot))
+    pods), whether its nodes are kept whole for groups (:func:`keeps_whole_nodes`) and
+    its nodes' capacity (the rare-shape price)."""
+    return GpupackScorer(workload_of(snapshot), keep_whole_nodes=keeps_whole_nodes(snapshot),
+                         nodes=snapshot.nodes)
 
 
 class GpupackPolicy:

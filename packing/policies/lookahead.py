@@ -30,7 +30,7 @@ outweigh a level: at 0.003 a placement one level worse in fragment wins only if 
 counts half (``fgd_weight`` 0.5). ``levels=None`` drops the level: score = -(loss +
 fgd_weight * dF), the continuous cost alone.
 
-The workload sets five more terms (each measured on the openb traces, bench/README.md,
+The workload sets six more terms (each measured on the openb traces, bench/README.md,
 "Packing quality"): on a cpu-bound workload (CPU-only pods ask more than
 ``CPU_BOUND_GATE`` times the cores of the GPU pods) the score has no level
 (:func:`workload_weights`); elsewhere a GPU pod's score loses ``CORE_DEFICIT_WEIGHT``
@@ -40,9 +40,12 @@ where whole-GPU pods ask most of the GPU demand, a share's score loses ``SLIVER_
 levels per GPU of dead sliver it leaves on its GPU (:class:`SliverRule`) and, where the
 clean-node form below is off, the sum-of-squares price of the cluster's free sizes
 (:class:`~packing.policies.squares.SquaresRule`: the one term that reads other nodes,
-through a histogram the rules hold and the callers replace as it drifts); and two
-lexicographic rules come before everything (:class:`FreshGpuRule` for shares,
-:class:`KeepCoresRule` for CPU-only pods).
+through a histogram the rules hold and the callers replace as it drifts); where the score
+has levels, any pod's score loses ``RARE_WEIGHT`` levels where it takes from a node the
+last of its room for a shape that few nodes can host
+(:class:`~packing.policies.rare.RareShapeRule`: read from every shape of the workload and
+the cluster's nodes, so the callers pass both); and two lexicographic rules come before
+everything (:class:`FreshGpuRule` for shares, :class:`KeepCoresRule` for CPU-only pods).
 
 The module is past 600 lines because the workload's rules live beside the score they
 enter: both callers import this one module, which is what keeps them one policy.
@@ -72,6 +75,7 @@ from packing.fragmentation import (
 )
 from packing.groups.members import CLIQUE_LABEL, KEEP_WHOLE_NODES_LABEL
 from packing.model import GPU_MILLI, Snapshot
+from packing.policies.rare import NodeCapacity, RareShapeRule
 from packing.policies.squares import SquaresRule
 
 # A share that does not fit a GPU scores this (never chosen).
@@ -598,13 +602,15 @@ class WorkloadRules:
     deficit: CoreDeficitRule | None = None
     sliver: SliverRule | None = None
     squares: SquaresRule | None = None
+    rare: RareShapeRule | None = None
 
     @staticmethod
     def of(shapes: TypicalShapes, weights: GpupackWeights | None = None, *,
            cap_shapes: TypicalShapes | None = None, fresh: bool = True, keep: bool = True,
            deficit: bool = True, cpu_bound_cost: bool = True, sliver: bool = True,
            fresh_clean: bool = True, keep_whole_nodes: bool = False,
-           squares: bool = True) -> WorkloadRules:
+           squares: bool = True, all_shapes: TypicalShapes | None = None,
+           nodes: NodeCapacity | None = None) -> WorkloadRules:
         """The rules gpupack ships for ``shapes`` (a flag turns one off: the replay's
         comparisons; ``fresh_clean`` the fresh-GPU rule's clean-node form);
         ``cap_shapes``: what the capacity model counts, if not ``shapes``;
@@ -613,7 +619,10 @@ class WorkloadRules:
         cpu-bound workloads and where the sliver price is on below
         ``CLEAN_NODES_GATE``); ``squares``: the sum-of-squares price
         (:mod:`packing.policies.squares`: on where the sliver price is on and the
-        clean-node form off), holding an empty histogram until :meth:`at_free_sizes`."""
+        clean-node form off), holding an empty histogram until :meth:`at_free_sizes`;
+        ``all_shapes`` (every shape of the workload) and ``nodes`` (the cluster's
+        capacity): the rare-shape price (:mod:`packing.policies.rare`), off without
+        them and where the score has no level."""
         w = workload_weights(shapes, weights) if cpu_bound_cost else (weights or GpupackWeights())
         # The fresh-GPU rule's clean-node form where the score has levels, except where
         # the sliver price is on and w < CLEAN_NODES_GATE (FreshGpuRule).
@@ -634,7 +643,12 @@ class WorkloadRules:
             deficit=CoreDeficitRule.of(shapes, w) if deficit else None,
             sliver=slivers if sliver else None,
             squares=(SquaresRule.of(slivers.active and sliver, clean_in_effect)
-                     if squares else None))
+                     if squares else None),
+            # The rare-shape price is in levels: off where the score has none (as the
+            # core-deficit price).
+            rare=(RareShapeRule.of(all_shapes, nodes)
+                  if all_shapes is not None and nodes is not None and w.levels is not None
+                  else None))
 
     def at_free_sizes(self, counts: IntArray, gpus: int) -> WorkloadRules:
         """These rules with the sum-of-squares price holding the cluster's histogram of
@@ -663,6 +677,8 @@ def ranks(nodes: NodeArrays, req: MilliRequest, rules: WorkloadRules) -> FloatAr
     score = placement_score(delta, loss, rules.weights)
     if (deficit := rules.deficit) is not None and deficit.applies(req):
         score = score - deficit.penalty_of(nodes.free, nodes.cpu, req)
+    if (rare := rules.rare) is not None and rare.applies(req):
+        score = score - rare.penalty_of(nodes.free, nodes.cpu, nodes.mem, nodes.model, req)
     if (keep := rules.keep) is not None and keep.applies(req):
         score = score + keep.bonus_of(nodes.free, nodes.cpu, req)
     if not req.shared:

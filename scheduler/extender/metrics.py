@@ -454,8 +454,9 @@ class ClusterCollector(Collector):
         replaced = GaugeMetricFamily(
             "gpupack_scorer_replacements",
             "Scorer replacements since start, by reason (shapes: the workload's shapes moved; "
-            "free_sizes: the cluster's histogram of GPU free sizes drifted); each makes the "
-            "verbs score every node state again", labels=["reason"])
+            "rare_shapes: the shapes only a few nodes can host changed; free_sizes: the "
+            "cluster's histogram of GPU free sizes drifted); each makes the verbs score "
+            "every node state again", labels=["reason"])
         for reason, count in sorted(self.planner.replacements.items()):
             replaced.add_metric([reason], count)
         yield replaced

@@ -134,8 +134,8 @@ class _WarmHandler:
 
     def __call__(self, msg: tuple[Any, ...]) -> Any:
         if msg[0] == "scorer":
-            _, gen, policy, running, pending, free_sizes = msg
-            source = Snapshot((), unpickle_chunks(running), unpickle_chunks(pending))
+            _, gen, policy, running, pending, free_sizes, nodes = msg
+            source = Snapshot(nodes, unpickle_chunks(running), unpickle_chunks(pending))
             self.gen, self.scorer = gen, holding(
                 make_policy(policy, SolverParams()).make_scorer(source), free_sizes)
             return None
@@ -151,7 +151,8 @@ class _WarmHandler:
 
 def warm_main(conn: Connection) -> None:
     """The child's loop. Messages, each answered with ("ok", value) or ("error", text):
-    ("scorer", gen, policy, running chunks, pending chunks, free sizes) -> None;
+    ("scorer", gen, policy, running chunks, pending chunks, free sizes, capacity-class
+    stand-in nodes) -> None;
     ("eval", gen, [(pod, node state, known, score)]) -> [NodeEval]."""
     background()
     serve_messages(conn, _WarmHandler())
@@ -181,7 +182,7 @@ class WarmChild(ChildProcess):
         assert ref.source is not None
         self.gen = -1
         self.call(("scorer", ref.gen, ref.policy, pickle_chunks(ref.source.running),
-                   pickle_chunks(ref.source.pending), ref.free_sizes))
+                   pickle_chunks(ref.source.pending), ref.free_sizes, ref.source.nodes))
         self.gen = ref.gen
 
     def close(self) -> None:

@@ -49,7 +49,12 @@ from packing.policies.fgd import (
     typical_shapes,
     workload_of,
 )
-from packing.policies.gpupack import GpupackScorer, free_sizes, share_gpu_free
+from packing.policies.gpupack import (
+    GpupackScorer,
+    free_sizes,
+    rare_shapes_key,
+    share_gpu_free,
+)
 from packing.policies.lookahead import keeps_whole_nodes
 from packing.policies.squares import BUCKETS
 from packing.scoring import Score, order_pods
@@ -70,6 +75,7 @@ from scheduler.planner.solve import (
     SolveOutcome,
     SolverError,
     SolverProcess,
+    compact_nodes,
     compact_workload,
     solve,
 )
@@ -130,14 +136,17 @@ class Planner:
         self.plan = Plan()
         self._shapes: list[tuple[Shape, float]] = []
         self._keep_whole_nodes = False
+        self._rare_key: tuple[object, ...] = ()
+        self._capacity: tuple[tuple[NodeInfo, int], ...] = ()
         self._scorer_gen = 0
         self.scorer = ScorerRef(self.policy.make_scorer(Snapshot(nodes=())), 0,
                                 name_sensitive=policy == "random", policy=policy,
                                 source=Snapshot(nodes=()))
         self.solves = 0
-        # Scorer replacements since start, by why (the shapes moved, or the held
-        # histogram of free sizes): each one makes the verbs score every node again.
-        self.replacements = {"shapes": 0, "free_sizes": 0}
+        # Scorer replacements since start, by why (the shapes moved, the rare shapes
+        # changed, or the held histogram of free sizes): each one makes the verbs score
+        # every node again.
+        self.replacements = {"shapes": 0, "rare_shapes": 0, "free_sizes": 0}
         # in_process: solve in the calling thread (tests, tools); else in the child.
         self.in_process = in_process
         # Plan over candidate nodes (pick_candidates): up to per_class nodes of a class
@@ -305,11 +314,12 @@ class Planner:
             job = SolveJob(self.policy_name, self.params, Snapshot(nodes, running, ()),
                            batch, self._workload, frozenset(p.key for p in unplaceable),
                            self._explain(unplaceable, signatures, infos),
-                           free_sizes=self.scorer.free_sizes)
+                           free_sizes=self.scorer.free_sizes, capacity=self._capacity)
         else:
             job = SolveJob(self.policy_name, self.params,
                            Snapshot(snapshot.nodes, snapshot.running, ()), tuple(batch),
-                           self._workload, free_sizes=self.scorer.free_sizes)
+                           self._workload, free_sizes=self.scorer.free_sizes,
+                           capacity=self._capacity)
         self.last_job_nodes = len(job.snapshot.nodes)
         return job, version, frag
 
@@ -430,15 +440,21 @@ class Planner:
         # The gpupack scorer's other input: whether whole nodes are kept for groups (a
         # clique label or the first group pod can come without any shape changing).
         keep = keeps_whole_nodes(snapshot)
-        if close_shapes(shapes, self._shapes) and keep == self._keep_whole_nodes:
+        # And gpupack's rare-shape price: the rare shapes, from every shape of the
+        # workload and the nodes' capacity (a rare shape is seldom a typical one).
+        rare = rare_shapes_key(snapshot) if self.policy_name.startswith("gpupack") else ()
+        moved = not close_shapes(shapes, self._shapes) or keep != self._keep_whole_nodes
+        if not moved and rare == self._rare_key:
             return
         self._shapes = shapes
         self._keep_whole_nodes = keep
+        self._rare_key = rare
         self._frag_memo = {}
         self._scorer_gen += 1
-        self.replacements["shapes"] += 1
+        self.replacements["shapes" if moved else "rare_shapes"] += 1
         source = shape_workload(snapshot)
         self._workload = compact_workload(source)
+        self._capacity = compact_nodes(source)
         held = self.scorer.free_sizes  # a new workload keeps the histogram held
         self.scorer = ScorerRef(holding(self.policy.make_scorer(snapshot), held),
                                 self._scorer_gen, free_sizes=held,

@@ -114,6 +114,9 @@ class SolveJob:
     # The histogram of free sizes the verbs' scorer holds (its sum-of-squares price): the
     # solve's scorer holds the same.
     free_sizes: FreeSizes | None = None
+    # The cluster's nodes by capacity class (:func:`compact_nodes`), which the scorer's
+    # rare-shape price counts, with ``workload``.
+    capacity: tuple[tuple[NodeInfo, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -135,11 +138,23 @@ def compact_workload(source: Snapshot) -> tuple[tuple[PodRequest, int, int], ...
     return tuple((p, r, q) for p, r, q in counts.values())
 
 
-def expand_workload(workload: Sequence[tuple[PodRequest, int, int]]) -> Snapshot:
-    """The snapshot :func:`compact_workload` was taken from, as far as a scorer can tell
-    (every pod of a shape is the same object: a list of references, ~8 bytes a pod)."""
+def compact_nodes(source: Snapshot) -> tuple[tuple[NodeInfo, int], ...]:
+    """A shape workload's nodes (stand-ins of their capacity classes,
+    :func:`packing.policies.fgd.capacity_classes`) as (stand-in, count)."""
+    counts: dict[int, list[Any]] = {}
+    for node in source.nodes:
+        counts.setdefault(id(node), [node, 0])[1] += 1
+    return tuple((n, c) for n, c in counts.values())
+
+
+def expand_workload(workload: Sequence[tuple[PodRequest, int, int]],
+                    capacity: Sequence[tuple[NodeInfo, int]] = ()) -> Snapshot:
+    """The snapshot :func:`compact_workload` and :func:`compact_nodes` were taken from,
+    as far as a scorer can tell (every pod of a shape, every node of a capacity class,
+    is the same object: a list of references, ~8 bytes each)."""
     nowhere = Placement("shape/", "")
-    return Snapshot((), tuple((p, nowhere) for p, r, _ in workload for _ in range(r)),
+    return Snapshot(tuple(n for n, c in capacity for _ in range(c)),
+                    tuple((p, nowhere) for p, r, _ in workload for _ in range(r)),
                     tuple(p for p, _, q in workload for _ in range(q)))
 
 
@@ -170,7 +185,8 @@ def _solve(job: SolveJob, nodes: tuple[NodeInfo, ...],
     if job.batch:
         policy = make_policy(job.policy, planner_params(job.params))
         if job.workload:
-            policy = scored_by(policy, expand_workload(job.workload), job.free_sizes)
+            policy = scored_by(policy, expand_workload(job.workload, job.capacity),
+                               job.free_sizes)
         result = policy.plan(Snapshot(nodes, running, job.batch))
         if job.unplaceable is not None:
             # A pod left out of a plan over candidate nodes may still fit elsewhere: only
@@ -215,8 +231,8 @@ class SnapshotPacker:
         return (
             job.policy, job.params, tuple(pieces),
             pickle_chunks(snap.running), pickle_chunks(snap.pending),
-            pickle.dumps((job.batch, job.workload, job.unplaceable, job.reasons, job.free_sizes),
-                         protocol=pickle.HIGHEST_PROTOCOL),
+            pickle.dumps((job.batch, job.workload, job.unplaceable, job.reasons, job.free_sizes,
+                          job.capacity), protocol=pickle.HIGHEST_PROTOCOL),
         )
 
 
@@ -224,14 +240,14 @@ class SnapshotPacker:
 
 def unpack(packed: tuple[Any, ...]) -> SolveJob:
     policy, params, nodes, running, pending, rest = packed
-    batch, workload, unplaceable, reasons, free_sizes = pickle.loads(rest)
+    batch, workload, unplaceable, reasons, free_sizes, capacity = pickle.loads(rest)
     snapshot = Snapshot(
         tuple(pickle.loads(b) for b in nodes),
         unpickle_chunks(running),
         unpickle_chunks(pending),
     )
     return SolveJob(policy, params, snapshot, batch, workload, unplaceable, reasons,
-                    free_sizes)
+                    free_sizes, capacity)
 
 
 def solver_main(conn: Connection) -> None:

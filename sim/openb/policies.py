@@ -37,6 +37,7 @@ from packing.policies.lookahead import (
     opens_whole_node,
     ranks,
 )
+from packing.policies.rare import NodeCapacity
 from packing.policies.squares import SQUARES_WEIGHT, SquaresRule, free_size_counts
 from sim.openb.cluster import ReplayState
 
@@ -296,8 +297,11 @@ class ProductPolicy(FragmentAware):
                  keep_whole_nodes: bool = False, fresh_gpus: bool = True,
                  keep_cores: bool = True, core_deficit: bool = True,
                  cpu_bound_cost: bool = True, slivers: bool = True,
-                 fresh_clean: bool = True, squares: bool = True) -> None:
+                 fresh_clean: bool = True, squares: bool = True, rare: bool = True) -> None:
         self.weights = weights or GpupackWeights()
+        # The rare-shape price over every shape of the workload and the cluster's
+        # capacity (packing.policies.rare; False: the policy before it).
+        self.rare = rare
         # The sum-of-squares price with its held histogram, replaced as the extender's
         # planner replaces it (packing.policies.squares; False: the policy before it).
         self.squares = squares
@@ -337,7 +341,10 @@ class ProductPolicy(FragmentAware):
             fresh=self.fresh_gpus, keep=self.keep_cores, deficit=self.core_deficit,
             cpu_bound_cost=self.cpu_bound_cost, sliver=self.slivers,
             fresh_clean=self.fresh_clean, keep_whole_nodes=self.keep_whole_nodes,
-            squares=self.squares)
+            squares=self.squares,
+            all_shapes=self.all_shapes if self.rare else None,
+            nodes=NodeCapacity(cpu=state.nodes.cpu_milli, mem=state.nodes.memory_mib,
+                               gpus=state.nodes.gpu_count, model=state.nodes.model_id))
         self.generation = 0
         self._has_gpus = state.nodes.gpu_count > 0
         self._gpus = int(state.nodes.gpu_count.sum())

@@ -32,7 +32,7 @@ def test_the_warm_child_builds_its_scorer_without_or_tools() -> None:
         running = [(PodRequest("a/p", 1000, 1024, RequestKind.WHOLE, gpu_count=1),
                     Placement("a/p", "n", (0,)))]
         _WarmHandler()(("scorer", 1, "gpupack", pickle_chunks(running), pickle_chunks([]),
-                        None))
+                        None, ()))
         print(sorted(m for m in ("ortools", "numpy", "pandas") if m in sys.modules))
     """)
     assert loaded == "['numpy']"

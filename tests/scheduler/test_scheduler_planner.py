@@ -76,6 +76,35 @@ def test_scorer_is_replaced_when_whole_nodes_start_to_be_kept() -> None:
     assert planner.scorer.scorer.keep_whole_nodes is True  # type: ignore[attr-defined]
 
 
+def test_scorer_is_replaced_when_the_rare_shapes_change() -> None:
+    # gpupack's rare-shape price (packing.policies.rare) reads every shape of the
+    # workload and the nodes' capacity: a new scorer when a node that alone hosts a
+    # shape joins, or when such a shape first appears, though the typical shapes (the
+    # 8-GPU pod is one of 41) do not move; a node like those there changes nothing.
+    nodes = [node(f"w{i:02d}", gpus=8, cpu="96", reconfigurable=False) for i in range(23)]
+    cache = make_cache(nodes, [whole_pod(f"a{i}", 1) for i in range(40)]
+                       + [whole_pod("llm", 8, cpu="120")])
+    planner = Planner(cache, "gpupack", SolverParams(max_time_s=0.2, workers=1),
+                      in_process=True)
+    planner.solve_once()
+    gen = planner.scorer.gen
+    assert not planner.scorer.scorer.rules.rare.active  # type: ignore[attr-defined]
+    cache.upsert_node(node("w23", gpus=8, cpu="96", reconfigurable=False))
+    planner.solve_once()
+    assert planner.scorer.gen == gen
+    cache.upsert_node(node("big", gpus=8, cpu="128", reconfigurable=False))
+    planner.solve_once()
+    assert planner.scorer.gen == gen + 1
+    assert planner.replacements["rare_shapes"] == 1
+    rare = planner.scorer.scorer.rules.rare  # type: ignore[attr-defined]
+    assert rare is not None and rare.active and rare.cpu.tolist() == [120_000]
+    cache.upsert_pod(whole_pod("llm-2", 8, cpu="124"))  # another shape only "big" hosts
+    planner.solve_once()
+    assert planner.scorer.gen == gen + 2
+    rare = planner.scorer.scorer.rules.rare  # type: ignore[attr-defined]
+    assert sorted(rare.cpu.tolist()) == [120_000, 124_000]
+
+
 def test_thread_replans_after_events() -> None:
     cache = make_cache([node("w", gpus=8, reconfigurable=False)], [])
     planner = Planner(cache, "gpupack-greedy", debounce_s=0.01, min_interval_s=0.01,
