@@ -134,16 +134,21 @@ def free_sizes(values: Iterable[Sequence[int]]) -> tuple[IntArray, int]:
     return free_size_counts(np.array(flat, dtype=np.int64)), len(flat)
 
 
-def served_kinds(node: NodeState) -> frozenset[RequestKind]:
-    """The kinds of GPU pod some GPU of ``node`` takes in its mode
-    (:data:`packing.model.MODE_SERVES`; a whole-mode GPU that the MIG actuator may
-    convert takes MIG pods too)."""
+def _kinds_served(gpus: Iterable[tuple[GpuMode, bool]]) -> frozenset[RequestKind]:
+    """The kinds of GPU pod GPUs of these (mode, may the MIG actuator convert it) take
+    (:data:`packing.model.MODE_SERVES`; a whole-mode GPU that may be converted takes
+    MIG pods too)."""
     out: set[RequestKind] = set()
-    for g in node.gpus:
-        out |= MODE_SERVES[g.mode]
-        if g.reconfigurable and g.mode is GpuMode.WHOLE:
+    for mode, reconfigurable in gpus:
+        out |= MODE_SERVES[mode]
+        if reconfigurable and mode is GpuMode.WHOLE:
             out.add(RequestKind.MIG)
     return frozenset(out)
+
+
+def served_kinds(node: NodeState) -> frozenset[RequestKind]:
+    """The kinds of GPU pod some GPU of ``node`` takes in its mode now."""
+    return _kinds_served((g.mode, g.reconfigurable) for g in node.gpus)
 
 
 @dataclass(frozen=True, eq=False)
@@ -224,12 +229,7 @@ def rare_shapes_key(snapshot: Snapshot) -> tuple[object, ...]:
 def info_served_kinds(info: NodeInfo) -> frozenset[RequestKind]:
     """:func:`served_kinds` of a node as its :class:`NodeInfo` describes it (no GPU
     converted to MIG yet): what its capacity offers the rare-shape price."""
-    out: set[RequestKind] = set()
-    for g in info.gpus:
-        out |= MODE_SERVES[g.mode]
-        if info.mig_reconfigurable and g.mode is GpuMode.WHOLE:
-            out.add(RequestKind.MIG)
-    return frozenset(out)
+    return _kinds_served((g.mode, info.mig_reconfigurable) for g in info.gpus)
 
 
 class GpupackScorer:
