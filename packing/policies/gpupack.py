@@ -6,7 +6,9 @@
    answers are both accepted; UNKNOWN, a model too large to build, or an answer the
    validator rejects fall back to the greedy answer.
 3. Of all valid candidates the one with the best objective key wins (see
-   :func:`objective_key`), so gpupack never does worse on that key than best fit.
+   :func:`objective_key`), so gpupack never does worse on that key than best fit; on a
+   tie the scorer's greedy answer wins (the solver has no preference among equal
+   answers, the scorer does).
 """
 
 from __future__ import annotations
@@ -424,12 +426,24 @@ class GpupackPolicy:
                     for p in snapshot.pending
                     if p.key not in placed
                 ]
-                # First in the list: on a tie of the objective key the solver's answer wins.
                 candidates.insert(0, (f"cpsat-{solved.status}", list(solved.placements), failed))
             elif solved.placements:
                 status = f"{solved.status}-invalid"
-        label, placements, failed = max(candidates, key=lambda c: objective_key(snapshot, c[1]))
-        if not label.startswith("cpsat"):
+        keys = [objective_key(snapshot, c[1]) for c in candidates]
+        tied = [c for c, k in zip(candidates, keys, strict=True) if k == max(keys)]
+        # On a tie of the objective key the scorer's greedy answer wins: the solver's
+        # objective has the same terms and no preference among equal answers (its search
+        # takes the first node that fits), while the scorer ranks them by the policy (FGD
+        # level, capacity lookahead, the workload's rules and prices), as the openb
+        # replay does. Before, the solver's answer won ties, and a one-GPU pod went to the
+        # first node rather than the one the policy ranks first.
+        pick = next((c for c in tied if c[0] == "greedy"), tied[0])
+        if tied[0][0].startswith("cpsat") and set(tied[0][1]) == set(pick[1]):
+            pick = tied[0]  # the same answer: the solver's (its status says it is optimal)
+        label, placements, failed = pick
+        if label == "greedy" and tied[0][0].startswith("cpsat"):
+            status = f"{status}/tie-greedy"
+        elif not label.startswith("cpsat"):
             status = f"{status}/fallback-{label}" if status != "greedy" else label
         self.last_status = status
         return checked(

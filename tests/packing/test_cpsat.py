@@ -9,7 +9,7 @@ from packing_builders import cpu_pod, group, mig, node, shared, whole
 from packing.cpsat import SolverParams, build_batch_model, solve_batch
 from packing.model import GpuMode, PodRequest, Snapshot
 from packing.policies import get_policy
-from packing.policies.gpupack import GpupackPolicy
+from packing.policies.gpupack import GpupackPolicy, make_gpupack_scorer
 from packing.state import ClusterState
 from packing.validate import validate
 
@@ -82,7 +82,13 @@ def test_cpsat_places_whole_pods_beside_small_options_on_the_same_gpus() -> None
     solved = solve_batch(ClusterState(snap), pods, (), PARAMS)
     assert solved.status == "OPTIMAL"
     assert {p.pod: p.node for p in solved.placements} == {"s": "mig", "llm": "w"}
-    assert GpupackPolicy(PARAMS).plan(snap).solver_status == "OPTIMAL"
+    # The policy's answer: the solver's status, and on its tie with the scorer's greedy
+    # answer (the same nodes; the MIG scorer puts the 1g slice at start 6, which keeps
+    # the GPU's larger starts free) the greedy one.
+    plan = GpupackPolicy(PARAMS).plan(snap)
+    assert plan.solver_status == "OPTIMAL/tie-greedy"
+    assert {p.pod: (p.node, p.mig_start) for p in plan.placements} == {
+        "s": ("mig", 6), "llm": ("w", None)}
 
 
 def test_max_wall_s_caps_the_solve_below_its_deterministic_budget() -> None:
@@ -134,3 +140,21 @@ def test_the_greedy_hint_sets_every_variable_and_is_a_solution(policy: str) -> N
     chosen = {k for (k, i), v in built.x.items() if solver.boolean_value(v)}
     chosen |= {k for k, row in built.w.items() for v in row.values() if solver.boolean_value(v)}
     assert chosen == {p.pod for p in hint}
+
+
+def test_on_an_objective_tie_the_plan_takes_the_scorers_answer() -> None:
+    # 25 empty nodes, equal to the solver's objective for one one-GPU pod; the scorer
+    # ranks the one 128-core node first (the core-deficit price charges the 96-core ones,
+    # which keep fewer cores per GPU than the workload's 13). The solver, hinted with
+    # the scorer's answer, still answers another node here; the plan must take the
+    # scorer's.
+    nodes = tuple(node(f"n{i:02d}", 8, cpu=96_000, reconfigurable=False) for i in range(24))
+    nodes += (node("big", 8, cpu=128_000, reconfigurable=False),)
+    pods = [whole(f"w{i}", cpu=12_000 if i % 2 else 14_000) for i in range(48)]
+    snap = Snapshot(nodes, pending=(pods[0],))
+    policy = GpupackPolicy(PARAMS)
+    policy.make_scorer = lambda _s: make_gpupack_scorer(  # type: ignore[method-assign]
+        Snapshot(nodes, pending=tuple(pods)))
+    plan = policy.plan(snap)
+    assert [p.node for p in plan.placements] == ["big"]
+    assert plan.solver_status == "OPTIMAL/tie-greedy"
