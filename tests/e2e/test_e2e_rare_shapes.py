@@ -8,11 +8,11 @@ The planner must build a new scorer when that shape appears, though the typical 
 not move (``gpupack_scorer_replacements{reason="rare_shapes"}``); the one-GPU pods then
 leave the 128-core node to the 8-GPU pod that comes next.
 
-What this does not show: that the price decided. Without it (``RARE_WEIGHT`` 0) the
-scorer rates the 128-core node best for a 14-core one-GPU pod (the core-deficit price
-charges the 96-core nodes), yet the pods still went elsewhere in this test: each is in
-the planner's plan, whose CP-SAT objective breaks ties among equal nodes its own way
-(tests/test_one_policy.py shows the price deciding where the rank decides).
+Without the price (``RARE_WEIGHT`` 0, checked on a copy of the tree) the first one-GPU
+pod goes to the 128-core node: the scorer rates it best (the core-deficit price charges
+the 96-core nodes), and the planner's plan now takes the scorer's answer on a tie of its
+objective (before, the solver's arbitrary pick won, and the pods went elsewhere with or
+without the price).
 """
 
 from __future__ import annotations
