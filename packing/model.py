@@ -312,4 +312,5 @@ class PlanResult:
     placements: tuple[Placement, ...]
     unschedulable: tuple[Unschedulable, ...]
     policy: str
-    solver_status: str = "greedy"  # greedy | OPTIMAL | FEASIBLE | fallback-greedy
+    # greedy | OPTIMAL | FEASIBLE, then /fallback-greedy or /tie-greedy
+    solver_status: str = "greedy"
