@@ -80,7 +80,24 @@ def typical_shapes(
     pods: Iterable[PodRequest], coverage: float = COVERAGE
 ) -> list[tuple[Shape, float]]:
     """The most common shapes covering ``coverage`` of pods, with renormalised weights."""
-    counts = Counter(Shape.of(p) for p in pods)
+    return typical_of(Counter(Shape.of(p) for p in pods), coverage)
+
+
+def shape_census(pods: Iterable[PodRequest]) -> tuple[Counter[Shape], list[PodRequest]]:
+    """How many pods of each :class:`Shape` (:func:`typical_of` reads it) and one pod of
+    each, in one pass over the pods."""
+    counts: Counter[Shape] = Counter()
+    reps: dict[Shape, PodRequest] = {}
+    for p in pods:
+        shape = Shape.of(p)
+        counts[shape] += 1
+        reps.setdefault(shape, p)
+    return counts, list(reps.values())
+
+
+def typical_of(counts: Counter[Shape], coverage: float = COVERAGE
+               ) -> list[tuple[Shape, float]]:
+    """:func:`typical_shapes` of pods counted by shape."""
     total = sum(counts.values())
     if not total:
         return []

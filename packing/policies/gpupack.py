@@ -214,10 +214,11 @@ def rare_shapes_key(snapshot: Snapshot) -> tuple[object, ...]:
     rare shapes' requests and the (model, kinds) pairs each may use. The extender's
     planner builds a new scorer when it changes (a shape that only a few nodes host
     appears, or the nodes that host one come or go), which the typical shapes alone do
-    not show: a rare shape is seldom a typical one."""
-    ids = ScoreModels.of(workload_of(snapshot))
+    not show: a rare shape is seldom a typical one. It reads which shapes the workload
+    has, not how many pods each: one pod of each shape gives the same key."""
     if not snapshot.nodes:
         return ()
+    ids = ScoreModels.of(workload_of(snapshot))
     rule = RareShapeRule.of(ids.table(coverage=1.0), ids.capacity(snapshot.nodes))
     if not rule.active:
         return ()
@@ -437,10 +438,11 @@ class GpupackPolicy:
         # level, capacity lookahead, the workload's rules and prices), as the openb
         # replay does. Before, the solver's answer won ties, and a one-GPU pod went to the
         # first node rather than the one the policy ranks first.
-        pick = next((c for c in tied if c[0] == "greedy"), tied[0])
-        if tied[0][0].startswith("cpsat") and set(tied[0][1]) == set(pick[1]):
-            pick = tied[0]  # the same answer: the solver's (its status says it is optimal)
-        label, placements, failed = pick
+        # (Where the two answers are the same, the solver's: its status says it is optimal.)
+        label, placements, failed = tied[0]
+        scored = next((c for c in tied if c[0] == "greedy"), None)
+        if scored is not None and set(scored[1]) != set(placements):
+            label, placements, failed = scored
         if label == "greedy" and tied[0][0].startswith("cpsat"):
             status = f"{status}/tie-greedy"
         elif not label.startswith("cpsat"):

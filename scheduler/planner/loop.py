@@ -45,8 +45,9 @@ from packing.model import NodeInfo, Placement, PodRequest, Snapshot
 from packing.policies.fgd import (
     Shape,
     node_fragmentation,
+    shape_census,
     shape_workload,
-    typical_shapes,
+    typical_of,
     workload_of,
 )
 from packing.policies.gpupack import (
@@ -436,13 +437,15 @@ class Planner:
         return plan
 
     def _refresh_scorer(self, snapshot: Snapshot) -> None:
-        shapes = typical_shapes(workload_of(snapshot))
+        counts, one_each = shape_census(workload_of(snapshot))  # the one pass over pods
+        shapes = typical_of(counts)
         # The gpupack scorer's other input: whether whole nodes are kept for groups (a
         # clique label or the first group pod can come without any shape changing).
         keep = keeps_whole_nodes(snapshot)
         # And gpupack's rare-shape price: the rare shapes, from every shape of the
         # workload and the nodes' capacity (a rare shape is seldom a typical one).
-        rare = rare_shapes_key(snapshot) if self.policy_name.startswith("gpupack") else ()
+        rare = (rare_shapes_key(Snapshot(snapshot.nodes, pending=tuple(one_each)))
+                if self.policy_name.startswith("gpupack") else ())
         moved = not close_shapes(shapes, self._shapes) or keep != self._keep_whole_nodes
         if not moved and rare == self._rare_key:
             return
